@@ -1,0 +1,168 @@
+# dflash-pipe — the only build entry (design.md §1, style.md "Makefile habits").
+#
+#   make              build every binary into $(BUILD)/bin (CUDA code too when nvcc is found)
+#   make test         build and run every CPU Check suite (what CI runs)
+#   make run          the main job: the whole pipeline on the embedded default (pipelines/demo.sh)
+#   make bench        build the benchmarks into $(BUILD)/bench and run the CPU ones
+#   make gpu-test     build GPU tests, stages and benchmarks and pack them for the GPU machine
+#                     (scripts/gpu-run.sh; gpu-machine.md)
+#   make clean        remove $(BUILD) only
+#
+# Files are discovered by path, so adding a module needs no Makefile edit:
+#   shm/*.c                      -> libdflash_shm.a
+#   kernels/*.c, kernels/*.cu    -> libdflash_kernels.a   (.cu only with CUDA)
+#   stages/core/*.c, stages/model/*.c, stages/model/*.cu -> libdflash_core.a
+#   stages/dflash-*.c            -> $(BUILD)/bin/dflash-*
+#   tests/test_*.c               -> $(BUILD)/tests/test_*      (run by make test)
+#   tests/gpu/test_*.c|.cu       -> $(BUILD)/gpu-tests/test_*  (run on the GPU machine)
+#   kernels/bench/*_bench.c|.cu  -> $(BUILD)/bench/*_bench
+# Every binary links all three archives (core, kernels, shm) plus the libraries below.
+
+BUILD     ?= build
+CC        ?= cc
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
+CUDA      ?= $(if $(NVCC),1,0)
+CUDA_ARCH ?= 90
+DEBUG     ?= 0
+SAN       ?=
+
+ifeq ($(origin CC),default)
+CC := cc
+endif
+
+CPPFLAGS := -I. -Istages -D_GNU_SOURCE
+CFLAGS   := -std=c11 -Wall -Wextra -Werror -MMD -MP -pthread -fno-strict-aliasing
+NVFLAGS  := -std=c++17 -MMD -MP -arch=sm_$(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror,-fno-strict-aliasing \
+            -Wno-deprecated-gpu-targets --expt-relaxed-constexpr
+LDFLAGS  := -pthread
+ifeq ($(DEBUG),1)
+CFLAGS  += -O0 -g3
+NVFLAGS += -O0 -g -lineinfo
+else
+CFLAGS  += -O2 -g -march=x86-64-v3
+NVFLAGS += -O3 -lineinfo
+endif
+ifneq ($(SAN),)
+CFLAGS  += -fsanitize=$(SAN) -fno-omit-frame-pointer
+LDFLAGS += -fsanitize=$(SAN)
+endif
+
+# msgpack-c, jansson and Check link statically so the binaries run on the GPU machine, which has
+# none of them; nanomsg stays dynamic (scripts/gpu-run.sh ships libnanomsg.so.5 beside them).
+LIBS      := -Wl,-Bstatic -lmsgpackc -ljansson -Wl,-Bdynamic -lnanomsg -lrt -lm
+TEST_LIBS := -Wl,-Bstatic -lcheck_pic -lsubunit -Wl,-Bdynamic
+
+ifeq ($(CUDA),1)
+CPPFLAGS  += -DDFLASH_CUDA -I$(CUDA_HOME)/include
+LIBS      += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -ldl -lstdc++
+endif
+
+SHM_C    := $(wildcard shm/*.c)
+KERN_C   := $(wildcard kernels/*.c)
+CORE_C   := $(wildcard stages/core/*.c stages/model/*.c)
+MAINS    := $(wildcard stages/dflash-*.c)
+TESTS_C  := $(wildcard tests/test_*.c)
+BENCH_C  := $(wildcard kernels/bench/*_bench.c)
+ifeq ($(CUDA),1)
+KERN_CU  := $(wildcard kernels/*.cu)
+CORE_CU  := $(wildcard stages/model/*.cu)
+GTESTS   := $(wildcard tests/gpu/test_*.c tests/gpu/test_*.cu)
+BENCH_CU := $(wildcard kernels/bench/*_bench.cu)
+endif
+
+obj = $(patsubst %,$(BUILD)/obj/%.o,$(1))
+
+SHM_LIB  := $(BUILD)/lib/libdflash_shm.a
+KERN_LIB := $(BUILD)/lib/libdflash_kernels.a
+CORE_LIB := $(BUILD)/lib/libdflash_core.a
+ALL_LIBS := $(CORE_LIB) $(KERN_LIB) $(SHM_LIB)
+
+BINS     := $(patsubst stages/%.c,$(BUILD)/bin/%,$(MAINS))
+TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TESTS_C))
+GTEST_BINS := $(patsubst tests/gpu/%,$(BUILD)/gpu-tests/%,$(basename $(GTESTS)))
+BENCHES  := $(patsubst kernels/bench/%,$(BUILD)/bench/%,$(basename $(BENCH_C) $(BENCH_CU)))
+
+DEPS_OK  := $(BUILD)/.deps-ok
+
+.PHONY: all test run bench gpu-test gpu-build clean deps config
+.DEFAULT_GOAL := all
+
+all: $(BINS)
+
+config:
+	@echo "dflash-pipe build: CC=$(CC) CUDA=$(CUDA) NVCC=$(NVCC) CUDA_ARCH=$(CUDA_ARCH) DEBUG=$(DEBUG) SAN=$(SAN) BUILD=$(BUILD)"
+
+# Missing Debian packages are installed once (scripts/install-deps.sh); the stamp keeps it cheap.
+$(DEPS_OK): scripts/install-deps.sh
+	@mkdir -p $(@D)
+	@scripts/install-deps.sh --check >/dev/null 2>&1 || scripts/install-deps.sh
+	@$(MAKE) --no-print-directory config
+	@touch $@
+deps: $(DEPS_OK)
+
+$(BUILD)/obj/%.c.o: %.c | $(DEPS_OK)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu | $(DEPS_OK)
+	@mkdir -p $(@D)
+	$(NVCC) $(CPPFLAGS) $(NVFLAGS) -c $< -o $@
+
+$(SHM_LIB): $(call obj,$(SHM_C))
+$(KERN_LIB): $(call obj,$(KERN_C) $(KERN_CU))
+$(CORE_LIB): $(call obj,$(CORE_C) $(CORE_CU))
+$(ALL_LIBS):
+	@mkdir -p $(@D)
+	@rm -f $@
+	ar rcs $@ $^ $(if $^,,$(BUILD)/obj/empty.o)
+
+# An archive must contain something even before a directory has its first module.
+$(BUILD)/obj/empty.o: | $(DEPS_OK)
+	@mkdir -p $(@D)
+	echo 'typedef int dflash_empty_unit;' | $(CC) -x c -c - -o $@
+$(ALL_LIBS): | $(BUILD)/obj/empty.o
+
+$(BUILD)/bin/%: $(BUILD)/obj/stages/%.c.o $(ALL_LIBS)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $< $(ALL_LIBS) $(LIBS) -o $@
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.c.o $(ALL_LIBS)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $< $(ALL_LIBS) $(TEST_LIBS) $(LIBS) -o $@
+
+$(BUILD)/gpu-tests/%: $(BUILD)/obj/tests/gpu/%.c.o $(ALL_LIBS)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $< $(ALL_LIBS) $(TEST_LIBS) $(LIBS) -o $@
+$(BUILD)/gpu-tests/%: $(BUILD)/obj/tests/gpu/%.cu.o $(ALL_LIBS)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $< $(ALL_LIBS) $(TEST_LIBS) $(LIBS) -o $@
+
+$(BUILD)/bench/%: $(BUILD)/obj/kernels/bench/%.c.o $(ALL_LIBS)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $< $(ALL_LIBS) $(LIBS) -o $@
+$(BUILD)/bench/%: $(BUILD)/obj/kernels/bench/%.cu.o $(ALL_LIBS)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $< $(ALL_LIBS) $(LIBS) -o $@
+
+# Test binaries find the stage binaries through DFLASH_BIN; scripts/run-tests.sh runs every suite,
+# keeps Check's summary lines and fails if any suite failed.
+test: $(BINS) $(TESTS)
+	@DFLASH_BIN=$(abspath $(BUILD)/bin) scripts/run-tests.sh $(TESTS)
+
+run: $(BINS)
+	@BUILD=$(BUILD) pipelines/demo.sh
+
+bench: $(BINS) $(BENCHES)
+	@BUILD=$(BUILD) scripts/bench.sh --cpu-only
+
+gpu-build: $(BINS) $(GTEST_BINS) $(BENCHES)
+
+gpu-test: gpu-build
+	@BUILD=$(BUILD) scripts/gpu-run.sh pack
+
+clean:
+	rm -rf $(BUILD)
+
+.SECONDARY:
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,69 @@
+/*
+ * stages/core/check.c — the failure path behind the check macros (check.h): one block naming
+ * stage, pid, place, call and reason, mirrored into the stage log, then exit(1) or abort().
+ */
+#include "core/check.h"
+#include "core/log.h"
+
+#include <errno.h>
+#include <nanomsg/nn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef DFLASH_CUDA
+#include "kernels/common.h"
+#endif
+
+static _Thread_local const char *pending_hint;
+
+void check_hint(const char *hint) { pending_hint = hint; }
+
+const char *check_errno_str(void) { return strerror(errno); }
+const char *check_nn_str(void) { return nn_strerror(nn_errno()); }
+
+static void fail_exit(void) __attribute__((noreturn));
+static void fail_exit(void) {
+    fflush(stdout);
+    fflush(stderr);
+    const char *d = getenv("DEBUG");
+    if (d && d[0] == '1') abort();
+    exit(1);
+}
+
+void check_fail(const char *file, int line, const char *call, const char *what, const char *hint) {
+    const char *h = hint ? hint : pending_hint;
+    log_error("FATAL at %s:%d: %s failed: %s%s%s", file, line, call, what ? what : "(no reason)",
+              h ? "\n  hint: " : "", h ? h : "");
+    fail_exit();
+}
+
+void check_die(const char *file, int line, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    log_error("FATAL at %s:%d: %s%s%s", file, line, msg, pending_hint ? "\n  hint: " : "",
+              pending_hint ? pending_hint : "");
+    fail_exit();
+}
+
+#ifdef DFLASH_CUDA
+const char *check_cublas_str(int status) {
+    switch (status) {
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "unknown cuBLAS status";
+    }
+}
+const char *check_kernels_str(void) { return kernels_error(); }
+#endif

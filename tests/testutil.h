@@ -1,0 +1,88 @@
+/*
+ * tests/testutil.h — helpers shared by the Check suites (header-only; tests only).
+ *
+ * - test_bin("dflash-pack"): path of a stage binary (DFLASH_BIN, set by make test, else build/bin).
+ * - test_tmpdir(): a fresh directory under $TMPDIR for one test (not removed: a failing test's
+ *   files stay for inspection; make clean or the OS removes them).
+ * - test_rng_*: a small seeded generator (splitmix64) so every suite draws the same inputs.
+ * - test_allclose(): element-wise |got - ref| <= atol + rtol*|ref|; on failure prints max abs and
+ *   rel error, the worst index and the first few mismatching pairs, as style.md asks.
+ */
+#ifndef TESTS_TESTUTIL_H
+#define TESTS_TESTUTIL_H
+
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static inline const char *test_bin(const char *name) {
+    static char path[4][1024];
+    static int which;
+    const char *dir = getenv("DFLASH_BIN");
+    char *out = path[which++ & 3];
+    snprintf(out, sizeof path[0], "%s/%s", dir && *dir ? dir : "build/bin", name);
+    return out;
+}
+
+static inline const char *test_tmpdir(const char *tag) {
+    static char path[4][512];
+    static int which;
+    const char *base = getenv("TMPDIR");
+    char *out = path[which++ & 3];
+    snprintf(out, sizeof path[0], "%s/dflash-test-%s-XXXXXX", base && *base ? base : "/tmp", tag);
+    ck_assert_msg(mkdtemp(out) != NULL, "mkdtemp(%s) failed", out);
+    return out;
+}
+
+static inline uint64_t test_rng_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+/* Uniform in [lo, hi). */
+static inline float test_rng_uniform(uint64_t *s, float lo, float hi) {
+    return lo + (hi - lo) * (float)((test_rng_next(s) >> 40) * (1.0 / 16777216.0));
+}
+static inline void test_rng_fill(uint64_t *s, float *x, size_t n, float lo, float hi) {
+    for (size_t i = 0; i < n; i++) x[i] = test_rng_uniform(s, lo, hi);
+}
+
+/* Returns 1 if all close; else prints a report (prefixed by what) and returns 0. */
+static inline int test_allclose(const char *what, const float *got, const float *ref, size_t n,
+                                double atol, double rtol) {
+    double max_abs = 0, max_rel = 0;
+    size_t worst = 0, bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)ref[i]);
+        double r = d / (fabs((double)ref[i]) + 1e-30);
+        if (!(d <= atol + rtol * fabs((double)ref[i]))) {   /* NaN counts as bad */
+            if (bad < 5)
+                fprintf(stderr, "  %s[%zu]: got %.8g ref %.8g (abs %.3g)\n", what, i, got[i], ref[i], d);
+            bad++;
+        }
+        if (d > max_abs || isnan(d)) { max_abs = d; worst = i; }
+        if (r > max_rel) max_rel = r;
+    }
+    if (bad) {
+        fprintf(stderr, "%s: %zu/%zu mismatches (atol %.3g rtol %.3g): max abs err %.4g at [%zu], max rel err %.4g\n",
+                what, bad, n, atol, rtol, max_abs, worst, max_rel);
+        return 0;
+    }
+    return 1;
+}
+
+/* Run a suite with the default fork mode and return the exit status for main(). */
+static inline int test_run_suite(Suite *s) {
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}
+
+#endif /* TESTS_TESTUTIL_H */
