@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# scripts/gpu-run.sh — package GPU tests, stages and benchmarks for the GPU machine, and run them
+# there (gpu-machine.md: build here, run there).
+#
+#   BUILD=build scripts/gpu-run.sh pack        (here; `make gpu-test` does this) -> $BUILD/gpu/
+#   bash build/gpu/run.sh [tests|bench|all] [FILTER]   (there; run from the repository root)
+#
+# The package holds the binaries plus libnanomsg.so.5 (the GPU machine has no nanomsg); msgpack,
+# jansson and Check are linked statically, cuBLAS/cudart come from /usr/local/cuda there.
+# On the device tool: run(command="bash build/gpu/run.sh all", carry=["build/gpu"]).
+set -euo pipefail
+BUILD=${BUILD:-build}
+mode=${1:-pack}
+
+if [ "$mode" = pack ]; then
+  pkg="$BUILD/gpu"
+  rm -rf "$pkg"; mkdir -p "$pkg/bin" "$pkg/tests" "$pkg/bench" "$pkg/lib"
+  cp "$BUILD"/bin/* "$pkg/bin/" 2>/dev/null || true
+  cp "$BUILD"/gpu-tests/* "$pkg/tests/" 2>/dev/null || true
+  cp "$BUILD"/bench/* "$pkg/bench/" 2>/dev/null || true
+  cp -L /usr/lib/x86_64-linux-gnu/libnanomsg.so.5 "$pkg/lib/"
+  strip --strip-debug "$pkg"/bin/* "$pkg"/tests/* "$pkg"/bench/* 2>/dev/null || true
+  cp scripts/gpu-run.sh "$pkg/run.sh"
+  echo "packed $(du -sh "$pkg" | cut -f1) into $pkg"
+  echo "on the GPU machine: bash $pkg/run.sh all   (device tool: carry [\"$pkg\"])"
+  exit 0
+fi
+
+# ---- on the GPU machine
+here=$(cd "$(dirname "$0")" && pwd)
+export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export DFLASH_BIN="$here/bin"
+filter=${2:-}
+out=${OUT:-/tmp/gpu-out}; mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+summary=()
+fails=0
+if [ "$mode" = tests ] || [ "$mode" = all ]; then
+  for t in "$here"/tests/*; do
+    [ -x "$t" ] || continue
+    name=$(basename "$t")
+    [ -z "$filter" ] || [[ $name == *$filter* ]] || continue
+    t0=$(date +%s)
+    if timeout 300 "$t" >"$out/$name.log" 2>&1; then r=ok; else r=FAIL; fails=$((fails + 1)); fi
+    summary+=("$(printf '%-30s %-4s %4ss  %s' "$name" "$r" $(( $(date +%s) - t0 )) "$(grep -E '^[0-9]+%: Checks:' "$out/$name.log" | tail -1)")")
+    [ $r = ok ] || tail -n 30 "$out/$name.log"
+  done
+fi
+if [ "$mode" = bench ] || [ "$mode" = all ]; then
+  for b in "$here"/bench/*; do
+    [ -x "$b" ] || continue
+    name=$(basename "$b")
+    [ -z "$filter" ] || [[ $name == *$filter* ]] || continue
+    echo "=== $name"
+    if ! timeout 240 "$b" 2>&1 | tee "$out/$name.txt"; then fails=$((fails + 1)); summary+=("$name FAIL"); fi
+  done
+fi
+echo "=== summary"
+for s in "${summary[@]}"; do echo "$s"; done
+echo "gpu: $fails failure(s)"
+[ $fails -eq 0 ]
