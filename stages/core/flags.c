@@ -123,7 +123,8 @@ enum flags_result flags_parse(const struct flag *table, int argc, char **argv, c
 
 static void print_default(FILE *out, const struct flag *f) {
     switch (f->type) {
-    case FLAG_BOOL: fprintf(out, " (default: %s)", *(int *)f->value ? "true" : "false"); break;
+    case FLAG_BOOL:   /* a negative default means "not given" (a tri-state, e.g. mkmodel's --tied) */
+        fprintf(out, " (default: %s)", *(int *)f->value < 0 ? "unset" : *(int *)f->value ? "true" : "false"); break;
     case FLAG_INT: fprintf(out, " (default: %d)", *(int *)f->value); break;
     case FLAG_INT64: fprintf(out, " (default: %" PRId64 ")", *(int64_t *)f->value); break;
     case FLAG_DOUBLE: fprintf(out, " (default: %g)", *(double *)f->value); break;

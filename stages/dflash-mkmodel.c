@@ -1,0 +1,499 @@
+/*
+ * stages/dflash-mkmodel.c — write a random-weight target model in exactly the Hugging Face layout
+ * (config.json + model.safetensors, or model-0000k-of-0000N.safetensors shards with
+ * model.safetensors.index.json) and/or a synthetic JSONL dataset. The embedded default of
+ * `make run`, the fixture of the tests, and the Qwen3-8B-shaped model of the benchmarks.
+ *
+ * Weights: matrices N(0, std^2), norm weights 1 + U(-norm_noise, norm_noise), from a generator
+ * seeded per (seed, tensor, 1M-element chunk), so the bytes depend only on the flags, never on the
+ * thread count. Tensors are generated in batches by all cores and streamed to disk (st_writer), so
+ * an 8B model (16 GB in bf16) needs ~100 MB of memory. Each file is written to a temporary name and
+ * renamed when complete; stale model files in the output directory are removed first and
+ * config.json is written last, so a directory with a config.json holds a complete model.
+ *
+ * Dataset: one {"input_ids": [...], "loss_mask": [...]} per line (dflash-reference.md §1.1),
+ * lengths log-normal (median, sigma) clamped to [min, max], the first ~prompt_frac of each sample
+ * a prompt with loss 0 and the rest the answer with loss 1, ids uniform in [0, vocab).
+ */
+#include <dirent.h>
+#include <jansson.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/check.h"
+#include "core/flags.h"
+#include "core/fsutil.h"
+#include "core/log.h"
+#include "core/stage.h"
+#include "kernels/common.h"
+#include "model/hfconfig.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+#define CHUNK_ELEMS (1 << 20)          /* one generator stream per chunk */
+#define BATCH_CHUNKS 32                /* chunks generated per write (32M elements) */
+
+/* ---------------------------------------------------------------- presets */
+
+struct preset {
+    const char *name;
+    enum hf_arch arch;                 /* 0: from --arch */
+    int vocab, hidden, inter, layers, heads, kv, head_dim, max_pos, tied;
+};
+
+static const struct preset presets[] = {
+    {"tiny", 0, 512, 64, 128, 4, 4, 2, 16, 0, 0},
+    {"qwen3-0.6b", HF_ARCH_QWEN3, 151936, 1024, 3072, 28, 16, 8, 128, 40960, 1},
+    {"qwen3-8b", HF_ARCH_QWEN3, 151936, 4096, 12288, 36, 32, 8, 128, 40960, 0},
+    {"llama3.2-1b", HF_ARCH_LLAMA, 128256, 2048, 8192, 16, 32, 8, 64, 131072, 1},
+    {"llama3.1-8b", HF_ARCH_LLAMA, 128256, 4096, 14336, 32, 32, 8, 128, 131072, 0},
+};
+
+/* ---------------------------------------------------------------- tensors */
+
+enum init_kind { INIT_NORMAL, INIT_ONES };
+
+struct tdesc {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+    int64_t numel;
+    enum init_kind kind;
+    int shard;
+};
+
+/* The checkpoint's tensors in Hugging Face module order (what save_pretrained writes). */
+static int list_tensors(const struct model_config *c, struct tdesc **out) {
+    int per_layer = c->qk_norm ? 11 : 9;
+    int n = 0, cap = 3 + c->num_hidden_layers * per_layer;
+    struct tdesc *t = calloc((size_t)cap, sizeof *t);
+    ALLOC_CHECK(t);
+    int64_t C = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, d = c->head_dim;
+    int64_t q = (int64_t)c->num_attention_heads * d, kv = (int64_t)c->num_key_value_heads * d;
+#define ADD2(nm, a, b, k) do { snprintf(t[n].name, sizeof t[n].name, "%s", nm); t[n].ndim = 2; \
+        t[n].shape[0] = (a); t[n].shape[1] = (b); t[n].kind = (k); n++; } while (0)
+#define ADD1(nm, a) do { snprintf(t[n].name, sizeof t[n].name, "%s", nm); t[n].ndim = 1; \
+        t[n].shape[0] = (a); t[n].kind = INIT_ONES; n++; } while (0)
+    char nm[96];
+    ADD2("model.embed_tokens.weight", V, C, INIT_NORMAL);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+#define LNAME(s) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), nm)
+        ADD2(LNAME("self_attn.q_proj.weight"), q, C, INIT_NORMAL);
+        ADD2(LNAME("self_attn.k_proj.weight"), kv, C, INIT_NORMAL);
+        ADD2(LNAME("self_attn.v_proj.weight"), kv, C, INIT_NORMAL);
+        ADD2(LNAME("self_attn.o_proj.weight"), C, q, INIT_NORMAL);
+        if (c->qk_norm) {
+            ADD1(LNAME("self_attn.q_norm.weight"), d);
+            ADD1(LNAME("self_attn.k_norm.weight"), d);
+        }
+        ADD2(LNAME("mlp.gate_proj.weight"), I, C, INIT_NORMAL);
+        ADD2(LNAME("mlp.up_proj.weight"), I, C, INIT_NORMAL);
+        ADD2(LNAME("mlp.down_proj.weight"), C, I, INIT_NORMAL);
+        ADD1(LNAME("input_layernorm.weight"), C);
+        ADD1(LNAME("post_attention_layernorm.weight"), C);
+#undef LNAME
+    }
+    ADD1("model.norm.weight", C);
+    if (!c->tie_word_embeddings) ADD2("lm_head.weight", V, C, INIT_NORMAL);
+#undef ADD1
+#undef ADD2
+    for (int i = 0; i < n; i++) t[i].numel = t[i].ndim == 1 ? t[i].shape[0] : t[i].shape[0] * t[i].shape[1];
+    *out = t;
+    return n;
+}
+
+/* ---------------------------------------------------------------- generator */
+
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+struct gen_job {
+    const struct tdesc *t;
+    int tensor_index;
+    uint64_t seed;
+    double std, norm_noise;
+    enum st_dtype dtype;
+    int64_t first_chunk, n_chunks;     /* this batch's chunks */
+    unsigned char *buf;                /* batch output, element (chunk - first_chunk) * CHUNK_ELEMS + k */
+    int n_threads;
+    int tid;
+};
+
+static void store(unsigned char *buf, int64_t i, enum st_dtype dt, float v) {
+    if (dt == ST_F32) memcpy(buf + 4 * i, &v, 4);
+    else {
+        uint16_t h = dt == ST_BF16 ? float_to_bf16(v) : weights_float_to_f16(v);
+        memcpy(buf + 2 * i, &h, 2);
+    }
+}
+
+static void *gen_worker(void *arg) {
+    const struct gen_job *j = arg;
+    for (int64_t c = j->first_chunk + j->tid; c < j->first_chunk + j->n_chunks; c += j->n_threads) {
+        uint64_t s = mix64(j->seed + 0x9E3779B97F4A7C15ull * (1 + mix64(((uint64_t)j->tensor_index << 40) ^ (uint64_t)c)));
+        int64_t lo = c * CHUNK_ELEMS, hi = lo + CHUNK_ELEMS < j->t->numel ? lo + CHUNK_ELEMS : j->t->numel;
+        int64_t base = (c - j->first_chunk) * CHUNK_ELEMS;
+        if (j->t->kind == INIT_ONES) {
+            for (int64_t i = lo; i < hi; i++) {
+                double u = (double)(kernels_rng_next(&s) >> 11) * 0x1p-53;   /* [0, 1) */
+                store(j->buf, base + i - lo, j->dtype, (float)(1.0 + j->norm_noise * (2.0 * u - 1.0)));
+            }
+        } else {
+            float sd = (float)j->std;
+            for (int64_t i = lo; i < hi; i += 2) {   /* Box-Muller: two normals from one 64-bit draw */
+                uint64_t r64 = kernels_rng_next(&s);
+                float u1 = (float)((r64 >> 40) + 1) * 0x1p-24f;           /* (0, 1] */
+                float u2 = (float)((r64 >> 8) & 0xffffffu) * 0x1p-24f;    /* [0, 1) */
+                float r = sqrtf(-2.0f * logf(u1)) * sd, sn, cs;
+                sincosf(6.2831853071795865f * u2, &sn, &cs);
+                store(j->buf, base + i - lo, j->dtype, r * cs);
+                if (i + 1 < hi) store(j->buf, base + i + 1 - lo, j->dtype, r * sn);
+            }
+        }
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- model writer */
+
+struct gen_opts {
+    uint64_t seed;
+    double std, norm_noise;
+    enum st_dtype dtype;
+    int n_threads;
+};
+
+struct progress { uint64_t done, total; double t0, last; };
+
+/* A progress line every 2 s (and a final one), so an 8B write visibly moves. */
+static void progress_tick(struct progress *p, int final) {
+    double now = time_mono_s();
+    if (!final && now - p->last < 2.0) return;
+    p->last = now;
+    double mb = 1e-6 * (double)p->done, el = now - p->t0;
+    log_info("%s %.1f / %.1f MB (%.0f%%, %.0f MB/s)", final ? "wrote" : "writing", mb, 1e-6 * (double)p->total,
+             p->total ? 100.0 * (double)p->done / (double)p->total : 100.0, el > 0 ? mb / el : 0.0);
+}
+
+/* Stream tensors t[i] with t[i].shard == shard into `path`. */
+static void write_shard(const char *path, struct tdesc *t, int n, int shard, const struct gen_opts *g,
+                        unsigned char *buf, struct progress *prog) {
+    char err[1024];
+    struct st_writer *w = st_writer_create(path, err, sizeof err);
+    if (!w) DIE("%s", err);
+    int *idx = malloc((size_t)n * sizeof *idx);
+    ALLOC_CHECK(idx);
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (t[i].shard != shard) continue;
+        LIB_CHECK(st_writer_add(w, t[i].name, g->dtype, t[i].ndim, t[i].shape, err, sizeof err), err);
+        idx[m++] = i;
+    }
+    LIB_CHECK(st_writer_begin(w, err, sizeof err), err);
+    size_t esz = st_dtype_size(g->dtype);
+    pthread_t th[256];
+    struct gen_job jobs[256];
+    for (int k = 0; k < m; k++) {
+        int di = st_writer_order(w, k, NULL, NULL);   /* one dtype: layout order = declaration order */
+        const struct tdesc *td = &t[idx[di]];
+        int64_t n_chunks = (td->numel + CHUNK_ELEMS - 1) / CHUNK_ELEMS;
+        for (int64_t c0 = 0; c0 < n_chunks; c0 += BATCH_CHUNKS) {
+            if (stage_stopping()) {
+                st_writer_free(w);   /* removes the temporary */
+                DIE("stopped by signal %d; %s not written", stage_stop_signal(), path);
+            }
+            int64_t nc = n_chunks - c0 < BATCH_CHUNKS ? n_chunks - c0 : BATCH_CHUNKS;
+            int nt = g->n_threads < nc ? g->n_threads : (int)nc;
+            for (int i = 0; i < nt; i++) {
+                jobs[i] = (struct gen_job){td, idx[di], g->seed, g->std, g->norm_noise, g->dtype, c0, nc, buf, nt, i};
+                if (nt == 1) gen_worker(&jobs[i]);
+                else if (pthread_create(&th[i], NULL, gen_worker, &jobs[i]) != 0) DIE("pthread_create failed");
+            }
+            if (nt > 1)
+                for (int i = 0; i < nt; i++) pthread_join(th[i], NULL);
+            int64_t elems = (c0 + nc) * CHUNK_ELEMS < td->numel ? nc * CHUNK_ELEMS : td->numel - c0 * CHUNK_ELEMS;
+            LIB_CHECK(st_writer_write(w, buf, (size_t)elems * esz, err, sizeof err), err);
+            prog->done += (uint64_t)elems * esz;
+            progress_tick(prog, 0);
+        }
+    }
+    LIB_CHECK(st_writer_finish(w, err, sizeof err), err);
+    st_writer_free(w);
+    free(idx);
+}
+
+/* Remove what an earlier run may have left: config.json, the index, model.safetensors, shards. */
+static void remove_stale(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) DIE("cannot open %s: %s", dir, strerror(errno));
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int a, b, len = (int)strlen(e->d_name);
+        char tail[32];
+        int shard = len == 32 && sscanf(e->d_name, "model-%5d-of-%5d.%31s", &a, &b, tail) == 3 &&
+                    strcmp(tail, "safetensors") == 0;
+        if (shard || strcmp(e->d_name, "config.json") == 0 || strcmp(e->d_name, "model.safetensors") == 0 ||
+            strcmp(e->d_name, "model.safetensors.index.json") == 0) {
+            char p[4096];
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            if (unlink(p) != 0) DIE("cannot remove stale %s: %s", p, strerror(errno));
+            log_info("removed stale %s", p);
+        }
+    }
+    closedir(d);
+}
+
+static void write_model(const char *dir, const struct model_config *c, int n_shards, const struct gen_opts *g) {
+    char err[1024], path[4096];
+    LIB_CHECK(fs_mkdir_p(dir, err, sizeof err), err);
+    remove_stale(dir);
+    struct tdesc *t;
+    int n = list_tensors(c, &t);
+    if (n_shards > n) DIE("--shards %d exceeds the %d tensors of this model", n_shards, n);
+    size_t esz = st_dtype_size(g->dtype);
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) total += (uint64_t)t[i].numel * esz;
+    /* Shards: cut when a shard reaches total/N bytes, but keep at least one tensor per shard. */
+    int s = 0, in_s = 0;
+    uint64_t cum = 0;
+    for (int i = 0; i < n; i++) {
+        if (in_s > 0 && (cum >= (uint64_t)((double)total * (s + 1) / n_shards) || n - i == n_shards - 1 - s)) {
+            s++;
+            in_s = 0;
+        }
+        t[i].shard = s;
+        in_s++;
+        cum += (uint64_t)t[i].numel * esz;
+    }
+    log_info("writing %s: %s, %d layers, hidden %d, vocab %d, %.2f M parameters, %s, %.1f MB in %d file(s), %d threads",
+             dir, c->architecture, c->num_hidden_layers, c->hidden_size, c->vocab_size,
+             1e-6 * (double)hf_config_n_params(c), st_dtype_name(g->dtype), 1e-6 * (double)total, n_shards,
+             g->n_threads);
+    unsigned char *buf = malloc((size_t)BATCH_CHUNKS * CHUNK_ELEMS * esz);
+    ALLOC_CHECK(buf);
+    struct progress prog = {0, total, time_mono_s(), time_mono_s()};
+    if (n_shards == 1) {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        write_shard(path, t, n, 0, g, buf, &prog);
+    } else {
+        json_t *map = json_object(), *root = json_object(), *meta = json_object();
+        if (!map || !root || !meta) DIE("out of memory");
+        for (int k = 0; k < n_shards; k++) {
+            char fname[64];
+            snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", k + 1, n_shards);
+            snprintf(path, sizeof path, "%s/%s", dir, fname);
+            write_shard(path, t, n, k, g, buf, &prog);
+            for (int i = 0; i < n; i++)
+                if (t[i].shard == k) json_object_set_new(map, t[i].name, json_string(fname));
+        }
+        json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
+        json_object_set_new(root, "metadata", meta);
+        json_object_set_new(root, "weight_map", map);
+        char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
+        ALLOC_CHECK(text);
+        json_decref(root);
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        size_t len = strlen(text);
+        char *full = realloc(text, len + 2);
+        ALLOC_CHECK(full);
+        full[len] = '\n';
+        LIB_CHECK(fs_write_atomic(path, full, len + 1, err, sizeof err), err);
+        free(full);
+    }
+    progress_tick(&prog, 1);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    LIB_CHECK(hf_config_write(c, path, err, sizeof err), err);
+
+    /* Self-check: the directory loads back with every tensor at its shape. */
+    struct model_config back;
+    LIB_CHECK(hf_config_load(&back, dir, err, sizeof err), err);
+    struct hf_weights w;
+    LIB_CHECK(hf_weights_open(&w, dir, err, sizeof err), err);
+    if (w.n_tensors != n) DIE("%s: wrote %d tensors but %d load back", dir, n, w.n_tensors);
+    for (int i = 0; i < n; i++) {
+        const struct st_tensor *x;
+        LIB_CHECK(hf_weights_get(&w, t[i].name, &x, err, sizeof err), err);
+        if (x->ndim != t[i].ndim || x->shape[0] != t[i].shape[0] || (x->ndim == 2 && x->shape[1] != t[i].shape[1]) ||
+            x->dtype != g->dtype)
+            DIE("%s: tensor '%s' loads back with another shape or dtype", dir, t[i].name);
+    }
+    hf_weights_close(&w);
+    free(buf);
+    free(t);
+    log_info("model written to %s", dir);
+}
+
+/* ---------------------------------------------------------------- dataset */
+
+struct ds_opts {
+    int samples, median_len, min_len, max_len, vocab;
+    double sigma, prompt_frac;
+    uint64_t seed;
+};
+
+static double unif(uint64_t *s) { return (double)(kernels_rng_next(s) >> 11) * 0x1p-53; }
+static double normal(uint64_t *s) {
+    double u1 = (double)((kernels_rng_next(s) >> 11) + 1) * 0x1p-53, u2 = unif(s);
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+static void write_dataset(const char *path, const struct ds_opts *o) {
+    char tmp[4096], err[1024];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) DIE("cannot create %s: %s", tmp, strerror(errno));
+    static char iobuf[1 << 20];
+    setvbuf(f, iobuf, _IOFBF, sizeof iobuf);
+    uint64_t s = mix64(o->seed ^ 0xDA7A5E7DA7A5E7ull);
+    int32_t *ids = malloc((size_t)o->max_len * sizeof *ids);
+    ALLOC_CHECK(ids);
+    uint64_t n_tok = 0, n_loss = 0;
+    for (int r = 0; r < o->samples; r++) {
+        double len = rint((double)o->median_len * exp(o->sigma * normal(&s)));
+        int L = len < o->min_len ? o->min_len : len > o->max_len ? o->max_len : (int)len;
+        /* prompt ~ prompt_frac of the sample (jittered 0.5x..1.5x), at least one answer token */
+        int P = (int)rint((double)L * o->prompt_frac * (0.5 + unif(&s)));
+        if (o->prompt_frac > 0 && P < 1) P = 1;
+        if (P > L - 1) P = L - 1;
+        for (int i = 0; i < L; i++) ids[i] = (int32_t)(kernels_rng_next(&s) % (uint64_t)o->vocab);
+        fputs("{\"input_ids\": [", f);
+        for (int i = 0; i < L; i++) fprintf(f, i ? ", %d" : "%d", ids[i]);
+        fputs("], \"loss_mask\": [", f);
+        for (int i = 0; i < L; i++) fputs(i == 0 ? (i < P ? "0" : "1") : (i < P ? ", 0" : ", 1"), f);
+        fputs("]}\n", f);
+        n_tok += (uint64_t)L;
+        n_loss += (uint64_t)(L - P);
+        if (stage_stopping()) { fclose(f); unlink(tmp); DIE("stopped by signal %d; %s not written", stage_stop_signal(), path); }
+    }
+    free(ids);
+    if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0) { fclose(f); unlink(tmp); DIE("write %s failed: %s", tmp, strerror(errno)); }
+    if (fclose(f) != 0) { unlink(tmp); DIE("close %s failed: %s", tmp, strerror(errno)); }
+    if (rename(tmp, path) != 0) { unlink(tmp); DIE("rename %s -> %s failed: %s", tmp, path, strerror(errno)); }
+    (void)err;
+    log_info("dataset written to %s: %d samples, %llu tokens (mean %.0f), %.1f%% with loss", path, o->samples,
+             (unsigned long long)n_tok, (double)n_tok / (o->samples ? o->samples : 1),
+             n_tok ? 100.0 * (double)n_loss / (double)n_tok : 0.0);
+}
+
+/* ---------------------------------------------------------------- main */
+
+int main(int argc, char **argv) {
+    log_init("dflash-mkmodel");
+    struct stage_common common;
+    stage_common_defaults(&common);
+    common.device = "cpu";   /* generation is CPU work; no CUDA initialisation */
+    const char *out = NULL, *arch = NULL, *preset = "tiny", *dtype = "bf16", *dataset = NULL;
+    int hidden = 0, layers = 0, vocab = 0, heads = 0, kv_heads = 0, head_dim = 0, inter = 0, max_pos = 0;
+    int tied = -1, shards = 1, threads = 0;
+    int64_t seed = 42;
+    double std = 0.02, norm_noise = 0.1, rope_theta = 0;
+    int samples = 1000, median_len = 1200, min_len = 64, max_len = 8192;
+    double sigma = 0.6, prompt_frac = 0.3;
+    struct flag table[] = {
+        {"out", FLAG_STRING, &out, "model directory to write (config.json + safetensors)", 1, 0},
+        {"arch", FLAG_STRING, &arch, "qwen3 | llama (default: the preset's; tiny: qwen3)", 1, 0},
+        {"preset", FLAG_STRING, &preset, "tiny | qwen3-0.6b | qwen3-8b | llama3.2-1b | llama3.1-8b", 1, 0},
+        {"hidden", FLAG_INT, &hidden, "hidden_size (0: preset)", 0, 1 << 20},
+        {"layers", FLAG_INT, &layers, "num_hidden_layers (0: preset)", 0, 4096},
+        {"vocab", FLAG_INT, &vocab, "vocab_size (0: preset)", 0, 1 << 30},
+        {"heads", FLAG_INT, &heads, "num_attention_heads (0: preset)", 0, 4096},
+        {"kv-heads", FLAG_INT, &kv_heads, "num_key_value_heads (0: preset)", 0, 4096},
+        {"head-dim", FLAG_INT, &head_dim, "head_dim (0: preset)", 0, 4096},
+        {"intermediate", FLAG_INT, &inter, "intermediate_size (0: preset)", 0, 1 << 22},
+        {"max-pos", FLAG_INT, &max_pos, "max_position_embeddings (0: preset)", 0, 1 << 30},
+        {"rope-theta", FLAG_DOUBLE, &rope_theta, "rope_theta (0: the architecture's usual)", 1, 0},
+        {"tied", FLAG_BOOL, &tied, "tie_word_embeddings, no lm_head.weight (unset: as the preset)", 1, 0},
+        {"dtype", FLAG_STRING, &dtype, "bf16 | f16 | f32 (on disk and in config.json)", 1, 0},
+        {"seed", FLAG_INT64, &seed, "seed of weights and dataset", 1, 0},
+        {"std", FLAG_DOUBLE, &std, "standard deviation of matrix weights", 1, 0},
+        {"norm-noise", FLAG_DOUBLE, &norm_noise, "norm weights are 1 + U(-x, x)", 1, 0},
+        {"shards", FLAG_INT, &shards, "safetensors files (> 1: shards + model.safetensors.index.json)", 1, 99999},
+        {"threads", FLAG_INT, &threads, "generator threads (0: every core)", 0, 256},
+        {"dataset", FLAG_STRING, &dataset, "also write a synthetic JSONL dataset here", 1, 0},
+        {"samples", FLAG_INT, &samples, "dataset samples", 1, 1 << 30},
+        {"median-len", FLAG_INT, &median_len, "median sample length (log-normal)", 1, 1 << 30},
+        {"len-sigma", FLAG_DOUBLE, &sigma, "sigma of log(length)", 1, 0},
+        {"min-len", FLAG_INT, &min_len, "shortest sample", 2, 1 << 30},
+        {"max-len", FLAG_INT, &max_len, "longest sample", 2, 1 << 30},
+        {"prompt-frac", FLAG_DOUBLE, &prompt_frac, "mean share of prompt tokens (loss 0)", 1, 0},
+        STAGE_COMMON_FLAGS(&common),
+        FLAGS_END,
+    };
+    flags_parse_or_exit(table, argc, argv, "[--out DIR] [--dataset FILE] [flags]",
+                        "Write a random-weight Hugging Face model (Qwen3 or Llama) and/or a synthetic JSONL dataset.",
+                        NULL, 0);
+    stage_start(&common, 0);
+    if (!out && !dataset) DIE("nothing to do: give --out DIR and/or --dataset FILE (see --help)");
+
+    const struct preset *p = NULL;
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (strcmp(presets[i].name, preset) == 0) p = &presets[i];
+    if (!p) DIE("--preset '%s' is unknown; use tiny, qwen3-0.6b, qwen3-8b, llama3.2-1b or llama3.1-8b", preset);
+    enum hf_arch a = p->arch ? p->arch : HF_ARCH_QWEN3;
+    if (arch) {
+        enum hf_arch want = strcmp(arch, "qwen3") == 0 ? HF_ARCH_QWEN3 : strcmp(arch, "llama") == 0 ? HF_ARCH_LLAMA : 0;
+        if (!want) DIE("--arch '%s' is unknown; use qwen3 or llama", arch);
+        if (p->arch && want != p->arch) DIE("--arch %s contradicts --preset %s", arch, preset);
+        a = want;
+    }
+    struct model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = a;
+    snprintf(c.architecture, sizeof c.architecture, "%s", a == HF_ARCH_QWEN3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM");
+    snprintf(c.model_type, sizeof c.model_type, "%s", a == HF_ARCH_QWEN3 ? "qwen3" : "llama");
+    c.qk_norm = a == HF_ARCH_QWEN3;
+    c.vocab_size = vocab ? vocab : p->vocab;
+    c.hidden_size = hidden ? hidden : p->hidden;
+    c.intermediate_size = inter ? inter : p->inter;
+    c.num_hidden_layers = layers ? layers : p->layers;
+    c.num_attention_heads = heads ? heads : p->heads;
+    c.num_key_value_heads = kv_heads ? kv_heads : p->kv;
+    c.head_dim = head_dim ? head_dim : p->head_dim;
+    c.max_position_embeddings = max_pos ? max_pos : p->max_pos ? p->max_pos : a == HF_ARCH_QWEN3 ? 40960 : 131072;
+    c.tie_word_embeddings = tied >= 0 ? tied : p->tied;
+    if (a == HF_ARCH_QWEN3) {
+        c.rms_norm_eps = 1e-6;
+        c.rope_theta = rope_theta > 0 ? rope_theta : 1e6;
+        c.rope_type = HF_ROPE_DEFAULT;
+    } else {   /* Llama 3: rope scaling as published */
+        c.rms_norm_eps = 1e-5;
+        c.rope_theta = rope_theta > 0 ? rope_theta : 500000.0;
+        c.rope_type = HF_ROPE_LLAMA3;
+        c.rope_factor = strcmp(preset, "llama3.2-1b") == 0 ? 32.0 : 8.0;
+        c.rope_low_freq_factor = 1.0;
+        c.rope_high_freq_factor = 4.0;
+        c.rope_original_max_position_embeddings = 8192;
+    }
+    if (strcmp(dtype, "bf16") == 0) c.dtype = ST_BF16;
+    else if (strcmp(dtype, "f16") == 0) c.dtype = ST_F16;
+    else if (strcmp(dtype, "f32") == 0) c.dtype = ST_F32;
+    else DIE("--dtype '%s' is unknown; use bf16, f16 or f32", dtype);
+    if (c.num_attention_heads % c.num_key_value_heads != 0)
+        DIE("--kv-heads %d does not divide --heads %d", c.num_key_value_heads, c.num_attention_heads);
+    if (c.head_dim % 2 != 0) DIE("--head-dim %d must be even (rotary halves)", c.head_dim);
+    if (!(std > 0) || !(norm_noise >= 0) || !(sigma >= 0) || !(prompt_frac >= 0 && prompt_frac < 1))
+        DIE("--std must be > 0, --norm-noise and --len-sigma >= 0, --prompt-frac in [0, 1)");
+    if (min_len > max_len) DIE("--min-len %d exceeds --max-len %d", min_len, max_len);
+
+    if (out) {
+        struct gen_opts g = {(uint64_t)seed, std, norm_noise, c.dtype, threads};
+        if (g.n_threads <= 0) {
+            long nc = sysconf(_SC_NPROCESSORS_ONLN);
+            g.n_threads = nc < 1 ? 1 : nc > 64 ? 64 : (int)nc;
+        }
+        write_model(out, &c, shards, &g);
+    }
+    if (dataset) {
+        struct ds_opts d = {samples, median_len, min_len, max_len, c.vocab_size, sigma, prompt_frac, (uint64_t)seed};
+        write_dataset(dataset, &d);
+    }
+    return 0;
+}

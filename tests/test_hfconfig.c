@@ -1,0 +1,261 @@
+/*
+ * tests/test_hfconfig.c — stages/model/hfconfig: config.json of published Qwen3 and Llama models
+ * (transformers 4 and 5 spellings), rejections with a sentence naming the field, the writer round
+ * trip, RoPE frequencies (Llama-3 scaling values computed independently with Python's math module
+ * following transformers' _compute_llama3_parameters) and the z-lab layer-id formula.
+ */
+#include "model/hfconfig.h"
+#include "testutil.h"
+
+static char err[1024];
+
+/* Qwen/Qwen3-8B config.json as published. */
+static const char *QWEN3_8B =
+    "{\"architectures\": [\"Qwen3ForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+    " \"bos_token_id\": 151643, \"eos_token_id\": 151645, \"head_dim\": 128, \"hidden_act\": \"silu\","
+    " \"hidden_size\": 4096, \"initializer_range\": 0.02, \"intermediate_size\": 12288,"
+    " \"max_position_embeddings\": 40960, \"max_window_layers\": 36, \"model_type\": \"qwen3\","
+    " \"num_attention_heads\": 32, \"num_hidden_layers\": 36, \"num_key_value_heads\": 8,"
+    " \"rms_norm_eps\": 1e-06, \"rope_scaling\": null, \"rope_theta\": 1000000, \"sliding_window\": null,"
+    " \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.51.0\","
+    " \"use_cache\": true, \"use_sliding_window\": false, \"vocab_size\": 151936}";
+
+/* meta-llama/Llama-3.1-8B config.json as published. */
+static const char *LLAMA31_8B =
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+    " \"bos_token_id\": 128000, \"eos_token_id\": 128001, \"hidden_act\": \"silu\", \"hidden_size\": 4096,"
+    " \"initializer_range\": 0.02, \"intermediate_size\": 14336, \"max_position_embeddings\": 131072,"
+    " \"mlp_bias\": false, \"model_type\": \"llama\", \"num_attention_heads\": 32, \"num_hidden_layers\": 32,"
+    " \"num_key_value_heads\": 8, \"pretraining_tp\": 1, \"rms_norm_eps\": 1e-05,"
+    " \"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
+    " \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"}, \"rope_theta\": 500000.0,"
+    " \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.43.0.dev0\","
+    " \"use_cache\": true, \"vocab_size\": 128256}";
+
+/* meta-llama/Llama-3.2-1B: tied embeddings, explicit head_dim. */
+static const char *LLAMA32_1B =
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false, \"hidden_act\": \"silu\","
+    " \"head_dim\": 64, \"hidden_size\": 2048, \"intermediate_size\": 8192, \"max_position_embeddings\": 131072,"
+    " \"mlp_bias\": false, \"model_type\": \"llama\", \"num_attention_heads\": 32, \"num_hidden_layers\": 16,"
+    " \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-05, \"rope_scaling\": {\"factor\": 32.0,"
+    " \"high_freq_factor\": 4.0, \"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192,"
+    " \"rope_type\": \"llama3\"}, \"rope_theta\": 500000.0, \"tie_word_embeddings\": true,"
+    " \"torch_dtype\": \"bfloat16\", \"vocab_size\": 128256}";
+
+/* Qwen3-0.6B as transformers 5 saves it: rope_parameters and dtype. */
+static const char *QWEN3_06B_T5 =
+    "{\"architectures\": [\"Qwen3ForCausalLM\"], \"attention_bias\": false, \"dtype\": \"float32\","
+    " \"head_dim\": 128, \"hidden_act\": \"silu\", \"hidden_size\": 1024, \"intermediate_size\": 3072,"
+    " \"layer_types\": [\"full_attention\", \"full_attention\"], \"max_position_embeddings\": 40960,"
+    " \"model_type\": \"qwen3\", \"num_attention_heads\": 16, \"num_hidden_layers\": 28,"
+    " \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-06,"
+    " \"rope_parameters\": {\"rope_theta\": 1000000, \"rope_type\": \"default\"},"
+    " \"tie_word_embeddings\": true, \"transformers_version\": \"5.0.0\", \"use_sliding_window\": false,"
+    " \"vocab_size\": 151936}";
+
+START_TEST(qwen3_8b) {
+    struct model_config c;
+    ck_assert_msg(hf_config_parse(&c, QWEN3_8B, "q.json", err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(c.arch, HF_ARCH_QWEN3);
+    ck_assert_str_eq(c.architecture, "Qwen3ForCausalLM");
+    ck_assert_str_eq(c.model_type, "qwen3");
+    ck_assert_int_eq(c.vocab_size, 151936);
+    ck_assert_int_eq(c.hidden_size, 4096);
+    ck_assert_int_eq(c.intermediate_size, 12288);
+    ck_assert_int_eq(c.num_hidden_layers, 36);
+    ck_assert_int_eq(c.num_attention_heads, 32);
+    ck_assert_int_eq(c.num_key_value_heads, 8);
+    ck_assert_int_eq(c.head_dim, 128);
+    ck_assert_int_eq(c.qk_norm, 1);
+    ck_assert_double_eq(c.rms_norm_eps, 1e-6);
+    ck_assert_double_eq(c.rope_theta, 1e6);
+    ck_assert_int_eq(c.rope_type, HF_ROPE_DEFAULT);
+    ck_assert_int_eq(c.tie_word_embeddings, 0);
+    ck_assert_int_eq(c.max_position_embeddings, 40960);
+    ck_assert_int_eq(c.dtype, ST_BF16);
+    ck_assert_int_eq(hf_config_n_params(&c), 8190735360LL);   /* Qwen3-8B's published 8.19B */
+    double f[64];
+    hf_rope_inv_freq(&c, f);
+    ck_assert_double_eq(f[0], 1.0);
+    ck_assert_double_eq_tol(f[32], 1.0 / 1000.0, 1e-15);      /* 1e6^(-64/128) */
+    ck_assert_double_eq_tol(f[63], pow(1e6, -126.0 / 128.0), 1e-20);
+}
+END_TEST
+
+START_TEST(llama31_8b_rope_scaling) {
+    struct model_config c;
+    ck_assert_msg(hf_config_parse(&c, LLAMA31_8B, "l.json", err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(c.arch, HF_ARCH_LLAMA);
+    ck_assert_int_eq(c.qk_norm, 0);
+    ck_assert_int_eq(c.head_dim, 128);   /* absent: hidden / heads */
+    ck_assert_int_eq(c.num_key_value_heads, 8);
+    ck_assert_int_eq(c.intermediate_size, 14336);
+    ck_assert_int_eq(c.vocab_size, 128256);
+    ck_assert_double_eq(c.rms_norm_eps, 1e-5);
+    ck_assert_double_eq(c.rope_theta, 500000.0);
+    ck_assert_int_eq(c.rope_type, HF_ROPE_LLAMA3);
+    ck_assert_double_eq(c.rope_factor, 8.0);
+    ck_assert_double_eq(c.rope_low_freq_factor, 1.0);
+    ck_assert_double_eq(c.rope_high_freq_factor, 4.0);
+    ck_assert_int_eq(c.rope_original_max_position_embeddings, 8192);
+    ck_assert_int_eq(c.max_position_embeddings, 131072);
+    ck_assert_int_eq(hf_config_n_params(&c), 8030261248LL);   /* Llama-3.1-8B */
+    /* high-frequency (kept), medium (smoothed) and low-frequency (divided by 8) bands */
+    static const struct { int i; double v; } want[] = {
+        {0, 1.0}, {20, 0.016560440080994446}, {28, 0.0032114459947525913}, {29, 0.002166570763503359},
+        {30, 0.0013718935677611381}, {33, 0.00031269375038406517}, {35, 9.556212353964683e-05},
+        {36, 7.78465527393245e-05}, {48, 6.647869871181236e-06}, {63, 3.068925988914511e-07},
+    };
+    double f[64];
+    hf_rope_inv_freq(&c, f);
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
+        ck_assert_msg(fabs(f[want[k].i] - want[k].v) <= 1e-12 * want[k].v, "inv_freq[%d] = %.17g, want %.17g",
+                      want[k].i, f[want[k].i], want[k].v);
+}
+END_TEST
+
+START_TEST(llama32_tied) {
+    struct model_config c;
+    ck_assert_msg(hf_config_parse(&c, LLAMA32_1B, "l1.json", err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(c.tie_word_embeddings, 1);
+    ck_assert_int_eq(c.head_dim, 64);
+    ck_assert_double_eq(c.rope_factor, 32.0);
+    ck_assert_int_eq(hf_config_n_params(&c), 1235814400LL);   /* Llama-3.2-1B */
+}
+END_TEST
+
+START_TEST(transformers5_spelling) {
+    struct model_config c;
+    ck_assert_msg(hf_config_parse(&c, QWEN3_06B_T5, "t5.json", err, sizeof err) == 0, "%s", err);
+    ck_assert_double_eq(c.rope_theta, 1e6);
+    ck_assert_int_eq(c.rope_type, HF_ROPE_DEFAULT);
+    ck_assert_int_eq(c.dtype, ST_F32);
+    ck_assert_int_eq(c.tie_word_embeddings, 1);
+    ck_assert_int_eq(hf_config_n_params(&c), 596049920LL);   /* Qwen3-0.6B */
+    /* llama3 parameters inside rope_parameters; old rope_theta ignored when rope_parameters has one */
+    const char *l5 =
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 256, \"intermediate_size\": 512,"
+        " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 1000, \"rope_theta\": 1.0,"
+        " \"dtype\": \"float16\", \"rope_parameters\": {\"rope_type\": \"llama3\", \"rope_theta\": 500000.0,"
+        " \"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0,"
+        " \"original_max_position_embeddings\": 8192}}";
+    ck_assert_msg(hf_config_parse(&c, l5, "l5.json", err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(c.rope_type, HF_ROPE_LLAMA3);
+    ck_assert_double_eq(c.rope_theta, 500000.0);
+    ck_assert_int_eq(c.rope_original_max_position_embeddings, 8192);
+    ck_assert_int_eq(c.dtype, ST_F16);
+    ck_assert_int_eq(c.num_key_value_heads, 4);   /* absent: = heads */
+    ck_assert_int_eq(c.head_dim, 64);
+    ck_assert_int_eq(c.max_position_embeddings, 2048);
+    /* linear scaling through the older "type" key */
+    const char *lin =
+        "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 1,"
+        " \"num_attention_heads\": 4, \"vocab_size\": 10, \"rope_theta\": 10000,"
+        " \"rope_scaling\": {\"type\": \"linear\", \"factor\": 4.0}}";
+    ck_assert_msg(hf_config_parse(&c, lin, "lin.json", err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(c.architecture, "LlamaForCausalLM");
+    ck_assert_int_eq(c.rope_type, HF_ROPE_LINEAR);
+    double f[8];
+    hf_rope_inv_freq(&c, f);
+    ck_assert_double_eq_tol(f[0], 0.25, 1e-15);
+    ck_assert_double_eq_tol(f[4], 0.25 * pow(10000.0, -0.5), 1e-15);
+}
+END_TEST
+
+/* Replace the first occurrence of `from` in base by `to` and expect a rejection mentioning frag. */
+static void expect_reject_edit(const char *base, const char *from, const char *to, const char *frag) {
+    char buf[4096];
+    const char *p = strstr(base, from);
+    ck_assert_msg(p != NULL, "test bug: '%s' not in base", from);
+    snprintf(buf, sizeof buf, "%.*s%s%s", (int)(p - base), base, to, p + strlen(from));
+    struct model_config c;
+    err[0] = '\0';
+    ck_assert_msg(hf_config_parse(&c, buf, "cfg/config.json", err, sizeof err) == -1, "accepted: %s", buf);
+    ck_assert_msg(strstr(err, "cfg/config.json") != NULL, "no file in: %s", err);
+    ck_assert_msg(strstr(err, frag) != NULL, "'%s' not in: %s", frag, err);
+}
+
+START_TEST(rejections) {
+    expect_reject_edit(QWEN3_8B, "Qwen3ForCausalLM", "MistralForCausalLM", "'MistralForCausalLM' is not supported");
+    expect_reject_edit(QWEN3_8B, "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3MoeForCausalLM");
+    expect_reject_edit(QWEN3_8B, "\"attention_bias\": false", "\"attention_bias\": true", "attention_bias");
+    expect_reject_edit(LLAMA31_8B, "\"mlp_bias\": false", "\"mlp_bias\": true", "mlp_bias");
+    expect_reject_edit(QWEN3_8B, "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "hidden_act");
+    expect_reject_edit(QWEN3_8B, "\"use_sliding_window\": false", "\"use_sliding_window\": true", "use_sliding_window");
+    expect_reject_edit(QWEN3_8B, "\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}",
+                       "'yarn'");
+    expect_reject_edit(LLAMA31_8B, "\"low_freq_factor\": 1.0, ", "", "low_freq_factor");
+    expect_reject_edit(LLAMA31_8B, "\"high_freq_factor\": 4.0", "\"high_freq_factor\": 0.5", "high_freq_factor");
+    expect_reject_edit(QWEN3_8B, "\"num_key_value_heads\": 8", "\"num_key_value_heads\": 5", "num_key_value_heads");
+    expect_reject_edit(QWEN3_8B, "\"vocab_size\": 151936", "\"vocab_sz\": 151936", "\"vocab_size\" is missing");
+    expect_reject_edit(QWEN3_8B, "\"hidden_size\": 4096", "\"hidden_size\": -4096", "hidden_size");
+    expect_reject_edit(QWEN3_8B, "\"hidden_size\": 4096", "\"hidden_size\": \"4096\"", "hidden_size");
+    expect_reject_edit(QWEN3_8B, "\"head_dim\": 128", "\"head_dim\": 127", "head_dim");
+    expect_reject_edit(QWEN3_8B, "\"rms_norm_eps\": 1e-06", "\"rms_norm_eps\": 0", "rms_norm_eps");
+    expect_reject_edit(QWEN3_8B, "\"torch_dtype\": \"bfloat16\"", "\"torch_dtype\": \"float8_e4m3fn\"", "torch_dtype");
+    expect_reject_edit(QWEN3_8B, "\"model_type\": \"qwen3\"", "\"model_type\": \"llama\"", "model_type");
+    expect_reject_edit(QWEN3_8B, "\"tie_word_embeddings\": false", "\"tie_word_embeddings\": 0", "tie_word_embeddings");
+    expect_reject_edit(QWEN3_8B, "[\"Qwen3ForCausalLM\"]", "[]", "architectures");
+    expect_reject_edit(QWEN3_8B, "\"vocab_size\": 151936}", "\"vocab_size\": 151936", "not valid JSON");
+    struct model_config c;
+    ck_assert_int_eq(hf_config_parse(&c, "{\"hidden_size\": 8}", "x.json", err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "architectures"), "%s", err);
+    ck_assert_int_eq(hf_config_load(&c, "/nonexistent/dir/config.json", err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "/nonexistent/dir/config.json"), "%s", err);
+}
+END_TEST
+
+START_TEST(write_load_roundtrip) {
+    const char *dir = test_tmpdir("hfcfg");
+    const char *srcs[] = {QWEN3_8B, LLAMA31_8B, LLAMA32_1B, QWEN3_06B_T5};
+    for (int k = 0; k < 4; k++) {
+        struct model_config a, b;
+        ck_assert_int_eq(hf_config_parse(&a, srcs[k], "src", err, sizeof err), 0);
+        char path[1024];
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        ck_assert_msg(hf_config_write(&a, path, err, sizeof err) == 0, "%s", err);
+        ck_assert_msg(hf_config_load(&b, dir, err, sizeof err) == 0, "%s", err);   /* directory form */
+        ck_assert_int_eq(memcmp(&a, &b, sizeof a), 0);
+    }
+}
+END_TEST
+
+START_TEST(zlab_layer_ids) {
+    int ids[8];
+    ck_assert_int_eq(hf_zlab_layer_ids(36, 5, ids), 0);
+    int q8[] = {1, 9, 17, 25, 33};
+    for (int i = 0; i < 5; i++) ck_assert_int_eq(ids[i], q8[i]);
+    ck_assert_int_eq(hf_zlab_layer_ids(36, 1, ids), 0);
+    ck_assert_int_eq(ids[0], 18);
+    ck_assert_int_eq(hf_zlab_layer_ids(28, 5, ids), 0);
+    int q06[] = {1, 7, 13, 19, 25};
+    for (int i = 0; i < 5; i++) ck_assert_int_eq(ids[i], q06[i]);
+    /* half-way cases round to even like Python's round(): 2.5 -> 2, 3.5 -> 4 */
+    ck_assert_int_eq(hf_zlab_layer_ids(7, 3, ids), 0);
+    ck_assert_int_eq(ids[0], 1); ck_assert_int_eq(ids[1], 2); ck_assert_int_eq(ids[2], 4);
+    ck_assert_int_eq(hf_zlab_layer_ids(9, 5, ids), 0);
+    int h9[] = {1, 2, 4, 5, 6};
+    for (int i = 0; i < 5; i++) ck_assert_int_eq(ids[i], h9[i]);
+    /* the tiny test model: 4 layers -> end = 1, every id 1 */
+    ck_assert_int_eq(hf_zlab_layer_ids(4, 5, ids), 0);
+    for (int i = 0; i < 5; i++) ck_assert_int_eq(ids[i], 1);
+    ck_assert_int_eq(hf_zlab_layer_ids(2, 3, ids), -1);   /* ids below 0 */
+    ck_assert_int_eq(hf_zlab_layer_ids(0, 3, ids), -1);
+    ck_assert_int_eq(hf_zlab_layer_ids(36, 0, ids), -1);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("hfconfig");
+    TCase *tc = tcase_create("config");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, qwen3_8b);
+    tcase_add_test(tc, llama31_8b_rope_scaling);
+    tcase_add_test(tc, llama32_tied);
+    tcase_add_test(tc, transformers5_spelling);
+    tcase_add_test(tc, rejections);
+    tcase_add_test(tc, write_load_roundtrip);
+    tcase_add_test(tc, zlab_layer_ids);
+    suite_add_tcase(s, tc);
+    return test_run_suite(s);
+}
