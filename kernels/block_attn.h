@@ -1,0 +1,77 @@
+/*
+ * kernels/block_attn.h — DFlash anchored block attention, forward and backward
+ * (dflash-reference.md §4.2 step 6 and §6).
+ *
+ * Queries: N·B rows in blocks of B (block b belongs to anchor a_b), n_h heads of d_h. Keys and values:
+ * T + N·B rows, n_kv heads: the packed context 0..T-1 first, then the block tokens block-major.
+ * Query (b, j) with anchor a = anchors[b] and d = doc_ids[a] sees
+ *   - context key p  iff  d != -1, doc_ids[p] == d, p < a, and (window > 0 ? p >= a - window : true);
+ *   - block key (b', j')  iff  b' == b and (causal ? j' <= j : true).
+ * Padding anchors (anchor 0) therefore see their own block only. Scores are q·k·scale, softmax in fp32.
+ * GQA: query head h uses kv head h / (n_h / n_kv).
+ *
+ * The dense mask is never built: the device kernel visits, per block, only the key tiles of
+ * [max(0, a-window), a) that hold a key of the anchor's document, plus the block's own keys. The forward
+ * saves lse = log-sum-exp of the scaled scores per (row, head) for the backward, which recomputes P.
+ * Layouts (row-major): q, out, dq (N·B, n_h, d_h); k, v, dk, dv (T + N·B, n_kv, d_h); lse (n_h, N·B)
+ * (kernels/shapes.md: saved per-row statistics are [NH, T]).
+ */
+#ifndef KERNELS_BLOCK_ATTN_H
+#define KERNELS_BLOCK_ATTN_H
+
+#include <stdint.h>
+
+#include "kernels/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int T;        /* packed context length */
+    int N;        /* blocks (anchors), padding included */
+    int B;        /* block size */
+    int n_h;      /* query heads */
+    int n_kv;     /* kv heads; n_h % n_kv == 0 */
+    int d_h;      /* head dim */
+    int window;   /* sliding window W; 0 = full attention */
+    int causal;   /* 1: j' <= j inside the block (sliding layers, sliding_window_non_causal=false) */
+    float scale;  /* softmax scale, d_h^-0.5 */
+} block_attn_config;
+
+/* Checks a config (positive sizes, n_h % n_kv == 0, window >= 0); 0 or -1 with a sentence in err. */
+int block_attn_check(const block_attn_config *c, char *err, int err_len);
+
+/* CPU reference, fp32 data with double accumulation. anchors (N) int32 in [0, T); doc_ids (T) int32
+ * (-1 = padding). round_p != 0 emulates the device's precision (P rounded to bf16 before P·V, output
+ * rounded to bf16) for the low-precision error baseline. Returns 0 or -1 with err. Thread-safe. */
+int block_attn_forward_ref(const block_attn_config *c, const float *q, const float *k, const float *v,
+                           const int32_t *anchors, const int32_t *doc_ids, int round_p,
+                           float *out, float *lse, char *err, int err_len);
+/* Reference backward: given dout and the forward's out and lse, writes dq, dk, dv (overwritten, not
+ * accumulated). Returns 0 or -1 with err. */
+int block_attn_backward_ref(const block_attn_config *c, const float *q, const float *k, const float *v,
+                            const int32_t *anchors, const int32_t *doc_ids, const float *out,
+                            const float *dout, const float *lse, float *dq, float *dk, float *dv,
+                            char *err, int err_len);
+
+#ifdef DFLASH_CUDA
+#include <cuda_runtime_api.h>
+/* Device forward: q, k, v bf16; out bf16; lse fp32. Preconditions: d_h in {64, 128},
+ * (n_h / n_kv) · B <= 64. Asynchronous on stream; no allocation. Returns 0 or -1 (kernels_error()). */
+int block_attn_forward(const block_attn_config *c, const bf16 *d_q, const bf16 *d_k, const bf16 *d_v,
+                       const int32_t *d_anchors, const int32_t *d_doc_ids, bf16 *d_out, float *d_lse,
+                       cudaStream_t stream);
+/* Device backward: writes fp32 dq (N·B, n_h, d_h), dk and dv (T + N·B, n_kv, d_h). dk and dv are
+ * zeroed here and accumulated with atomics (context keys are shared by many blocks), so their last bits
+ * depend on scheduling. Same preconditions as the forward. Returns 0 or -1 (kernels_error()). */
+int block_attn_backward(const block_attn_config *c, const bf16 *d_q, const bf16 *d_k, const bf16 *d_v,
+                        const int32_t *d_anchors, const int32_t *d_doc_ids, const bf16 *d_out,
+                        const bf16 *d_dout, const float *d_lse, float *d_dq, float *d_dk, float *d_dv,
+                        cudaStream_t stream);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KERNELS_BLOCK_ATTN_H */

@@ -1,0 +1,116 @@
+/*
+ * kernels/lmhead_loss.h — fused LM head + DFlash distillation loss over the N·B block rows
+ * (dflash-reference.md §3.2, §5, §7, §8; pitfalls in §13).
+ *
+ * Row s = (b, j) of the R = N·B block rows, anchor a = anchors[b], position p = a + j:
+ *   draft logits  z_s = xn_s · lm_headᵀ                                  (V,)  xn = the drafter's final-normed state
+ *   target logits t_s = (vnorm_w ⊙ rmsnorm(last[p-1])) · vlm_headᵀ      (V,)  p-1 = -1 wraps to T-1 (always masked)
+ *   mask          m_s = loss_mask[p] · valid[b] · [j != 0]                (sample_from_anchor = false)
+ *   loss          KL: Σ_v P_v (log P_v - log Q_v), P = softmax(t), Q = softmax(z);   CE: lse(z) - z[argmax t]
+ *   weight        NONE 1; EXP_DECAY w_j = exp(-(j-1)/γ) (w_0 = 0); DPACE (CE only): c_j = exp(-ℓ_j),
+ *                 s_j = m_j ? (1-α)c_j + α : 1, P_j = Π_{i<=j} s_i, w_j = m_j Σ_{k>=j} m_k P_k (per block)
+ *   L = Σ_s w_s m_s ℓ_s / (Σ_s m_s + 1e-5)
+ *   metrics       over m_s = 1: correct[j] += (argmax z == argmax t), total[j] += 1 (ties: first index)
+ * Backward: dL/dz_s = w_s m_s / (Σ m + 1e-5) · (Q - P) (KL) or (Q - onehot(argmax t)) (CE); dxn = dz · lm_head.
+ * No gradient reaches the targets or the weights. The caller owns the final RMSNorm of the drafter
+ * (K1's rmsnorm_forward / rmsnorm_backward): this op starts from its output xn and returns dL/dxn.
+ *
+ * Vocabulary subsets (§1.6): lm_head and vlm_head are the pruned [V_d, D] rows; lmhead_prune builds
+ * them from the full [V_t, D] head with d2t (draft d -> target id d + d2t[d]). The softmax is over V_d.
+ *
+ * Device path: vocabulary chunks of the logits are produced by cuBLASLt GEMMs (kernels/blas.h) into
+ * bf16 chunk buffers (logits are bf16, §9), then folded into per-row online-softmax statistics in
+ * fp32; the backward recomputes the chunks and multiplies dz chunks back. Nothing [R, V] is stored.
+ */
+#ifndef KERNELS_LMHEAD_LOSS_H
+#define KERNELS_LMHEAD_LOSS_H
+
+#include <stdint.h>
+
+#include "kernels/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { LMHEAD_LOSS_KL = 0, LMHEAD_LOSS_CE = 1 };
+enum { LMHEAD_WEIGHT_NONE = 0, LMHEAD_WEIGHT_EXP_DECAY = 1, LMHEAD_WEIGHT_DPACE = 2 };
+
+typedef struct {
+    int T;          /* packed length (rows of last, loss_mask) */
+    int N;          /* anchors (blocks), padding included */
+    int B;          /* block size; R = N·B rows */
+    int D;          /* hidden size */
+    int V;          /* (draft) vocabulary = rows of lm_head and vlm_head */
+    int loss;       /* LMHEAD_LOSS_* */
+    int weighting;  /* LMHEAD_WEIGHT_* */
+    float gamma;    /* exp-decay γ (4.0) */
+    float alpha;    /* D-PACE α in (0, 1] (0.5) */
+    float eps;      /* verifier_norm eps (1e-6) */
+} lmhead_loss_config;
+
+/* Checks a config (sizes, enums, DPACE needs CE, α in (0,1], γ > 0); 0 or -1 with a sentence. */
+int lmhead_loss_check(const lmhead_loss_config *c, char *err, int err_len);
+
+/* EAL = Σ_{j=1}^{B-1} Π_{i=1}^{j} correct[i] / max(total[i], 1) (§8). Pure. */
+double lmhead_eal(const int32_t *correct, const int32_t *total, int B);
+
+/* Validate a vocabulary mapping: t2d (V_t) bool with popcount V_d, and d2t (V_d) such that d + d2t[d]
+ * is the d-th set entry of t2d in ascending order. 0, or -1 with a sentence in err. */
+int lmhead_vocab_check(const uint8_t *t2d, int V_t, const int64_t *d2t, int V_d, char *err, int err_len);
+/* out (V_d, D) = rows d + d2t[d] of full (V_t, D). Returns 0, or -1 when an id is outside [0, V_t). */
+int lmhead_prune_ref(const float *full, int V_t, int D, const int64_t *d2t, int V_d, float *out,
+                     char *err, int err_len);
+
+/* Reference forward (fp32 data; double accumulation of dot products and sums).
+ * xn (R, D); lm_head, vlm_head (V, D) (may alias); vnorm_w (D); last (T, D); anchors (N) int32 in
+ * [0, T - B) or 0 for padding; valid (N); loss_mask (T). round_bf16 != 0 emulates the device's
+ * precision (the normed target state and both logits rounded to bf16) for the error baseline.
+ * Writes *loss, row_loss (R) ℓ_s (0 where m_s = 0), row_weight (R) w_s·m_s, correct and total (B).
+ * Returns 0 or -1 with a sentence in err. Thread-safe; allocates O(V + D). */
+int lmhead_loss_forward_ref(const lmhead_loss_config *c, const float *xn, const float *lm_head,
+                            const float *vlm_head, const float *vnorm_w, const float *last,
+                            const int32_t *anchors, const uint8_t *valid, const uint8_t *loss_mask,
+                            int round_bf16, float *loss, float *row_loss, float *row_weight,
+                            int32_t *correct, int32_t *total, char *err, int err_len);
+/* Reference backward: dxn (R, D) = dL/dxn, given the forward's row_weight (R). Same inputs. */
+int lmhead_loss_backward_ref(const lmhead_loss_config *c, const float *xn, const float *lm_head,
+                             const float *vlm_head, const float *vnorm_w, const float *last,
+                             const int32_t *anchors, const uint8_t *valid, const uint8_t *loss_mask,
+                             int round_bf16, const float *row_weight, float *dxn, char *err, int err_len);
+
+#ifdef DFLASH_CUDA
+#include <cuda_runtime_api.h>
+typedef struct lmhead_loss_ws lmhead_loss_ws;   /* device workspace; opaque */
+
+/* Allocate the device workspace for config c with vocabulary chunks of vocab_chunk rows (0: 8192;
+ * a multiple of 8). Sized once from the largest shape (design.md §7). Returns 0 or -1 (kernels_error()).
+ * Not thread-safe with respect to the same ws. */
+int lmhead_loss_ws_init(lmhead_loss_ws **ws, const lmhead_loss_config *c, int vocab_chunk);
+void lmhead_loss_ws_free(lmhead_loss_ws *ws);
+
+/* Device forward. Inputs as the reference, bf16 for xn, lm_head, vlm_head, last; fp32 vnorm_w.
+ * Outputs in device memory: loss (1), row_loss (R), row_weight (R), correct and total (B) int32.
+ * Keeps per-row statistics in ws for lmhead_loss_backward. D % 8 == 0 (cuBLASLt alignment). Anchors are
+ * not range-checked on the device (that would need a host sync): the caller guarantees a + B <= T.
+ * Asynchronous on stream; no allocation. Returns 0 or -1 (kernels_error()). */
+int lmhead_loss_forward(lmhead_loss_ws *ws, const lmhead_loss_config *c, const bf16 *d_xn,
+                        const bf16 *d_lm_head, const bf16 *d_vlm_head, const float *d_vnorm_w,
+                        const bf16 *d_last, const int32_t *d_anchors, const uint8_t *d_valid,
+                        const uint8_t *d_loss_mask, float *d_loss, float *d_row_loss, float *d_row_weight,
+                        int32_t *d_correct, int32_t *d_total, cudaStream_t stream);
+/* Device backward after lmhead_loss_forward on the same ws and inputs: d_dxn (R, D) fp32 = dL/dxn
+ * (overwritten). Asynchronous. Returns 0 or -1 (kernels_error()). */
+int lmhead_loss_backward(lmhead_loss_ws *ws, const lmhead_loss_config *c, const bf16 *d_xn,
+                         const bf16 *d_lm_head, const bf16 *d_vlm_head, const float *d_row_weight,
+                         float *d_dxn, cudaStream_t stream);
+/* Device pruning: d_out (V_d, D) = rows d + d2t[d] of d_full (V_t, D), d2t (V_d) int64 on the device.
+ * Ids are not range-checked here (check the mapping on the host with lmhead_vocab_check). */
+int lmhead_prune(const bf16 *d_full, int V_t, int D, const int64_t *d_d2t, int V_d, bf16 *d_out,
+                 cudaStream_t stream);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KERNELS_LMHEAD_LOSS_H */
