@@ -1,0 +1,608 @@
+/*
+ * stages/model/target.c — the target model: load, plan, forward with capture (target.h).
+ *
+ * One code path per device, same structure: the CPU path calls the kernels' fp32 references
+ * (`*_forward_ref`), the GPU path the bf16 launchers on one stream. Weights are fused at load
+ * ([q;k;v], [gate;up]) so each projection is one GEMM; residual adds ride on the GEMM epilogue
+ * (beta = 1). All activation buffers are sized once from max_tokens at load; the forward only
+ * runs. Invariant: after target_forward returns 0 on a GPU, every write to the caller's
+ * buffers has completed (the stream is synchronised), so publishing a ring slot is safe.
+ */
+#include "model/target.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+#include "kernels/attention.h"
+#include "kernels/embedding.h"
+#include "kernels/gemm.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+#ifdef DFLASH_CUDA
+#include "kernels/blas.h"
+#include <cuda_runtime_api.h>
+#endif
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One decoder layer. CPU: every pointer is host fp32. GPU: matrices are device bf16, norm
+ * weights device fp32. */
+struct target_layer {
+    void *w_qkv;      /* (QKV, C), QKV = (NH + 2·NKV)·HD, rows [q; k; v] */
+    void *w_o;        /* (C, NH·HD) */
+    void *w_gu;       /* (2·I, C), rows [gate; up] */
+    void *w_down;     /* (C, I) */
+    float *ln_in;     /* (C) */
+    float *ln_post;   /* (C) */
+    float *q_norm;    /* (HD) Qwen3 only, else NULL */
+    float *k_norm;    /* (HD) Qwen3 only, else NULL */
+};
+
+struct target {
+    struct model_config cfg;
+    int dev;                       /* -1 CPU */
+    int max_tokens;
+    int n_capture;
+    int capture[TARGET_MAX_CAPTURE];
+    size_t esize;                  /* 4 (CPU fp32) or 2 (GPU bf16) */
+    size_t weight_bytes, work_bytes;
+
+    void *embed;                   /* (V, C) */
+    struct target_layer *layers;   /* (n_layers) */
+    float *inv_freq_h;             /* (HD/2) host */
+    float *inv_freq;               /* (HD/2) host (CPU) or device (GPU) */
+
+    /* working memory, planned from max_tokens (Tm) */
+    void *x;                       /* (Tm, C) residual stream */
+    void *h;                       /* (Tm, C) normed input of attention / MLP */
+    void *qkv;                     /* (Tm, QKV) */
+    void *q, *k, *v;               /* (Tm, NH·HD), (Tm, NKV·HD) x2 */
+    void *att;                     /* (Tm, NH·HD) */
+    void *gu;                      /* (Tm, 2·I) */
+    void *act;                     /* (Tm, I) */
+    int32_t *ids, *pos, *cu;       /* device copies (GPU only): (Tm), (Tm), (Tm+1) */
+#ifdef DFLASH_CUDA
+    cudaStream_t stream;
+#endif
+};
+
+static int fail(char *err, int err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, int err_len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, (size_t)err_len, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* ---------------------------------------------------------------- shapes */
+
+static int n_qkv(const struct model_config *c) {
+    return (c->num_attention_heads + 2 * c->num_key_value_heads) * c->head_dim;
+}
+
+void target_options_defaults(struct target_options *opt) {
+    memset(opt, 0, sizeof *opt);
+    opt->cuda_device = -1;
+    opt->max_tokens = 8192;
+    opt->n_capture = 0;
+}
+
+static int check_shape_config(const struct model_config *c, int dev, char *err, int err_len) {
+    if (c->arch != HF_ARCH_QWEN3 && c->arch != HF_ARCH_LLAMA)
+        return fail(err, err_len, "target: unsupported architecture '%s'", c->architecture);
+    if (c->vocab_size < 1 || c->hidden_size < 1 || c->intermediate_size < 1 || c->num_hidden_layers < 1 ||
+        c->num_attention_heads < 1 || c->num_key_value_heads < 1 || c->head_dim < 2 || c->head_dim % 2)
+        return fail(err, err_len, "target: config sizes must be positive and head_dim even (hidden %d, "
+                    "intermediate %d, layers %d, heads %d, kv heads %d, head_dim %d)", c->hidden_size,
+                    c->intermediate_size, c->num_hidden_layers, c->num_attention_heads,
+                    c->num_key_value_heads, c->head_dim);
+    if (c->num_attention_heads % c->num_key_value_heads)
+        return fail(err, err_len, "target: num_attention_heads %d is not a multiple of num_key_value_heads %d",
+                    c->num_attention_heads, c->num_key_value_heads);
+    if (dev >= 0) {
+        if (c->head_dim != 64 && c->head_dim != 128)
+            return fail(err, err_len, "target: the GPU attention supports head_dim 64 or 128, the config has %d",
+                        c->head_dim);
+        if (c->hidden_size % 8 || c->intermediate_size % 8)
+            return fail(err, err_len, "target: the GPU path needs hidden_size and intermediate_size multiples "
+                        "of 8 (got %d, %d)", c->hidden_size, c->intermediate_size);
+    }
+    return 0;
+}
+
+static int set_capture(struct target *t, const struct target_options *opt, char *err, int err_len) {
+    int n = t->cfg.num_hidden_layers;
+    if (opt->n_capture < 0 || opt->n_capture > TARGET_MAX_CAPTURE)
+        return fail(err, err_len, "target: %d captured layers requested, at most %d", opt->n_capture,
+                    TARGET_MAX_CAPTURE);
+    if (opt->n_capture == 0) {
+        t->n_capture = TARGET_DEFAULT_DRAFT_LAYERS;
+        if (hf_zlab_layer_ids(n, t->n_capture, t->capture))
+            return fail(err, err_len, "target: the z-lab default layer ids for %d draft layers do not fit a "
+                        "%d-layer target; pass the layer ids explicitly", t->n_capture, n);
+        return 0;
+    }
+    t->n_capture = opt->n_capture;
+    for (int i = 0; i < opt->n_capture; i++) {
+        if (opt->capture[i] < 0 || opt->capture[i] >= n)
+            return fail(err, err_len, "target: captured layer id %d is outside [0, %d) (z-lab ids: output of "
+                        "decoder layer i)", opt->capture[i], n);
+        t->capture[i] = opt->capture[i];
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static void *mem_alloc(struct target *t, size_t bytes, size_t *tally) {
+    void *p = NULL;
+    if (bytes == 0) bytes = 16;
+#ifdef DFLASH_CUDA
+    if (t->dev >= 0) {
+        if (cudaMalloc(&p, bytes) != cudaSuccess) { (void)cudaGetLastError(); return NULL; }
+        *tally += bytes;
+        return p;
+    }
+#endif
+    (void)t;
+    p = malloc(bytes);
+    if (p) *tally += bytes;
+    return p;
+}
+
+static void mem_free(struct target *t, void *p) {
+    if (!p) return;
+#ifdef DFLASH_CUDA
+    if (t->dev >= 0) { cudaFree(p); return; }
+#endif
+    (void)t;
+    free(p);
+}
+
+static int alloc_all(struct target *t, char *err, int err_len) {
+    const struct model_config *c = &t->cfg;
+    size_t C = (size_t)c->hidden_size, I = (size_t)c->intermediate_size, HD = (size_t)c->head_dim;
+    size_t NH = (size_t)c->num_attention_heads, NKV = (size_t)c->num_key_value_heads;
+    size_t QKV = (size_t)n_qkv(c), Tm = (size_t)t->max_tokens, es = t->esize;
+    size_t *wb = &t->weight_bytes, *kb = &t->work_bytes;
+    int L = c->num_hidden_layers;
+
+    t->layers = calloc((size_t)L, sizeof *t->layers);
+    if (!t->layers) return fail(err, err_len, "target: out of host memory for %d layers", L);
+    t->embed = mem_alloc(t, (size_t)c->vocab_size * C * es, wb);
+    int ok = t->embed != NULL;
+    for (int l = 0; ok && l < L; l++) {
+        struct target_layer *ly = &t->layers[l];
+        ok = (ly->w_qkv = mem_alloc(t, QKV * C * es, wb)) && (ly->w_o = mem_alloc(t, C * NH * HD * es, wb)) &&
+             (ly->w_gu = mem_alloc(t, 2 * I * C * es, wb)) && (ly->w_down = mem_alloc(t, C * I * es, wb)) &&
+             (ly->ln_in = mem_alloc(t, C * 4, wb)) && (ly->ln_post = mem_alloc(t, C * 4, wb));
+        if (ok && c->qk_norm)
+            ok = (ly->q_norm = mem_alloc(t, HD * 4, wb)) && (ly->k_norm = mem_alloc(t, HD * 4, wb));
+    }
+    if (!ok)
+        return fail(err, err_len, "target: cannot allocate %s memory for the weights (%.2f GB allocated so far)",
+                    t->dev >= 0 ? "GPU" : "host", (double)t->weight_bytes / 1e9);
+    ok = (t->x = mem_alloc(t, Tm * C * es, kb)) && (t->h = mem_alloc(t, Tm * C * es, kb)) &&
+         (t->qkv = mem_alloc(t, Tm * QKV * es, kb)) && (t->q = mem_alloc(t, Tm * NH * HD * es, kb)) &&
+         (t->k = mem_alloc(t, Tm * NKV * HD * es, kb)) && (t->v = mem_alloc(t, Tm * NKV * HD * es, kb)) &&
+         (t->att = mem_alloc(t, Tm * NH * HD * es, kb)) && (t->gu = mem_alloc(t, Tm * 2 * I * es, kb)) &&
+         (t->act = mem_alloc(t, Tm * I * es, kb)) && (t->inv_freq = mem_alloc(t, HD / 2 * 4, kb));
+    if (ok && t->dev >= 0)
+        ok = (t->ids = mem_alloc(t, Tm * 4, kb)) && (t->pos = mem_alloc(t, Tm * 4, kb)) &&
+             (t->cu = mem_alloc(t, (Tm + 1) * 4, kb));
+    if (!ok)
+        return fail(err, err_len, "target: cannot allocate %s working memory for %d tokens (%.2f GB of weights "
+                    "already held); lower --tokens", t->dev >= 0 ? "GPU" : "host", t->max_tokens,
+                    (double)t->weight_bytes / 1e9);
+    t->inv_freq_h = malloc(HD / 2 * sizeof(float));
+    if (!t->inv_freq_h) return fail(err, err_len, "target: out of host memory");
+    return 0;
+}
+
+void target_free(struct target *t) {
+    if (!t) return;
+#ifdef DFLASH_CUDA
+    if (t->dev >= 0) cudaSetDevice(t->dev);
+#endif
+    if (t->layers) {
+        for (int l = 0; l < t->cfg.num_hidden_layers; l++) {
+            struct target_layer *ly = &t->layers[l];
+            mem_free(t, ly->w_qkv); mem_free(t, ly->w_o); mem_free(t, ly->w_gu); mem_free(t, ly->w_down);
+            mem_free(t, ly->ln_in); mem_free(t, ly->ln_post); mem_free(t, ly->q_norm); mem_free(t, ly->k_norm);
+        }
+        free(t->layers);
+    }
+    mem_free(t, t->embed);
+    void *bufs[] = {t->x, t->h, t->qkv, t->q, t->k, t->v, t->att, t->gu, t->act, t->inv_freq, t->ids, t->pos, t->cu};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(t, bufs[i]);
+    free(t->inv_freq_h);
+#ifdef DFLASH_CUDA
+    if (t->dev >= 0 && t->stream) cudaStreamDestroy(t->stream);
+#endif
+    free(t);
+}
+
+/* Common start of target_load / target_init_random: config checks, capture ids, device, stream,
+ * allocation, RoPE table. */
+static struct target *target_new(const struct model_config *cfg, const struct target_options *opt,
+                                 char *err, int err_len) {
+    if (check_shape_config(cfg, opt->cuda_device, err, err_len)) return NULL;
+    if (opt->max_tokens < 1) { fail(err, err_len, "target: max_tokens must be >= 1, got %d", opt->max_tokens); return NULL; }
+#ifndef DFLASH_CUDA
+    if (opt->cuda_device >= 0) {
+        fail(err, err_len, "target: CUDA device %d requested but this build has no CUDA", opt->cuda_device);
+        return NULL;
+    }
+#endif
+    struct target *t = calloc(1, sizeof *t);
+    if (!t) { fail(err, err_len, "target: out of host memory"); return NULL; }
+    t->cfg = *cfg;
+    t->dev = opt->cuda_device;
+    t->max_tokens = opt->max_tokens;
+    t->esize = t->dev >= 0 ? 2 : 4;
+    if (set_capture(t, opt, err, err_len)) { free(t); return NULL; }
+#ifdef DFLASH_CUDA
+    if (t->dev >= 0) {
+        cudaError_t e = cudaSetDevice(t->dev);
+        if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking);
+        if (e != cudaSuccess) {
+            fail(err, err_len, "target: cannot use CUDA device %d: %s", t->dev, cudaGetErrorString(e));
+            free(t);
+            return NULL;
+        }
+        if (blas_init(0)) { fail(err, err_len, "target: %s", kernels_error()); target_free(t); return NULL; }
+    }
+#endif
+    if (alloc_all(t, err, err_len)) { target_free(t); return NULL; }
+    int hd2 = cfg->head_dim / 2;
+    double *inv = malloc((size_t)hd2 * sizeof *inv);
+    if (!inv) { fail(err, err_len, "target: out of host memory"); target_free(t); return NULL; }
+    hf_rope_inv_freq(cfg, inv);
+    for (int i = 0; i < hd2; i++) t->inv_freq_h[i] = (float)inv[i];
+    free(inv);
+#ifdef DFLASH_CUDA
+    if (t->dev >= 0) {
+        cudaError_t e = cudaMemcpy(t->inv_freq, t->inv_freq_h, (size_t)hd2 * 4, cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) { fail(err, err_len, "target: cudaMemcpy: %s", cudaGetErrorString(e)); target_free(t); return NULL; }
+        return t;
+    }
+#endif
+    memcpy(t->inv_freq, t->inv_freq_h, (size_t)hd2 * 4);
+    return t;
+}
+
+/* ---------------------------------------------------------------- loading */
+
+/* Fetch tensor `name` of shape [rows, cols] (cols 0: 1-D [rows]) into the host staging buffer at
+ * element offset `at`, as fp32 (CPU and norm weights) or bf16 (GPU matrices). */
+static int fetch(const struct hf_weights *w, const char *name, int64_t rows, int64_t cols, int as_bf16,
+                 void *stage, size_t at, char *err, int err_len) {
+    int64_t shape[2] = {rows, cols};
+    int nd = cols ? 2 : 1;
+    if (as_bf16) return weights_get_bf16(w, name, nd, shape, (bf16 *)stage + at, err, err_len);
+    return weights_get_f32(w, name, nd, shape, (float *)stage + at, err, err_len);
+}
+
+/* Copy `bytes` of the staging buffer to dst (host or device). */
+static int put(struct target *t, void *dst, const void *stage, size_t bytes, char *err, int err_len) {
+#ifdef DFLASH_CUDA
+    if (t->dev >= 0) {
+        cudaError_t e = cudaMemcpy(dst, stage, bytes, cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) return fail(err, err_len, "target: cudaMemcpy of weights: %s", cudaGetErrorString(e));
+        return 0;
+    }
+#endif
+    (void)t; (void)err; (void)err_len;
+    memcpy(dst, stage, bytes);
+    return 0;
+}
+
+static int load_weights(struct target *t, const struct hf_weights *w, char *err, int err_len) {
+    const struct model_config *c = &t->cfg;
+    int64_t C = c->hidden_size, I = c->intermediate_size, HD = c->head_dim, V = c->vocab_size;
+    int64_t NH = c->num_attention_heads, NKV = c->num_key_value_heads, QKV = n_qkv(c);
+    int gpu = t->dev >= 0;
+    size_t es = t->esize;
+    /* The staging buffer holds the largest single destination: the embedding or a fused matrix. */
+    size_t stage_elems = (size_t)(V * C);
+    if ((size_t)(QKV * C) > stage_elems) stage_elems = (size_t)(QKV * C);
+    if ((size_t)(2 * I * C) > stage_elems) stage_elems = (size_t)(2 * I * C);
+    if ((size_t)(C * NH * HD) > stage_elems) stage_elems = (size_t)(C * NH * HD);
+    void *stage = NULL;   /* CPU: fetch straight into the destination */
+    if (gpu && !(stage = malloc(stage_elems * 4)))
+        return fail(err, err_len, "target: out of host memory for a %.2f GB staging buffer", stage_elems * 4 / 1e9);
+
+    char name[256];
+    int rc = -1;
+#define FETCH(nm, rows, cols, bf, dst, at) \
+    (fetch(w, (nm), (rows), (cols), (bf), gpu ? stage : (void *)(dst), (size_t)(at), err, err_len))
+    /* On the CPU `dst` is the destination itself and `at` the element offset in it; on the GPU
+     * the staging buffer gets the same layout and is copied once the destination is complete. */
+    if (FETCH("model.embed_tokens.weight", V, C, gpu, t->embed, 0)) goto out;
+    if (gpu && put(t, t->embed, stage, (size_t)(V * C) * es, err, err_len)) goto out;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        struct target_layer *ly = &t->layers[l];
+        static const char *qkv_names[3] = {"q_proj", "k_proj", "v_proj"};
+        int64_t qkv_rows[3] = {NH * HD, NKV * HD, NKV * HD};
+        size_t at = 0;
+        for (int j = 0; j < 3; j++) {
+            snprintf(name, sizeof name, "model.layers.%d.self_attn.%s.weight", l, qkv_names[j]);
+            if (FETCH(name, qkv_rows[j], C, gpu, ly->w_qkv, at)) goto out;
+            at += (size_t)(qkv_rows[j] * C);
+        }
+        if (gpu && put(t, ly->w_qkv, stage, at * es, err, err_len)) goto out;
+        snprintf(name, sizeof name, "model.layers.%d.self_attn.o_proj.weight", l);
+        if (FETCH(name, C, NH * HD, gpu, ly->w_o, 0)) goto out;
+        if (gpu && put(t, ly->w_o, stage, (size_t)(C * NH * HD) * es, err, err_len)) goto out;
+        snprintf(name, sizeof name, "model.layers.%d.mlp.gate_proj.weight", l);
+        if (FETCH(name, I, C, gpu, ly->w_gu, 0)) goto out;
+        snprintf(name, sizeof name, "model.layers.%d.mlp.up_proj.weight", l);
+        if (FETCH(name, I, C, gpu, ly->w_gu, I * C)) goto out;
+        if (gpu && put(t, ly->w_gu, stage, (size_t)(2 * I * C) * es, err, err_len)) goto out;
+        snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj.weight", l);
+        if (FETCH(name, C, I, gpu, ly->w_down, 0)) goto out;
+        if (gpu && put(t, ly->w_down, stage, (size_t)(C * I) * es, err, err_len)) goto out;
+        /* norm weights are fp32 on both devices */
+        struct { const char *fmt; float *dst; int64_t n; } norms[4] = {
+            {"model.layers.%d.input_layernorm.weight", ly->ln_in, C},
+            {"model.layers.%d.post_attention_layernorm.weight", ly->ln_post, C},
+            {"model.layers.%d.self_attn.q_norm.weight", ly->q_norm, HD},
+            {"model.layers.%d.self_attn.k_norm.weight", ly->k_norm, HD},
+        };
+        for (int j = 0; j < (c->qk_norm ? 4 : 2); j++) {
+            snprintf(name, sizeof name, norms[j].fmt, l);
+            if (FETCH(name, norms[j].n, 0, 0, norms[j].dst, 0)) goto out;
+            if (gpu && put(t, norms[j].dst, stage, (size_t)norms[j].n * 4, err, err_len)) goto out;
+        }
+    }
+#undef FETCH
+    /* Not used by the forward, but a checkpoint without them is not the model the config names. */
+    {
+        const struct st_tensor *tn;
+        int64_t sh_norm[1] = {C}, sh_head[2] = {V, C};
+        if (weights_lookup(w, "model.norm.weight", 1, sh_norm, &tn, err, err_len)) goto out;
+        if (!c->tie_word_embeddings && weights_lookup(w, "lm_head.weight", 2, sh_head, &tn, err, err_len)) goto out;
+    }
+    rc = 0;
+out:
+    free(stage);
+    return rc;
+}
+
+struct target *target_load(const char *model_dir, const struct target_options *opt, char *err, int err_len) {
+    struct model_config cfg;
+    if (hf_config_load(&cfg, model_dir, err, err_len)) return NULL;
+    struct hf_weights w;
+    if (hf_weights_open(&w, model_dir, err, err_len)) return NULL;
+    struct target *t = target_new(&cfg, opt, err, err_len);
+    if (t && load_weights(t, &w, err, err_len)) { target_free(t); t = NULL; }
+    hf_weights_close(&w);
+    return t;
+}
+
+/* Host random fill: uniform with the given mean and standard deviation. */
+static void host_fill(float *p, size_t n, uint64_t *rng, float mean, float std) {
+    float a = std * 1.7320508f;
+    for (size_t i = 0; i < n; i++) {
+        double u = (double)(kernels_rng_next(rng) >> 11) * (1.0 / 9007199254740992.0);
+        p[i] = mean + a * (float)(2.0 * u - 1.0);
+    }
+}
+
+struct target *target_init_random(const struct model_config *cfg, const struct target_options *opt,
+                                  uint64_t seed, float std, char *err, int err_len) {
+    struct target *t = target_new(cfg, opt, err, err_len);
+    if (!t) return NULL;
+    const struct model_config *c = &t->cfg;
+    size_t C = (size_t)c->hidden_size, I = (size_t)c->intermediate_size, HD = (size_t)c->head_dim;
+    size_t NH = (size_t)c->num_attention_heads, QKV = (size_t)n_qkv(c);
+    struct { void *p; size_t n; int norm; } list[8];
+    uint64_t key = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int l = -1; l < c->num_hidden_layers; l++) {
+        int n = 0;
+        if (l < 0) {
+            list[n].p = t->embed; list[n].n = (size_t)c->vocab_size * C; list[n++].norm = 0;
+        } else {
+            struct target_layer *ly = &t->layers[l];
+            list[n].p = ly->w_qkv; list[n].n = QKV * C; list[n++].norm = 0;
+            list[n].p = ly->w_o; list[n].n = C * NH * HD; list[n++].norm = 0;
+            list[n].p = ly->w_gu; list[n].n = 2 * I * C; list[n++].norm = 0;
+            list[n].p = ly->w_down; list[n].n = C * I; list[n++].norm = 0;
+            list[n].p = ly->ln_in; list[n].n = C; list[n++].norm = 1;
+            list[n].p = ly->ln_post; list[n].n = C; list[n++].norm = 1;
+            if (c->qk_norm) {
+                list[n].p = ly->q_norm; list[n].n = HD; list[n++].norm = 1;
+                list[n].p = ly->k_norm; list[n].n = HD; list[n++].norm = 1;
+            }
+        }
+        for (int j = 0; j < n; j++) {
+            key += 0x632BE59BD9B4E019ull;
+            float mean = list[j].norm ? 1.0f : 0.0f, sd = list[j].norm ? 0.1f : std;
+#ifdef DFLASH_CUDA
+            if (t->dev >= 0) {
+                int r = list[j].norm ? target_fill_random_f32(list[j].p, list[j].n, key, mean, sd, t->stream)
+                                     : target_fill_random_bf16(list[j].p, list[j].n, key, mean, sd, t->stream);
+                if (r) { fail(err, err_len, "target: %s", kernels_error()); target_free(t); return NULL; }
+                continue;
+            }
+#endif
+            uint64_t rng = key;
+            host_fill(list[j].p, list[j].n, &rng, mean, sd);
+        }
+    }
+#ifdef DFLASH_CUDA
+    if (t->dev >= 0) {
+        cudaError_t e = cudaStreamSynchronize(t->stream);
+        if (e != cudaSuccess) { fail(err, err_len, "target: random init: %s", cudaGetErrorString(e)); target_free(t); return NULL; }
+    }
+#endif
+    return t;
+}
+
+/* ---------------------------------------------------------------- accessors */
+
+const struct model_config *target_config(const struct target *t) { return &t->cfg; }
+int target_device(const struct target *t) { return t->dev; }
+int target_max_tokens(const struct target *t) { return t->max_tokens; }
+int target_n_capture(const struct target *t) { return t->n_capture; }
+const int *target_capture(const struct target *t) { return t->capture; }
+size_t target_elem_bytes(const struct target *t) { return t->esize; }
+size_t target_weight_bytes(const struct target *t) { return t->weight_bytes; }
+size_t target_work_bytes(const struct target *t) { return t->work_bytes; }
+#ifdef DFLASH_CUDA
+cudaStream_t target_stream(const struct target *t) { return t->stream; }
+#endif
+
+double target_flops(const struct target *t, const int32_t *cu_seqlens, int n_docs) {
+    const struct model_config *c = &t->cfg;
+    double C = c->hidden_size, I = c->intermediate_size, HD = c->head_dim, NH = c->num_attention_heads;
+    double per_layer = C * n_qkv(c) + NH * HD * C + 3.0 * I * C;
+    double T = cu_seqlens[n_docs] - cu_seqlens[0], pairs = 0;
+    for (int d = 0; d < n_docs; d++) {
+        double len = cu_seqlens[d + 1] - cu_seqlens[d];
+        pairs += len * (len + 1) / 2;
+    }
+    return c->num_hidden_layers * (2.0 * per_layer * T + 4.0 * HD * NH * pairs);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+int target_check_batch(const struct target *t, const struct target_batch *b, char *err, int err_len) {
+    unsigned long long seq = (unsigned long long)b->seq;
+    int T = b->n_tokens;
+    if (T < 1 || T > t->max_tokens)
+        return fail(err, err_len, "batch seq %llu: %d tokens, but the target's working memory is planned for 1..%d "
+                    "(raise --tokens)", seq, T, t->max_tokens);
+    if (b->n_docs < 1 || b->n_docs > T)
+        return fail(err, err_len, "batch seq %llu: n_docs %d must be in [1, %d]", seq, b->n_docs, T);
+    if (attention_check_cu_seqlens(b->cu_seqlens, b->n_docs, T, NULL))
+        return fail(err, err_len, "batch seq %llu: %s", seq, kernels_error());
+    if (b->cu_seqlens[b->n_docs] != T)
+        return fail(err, err_len, "batch seq %llu: cu_seqlens[%d] = %d must equal n_tokens %d (no padding rows)", seq,
+                    b->n_docs, (int)b->cu_seqlens[b->n_docs], T);
+    for (int i = 0; i < T; i++) {
+        if (b->input_ids[i] < 0 || b->input_ids[i] >= t->cfg.vocab_size)
+            return fail(err, err_len, "batch seq %llu: input_ids[%d] = %d is outside the vocabulary [0, %d)", seq, i,
+                        (int)b->input_ids[i], t->cfg.vocab_size);
+        if (b->position_ids[i] < 0)
+            return fail(err, err_len, "batch seq %llu: position_ids[%d] = %d is negative", seq, i,
+                        (int)b->position_ids[i]);
+    }
+    return 0;
+}
+
+/* Split qkv (T, QKV) into dense q, k, v (CPU). */
+static void qkv_split_host(float *q, float *k, float *v, const float *qkv, int T, int NH, int NKV, int HD) {
+    size_t nq = (size_t)NH * HD, nk = (size_t)NKV * HD, row = nq + 2 * nk;
+    for (int t = 0; t < T; t++) {
+        const float *r = qkv + (size_t)t * row;
+        memcpy(q + (size_t)t * nq, r, nq * sizeof(float));
+        memcpy(k + (size_t)t * nk, r + nq, nk * sizeof(float));
+        memcpy(v + (size_t)t * nk, r + nq + nk, nk * sizeof(float));
+    }
+}
+
+static int forward_cpu(struct target *t, const struct target_batch *b, float *states, float *last,
+                       char *err, int err_len) {
+    const struct model_config *c = &t->cfg;
+    int T = b->n_tokens, C = c->hidden_size, I = c->intermediate_size, HD = c->head_dim;
+    int NH = c->num_attention_heads, NKV = c->num_key_value_heads, QKV = n_qkv(c), L = c->num_hidden_layers;
+    float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)HD);
+    float *x = t->x, *h = t->h, *qkv = t->qkv, *q = t->q, *k = t->k, *v = t->v, *att = t->att;
+    float *gu = t->gu, *act = t->act;
+    size_t plane = (size_t)T * C;
+
+    if (embedding_forward_ref(x, b->input_ids, t->embed, T, C, c->vocab_size))
+        return fail(err, err_len, "batch seq %llu: %s", (unsigned long long)b->seq, kernels_error());
+    for (int l = 0; l < L; l++) {
+        struct target_layer *ly = &t->layers[l];
+        rmsnorm_forward_ref(h, NULL, x, ly->ln_in, T, C, eps);
+        gemm_forward_ref(qkv, h, 0, ly->w_qkv, 1, T, QKV, C, 1.0f, 0.0f);
+        qkv_split_host(q, k, v, qkv, T, NH, NKV, HD);
+        if (c->qk_norm) {
+            rmsnorm_forward_ref(q, NULL, q, ly->q_norm, T * NH, HD, eps);
+            rmsnorm_forward_ref(k, NULL, k, ly->k_norm, T * NKV, HD, eps);
+        }
+        rope_forward_ref(q, k, b->position_ids, t->inv_freq, T, NH, NKV, HD);
+        if (attention_forward_ref(att, NULL, q, k, v, b->cu_seqlens, b->n_docs, T, NH, NKV, HD, scale))
+            return fail(err, err_len, "batch seq %llu: %s", (unsigned long long)b->seq, kernels_error());
+        gemm_forward_ref(x, att, 0, ly->w_o, 1, T, C, NH * HD, 1.0f, 1.0f);      /* x += att · W_oᵀ */
+        rmsnorm_forward_ref(h, NULL, x, ly->ln_post, T, C, eps);
+        gemm_forward_ref(gu, h, 0, ly->w_gu, 1, T, 2 * I, C, 1.0f, 0.0f);
+        swiglu_forward_ref(act, gu, gu + I, T, I, 2 * I);
+        gemm_forward_ref(x, act, 0, ly->w_down, 1, T, C, I, 1.0f, 1.0f);        /* x += act · W_downᵀ */
+        for (int j = 0; j < t->n_capture; j++)
+            if (t->capture[j] == l) memcpy(states + (size_t)j * plane, x, plane * sizeof(float));
+    }
+    if (last) memcpy(last, x, plane * sizeof(float));
+    return 0;
+}
+
+#ifdef DFLASH_CUDA
+#define KCALL(call) do { if ((call) != 0) return fail(err, err_len, "batch seq %llu: %s", \
+                                                       (unsigned long long)b->seq, kernels_error()); } while (0)
+#define CCALL(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) return fail(err, err_len, \
+                         "batch seq %llu: %s: %s", (unsigned long long)b->seq, #call, cudaGetErrorString(e_)); } while (0)
+
+static int forward_gpu(struct target *t, const struct target_batch *b, bf16 *states, bf16 *last,
+                       char *err, int err_len) {
+    const struct model_config *c = &t->cfg;
+    int T = b->n_tokens, C = c->hidden_size, I = c->intermediate_size, HD = c->head_dim;
+    int NH = c->num_attention_heads, NKV = c->num_key_value_heads, QKV = n_qkv(c), L = c->num_hidden_layers;
+    float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)HD);
+    bf16 *x = t->x, *h = t->h, *qkv = t->qkv, *q = t->q, *k = t->k, *v = t->v, *att = t->att;
+    bf16 *gu = t->gu, *act = t->act;
+    cudaStream_t s = t->stream;
+    size_t plane = (size_t)T * C;
+    int max_seqlen = 0;
+    if (attention_check_cu_seqlens(b->cu_seqlens, b->n_docs, T, &max_seqlen))
+        return fail(err, err_len, "batch seq %llu: %s", (unsigned long long)b->seq, kernels_error());
+
+    CCALL(cudaSetDevice(t->dev));
+    CCALL(cudaMemcpyAsync(t->ids, b->input_ids, (size_t)T * 4, cudaMemcpyHostToDevice, s));
+    CCALL(cudaMemcpyAsync(t->pos, b->position_ids, (size_t)T * 4, cudaMemcpyHostToDevice, s));
+    CCALL(cudaMemcpyAsync(t->cu, b->cu_seqlens, (size_t)(b->n_docs + 1) * 4, cudaMemcpyHostToDevice, s));
+    KCALL(embedding_forward(x, t->ids, t->embed, T, C, c->vocab_size, s));
+    for (int l = 0; l < L; l++) {
+        struct target_layer *ly = &t->layers[l];
+        KCALL(rmsnorm_forward(h, NULL, x, ly->ln_in, T, C, eps, s));
+        KCALL(blas_linear_forward(qkv, BLAS_BF16, h, ly->w_qkv, NULL, T, QKV, C, s));
+        KCALL(target_qkv_split(q, k, v, qkv, T, NH, NKV, HD, s));
+        if (c->qk_norm) {
+            KCALL(rmsnorm_forward(q, NULL, q, ly->q_norm, T * NH, HD, eps, s));
+            KCALL(rmsnorm_forward(k, NULL, k, ly->k_norm, T * NKV, HD, eps, s));
+        }
+        KCALL(rope_forward(q, k, t->pos, t->inv_freq, T, NH, NKV, HD, s));
+        KCALL(attention_forward(att, NULL, q, k, v, t->cu, b->n_docs, max_seqlen, T, NH, NKV, HD, scale, s));
+        /* x += att · W_oᵀ: the residual add in the GEMM epilogue, rounded to bf16 once */
+        KCALL(blas_matmul(x, BLAS_BF16, att, 0, ly->w_o, 1, NULL, T, C, NH * HD, 0, 0, 0, 1.0f, 1.0f, s));
+        KCALL(rmsnorm_forward(h, NULL, x, ly->ln_post, T, C, eps, s));
+        KCALL(blas_linear_forward(gu, BLAS_BF16, h, ly->w_gu, NULL, T, 2 * I, C, s));
+        KCALL(swiglu_forward(act, gu, gu + I, T, I, 2 * I, s));
+        KCALL(blas_matmul(x, BLAS_BF16, act, 0, ly->w_down, 1, NULL, T, C, I, 0, 0, 0, 1.0f, 1.0f, s));
+        for (int j = 0; j < t->n_capture; j++)
+            if (t->capture[j] == l)
+                CCALL(cudaMemcpyAsync(states + (size_t)j * plane, x, plane * 2, cudaMemcpyDefault, s));
+    }
+    if (last) CCALL(cudaMemcpyAsync(last, x, plane * 2, cudaMemcpyDefault, s));
+    /* The caller publishes the output right after we return (design.md §4): every write must be done. */
+    CCALL(cudaStreamSynchronize(s));
+    return 0;
+}
+#undef KCALL
+#undef CCALL
+#endif
+
+int target_forward(struct target *t, const struct target_batch *b, void *states, void *last,
+                   char *err, int err_len) {
+    if (target_check_batch(t, b, err, err_len)) return -1;
+#ifdef DFLASH_CUDA
+    if (t->dev >= 0) return forward_gpu(t, b, states, last, err, err_len);
+#endif
+    return forward_cpu(t, b, states, last, err, err_len);
+}
