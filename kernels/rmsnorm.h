@@ -1,0 +1,72 @@
+/*
+ * kernels/rmsnorm.h — RMSNorm, its fused-residual form, the per-head q/k norm, and backward.
+ *
+ *   y[r,:] = w ⊙ x[r,:] · rstd[r],   rstd[r] = 1 / sqrt(mean_c x[r,c]² + eps)
+ *
+ * One function set covers all three uses:
+ * - plain:          rows = T, C = hidden.
+ * - q/k norm:       rows = T·NH (or T·NKV), C = HD: a [T, NH, HD] tensor is [T·NH, HD] in memory
+ *                   and the weight [HD] is shared by every head (dflash-reference.md §4.2 item 8).
+ * - fused residual: h = x + r is formed first, r is overwritten with h (the residual stream moves
+ *                   on), and y = norm(h). Its backward is the plain backward of norm(h) *added* to
+ *                   the gradient the residual stream already carries into h (accumulate_dx = 1),
+ *                   since dL/dx = dL/dr = dL/dh.
+ * Precision: statistics in fp32 (double in the reference), weights fp32 [C] (tiny; the trainer owns
+ * fp32 masters, the target converts its bf16 norms once at load), activations bf16 on the GPU.
+ * rstd [rows] is saved in fp32 for the backward; pass NULL when not training.
+ * Backward: dx = rstd·(w⊙dy − x̂·mean_c(w⊙dy⊙x̂)) with x̂ = x·rstd; dw += Σ_r dy⊙x̂.
+ */
+#ifndef KERNELS_RMSNORM_H
+#define KERNELS_RMSNORM_H
+
+#include "kernels/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- reference (fp32, CPU) */
+
+/* y [N,C], rstd [N] (nullable), x [N,C], w [C]. y may alias x. */
+void rmsnorm_forward_ref(float *y, float *rstd, const float *x, const float *w, int N, int C, float eps);
+
+/* Fused residual: resid [N,C] <- x + resid, then y [N,C] = norm(resid). y may alias x. */
+void rmsnorm_residual_forward_ref(float *y, float *resid, float *rstd, const float *x, const float *w,
+                                  int N, int C, float eps);
+
+/* dx [N,C] (= or += when accumulate_dx), dw [C] (always +=, nullable), from dy [N,C], the forward
+ * input x [N,C] (for the fused form: the updated residual h), w [C], rstd [N]. dx may not alias dy or x. */
+void rmsnorm_backward_ref(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                          const float *rstd, int N, int C, int accumulate_dx);
+
+#ifdef DFLASH_CUDA
+#include <cuda_runtime_api.h>
+/* ---------------------------------------------------------------- GPU (bf16 activations) */
+
+/* y [N,C] bf16 (may alias x), rstd [N] fp32 or NULL, x [N,C] bf16, w [C] fp32.
+ * C % 8 == 0 and C <= 16384, 16-byte aligned pointers; checked. Asynchronous; 0 or -1. */
+int rmsnorm_forward(bf16 *y, float *rstd, const bf16 *x, const float *w, int N, int C, float eps,
+                    cudaStream_t stream);
+
+/* Fused residual add: resid [N,C] bf16 <- bf16(x + resid) (sum in fp32), y = norm(that). Same
+ * preconditions as rmsnorm_forward. */
+int rmsnorm_residual_forward(bf16 *y, bf16 *resid, float *rstd, const bf16 *x, const float *w,
+                             int N, int C, float eps, cudaStream_t stream);
+
+/* Floats of scratch rmsnorm_backward needs for a given C (deterministic dw: per-block partial
+ * sums reduced in a fixed order, no atomics). */
+size_t rmsnorm_backward_scratch_floats(int N, int C);
+
+/* dx [N,C] bf16 (= or += when accumulate_dx; may not alias dy or x), dw [C] fp32 (+=, nullable),
+ * dy [N,C] bf16, x [N,C] bf16 (forward input, or h for the fused form), w [C] fp32, rstd [N]
+ * fp32 from the forward, scratch of rmsnorm_backward_scratch_floats(N, C) floats (device).
+ * Asynchronous; 0 or -1. Deterministic. */
+int rmsnorm_backward(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w,
+                     const float *rstd, float *scratch, int N, int C, int accumulate_dx,
+                     cudaStream_t stream);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KERNELS_RMSNORM_H */

@@ -1,0 +1,113 @@
+/*
+ * tests/gpu/test_rmsnorm.c — GPU RMSNorm (kernels/rmsnorm.h) against the CPU reference on the same
+ * bf16-rounded inputs: plain, fused residual, q/k-norm shapes (C = 64, 128), tails of every row-group
+ * size (C/8 = 1, 3, 17, 33), N = 1, and the production shape [8192, 4096]; backward dx (plain and
+ * accumulate) and dw (deterministic: two runs bit-identical).
+ *
+ * Tolerances: y is one bf16 rounding of an fp32 value (≤ 2^-9 relative): rtol 1.6e-2, atol 1e-2.
+ * rstd: fp32 sum of squares vs double, rtol 1e-4. dx = rstd·(w·dy − x̂·m) cancels, so its absolute
+ * error scales with rstd·|w·dy|, not |dx|: atol 1e-2·rms(ref). dw sums N products in fp32 in a
+ * different order than the reference's fp32 running sum; |dw| ~ sqrt(N)/2: atol 1e-3·sqrt(N), rtol 1e-3.
+ */
+#include "kernels/rmsnorm.h"
+#include "k1util.h"
+
+static void one(int N, int C, int resid, uint64_t seed) {
+    size_t n = (size_t)N * C;
+    float *x = k1_randn(&seed, n, -3, 3), *r = k1_randn(&seed, n, -3, 3), *w = k1_randn(&seed, C, 0.5f, 1.5f);
+    float *dy = k1_randn(&seed, n, -1, 1), *dx0 = k1_randn(&seed, n, -1, 1);
+    float *y = malloc(4 * n), *rstd = malloc(4 * (size_t)N), *got = malloc(4 * n), *dx = malloc(4 * n);
+    float *dw = calloc(C, 4), *grstd = malloc(4 * (size_t)N), *gdw = malloc(4 * (size_t)C);
+    bf16 *d_x = k1_upload_bf16(x, n), *d_r = k1_upload_bf16(r, n), *d_dy = k1_upload_bf16(dy, n);
+    bf16 *d_dx = k1_upload_bf16(dx0, n), *d_y = k1_malloc(2 * n);
+    float *d_w = k1_upload(w, 4 * (size_t)C), *d_rstd = k1_malloc(4 * (size_t)N), *d_dw = k1_malloc(4 * (size_t)C);
+    float *d_scr = k1_malloc(4 * rmsnorm_backward_scratch_floats(N, C));
+    k1_poison(d_y, 2 * n);
+    char what[96];
+    snprintf(what, sizeof what, "N=%d C=%d resid=%d", N, C, resid);
+    if (resid) {
+        K1_LAUNCH(rmsnorm_residual_forward(d_y, d_r, d_rstd, d_x, d_w, N, C, 1e-6f, 0));
+        /* the GPU rounds h = x + r to bf16 before normalising; so does the reference input */
+        for (size_t i = 0; i < n; i++) r[i] = bf16_round(x[i] + r[i]);
+        float *gh = malloc(4 * n);
+        k1_download_bf16(gh, d_r, n);
+        ck_assert(test_allclose("residual h", gh, r, n, 0, 0));   /* exact: same fp32 add, same rounding */
+        free(gh);
+        rmsnorm_forward_ref(y, rstd, r, w, N, C, 1e-6f);
+    } else {
+        K1_LAUNCH(rmsnorm_forward(d_y, d_rstd, d_x, d_w, N, C, 1e-6f, 0));
+        rmsnorm_forward_ref(y, rstd, x, w, N, C, 1e-6f);
+    }
+    K1_CUDA(cudaDeviceSynchronize());
+    k1_download_bf16(got, d_y, n);
+    ck_assert_msg(test_allclose(what, got, y, n, 1e-2, 1.6e-2), "%s: y", what);
+    K1_CUDA(cudaMemcpy(grstd, d_rstd, 4 * (size_t)N, cudaMemcpyDeviceToHost));
+    ck_assert_msg(test_allclose("rstd", grstd, rstd, N, 0, 1e-4), "%s: rstd", what);
+
+    /* backward (input of the norm: x, or h for the fused form), accumulate onto dx0 */
+    const float *xin = resid ? r : x;
+    bf16 *d_in = resid ? d_r : d_x;
+    K1_CUDA(cudaMemset(d_dw, 0, 4 * (size_t)C));
+    K1_LAUNCH(rmsnorm_backward(d_dx, d_dw, d_dy, d_in, d_w, d_rstd, d_scr, N, C, 1, 0));
+    K1_CUDA(cudaDeviceSynchronize());
+    memcpy(dx, dx0, 4 * n);
+    rmsnorm_backward_ref(dx, dw, dy, xin, w, grstd, N, C, 1);
+    k1_download_bf16(got, d_dx, n);
+    ck_assert_msg(test_allclose("dx", got, dx, n, 1e-2 * k1_rms(dx, n), 1.6e-2), "%s: dx", what);
+    K1_CUDA(cudaMemcpy(gdw, d_dw, 4 * (size_t)C, cudaMemcpyDeviceToHost));
+    ck_assert_msg(test_allclose("dw", gdw, dw, C, 1e-3 * sqrt((double)N), 1e-3),
+                  "%s: dw", what);
+    /* dw is deterministic: a second run into zeroed dw gives identical bits */
+    float *gdw2 = malloc(4 * (size_t)C);
+    K1_CUDA(cudaMemset(d_dw, 0, 4 * (size_t)C));
+    K1_LAUNCH(rmsnorm_backward(d_dx, d_dw, d_dy, d_in, d_w, d_rstd, d_scr, N, C, 0, 0));
+    K1_CUDA(cudaMemcpy(gdw2, d_dw, 4 * (size_t)C, cudaMemcpyDeviceToHost));
+    ck_assert(memcmp(gdw, gdw2, 4 * (size_t)C) == 0);
+    /* accumulate_dx = 0 overwrites */
+    float *dxp = malloc(4 * n);
+    rmsnorm_backward_ref(dxp, NULL, dy, xin, w, grstd, N, C, 0);
+    k1_download_bf16(got, d_dx, n);
+    ck_assert_msg(test_allclose("dx (overwrite)", got, dxp, n, 1e-2 * k1_rms(dxp, n), 1.6e-2), "%s: dx overwrite", what);
+    free(dxp); free(gdw2);
+    cudaFree(d_x); cudaFree(d_r); cudaFree(d_dy); cudaFree(d_dx); cudaFree(d_y); cudaFree(d_w); cudaFree(d_rstd);
+    cudaFree(d_dw); cudaFree(d_scr);
+    free(x); free(r); free(w); free(dy); free(dx0); free(y); free(rstd); free(got); free(dx); free(dw); free(grstd); free(gdw);
+}
+
+START_TEST(rmsnorm_gpu_shapes) {
+    int shapes[][2] = {{1, 8}, {3, 24}, {37, 136}, {5, 264}, {1000, 128}, {513, 64}, {64, 4096}, {2, 16384}};
+    for (int s = 0; s < 8; s++) {
+        one(shapes[s][0], shapes[s][1], 0, 10 + s);
+        one(shapes[s][0], shapes[s][1], 1, 20 + s);
+    }
+}
+END_TEST
+
+START_TEST(rmsnorm_gpu_production) {
+    one(8192, 4096, 0, 30);
+    one(8192, 4096, 1, 31);
+    one(8192 * 32, 128, 0, 32);   /* q norm of 8192 tokens × 32 heads */
+}
+END_TEST
+
+START_TEST(rmsnorm_gpu_preconditions) {
+    bf16 *x = k1_malloc(4096);
+    float *w = k1_malloc(4096);
+    ck_assert_int_eq(rmsnorm_forward(x, NULL, x, w, 4, 12, 1e-6f, 0), -1);
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "multiple of 8"));
+    ck_assert_int_eq(rmsnorm_backward(x, w, x, x, w, w, NULL, 4, 16, 0, 0), -1);
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "alias"));
+    cudaFree(x); cudaFree(w);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("gpu_rmsnorm");
+    TCase *tc = tcase_create("gpu_rmsnorm");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, rmsnorm_gpu_shapes);
+    tcase_add_test(tc, rmsnorm_gpu_production);
+    tcase_add_test(tc, rmsnorm_gpu_preconditions);
+    suite_add_tcase(s, tc);
+    return test_run_suite(s);
+}
