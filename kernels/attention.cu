@@ -16,11 +16,17 @@
  * instantiations of the same template).
  * Grid: (NH, ND, ceil(max_seqlen/BR)); the z index counts tiles from a document's end, so the
  * heaviest tiles (most keys) start first; tiles past a short document exit at once.
+ * FX (fast exponent, the default since K1b): scores stay unscaled through the mask and the row
+ * max, and each probability is one FFMA (s·scale·log2 e − max·scale·log2 e) and one MUFU ex2 with
+ * flush-to-zero (ex2.approx.ftz: results below 2^-126 become 0, which a bf16 probability next to a
+ * row maximum of 1 cannot represent anyway), instead of FMUL, FADD and exp2f's subnormal handling
+ * per element. DFLASH_ATTENTION_KERNEL=4 selects the K1 kernel (FX off) again.
  */
 #include "kernels/attention.h"
 #include "kernels/vec.cuh"
 
 #include <math.h>
+#include <stdlib.h>
 
 /* ---------------------------------------------------------------- device helpers */
 
@@ -54,13 +60,20 @@ static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&h);
 }
 
+/* 2^x, flush-to-zero (MUFU.EX2 alone); 2^-inf = +0. */
+static __device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* ---------------------------------------------------------------- kernel */
 
 /* HD head dim; NW warps; MT m16 tiles (16 query rows each) per warp, so BR = 16·MT·NW query rows
  * per block; BC keys per tile. With MT = 1 the warp keeps its Q fragments in registers; with
  * MT = 2 it re-reads them from shared memory per k-chunk (registers go to the second S/O tile, and
  * each K/V fragment loaded feeds two MMAs instead of one). */
-template <int HD, int NW, int MT, int BC>
+template <int HD, int NW, int MT, int BC, bool FX>
 __global__ void __launch_bounds__(NW * 32)
 attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu,
                          int T, int NH, int NKV, float scale_log2) {
@@ -162,7 +175,7 @@ attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, co
             for (int nt = 0; nt < BC / 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float x = s[mt][nt][e] * scale_log2;
+                    float x = FX ? s[mt][nt][e] : s[mt][nt][e] * scale_log2;
                     if (need_mask) {
                         int key = j * BC + nt * 8 + (lane % 4) * 2 + (e & 1), row = row0 + mt * 16 + (e >= 2 ? 8 : 0);
                         if (key > row) x = -INFINITY;
@@ -179,18 +192,30 @@ attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, co
             mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            if (FX) {   /* m holds scaled maxima; the raw max scales once per row */
+                mx0 *= scale_log2;
+                mx1 *= scale_log2;
+            }
             /* a row with every key masked so far keeps max -inf: subtract 0 so exp2 gives 0, not NaN */
             const float ms0 = mx0 == -INFINITY ? 0.0f : mx0, ms1 = mx1 == -INFINITY ? 0.0f : mx1;
-            const float c0 = exp2f(m[mt][0] - ms0), c1 = exp2f(m[mt][1] - ms1);
+            const float c0 = FX ? ex2_ftz(m[mt][0] - ms0) : exp2f(m[mt][0] - ms0);
+            const float c1 = FX ? ex2_ftz(m[mt][1] - ms1) : exp2f(m[mt][1] - ms1);
             m[mt][0] = mx0;
             m[mt][1] = mx1;
             float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++) {
-                s[mt][nt][0] = exp2f(s[mt][nt][0] - ms0);
-                s[mt][nt][1] = exp2f(s[mt][nt][1] - ms0);
-                s[mt][nt][2] = exp2f(s[mt][nt][2] - ms1);
-                s[mt][nt][3] = exp2f(s[mt][nt][3] - ms1);
+                if (FX) {   /* one FFMA + MUFU per probability; -inf (masked) stays -inf -> 0 */
+                    s[mt][nt][0] = ex2_ftz(fmaf(s[mt][nt][0], scale_log2, -ms0));
+                    s[mt][nt][1] = ex2_ftz(fmaf(s[mt][nt][1], scale_log2, -ms0));
+                    s[mt][nt][2] = ex2_ftz(fmaf(s[mt][nt][2], scale_log2, -ms1));
+                    s[mt][nt][3] = ex2_ftz(fmaf(s[mt][nt][3], scale_log2, -ms1));
+                } else {
+                    s[mt][nt][0] = exp2f(s[mt][nt][0] - ms0);
+                    s[mt][nt][1] = exp2f(s[mt][nt][1] - ms0);
+                    s[mt][nt][2] = exp2f(s[mt][nt][2] - ms1);
+                    s[mt][nt][3] = exp2f(s[mt][nt][3] - ms1);
+                }
                 sum0 += s[mt][nt][0] + s[mt][nt][1];
                 sum1 += s[mt][nt][2] + s[mt][nt][3];
             }
@@ -251,20 +276,20 @@ attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, co
 
 /* ---------------------------------------------------------------- launcher */
 
-template <int HD, int NW, int MT, int BC>
+template <int HD, int NW, int MT, int BC, bool FX = true>
 static int launch(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
                   int max_seqlen, int T, int NH, int NKV, float scale, cudaStream_t stream) {
     constexpr int BR = 16 * MT * NW, LD = HD + 8;
     const size_t smem = (size_t)(BR + 4 * BC) * LD * sizeof(bf16);
     static int configured;   /* benign race: every caller sets the same attribute */
     if (!configured) {
-        cudaError_t e = cudaFuncSetAttribute(attention_forward_kernel<HD, NW, MT, BC>,
+        cudaError_t e = cudaFuncSetAttribute(attention_forward_kernel<HD, NW, MT, BC, FX>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return kernels_fail("attention_forward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
         configured = 1;
     }
     dim3 grid(NH, ND, (max_seqlen + BR - 1) / BR);
-    attention_forward_kernel<HD, NW, MT, BC><<<grid, NW * 32, smem, stream>>>(out, lse, q, k, v, cu, T, NH, NKV,
+    attention_forward_kernel<HD, NW, MT, BC, FX><<<grid, NW * 32, smem, stream>>>(out, lse, q, k, v, cu, T, NH, NKV,
                                                                       scale * 1.4426950408889634f);
     KERNELS_CHECK_LAUNCH("attention_forward");
     return 0;
@@ -285,6 +310,13 @@ extern "C" int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf1
     if (ND == 0 || max_seqlen == 0) return 0;
     /* 4 warps × 2 m-tiles (BR 128), BC 64: the fastest variant of attention_bench on the H200
      * (2026-11-29: 254 TFLOP/s at HD 128 on 1-4K documents vs 199 for 4 warps × 1 m-tile) */
-    if (HD == 128) return launch<128, 4, 2, 64>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
-    return launch<64, 4, 2, 64>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+    const char *e = getenv("DFLASH_ATTENTION_KERNEL");
+    if (e && e[0] == '4' && e[1] == 0) {   /* the revert switch: bench variant 4, the K1 kernel */
+        if (HD == 128)
+            return launch<128, 4, 2, 64, false>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+        return launch<64, 4, 2, 64, false>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+    }
+    /* bench variant 6: variant 4 with the fast exponent (FX) */
+    if (HD == 128) return launch<128, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+    return launch<64, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
 }

@@ -1,13 +1,24 @@
 /*
- * kernels/hsgather.cu — hidden-state concat/split (kernels/hsgather.h): one thread per 16-byte
- * vector of the concatenated row, grid-stride; the L part pointers travel in the kernel parameters.
+ * kernels/hsgather.cu — hidden-state concat/split (kernels/hsgather.h). Pure 16-byte copies.
+ *
+ * Default kernels: one warp per row part (token t, part l), warps grid-stride over the T·L row
+ * parts; the only division is the one (t, l) = divmod(part, L) per row part, and each lane keeps
+ * HS_UNROLL 16-byte loads in flight before it stores. The first version (one thread per 16-byte
+ * vector with a div/mod chain per element; 64% of copy bandwidth on the H200) stays as the
+ * *_elem kernels, selected by DFLASH_HSGATHER_KERNEL=1. The L part pointers travel in the kernel
+ * parameters.
  */
 #include "kernels/hsgather.h"
 #include "kernels/vec.cuh"
 
+#include <stdlib.h>
+
+#define HS_THREADS 256
+#define HS_UNROLL 4
+
 /* ---------------------------------------------------------------- kernels */
 
-__global__ void hsgather_concat_kernel(uint4 *out, struct hs_parts parts, const int32_t *rows, int L, int T_out,
+__global__ void hsgather_concat_elem_kernel(uint4 *out, struct hs_parts parts, const int32_t *rows, int L, int T_out,
                                        int T_in, int C8) {
     size_t row8 = (size_t)L * C8, n = (size_t)T_out * row8;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -19,7 +30,7 @@ __global__ void hsgather_concat_kernel(uint4 *out, struct hs_parts parts, const 
     }
 }
 
-__global__ void hsgather_split_kernel(struct hs_parts_out parts, const uint4 *in, int L, int T, int C8) {
+__global__ void hsgather_split_elem_kernel(struct hs_parts_out parts, const uint4 *in, int L, int T, int C8) {
     size_t row8 = (size_t)L * C8, n = (size_t)T * row8;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         int t = (int)(i / row8), r = (int)(i % row8), l = r / C8, c = r % C8;
@@ -27,7 +38,83 @@ __global__ void hsgather_split_kernel(struct hs_parts_out parts, const uint4 *in
     }
 }
 
+/* Part pointer l of the kernel parameters, chosen by a compare chain rather than a dynamic index
+ * (a dynamically indexed parameter array would be copied to local memory). */
+template <typename P>
+static __device__ __forceinline__ P hs_pick(const P *p, int l) {
+    P r = p[0];
+#pragma unroll
+    for (int i = 1; i < HSGATHER_MAX_PARTS; i++)
+        if (l == i) r = p[i];
+    return r;
+}
+
+__global__ void __launch_bounds__(HS_THREADS) hsgather_concat_kernel(uint4 *out, struct hs_parts parts,
+                                                                     const int32_t *rows, int L, int T_out,
+                                                                     int T_in, int C8) {
+    int lane = threadIdx.x % 32;
+    size_t nparts = (size_t)T_out * L, nwarps = (size_t)gridDim.x * (HS_THREADS / 32);
+    for (size_t pi = blockIdx.x * (size_t)(HS_THREADS / 32) + threadIdx.x / 32; pi < nparts; pi += nwarps) {
+        int t = (int)(pi / L), l = (int)(pi % L);
+        int src = rows ? __ldg(rows + t) : t;
+        bool ok = src >= 0 && src < T_in;
+        const uint4 *s = (const uint4 *)hs_pick(parts.p, l) + (size_t)(ok ? src : 0) * C8;
+        uint4 *d = out + pi * C8;   /* out row t, part l starts at (t·L + l)·C8 */
+        for (int c0 = 0; c0 < C8; c0 += 32 * HS_UNROLL) {
+            uint4 v[HS_UNROLL];
+#pragma unroll
+            for (int u = 0; u < HS_UNROLL; u++) {
+                int c = c0 + u * 32 + lane;
+                v[u] = make_uint4(0, 0, 0, 0);
+                if (ok && c < C8) v[u] = __ldg(s + c);
+            }
+#pragma unroll
+            for (int u = 0; u < HS_UNROLL; u++) {
+                int c = c0 + u * 32 + lane;
+                if (c < C8) d[c] = v[u];
+            }
+        }
+    }
+}
+
+__global__ void __launch_bounds__(HS_THREADS) hsgather_split_kernel(struct hs_parts_out parts, const uint4 *in, int L,
+                                                                    int T, int C8) {
+    int lane = threadIdx.x % 32;
+    size_t nparts = (size_t)T * L, nwarps = (size_t)gridDim.x * (HS_THREADS / 32);
+    for (size_t pi = blockIdx.x * (size_t)(HS_THREADS / 32) + threadIdx.x / 32; pi < nparts; pi += nwarps) {
+        int t = (int)(pi / L), l = (int)(pi % L);
+        const uint4 *s = in + pi * C8;
+        uint4 *d = (uint4 *)hs_pick(parts.p, l) + (size_t)t * C8;
+        for (int c0 = 0; c0 < C8; c0 += 32 * HS_UNROLL) {
+            uint4 v[HS_UNROLL];
+#pragma unroll
+            for (int u = 0; u < HS_UNROLL; u++) {
+                int c = c0 + u * 32 + lane;
+                if (c < C8) v[u] = __ldg(s + c);
+            }
+#pragma unroll
+            for (int u = 0; u < HS_UNROLL; u++) {
+                int c = c0 + u * 32 + lane;
+                if (c < C8) d[c] = v[u];
+            }
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- launchers */
+
+/* DFLASH_HSGATHER_KERNEL=1: the per-element kernels of the first version (the revert switch). */
+static int use_elem(void) {
+    const char *e = getenv("DFLASH_HSGATHER_KERNEL");
+    return e && e[0] == '1' && e[1] == 0;
+}
+
+/* Blocks for one warp per row part, capped (the warps grid-stride over the rest). */
+static unsigned hs_blocks(size_t nparts) {
+    size_t b = (nparts + HS_THREADS / 32 - 1) / (HS_THREADS / 32);
+    if (b > 132u * 64u) b = 132u * 64u;
+    return b ? (unsigned)b : 1u;
+}
 
 extern "C" int hsgather_concat(bf16 *out, struct hs_parts parts, const int32_t *rows, int L, int T_out, int T_in,
                                int C, cudaStream_t stream) {
@@ -42,7 +129,11 @@ extern "C" int hsgather_concat(bf16 *out, struct hs_parts parts, const int32_t *
         if (!vec_aligned16(parts.p[l])) return kernels_fail("hsgather_concat: part %d must be 16-byte aligned", l);
     if (T_out == 0) return 0;
     size_t n = (size_t)T_out * L * (C / 8);
-    hsgather_concat_kernel<<<vec_blocks(n, 256), 256, 0, stream>>>((uint4 *)out, parts, rows, L, T_out, T_in, C / 8);
+    if (use_elem())
+        hsgather_concat_elem_kernel<<<vec_blocks(n, 256), 256, 0, stream>>>((uint4 *)out, parts, rows, L, T_out, T_in, C / 8);
+    else
+        hsgather_concat_kernel<<<hs_blocks((size_t)T_out * L), HS_THREADS, 0, stream>>>((uint4 *)out, parts, rows, L, T_out,
+                                                                                        T_in, C / 8);
     KERNELS_CHECK_LAUNCH("hsgather_concat");
     return 0;
 }
@@ -57,7 +148,10 @@ extern "C" int hsgather_split(struct hs_parts_out parts, const bf16 *in, int L, 
         if (!vec_aligned16(parts.p[l])) return kernels_fail("hsgather_split: part %d must be 16-byte aligned", l);
     if (T == 0) return 0;
     size_t n = (size_t)T * L * (C / 8);
-    hsgather_split_kernel<<<vec_blocks(n, 256), 256, 0, stream>>>(parts, (const uint4 *)in, L, T, C / 8);
+    if (use_elem())
+        hsgather_split_elem_kernel<<<vec_blocks(n, 256), 256, 0, stream>>>(parts, (const uint4 *)in, L, T, C / 8);
+    else
+        hsgather_split_kernel<<<hs_blocks((size_t)T * L), HS_THREADS, 0, stream>>>(parts, (const uint4 *)in, L, T, C / 8);
     KERNELS_CHECK_LAUNCH("hsgather_split");
     return 0;
 }

@@ -1,6 +1,12 @@
 /*
  * kernels/rmsnorm.cu — RMSNorm forward (plain and fused residual) and backward (kernels/rmsnorm.h).
  *
+ * Two kernel paths. For C <= 8192 (the default) the register-resident kernels below hold each row
+ * in registers (one read of every input byte from DRAM, all of a thread's 16-byte loads in flight
+ * at once) and fuse dw into the dx pass; they are described at their section. For C > 8192, or
+ * when the environment sets DFLASH_RMSNORM_KERNEL=1 (the revert switch, read at every call), the
+ * first version's two-pass kernels run:
+ *
  * Forward and dx: a group of G lanes (8, 16 or 32, chosen so short rows such as HD = 128 of the
  * q/k norm do not idle a warp) owns one row; pass 1 reduces the row's statistic with 16-byte loads
  * and shuffles, pass 2 re-reads the row (an L1/L2 hit: DRAM sees one read and one write) and
@@ -10,6 +16,8 @@
  */
 #include "kernels/rmsnorm.h"
 #include "kernels/vec.cuh"
+
+#include <stdlib.h>
 
 #define RMS_THREADS 256
 
@@ -24,7 +32,7 @@ static __device__ __forceinline__ float group_sum(float v) {
 
 /* RESID: h = x + resid is formed, stored to resid (bf16) and normalised. */
 template <int G, bool RESID>
-__global__ void rmsnorm_forward_kernel(bf16 *y, bf16 *resid, float *rstd, const bf16 *x, const float *w,
+__global__ void rmsnorm_forward_twopass_kernel(bf16 *y, bf16 *resid, float *rstd, const bf16 *x, const float *w,
                                        int N, int C, float eps) {
     int row = blockIdx.x * (RMS_THREADS / G) + threadIdx.x / G, lane = threadIdx.x % G, C8 = C / 8;
     bool live = row < N;
@@ -67,7 +75,7 @@ __global__ void rmsnorm_forward_kernel(bf16 *y, bf16 *resid, float *rstd, const 
 }
 
 template <int G>
-__global__ void rmsnorm_backward_kernel(bf16 *dx, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
+__global__ void rmsnorm_backward_twopass_kernel(bf16 *dx, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
                                         int N, int C, int accumulate) {
     int row = blockIdx.x * (RMS_THREADS / G) + threadIdx.x / G, lane = threadIdx.x % G, C8 = C / 8;
     bool live = row < N;
@@ -138,7 +146,247 @@ __global__ void rmsnorm_backward_dw_reduce_kernel(float *dw, const float *partia
     dw[c] += s;
 }
 
+/* ---------------------------------------------------------------- register-resident kernels (C <= 8192)
+ *
+ * A group of G threads (8..256, a power of two) owns a row and holds it in registers: lane l keeps
+ * the 16-byte vectors c = l + k·G, k < V, so the row is read from DRAM once with V independent
+ * 16-byte loads in flight per thread and never re-read. Groups wider than a warp finish their sum
+ * through shared memory. The backward walks the rows with a fixed grid (block b takes row steps
+ * b, b + grid, ...; the next step's x/dy are loaded before the current one is reduced) and, for dw,
+ * keeps per-thread column sums in fp32, reduces the block's row groups in a fixed order into
+ * partial [grid, C], and a second kernel adds the grid's partials in a fixed order: deterministic. */
+
+/* Sum of v over the G lanes of a row group (all 256 threads of the block must call it; red holds
+ * RMS_THREADS/32 floats and must not be rewritten before every thread has read it back). */
+template <int G>
+static __device__ __forceinline__ float rms_group_sum(float v, float *red) {
+    if (G <= 32) return group_sum<G>(v);
+    v = group_sum<32>(v);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    const float *g = red + (threadIdx.x / G) * (G / 32);
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < G / 32; i++) s += g[i];   /* fixed order */
+    return s;
+}
+
+static __device__ __forceinline__ void rms_load_w8(const float *w, int c, float *ww) {
+    float4 w0 = __ldg((const float4 *)w + 2 * c), w1 = __ldg((const float4 *)w + 2 * c + 1);
+    ww[0] = w0.x; ww[1] = w0.y; ww[2] = w0.z; ww[3] = w0.w;
+    ww[4] = w1.x; ww[5] = w1.y; ww[6] = w1.z; ww[7] = w1.w;
+}
+
+template <int G, int V, bool RESID>
+__global__ void __launch_bounds__(RMS_THREADS) rmsnorm_forward_kernel(bf16 *y, bf16 *resid, float *rstd, const bf16 *x,
+                                                                     const float *w, int N, int C, float eps) {
+    __shared__ float red[RMS_THREADS / 32];
+    int row = blockIdx.x * (RMS_THREADS / G) + threadIdx.x / G, lane = threadIdx.x % G, C8 = C / 8;
+    bool live = row < N;
+    const uint4 *xr = (const uint4 *)(x + (size_t)row * C);
+    uint4 *hr = (uint4 *)((RESID ? resid : (bf16 *)x) + (size_t)row * C);
+    uint4 v[V], r[V];
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        int c = lane + k * G;
+        v[k] = r[k] = make_uint4(0, 0, 0, 0);
+        if (live && c < C8) {
+            v[k] = xr[c];
+            if (RESID) r[k] = hr[c];
+        }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        float f[8];
+        vec_unpack8(v[k], f);
+        if (RESID) {
+            float g[8];
+            vec_unpack8(r[k], g);
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] += g[j];
+            v[k] = vec_pack8(f);
+            if (live && lane + k * G < C8) hr[lane + k * G] = v[k];
+            vec_unpack8(v[k], f);   /* normalise the rounded h that is stored (the backward sees it) */
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) ss += f[j] * f[j];
+    }
+    ss = rms_group_sum<G>(ss, red);
+    if (!live) return;
+    float rs = rsqrtf(ss / (float)C + eps);
+    if (rstd && lane == 0) rstd[row] = rs;
+    uint4 *yr = (uint4 *)(y + (size_t)row * C);
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        int c = lane + k * G;
+        if (c < C8) {
+            float f[8], ww[8];
+            vec_unpack8(v[k], f);
+            rms_load_w8(w, c, ww);
+#pragma unroll
+            for (int j = 0; j < 8; j++) f[j] = ww[j] * (f[j] * rs);
+            yr[c] = vec_pack8(f);
+        }
+    }
+}
+
+/* partial [gridDim.x, C] (only when DW): this block's Σ over its rows of dy·x̂, per column. */
+template <int G, int V, bool DW>
+__global__ void __launch_bounds__(RMS_THREADS, 2) rmsnorm_backward_kernel(bf16 *dx, float *partial, const bf16 *dy,
+                                                                      const bf16 *x, const float *w, const float *rstd,
+                                                                      int N, int C, int accumulate) {
+    extern __shared__ float rms_sacc[];   /* [RMS_THREADS/G, C] when DW */
+    __shared__ float red[2][RMS_THREADS / 32];
+    constexpr int R = RMS_THREADS / G;
+    int grp = threadIdx.x / G, lane = threadIdx.x % G, C8 = C / 8, steps = (N + R - 1) / R;
+    float acc[DW ? V : 1][8];
+#pragma unroll
+    for (int k = 0; k < (DW ? V : 1); k++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[k][j] = 0.0f;
+    uint4 xv[V], gv[V];
+    float rs = 0.0f;
+    /* the loads of row step s into xv, gv, rs (zeros past the end) */
+    auto load = [&](int s, uint4 *xo, uint4 *go, float &ro) {
+        int row = s * R + grp;
+        bool live = s < steps && row < N;
+        const uint4 *xr = (const uint4 *)(x + (size_t)row * C), *dyr = (const uint4 *)(dy + (size_t)row * C);
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            int c = lane + k * G;
+            xo[k] = go[k] = make_uint4(0, 0, 0, 0);
+            if (live && c < C8) {
+                xo[k] = __ldg(xr + c);
+                go[k] = __ldg(dyr + c);
+            }
+        }
+        ro = live ? __ldg(rstd + row) : 0.0f;
+    };
+    load(blockIdx.x, xv, gv, rs);
+    int p = 0;
+    for (int s = blockIdx.x; s < steps; s += gridDim.x) {   /* uniform trip count across the block */
+        uint4 xn[V], gn[V];
+        float rn;
+        load(s + gridDim.x, xn, gn, rn);
+        int row = s * R + grp;
+        bool live = row < N;
+        float m = 0.0f;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            int c = lane + k * G;
+            if (c < C8) {
+                float xf[8], g[8], ww[8];
+                vec_unpack8(xv[k], xf);
+                vec_unpack8(gv[k], g);
+                rms_load_w8(w, c, ww);
+#pragma unroll
+                for (int j = 0; j < 8; j++) m += ww[j] * g[j] * xf[j];
+            }
+        }
+        m = rms_group_sum<G>(m, red[p]) * rs / (float)C;   /* mean_c(w·dy·x̂) */
+        p ^= 1;
+        uint4 *dxr = (uint4 *)(dx + (size_t)row * C);
+        uint4 old[V];
+        if (accumulate)
+#pragma unroll
+            for (int k = 0; k < V; k++)
+                if (live && lane + k * G < C8) old[k] = dxr[lane + k * G];
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            int c = lane + k * G;
+            if (c < C8) {
+                float xf[8], g[8], ww[8], o[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                vec_unpack8(xv[k], xf);
+                vec_unpack8(gv[k], g);
+                rms_load_w8(w, c, ww);
+                if (accumulate && live) vec_unpack8(old[k], o);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float xh = xf[j] * rs, v = rs * ww[j] * g[j] - xh * rs * m;
+                    o[j] = accumulate ? o[j] + v : v;
+                    if (DW) acc[DW ? k : 0][j] += g[j] * xh;   /* dead rows add 0: x, dy are zero */
+                }
+                if (live) dxr[c] = vec_pack8(o);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            xv[k] = xn[k];
+            gv[k] = gn[k];
+        }
+        rs = rn;
+    }
+    if constexpr (DW) {
+        /* block reduction of the R row groups' column sums, fixed order */
+    #pragma unroll
+        for (int k = 0; k < V; k++) {
+            int c = lane + k * G;
+            if (c < C8)
+    #pragma unroll
+                for (int j = 0; j < 8; j++) rms_sacc[(size_t)grp * C + 8 * c + j] = acc[DW ? k : 0][j];
+        }
+        __syncthreads();
+        for (int c = threadIdx.x; c < C; c += RMS_THREADS) {
+            float s = 0.0f;
+            for (int g = 0; g < R; g++) s += rms_sacc[(size_t)g * C + c];
+            partial[(size_t)blockIdx.x * C + c] = s;
+        }
+    }
+}
+
+/* dw [C] += Σ_b partial [b, c] over the nb blocks, in a fixed order. Block (32, 8): 32 columns. */
+__global__ void rmsnorm_backward_dw_sum_kernel(float *dw, const float *partial, int nb, int C) {
+    __shared__ float red[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (c < C)
+        for (int b = threadIdx.y; b < nb; b += 8) s += partial[(size_t)b * C + c];
+    red[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float t = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) t += red[i][threadIdx.x];
+        dw[c] += t;
+    }
+}
+
 /* ---------------------------------------------------------------- launchers */
+
+/* DFLASH_RMSNORM_KERNEL=1 selects the two-pass kernels of the first version for every C (the
+ * revert switch); unset or 2: register-resident kernels for C <= RMS_REG_MAX_C, two-pass above. */
+#define RMS_REG_MAX_C 8192
+#define RMS_BWD_GRID 264   /* row-walking blocks of the backward: 2 per SM of an H200 */
+
+static int use_twopass(int C) {
+    const char *e = getenv("DFLASH_RMSNORM_KERNEL");
+    return C > RMS_REG_MAX_C || (e && e[0] == '1' && e[1] == 0);
+}
+
+/* Row group width G and vectors per lane V for C8 = C/8 16-byte vectors: the narrowest power-of-two
+ * group (8..256) with at most vmax vectors per lane, then V rounded up to 1, 2 or 4 (G·V >= C8).
+ * The forward takes vmax 4; the backward vmax 2 (its registers hold x, dy, the prefetched next row
+ * and the dw sums: 2 blocks of 256 per SM fit in 128 registers). */
+static void reg_shape(int C8, int vmax, int *G, int *V) {
+    int g = 8;
+    while (g < 256 && g * vmax < C8) g *= 2;
+    int v = (C8 + g - 1) / g;
+    *G = g;
+    *V = v <= 1 ? 1 : v <= 2 ? 2 : 4;
+}
+
+#define RMS_DISPATCH(G_, V_, CALL)                                          \
+    switch (G_ * 8 + V_) {                                                  \
+    case 8 * 8 + 1: CALL(8, 1); break;     case 8 * 8 + 2: CALL(8, 2); break;     case 8 * 8 + 4: CALL(8, 4); break; \
+    case 16 * 8 + 1: CALL(16, 1); break;   case 16 * 8 + 2: CALL(16, 2); break;   case 16 * 8 + 4: CALL(16, 4); break; \
+    case 32 * 8 + 1: CALL(32, 1); break;   case 32 * 8 + 2: CALL(32, 2); break;   case 32 * 8 + 4: CALL(32, 4); break; \
+    case 64 * 8 + 1: CALL(64, 1); break;   case 64 * 8 + 2: CALL(64, 2); break;   case 64 * 8 + 4: CALL(64, 4); break; \
+    case 128 * 8 + 1: CALL(128, 1); break; case 128 * 8 + 2: CALL(128, 2); break; case 128 * 8 + 4: CALL(128, 4); break; \
+    case 256 * 8 + 1: CALL(256, 1); break; case 256 * 8 + 2: CALL(256, 2); break; case 256 * 8 + 4: CALL(256, 4); break; \
+    default: return kernels_fail("rmsnorm: no kernel for G=%d V=%d", G_, V_);                                   \
+    }
+
 
 static int check_args(const char *name, const void *a, const void *b, const void *c, int N, int C) {
     if (N < 0 || C <= 0 || C % 8 || C > 16384)
@@ -155,12 +403,19 @@ static int forward_launch(const char *name, bf16 *y, bf16 *resid, float *rstd, c
     if (!vec_aligned16(w)) return kernels_fail("%s: w must be 16-byte aligned", name);
     if (N == 0) return 0;
     int C8 = C / 8;
-    if (C8 >= 32)
-        rmsnorm_forward_kernel<32, RESID><<<(N + 7) / 8, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps);
+    if (!use_twopass(C)) {
+        int G, V;
+        reg_shape(C8, 4, &G, &V);
+        unsigned blocks = (unsigned)((N + RMS_THREADS / G - 1) / (RMS_THREADS / G));
+#define RMS_FWD(g, v) rmsnorm_forward_kernel<g, v, RESID><<<blocks, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps)
+        RMS_DISPATCH(G, V, RMS_FWD)
+#undef RMS_FWD
+    } else if (C8 >= 32)
+        rmsnorm_forward_twopass_kernel<32, RESID><<<(N + 7) / 8, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps);
     else if (C8 >= 16)
-        rmsnorm_forward_kernel<16, RESID><<<(N + 15) / 16, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps);
+        rmsnorm_forward_twopass_kernel<16, RESID><<<(N + 15) / 16, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps);
     else
-        rmsnorm_forward_kernel<8, RESID><<<(N + 31) / 32, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps);
+        rmsnorm_forward_twopass_kernel<8, RESID><<<(N + 31) / 32, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps);
     KERNELS_CHECK_LAUNCH(name);
     return 0;
 }
@@ -181,7 +436,20 @@ static int dw_chunks(int N) {
     return c < 1 ? 1 : c > 256 ? 256 : c;
 }
 
-extern "C" size_t rmsnorm_backward_scratch_floats(int N, int C) { return (size_t)dw_chunks(N) * (C > 0 ? C : 0); }
+/* Blocks of the register-resident backward: a fixed function of (N, C), so dw's summation order is too. */
+static int bwd_grid(int N, int C) {
+    int G, V;
+    reg_shape(C / 8, 2, &G, &V);
+    int steps = (N + RMS_THREADS / G - 1) / (RMS_THREADS / G);
+    return steps < 1 ? 1 : steps > RMS_BWD_GRID ? RMS_BWD_GRID : steps;
+}
+
+/* Enough for either path (the choice can change at run time through DFLASH_RMSNORM_KERNEL). */
+extern "C" size_t rmsnorm_backward_scratch_floats(int N, int C) {
+    if (C <= 0) return 0;
+    int a = dw_chunks(N), b = C <= RMS_REG_MAX_C ? bwd_grid(N, C) : 0;
+    return (size_t)(a > b ? a : b) * C;
+}
 
 extern "C" int rmsnorm_backward(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w,
                                 const float *rstd, float *scratch, int N, int C, int accumulate_dx,
@@ -192,12 +460,38 @@ extern "C" int rmsnorm_backward(bf16 *dx, float *dw, const bf16 *dy, const bf16 
     if (dw && !scratch) return kernels_fail("rmsnorm_backward: dw needs a scratch of rmsnorm_backward_scratch_floats() floats");
     if (N == 0) return 0;
     int C8 = C / 8;
+    if (!use_twopass(C)) {
+        int G, V, nb = bwd_grid(N, C);
+        reg_shape(C8, 2, &G, &V);
+        if (!dw) {   /* no summation order to keep: 3 blocks per SM fit without the dw registers */
+            int steps = (N + RMS_THREADS / G - 1) / (RMS_THREADS / G);
+            nb = steps < 3 * 132 ? steps : 3 * 132;
+        }
+        size_t smem = dw ? (size_t)(RMS_THREADS / G) * C * sizeof(float) : 0;   /* <= 32 KiB: C <= 8·G·V */
+#define RMS_BWD(g, v)                                                                                              \
+        do {                                                                                                       \
+            if (dw)                                                                                                \
+                rmsnorm_backward_kernel<g, v, true><<<nb, RMS_THREADS, smem, stream>>>(dx, scratch, dy, x, w, rstd, \
+                                                                                      N, C, accumulate_dx);        \
+            else                                                                                                   \
+                rmsnorm_backward_kernel<g, v, false><<<nb, RMS_THREADS, 0, stream>>>(dx, NULL, dy, x, w, rstd, N,   \
+                                                                                    C, accumulate_dx);             \
+        } while (0)
+        RMS_DISPATCH(G, V, RMS_BWD)
+#undef RMS_BWD
+        KERNELS_CHECK_LAUNCH("rmsnorm_backward");
+        if (dw) {
+            rmsnorm_backward_dw_sum_kernel<<<(C + 31) / 32, dim3(32, 8), 0, stream>>>(dw, scratch, nb, C);
+            KERNELS_CHECK_LAUNCH("rmsnorm_backward (dw sum)");
+        }
+        return 0;
+    }
     if (C8 >= 32)
-        rmsnorm_backward_kernel<32><<<(N + 7) / 8, RMS_THREADS, 0, stream>>>(dx, dy, x, w, rstd, N, C, accumulate_dx);
+        rmsnorm_backward_twopass_kernel<32><<<(N + 7) / 8, RMS_THREADS, 0, stream>>>(dx, dy, x, w, rstd, N, C, accumulate_dx);
     else if (C8 >= 16)
-        rmsnorm_backward_kernel<16><<<(N + 15) / 16, RMS_THREADS, 0, stream>>>(dx, dy, x, w, rstd, N, C, accumulate_dx);
+        rmsnorm_backward_twopass_kernel<16><<<(N + 15) / 16, RMS_THREADS, 0, stream>>>(dx, dy, x, w, rstd, N, C, accumulate_dx);
     else
-        rmsnorm_backward_kernel<8><<<(N + 31) / 32, RMS_THREADS, 0, stream>>>(dx, dy, x, w, rstd, N, C, accumulate_dx);
+        rmsnorm_backward_twopass_kernel<8><<<(N + 31) / 32, RMS_THREADS, 0, stream>>>(dx, dy, x, w, rstd, N, C, accumulate_dx);
     KERNELS_CHECK_LAUNCH("rmsnorm_backward");
     if (dw) {
         int chunks = dw_chunks(N), rows = (N + chunks - 1) / chunks;

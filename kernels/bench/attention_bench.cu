@@ -1,14 +1,19 @@
 /*
  * kernels/bench/attention_bench.cu — causal varlen GQA attention forward (kernels/attention.cu).
  *
- * Build: make BUILD=build-k1 build-k1/bench/attention_bench   Run: build-k1/bench/attention_bench
+ * Build: make BUILD=build-k1b build-k1b/bench/attention_bench   Run: build-k1b/bench/attention_bench
  * This file includes kernels/attention.cu so it can launch the kernel template with other tile
  * configurations (the library's archive member is then not linked: every symbol it defines is here).
  * Variant 1: 4 warps × 1 m-tile (BR 64), BC 64, Q fragments in registers (the first library choice)
  * Variant 2: 8 warps × 1 m-tile (BR 128), BC 64
  * Variant 3: 4 warps × 2 m-tiles (BR 128), BC 32, Q re-read from shared memory
- * Variant 4: 4 warps × 2 m-tiles (BR 128), BC 64 (the library's choice since 2026-11-29)
+ * Variant 4: 4 warps × 2 m-tiles (BR 128), BC 64 (the library's choice in K1; DFLASH_ATTENTION_KERNEL=4
+ *            selects it again; 255 registers + 76 bytes of spills at HD 128)
  * Variant 5: 8 warps × 2 m-tiles (BR 256), BC 32
+ * Variant 6: variant 4 with the fast exponent FX (unscaled scores through mask and max, one FFMA +
+ *            ex2.approx.ftz per probability; 4 bytes of spills) — the library's default since K1b
+ * Variant 7: variant 3 (BC 32) with FX
+ * Variants 1-5 run with FX off, as measured in K1.
  * Effective FLOPs = 4·HD·NH·Σ_docs len·(len+1)/2 (QKᵀ and PV over the causal half only).
  * Target (issue 5): >= 350 TFLOP/s at HD 128 on documents of 1-4K tokens.
  * Each variant is validated on a small varlen batch against attention_forward_ref first.
@@ -23,10 +28,10 @@
 typedef int (*att_fn)(bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, const int32_t *, int, int, int, int,
                       int, float, cudaStream_t);
 
-template <int HD, int NW, int MT, int BC>
+template <int HD, int NW, int MT, int BC, bool FX = false>
 static int variant(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND, int mx,
                    int T, int NH, int NKV, float scale, cudaStream_t s) {
-    return launch<HD, NW, MT, BC>(o, lse, q, k, v, cu, ND, mx, T, NH, NKV, scale, s);
+    return launch<HD, NW, MT, BC, FX>(o, lse, q, k, v, cu, ND, mx, T, NH, NKV, scale, s);
 }
 
 static void validate(const char *name, att_fn fn, int HD) {
@@ -100,6 +105,8 @@ int main(void) {
         {"attention v3 4w x2 BC32", variant<128, 4, 2, 32>, variant<64, 4, 2, 32>},
         {"attention v4 4w x2 BC64", variant<128, 4, 2, 64>, variant<64, 4, 2, 64>},
         {"attention v5 8w x2 BC32", variant<128, 8, 2, 32>, variant<64, 8, 2, 32>},
+        {"attention v6 4w x2 BC64 FX", variant<128, 4, 2, 64, true>, variant<64, 4, 2, 64, true>},
+        {"attention v7 4w x2 BC32 FX", variant<128, 4, 2, 32, true>, variant<64, 4, 2, 32, true>},
     };
     const int NV = sizeof vars / sizeof vars[0];
     for (int i = 0; i < NV; i++) {

@@ -10,7 +10,8 @@
  * Shapes: documents of length 1, 5, 0 (empty), 17, 64, 97, 200, 1025 (tails of the 64-row tiles),
  * padding rows after the last document (must stay poisoned), 300 short documents, one long
  * document, HD 64 and 128, GQA 4:1 and 8:2, MQA; a production batch (8192 tokens, 32/8 heads,
- * HD 128, documents of 64–3000 tokens) checked on 3 heads.
+ * HD 128, documents of 64–3000 tokens) checked on 3 heads. The awkward documents run again on the
+ * K1 kernel without the fast exponent (DFLASH_ATTENTION_KERNEL=4, the revert switch).
  */
 #include "kernels/attention.h"
 #include "k1util.h"
@@ -97,6 +98,15 @@ START_TEST(attention_gpu_awkward_docs) {
 }
 END_TEST
 
+START_TEST(attention_gpu_awkward_docs_v4) {
+    setenv("DFLASH_ATTENTION_KERNEL", "4", 1);
+    const int32_t cu[] = {0, 1, 6, 6, 23, 87, 184, 384, 1409};
+    run(cu, 8, 1412, 8, 2, 64, all8, 8, 1);
+    run(cu, 8, 1412, 8, 2, 128, all8, 8, 2);
+    unsetenv("DFLASH_ATTENTION_KERNEL");
+}
+END_TEST
+
 START_TEST(attention_gpu_many_short_and_one_long) {
     int32_t cu[301];
     uint64_t seed = 5;
@@ -136,6 +146,7 @@ int main(void) {
     TCase *tc = tcase_create("gpu_attention");
     tcase_set_timeout(tc, 200);
     tcase_add_test(tc, attention_gpu_awkward_docs);
+    tcase_add_test(tc, attention_gpu_awkward_docs_v4);
     tcase_add_test(tc, attention_gpu_many_short_and_one_long);
     tcase_add_test(tc, attention_gpu_production);
     tcase_add_test(tc, attention_gpu_preconditions);

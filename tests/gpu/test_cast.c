@@ -1,7 +1,9 @@
 /*
  * tests/gpu/test_cast.c — GPU casts (kernels/cast.h) bit-exact against the host conversions: sizes
  * 1, 7, 8 and 1000003, aligned (vector path) and offset by one element (scalar path), ties to
- * even, infinities; NaN stays NaN (its payload may differ).
+ * even, infinities; NaN stays NaN (its payload may differ). bf16 -> fp32 also on every bit pattern
+ * class with the source 8 bytes off a 16-byte boundary (the 4-element path takes it) and 2 bytes
+ * off (element path); all of it again on the first kernel (DFLASH_CAST_KERNEL=1, the revert switch).
  */
 #include "kernels/cast.h"
 #include "k1util.h"
@@ -37,6 +39,49 @@ static void one(size_t n, int off, uint64_t seed) {
     free(x); free(want); free(got); free(back); free(wantf);
 }
 
+/* bf16 -> fp32 of random bit patterns (NaNs and infinities included), source soff elements past a
+ * 16-byte boundary, destination aligned: bit-exact (the widening is a 16-bit shift). */
+static void up(size_t n, int soff, uint64_t seed) {
+    bf16 *h = malloc(2 * n);
+    for (size_t i = 0; i < n; i++) h[i] = (bf16)test_rng_next(&seed);
+    bf16 *d_b = k1_malloc(2 * (n + 8));
+    float *d_x = k1_malloc(4 * (n + 1)), *got = malloc(4 * (n + 1));
+    K1_CUDA(cudaMemcpy(d_b + soff, h, 2 * n, cudaMemcpyHostToDevice));
+    K1_CUDA(cudaMemset(d_x, 0xff, 4 * (n + 1)));
+    K1_LAUNCH(cast_bf16_to_f32(d_x, d_b + soff, n, 0));
+    K1_CUDA(cudaMemcpy(got, d_x, 4 * (n + 1), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u, want = (uint32_t)h[i] << 16;
+        memcpy(&u, &got[i], 4);
+        ck_assert_msg(u == want, "n=%zu soff=%d [%zu]: got 0x%08x want 0x%08x", n, soff, i, u, want);
+    }
+    uint32_t past;
+    memcpy(&past, &got[n], 4);
+    ck_assert_msg(past == 0xffffffffu, "n=%zu soff=%d: wrote past the end", n, soff);
+    cudaFree(d_b); cudaFree(d_x);
+    free(h); free(got);
+}
+
+START_TEST(cast_gpu_up) {
+    size_t ns[] = {1, 3, 4, 5, 1000003, 4194304};
+    for (int i = 0; i < 6; i++) {
+        up(ns[i], 0, 21 + i);
+        up(ns[i], 4, 31 + i);
+        up(ns[i], 1, 41 + i);
+    }
+}
+END_TEST
+
+START_TEST(cast_gpu_v1) {
+    setenv("DFLASH_CAST_KERNEL", "1", 1);
+    one(1000003, 0, 51);
+    one(7, 1, 52);
+    up(1000003, 0, 53);
+    up(1000003, 4, 54);
+    unsetenv("DFLASH_CAST_KERNEL");
+}
+END_TEST
+
 START_TEST(cast_gpu) {
     size_t ns[] = {1, 7, 8, 1000003};
     for (int i = 0; i < 4; i++) {
@@ -51,6 +96,8 @@ int main(void) {
     TCase *tc = tcase_create("gpu_cast");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, cast_gpu);
+    tcase_add_test(tc, cast_gpu_up);
+    tcase_add_test(tc, cast_gpu_v1);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

@@ -1,7 +1,9 @@
 /*
  * tests/gpu/test_hsgather.c — GPU hidden-state concat/split (kernels/hsgather.h), bit-exact against
- * the reference: L = 1 and 5 parts, T = 1, a row index list, the production shape (5 × [8192, 4096]),
- * split as the inverse.
+ * the reference: L = 1, 5 and 16 (every part pointer) parts, T = 1, a row index list, C/8 = 129 (a
+ * tail past the 128-vector unroll of a warp), more row parts than the grid has warps (grid-stride),
+ * the production shape (5 × [8192, 4096]), split as the inverse; the same again on the first,
+ * per-element kernels (DFLASH_HSGATHER_KERNEL=1, the revert switch).
  */
 #include "kernels/hsgather.h"
 #include "k1util.h"
@@ -48,6 +50,20 @@ START_TEST(hsgather_gpu) {
     one(5, 37, 136, 1, 3);
     one(3, 1, 64, 1, 4);
     one(5, 8192, 4096, 0, 5);
+    one(16, 97, 1032, 0, 6);
+    one(16, 97, 1032, 1, 7);
+    one(16, 5000, 8, 0, 8);       /* 80000 row parts > 8448 blocks x 8 warps */
+    one(7, 3001, 24, 1, 9);
+}
+END_TEST
+
+START_TEST(hsgather_gpu_v1) {
+    setenv("DFLASH_HSGATHER_KERNEL", "1", 1);
+    one(1, 1, 8, 0, 1);
+    one(5, 37, 136, 1, 3);
+    one(16, 97, 1032, 0, 6);
+    one(5, 8192, 4096, 0, 5);
+    unsetenv("DFLASH_HSGATHER_KERNEL");
 }
 END_TEST
 
@@ -56,6 +72,7 @@ int main(void) {
     TCase *tc = tcase_create("gpu_hsgather");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, hsgather_gpu);
+    tcase_add_test(tc, hsgather_gpu_v1);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

@@ -2,7 +2,11 @@
  * tests/gpu/test_rmsnorm.c — GPU RMSNorm (kernels/rmsnorm.h) against the CPU reference on the same
  * bf16-rounded inputs: plain, fused residual, q/k-norm shapes (C = 64, 128), tails of every row-group
  * size (C/8 = 1, 3, 17, 33), N = 1, and the production shape [8192, 4096]; backward dx (plain and
- * accumulate) and dw (deterministic: two runs bit-identical).
+ * accumulate) and dw (deterministic: two runs bit-identical). The register-resident kernels (default
+ * for C <= 8192) are covered for every row-group width 8..256 and 1, 2, 4 vectors per lane (C = 1032,
+ * 6152, 8192 add the 64/256-wide groups with partial rows), and with more row steps than the
+ * backward's 264 blocks (N = 10007, 2001: several steps per block, a partial last step). The first,
+ * two-pass kernels (DFLASH_RMSNORM_KERNEL=1, the revert switch; always for C > 8192) run too.
  *
  * Tolerances: y is one bf16 rounding of an fp32 value (≤ 2^-9 relative): rtol 1.6e-2, atol 1e-2.
  * rstd: fp32 sum of squares vs double, rtol 1e-4. dx = rstd·(w·dy − x̂·m) cancels, so its absolute
@@ -83,6 +87,26 @@ START_TEST(rmsnorm_gpu_shapes) {
 }
 END_TEST
 
+START_TEST(rmsnorm_gpu_register_shapes) {
+    int shapes[][2] = {{7, 1032}, {300, 6152}, {3, 8192}, {10007, 136}, {2001, 4096}, {33, 2048}, {9, 512}};
+    for (int s = 0; s < 7; s++) {
+        one(shapes[s][0], shapes[s][1], 0, 40 + s);
+        one(shapes[s][0], shapes[s][1], 1, 50 + s);
+    }
+}
+END_TEST
+
+START_TEST(rmsnorm_gpu_twopass) {
+    setenv("DFLASH_RMSNORM_KERNEL", "1", 1);
+    int shapes[][2] = {{1, 8}, {37, 136}, {5, 264}, {513, 64}, {64, 4096}, {7, 1032}};
+    for (int s = 0; s < 6; s++) {
+        one(shapes[s][0], shapes[s][1], 0, 60 + s);
+        one(shapes[s][0], shapes[s][1], 1, 70 + s);
+    }
+    unsetenv("DFLASH_RMSNORM_KERNEL");
+}
+END_TEST
+
 START_TEST(rmsnorm_gpu_production) {
     one(8192, 4096, 0, 30);
     one(8192, 4096, 1, 31);
@@ -106,6 +130,8 @@ int main(void) {
     TCase *tc = tcase_create("gpu_rmsnorm");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, rmsnorm_gpu_shapes);
+    tcase_add_test(tc, rmsnorm_gpu_register_shapes);
+    tcase_add_test(tc, rmsnorm_gpu_twopass);
     tcase_add_test(tc, rmsnorm_gpu_production);
     tcase_add_test(tc, rmsnorm_gpu_preconditions);
     suite_add_tcase(s, tc);
