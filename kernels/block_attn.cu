@@ -1,344 +1,670 @@
 /*
  * kernels/block_attn.cu — DFlash anchored block attention on the device (kernels/block_attn.h).
  *
- * One CTA of 4 warps per (block b, kv head g). Its 64 query rows are the G = n_h/n_kv query heads of
- * kv head g times the B slots of the block (row r -> head g·G + r/B, slot r%B; rows >= G·B are idle),
- * so every key tile loaded to shared memory serves all heads of the group (GQA for free). Key tiles
- * of 64: first the context range [max(0, a-W), a) of the anchor (empty when doc_ids[a] == -1), then one
- * tile with the block's own B keys. A context tile with no key of the anchor's document is skipped
- * without loading K/V (the "invisible tiles are skipped" rule); inside a visited tile the per-key
- * document test and the causal in-block test mask scores to -inf.
- * Matmuls use WMMA bf16 16x16x16 tensor-core fragments with fp32 accumulation; S and the output
- * accumulator live in shared memory in fp32, the online softmax (max, sum) in fp32 registers, P is
- * rounded to bf16 for P·V (the reference's round_p mode emulates this).
- * Backward: same tiling; recompute P from the saved lse, dS = P ⊙ (dP - rowsum(dO ⊙ O)); dQ stays in
- * shared memory (exclusive to the CTA), dK/dV tiles are added to fp32 global buffers with atomics
- * because context keys are shared by many blocks.
- * This is the straightforward correct version; see kernels/bench/block_attn_bench.cu for its speed.
+ * All matmuls are mma.sync m16n8k16 (bf16 in, fp32 accumulate) on register fragments loaded with
+ * ldmatrix; tiles arrive by cp.async, double buffered. Query tiles are the 64 rows of one (block b,
+ * kv head g): row r -> head g·G + r/B, slot r%B (rows >= G·B idle, zero-filled), so each K/V tile serves
+ * the whole GQA group. Key tiles hold 64 keys: the context range of the anchor narrowed to the first and
+ * last key of its document inside [max(0, a-W), a), then one tile with the block's own B keys; only the
+ * 16-key groups that hold keys are multiplied (the tail of the last context tile and of the block tile
+ * are skipped). Inside a tile a per-key document test and the causal in-block test mask scores.
+ *
+ * Forward (one CTA of 4 warps per (b, g), 16 query rows per warp): online softmax in base 2 in
+ * registers, P rounded to bf16 for P·V (the reference's round_p mode), lse saved in natural log.
+ * Q is staged through the second K buffer (read once into registers), so a CTA needs 4 K/V tiles of smem.
+ *
+ * Backward, deterministic (no atomics), three kernels in stream order:
+ *   1. Di = rowsum(dO ⊙ O) per (head, row), written to the first n_h·R floats of dq as scratch;
+ *   2. per (context key tile of 64, kv head): dK, dV of those keys. The CTA keeps its K/V tile, finds
+ *      the blocks that see any of its keys (in block order, 128 anchors at a time) and, per visiting
+ *      block, loads its 64 query rows (Q, dO, lse, Di; double buffered) and accumulates
+ *      dV += Pᵀ·dO, dK += dSᵀ·Q in registers (each warp owns 16 keys);
+ *   3. per (block, kv head), like the forward: dQ = Σ dS·K over its key tiles (recomputing S and dP),
+ *      then dK, dV of the block's own keys (only this CTA sees them) the same way as kernel 2.
+ * Kernel 3 overwrites dq (including the scratch) after kernel 2 has read it.
+ * dS = P ⊙ (dP - Di) · scale with P recomputed from lse; P and dS are rounded to bf16 for the matmuls.
+ * Measured on the H200 at the standard shape (RESULTS.md, 2026-11-29): forward 123 TFLOP/s, backward
+ * 66 TFLOP/s (visible pairs). K2's bench-only forward (variant 2, no group skipping, 2 CTAs/SM) ran 141;
+ * the compile-time knobs BA_SKIP_EMPTY, BA_FWD_MIN_CTAS and BA_VQ exist so the benchmark can measure
+ * the alternatives from this same source.
  */
 #include "kernels/block_attn.h"
 
 #include <cuda_bf16.h>
-#include <mma.h>
-
-using namespace nvcuda;
 
 namespace {
 
-constexpr int BA_ROWS = 64;      /* query rows per CTA */
-constexpr int BA_KT = 64;        /* keys per tile */
-constexpr int BA_THREADS = 128;  /* 4 warps, 16 query rows each */
-constexpr int BA_SLD = BA_KT + 4;   /* fp32 score row stride (WMMA: multiple of 4) */
-constexpr int BA_PLD = BA_KT + 8;   /* bf16 P row stride (WMMA: multiple of 8) */
+constexpr int BA_ROWS = 64;     /* query rows per tile */
+constexpr int BA_KT = 64;       /* keys per tile */
+constexpr int BA_THREADS = 128; /* 4 warps */
+constexpr float BA_LOG2E = 1.4426950408889634f;
+#ifndef BA_VQ
+#define BA_VQ 16   /* query rows per step of a dK/dV visit (16 or 32): 16 keeps kernel 2 unspilled */
+#endif
+#ifndef BA_SKIP_EMPTY
+#define BA_SKIP_EMPTY 1   /* skip 16-key groups past the tile's last key (0: multiply all 64, zero-filled) */
+#endif
+#ifndef BA_FWD_MIN_CTAS
+#define BA_FWD_MIN_CTAS 3   /* 3 CTAs of 70 KB smem per SM; registers capped at 168 */
+#endif
 
-template <int D> struct ba_smem {
-    static constexpr int QLD = D + 8;   /* bf16 rows of Q, K, V, dO */
-    static constexpr int OLD = D + 4;   /* fp32 rows of O, dQ, dK/dV scratch */
-    static constexpr size_t bf_tile = (size_t)BA_ROWS * QLD * 2;
-    static constexpr size_t s_tile = (size_t)BA_ROWS * BA_SLD * 4;
-    static constexpr size_t p_tile = (size_t)BA_ROWS * BA_PLD * 2;
-    static constexpr size_t o_tile = (size_t)BA_ROWS * OLD * 4;
-    static constexpr size_t fwd = 3 * bf_tile + s_tile + p_tile + o_tile + 64 * 4;
-    static constexpr size_t bwd = 4 * bf_tile + 2 * s_tile + 2 * p_tile + o_tile + 3 * 64 * 4;
-    static_assert(2 * s_tile >= o_tile, "the dK/dV scratch reuses the two score tiles");
+template <int HD> struct ba_smem {
+    static constexpr int LD = HD + 8;   /* bf16 row stride: 16-byte rows, conflict-free ldmatrix */
+    static constexpr size_t tile = (size_t)BA_ROWS * LD * sizeof(__nv_bfloat16);
+    static constexpr size_t fwd = 4 * tile;   /* K, V double buffered (Q staged in K buffer 1) */
+    static constexpr size_t bwd = 6 * tile;   /* 2 resident + 2 x 2 double buffered */
 };
 
-/* Copies one row of D bf16 (16-byte vectors) from global to shared, or zeros it. */
-template <int D>
-__device__ __forceinline__ void ba_load_row_part(__nv_bfloat16 *dst, const __nv_bfloat16 *src, int c8, bool ok) {
-    uint4 val = ok ? *reinterpret_cast<const uint4 *>(src + c8 * 8) : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4 *>(dst + c8 * 8) = val;
+/* ---------------------------------------------------------------- fragments */
+
+__device__ __forceinline__ void ba_cp16(void *smem, const void *gmem, bool ok) {
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void ba_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void ba_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ba_ldsm(uint32_t *r, const void *smem) {
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+__device__ __forceinline__ void ba_ldsm_t(uint32_t *r, const void *smem) {
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+__device__ __forceinline__ void ba_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t ba_pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+/* A fragment (16 rows x 16 k) of a row-major [rows][LD] tile at row0, k0. */
+__device__ __forceinline__ void ba_frag_a(uint32_t *r, const __nv_bfloat16 *t, int LD, int row0, int k0) {
+    int lane = threadIdx.x & 31;
+    ba_ldsm(r, t + (row0 + (lane & 15)) * LD + k0 + (lane >> 4) * 8);
+}
+/* B fragments of two n-tiles (n0..n0+15) x 16 k from a tile stored [n][LD] (rows = n): r[0..1] n-tile 0,
+ * r[2..3] n-tile 1. */
+__device__ __forceinline__ void ba_frag_b_nk(uint32_t *r, const __nv_bfloat16 *t, int LD, int n0, int k0) {
+    int lane = threadIdx.x & 31;
+    ba_ldsm(r, t + (n0 + (lane & 7) + (lane >> 4) * 8) * LD + k0 + ((lane >> 3) & 1) * 8);
+}
+/* B fragments of two n-tiles (n0..n0+15) x 16 k from a tile stored [k][LD] (rows = k). */
+__device__ __forceinline__ void ba_frag_b_kn(uint32_t *r, const __nv_bfloat16 *t, int LD, int k0, int n0) {
+    int lane = threadIdx.x & 31;
+    ba_ldsm_t(r, t + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + (lane >> 4) * 8);
+}
+/* A fragment (16 x 16 k) from the C fragments c0 (k 0..7) and c1 (k 8..15) of a 16 x 8 tile pair. */
+__device__ __forceinline__ void ba_c2a(uint32_t *a, const float *c0, const float *c1) {
+    a[0] = ba_pack(c0[0], c0[1]);
+    a[1] = ba_pack(c0[2], c0[3]);
+    a[2] = ba_pack(c1[0], c1[1]);
+    a[3] = ba_pack(c1[2], c1[3]);
 }
 
-/* Key tile t of block b: fills vis[64] and keyrow[64]; returns whether any key is visible. */
-__device__ __forceinline__ int ba_tile_keys(int t, int n_ctx_tiles, int ctx_lo, int ctx_hi, int d,
-                                            const int32_t *doc_ids, int T, int b, int B, int *vis, int *keyrow) {
-    int tid = threadIdx.x;
-    int v = 0;
-    if (tid < BA_KT) {
-        if (t < n_ctx_tiles) {
-            int p = ctx_lo + t * BA_KT + tid;
-            v = p < ctx_hi && doc_ids[p] == d;
-            keyrow[tid] = p;
-        } else {
-            v = tid < B;
-            keyrow[tid] = T + b * B + tid;
-        }
-        vis[tid] = v;
-    }
-    return __syncthreads_or(v);
-}
-
-/* ---------------------------------------------------------------- kernels */
-
-template <int D>
-__global__ void __launch_bounds__(BA_THREADS)
-block_attn_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
-                          const int32_t *anchors, const int32_t *doc_ids, __nv_bfloat16 *out, float *lse,
-                          int T, int N, int B, int n_h, int n_kv, int window, int causal, float scale) {
-    using S = ba_smem<D>;
-    extern __shared__ __align__(128) unsigned char smem[];
-    __nv_bfloat16 *sQ = (__nv_bfloat16 *)smem;
-    __nv_bfloat16 *sK = sQ + BA_ROWS * S::QLD;
-    __nv_bfloat16 *sV = sK + BA_ROWS * S::QLD;
-    float *sS = (float *)(sV + BA_ROWS * S::QLD);
-    __nv_bfloat16 *sP = (__nv_bfloat16 *)(sS + BA_ROWS * BA_SLD);
-    float *sO = (float *)(sP + BA_ROWS * BA_PLD);
-    int *sVis = (int *)(sO + BA_ROWS * S::OLD);
-    __shared__ int sKeyRow[BA_KT];
-
-    const int b = blockIdx.x, g = blockIdx.y, tid = threadIdx.x, warp = tid >> 5;
-    const int G = n_h / n_kv, R = N * B, used = G * B;
-    const int a = anchors[b], d = doc_ids[a];
-
-    for (int i = tid; i < BA_ROWS * (D / 8); i += BA_THREADS) {
-        int r = i / (D / 8), c8 = i % (D / 8);
+/* Query tile of (b, g): cp.async the 64 rows of src (q or dout), zero rows >= used. */
+template <int HD>
+__device__ __forceinline__ void ba_load_qrows(__nv_bfloat16 *dst, const __nv_bfloat16 *src, int b, int g, int B, int G,
+                                              int n_h, int used) {
+    constexpr int LD = HD + 8, CH = HD / 8;
+    for (int i = threadIdx.x; i < BA_ROWS * CH; i += BA_THREADS) {
+        int r = i / CH, c = i % CH;
         bool ok = r < used;
-        size_t qrow = ok ? ((size_t)(b * B + r % B) * n_h + g * G + r / B) * D : 0;
-        ba_load_row_part<D>(sQ + r * S::QLD, q + qrow, c8, ok);
+        size_t row = ok ? ((size_t)(b * B + r % B) * n_h + g * G + r / B) : 0;
+        ba_cp16(dst + r * LD + c * 8, src + row * HD + c * 8, ok);
     }
-    for (int i = tid; i < BA_ROWS * S::OLD; i += BA_THREADS) sO[i] = 0.f;
+}
 
-    const int ctx_lo = window > 0 ? max(0, a - window) : 0;
-    const int ctx_hi = d == -1 ? ctx_lo : a;
-    const int n_ctx_tiles = (ctx_hi - ctx_lo + BA_KT - 1) / BA_KT;
+/* The visible context range of block b narrowed to [first, last + 1] key of its document (block-wide;
+ * all threads must call it). Empty (lo == hi) for padding documents. */
+__device__ __forceinline__ void ba_ctx_range(const int32_t *doc_ids, int a, int d, int window, int *lo_out,
+                                             int *hi_out, int *sLo, int *sHi) {
+    const int lo = window > 0 ? max(0, a - window) : 0, hi = d == -1 ? lo : a;
+    if (threadIdx.x == 0) { *sLo = hi; *sHi = lo - 1; }
+    __syncthreads();
+    int mn = hi, mx = lo - 1;
+#pragma unroll 4   /* independent loads in flight: this scan sits before the first K/V tile load */
+    for (int p = lo + threadIdx.x; p < hi; p += BA_THREADS)
+        if (doc_ids[p] == d) { mn = min(mn, p); mx = max(mx, p); }
+    for (int o = 16; o; o >>= 1) {
+        mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, o));
+        mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    }
+    if ((threadIdx.x & 31) == 0) { atomicMin(sLo, mn); atomicMax(sHi, mx); }
+    __syncthreads();
+    *lo_out = *sLo;
+    *hi_out = max(*sLo, *sHi + 1);
+}
 
-    /* thread -> (row, half of the 64 tile columns) for the softmax; its partner is tid ^ 1 */
-    const int my_r = tid >> 1, half = tid & 1, my_j = my_r % B;
-    const bool row_ok = my_r < used;
-    float m_run = -INFINITY, l_run = 0.f;
+/* K/V tile t of block b into buffers: context tiles first, then the block tile. Sets vis[64] (plain
+ * stores, visible after the next __syncthreads) and returns the number of keys to multiply, rounded
+ * up to 16 (rows beyond it are not loaded and never read). */
+template <int HD>
+__device__ __forceinline__ int ba_load_kv_tile(__nv_bfloat16 *sK, __nv_bfloat16 *sV, int *vis, const __nv_bfloat16 *k,
+                                               const __nv_bfloat16 *v, const int32_t *doc_ids, int t, int n_ctx,
+                                               int c_lo, int c_hi, int d, int T, int b, int B, int g, int n_kv) {
+    constexpr int LD = HD + 8, CH = HD / 8;
+    int nk = t < n_ctx ? min(BA_KT, c_hi - c_lo - t * BA_KT) : B;
+    int nk16 = BA_SKIP_EMPTY ? (nk + 15) & ~15 : BA_KT;
+    for (int i = threadIdx.x; i < nk16 * CH; i += BA_THREADS) {
+        int r = i / CH, c = i % CH;
+        bool ok = r < nk;
+        size_t row = !ok ? 0 : t < n_ctx ? (size_t)(c_lo + t * BA_KT + r) : (size_t)T + (size_t)b * B + r;
+        size_t off = (row * n_kv + g) * HD + c * 8;
+        ba_cp16(sK + r * LD + c * 8, k + off, ok);
+        ba_cp16(sV + r * LD + c * 8, v + off, ok);
+    }
+    if (threadIdx.x < BA_KT) {
+        int r = threadIdx.x, x;
+        if (t < n_ctx) x = r < nk && doc_ids[c_lo + t * BA_KT + r] == d;
+        else x = r < B;
+        vis[r] = x;
+    }
+    return nk16;
+}
 
-    for (int t = 0; t <= n_ctx_tiles; t++) {
-        const bool block_tile = t == n_ctx_tiles;
-        __syncthreads();   /* the previous tile's readers of sK/sV/sVis are done */
-        if (!ba_tile_keys(t, n_ctx_tiles, ctx_lo, ctx_hi, d, doc_ids, T, b, B, sVis, sKeyRow)) continue;
-        for (int i = tid; i < BA_KT * (D / 8); i += BA_THREADS) {
-            int c = i / (D / 8), c8 = i % (D / 8);
-            bool ok = sVis[c];
-            size_t off = ok ? ((size_t)sKeyRow[c] * n_kv + g) * D : 0;
-            ba_load_row_part<D>(sK + c * S::QLD, k + off, c8, ok);
-            ba_load_row_part<D>(sV + c * S::QLD, v + off, c8, ok);
-        }
+/* ---------------------------------------------------------------- forward */
+
+template <int HD>
+__global__ void __launch_bounds__(BA_THREADS, BA_FWD_MIN_CTAS)
+block_attn_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
+                          const int32_t *anchors, const int32_t *doc_ids, __nv_bfloat16 *out, float *lse, int T,
+                          int N, int B, int n_h, int n_kv, int window, int causal, float scale_log2) {
+    constexpr int LD = HD + 8;
+    extern __shared__ __align__(16) unsigned char ba_smem_raw[];
+    __nv_bfloat16 *sK = (__nv_bfloat16 *)ba_smem_raw;   /* [2][64][LD] */
+    __nv_bfloat16 *sV = sK + 2 * BA_KT * LD;            /* [2][64][LD] */
+    __nv_bfloat16 *sQ = sK + BA_KT * LD;                /* staged in K buffer 1 */
+    __shared__ int sVis[2][BA_KT];
+    __shared__ int sLo, sHi;
+
+    const int b = blockIdx.x, g = blockIdx.y, G = n_h / n_kv, used = G * B, R = N * B;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int a = anchors[b], d = doc_ids[a];
+    ba_load_qrows<HD>(sQ, q, b, g, B, G, n_h, used);
+    ba_commit();
+    int c_lo, c_hi;
+    ba_ctx_range(doc_ids, a, d, window, &c_lo, &c_hi, &sLo, &sHi);
+    const int n_ctx = (c_hi - c_lo + BA_KT - 1) / BA_KT, n_tiles = n_ctx + 1;
+    int kn_cur = ba_load_kv_tile<HD>(sK, sV, sVis[0], k, v, doc_ids, 0, n_ctx, c_lo, c_hi, d, T, b, B, g, n_kv);
+    ba_commit();
+    ba_wait<1>();   /* Q has landed */
+    __syncthreads();
+    uint32_t qf[HD / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < HD / 16; kc++) ba_frag_a(qf[kc], sQ, LD, warp * 16, kc * 16);
+    __syncthreads();   /* K buffer 1 is free for tile 1 */
+
+    float o[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;   /* this thread's rows */
+    const int j0 = r0 % B, j1 = r1 % B;
+    const bool ok0 = r0 < used, ok1 = r1 < used;
+    int buf = 0;
+    for (int t = 0; t < n_tiles; t++) {
+        int kn_next = 0;
+        if (t + 1 < n_tiles)
+            kn_next = ba_load_kv_tile<HD>(sK + (buf ^ 1) * BA_KT * LD, sV + (buf ^ 1) * BA_KT * LD, sVis[buf ^ 1], k, v,
+                                          doc_ids, t + 1, n_ctx, c_lo, c_hi, d, T, b, B, g, n_kv);
+        ba_commit();
+        ba_wait<1>();
         __syncthreads();
-        {   /* S = Q·Kᵀ for this warp's 16 rows */
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4];
-            for (int n = 0; n < 4; n++) wmma::fill_fragment(acc[n], 0.f);
-            for (int kk = 0; kk < D / 16; kk++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-                wmma::load_matrix_sync(fa, sQ + warp * 16 * S::QLD + kk * 16, S::QLD);
-                for (int n = 0; n < 4; n++) {
-                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
-                    wmma::load_matrix_sync(fb, sK + n * 16 * S::QLD + kk * 16, S::QLD);
-                    wmma::mma_sync(acc[n], fa, fb, acc[n]);
+        const bool block_tile = t == n_ctx;
+        const int kn = kn_cur;
+        const __nv_bfloat16 *Kb = sK + buf * BA_KT * LD, *Vb = sV + buf * BA_KT * LD;
+        float s[BA_KT / 8][4];
+#pragma unroll
+        for (int i = 0; i < BA_KT / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int kc = 0; kc < HD / 16; kc++)
+#pragma unroll
+            for (int np = 0; np < BA_KT / 16; np++)
+                if (!BA_SKIP_EMPTY || np * 16 < kn) {
+                    uint32_t bb[4];
+                    ba_frag_b_nk(bb, Kb, LD, np * 16, kc * 16);
+                    ba_mma(s[2 * np], qf[kc], bb[0], bb[1]);
+                    ba_mma(s[2 * np + 1], qf[kc], bb[2], bb[3]);
+                }
+#pragma unroll
+        for (int nt = 0; nt < BA_KT / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = nt * 8 + (lane & 3) * 2 + (e & 1);
+                bool second = e >= 2;
+                bool vis = sVis[buf][key] && (second ? ok1 : ok0) && !(block_tile && causal && key > (second ? j1 : j0));
+                s[nt][e] = vis ? s[nt][e] * scale_log2 : -INFINITY;
+            }
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int nt = 0; nt < BA_KT / 8; nt++) {
+            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        /* a row with nothing visible yet keeps m = -inf; subtract 0 then so exp2 gives 0, not NaN */
+        const float ms0 = mx0 == -INFINITY ? 0.f : mx0, ms1 = mx1 == -INFINITY ? 0.f : mx1;
+        const float c0 = exp2f(m0 - ms0), c1 = exp2f(m1 - ms1);
+        m0 = mx0;
+        m1 = mx1;
+        float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < BA_KT / 8; nt++) {
+            s[nt][0] = exp2f(s[nt][0] - ms0);
+            s[nt][1] = exp2f(s[nt][1] - ms0);
+            s[nt][2] = exp2f(s[nt][2] - ms1);
+            s[nt][3] = exp2f(s[nt][3] - ms1);
+            sum0 += s[nt][0] + s[nt][1];
+            sum1 += s[nt][2] + s[nt][3];
+        }
+        l0 = l0 * c0 + sum0;
+        l1 = l1 * c1 + sum1;
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) {
+            o[i][0] *= c0; o[i][1] *= c0;
+            o[i][2] *= c1; o[i][3] *= c1;
+        }
+#pragma unroll
+        for (int kc = 0; kc < BA_KT / 16; kc++)
+            if (!BA_SKIP_EMPTY || kc * 16 < kn) {
+                uint32_t aa[4];
+                ba_c2a(aa, s[2 * kc], s[2 * kc + 1]);
+#pragma unroll
+                for (int dp = 0; dp < HD / 16; dp++) {
+                    uint32_t bb[4];
+                    ba_frag_b_kn(bb, Vb, LD, kc * 16, dp * 16);
+                    ba_mma(o[2 * dp], aa, bb[0], bb[1]);
+                    ba_mma(o[2 * dp + 1], aa, bb[2], bb[3]);
                 }
             }
-            for (int n = 0; n < 4; n++)
-                wmma::store_matrix_sync(sS + warp * 16 * BA_SLD + n * 16, acc[n], BA_SLD, wmma::mem_row_major);
+        __syncthreads();   /* this buffer is refilled by the next iteration's prefetch */
+        buf ^= 1;
+        kn_cur = kn_next;
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const int col = (lane & 3) * 2;
+    if (ok0) {   /* every live row sees its own block's first key, so l > 0 */
+        int h = g * G + r0 / B;
+        size_t row = (size_t)b * B + j0;
+        __nv_bfloat162 *dst = (__nv_bfloat162 *)(out + (row * n_h + h) * HD + col);
+        float inv = 1.f / l0;
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++) dst[nt * 4] = __floats2bfloat162_rn(o[nt][0] * inv, o[nt][1] * inv);
+        if ((lane & 3) == 0) lse[(size_t)h * R + row] = (m0 + log2f(l0)) / BA_LOG2E;
+    }
+    if (ok1) {
+        int h = g * G + r1 / B;
+        size_t row = (size_t)b * B + j1;
+        __nv_bfloat162 *dst = (__nv_bfloat162 *)(out + (row * n_h + h) * HD + col);
+        float inv = 1.f / l1;
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++) dst[nt * 4] = __floats2bfloat162_rn(o[nt][2] * inv, o[nt][3] * inv);
+        if ((lane & 3) == 0) lse[(size_t)h * R + row] = (m1 + log2f(l1)) / BA_LOG2E;
+    }
+}
+
+/* ---------------------------------------------------------------- backward */
+
+/* Di[h·R + row] = Σ_e dO·O over the head dim; one thread per 8 elements, D/8 lanes per (row, head). */
+template <int HD>
+__global__ void block_attn_di_kernel(const __nv_bfloat16 *out, const __nv_bfloat16 *dout, float *di, int R, int n_h) {
+    constexpr int CH = HD / 8;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t pair = i / CH;   /* (row, head) in the (R, n_h) layout of out */
+    float s = 0.f;
+    if (pair < (size_t)R * n_h) {
+        uint4 a = *reinterpret_cast<const uint4 *>(out + i * 8), c = *reinterpret_cast<const uint4 *>(dout + i * 8);
+        const __nv_bfloat162 *pa = (const __nv_bfloat162 *)&a, *pc = (const __nv_bfloat162 *)&c;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float2 x = __bfloat1622float2(pa[e]), y = __bfloat1622float2(pc[e]);
+            s += x.x * y.x + x.y * y.y;
         }
+    }
+#pragma unroll
+    for (int o = CH / 2; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (pair < (size_t)R * n_h && i % CH == 0) {
+        size_t row = pair / n_h, h = pair % n_h;
+        di[h * R + row] = s;
+    }
+}
+
+/* One visit of a 64-row query tile by the warp's 16 keys (rows key_row0.. of sK/sV): dV += Pᵀ·dO,
+ * dK += dSᵀ·Q. kok0/kok1: this thread's two keys (lane/4, lane/4 + 8) are visible to the block at all;
+ * causal_key0 >= 0: block keys, key index causal_key0 + row must not exceed the query slot (causal).
+ * sLse2 = lse·log2(e) and sDi per query row (0 for idle rows). Query rows are taken BA_VQ at a time. */
+template <int HD>
+__device__ __forceinline__ void ba_kv_visit(const __nv_bfloat16 *sK, const __nv_bfloat16 *sV, int key_row0,
+                                            const __nv_bfloat16 *sQ, const __nv_bfloat16 *sdO, const float *sLse2,
+                                            const float *sDi, bool kok0, bool kok1, int causal_key0, int used, int B,
+                                            float scale_log2, float scale, float (&dk)[HD / 8][4],
+                                            float (&dv)[HD / 8][4]) {
+    constexpr int LD = HD + 8;
+    const int lane = threadIdx.x & 31;
+#pragma unroll 1
+    for (int hq = 0; hq < BA_ROWS / BA_VQ; hq++) {
+        float s[BA_VQ / 8][4], dp[BA_VQ / 8][4];
+#pragma unroll
+        for (int i = 0; i < BA_VQ / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
+#pragma unroll
+        for (int kc = 0; kc < HD / 16; kc++) {
+            uint32_t ka[4], va[4];
+            ba_frag_a(ka, sK, LD, key_row0, kc * 16);
+            ba_frag_a(va, sV, LD, key_row0, kc * 16);
+#pragma unroll
+            for (int np = 0; np < BA_VQ / 16; np++) {
+                uint32_t bq[4], bo[4];
+                ba_frag_b_nk(bq, sQ, LD, hq * BA_VQ + np * 16, kc * 16);
+                ba_frag_b_nk(bo, sdO, LD, hq * BA_VQ + np * 16, kc * 16);
+                ba_mma(s[2 * np], ka, bq[0], bq[1]);
+                ba_mma(s[2 * np + 1], ka, bq[2], bq[3]);
+                ba_mma(dp[2 * np], va, bo[0], bo[1]);
+                ba_mma(dp[2 * np + 1], va, bo[2], bo[3]);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < BA_VQ / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int col = hq * BA_VQ + nt * 8 + (lane & 3) * 2 + (e & 1);   /* query row of the tile */
+                int key = (lane >> 2) + (e >= 2 ? 8 : 0);
+                bool vis = (e >= 2 ? kok1 : kok0) && col < used &&
+                           !(causal_key0 >= 0 && causal_key0 + key > col % B);
+                float p = vis ? exp2f(s[nt][e] * scale_log2 - sLse2[col]) : 0.f;
+                s[nt][e] = p;
+                dp[nt][e] = p * (dp[nt][e] - sDi[col]) * scale;
+            }
+#pragma unroll
+        for (int kc = 0; kc < BA_VQ / 16; kc++) {
+            uint32_t pa[4], da[4];
+            ba_c2a(pa, s[2 * kc], s[2 * kc + 1]);
+            ba_c2a(da, dp[2 * kc], dp[2 * kc + 1]);
+#pragma unroll
+            for (int dd = 0; dd < HD / 16; dd++) {
+                uint32_t bb[4];
+                ba_frag_b_kn(bb, sdO, LD, hq * BA_VQ + kc * 16, dd * 16);
+                ba_mma(dv[2 * dd], pa, bb[0], bb[1]);
+                ba_mma(dv[2 * dd + 1], pa, bb[2], bb[3]);
+                ba_frag_b_kn(bb, sQ, LD, hq * BA_VQ + kc * 16, dd * 16);
+                ba_mma(dk[2 * dd], da, bb[0], bb[1]);
+                ba_mma(dk[2 * dd + 1], da, bb[2], bb[3]);
+            }
+        }
+    }
+}
+
+/* fp32 rows (row, n_kv, HD) from a warp's 16-row C fragments; rows with !ok are skipped. */
+template <int HD>
+__device__ __forceinline__ void ba_store_rows(float *dst, const float (&acc)[HD / 8][4], size_t row0, bool ok0,
+                                              size_t row1, bool ok1, int n_kv, int g) {
+    const int col = (threadIdx.x & 3) * 2;
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; nt++) {
+        if (ok0) *(float2 *)(dst + (row0 * n_kv + g) * HD + nt * 8 + col) = make_float2(acc[nt][0], acc[nt][1]);
+        if (ok1) *(float2 *)(dst + (row1 * n_kv + g) * HD + nt * 8 + col) = make_float2(acc[nt][2], acc[nt][3]);
+    }
+}
+
+/* Kernel 2: dK, dV of context keys [64·blockIdx.x, +64) for kv head blockIdx.y. */
+template <int HD>
+__global__ void __launch_bounds__(BA_THREADS, 2)
+block_attn_backward_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
+                              const int32_t *anchors, const int32_t *doc_ids, const __nv_bfloat16 *dout,
+                              const float *lse, const float *di, float *dk, float *dv, int T, int N, int B, int n_h,
+                              int n_kv, int window, float scale_log2, float scale) {
+    constexpr int LD = HD + 8, CH = HD / 8;
+    extern __shared__ __align__(16) unsigned char ba_smem_raw[];
+    __nv_bfloat16 *sK = (__nv_bfloat16 *)ba_smem_raw;   /* [64][LD] */
+    __nv_bfloat16 *sV = sK + BA_KT * LD;                /* [64][LD] */
+    __nv_bfloat16 *sQ = sV + BA_KT * LD;                /* [2][64][LD] */
+    __nv_bfloat16 *sdO = sQ + 2 * BA_ROWS * LD;         /* [2][64][LD] */
+    __shared__ float sLse2[2][BA_ROWS], sDi[2][BA_ROWS];
+    __shared__ int sDoc[BA_KT], sList[BA_THREADS], sWarpN[BA_THREADS / 32];
+
+    const int g = blockIdx.y, G = n_h / n_kv, used = G * B, R = N * B;
+    const int p0 = blockIdx.x * BA_KT, np_keys = min(BA_KT, T - p0);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int i = threadIdx.x; i < BA_KT * CH; i += BA_THREADS) {
+        int r = i / CH, c = i % CH;
+        bool ok = r < np_keys;
+        size_t off = ((size_t)(ok ? p0 + r : 0) * n_kv + g) * HD + c * 8;
+        ba_cp16(sK + r * LD + c * 8, k + off, ok);
+        ba_cp16(sV + r * LD + c * 8, v + off, ok);
+    }
+    ba_commit();
+    if (threadIdx.x < BA_KT) sDoc[threadIdx.x] = threadIdx.x < np_keys ? doc_ids[p0 + threadIdx.x] : -1;
+
+    float dka[HD / 8][4], dva[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dka[i][e] = dva[i][e] = 0.f;
+    const int kr0 = warp * 16 + (lane >> 2), kr1 = kr0 + 8;   /* this thread's key rows in the tile */
+
+    auto load_visit = [&](int b, int buf) {
+        ba_load_qrows<HD>(sQ + buf * BA_ROWS * LD, q, b, g, B, G, n_h, used);
+        ba_load_qrows<HD>(sdO + buf * BA_ROWS * LD, dout, b, g, B, G, n_h, used);
+        if (threadIdx.x < BA_ROWS) {
+            int r = threadIdx.x;
+            bool ok = r < used;
+            size_t idx = ok ? (size_t)(g * G + r / B) * R + (size_t)b * B + r % B : 0;
+            sLse2[buf][r] = ok ? lse[idx] * BA_LOG2E : 0.f;
+            sDi[buf][r] = ok ? di[idx] : 0.f;
+        }
+    };
+
+    for (int base = 0; base < N; base += BA_THREADS) {
+        __syncthreads();   /* sDoc is written; the previous chunk's readers of sList are done */
+        /* does block base + tid see any key of this tile? (conservative-exact: the per-key test below) */
+        int flag = 0;
+        {
+            int b = base + threadIdx.x;
+            if (b < N) {
+                int a = anchors[b], d = doc_ids[a];
+                int lo = window > 0 ? max(0, a - window) : 0;
+                int x0 = max(lo, p0), x1 = min(a, p0 + np_keys);
+                if (d != -1)
+                    for (int p = x0; p < x1 && !flag; p++) flag = sDoc[p - p0] == d;
+            }
+        }
+        unsigned bal = __ballot_sync(0xffffffffu, flag);
+        if (lane == 0) sWarpN[warp] = __popc(bal);
         __syncthreads();
-        {   /* online softmax of this thread's 32 columns */
-            float sv[32];
-            float tmax = -INFINITY;
-            for (int i = 0; i < 32; i++) {
-                int c = half * 32 + i;
-                bool ok = row_ok && sVis[c] && !(block_tile && causal && c > my_j);
-                sv[i] = ok ? sS[my_r * BA_SLD + c] * scale : -INFINITY;
-                tmax = fmaxf(tmax, sv[i]);
-            }
-            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-            float m_new = fmaxf(m_run, tmax);
-            float corr = m_new == -INFINITY ? 1.f : __expf(m_run - m_new);
-            float psum = 0.f;
-            for (int i = 0; i < 32; i++) {
-                float p = sv[i] == -INFINITY ? 0.f : __expf(sv[i] - m_new);
-                psum += p;
-                sP[my_r * BA_PLD + half * 32 + i] = __float2bfloat16_rn(p);
-            }
-            psum += __shfl_xor_sync(0xffffffffu, psum, 1);
-            l_run = l_run * corr + psum;
-            m_run = m_new;
-            for (int c = half * (D / 2); c < (half + 1) * (D / 2); c++) sO[my_r * S::OLD + c] *= corr;
+        int before = 0, nvis = 0;
+        for (int w = 0; w < BA_THREADS / 32; w++) {
+            before += w < warp ? sWarpN[w] : 0;
+            nvis += sWarpN[w];
         }
+        if (flag) sList[before + __popc(bal & ((1u << lane) - 1))] = base + threadIdx.x;
         __syncthreads();
-        for (int n = 0; n < D / 16; n++) {   /* O += P·V */
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::load_matrix_sync(acc, sO + warp * 16 * S::OLD + n * 16, S::OLD, wmma::mem_row_major);
-            for (int kk = 0; kk < BA_KT / 16; kk++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
-                wmma::load_matrix_sync(fa, sP + warp * 16 * BA_PLD + kk * 16, BA_PLD);
-                wmma::load_matrix_sync(fb, sV + kk * 16 * S::QLD + n * 16, S::QLD);
-                wmma::mma_sync(acc, fa, fb, acc);
-            }
-            wmma::store_matrix_sync(sO + warp * 16 * S::OLD + n * 16, acc, S::OLD, wmma::mem_row_major);
+        if (nvis == 0) continue;
+        load_visit(sList[0], 0);
+        ba_commit();
+        int buf = 0;
+        for (int i = 0; i < nvis; i++) {
+            if (i + 1 < nvis) load_visit(sList[i + 1], buf ^ 1);
+            ba_commit();
+            ba_wait<1>();
+            __syncthreads();
+            const int b = sList[i], a = anchors[b], d = doc_ids[a];
+            const int lo = window > 0 ? max(0, a - window) : 0;
+            const bool kok0 = kr0 < np_keys && sDoc[kr0] == d && p0 + kr0 < a && p0 + kr0 >= lo;
+            const bool kok1 = kr1 < np_keys && sDoc[kr1] == d && p0 + kr1 < a && p0 + kr1 >= lo;
+            ba_kv_visit<HD>(sK, sV, warp * 16, sQ + buf * BA_ROWS * LD, sdO + buf * BA_ROWS * LD, sLse2[buf], sDi[buf],
+                            kok0, kok1, -1, used, B, scale_log2, scale, dka, dva);
+            __syncthreads();
+            buf ^= 1;
         }
     }
-    __syncthreads();
-    if (row_ok) {
-        size_t row = (size_t)b * B + my_j;
-        int h = g * G + my_r / B;
-        float inv = 1.f / l_run;
-        __nv_bfloat16 *o = out + (row * n_h + h) * D;
-        for (int c = half * (D / 2); c < (half + 1) * (D / 2); c++) o[c] = __float2bfloat16_rn(sO[my_r * S::OLD + c] * inv);
-        if (half == 0) lse[(size_t)h * R + row] = m_run + logf(l_run);
-    }
+    ba_wait<0>();   /* the K/V group when no block visited */
+    ba_store_rows<HD>(dk, dka, (size_t)(p0 + kr0), kr0 < np_keys, (size_t)(p0 + kr1), kr1 < np_keys, n_kv, g);
+    ba_store_rows<HD>(dv, dva, (size_t)(p0 + kr0), kr0 < np_keys, (size_t)(p0 + kr1), kr1 < np_keys, n_kv, g);
 }
 
-/* dst (fp32 global rows keyrow[c]) += scratch rows c of a 64 x D tile, for visible keys only. */
-template <int D>
-__device__ __forceinline__ void ba_atomic_tile(float *dst, const float *scratch, const int *vis, const int *keyrow,
-                                               int n_kv, int g) {
-    for (int i = threadIdx.x; i < BA_KT * D; i += BA_THREADS) {
-        int c = i / D, e = i % D;
-        if (vis[c]) atomicAdd(dst + ((size_t)keyrow[c] * n_kv + g) * D + e, scratch[c * ba_smem<D>::OLD + e]);
-    }
-}
-
-/* scratch (64 x D fp32) = Xᵀ·Y where X is a 64 x 64 bf16 tile (rows = query rows, cols = keys) and Y a
- * 64 x D bf16 tile (rows = query rows): the per-key sums over the CTA's query rows. */
-template <int D>
-__device__ __forceinline__ void ba_tn_tile(float *scratch, const __nv_bfloat16 *X, const __nv_bfloat16 *Y) {
-    using S = ba_smem<D>;
-    int warp = threadIdx.x >> 5;
-    for (int n = 0; n < D / 16; n++) {
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-        wmma::fill_fragment(acc, 0.f);
-        for (int kk = 0; kk < BA_ROWS / 16; kk++) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_major> fa;   /* Xᵀ */
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
-            wmma::load_matrix_sync(fa, X + kk * 16 * BA_PLD + warp * 16, BA_PLD);
-            wmma::load_matrix_sync(fb, Y + kk * 16 * S::QLD + n * 16, S::QLD);
-            wmma::mma_sync(acc, fa, fb, acc);
-        }
-        wmma::store_matrix_sync(scratch + warp * 16 * S::OLD + n * 16, acc, S::OLD, wmma::mem_row_major);
-    }
-}
-
-template <int D>
-__global__ void __launch_bounds__(BA_THREADS)
+/* Kernel 3: dQ of (block b, kv head g) and dK, dV of the block's own keys. */
+template <int HD>
+__global__ void __launch_bounds__(BA_THREADS, 2)
 block_attn_backward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
                            const int32_t *anchors, const int32_t *doc_ids, const __nv_bfloat16 *out,
-                           const __nv_bfloat16 *dout, const float *lse, float *dq, float *dk, float *dv,
-                           int T, int N, int B, int n_h, int n_kv, int window, int causal, float scale) {
-    using S = ba_smem<D>;
-    extern __shared__ __align__(128) unsigned char smem[];
-    __nv_bfloat16 *sQ = (__nv_bfloat16 *)smem;
-    __nv_bfloat16 *sdO = sQ + BA_ROWS * S::QLD;
-    __nv_bfloat16 *sK = sdO + BA_ROWS * S::QLD;
-    __nv_bfloat16 *sV = sK + BA_ROWS * S::QLD;
-    float *sS = (float *)(sV + BA_ROWS * S::QLD);
-    float *sdP = sS + BA_ROWS * BA_SLD;
-    float *scratch = sS;   /* reused after P and dS are formed */
-    __nv_bfloat16 *sP = (__nv_bfloat16 *)(sdP + BA_ROWS * BA_SLD);
-    __nv_bfloat16 *sdS = sP + BA_ROWS * BA_PLD;
-    float *sdQ = (float *)(sdS + BA_ROWS * BA_PLD);
-    int *sVis = (int *)(sdQ + BA_ROWS * S::OLD);
-    float *sLse = (float *)(sVis + 64);
-    float *sDi = sLse + 64;
-    __shared__ int sKeyRow[BA_KT];
+                           const __nv_bfloat16 *dout, const float *lse, float *dq, float *dk, float *dv, int T, int N,
+                           int B, int n_h, int n_kv, int window, int causal, float scale_log2, float scale) {
+    constexpr int LD = HD + 8;
+    extern __shared__ __align__(16) unsigned char ba_smem_raw[];
+    __nv_bfloat16 *sQ = (__nv_bfloat16 *)ba_smem_raw;   /* [64][LD] */
+    __nv_bfloat16 *sdO = sQ + BA_ROWS * LD;             /* [64][LD] */
+    __nv_bfloat16 *sK = sdO + BA_ROWS * LD;             /* [2][64][LD] */
+    __nv_bfloat16 *sV = sK + 2 * BA_KT * LD;            /* [2][64][LD] */
+    __shared__ int sVis[2][BA_KT];
+    __shared__ float sLse2[BA_ROWS], sDi[BA_ROWS];
+    __shared__ int sLo, sHi;
 
-    const int b = blockIdx.x, g = blockIdx.y, tid = threadIdx.x, warp = tid >> 5;
-    const int G = n_h / n_kv, R = N * B, used = G * B;
+    const int b = blockIdx.x, g = blockIdx.y, G = n_h / n_kv, used = G * B, R = N * B;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int a = anchors[b], d = doc_ids[a];
-
-    for (int i = tid; i < BA_ROWS * (D / 8); i += BA_THREADS) {
-        int r = i / (D / 8), c8 = i % (D / 8);
-        bool ok = r < used;
-        size_t qrow = ok ? ((size_t)(b * B + r % B) * n_h + g * G + r / B) * D : 0;
-        ba_load_row_part<D>(sQ + r * S::QLD, q + qrow, c8, ok);
-        ba_load_row_part<D>(sdO + r * S::QLD, dout + qrow, c8, ok);
-    }
-    for (int i = tid; i < BA_ROWS * S::OLD; i += BA_THREADS) sdQ[i] = 0.f;
-    const int my_r = tid >> 1, half = tid & 1, my_j = my_r % B;
-    const bool row_ok = my_r < used;
-    {   /* Di = rowsum(dO ⊙ O), lse of the row */
+    ba_load_qrows<HD>(sQ, q, b, g, B, G, n_h, used);
+    ba_load_qrows<HD>(sdO, dout, b, g, B, G, n_h, used);
+    ba_commit();
+    {   /* lse and Di = rowsum(dO ⊙ O) of the 64 rows: two threads per row */
+        int r = threadIdx.x >> 1, half = threadIdx.x & 1;
         float s = 0.f;
-        if (row_ok) {
-            size_t qrow = ((size_t)(b * B + my_j) * n_h + g * G + my_r / B) * D;
-            for (int c = half * (D / 2); c < (half + 1) * (D / 2); c++)
-                s += __bfloat162float(dout[qrow + c]) * __bfloat162float(out[qrow + c]);
+        size_t row = (size_t)b * B + r % B;
+        int h = g * G + r / B;
+        if (r < used) {
+            const __nv_bfloat16 *po = out + (row * n_h + h) * HD + half * (HD / 2);
+            const __nv_bfloat16 *pd = dout + (row * n_h + h) * HD + half * (HD / 2);
+            for (int c = 0; c < HD / 2; c += 8) {
+                uint4 x = *reinterpret_cast<const uint4 *>(po + c), y = *reinterpret_cast<const uint4 *>(pd + c);
+                const __nv_bfloat162 *px = (const __nv_bfloat162 *)&x, *py = (const __nv_bfloat162 *)&y;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float2 fx = __bfloat1622float2(px[e]), fy = __bfloat1622float2(py[e]);
+                    s += fx.x * fy.x + fx.y * fy.y;
+                }
+            }
         }
         s += __shfl_xor_sync(0xffffffffu, s, 1);
         if (half == 0) {
-            sDi[my_r] = s;
-            sLse[my_r] = row_ok ? lse[(size_t)(g * G + my_r / B) * R + b * B + my_j] : 0.f;
+            sDi[r] = r < used ? s : 0.f;
+            sLse2[r] = r < used ? lse[(size_t)h * R + row] * BA_LOG2E : 0.f;
         }
     }
+    int c_lo, c_hi;
+    ba_ctx_range(doc_ids, a, d, window, &c_lo, &c_hi, &sLo, &sHi);
+    const int n_ctx = (c_hi - c_lo + BA_KT - 1) / BA_KT, n_tiles = n_ctx + 1;
+    int kn_cur = ba_load_kv_tile<HD>(sK, sV, sVis[0], k, v, doc_ids, 0, n_ctx, c_lo, c_hi, d, T, b, B, g, n_kv);
+    ba_commit();
 
-    const int ctx_lo = window > 0 ? max(0, a - window) : 0;
-    const int ctx_hi = d == -1 ? ctx_lo : a;
-    const int n_ctx_tiles = (ctx_hi - ctx_lo + BA_KT - 1) / BA_KT;
-
-    for (int t = 0; t <= n_ctx_tiles; t++) {
-        const bool block_tile = t == n_ctx_tiles;
+    float dqa[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) dqa[i][0] = dqa[i][1] = dqa[i][2] = dqa[i][3] = 0.f;
+    const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
+    const int j0 = r0 % B, j1 = r1 % B;
+    const bool ok0 = r0 < used, ok1 = r1 < used;
+    int buf = 0;
+    for (int t = 0; t < n_tiles; t++) {
+        int kn_next = 0;
+        if (t + 1 < n_tiles)
+            kn_next = ba_load_kv_tile<HD>(sK + (buf ^ 1) * BA_KT * LD, sV + (buf ^ 1) * BA_KT * LD, sVis[buf ^ 1], k, v,
+                                          doc_ids, t + 1, n_ctx, c_lo, c_hi, d, T, b, B, g, n_kv);
+        ba_commit();
+        ba_wait<1>();
         __syncthreads();
-        if (!ba_tile_keys(t, n_ctx_tiles, ctx_lo, ctx_hi, d, doc_ids, T, b, B, sVis, sKeyRow)) continue;
-        for (int i = tid; i < BA_KT * (D / 8); i += BA_THREADS) {
-            int c = i / (D / 8), c8 = i % (D / 8);
-            bool ok = sVis[c];
-            size_t off = ok ? ((size_t)sKeyRow[c] * n_kv + g) * D : 0;
-            ba_load_row_part<D>(sK + c * S::QLD, k + off, c8, ok);
-            ba_load_row_part<D>(sV + c * S::QLD, v + off, c8, ok);
-        }
-        __syncthreads();
-        {   /* S = Q·Kᵀ, dP = dO·Vᵀ */
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4];
-            for (int pass = 0; pass < 2; pass++) {
-                const __nv_bfloat16 *A = pass ? sdO : sQ, *Bm = pass ? sV : sK;
-                float *dst = pass ? sdP : sS;
-                for (int n = 0; n < 4; n++) wmma::fill_fragment(acc[n], 0.f);
-                for (int kk = 0; kk < D / 16; kk++) {
-                    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-                    wmma::load_matrix_sync(fa, A + warp * 16 * S::QLD + kk * 16, S::QLD);
-                    for (int n = 0; n < 4; n++) {
-                        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
-                        wmma::load_matrix_sync(fb, Bm + n * 16 * S::QLD + kk * 16, S::QLD);
-                        wmma::mma_sync(acc[n], fa, fb, acc[n]);
-                    }
+        const bool block_tile = t == n_ctx;
+        const int kn = kn_cur;
+        const __nv_bfloat16 *Kb = sK + buf * BA_KT * LD, *Vb = sV + buf * BA_KT * LD;
+        float s[BA_KT / 8][4], dp[BA_KT / 8][4];
+#pragma unroll
+        for (int i = 0; i < BA_KT / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
+#pragma unroll
+        for (int kc = 0; kc < HD / 16; kc++) {
+            uint32_t qa[4], oa[4];
+            ba_frag_a(qa, sQ, LD, warp * 16, kc * 16);
+            ba_frag_a(oa, sdO, LD, warp * 16, kc * 16);
+#pragma unroll
+            for (int np = 0; np < BA_KT / 16; np++)
+                if (!BA_SKIP_EMPTY || np * 16 < kn) {
+                    uint32_t bb[4];
+                    ba_frag_b_nk(bb, Kb, LD, np * 16, kc * 16);
+                    ba_mma(s[2 * np], qa, bb[0], bb[1]);
+                    ba_mma(s[2 * np + 1], qa, bb[2], bb[3]);
+                    ba_frag_b_nk(bb, Vb, LD, np * 16, kc * 16);
+                    ba_mma(dp[2 * np], oa, bb[0], bb[1]);
+                    ba_mma(dp[2 * np + 1], oa, bb[2], bb[3]);
                 }
-                for (int n = 0; n < 4; n++)
-                    wmma::store_matrix_sync(dst + warp * 16 * BA_SLD + n * 16, acc[n], BA_SLD, wmma::mem_row_major);
-            }
         }
-        __syncthreads();
-        {   /* P and dS (scaled) in bf16 */
-            float lse_r = sLse[my_r], di = sDi[my_r];
-            for (int i = 0; i < 32; i++) {
-                int c = half * 32 + i;
-                bool ok = row_ok && sVis[c] && !(block_tile && causal && c > my_j);
-                float p = ok ? __expf(sS[my_r * BA_SLD + c] * scale - lse_r) : 0.f;
-                float ds = ok ? p * (sdP[my_r * BA_SLD + c] - di) * scale : 0.f;
-                sP[my_r * BA_PLD + c] = __float2bfloat16_rn(p);
-                sdS[my_r * BA_PLD + c] = __float2bfloat16_rn(ds);
+        const float l20 = sLse2[r0], l21 = sLse2[r1], di0 = sDi[r0], di1 = sDi[r1];
+#pragma unroll
+        for (int nt = 0; nt < BA_KT / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = nt * 8 + (lane & 3) * 2 + (e & 1);
+                bool second = e >= 2;
+                bool vis = sVis[buf][key] && (second ? ok1 : ok0) && !(block_tile && causal && key > (second ? j1 : j0));
+                float p = vis ? exp2f(s[nt][e] * scale_log2 - (second ? l21 : l20)) : 0.f;
+                dp[nt][e] = p * (dp[nt][e] - (second ? di1 : di0)) * scale;
             }
-        }
-        __syncthreads();
-        for (int n = 0; n < D / 16; n++) {   /* dQ += dS·K */
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::load_matrix_sync(acc, sdQ + warp * 16 * S::OLD + n * 16, S::OLD, wmma::mem_row_major);
-            for (int kk = 0; kk < BA_KT / 16; kk++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
-                wmma::load_matrix_sync(fa, sdS + warp * 16 * BA_PLD + kk * 16, BA_PLD);
-                wmma::load_matrix_sync(fb, sK + kk * 16 * S::QLD + n * 16, S::QLD);
-                wmma::mma_sync(acc, fa, fb, acc);
+#pragma unroll
+        for (int kc = 0; kc < BA_KT / 16; kc++)
+            if (!BA_SKIP_EMPTY || kc * 16 < kn) {
+                uint32_t aa[4];
+                ba_c2a(aa, dp[2 * kc], dp[2 * kc + 1]);
+#pragma unroll
+                for (int dd = 0; dd < HD / 16; dd++) {
+                    uint32_t bb[4];
+                    ba_frag_b_kn(bb, Kb, LD, kc * 16, dd * 16);
+                    ba_mma(dqa[2 * dd], aa, bb[0], bb[1]);
+                    ba_mma(dqa[2 * dd + 1], aa, bb[2], bb[3]);
+                }
             }
-            wmma::store_matrix_sync(sdQ + warp * 16 * S::OLD + n * 16, acc, S::OLD, wmma::mem_row_major);
-        }
-        ba_tn_tile<D>(scratch, sP, sdO);   /* dV tile = Pᵀ·dO */
-        __syncthreads();
-        ba_atomic_tile<D>(dv, scratch, sVis, sKeyRow, n_kv, g);
-        __syncthreads();
-        ba_tn_tile<D>(scratch, sdS, sQ);   /* dK tile = dSᵀ·Q */
-        __syncthreads();
-        ba_atomic_tile<D>(dk, scratch, sVis, sKeyRow, n_kv, g);
+        if (t + 1 < n_tiles) __syncthreads();   /* the last (block) tile stays for the dK/dV pass */
+        buf ^= 1;
+        kn_cur = kn_next;
     }
-    __syncthreads();
-    if (row_ok) {
-        size_t qrow = ((size_t)(b * B + my_j) * n_h + g * G + my_r / B) * D;
-        for (int c = half * (D / 2); c < (half + 1) * (D / 2); c++) dq[qrow + c] = sdQ[my_r * S::OLD + c];
+    {   /* dq rows: (row, head) of this thread's two tile rows */
+        const int col = (lane & 3) * 2;
+        float *q0 = dq + (((size_t)b * B + j0) * n_h + g * G + r0 / B) * HD + col;
+        float *q1 = dq + (((size_t)b * B + j1) * n_h + g * G + r1 / B) * HD + col;
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++) {
+            if (ok0) *(float2 *)(q0 + nt * 8) = make_float2(dqa[nt][0], dqa[nt][1]);
+            if (ok1) *(float2 *)(q1 + nt * 8) = make_float2(dqa[nt][2], dqa[nt][3]);
+        }
+    }
+    /* dK, dV of the block's own keys: warp w owns keys 16w .. 16w+15 of the block tile */
+    if (warp * 16 < B) {
+        const int last = buf ^ 1;
+        float dka[HD / 8][4], dva[HD / 8][4];
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dka[i][e] = dva[i][e] = 0.f;
+        const int kr0 = warp * 16 + (lane >> 2), kr1 = kr0 + 8;
+        ba_kv_visit<HD>(sK + last * BA_KT * LD, sV + last * BA_KT * LD, warp * 16, sQ, sdO, sLse2, sDi, kr0 < B,
+                        kr1 < B, causal ? warp * 16 : -1, used, B, scale_log2, scale, dka, dva);
+        size_t row0 = (size_t)T + (size_t)b * B + kr0, row1 = (size_t)T + (size_t)b * B + kr1;
+        ba_store_rows<HD>(dk, dka, row0, kr0 < B, row1, kr1 < B, n_kv, g);
+        ba_store_rows<HD>(dv, dva, row0, kr0 < B, row1, kr1 < B, n_kv, g);
     }
 }
+
+/* ---------------------------------------------------------------- launch helpers */
 
 int ba_check_device(const block_attn_config *c, const void *const *ptrs, int nptr, const char *who) {
     char err[256];
@@ -352,36 +678,47 @@ int ba_check_device(const block_attn_config *c, const void *const *ptrs, int npt
     return 0;
 }
 
-template <int D>
+template <typename K>
+int ba_smem_attr(K kernel, size_t smem, const char *who) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    return e == cudaSuccess ? 0 : kernels_fail("%s: cudaFuncSetAttribute: %s", who, cudaGetErrorString(e));
+}
+
+template <int HD>
 int ba_forward_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
                       const int32_t *doc_ids, bf16 *out, float *lse, cudaStream_t stream) {
-    size_t smem = ba_smem<D>::fwd;
-    cudaError_t e = cudaFuncSetAttribute(block_attn_forward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return kernels_fail("block_attn_forward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
-    dim3 grid(c->N, c->n_kv);
-    block_attn_forward_kernel<D><<<grid, BA_THREADS, smem, stream>>>(
+    const size_t smem = ba_smem<HD>::fwd;
+    if (ba_smem_attr(block_attn_forward_kernel<HD>, smem, "block_attn_forward")) return -1;
+    block_attn_forward_kernel<HD><<<dim3(c->N, c->n_kv), BA_THREADS, smem, stream>>>(
         (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
-        (__nv_bfloat16 *)out, lse, c->T, c->N, c->B, c->n_h, c->n_kv, c->window, c->causal, c->scale);
+        (__nv_bfloat16 *)out, lse, c->T, c->N, c->B, c->n_h, c->n_kv, c->window, c->causal, c->scale * BA_LOG2E);
     KERNELS_CHECK_LAUNCH("block_attn_forward_kernel");
     return 0;
 }
 
-template <int D>
+template <int HD>
 int ba_backward_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
                        const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse, float *dq,
                        float *dk, float *dv, cudaStream_t stream) {
-    size_t smem = ba_smem<D>::bwd;
-    cudaError_t e = cudaFuncSetAttribute(block_attn_backward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return kernels_fail("block_attn_backward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
-    size_t nk = ((size_t)c->T + (size_t)c->N * c->B) * c->n_kv * c->d_h;
-    if ((e = cudaMemsetAsync(dk, 0, nk * sizeof(float), stream)) != cudaSuccess ||
-        (e = cudaMemsetAsync(dv, 0, nk * sizeof(float), stream)) != cudaSuccess)
-        return kernels_fail("block_attn_backward: cudaMemsetAsync: %s", cudaGetErrorString(e));
-    dim3 grid(c->N, c->n_kv);
-    block_attn_backward_kernel<D><<<grid, BA_THREADS, smem, stream>>>(
+    const size_t smem = ba_smem<HD>::bwd;
+    if (ba_smem_attr(block_attn_backward_kv_kernel<HD>, smem, "block_attn_backward") ||
+        ba_smem_attr(block_attn_backward_kernel<HD>, smem, "block_attn_backward"))
+        return -1;
+    const int R = c->N * c->B;
+    const size_t di_threads = (size_t)R * c->n_h * (HD / 8);
+    float *di = dq;   /* scratch: n_h·R floats, overwritten by kernel 3 */
+    block_attn_di_kernel<HD><<<(unsigned)((di_threads + 255) / 256), 256, 0, stream>>>(
+        (const __nv_bfloat16 *)out, (const __nv_bfloat16 *)dout, di, R, c->n_h);
+    KERNELS_CHECK_LAUNCH("block_attn_di_kernel");
+    block_attn_backward_kv_kernel<HD><<<dim3((c->T + BA_KT - 1) / BA_KT, c->n_kv), BA_THREADS, smem, stream>>>(
+        (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
+        (const __nv_bfloat16 *)dout, lse, di, dk, dv, c->T, c->N, c->B, c->n_h, c->n_kv, c->window,
+        c->scale * BA_LOG2E, c->scale);
+    KERNELS_CHECK_LAUNCH("block_attn_backward_kv_kernel");
+    block_attn_backward_kernel<HD><<<dim3(c->N, c->n_kv), BA_THREADS, smem, stream>>>(
         (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
         (const __nv_bfloat16 *)out, (const __nv_bfloat16 *)dout, lse, dq, dk, dv, c->T, c->N, c->B, c->n_h, c->n_kv,
-        c->window, c->causal, c->scale);
+        c->window, c->causal, c->scale * BA_LOG2E, c->scale);
     KERNELS_CHECK_LAUNCH("block_attn_backward_kernel");
     return 0;
 }
@@ -403,8 +740,8 @@ extern "C" int block_attn_backward(const block_attn_config *c, const bf16 *d_q, 
                                    const int32_t *d_anchors, const int32_t *d_doc_ids, const bf16 *d_out,
                                    const bf16 *d_dout, const float *d_lse, float *d_dq, float *d_dk, float *d_dv,
                                    cudaStream_t stream) {
-    const void *ptrs[] = {d_q, d_k, d_v, d_out, d_dout};
-    if (ba_check_device(c, ptrs, 5, "block_attn_backward")) return -1;
+    const void *ptrs[] = {d_q, d_k, d_v, d_out, d_dout, d_dq, d_dk, d_dv};
+    if (ba_check_device(c, ptrs, 8, "block_attn_backward")) return -1;
     return c->d_h == 128
                ? ba_backward_launch<128>(c, d_q, d_k, d_v, d_anchors, d_doc_ids, d_out, d_dout, d_lse, d_dq, d_dk, d_dv, stream)
                : ba_backward_launch<64>(c, d_q, d_k, d_v, d_anchors, d_doc_ids, d_out, d_dout, d_lse, d_dq, d_dk, d_dv, stream);

@@ -10,8 +10,9 @@
  * Padding anchors (anchor 0) therefore see their own block only. Scores are q·k·scale, softmax in fp32.
  * GQA: query head h uses kv head h / (n_h / n_kv).
  *
- * The dense mask is never built: the device kernel visits, per block, only the key tiles of
- * [max(0, a-window), a) that hold a key of the anchor's document, plus the block's own keys. The forward
+ * The dense mask is never built: the device kernels visit, per block, only the key tiles between the
+ * first and last key of the anchor's document in [max(0, a-window), a), plus the block's own keys; the
+ * backward's dK/dV pass visits, per context key tile, only the blocks that see one of its keys. The forward
  * saves lse = log-sum-exp of the scaled scores per (row, head) for the backward, which recomputes P.
  * Layouts (row-major): q, out, dq (N·B, n_h, d_h); k, v, dk, dv (T + N·B, n_kv, d_h); lse (n_h, N·B)
  * (kernels/shapes.md: saved per-row statistics are [NH, T]).
@@ -62,9 +63,12 @@ int block_attn_backward_ref(const block_attn_config *c, const float *q, const fl
 int block_attn_forward(const block_attn_config *c, const bf16 *d_q, const bf16 *d_k, const bf16 *d_v,
                        const int32_t *d_anchors, const int32_t *d_doc_ids, bf16 *d_out, float *d_lse,
                        cudaStream_t stream);
-/* Device backward: writes fp32 dq (N·B, n_h, d_h), dk and dv (T + N·B, n_kv, d_h). dk and dv are
- * zeroed here and accumulated with atomics (context keys are shared by many blocks), so their last bits
- * depend on scheduling. Same preconditions as the forward. Returns 0 or -1 (kernels_error()). */
+/* Device backward: writes fp32 dq (N·B, n_h, d_h), dk and dv (T + N·B, n_kv, d_h), every element
+ * (overwritten, not accumulated). Deterministic: no atomics, dK/dV of a key are summed over the blocks
+ * that see it in block order. dq doubles as scratch during the call (its first n_h·N·B floats hold
+ * rowsum(dO ⊙ O) until the last kernel overwrites them), so it must not alias an input. Same
+ * preconditions as the forward, all pointers 16-byte aligned. Asynchronous on stream; no allocation.
+ * Returns 0 or -1 (kernels_error()). */
 int block_attn_backward(const block_attn_config *c, const bf16 *d_q, const bf16 *d_k, const bf16 *d_v,
                         const int32_t *d_anchors, const int32_t *d_doc_ids, const bf16 *d_out,
                         const bf16 *d_dout, const float *d_lse, float *d_dq, float *d_dk, float *d_dv,

@@ -9,7 +9,9 @@
  * (CE = lse_z - z[argmax t]; KL = A/s_t - lse_t + lse_z), then one small kernel forms the weights
  * block by block (exp-decay or D-PACE), the normalised loss and the agreement counts.
  * Backward: per chunk dz = coef_s (softmax(z) - P) in bf16 (written over the z chunk) and one GEMM
- * dxn += dz · lm_head[chunk] in fp32. With a single chunk (vocab_chunk >= V) the forward's logits are
+ * dxn += dz · lm_head[chunk] in fp32. The row kernels read 8 logits per 16-byte load and take one exp
+ * per logit and stream (the first version loaded 2 bytes at a time and merged a full stat per logit).
+ * With a single chunk (vocab_chunk >= V) the forward's logits are
  * reused, so the op costs its three GEMMs plus a few memory passes; with several chunks the backward
  * recomputes the chunk logits (one or two extra GEMMs) and never holds more than (R, Vc) bf16.
  */
@@ -121,7 +123,27 @@ __global__ void lmhead_gather_kernel(const __nv_bfloat16 *last, const float *w, 
     }
 }
 
-/* One block per supervised row: fold the chunk's nv columns (global ids v0 + c) into the row's stats. */
+/* Folds column idx (z, t) into a thread's running stats with one exp per stream: a new maximum rescales
+ * the sums, otherwise the term is added at the current maximum. Columns arrive in increasing idx, so a
+ * tie keeps the earlier (first) index. */
+__device__ __forceinline__ void lmh_fold(lmh_stat &a, float z, float t, int idx) {
+    if (z > a.mz) { a.sz = a.sz * __expf(a.mz - z) + 1.f; a.mz = z; a.zarg = idx; }
+    else a.sz += __expf(z - a.mz);
+    if (t > a.mt) {
+        float c = __expf(a.mt - t);
+        a.st = a.st * c + 1.f;
+        a.A = a.A * c + (t - z);
+        a.mt = t; a.targ = idx; a.zt = z;
+    } else {
+        float e = __expf(t - a.mt);
+        a.st += e;
+        a.A += e * (t - z);
+    }
+}
+
+/* One block per supervised row: fold the chunk's nv columns (global ids v0 + c) into the row's stats.
+ * 16-byte loads (8 logits) per thread and step; rows are 16-byte aligned (Vc % 8 == 0); the nv % 8 tail
+ * is scalar. */
 __global__ void lmhead_loss_forward_kernel(const __nv_bfloat16 *zc, const __nv_bfloat16 *tc, int Vc, int nv, int v0,
                                            const uint8_t *mask, float *st, int *arg) {
     int s = blockIdx.x;
@@ -129,11 +151,20 @@ __global__ void lmhead_loss_forward_kernel(const __nv_bfloat16 *zc, const __nv_b
     lmh_stat acc;
     lmh_identity(acc);
     const __nv_bfloat16 *zr = zc + (size_t)s * Vc, *tr = tc + (size_t)s * Vc;
-    for (int c = threadIdx.x; c < nv; c += blockDim.x) {
-        float z = __bfloat162float(zr[c]), t = __bfloat162float(tr[c]);
-        lmh_stat one = {z, 1.f, t, 1.f, t - z, z, v0 + c, v0 + c};
-        lmh_merge(acc, one);
+    const int n8 = nv / 8;
+    for (int c8 = threadIdx.x; c8 < n8; c8 += blockDim.x) {
+        uint4 zv = *reinterpret_cast<const uint4 *>(zr + c8 * 8), tv = *reinterpret_cast<const uint4 *>(tr + c8 * 8);
+        const __nv_bfloat162 *z2 = (const __nv_bfloat162 *)&zv, *t2 = (const __nv_bfloat162 *)&tv;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float2 z = __bfloat1622float2(z2[e]), t = __bfloat1622float2(t2[e]);
+            lmh_fold(acc, z.x, t.x, v0 + c8 * 8 + 2 * e);
+            lmh_fold(acc, z.y, t.y, v0 + c8 * 8 + 2 * e + 1);
+        }
     }
+    /* the tail comes after every vector column of this thread, so indices still increase per thread */
+    for (int c = n8 * 8 + threadIdx.x; c < nv; c += blockDim.x)
+        lmh_fold(acc, __bfloat162float(zr[c]), __bfloat162float(tr[c]), v0 + c);
     for (int o = 16; o; o >>= 1) lmh_merge(acc, lmh_shfl(acc, o));
     __shared__ lmh_stat part[32];
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
@@ -215,23 +246,41 @@ __global__ void lmhead_weights_kernel(int N, int B, int weighting, float gamma, 
     }
 }
 
-/* One block per row: dz = coef (softmax(z) - P) over the chunk, written over z (bf16). */
+/* One block per row: dz = coef (softmax(z) - P) over the chunk, written over z (bf16); 8 logits per
+ * 16-byte load and store, scalar nv % 8 tail. */
 __global__ void lmhead_loss_backward_kernel(__nv_bfloat16 *zc, const __nv_bfloat16 *tc, int Vc, int nv, int v0,
                                             int loss_kind, const uint8_t *mask, const float *row_weight,
                                             const float *msum, const float *lse, const int *arg) {
     int s = blockIdx.x;
     float coef = mask[s] ? row_weight[s] / (*msum + 1e-5f) : 0.f;
     __nv_bfloat16 *zr = zc + (size_t)s * Vc;
+    const int n8 = nv / 8;
     if (coef == 0.f) {
-        for (int c = threadIdx.x; c < nv; c += blockDim.x) zr[c] = __float2bfloat16_rn(0.f);
+        for (int c8 = threadIdx.x; c8 < n8; c8 += blockDim.x) *reinterpret_cast<uint4 *>(zr + c8 * 8) = make_uint4(0, 0, 0, 0);
+        for (int c = n8 * 8 + threadIdx.x; c < nv; c += blockDim.x) zr[c] = __float2bfloat16_rn(0.f);
         return;
     }
-    float lz = lse[2 * s], lt = lse[2 * s + 1];
-    int tgt = arg[2 * s + 1];
+    const float lz = lse[2 * s], lt = lse[2 * s + 1];
+    const int tgt = arg[2 * s + 1];
+    const bool kl = loss_kind == LMHEAD_LOSS_KL;
     const __nv_bfloat16 *tr = tc + (size_t)s * Vc;
-    for (int c = threadIdx.x; c < nv; c += blockDim.x) {
+    for (int c8 = threadIdx.x; c8 < n8; c8 += blockDim.x) {
+        uint4 zv = *reinterpret_cast<const uint4 *>(zr + c8 * 8), tv = make_uint4(0, 0, 0, 0);
+        if (kl) tv = *reinterpret_cast<const uint4 *>(tr + c8 * 8);
+        __nv_bfloat162 *z2 = (__nv_bfloat162 *)&zv;
+        const __nv_bfloat162 *t2 = (const __nv_bfloat162 *)&tv;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float2 z = __bfloat1622float2(z2[e]), t = __bfloat1622float2(t2[e]);
+            int id = v0 + c8 * 8 + 2 * e;
+            float p0 = kl ? __expf(t.x - lt) : (float)(id == tgt), p1 = kl ? __expf(t.y - lt) : (float)(id + 1 == tgt);
+            z2[e] = __floats2bfloat162_rn(coef * (__expf(z.x - lz) - p0), coef * (__expf(z.y - lz) - p1));
+        }
+        *reinterpret_cast<uint4 *>(zr + c8 * 8) = zv;
+    }
+    for (int c = n8 * 8 + threadIdx.x; c < nv; c += blockDim.x) {
         float q = __expf(__bfloat162float(zr[c]) - lz);
-        float p = loss_kind == LMHEAD_LOSS_KL ? __expf(__bfloat162float(tr[c]) - lt) : (float)(v0 + c == tgt);
+        float p = kl ? __expf(__bfloat162float(tr[c]) - lt) : (float)(v0 + c == tgt);
         zr[c] = __float2bfloat16_rn(coef * (q - p));
     }
 }

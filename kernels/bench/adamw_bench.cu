@@ -3,7 +3,9 @@
  * (about the drafter's AdamW + Muon parameter count, 965 M, / 4: big enough to stream from HBM).
  *
  *   build: make bench (-> $(BUILD)/bench/adamw_bench); run on the GPU machine.
- *   variant 1: kernels/adamw.cu (grid-stride, float4 when aligned, clip factor read on the device).
+ *   step variant 1: kernels/adamw.cu (grid-stride, float4 when aligned, clip factor read on the device).
+ *   sumsq variant 1: scalar grid-stride loads, one atomic per block (K2's first kernel; history, below).
+ *   sumsq variant 2: kernels/adamw.cu (float4 loads, 4 in flight per thread, 1056 blocks).
  *
  * Napkin math: the step reads grad, master, m, v (16 B) and writes master, m, v (12 B) and the bf16
  * copy (2 B): 30 B per parameter; sumsq reads 4 B. Ceiling: device copy ~4.1-4.2 TB/s (gpu-machine.md);
@@ -27,6 +29,27 @@ __global__ void fill_kernel(float *x, size_t n, float scale, unsigned seed) {
         h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
         x[i] = scale * ((h & 0xffffff) / 16777216.0f - 0.5f);
     }
+}
+
+/* sumsq variant 1 (history): 2547 GB/s = 61% on the H200 (RESULTS.md). */
+__global__ void adamw_grad_sumsq_kernel1(const float *grad, size_t n, float *sumsq) {
+    float s = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        s += grad[i] * grad[i];
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    __shared__ float part[32];
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        s = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0;
+        for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (threadIdx.x == 0) atomicAdd(sumsq, s);
+    }
+}
+static int sumsq1(const float *g, size_t n, float *ss) {
+    size_t b = (n + 255) / 256;
+    adamw_grad_sumsq_kernel1<<<(unsigned)(b < 1 ? 1 : b > 132 * 16 ? 132 * 16 : b), 256>>>(g, n, ss);
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
 int main(void) {
@@ -61,15 +84,38 @@ int main(void) {
         printf("validate (1 M): max rel err %.3g: %s\n", e, e < 1e-5 ? "OK" : "FAIL");
         cudaFree(w2); cudaFree(m2); cudaFree(v2);
     }
+    /* sumsq: both variants against a double sum on the host, aligned and misaligned by one float */
+    bool sumsq_ok[3] = {true, true, true};
+    {
+        std::vector<float> hg(n);
+        CK(cudaMemcpy(hg.data(), g, 4 * n, cudaMemcpyDeviceToHost));
+        for (int off = 0; off < 2; off++) {
+            double ref = 0;
+            for (size_t i = off; i < n; i++) ref += (double)hg[i] * hg[i];
+            for (int var = 1; var <= 2; var++) {
+                float got;
+                CK(cudaMemset(ss, 0, 4));
+                if (var == 1) CKK(sumsq1(g + off, n - off, ss));
+                else CKK(adamw_grad_sumsq(g + off, n - off, ss, 0));
+                CK(cudaMemcpy(&got, ss, 4, cudaMemcpyDeviceToHost));
+                double rel = fabs(got - ref) / ref;
+                sumsq_ok[var] = sumsq_ok[var] && rel < 1e-5;
+                printf("validate sumsq variant %d (offset %d, %zu floats): rel err %.3g: %s\n", var, off, n - off, rel,
+                       rel < 1e-5 ? "OK" : "FAIL");
+            }
+        }
+    }
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0; pass < 3; pass++) {   /* step, sumsq variant 1, sumsq variant 2 */
+        if (pass > 0 && !sumsq_ok[pass]) continue;
         std::vector<float> ms;
         for (int it = 0; it < 13; it++) {
             adamw_params p = {1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, it + 1, 1.0f};
             CK(cudaMemset(ss, 0, 4));
             CK(cudaEventRecord(e0));
             if (pass == 0) CKK(adamw_step(w, m, v, g, cp, n, &p, ss, 0));
+            else if (pass == 1) CKK(sumsq1(g, n, ss));
             else CKK(adamw_grad_sumsq(g, n, ss, 0));
             CK(cudaEventRecord(e1));
             CK(cudaEventSynchronize(e1));
@@ -79,8 +125,8 @@ int main(void) {
         }
         std::sort(ms.begin(), ms.end());
         double med = ms[ms.size() / 2], bytes = (double)n * (pass == 0 ? 30 : 4);
-        printf("variant 1 %-6s n=%zu median %.3f ms  %.0f GB/s  (%.0f%% of 4150 GB/s copy ceiling; target >= 80%%)\n",
-               pass == 0 ? "step" : "sumsq", n, med, bytes / med / 1e6, 100.0 * bytes / med / 1e6 / 4150.0);
+        printf("variant %d %-6s n=%zu median %.3f ms  %.0f GB/s  (%.0f%% of 4150 GB/s copy ceiling; target >= 80%%)\n",
+               pass == 0 ? 1 : pass, pass == 0 ? "step" : "sumsq", n, med, bytes / med / 1e6, 100.0 * bytes / med / 1e6 / 4150.0);
     }
     return 0;
 }

@@ -6,6 +6,9 @@
  *   build: make bench (-> $(BUILD)/bench/lmhead_loss_bench); run on the GPU machine.
  *   variant 1: one vocabulary chunk (vocab_chunk >= V): logits kept in bf16 (2 x 0.5 GiB), no recompute.
  *   variant 2: chunks of 8192: (R, 8192) buffers only; the backward recomputes both logit chunks.
+ *   Both time kernels/lmhead_loss.cu as it is; K2's first row kernels (2-byte loads, a stat merge per
+ *   logit) measured 1.347x / 2.197x (RESULTS.md, commit 79e07de); since K2b they use 16-byte loads and
+ *   one exp per logit and stream.
  *
  * Napkin math: each GEMM is 2·R·V·D = 2.15 TFLOP; target: fused time <= 1.25 x the three GEMMs.
  * Validation: both variants against lmhead_loss_forward_ref/backward_ref on a small problem first.
