@@ -264,7 +264,7 @@ int ring_run_id(const char *run_dir, char *out, size_t out_len, char *err, int e
         set_err(err, err_len, "realpath(%s) failed: %s", run_dir, strerror(errno));
         return -1;
     }
-    uint32_t h = 2166136261u;   /* FNV-1a of the full path, as stages/core/fsutil.c run_id() */
+    uint32_t h = 2166136261u;   /* FNV-1a of the full path (stages/core/fsutil.c run_id() calls this) */
     for (const char *c = real; *c; c++) h = (h ^ (uint8_t)*c) * 16777619u;
     const char *base = strrchr(real, '/');
     base = base && base[1] ? base + 1 : real;

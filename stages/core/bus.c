@@ -12,6 +12,7 @@
  * dropped ones; both only grow, under the bus mutex.
  */
 #include "core/bus.h"
+#include "core/err.h"
 #include "core/fsutil.h"
 
 #include <errno.h>
@@ -53,17 +54,6 @@ struct bus {
  * as it sees the hang-up, and a record still waiting there to be nn_recv'd is lost with it. */
 #define BUS_LINGER_S 0.05
 
-static int fail(char *err, int err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int err_len, const char *fmt, ...) {
-    if (err && err_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, (size_t)err_len, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 const char *bus_kind_name(enum bus_kind kind) {
     return (unsigned)kind < 4 ? kind_names[kind] : "?";
 }
@@ -89,21 +79,21 @@ struct hdr {
 
 static int check_names(const struct hdr *h, const struct bus_kv *kv, int n, char *err, int err_len) {
     size_t sl = h->stage ? strlen(h->stage) : 0;
-    if (sl == 0 || sl >= BUS_NAME_MAX) return fail(err, err_len, "stage name must be 1..%d bytes, got %zu", BUS_NAME_MAX - 1, sl);
-    if ((unsigned)h->kind > BUS_KIND_SUMMARY) return fail(err, err_len, "unknown record kind %d", (int)h->kind);
-    if (n < 0 || n > BUS_MAX_KV) return fail(err, err_len, "%d named numbers (must be 0..%d)", n, BUS_MAX_KV);
-    if (n > 0 && !kv) return fail(err, err_len, "named numbers pointer is NULL with n=%d", n);
+    if (sl == 0 || sl >= BUS_NAME_MAX) return err_fail(err, err_len, "stage name must be 1..%d bytes, got %zu", BUS_NAME_MAX - 1, sl);
+    if ((unsigned)h->kind > BUS_KIND_SUMMARY) return err_fail(err, err_len, "unknown record kind %d", (int)h->kind);
+    if (n < 0 || n > BUS_MAX_KV) return err_fail(err, err_len, "%d named numbers (must be 0..%d)", n, BUS_MAX_KV);
+    if (n > 0 && !kv) return err_fail(err, err_len, "named numbers pointer is NULL with n=%d", n);
     if (h->kind == BUS_KIND_EVENT) {
         size_t nl = h->name ? strlen(h->name) : 0;
-        if (nl == 0 || nl >= BUS_NAME_MAX) return fail(err, err_len, "event name must be 1..%d bytes, got %zu", BUS_NAME_MAX - 1, nl);
-        if (!h->text) return fail(err, err_len, "event '%s' has no text", h->name);
+        if (nl == 0 || nl >= BUS_NAME_MAX) return err_fail(err, err_len, "event name must be 1..%d bytes, got %zu", BUS_NAME_MAX - 1, nl);
+        if (!h->text) return err_fail(err, err_len, "event '%s' has no text", h->name);
     }
     for (int i = 0; i < n; i++) {
         size_t l = kv[i].name ? strlen(kv[i].name) : 0;
-        if (l == 0 || l >= BUS_NAME_MAX) return fail(err, err_len, "metric name #%d must be 1..%d bytes, got %zu", i, BUS_NAME_MAX - 1, l);
-        if (is_reserved(kv[i].name, l)) return fail(err, err_len, "metric name '%s' is a reserved record field", kv[i].name);
+        if (l == 0 || l >= BUS_NAME_MAX) return err_fail(err, err_len, "metric name #%d must be 1..%d bytes, got %zu", i, BUS_NAME_MAX - 1, l);
+        if (is_reserved(kv[i].name, l)) return err_fail(err, err_len, "metric name '%s' is a reserved record field", kv[i].name);
         for (int j = 0; j < i; j++)
-            if (!strcmp(kv[i].name, kv[j].name)) return fail(err, err_len, "metric name '%s' appears twice", kv[i].name);
+            if (!strcmp(kv[i].name, kv[j].name)) return err_fail(err, err_len, "metric name '%s' appears twice", kv[i].name);
     }
     return 0;
 }
@@ -159,13 +149,13 @@ static int pack_record(msgpack_sbuffer *sb, const struct hdr *h, const struct bu
         rc |= msgpack_pack_str_with_body(&pk, kv[i].name, strlen(kv[i].name));
         rc |= msgpack_pack_double(&pk, kv[i].value);
     }
-    if (rc) return fail(err, err_len, "msgpack packing failed (out of memory)");
+    if (rc) return err_fail(err, err_len, "msgpack packing failed (out of memory)");
     return 0;
 }
 
 int bus_encode(const struct bus_record *rec, void **out, size_t *len, char *err, int err_len) {
-    if (!rec || !out || !len) return fail(err, err_len, "bus_encode: NULL argument");
-    if (rec->n_kv < 0 || rec->n_kv > BUS_MAX_KV) return fail(err, err_len, "%d named numbers (must be 0..%d)", rec->n_kv, BUS_MAX_KV);
+    if (!rec || !out || !len) return err_fail(err, err_len, "bus_encode: NULL argument");
+    if (rec->n_kv < 0 || rec->n_kv > BUS_MAX_KV) return err_fail(err, err_len, "%d named numbers (must be 0..%d)", rec->n_kv, BUS_MAX_KV);
     struct bus_kv kv[BUS_MAX_KV];
     for (int i = 0; i < rec->n_kv; i++) { kv[i].name = rec->kv[i].name; kv[i].value = rec->kv[i].value; }
     struct hdr h = {
@@ -187,16 +177,16 @@ int bus_encode(const struct bus_record *rec, void **out, size_t *len, char *err,
 /* ---------------------------------------------------------------- the socket */
 
 int bus_address(const char *run_dir, char *out, size_t out_len, char *err, int err_len) {
-    if (!run_dir || !*run_dir) return fail(err, err_len, "bus: run directory is empty");
+    if (!run_dir || !*run_dir) return err_fail(err, err_len, "bus: run directory is empty");
     char cwd[PATH_MAX] = "";
     if (run_dir[0] != '/' && !getcwd(cwd, sizeof cwd))
-        return fail(err, err_len, "bus: getcwd failed: %s", strerror(errno));
+        return err_fail(err, err_len, "bus: getcwd failed: %s", strerror(errno));
     int n = snprintf(out, out_len, "ipc://%s%s%s/%s", cwd, *cwd ? "/" : "", run_dir, BUS_METRICS_SOCK);
-    if (n < 0 || (size_t)n >= out_len) return fail(err, err_len, "bus: socket address for run dir '%s' is too long", run_dir);
+    if (n < 0 || (size_t)n >= out_len) return err_fail(err, err_len, "bus: socket address for run dir '%s' is too long", run_dir);
     struct sockaddr_un un;
     size_t path_len = (size_t)n - 6;
     if (path_len >= sizeof un.sun_path)
-        return fail(err, err_len, "bus: socket path is %zu bytes, AF_UNIX allows %zu (hint: use a shorter run directory path): %s",
+        return err_fail(err, err_len, "bus: socket path is %zu bytes, AF_UNIX allows %zu (hint: use a shorter run directory path): %s",
                     path_len, sizeof un.sun_path - 1, out + 6);
     return 0;
 }
@@ -204,26 +194,26 @@ int bus_address(const char *run_dir, char *out, size_t out_len, char *err, int e
 struct bus *bus_open(const char *run_dir, const char *stage, char *err, int err_len) {
     size_t sl = stage ? strlen(stage) : 0;
     if (sl == 0 || sl >= BUS_NAME_MAX) {
-        fail(err, err_len, "bus_open: stage name must be 1..%d bytes, got %zu", BUS_NAME_MAX - 1, sl);
+        err_fail(err, err_len, "bus_open: stage name must be 1..%d bytes, got %zu", BUS_NAME_MAX - 1, sl);
         return NULL;
     }
     char addr[PATH_MAX + 64];
     if (bus_address(run_dir, addr, sizeof addr, err, err_len)) return NULL;
     struct bus *b = calloc(1, sizeof *b);
-    if (!b) { fail(err, err_len, "bus_open: out of memory"); return NULL; }
+    if (!b) { err_fail(err, err_len, "bus_open: out of memory"); return NULL; }
     memcpy(b->stage, stage, sl + 1);
     b->pid = getpid();
     msgpack_sbuffer_init(&b->sb);
     pthread_mutex_init(&b->mu, NULL);
     b->sock = nn_socket(AF_SP, NN_PUSH);
     if (b->sock < 0) {
-        fail(err, err_len, "bus_open: nn_socket(AF_SP, NN_PUSH) failed: %s", nn_strerror(nn_errno()));
+        err_fail(err, err_len, "bus_open: nn_socket(AF_SP, NN_PUSH) failed: %s", nn_strerror(nn_errno()));
         goto fail;
     }
     /* nn_connect only records the endpoint; the connection is made (and remade every 100 ms
      * after the sink goes away) by nanomsg's worker thread, so this works with no sink. */
     if (nn_connect(b->sock, addr) < 0) {
-        fail(err, err_len, "bus_open: nn_connect(%s) failed: %s", addr, nn_strerror(nn_errno()));
+        err_fail(err, err_len, "bus_open: nn_connect(%s) failed: %s", addr, nn_strerror(nn_errno()));
         nn_close(b->sock);
         goto fail;
     }
@@ -272,7 +262,7 @@ static int bus_send(struct bus *b, enum bus_kind kind, int64_t step, const char 
     };
     int rc = -1;
     if (kind == BUS_KIND_METRIC && step < 0) {
-        fail(b->err, sizeof b->err, "bus_metric: step %lld is negative", (long long)step);
+        err_fail(b->err, sizeof b->err, "bus_metric: step %lld is negative", (long long)step);
     } else if (!check_names(&h, kv, n, b->err, sizeof b->err) &&
                !pack_record(&b->sb, &h, kv, n, b->err, sizeof b->err)) {
         /* Never block: EAGAIN (no sink connected, or its queue full) and any other send failure
@@ -316,19 +306,19 @@ static uint64_t be(const uint8_t *p, int n) {
 
 /* Walk one msgpack object at p[*off..len). Returns 0 and advances *off, or -1 with a reason. */
 static int bus_scan(const uint8_t *p, size_t len, size_t *off, int depth, char *err, int err_len) {
-    if (depth > SCAN_DEPTH_MAX) return fail(err, err_len, "malformed record: nesting deeper than %d", SCAN_DEPTH_MAX);
-    if (*off >= len) return fail(err, err_len, "malformed record: truncated at byte %zu of %zu", *off, len);
+    if (depth > SCAN_DEPTH_MAX) return err_fail(err, err_len, "malformed record: nesting deeper than %d", SCAN_DEPTH_MAX);
+    if (*off >= len) return err_fail(err, err_len, "malformed record: truncated at byte %zu of %zu", *off, len);
     uint8_t b = p[(*off)++];
     size_t left = len - *off;
     uint64_t skip = 0, count = 0;   /* raw bytes to skip, or child objects to walk */
     int hdr = 0;                    /* bytes of length field */
-#define NEED(nb) do { if (left < (size_t)(nb)) return fail(err, err_len, "malformed record: truncated at byte %zu of %zu", *off, len); } while (0)
+#define NEED(nb) do { if (left < (size_t)(nb)) return err_fail(err, err_len, "malformed record: truncated at byte %zu of %zu", *off, len); } while (0)
     if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) return 0;
     if (b >= 0x80 && b <= 0x8f) count = 2ull * (b & 0x0f);
     else if (b >= 0x90 && b <= 0x9f) count = b & 0x0f;
     else if (b >= 0xa0 && b <= 0xbf) skip = b & 0x1f;
     else switch (b) {
-        case 0xc1: return fail(err, err_len, "malformed record: byte 0xc1 at offset %zu is never used in msgpack", *off - 1);
+        case 0xc1: return err_fail(err, err_len, "malformed record: byte 0xc1 at offset %zu is never used in msgpack", *off - 1);
         case 0xc4: case 0xd9: hdr = 1; break;
         case 0xc5: case 0xda: hdr = 2; break;
         case 0xc6: case 0xdb: hdr = 4; break;
@@ -350,12 +340,12 @@ static int bus_scan(const uint8_t *p, size_t len, size_t *off, int depth, char *
         case 0xdd: NEED(4); count = be(p + *off, 4); *off += 4; left -= 4; break;
         case 0xde: NEED(2); count = 2 * be(p + *off, 2); *off += 2; left -= 2; break;
         case 0xdf: NEED(4); count = 2 * be(p + *off, 4); *off += 4; left -= 4; break;
-        default: return fail(err, err_len, "malformed record: unexpected byte 0x%02x", b);
+        default: return err_fail(err, err_len, "malformed record: unexpected byte 0x%02x", b);
     }
     if (hdr) { NEED(hdr); skip = be(p + *off, hdr); *off += (size_t)hdr; left -= (size_t)hdr; }
     if (skip) { NEED(skip); *off += skip; return 0; }
     /* Every child object takes at least one byte: a count larger than what is left is a lie. */
-    if (count > left) return fail(err, err_len, "malformed record: truncated or corrupt: a container claims %llu elements but only %zu bytes remain",
+    if (count > left) return err_fail(err, err_len, "malformed record: truncated or corrupt: a container claims %llu elements but only %zu bytes remain",
                                   (unsigned long long)count, left);
     for (uint64_t i = 0; i < count; i++)
         if (bus_scan(p, len, off, depth + 1, err, err_len)) return -1;
@@ -386,58 +376,58 @@ static int key_is(const msgpack_object_str *k, const char *s) {
 
 static int get_uint(const msgpack_object *o, const char *key, uint64_t *out, char *err, int err_len) {
     if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
-        return fail(err, err_len, "field '%s' must be a non-negative integer, found %s", key, type_name(o->type));
+        return err_fail(err, err_len, "field '%s' must be a non-negative integer, found %s", key, type_name(o->type));
     *out = o->via.u64;
     return 0;
 }
 
 static int get_str(const msgpack_object *o, const char *key, char *out, size_t cap, size_t min_len,
                    char *err, int err_len) {
-    if (o->type != MSGPACK_OBJECT_STR) return fail(err, err_len, "field '%s' must be a string, found %s", key, type_name(o->type));
+    if (o->type != MSGPACK_OBJECT_STR) return err_fail(err, err_len, "field '%s' must be a string, found %s", key, type_name(o->type));
     size_t l = o->via.str.size;
-    if (l < min_len || l >= cap) return fail(err, err_len, "field '%s' must be %zu..%zu bytes, found %zu", key, min_len, cap - 1, l);
-    if (memchr(o->via.str.ptr, 0, l)) return fail(err, err_len, "field '%s' contains a NUL byte", key);
+    if (l < min_len || l >= cap) return err_fail(err, err_len, "field '%s' must be %zu..%zu bytes, found %zu", key, min_len, cap - 1, l);
+    if (memchr(o->via.str.ptr, 0, l)) return err_fail(err, err_len, "field '%s' contains a NUL byte", key);
     memcpy(out, o->via.str.ptr, l);
     out[l] = 0;
     return 0;
 }
 
 static int decode_map(const msgpack_object *root, struct bus_record *out, char *err, int err_len) {
-    if (root->type != MSGPACK_OBJECT_MAP) return fail(err, err_len, "record must be a msgpack map, found %s", type_name(root->type));
+    if (root->type != MSGPACK_OBJECT_MAP) return err_fail(err, err_len, "record must be a msgpack map, found %s", type_name(root->type));
     const msgpack_object_map *m = &root->via.map;
-    if (m->size > MAX_FIELDS) return fail(err, err_len, "record has %u fields, at most %d allowed", m->size, MAX_FIELDS);
+    if (m->size > MAX_FIELDS) return err_fail(err, err_len, "record has %u fields, at most %d allowed", m->size, MAX_FIELDS);
 
     /* Pass 1: keys are unique non-empty strings; find v and kind first, since a record of another
      * version or kind may legitimately carry fields we would otherwise reject. */
     const msgpack_object *v = NULL, *kind = NULL;
     for (uint32_t i = 0; i < m->size; i++) {
         const msgpack_object *k = &m->ptr[i].key;
-        if (k->type != MSGPACK_OBJECT_STR) return fail(err, err_len, "field key #%u must be a string, found %s", i, type_name(k->type));
+        if (k->type != MSGPACK_OBJECT_STR) return err_fail(err, err_len, "field key #%u must be a string, found %s", i, type_name(k->type));
         if (k->via.str.size == 0 || k->via.str.size >= BUS_NAME_MAX)
-            return fail(err, err_len, "field key #%u must be 1..%d bytes, found %u", i, BUS_NAME_MAX - 1, k->via.str.size);
-        if (memchr(k->via.str.ptr, 0, k->via.str.size)) return fail(err, err_len, "field key #%u contains a NUL byte", i);
+            return err_fail(err, err_len, "field key #%u must be 1..%d bytes, found %u", i, BUS_NAME_MAX - 1, k->via.str.size);
+        if (memchr(k->via.str.ptr, 0, k->via.str.size)) return err_fail(err, err_len, "field key #%u contains a NUL byte", i);
         for (uint32_t j = 0; j < i; j++)
             if (m->ptr[j].key.via.str.size == k->via.str.size && !memcmp(m->ptr[j].key.via.str.ptr, k->via.str.ptr, k->via.str.size))
-                return fail(err, err_len, "field '%.*s' appears twice", (int)k->via.str.size, k->via.str.ptr);
+                return err_fail(err, err_len, "field '%.*s' appears twice", (int)k->via.str.size, k->via.str.ptr);
         if (key_is(&k->via.str, "v")) v = &m->ptr[i].val;
         if (key_is(&k->via.str, "kind")) kind = &m->ptr[i].val;
     }
-    if (!v) return fail(err, err_len, "record has no schema version field 'v'");
+    if (!v) return err_fail(err, err_len, "record has no schema version field 'v'");
     uint64_t ver = 0;
     if (get_uint(v, "v", &ver, err, err_len)) return -1;
     if (ver != BUS_VERSION) {
-        fail(err, err_len, "record schema version %llu is not supported (expected %d)", (unsigned long long)ver, BUS_VERSION);
+        err_fail(err, err_len, "record schema version %llu is not supported (expected %d)", (unsigned long long)ver, BUS_VERSION);
         return BUS_EVERSION;
     }
     out->version = (int)ver;
-    if (!kind) return fail(err, err_len, "record has no 'kind' field");
+    if (!kind) return err_fail(err, err_len, "record has no 'kind' field");
     char kind_s[BUS_NAME_MAX];
     if (get_str(kind, "kind", kind_s, sizeof kind_s, 1, err, err_len)) return -1;
     int k = -1;
     for (int i = 0; i < 4; i++)
         if (!strcmp(kind_s, kind_names[i])) k = i;
     if (k < 0) {
-        fail(err, err_len, "unknown record kind '%s' (expected metric, event, heartbeat or summary)", kind_s);
+        err_fail(err, err_len, "unknown record kind '%s' (expected metric, event, heartbeat or summary)", kind_s);
         return BUS_EKIND;
     }
     out->kind = (enum bus_kind)k;
@@ -457,13 +447,13 @@ static int decode_map(const msgpack_object *root, struct bus_record *out, char *
             have_stage = 1;
         } else if (!strcmp(kname, "pid")) {
             if (get_uint(val, kname, &u, err, err_len)) return -1;
-            if (u == 0 || u > INT32_MAX) return fail(err, err_len, "field 'pid' must be 1..%d, found %llu", INT32_MAX, (unsigned long long)u);
+            if (u == 0 || u > INT32_MAX) return err_fail(err, err_len, "field 'pid' must be 1..%d, found %llu", INT32_MAX, (unsigned long long)u);
             out->pid = (int64_t)u;
             have_pid = 1;
         } else if (!strcmp(kname, "t")) {
             if (val->type != MSGPACK_OBJECT_FLOAT64 && val->type != MSGPACK_OBJECT_FLOAT32)
-                return fail(err, err_len, "field 't' must be a float (unix seconds), found %s", type_name(val->type));
-            if (!isfinite(val->via.f64)) return fail(err, err_len, "field 't' is not finite");
+                return err_fail(err, err_len, "field 't' must be a float (unix seconds), found %s", type_name(val->type));
+            if (!isfinite(val->via.f64)) return err_fail(err, err_len, "field 't' is not finite");
             out->t = val->via.f64;
             have_t = 1;
         } else if (!strcmp(kname, "seq")) {
@@ -475,7 +465,7 @@ static int decode_map(const msgpack_object *root, struct bus_record *out, char *
         } else if (!strcmp(kname, "dropped")) {
             if (get_uint(val, kname, &out->dropped, err, err_len)) return -1;
         } else if (!strcmp(kname, "name") || !strcmp(kname, "text")) {
-            if (out->kind != BUS_KIND_EVENT) return fail(err, err_len, "field '%s' is only allowed in event records, found in a %s record", kname, kind_s);
+            if (out->kind != BUS_KIND_EVENT) return err_fail(err, err_len, "field '%s' is only allowed in event records, found in a %s record", kname, kind_s);
             if (kname[0] == 'n') {
                 if (get_str(val, kname, out->name, sizeof out->name, 1, err, err_len)) return -1;
                 have_name = 1;
@@ -484,7 +474,7 @@ static int decode_map(const msgpack_object *root, struct bus_record *out, char *
                 have_text = 1;
             }
         } else if (!strcmp(kname, "wait_on")) {
-            if (out->kind != BUS_KIND_HEARTBEAT) return fail(err, err_len, "field 'wait_on' is only allowed in heartbeat records, found in a %s record", kind_s);
+            if (out->kind != BUS_KIND_HEARTBEAT) return err_fail(err, err_len, "field 'wait_on' is only allowed in heartbeat records, found in a %s record", kind_s);
             if (get_str(val, kname, out->wait_on, sizeof out->wait_on, 0, err, err_len)) return -1;
             out->has_wait_on = 1;
         } else {
@@ -492,38 +482,38 @@ static int decode_map(const msgpack_object *root, struct bus_record *out, char *
             if (val->type == MSGPACK_OBJECT_FLOAT64 || val->type == MSGPACK_OBJECT_FLOAT32) d = val->via.f64;
             else if (val->type == MSGPACK_OBJECT_POSITIVE_INTEGER) d = (double)val->via.u64;
             else if (val->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) d = (double)val->via.i64;
-            else return fail(err, err_len, "field '%s' must be a number, found %s", kname, type_name(val->type));
-            if (out->n_kv >= BUS_MAX_KV) return fail(err, err_len, "record has more than %d named numbers", BUS_MAX_KV);
+            else return err_fail(err, err_len, "field '%s' must be a number, found %s", kname, type_name(val->type));
+            if (out->n_kv >= BUS_MAX_KV) return err_fail(err, err_len, "record has more than %d named numbers", BUS_MAX_KV);
             memcpy(out->kv[out->n_kv].name, kname, key->size + 1);
             out->kv[out->n_kv].value = d;
             out->n_kv++;
         }
     }
-    if (!have_stage) return fail(err, err_len, "%s record has no 'stage' field", kind_s);
-    if (!have_pid) return fail(err, err_len, "%s record has no 'pid' field", kind_s);
-    if (!have_t) return fail(err, err_len, "%s record has no 't' field", kind_s);
-    if (out->kind == BUS_KIND_METRIC && !out->has_step) return fail(err, err_len, "metric record has no 'step' field");
-    if (out->kind != BUS_KIND_METRIC && !out->has_seq) return fail(err, err_len, "%s record has no 'seq' field", kind_s);
+    if (!have_stage) return err_fail(err, err_len, "%s record has no 'stage' field", kind_s);
+    if (!have_pid) return err_fail(err, err_len, "%s record has no 'pid' field", kind_s);
+    if (!have_t) return err_fail(err, err_len, "%s record has no 't' field", kind_s);
+    if (out->kind == BUS_KIND_METRIC && !out->has_step) return err_fail(err, err_len, "metric record has no 'step' field");
+    if (out->kind != BUS_KIND_METRIC && !out->has_seq) return err_fail(err, err_len, "%s record has no 'seq' field", kind_s);
     if (out->kind == BUS_KIND_EVENT && (!have_name || !have_text))
-        return fail(err, err_len, "event record needs both 'name' and 'text'");
+        return err_fail(err, err_len, "event record needs both 'name' and 'text'");
     return 0;
 }
 
 int bus_decode(const void *buf, size_t len, struct bus_record *out, char *err, int err_len) {
-    if (!buf || !out) return fail(err, err_len, "bus_decode: NULL argument");
+    if (!buf || !out) return err_fail(err, err_len, "bus_decode: NULL argument");
     memset(out, 0, sizeof *out);
-    if (len == 0) return fail(err, err_len, "malformed record: empty message");
-    if (len > BUS_MSG_MAX) return fail(err, err_len, "malformed record: %zu bytes, at most %d allowed", len, BUS_MSG_MAX);
+    if (len == 0) return err_fail(err, err_len, "malformed record: empty message");
+    if (len > BUS_MSG_MAX) return err_fail(err, err_len, "malformed record: %zu bytes, at most %d allowed", len, BUS_MSG_MAX);
     size_t off = 0;
     if (bus_scan(buf, len, &off, 0, err, err_len)) return BUS_EMALFORMED;
-    if (off != len) return fail(err, err_len, "malformed record: %zu trailing bytes after the map", len - off);
+    if (off != len) return err_fail(err, err_len, "malformed record: %zu trailing bytes after the map", len - off);
 
     msgpack_unpacked up;
     msgpack_unpacked_init(&up);
     size_t used = 0;
     msgpack_unpack_return r = msgpack_unpack_next(&up, buf, len, &used);
     int rc;
-    if (r != MSGPACK_UNPACK_SUCCESS || used != len) rc = fail(err, err_len, "malformed record: msgpack-c could not unpack it (code %d)", (int)r);
+    if (r != MSGPACK_UNPACK_SUCCESS || used != len) rc = err_fail(err, err_len, "malformed record: msgpack-c could not unpack it (code %d)", (int)r);
     else rc = decode_map(&up.data, out, err, err_len);
     msgpack_unpacked_destroy(&up);
     return rc;

@@ -8,6 +8,7 @@
  * temporary name and renamed into place; the reader trusts nothing in the file before checking it.
  */
 #include "core/dataset.h"
+#include "core/err.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,17 +22,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int fail(char *err, int err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int err_len, const char *fmt, ...) {
-    if (err && err_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, (size_t)err_len, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* ---------------------------------------------------------------- hash */
 
@@ -106,41 +96,41 @@ static int parse_sample(const char *path, uint64_t lineno, const char *line, siz
     json_error_t je;
     json_t *root = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
     if (!root)
-        return fail(msg, msg_len, "%s:%llu:%d: malformed JSON: %s", path, (unsigned long long)lineno, je.column, je.text);
+        return err_fail(msg, msg_len, "%s:%llu:%d: malformed JSON: %s", path, (unsigned long long)lineno, je.column, je.text);
     int rc = -1;
     size_t n0 = tok->n;
     if (!json_is_object(root)) {
-        fail(msg, msg_len, "%s:%llu: expected a JSON object, found %s", path, (unsigned long long)lineno, json_type_name(root));
+        err_fail(msg, msg_len, "%s:%llu: expected a JSON object, found %s", path, (unsigned long long)lineno, json_type_name(root));
         goto out;
     }
     json_t *ids = json_object_get(root, "input_ids"), *lm = json_object_get(root, "loss_mask");
     const char *missing = !ids ? "input_ids" : !lm ? "loss_mask" : NULL;
     if (missing) {
-        fail(msg, msg_len, "%s:%llu: missing key '%s'", path, (unsigned long long)lineno, missing);
+        err_fail(msg, msg_len, "%s:%llu: missing key '%s'", path, (unsigned long long)lineno, missing);
         goto out;
     }
     if (!json_is_array(ids) || !json_is_array(lm)) {
         const char *k = !json_is_array(ids) ? "input_ids" : "loss_mask";
-        fail(msg, msg_len, "%s:%llu: '%s' is %s, expected an array", path, (unsigned long long)lineno, k,
+        err_fail(msg, msg_len, "%s:%llu: '%s' is %s, expected an array", path, (unsigned long long)lineno, k,
              json_type_name(json_object_get(root, k)));
         goto out;
     }
     size_t n = json_array_size(ids), nm = json_array_size(lm);
     if (n != nm) {
-        fail(msg, msg_len, "%s:%llu: input_ids has %zu tokens but loss_mask has %zu", path, (unsigned long long)lineno, n, nm);
+        err_fail(msg, msg_len, "%s:%llu: input_ids has %zu tokens but loss_mask has %zu", path, (unsigned long long)lineno, n, nm);
         goto out;
     }
     if (n == 0) {
-        fail(msg, msg_len, "%s:%llu: empty sample (input_ids and loss_mask are [])", path, (unsigned long long)lineno);
+        err_fail(msg, msg_len, "%s:%llu: empty sample (input_ids and loss_mask are [])", path, (unsigned long long)lineno);
         goto out;
     }
     if (n > DATASET_MAX_ROW_TOKENS) {
-        fail(msg, msg_len, "%s:%llu: sample of %zu tokens is longer than %u", path, (unsigned long long)lineno, n,
+        err_fail(msg, msg_len, "%s:%llu: sample of %zu tokens is longer than %u", path, (unsigned long long)lineno, n,
              DATASET_MAX_ROW_TOKENS);
         goto out;
     }
     if (grow_reserve(tok, n) || grow_reserve(loss, n)) {
-        fail(msg, msg_len, "%s:%llu: out of memory loading %zu more tokens", path, (unsigned long long)lineno, n);
+        err_fail(msg, msg_len, "%s:%llu: out of memory loading %zu more tokens", path, (unsigned long long)lineno, n);
         goto out;
     }
     int32_t *t = (int32_t *)tok->p + tok->n;
@@ -149,22 +139,22 @@ static int parse_sample(const char *path, uint64_t lineno, const char *line, siz
     for (size_t i = 0; i < n; i++) {
         json_t *v = json_array_get(ids, i);
         if (!json_is_integer(v)) {
-            fail(msg, msg_len, "%s:%llu: input_ids[%zu] is %s, expected an integer", path, (unsigned long long)lineno, i,
+            err_fail(msg, msg_len, "%s:%llu: input_ids[%zu] is %s, expected an integer", path, (unsigned long long)lineno, i,
                  json_type_name(v));
             goto out;
         }
         json_int_t x = json_integer_value(v);
         if (x < 0) {
-            fail(msg, msg_len, "%s:%llu: input_ids[%zu] = %lld is negative", path, (unsigned long long)lineno, i, (long long)x);
+            err_fail(msg, msg_len, "%s:%llu: input_ids[%zu] = %lld is negative", path, (unsigned long long)lineno, i, (long long)x);
             goto out;
         }
         if (vocab_size > 0 && x >= vocab_size) {
-            fail(msg, msg_len, "%s:%llu: input_ids[%zu] = %lld is >= --vocab-size %lld", path, (unsigned long long)lineno, i,
+            err_fail(msg, msg_len, "%s:%llu: input_ids[%zu] = %lld is >= --vocab-size %lld", path, (unsigned long long)lineno, i,
                  (long long)x, (long long)vocab_size);
             goto out;
         }
         if (x > INT32_MAX) {
-            fail(msg, msg_len, "%s:%llu: input_ids[%zu] = %lld does not fit in int32", path, (unsigned long long)lineno, i,
+            err_fail(msg, msg_len, "%s:%llu: input_ids[%zu] = %lld does not fit in int32", path, (unsigned long long)lineno, i,
                  (long long)x);
             goto out;
         }
@@ -174,12 +164,12 @@ static int parse_sample(const char *path, uint64_t lineno, const char *line, siz
         if (json_is_integer(b)) mv = json_integer_value(b);
         else if (json_is_boolean(b)) mv = json_is_true(b);
         else {
-            fail(msg, msg_len, "%s:%llu: loss_mask[%zu] is %s, expected 0 or 1", path, (unsigned long long)lineno, i,
+            err_fail(msg, msg_len, "%s:%llu: loss_mask[%zu] is %s, expected 0 or 1", path, (unsigned long long)lineno, i,
                  json_type_name(b));
             goto out;
         }
         if (mv != 0 && mv != 1) {
-            fail(msg, msg_len, "%s:%llu: loss_mask[%zu] = %lld, expected 0 or 1", path, (unsigned long long)lineno, i, mv);
+            err_fail(msg, msg_len, "%s:%llu: loss_mask[%zu] = %lld, expected 0 or 1", path, (unsigned long long)lineno, i, mv);
             goto out;
         }
         m[i] = (uint8_t)mv;
@@ -211,13 +201,13 @@ int dataset_load_jsonl(struct dataset *ds, const char *path, const struct datase
     memset(ds, 0, sizeof *ds);
     snprintf(ds->path, sizeof ds->path, "%s", path);
     FILE *f = fopen(path, "rb");
-    if (!f) return fail(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+    if (!f) return err_fail(err, err_len, "%s: cannot open: %s", path, strerror(errno));
     struct grow tok = {NULL, 0, 0, 4}, loss = {NULL, 0, 0, 1}, offs = {NULL, 0, 0, 8}, first = {NULL, 0, 0, 4};
     char *line = NULL, msg[1024];
     size_t line_cap = 0;
     ssize_t n;
     int rc = -1;
-    if (grow_reserve(&offs, 1)) { fail(err, err_len, "%s: out of memory", path); goto out; }
+    if (grow_reserve(&offs, 1)) { err_fail(err, err_len, "%s: out of memory", path); goto out; }
     ((uint64_t *)offs.p)[offs.n++] = 0;
     errno = 0;
     while ((n = getline(&line, &line_cap, f)) >= 0) {
@@ -225,9 +215,9 @@ int dataset_load_jsonl(struct dataset *ds, const char *path, const struct datase
         if (is_blank(line, (size_t)n)) continue;
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) n--;   /* so JSON columns refer to this line */
         uint32_t fl = 0;
-        if (grow_reserve(&offs, 1) || grow_reserve(&first, 1)) { fail(err, err_len, "%s: out of memory", path); goto out; }
+        if (grow_reserve(&offs, 1) || grow_reserve(&first, 1)) { err_fail(err, err_len, "%s: out of memory", path); goto out; }
         if (parse_sample(path, st->lines, line, (size_t)n, o->vocab_size, &tok, &loss, &fl, msg, sizeof msg)) {
-            if (!o->skip_bad) { fail(err, err_len, "%s", msg); goto out; }
+            if (!o->skip_bad) { err_fail(err, err_len, "%s", msg); goto out; }
             st->skipped_bad++;
             if (o->on_bad) o->on_bad(o->ctx, msg);
             continue;
@@ -236,7 +226,7 @@ int dataset_load_jsonl(struct dataset *ds, const char *path, const struct datase
         ((uint32_t *)first.p)[first.n++] = fl;
         st->rows++;
     }
-    if (ferror(f)) { fail(err, err_len, "%s: read error after line %llu: %s", path, (unsigned long long)st->lines, strerror(errno)); goto out; }
+    if (ferror(f)) { err_fail(err, err_len, "%s: read error after line %llu: %s", path, (unsigned long long)st->lines, strerror(errno)); goto out; }
     ds->n_rows = st->rows;
     ds->n_tokens = tok.n;
     ds->offsets = offs.p;
@@ -309,7 +299,7 @@ static int write_section(int fd, uint64_t *pos, uint64_t at, const void *data, u
 int dataset_write_index(const struct dataset *ds, const char *path, char *err, int err_len) {
     char tmp[PATH_MAX + 32], dir[PATH_MAX];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
-        return fail(err, err_len, "%s: path too long", path);
+        return err_fail(err, err_len, "%s: path too long", path);
     char hdr[DATASET_INDEX_HEADER_BYTES];
     memset(hdr, 0, sizeof hdr);
     struct dataset_index_header h;
@@ -325,20 +315,20 @@ int dataset_write_index(const struct dataset *ds, const char *path, char *err, i
     h.header_hash = header_hash(&h);
     memcpy(hdr, &h, sizeof h);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return fail(err, err_len, "%s: open for writing failed: %s", tmp, strerror(errno));
+    if (fd < 0) return err_fail(err, err_len, "%s: open for writing failed: %s", tmp, strerror(errno));
     uint64_t pos = 0;
     if (write_section(fd, &pos, 0, hdr, sizeof hdr) ||
         write_section(fd, &pos, h.off_offsets, ds->offsets, 8 * (ds->n_rows + 1)) ||
         write_section(fd, &pos, h.off_first, ds->first_loss, 4 * ds->n_rows) ||
         write_section(fd, &pos, h.off_tokens, ds->tokens, 4 * ds->n_tokens) ||
         write_section(fd, &pos, h.off_loss, ds->loss_mask, ds->n_tokens)) {
-        fail(err, err_len, "%s: write failed: %s", tmp, strerror(errno));
+        err_fail(err, err_len, "%s: write failed: %s", tmp, strerror(errno));
         goto bad;
     }
-    if (fsync(fd)) { fail(err, err_len, "%s: fsync failed: %s", tmp, strerror(errno)); goto bad; }
-    if (close(fd)) { fd = -1; fail(err, err_len, "%s: close failed: %s", tmp, strerror(errno)); goto bad; }
+    if (fsync(fd)) { err_fail(err, err_len, "%s: fsync failed: %s", tmp, strerror(errno)); goto bad; }
+    if (close(fd)) { fd = -1; err_fail(err, err_len, "%s: close failed: %s", tmp, strerror(errno)); goto bad; }
     fd = -1;
-    if (rename(tmp, path)) { fail(err, err_len, "rename %s -> %s failed: %s", tmp, path, strerror(errno)); goto bad; }
+    if (rename(tmp, path)) { err_fail(err, err_len, "rename %s -> %s failed: %s", tmp, path, strerror(errno)); goto bad; }
     snprintf(dir, sizeof dir, "%s", path);
     int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {   /* the rename is durable once the directory is synced; a failure here loses nothing now */
@@ -357,7 +347,7 @@ bad:
 static int check_section(const char *path, const char *name, uint64_t off, uint64_t bytes, uint64_t prev_end,
                          uint64_t file_bytes, char *err, int err_len) {
     if (off % DATASET_INDEX_ALIGN || off < prev_end || off > file_bytes || bytes > file_bytes - off)
-        return fail(err, err_len, "%s: corrupt index: section '%s' at [%llu, +%llu) does not fit after byte %llu of a %llu-byte file",
+        return err_fail(err, err_len, "%s: corrupt index: section '%s' at [%llu, +%llu) does not fit after byte %llu of a %llu-byte file",
                     path, name, (unsigned long long)off, (unsigned long long)bytes, (unsigned long long)prev_end,
                     (unsigned long long)file_bytes);
     return 0;
@@ -366,21 +356,21 @@ static int check_section(const char *path, const char *name, uint64_t off, uint6
 static int verify_content(const struct dataset *ds, const struct dataset_index_header *h, char *err, int err_len) {
     const char *path = ds->path;
     if (data_hash(ds) != h->data_hash)
-        return fail(err, err_len, "%s: corrupt index: the data hash does not match the header (the file was modified or damaged)", path);
+        return err_fail(err, err_len, "%s: corrupt index: the data hash does not match the header (the file was modified or damaged)", path);
     for (uint64_t r = 0; r < ds->n_rows; r++) {
         uint64_t lo = ds->offsets[r], hi = ds->offsets[r + 1];
         uint32_t first = (uint32_t)(hi - lo);
         for (uint64_t i = lo; i < hi; i++) {
             if (ds->tokens[i] < 0 || ds->tokens[i] > h->max_token_id)
-                return fail(err, err_len, "%s: corrupt index: row %llu token %llu = %d is outside [0, %d]", path,
+                return err_fail(err, err_len, "%s: corrupt index: row %llu token %llu = %d is outside [0, %d]", path,
                             (unsigned long long)r, (unsigned long long)(i - lo), ds->tokens[i], h->max_token_id);
             if (ds->loss_mask[i] > 1)
-                return fail(err, err_len, "%s: corrupt index: row %llu loss_mask[%llu] = %u", path, (unsigned long long)r,
+                return err_fail(err, err_len, "%s: corrupt index: row %llu loss_mask[%llu] = %u", path, (unsigned long long)r,
                             (unsigned long long)(i - lo), ds->loss_mask[i]);
             if (ds->loss_mask[i] && first == hi - lo) first = (uint32_t)(i - lo);
         }
         if (ds->first_loss[r] != first)
-            return fail(err, err_len, "%s: corrupt index: row %llu first supervised token %u, table says %u", path,
+            return err_fail(err, err_len, "%s: corrupt index: row %llu first supervised token %u, table says %u", path,
                         (unsigned long long)r, first, ds->first_loss[r]);
     }
     return 0;
@@ -390,43 +380,43 @@ int dataset_open_index(struct dataset *ds, const char *path, int verify, char *e
     memset(ds, 0, sizeof *ds);
     snprintf(ds->path, sizeof ds->path, "%s", path);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fail(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return err_fail(err, err_len, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
-    if (fstat(fd, &sb)) { close(fd); return fail(err, err_len, "%s: fstat failed: %s", path, strerror(errno)); }
+    if (fstat(fd, &sb)) { close(fd); return err_fail(err, err_len, "%s: fstat failed: %s", path, strerror(errno)); }
     uint64_t size = (uint64_t)sb.st_size;
     if (size < DATASET_INDEX_HEADER_BYTES) {
         close(fd);
-        return fail(err, err_len, "%s: truncated index: %llu bytes, smaller than the %u-byte header", path,
+        return err_fail(err, err_len, "%s: truncated index: %llu bytes, smaller than the %u-byte header", path,
                     (unsigned long long)size, DATASET_INDEX_HEADER_BYTES);
     }
     void *map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
-    if (map == MAP_FAILED) return fail(err, err_len, "%s: mmap of %llu bytes failed: %s", path, (unsigned long long)size, strerror(errno));
+    if (map == MAP_FAILED) return err_fail(err, err_len, "%s: mmap of %llu bytes failed: %s", path, (unsigned long long)size, strerror(errno));
     ds->map_ = map;
     ds->map_bytes_ = size;
     ds->is_index = 1;
     struct dataset_index_header h;
     memcpy(&h, map, sizeof h);
     if (memcmp(h.magic, DATASET_INDEX_MAGIC, 8)) {
-        fail(err, err_len, "%s: not a dflash index (bad magic; expected the file `dflash-pack --index` writes)", path);
+        err_fail(err, err_len, "%s: not a dflash index (bad magic; expected the file `dflash-pack --index` writes)", path);
         goto bad;
     }
     if (h.version != DATASET_INDEX_VERSION) {
-        fail(err, err_len, "%s: index version %u, this build reads version %u (rebuild the index with this dflash-pack)", path,
+        err_fail(err, err_len, "%s: index version %u, this build reads version %u (rebuild the index with this dflash-pack)", path,
              h.version, DATASET_INDEX_VERSION);
         goto bad;
     }
     if (h.header_bytes != DATASET_INDEX_HEADER_BYTES || header_hash(&h) != h.header_hash) {
-        fail(err, err_len, "%s: corrupt index: the header hash does not match (header bytes %u)", path, h.header_bytes);
+        err_fail(err, err_len, "%s: corrupt index: the header hash does not match (header bytes %u)", path, h.header_bytes);
         goto bad;
     }
     if (h.file_bytes != size) {
-        fail(err, err_len, "%s: %s index: the header says %llu bytes, the file has %llu", path,
+        err_fail(err, err_len, "%s: %s index: the header says %llu bytes, the file has %llu", path,
              size < h.file_bytes ? "truncated" : "oversized", (unsigned long long)h.file_bytes, (unsigned long long)size);
         goto bad;
     }
     if (h.n_rows > size / 8 || h.n_tokens > size) {
-        fail(err, err_len, "%s: corrupt index: %llu rows / %llu tokens cannot fit in %llu bytes", path,
+        err_fail(err, err_len, "%s: corrupt index: %llu rows / %llu tokens cannot fit in %llu bytes", path,
              (unsigned long long)h.n_rows, (unsigned long long)h.n_tokens, (unsigned long long)size);
         goto bad;
     }
@@ -445,7 +435,7 @@ int dataset_open_index(struct dataset *ds, const char *path, int verify, char *e
     ds->max_token_id = h.max_token_id;
     ds->data_hash = h.data_hash;
     if (ds->offsets[0] != 0 || ds->offsets[h.n_rows] != h.n_tokens) {
-        fail(err, err_len, "%s: corrupt index: offsets run from %llu to %llu, expected 0 to %llu", path,
+        err_fail(err, err_len, "%s: corrupt index: offsets run from %llu to %llu, expected 0 to %llu", path,
              (unsigned long long)ds->offsets[0], (unsigned long long)ds->offsets[h.n_rows], (unsigned long long)h.n_tokens);
         goto bad;
     }
@@ -453,7 +443,7 @@ int dataset_open_index(struct dataset *ds, const char *path, int verify, char *e
         uint64_t len = ds->offsets[r + 1] - ds->offsets[r];
         if (ds->offsets[r + 1] <= ds->offsets[r] || ds->offsets[r + 1] > h.n_tokens || len > DATASET_MAX_ROW_TOKENS ||
             ds->first_loss[r] > len) {
-            fail(err, err_len, "%s: corrupt index: row %llu has offsets [%llu, %llu) and first supervised token %u", path,
+            err_fail(err, err_len, "%s: corrupt index: row %llu has offsets [%llu, %llu) and first supervised token %u", path,
                  (unsigned long long)r, (unsigned long long)ds->offsets[r], (unsigned long long)ds->offsets[r + 1],
                  ds->first_loss[r]);
             goto bad;
@@ -471,9 +461,9 @@ int dataset_check_vocab(const struct dataset *ds, int64_t vocab_size, char *err,
     for (uint64_t r = 0; r < ds->n_rows; r++)
         for (uint64_t i = ds->offsets[r]; i < ds->offsets[r + 1]; i++)
             if (ds->tokens[i] >= vocab_size)
-                return fail(err, err_len, "%s: row %llu: input_ids[%llu] = %d is >= --vocab-size %lld", ds->path,
+                return err_fail(err, err_len, "%s: row %llu: input_ids[%llu] = %d is >= --vocab-size %lld", ds->path,
                             (unsigned long long)r, (unsigned long long)(i - ds->offsets[r]), ds->tokens[i], (long long)vocab_size);
-    return fail(err, err_len, "%s: the header says token id %d, which is >= --vocab-size %lld, but no row holds it", ds->path,
+    return err_fail(err, err_len, "%s: the header says token id %d, which is >= --vocab-size %lld, but no row holds it", ds->path,
                 ds->max_token_id, (long long)vocab_size);
 }
 
@@ -481,7 +471,7 @@ int dataset_open(struct dataset *ds, const char *path, const struct dataset_load
                  int verify, char *err, int err_len) {
     char magic[8] = {0};
     FILE *f = fopen(path, "rb");
-    if (!f) return fail(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+    if (!f) return err_fail(err, err_len, "%s: cannot open: %s", path, strerror(errno));
     size_t got = fread(magic, 1, 8, f);
     fclose(f);
     if (got == 8 && !memcmp(magic, DATASET_INDEX_MAGIC, 8)) {

@@ -8,6 +8,7 @@
  * the exact count, then converts and validates ranges and array placement.
  */
 #include "core/desc.h"
+#include "core/err.h"
 
 #include <msgpack.h>
 #include <stdarg.h>
@@ -60,17 +61,6 @@ struct gen {
     uint32_t n_layers;
     int32_t layers[DESC_MAX_LAYERS];
 };
-
-static int fail(char *err, int err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int err_len, const char *fmt, ...) {
-    if (err && err_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, (size_t)err_len, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* ---------------------------------------------------------------- names and sizes */
 
@@ -160,33 +150,33 @@ struct span { const char *name; uint64_t off, bytes; };
 /* Each span aligned, inside payload_bytes (and payload_cap when non-zero), and no two overlap. */
 static int check_spans(struct span *s, int n, uint64_t payload_bytes, uint64_t payload_cap, char *err, int err_len) {
     if (payload_cap && payload_bytes > payload_cap)
-        return fail(err, err_len, "descriptor payload_bytes %llu exceeds the slot's payload capacity %llu",
+        return err_fail(err, err_len, "descriptor payload_bytes %llu exceeds the slot's payload capacity %llu",
                     (unsigned long long)payload_bytes, (unsigned long long)payload_cap);
     for (int i = 0; i < n; i++) {
         if (s[i].off % DESC_ALIGN)
-            return fail(err, err_len, "descriptor array '%s': offset %llu is not a multiple of %u",
+            return err_fail(err, err_len, "descriptor array '%s': offset %llu is not a multiple of %u",
                         s[i].name, (unsigned long long)s[i].off, DESC_ALIGN);
         if (s[i].off > payload_bytes || s[i].bytes > payload_bytes - s[i].off)
-            return fail(err, err_len, "descriptor array '%s': bytes [%llu, %llu) lie outside the payload of %llu bytes",
+            return err_fail(err, err_len, "descriptor array '%s': bytes [%llu, %llu) lie outside the payload of %llu bytes",
                         s[i].name, (unsigned long long)s[i].off, (unsigned long long)(s[i].off + s[i].bytes),
                         (unsigned long long)payload_bytes);
     }
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++)
             if (s[i].off < s[j].off + s[j].bytes && s[j].off < s[i].off + s[i].bytes)
-                return fail(err, err_len, "descriptor arrays '%s' and '%s' overlap", s[i].name, s[j].name);
+                return err_fail(err, err_len, "descriptor arrays '%s' and '%s' overlap", s[i].name, s[j].name);
     return 0;
 }
 
 static int batch_ranges(const struct desc_batch *d, char *err, int err_len) {
     if (d->n_tokens < 1 || d->n_tokens > INT32_MAX)
-        return fail(err, err_len, "descriptor n_tokens: expected 1..%d, found %u", INT32_MAX, d->n_tokens);
+        return err_fail(err, err_len, "descriptor n_tokens: expected 1..%d, found %u", INT32_MAX, d->n_tokens);
     if (d->budget < d->n_tokens || d->budget > INT32_MAX)
-        return fail(err, err_len, "descriptor budget: expected n_tokens (%u)..%d, found %u", d->n_tokens, INT32_MAX, d->budget);
+        return err_fail(err, err_len, "descriptor budget: expected n_tokens (%u)..%d, found %u", d->n_tokens, INT32_MAX, d->budget);
     if (d->n_docs < 1 || d->n_docs > d->n_tokens)
-        return fail(err, err_len, "descriptor n_docs: expected 1..n_tokens (%u), found %u", d->n_tokens, d->n_docs);
+        return err_fail(err, err_len, "descriptor n_docs: expected 1..n_tokens (%u), found %u", d->n_tokens, d->n_docs);
     if (d->n_loss < 1 || d->n_loss > d->n_tokens)
-        return fail(err, err_len, "descriptor n_loss: expected 1..n_tokens (%u), found %u", d->n_tokens, d->n_loss);
+        return err_fail(err, err_len, "descriptor n_loss: expected 1..n_tokens (%u), found %u", d->n_tokens, d->n_loss);
     return 0;
 }
 
@@ -214,14 +204,14 @@ static int states_validate(const struct desc_batch *b, uint32_t n_layers, const 
                            char *err, int err_len) {
     if (batch_ranges(b, err, err_len)) return -1;
     if (n_layers < 1 || n_layers > DESC_MAX_LAYERS)
-        return fail(err, err_len, "descriptor layers: expected 1..%d layer ids, found %u", DESC_MAX_LAYERS, n_layers);
+        return err_fail(err, err_len, "descriptor layers: expected 1..%d layer ids, found %u", DESC_MAX_LAYERS, n_layers);
     for (uint32_t i = 0; i < n_layers; i++)
         if (layers[i] < 0)
-            return fail(err, err_len, "descriptor layers[%u]: expected a layer id >= 0, found %d", i, layers[i]);
+            return err_fail(err, err_len, "descriptor layers[%u]: expected a layer id >= 0, found %d", i, layers[i]);
     if (!desc_dtype_bytes(dtype))
-        return fail(err, err_len, "descriptor dtype: expected bf16 or f32, found enum value %d", (int)dtype);
+        return err_fail(err, err_len, "descriptor dtype: expected bf16 or f32, found enum value %d", (int)dtype);
     if (hidden_size < 1 || hidden_size > (1u << 20))
-        return fail(err, err_len, "descriptor hidden_size: expected 1..%u, found %u", 1u << 20, hidden_size);
+        return err_fail(err, err_len, "descriptor hidden_size: expected 1..%u, found %u", 1u << 20, hidden_size);
     /* T < 2^31, H <= 2^20, k <= 64, 4 bytes: at most 2^59, no overflow. */
     uint64_t last = states_bytes(b->n_tokens, 1, hidden_size, dtype);
     struct span s[8];
@@ -238,7 +228,7 @@ int desc_hidden_validate(const struct desc_hidden *d, uint64_t payload_cap, char
 
 int desc_features_validate(const struct desc_features *d, uint64_t payload_cap, char *err, int err_len) {
     if (d->layout != DESC_LAYOUT_CONCAT && d->layout != DESC_LAYOUT_SPLIT)
-        return fail(err, err_len, "descriptor layout: expected concat or split, found enum value %d", (int)d->layout);
+        return err_fail(err, err_len, "descriptor layout: expected concat or split, found enum value %d", (int)d->layout);
     return states_validate(&d->batch, d->n_layers, d->layers, d->dtype, d->hidden_size, d->off_states, d->off_last,
                            payload_cap, err, err_len);
 }
@@ -250,38 +240,38 @@ int desc_batch_check_payload(const struct desc_batch *d, const void *payload, in
     unsigned long long seq = (unsigned long long)d->seq;
     int32_t T = (int32_t)d->n_tokens, n = (int32_t)d->n_docs;
     if (a.cu_seqlens[0] != 0)
-        return fail(err, err_len, "batch seq %llu: cu_seqlens[0] = %d, expected 0", seq, a.cu_seqlens[0]);
+        return err_fail(err, err_len, "batch seq %llu: cu_seqlens[0] = %d, expected 0", seq, a.cu_seqlens[0]);
     if (a.cu_seqlens[n] != T)
-        return fail(err, err_len, "batch seq %llu: cu_seqlens[%d] = %d, expected n_tokens %d", seq, n, a.cu_seqlens[n], T);
+        return err_fail(err, err_len, "batch seq %llu: cu_seqlens[%d] = %d, expected n_tokens %d", seq, n, a.cu_seqlens[n], T);
     uint32_t n_loss = 0;
     for (int32_t doc = 0; doc < n; doc++) {
         int32_t lo = a.cu_seqlens[doc], hi = a.cu_seqlens[doc + 1];
         if (hi <= lo || hi > T)
-            return fail(err, err_len, "batch seq %llu: cu_seqlens[%d..%d] = %d, %d is not strictly increasing within [0, %d]",
+            return err_fail(err, err_len, "batch seq %llu: cu_seqlens[%d..%d] = %d, %d is not strictly increasing within [0, %d]",
                         seq, doc, doc + 1, lo, hi, T);
         if (a.row_ids[doc] < 0)
-            return fail(err, err_len, "batch seq %llu: row_ids[%d] = %lld is negative", seq, doc, (long long)a.row_ids[doc]);
+            return err_fail(err, err_len, "batch seq %llu: row_ids[%d] = %lld is negative", seq, doc, (long long)a.row_ids[doc]);
         uint32_t doc_loss = 0;
         for (int32_t t = lo; t < hi; t++) {
             if (a.position_ids[t] != t - lo)
-                return fail(err, err_len, "batch seq %llu: position_ids[%d] = %d, expected %d (document %d starts at %d)",
+                return err_fail(err, err_len, "batch seq %llu: position_ids[%d] = %d, expected %d (document %d starts at %d)",
                             seq, t, a.position_ids[t], t - lo, doc, lo);
             if (a.doc_ids[t] != doc)
-                return fail(err, err_len, "batch seq %llu: doc_ids[%d] = %d, expected %d", seq, t, a.doc_ids[t], doc);
+                return err_fail(err, err_len, "batch seq %llu: doc_ids[%d] = %d, expected %d", seq, t, a.doc_ids[t], doc);
             if (a.loss_mask[t] > 1)
-                return fail(err, err_len, "batch seq %llu: loss_mask[%d] = %u, expected 0 or 1", seq, t, a.loss_mask[t]);
+                return err_fail(err, err_len, "batch seq %llu: loss_mask[%d] = %u, expected 0 or 1", seq, t, a.loss_mask[t]);
             if (a.input_ids[t] < 0 || (vocab_size > 0 && a.input_ids[t] >= vocab_size))
-                return fail(err, err_len, "batch seq %llu: input_ids[%d] = %d is outside [0, %lld)", seq, t, a.input_ids[t],
+                return err_fail(err, err_len, "batch seq %llu: input_ids[%d] = %d is outside [0, %lld)", seq, t, a.input_ids[t],
                             (long long)(vocab_size > 0 ? vocab_size : (int64_t)INT32_MAX + 1));
             doc_loss += a.loss_mask[t];
         }
         if (!doc_loss)
-            return fail(err, err_len, "batch seq %llu: document %d (row %lld) has no loss_mask = 1 token", seq, doc,
+            return err_fail(err, err_len, "batch seq %llu: document %d (row %lld) has no loss_mask = 1 token", seq, doc,
                         (long long)a.row_ids[doc]);
         n_loss += doc_loss;
     }
     if (n_loss != d->n_loss)
-        return fail(err, err_len, "batch seq %llu: descriptor n_loss %u, but loss_mask has %u ones", seq, d->n_loss, n_loss);
+        return err_fail(err, err_len, "batch seq %llu: descriptor n_loss %u, but loss_mask has %u ones", seq, d->n_loss, n_loss);
     return 0;
 }
 
@@ -372,7 +362,7 @@ static int gen_encode(const struct gen *g, int n_fields, void *buf, size_t cap, 
         }
     }
     if (f.need > cap)
-        return fail(err, err_len, "descriptor needs %zu bytes, buffer has %zu", f.need, cap);
+        return err_fail(err, err_len, "descriptor needs %zu bytes, buffer has %zu", f.need, cap);
     *len = f.len;
     return 0;
 }
@@ -430,11 +420,11 @@ static int unpack_map(const void *buf, size_t len, msgpack_unpacked *u, char *er
     size_t off = 0;
     msgpack_unpack_return r = msgpack_unpack_next(u, buf, len, &off);
     if (r != MSGPACK_UNPACK_SUCCESS)
-        return fail(err, err_len, "descriptor: not a complete msgpack object (%zu bytes; unpack returned %d)", len, (int)r);
+        return err_fail(err, err_len, "descriptor: not a complete msgpack object (%zu bytes; unpack returned %d)", len, (int)r);
     if (off != len)
-        return fail(err, err_len, "descriptor: %zu trailing bytes after the msgpack map", len - off);
+        return err_fail(err, err_len, "descriptor: %zu trailing bytes after the msgpack map", len - off);
     if (u->data.type != MSGPACK_OBJECT_MAP)
-        return fail(err, err_len, "descriptor: expected a msgpack map, found %s", obj_type_name(u->data.type));
+        return err_fail(err, err_len, "descriptor: expected a msgpack map, found %s", obj_type_name(u->data.type));
     return 0;
 }
 
@@ -445,15 +435,15 @@ static int map_kind(const msgpack_object *map, enum desc_kind *kind, char *err, 
         if (!key_is(&m->ptr[i].key, "kind")) continue;
         const msgpack_object *v = &m->ptr[i].val;
         if (v->type != MSGPACK_OBJECT_STR)
-            return fail(err, err_len, "descriptor field 'kind': expected a string, found %s", obj_type_name(v->type));
+            return err_fail(err, err_len, "descriptor field 'kind': expected a string, found %s", obj_type_name(v->type));
         static const struct { const char *name; enum desc_kind kind; } kinds[] = {
             {"batch", DESC_KIND_BATCH}, {"hidden", DESC_KIND_HIDDEN}, {"features", DESC_KIND_FEATURES}};
         for (size_t j = 0; j < sizeof kinds / sizeof kinds[0]; j++)
             if (key_is(v, kinds[j].name)) { *kind = kinds[j].kind; return 0; }
-        return fail(err, err_len, "descriptor kind: expected batch, hidden or features, found '%.*s'",
+        return err_fail(err, err_len, "descriptor kind: expected batch, hidden or features, found '%.*s'",
                     (int)(v->via.str.size > 32 ? 32 : v->via.str.size), v->via.str.ptr);
     }
-    return fail(err, err_len, "descriptor: the map has no 'kind' field");
+    return err_fail(err, err_len, "descriptor: the map has no 'kind' field");
 }
 
 int desc_peek_kind(const void *buf, size_t len, enum desc_kind *kind, char *err, int err_len) {
@@ -473,7 +463,7 @@ static int gen_decode(const void *buf, size_t len, enum desc_kind want, int n_fi
     enum desc_kind kind;
     if (unpack_map(buf, len, &u, err, err_len) || map_kind(&u.data, &kind, err, err_len)) goto out;
     if (kind != want) {
-        fail(err, err_len, "descriptor kind: expected '%s', found '%s'", desc_kind_name(want), desc_kind_name(kind));
+        err_fail(err, err_len, "descriptor kind: expected '%s', found '%s'", desc_kind_name(want), desc_kind_name(kind));
         goto out;
     }
     const msgpack_object_map *m = &u.data.via.map;
@@ -483,16 +473,16 @@ static int gen_decode(const void *buf, size_t len, enum desc_kind want, int n_fi
             const msgpack_object *v = &m->ptr[i].val;
             if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER || v->via.u64 != DESC_VERSION) {
                 if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-                    fail(err, err_len, "%s descriptor version: expected %u, found %llu", desc_kind_name(want), DESC_VERSION,
+                    err_fail(err, err_len, "%s descriptor version: expected %u, found %llu", desc_kind_name(want), DESC_VERSION,
                          (unsigned long long)v->via.u64);
                 else
-                    fail(err, err_len, "%s descriptor field 'version': expected an unsigned integer, found %s",
+                    err_fail(err, err_len, "%s descriptor field 'version': expected an unsigned integer, found %s",
                          desc_kind_name(want), obj_type_name(v->type));
                 goto out;
             }
         }
     if (m->size != (uint32_t)n_fields) {
-        fail(err, err_len, "%s descriptor: expected %d fields, found %u", desc_kind_name(want), n_fields, m->size);
+        err_fail(err, err_len, "%s descriptor: expected %d fields, found %u", desc_kind_name(want), n_fields, m->size);
         goto out;
     }
     int seen[F_COUNT] = {0};
@@ -503,20 +493,20 @@ static int gen_decode(const void *buf, size_t len, enum desc_kind want, int n_fi
             if (key_is(k, g_fields[j].name)) { f = j; break; }
         if (f < 0) {
             if (k->type == MSGPACK_OBJECT_STR)
-                fail(err, err_len, "%s descriptor: unexpected field '%.*s'", desc_kind_name(want),
+                err_fail(err, err_len, "%s descriptor: unexpected field '%.*s'", desc_kind_name(want),
                      (int)(k->via.str.size > 32 ? 32 : k->via.str.size), k->via.str.ptr);
             else
-                fail(err, err_len, "%s descriptor: a key is %s, expected a string", desc_kind_name(want), obj_type_name(k->type));
+                err_fail(err, err_len, "%s descriptor: a key is %s, expected a string", desc_kind_name(want), obj_type_name(k->type));
             goto out;
         }
         if (seen[f]++) {
-            fail(err, err_len, "%s descriptor: field '%s' appears twice", desc_kind_name(want), g_fields[f].name);
+            err_fail(err, err_len, "%s descriptor: field '%s' appears twice", desc_kind_name(want), g_fields[f].name);
             goto out;
         }
         switch (g_fields[f].type) {
         case T_STR:
             if (v->type != MSGPACK_OBJECT_STR || v->via.str.size >= sizeof g->s[0]) {
-                fail(err, err_len, "%s descriptor field '%s': expected a short string, found %s", desc_kind_name(want),
+                err_fail(err, err_len, "%s descriptor field '%s': expected a short string, found %s", desc_kind_name(want),
                      g_fields[f].name, obj_type_name(v->type));
                 goto out;
             }
@@ -526,12 +516,12 @@ static int gen_decode(const void *buf, size_t len, enum desc_kind want, int n_fi
         case T_U32:
         case T_U64:
             if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
-                fail(err, err_len, "%s descriptor field '%s': expected an unsigned integer, found %s", desc_kind_name(want),
+                err_fail(err, err_len, "%s descriptor field '%s': expected an unsigned integer, found %s", desc_kind_name(want),
                      g_fields[f].name, obj_type_name(v->type));
                 goto out;
             }
             if (g_fields[f].type == T_U32 && v->via.u64 > UINT32_MAX) {
-                fail(err, err_len, "%s descriptor field '%s': %llu does not fit in 32 bits", desc_kind_name(want),
+                err_fail(err, err_len, "%s descriptor field '%s': %llu does not fit in 32 bits", desc_kind_name(want),
                      g_fields[f].name, (unsigned long long)v->via.u64);
                 goto out;
             }
@@ -539,12 +529,12 @@ static int gen_decode(const void *buf, size_t len, enum desc_kind want, int n_fi
             break;
         case T_LAYERS:
             if (v->type != MSGPACK_OBJECT_ARRAY) {
-                fail(err, err_len, "%s descriptor field 'layers': expected an array, found %s", desc_kind_name(want),
+                err_fail(err, err_len, "%s descriptor field 'layers': expected an array, found %s", desc_kind_name(want),
                      obj_type_name(v->type));
                 goto out;
             }
             if (v->via.array.size < 1 || v->via.array.size > DESC_MAX_LAYERS) {
-                fail(err, err_len, "%s descriptor field 'layers': expected 1..%d layer ids, found %u", desc_kind_name(want),
+                err_fail(err, err_len, "%s descriptor field 'layers': expected 1..%d layer ids, found %u", desc_kind_name(want),
                      DESC_MAX_LAYERS, v->via.array.size);
                 goto out;
             }
@@ -552,7 +542,7 @@ static int gen_decode(const void *buf, size_t len, enum desc_kind want, int n_fi
             for (uint32_t j = 0; j < g->n_layers; j++) {
                 const msgpack_object *e = &v->via.array.ptr[j];
                 if (e->type != MSGPACK_OBJECT_POSITIVE_INTEGER || e->via.u64 > INT32_MAX) {
-                    fail(err, err_len, "%s descriptor field 'layers'[%u]: expected a layer id >= 0, found %s",
+                    err_fail(err, err_len, "%s descriptor field 'layers'[%u]: expected a layer id >= 0, found %s",
                          desc_kind_name(want), j, e->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? "a value past 2^31" : obj_type_name(e->type));
                     goto out;
                 }
@@ -570,7 +560,7 @@ out:
 static int parse_dtype(const struct gen *g, enum desc_dtype *dtype, const char *kind, char *err, int err_len) {
     if (!strcmp(g->s[F_DTYPE], "bf16")) *dtype = DESC_DTYPE_BF16;
     else if (!strcmp(g->s[F_DTYPE], "f32")) *dtype = DESC_DTYPE_F32;
-    else return fail(err, err_len, "%s descriptor dtype: expected 'bf16' or 'f32', found '%s'", kind, g->s[F_DTYPE]);
+    else return err_fail(err, err_len, "%s descriptor dtype: expected 'bf16' or 'f32', found '%s'", kind, g->s[F_DTYPE]);
     return 0;
 }
 
@@ -605,7 +595,7 @@ int desc_features_decode(const void *buf, size_t len, uint64_t payload_cap, stru
     if (parse_dtype(&g, &d->dtype, "features", err, err_len)) return -1;
     if (!strcmp(g.s[F_LAYOUT], "concat")) d->layout = DESC_LAYOUT_CONCAT;
     else if (!strcmp(g.s[F_LAYOUT], "split")) d->layout = DESC_LAYOUT_SPLIT;
-    else return fail(err, err_len, "features descriptor layout: expected 'concat' or 'split', found '%s'", g.s[F_LAYOUT]);
+    else return err_fail(err, err_len, "features descriptor layout: expected 'concat' or 'split', found '%s'", g.s[F_LAYOUT]);
     d->hidden_size = (uint32_t)g.u[F_HIDDEN_SIZE];
     d->off_states = g.u[F_OFF_STATES];
     d->off_last = g.u[F_OFF_LAST];

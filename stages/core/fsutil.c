@@ -3,6 +3,7 @@
  * directory and its id (fsutil.h).
  */
 #include "core/fsutil.h"
+#include "shm/ring.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -116,22 +117,8 @@ int run_dir_init(const char *run_dir, char *err, int err_len) {
 }
 
 int run_id(const char *run_dir, char *out, size_t out_len, char *err, int err_len) {
-    char real[PATH_MAX];
-    if (!realpath(run_dir, real)) { snprintf(err, err_len, "realpath(%s) failed: %s", run_dir, strerror(errno)); return -1; }
-    uint32_t h = 2166136261u;   /* FNV-1a of the full path */
-    for (const char *c = real; *c; c++) h = (h ^ (uint8_t)*c) * 16777619u;
-    const char *base = strrchr(real, '/');
-    base = base && base[1] ? base + 1 : real;
-    char clean[64];
-    size_t i = 0;
-    for (; base[i] && i < 40; i++) {
-        char c = base[i];
-        clean[i] = ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-') ? c : '_';
-    }
-    clean[i] = 0;
-    int n = snprintf(out, out_len, "%s-%08x", clean, h);
-    if (n < 0 || (size_t)n >= out_len) { snprintf(err, err_len, "run id buffer too small"); return -1; }
-    return 0;
+    /* One definition of the id for stages and rings: the ring segment names depend on it. */
+    return ring_run_id(run_dir, out, out_len, err, err_len);
 }
 
 double time_mono_s(void) {

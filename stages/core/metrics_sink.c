@@ -10,6 +10,7 @@
  * kill(pid, 0) says its process is gone.
  */
 #include "core/metrics_sink.h"
+#include "core/err.h"
 #include "core/bus.h"
 #include "core/fsutil.h"
 #include "core/log.h"
@@ -93,17 +94,6 @@ struct msink {
     int plots_off, plot_fail_logged;
 };
 
-static int fail(char *err, int err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int err_len, const char *fmt, ...) {
-    if (err && err_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, (size_t)err_len, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 static int write_all(int fd, const char *p, size_t n) {
     while (n > 0) {
         ssize_t w = write(fd, p, n);
@@ -164,7 +154,7 @@ static size_t csv_header(const struct msink *s, char *out, size_t cap) {
  * row torn by SIGKILL mid-write stays a short row instead of merging with the next one). */
 static int csv_load(struct msink *s, char *err, int err_len) {
     struct stat st;
-    if (fstat(s->csv_fd, &st) != 0) return fail(err, err_len, "fstat(%s) failed: %s", s->csv_path, strerror(errno));
+    if (fstat(s->csv_fd, &st) != 0) return err_fail(err, err_len, "fstat(%s) failed: %s", s->csv_path, strerror(errno));
     if (st.st_size == 0) return 0;
     char *text;
     size_t len;
@@ -173,18 +163,18 @@ static int csv_load(struct msink *s, char *err, int err_len) {
     char *nl = strchr(text, '\n');
     if (nl) *nl = 0;
     if (strncmp(text, "step,t", 6) || (text[6] && text[6] != ',')) {
-        fail(err, err_len, "%s does not start with a 'step,t,...' header (found '%.60s'); move it away", s->csv_path, text);
+        err_fail(err, err_len, "%s does not start with a 'step,t,...' header (found '%.60s'); move it away", s->csv_path, text);
         free(text);
         return -1;
     }
     for (char *p = text[6] ? text + 7 : NULL; p;) {
         char *comma = strchr(p, ',');
         if (comma) *comma = 0;
-        if (*p && csv_col_index(s, p) < 0 && s->ncols < MAX_CSV_COLS && csv_add_col(s, p)) { free(text); return fail(err, err_len, "out of memory"); }
+        if (*p && csv_col_index(s, p) < 0 && s->ncols < MAX_CSV_COLS && csv_add_col(s, p)) { free(text); return err_fail(err, err_len, "out of memory"); }
         p = comma ? comma + 1 : NULL;
     }
     free(text);
-    if (torn && write_all(s->csv_fd, "\n", 1)) return fail(err, err_len, "write(%s) failed: %s", s->csv_path, strerror(errno));
+    if (torn && write_all(s->csv_fd, "\n", 1)) return err_fail(err, err_len, "write(%s) failed: %s", s->csv_path, strerror(errno));
     return 0;
 }
 
@@ -193,14 +183,14 @@ static int csv_widen(struct msink *s, int old_ncols, char *err, int err_len) {
     char *text = NULL;
     size_t len = 0;
     struct stat st;
-    if (fstat(s->csv_fd, &st) != 0) return fail(err, err_len, "fstat(%s) failed: %s", s->csv_path, strerror(errno));
+    if (fstat(s->csv_fd, &st) != 0) return err_fail(err, err_len, "fstat(%s) failed: %s", s->csv_path, strerror(errno));
     if (st.st_size > 0 && fs_read_file(s->csv_path, &text, &len, err, err_len)) return -1;
     int add = s->ncols - old_ncols;
     size_t lines = 0;
     for (size_t i = 0; i < len; i++) lines += text[i] == '\n';
     size_t cap = len + (lines + 2) * (size_t)add + 65536 + (size_t)s->ncols * BUS_NAME_MAX;
     char *out = malloc(cap);
-    if (!out) { free(text); return fail(err, err_len, "out of memory rewriting %s", s->csv_path); }
+    if (!out) { free(text); return err_fail(err, err_len, "out of memory rewriting %s", s->csv_path); }
     size_t n = csv_header(s, out, cap);
     char *p = text ? strchr(text, '\n') : NULL;   /* skip the old header */
     if (p) p++;
@@ -219,7 +209,7 @@ static int csv_widen(struct msink *s, int old_ncols, char *err, int err_len) {
     if (rc) return -1;
     /* the old fd points at the replaced inode: reopen */
     int fd = open(s->csv_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return fail(err, err_len, "open(%s) failed: %s", s->csv_path, strerror(errno));
+    if (fd < 0) return err_fail(err, err_len, "open(%s) failed: %s", s->csv_path, strerror(errno));
     close(s->csv_fd);
     s->csv_fd = fd;
     return 0;
@@ -233,7 +223,7 @@ static int csv_row(struct msink *s, const struct bus_record *r, char *err, int e
         csv_name(cname, r->kv[i].name);
         idx[i] = csv_col_index(s, cname);
         if (idx[i] < 0 && s->ncols < MAX_CSV_COLS) {
-            if (csv_add_col(s, cname)) return fail(err, err_len, "out of memory");
+            if (csv_add_col(s, cname)) return err_fail(err, err_len, "out of memory");
             idx[i] = s->ncols - 1;
         } else if (idx[i] < 0 && !s->csv_full_logged) {
             s->csv_full_logged = 1;
@@ -243,11 +233,11 @@ static int csv_row(struct msink *s, const struct bus_record *r, char *err, int e
         }
     }
     struct stat st;
-    if (fstat(s->csv_fd, &st) != 0) return fail(err, err_len, "fstat(%s) failed: %s", s->csv_path, strerror(errno));
+    if (fstat(s->csv_fd, &st) != 0) return err_fail(err, err_len, "fstat(%s) failed: %s", s->csv_path, strerror(errno));
     if (st.st_size == 0) {
         char hdr[65536];
         size_t n = csv_header(s, hdr, sizeof hdr);
-        if (write_all(s->csv_fd, hdr, n)) return fail(err, err_len, "write(%s) failed: %s", s->csv_path, strerror(errno));
+        if (write_all(s->csv_fd, hdr, n)) return err_fail(err, err_len, "write(%s) failed: %s", s->csv_path, strerror(errno));
     } else if (s->ncols != old) {
         if (csv_widen(s, old, err, err_len)) return -1;
         progress_clear(s);
@@ -255,7 +245,7 @@ static int csv_row(struct msink *s, const struct bus_record *r, char *err, int e
     }
     double *vals = malloc(sizeof *vals * (size_t)(s->ncols + 1));
     char *row = malloc((size_t)s->ncols * 32 + 128);
-    if (!vals || !row) { free(vals); free(row); return fail(err, err_len, "out of memory"); }
+    if (!vals || !row) { free(vals); free(row); return err_fail(err, err_len, "out of memory"); }
     for (int i = 0; i < s->ncols; i++) vals[i] = NAN;
     for (int i = 0; i < r->n_kv; i++)
         if (idx[i] >= 0) vals[idx[i]] = r->kv[i].value;
@@ -268,7 +258,7 @@ static int csv_row(struct msink *s, const struct bus_record *r, char *err, int e
     int rc = write_all(s->csv_fd, row, n);
     free(vals);
     free(row);
-    if (rc) return fail(err, err_len, "write(%s) failed: %s", s->csv_path, strerror(errno));
+    if (rc) return err_fail(err, err_len, "write(%s) failed: %s", s->csv_path, strerror(errno));
     s->csv_rows_new++;
     return 0;
 }
@@ -341,16 +331,16 @@ int msink_flush(struct msink *s, char *err, int err_len) {
     if (!s || !s->jlen) return 0;
     int rc = write_all(s->jsonl_fd, s->jbuf, s->jlen);
     s->jlen = 0;
-    if (rc) return fail(err, err_len, "write(%s) failed: %s", s->jsonl_path, strerror(errno));
+    if (rc) return err_fail(err, err_len, "write(%s) failed: %s", s->jsonl_path, strerror(errno));
     return 0;
 }
 
 /* ---------------------------------------------------------------- open / close */
 
 struct msink *msink_open(const struct msink_opts *o, char *err, int err_len) {
-    if (!o || !o->run_dir) { fail(err, err_len, "msink_open: no run directory"); return NULL; }
+    if (!o || !o->run_dir) { err_fail(err, err_len, "msink_open: no run directory"); return NULL; }
     struct msink *s = calloc(1, sizeof *s);
-    if (!s) { fail(err, err_len, "out of memory"); return NULL; }
+    if (!s) { err_fail(err, err_len, "out of memory"); return NULL; }
     s->o = *o;
     if (!s->o.csv_stage) s->o.csv_stage = "dflash-train";
     if (!s->o.gnuplot) s->o.gnuplot = "gnuplot";
@@ -362,15 +352,15 @@ struct msink *msink_open(const struct msink_opts *o, char *err, int err_len) {
     if (run_path(s->jsonl_path, sizeof s->jsonl_path, o->run_dir, "metrics.jsonl") ||
         run_path(s->csv_path, sizeof s->csv_path, o->run_dir, "metrics.csv") ||
         run_path(plots, sizeof plots, o->run_dir, "plots")) {
-        fail(err, err_len, "run directory path too long: %s", o->run_dir);
+        err_fail(err, err_len, "run directory path too long: %s", o->run_dir);
         goto fail;
     }
     if (fs_mkdir_p(plots, err, err_len)) goto fail;
     /* O_APPEND and never O_TRUNC: a restarted sink continues the same files. */
     s->jsonl_fd = open(s->jsonl_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-    if (s->jsonl_fd < 0) { fail(err, err_len, "open(%s) failed: %s", s->jsonl_path, strerror(errno)); goto fail; }
+    if (s->jsonl_fd < 0) { err_fail(err, err_len, "open(%s) failed: %s", s->jsonl_path, strerror(errno)); goto fail; }
     s->csv_fd = open(s->csv_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-    if (s->csv_fd < 0) { fail(err, err_len, "open(%s) failed: %s", s->csv_path, strerror(errno)); goto fail; }
+    if (s->csv_fd < 0) { err_fail(err, err_len, "open(%s) failed: %s", s->csv_path, strerror(errno)); goto fail; }
     if (csv_load(s, err, err_len)) goto fail;
     /* a metrics.jsonl line torn by an old SIGKILL mid-write must not glue onto our first line */
     struct stat st;
@@ -381,7 +371,7 @@ struct msink *msink_open(const struct msink_opts *o, char *err, int err_len) {
             if (pread(rfd, &last, 1, st.st_size - 1) != 1) last = '\n';
             close(rfd);
         }
-        if (last != '\n' && write_all(s->jsonl_fd, "\n", 1)) { fail(err, err_len, "write(%s) failed: %s", s->jsonl_path, strerror(errno)); goto fail; }
+        if (last != '\n' && write_all(s->jsonl_fd, "\n", 1)) { err_fail(err, err_len, "write(%s) failed: %s", s->jsonl_path, strerror(errno)); goto fail; }
     }
     return s;
 fail:
@@ -499,7 +489,7 @@ static void log_bad(struct msink *s, int rc, const char *why) {
 int msink_handle(struct msink *s, const void *buf, size_t len, double now, char *err, int err_len) {
     struct bus_record *r = malloc(sizeof *r);
     if (!r) {
-        fail(err, err_len, "out of memory");
+        err_fail(err, err_len, "out of memory");
         return -100;
     }
     char why[256];

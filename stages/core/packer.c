@@ -8,6 +8,7 @@
  * needs another epoch replans, and packer_next replans the cursor's epoch when needed.
  */
 #include "core/packer.h"
+#include "core/err.h"
 
 #include <jansson.h>
 #include <stdarg.h>
@@ -16,17 +17,6 @@
 #include <string.h>
 
 #define PACKER_POLICY_VERSION 1u   /* bump when the plan for given inputs changes: it voids old cursors */
-
-static int fail(char *err, int err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int err_len, const char *fmt, ...) {
-    if (err && err_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, (size_t)err_len, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 static uint64_t splitmix(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
@@ -69,13 +59,13 @@ static int64_t epoch_count(struct packer *p, uint32_t e, char *err, int err_len)
 int packer_init(struct packer *p, const struct dataset *ds, const struct packer_config *cfg, char *err, int err_len) {
     memset(p, 0, sizeof *p);
     if (cfg->budget < 1 || cfg->budget > (uint32_t)INT32_MAX)
-        return fail(err, err_len, "--tokens: expected 1..%d, got %u", INT32_MAX, cfg->budget);
+        return err_fail(err, err_len, "--tokens: expected 1..%d, got %u", INT32_MAX, cfg->budget);
     if (cfg->window < 1 || cfg->window > (1u << 24))
-        return fail(err, err_len, "--window: expected 1..%u, got %u", 1u << 24, cfg->window);
+        return err_fail(err, err_len, "--window: expected 1..%u, got %u", 1u << 24, cfg->window);
     if (cfg->n_shards < 1 || cfg->shard >= cfg->n_shards)
-        return fail(err, err_len, "--shard: expected i/n with 0 <= i < n, got %u/%u", cfg->shard, cfg->n_shards);
+        return err_fail(err, err_len, "--shard: expected i/n with 0 <= i < n, got %u/%u", cfg->shard, cfg->n_shards);
     if (ds->n_rows >= UINT32_MAX)
-        return fail(err, err_len, "%s: %llu rows; the packer handles fewer than 2^32", ds->path, (unsigned long long)ds->n_rows);
+        return err_fail(err, err_len, "%s: %llu rows; the packer handles fewer than 2^32", ds->path, (unsigned long long)ds->n_rows);
     p->ds = ds;
     p->cfg = *cfg;
     p->plan_epoch = UINT32_MAX;
@@ -83,7 +73,7 @@ int packer_init(struct packer *p, const struct dataset *ds, const struct packer_
     uint64_t n = ds->n_rows;
     p->eff_len = malloc(sizeof(uint32_t) * (n ? n : 1));
     p->eligible = malloc(sizeof(uint32_t) * (n ? n : 1));
-    if (!p->eff_len || !p->eligible) { packer_free(p); return fail(err, err_len, "packer: out of memory for %llu rows", (unsigned long long)n); }
+    if (!p->eff_len || !p->eligible) { packer_free(p); return err_fail(err, err_len, "packer: out of memory for %llu rows", (unsigned long long)n); }
     struct packer_stats *s = &p->stats;
     s->rows = n;
     for (uint64_t r = 0; r < n; r++) {
@@ -101,7 +91,7 @@ int packer_init(struct packer *p, const struct dataset *ds, const struct packer_
     }
     if (!s->eligible) {
         packer_free(p);
-        return fail(err, err_len, "%s: nothing to pack: %llu rows, none with a supervised token within the first %u tokens",
+        return err_fail(err, err_len, "%s: nothing to pack: %llu rows, none with a supervised token within the first %u tokens",
                     ds->path, (unsigned long long)n, cfg->budget);
     }
     uint64_t m = s->eligible;
@@ -118,13 +108,13 @@ int packer_init(struct packer *p, const struct dataset *ds, const struct packer_
     if (!p->plan_rows || !p->plan_start || !p->perm || !p->sort_buf || !p->bin_fill || !p->bin_next || !p->bin_first ||
         !p->bin_last) {
         packer_free(p);
-        return fail(err, err_len, "packer: out of memory planning %llu rows", (unsigned long long)m);
+        return err_fail(err, err_len, "packer: out of memory planning %llu rows", (unsigned long long)m);
     }
     int64_t c0 = epoch_count(p, 0, err, err_len);
     if (c0 < 0) { packer_free(p); return -1; }
     if (c0 == 0) {
         packer_free(p);
-        return fail(err, err_len, "%s: epoch 0 packs into %llu batches, fewer than the %u shards: use fewer shards or more data",
+        return err_fail(err, err_len, "%s: epoch 0 packs into %llu batches, fewer than the %u shards: use fewer shards or more data",
                     ds->path, (unsigned long long)p->plan_n_bins, cfg->n_shards);
     }
     p->cur.fingerprint = p->fingerprint;
@@ -201,7 +191,7 @@ static int64_t epoch_count(struct packer *p, uint32_t e, char *err, int err_len)
         if (p->epoch_count_n == p->epoch_count_cap) {
             uint32_t cap = p->epoch_count_cap ? 2 * p->epoch_count_cap : 16;
             uint64_t *a = realloc(p->epoch_count, sizeof(uint64_t) * cap);
-            if (!a) return fail(err, err_len, "packer: out of memory");
+            if (!a) return err_fail(err, err_len, "packer: out of memory");
             p->epoch_count = a;
             p->epoch_count_cap = cap;
         }
@@ -248,11 +238,11 @@ int packer_seek(struct packer *p, uint64_t seq, char *err, int err_len) {
 
 int packer_resume(struct packer *p, const struct packer_cursor *c, char *err, int err_len) {
     if (c->fingerprint != p->fingerprint)
-        return fail(err, err_len, "the saved cursor belongs to another dataset or other packing flags (fingerprint %016llx, "
+        return err_fail(err, err_len, "the saved cursor belongs to another dataset or other packing flags (fingerprint %016llx, "
                     "this run %016llx)", (unsigned long long)c->fingerprint, (unsigned long long)p->fingerprint);
     if (packer_seek(p, c->next_seq, err, err_len)) return -1;
     if (p->cur.epoch != c->epoch || p->cur.position != c->position)
-        return fail(err, err_len, "the saved cursor says seq %llu is epoch %u position %llu, but this plan puts it at epoch %u "
+        return err_fail(err, err_len, "the saved cursor says seq %llu is epoch %u position %llu, but this plan puts it at epoch %u "
                     "position %llu", (unsigned long long)c->next_seq, c->epoch, (unsigned long long)c->position,
                     p->cur.epoch, (unsigned long long)p->cur.position);
     return 0;
@@ -300,7 +290,7 @@ int packer_next(struct packer *p, void *payload, uint64_t payload_cap, struct de
     d->n_tokens = T;
     d->n_docs = n_docs;
     if (desc_batch_layout(d) > payload_cap)
-        return fail(err, err_len, "batch seq %llu needs %llu payload bytes, the slot has %llu", (unsigned long long)d->seq,
+        return err_fail(err, err_len, "batch seq %llu needs %llu payload bytes, the slot has %llu", (unsigned long long)d->seq,
                     (unsigned long long)d->payload_bytes, (unsigned long long)payload_cap);
     struct desc_batch_arrays a;
     desc_batch_arrays(d, payload, &a);
@@ -350,27 +340,27 @@ int packer_cursor_format(const struct packer_cursor *c, char *buf, size_t cap) {
 int packer_cursor_parse(const char *text, size_t len, struct packer_cursor *c, char *err, int err_len) {
     json_error_t je;
     json_t *root = json_loadb(text, len, 0, &je);
-    if (!root) return fail(err, err_len, "cursor: malformed JSON at line %d column %d: %s", je.line, je.column, je.text);
+    if (!root) return err_fail(err, err_len, "cursor: malformed JSON at line %d column %d: %s", je.line, je.column, je.text);
     int rc = -1;
     json_t *v = json_object_get(root, "version"), *e = json_object_get(root, "epoch"), *pos = json_object_get(root, "position"),
            *s = json_object_get(root, "next_seq"), *f = json_object_get(root, "fingerprint");
-    if (!json_is_integer(v) || json_integer_value(v) != 1) { fail(err, err_len, "cursor: expected \"version\": 1"); goto out; }
+    if (!json_is_integer(v) || json_integer_value(v) != 1) { err_fail(err, err_len, "cursor: expected \"version\": 1"); goto out; }
     if (!json_is_integer(e) || !json_is_integer(pos) || !json_is_integer(s) || !json_is_string(f) ||
         json_integer_value(e) < 0 || json_integer_value(e) > UINT32_MAX || json_integer_value(pos) < 0 || json_integer_value(s) < 0) {
-        fail(err, err_len, "cursor: expected non-negative integers epoch, position, next_seq and a string fingerprint");
+        err_fail(err, err_len, "cursor: expected non-negative integers epoch, position, next_seq and a string fingerprint");
         goto out;
     }
     const char *fs = json_string_value(f);
     char *end;
     unsigned long long fp = strtoull(fs, &end, 16);
-    if (strlen(fs) != 16 || *end) { fail(err, err_len, "cursor: fingerprint '%s' is not 16 hex digits", fs); goto out; }
+    if (strlen(fs) != 16 || *end) { err_fail(err, err_len, "cursor: fingerprint '%s' is not 16 hex digits", fs); goto out; }
     c->epoch = (uint32_t)json_integer_value(e);
     c->position = (uint64_t)json_integer_value(pos);
     c->next_seq = (uint64_t)json_integer_value(s);
     c->fingerprint = fp;
     json_t *o = json_object_get(root, "origin");   /* optional: absent means none */
     if (o && (!json_is_integer(o) || json_integer_value(o) < -1)) {
-        fail(err, err_len, "cursor: origin must be an integer >= -1");
+        err_fail(err, err_len, "cursor: origin must be an integer >= -1");
         goto out;
     }
     c->origin = o ? (int64_t)json_integer_value(o) : -1;

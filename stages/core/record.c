@@ -5,6 +5,7 @@
  * when complete.
  */
 #include "core/record.h"
+#include "core/err.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -21,17 +22,6 @@
 #include <unistd.h>
 
 _Static_assert(sizeof(struct record_header) == RECORD_HEADER_BYTES, "record_header must be 64 bytes");
-
-static int fail(char *err, int err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int err_len, const char *fmt, ...) {
-    if (err && err_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, (size_t)err_len, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 uint64_t record_fnv(const void *p, size_t n) {
     const uint8_t *b = p;
@@ -61,12 +51,12 @@ static int check_states(uint64_t seq, const char *payload, uint64_t off_states, 
     uint64_t n_states = (uint64_t)k * T * H, n_last = (uint64_t)T * H;
     int64_t i = first_nonfinite(payload + off_states, n_states, dtype);
     if (i >= 0)
-        return fail(err, err_len, "seq %llu: captured state value %lld (layer slot %llu, token %llu) is not finite",
+        return err_fail(err, err_len, "seq %llu: captured state value %lld (layer slot %llu, token %llu) is not finite",
                     (unsigned long long)seq, (long long)i, (unsigned long long)((uint64_t)i / ((uint64_t)T * H)),
                     (unsigned long long)((uint64_t)i / H % T));
     i = first_nonfinite(payload + off_last, n_last, dtype);
     if (i >= 0)
-        return fail(err, err_len, "seq %llu: last-layer state value %lld (token %llu) is not finite",
+        return err_fail(err, err_len, "seq %llu: last-layer state value %lld (token %llu) is not finite",
                     (unsigned long long)seq, (long long)i, (unsigned long long)((uint64_t)i / H));
     *n_checked = n_states + n_last;
     return 0;
@@ -79,9 +69,9 @@ int record_check(const void *desc, size_t desc_len, uint64_t slot_seq, const voi
     enum desc_kind kind;
     memset(info, 0, sizeof *info);
     if (desc_peek_kind(desc, desc_len, &kind, why, sizeof why))
-        return fail(err, err_len, "seq %llu: descriptor rejected: %s", (unsigned long long)slot_seq, why);
+        return err_fail(err, err_len, "seq %llu: descriptor rejected: %s", (unsigned long long)slot_seq, why);
     if (want_kind && kind != want_kind)
-        return fail(err, err_len, "seq %llu: descriptor kind: expected '%s', found '%s'", (unsigned long long)slot_seq,
+        return err_fail(err, err_len, "seq %llu: descriptor kind: expected '%s', found '%s'", (unsigned long long)slot_seq,
                     desc_kind_name(want_kind), desc_kind_name(kind));
     struct desc_batch b;
     struct desc_hidden hd;
@@ -90,15 +80,15 @@ int record_check(const void *desc, size_t desc_len, uint64_t slot_seq, const voi
     if (kind == DESC_KIND_BATCH) rc = desc_batch_decode(desc, desc_len, payload_cap, &b, why, sizeof why);
     else if (kind == DESC_KIND_HIDDEN) rc = desc_hidden_decode(desc, desc_len, payload_cap, &hd, why, sizeof why);
     else rc = desc_features_decode(desc, desc_len, payload_cap, &fd, why, sizeof why);
-    if (rc) return fail(err, err_len, "seq %llu: %s descriptor rejected: %s", (unsigned long long)slot_seq,
+    if (rc) return err_fail(err, err_len, "seq %llu: %s descriptor rejected: %s", (unsigned long long)slot_seq,
                         desc_kind_name(kind), why);
     if (kind == DESC_KIND_HIDDEN) b = hd.batch;
     if (kind == DESC_KIND_FEATURES) b = fd.batch;
     if (b.seq != slot_seq)
-        return fail(err, err_len, "seq %llu: the descriptor says seq %llu; the slot and its descriptor must agree",
+        return err_fail(err, err_len, "seq %llu: the descriptor says seq %llu; the slot and its descriptor must agree",
                     (unsigned long long)slot_seq, (unsigned long long)b.seq);
     if (payload_len < b.payload_bytes)
-        return fail(err, err_len, "seq %llu: the producer published %llu payload bytes, the %s descriptor describes %llu",
+        return err_fail(err, err_len, "seq %llu: the producer published %llu payload bytes, the %s descriptor describes %llu",
                     (unsigned long long)slot_seq, (unsigned long long)payload_len, desc_kind_name(kind),
                     (unsigned long long)b.payload_bytes);
     info->kind = kind;
@@ -108,7 +98,7 @@ int record_check(const void *desc, size_t desc_len, uint64_t slot_seq, const voi
     info->payload_bytes = b.payload_bytes;
     if (!payload) return 0;
     if (desc_batch_check_payload(&b, payload, vocab_size, why, sizeof why))
-        return fail(err, err_len, "seq %llu: batch arrays rejected: %s", (unsigned long long)slot_seq, why);
+        return err_fail(err, err_len, "seq %llu: batch arrays rejected: %s", (unsigned long long)slot_seq, why);
     if (kind == DESC_KIND_HIDDEN)
         return check_states(slot_seq, payload, hd.off_states, hd.off_last, b.n_tokens, hd.n_layers, hd.hidden_size,
                             hd.dtype, &info->n_checked, err, err_len);
@@ -131,7 +121,7 @@ static int write_all(int fd, struct iovec *iov, int n, char *err, int err_len, c
         ssize_t w = writev(fd, iov, n > IOV_MAX ? IOV_MAX : n);
         if (w < 0) {
             if (errno == EINTR) continue;
-            return fail(err, err_len, "writev(%s) failed: %s", path, strerror(errno));
+            return err_fail(err, err_len, "writev(%s) failed: %s", path, strerror(errno));
         }
         size_t left = (size_t)w;
         while (n > 0 && left >= iov->iov_len) { left -= iov->iov_len; iov++; n--; }
@@ -145,7 +135,7 @@ int record_write_file(const char *dir, uint64_t seq, enum desc_kind kind, const 
     char path[PATH_MAX], tmp[PATH_MAX];
     if (record_path(path, sizeof path, dir, seq) ||
         snprintf(tmp, sizeof tmp, "%s/.item-%012llu.tmp.%d", dir, (unsigned long long)seq, (int)getpid()) >= (int)sizeof tmp)
-        return fail(err, err_len, "record directory path too long: %s", dir);
+        return err_fail(err, err_len, "record directory path too long: %s", dir);
     struct record_header h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, RECORD_MAGIC, 8);
@@ -158,10 +148,10 @@ int record_write_file(const char *dir, uint64_t seq, enum desc_kind kind, const 
     h.desc_fnv = record_fnv(desc, desc_len);
     h.payload_fnv = record_fnv(payload, payload_len);
     if (payload_len > 64ull << 30)
-        return fail(err, err_len, "item seq %llu of %llu payload bytes is too large to record (64 GiB at most)",
+        return err_fail(err, err_len, "item seq %llu of %llu payload bytes is too large to record (64 GiB at most)",
                     (unsigned long long)seq, (unsigned long long)payload_len);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return fail(err, err_len, "open(%s) failed: %s", tmp, strerror(errno));
+    if (fd < 0) return err_fail(err, err_len, "open(%s) failed: %s", tmp, strerror(errno));
     /* Split the payload into <= 1 GiB pieces: one write() moves at most ~2 GiB. */
     struct iovec iov[2 + 64];
     int n = 0;
@@ -172,23 +162,23 @@ int record_write_file(const char *dir, uint64_t seq, enum desc_kind kind, const 
         iov[n++] = (struct iovec){(char *)payload + off, (size_t)len};
     }
     if (write_all(fd, iov, n, err, err_len, tmp) || (durable && fsync(fd) != 0 &&
-                                                     fail(err, err_len, "fsync(%s) failed: %s", tmp, strerror(errno)))) {
+                                                     err_fail(err, err_len, "fsync(%s) failed: %s", tmp, strerror(errno)))) {
         close(fd);
         unlink(tmp);
         return -1;
     }
-    if (close(fd) != 0) { unlink(tmp); return fail(err, err_len, "close(%s) failed: %s", tmp, strerror(errno)); }
+    if (close(fd) != 0) { unlink(tmp); return err_fail(err, err_len, "close(%s) failed: %s", tmp, strerror(errno)); }
     if (rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
-        return fail(err, err_len, "rename(%s, %s) failed: %s", tmp, path, strerror(e));
+        return err_fail(err, err_len, "rename(%s, %s) failed: %s", tmp, path, strerror(e));
     }
     if (durable) {
         int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd < 0) return fail(err, err_len, "open(%s) failed: %s", dir, strerror(errno));
+        if (dfd < 0) return err_fail(err, err_len, "open(%s) failed: %s", dir, strerror(errno));
         int rc = fsync(dfd);
         close(dfd);
-        if (rc != 0) return fail(err, err_len, "fsync(%s) failed: %s", dir, strerror(errno));
+        if (rc != 0) return err_fail(err, err_len, "fsync(%s) failed: %s", dir, strerror(errno));
     }
     return 0;
 }
@@ -202,32 +192,32 @@ void record_item_free(struct record_item *it) {
 int record_read_file(const char *path, struct record_item *it, char *err, int err_len) {
     memset(it, 0, sizeof *it);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fail(err, err_len, "open(%s) failed: %s", path, strerror(errno));
+    if (fd < 0) return err_fail(err, err_len, "open(%s) failed: %s", path, strerror(errno));
     struct stat sb;
-    if (fstat(fd, &sb) != 0) { close(fd); return fail(err, err_len, "fstat(%s) failed: %s", path, strerror(errno)); }
+    if (fstat(fd, &sb) != 0) { close(fd); return err_fail(err, err_len, "fstat(%s) failed: %s", path, strerror(errno)); }
     uint64_t size = (uint64_t)sb.st_size;
     struct record_header h;
     int rc = -1;
     char *block = NULL;
     if (size < sizeof h) {
-        fail(err, err_len, "%s: %llu bytes, shorter than the %u-byte record header", path, (unsigned long long)size,
+        err_fail(err, err_len, "%s: %llu bytes, shorter than the %u-byte record header", path, (unsigned long long)size,
              RECORD_HEADER_BYTES);
         goto out;
     }
-    if (pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h) { fail(err, err_len, "pread(%s) failed: %s", path, strerror(errno)); goto out; }
-    if (memcmp(h.magic, RECORD_MAGIC, 8)) { fail(err, err_len, "%s: magic: expected \"DFRECRD\\n\", found other bytes (not a dflash-record item file)", path); goto out; }
-    if (h.version != RECORD_VERSION) { fail(err, err_len, "%s: version: expected %u, found %u", path, RECORD_VERSION, h.version); goto out; }
-    if (h.header_bytes != RECORD_HEADER_BYTES) { fail(err, err_len, "%s: header size: expected %u, found %u", path, RECORD_HEADER_BYTES, h.header_bytes); goto out; }
-    if (h.kind < DESC_KIND_BATCH || h.kind > DESC_KIND_FEATURES) { fail(err, err_len, "%s: kind: expected 1 (batch), 2 (hidden) or 3 (features), found %u", path, h.kind); goto out; }
+    if (pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h) { err_fail(err, err_len, "pread(%s) failed: %s", path, strerror(errno)); goto out; }
+    if (memcmp(h.magic, RECORD_MAGIC, 8)) { err_fail(err, err_len, "%s: magic: expected \"DFRECRD\\n\", found other bytes (not a dflash-record item file)", path); goto out; }
+    if (h.version != RECORD_VERSION) { err_fail(err, err_len, "%s: version: expected %u, found %u", path, RECORD_VERSION, h.version); goto out; }
+    if (h.header_bytes != RECORD_HEADER_BYTES) { err_fail(err, err_len, "%s: header size: expected %u, found %u", path, RECORD_HEADER_BYTES, h.header_bytes); goto out; }
+    if (h.kind < DESC_KIND_BATCH || h.kind > DESC_KIND_FEATURES) { err_fail(err, err_len, "%s: kind: expected 1 (batch), 2 (hidden) or 3 (features), found %u", path, h.kind); goto out; }
     if (h.desc_len == 0 || h.desc_len > DESC_MAX_BYTES || h.payload_len > size ||
         (uint64_t)sizeof h + h.desc_len + h.payload_len != size) {
-        fail(err, err_len, "%s: size: the header says %u + %u + %llu bytes, the file has %llu", path, RECORD_HEADER_BYTES,
+        err_fail(err, err_len, "%s: size: the header says %u + %u + %llu bytes, the file has %llu", path, RECORD_HEADER_BYTES,
              h.desc_len, (unsigned long long)h.payload_len, (unsigned long long)size);
         goto out;
     }
     uint64_t desc_room = (h.desc_len + DESC_ALIGN - 1) / DESC_ALIGN * DESC_ALIGN;
     block = aligned_alloc(DESC_ALIGN, desc_room + (h.payload_len + DESC_ALIGN - 1) / DESC_ALIGN * DESC_ALIGN + DESC_ALIGN);
-    if (!block) { fail(err, err_len, "%s: out of memory for %llu bytes", path, (unsigned long long)h.payload_len); goto out; }
+    if (!block) { err_fail(err, err_len, "%s: out of memory for %llu bytes", path, (unsigned long long)h.payload_len); goto out; }
     char *desc = block, *payload = block + desc_room;
     for (uint64_t done = 0, total = h.desc_len + h.payload_len; done < total;) {
         char *dst = done < h.desc_len ? desc + done : payload + (done - h.desc_len);
@@ -235,15 +225,15 @@ int record_read_file(const char *path, struct record_item *it, char *err, int er
         if (want > (1u << 30)) want = 1u << 30;
         ssize_t r = pread(fd, dst, (size_t)want, (off_t)(sizeof h + done));
         if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) { fail(err, err_len, "pread(%s) failed: %s", path, r < 0 ? strerror(errno) : "unexpected end of file"); goto out; }
+        if (r <= 0) { err_fail(err, err_len, "pread(%s) failed: %s", path, r < 0 ? strerror(errno) : "unexpected end of file"); goto out; }
         done += (uint64_t)r;
     }
-    if (record_fnv(desc, h.desc_len) != h.desc_fnv) { fail(err, err_len, "%s: descriptor checksum mismatch (file corrupt)", path); goto out; }
-    if (record_fnv(payload, h.payload_len) != h.payload_fnv) { fail(err, err_len, "%s: payload checksum mismatch (file corrupt)", path); goto out; }
+    if (record_fnv(desc, h.desc_len) != h.desc_fnv) { err_fail(err, err_len, "%s: descriptor checksum mismatch (file corrupt)", path); goto out; }
+    if (record_fnv(payload, h.payload_len) != h.payload_fnv) { err_fail(err, err_len, "%s: payload checksum mismatch (file corrupt)", path); goto out; }
     enum desc_kind k;
     char why[512];
-    if (desc_peek_kind(desc, h.desc_len, &k, why, sizeof why)) { fail(err, err_len, "%s: %s", path, why); goto out; }
-    if ((uint32_t)k != h.kind) { fail(err, err_len, "%s: header kind %u but the descriptor's kind is '%s'", path, h.kind, desc_kind_name(k)); goto out; }
+    if (desc_peek_kind(desc, h.desc_len, &k, why, sizeof why)) { err_fail(err, err_len, "%s: %s", path, why); goto out; }
+    if ((uint32_t)k != h.kind) { err_fail(err, err_len, "%s: header kind %u but the descriptor's kind is '%s'", path, h.kind, desc_kind_name(k)); goto out; }
     it->h = h;
     it->desc = desc;
     it->payload = payload;
@@ -273,14 +263,14 @@ int record_seqs_has(const struct record_seqs *s, uint64_t seq) {
 /* Mark seq without counting duplicates or order; 1 new, 0 present, -1 error. */
 static int mark(struct record_seqs *s, uint64_t seq, char *err, int err_len) {
     if (seq >= RECORD_MAX_SEQ)
-        return fail(err, err_len, "seq %llu is beyond what the recorder tracks (< %llu)", (unsigned long long)seq,
+        return err_fail(err, err_len, "seq %llu is beyond what the recorder tracks (< %llu)", (unsigned long long)seq,
                     (unsigned long long)RECORD_MAX_SEQ);
     uint64_t w = seq / 64;
     if (w >= s->n_words) {
         uint64_t n = s->n_words ? s->n_words : 64;
         while (n <= w) n *= 2;
         uint64_t *nb = realloc(s->bits, n * sizeof *nb);
-        if (!nb) return fail(err, err_len, "out of memory for the seq bitmap (%llu words)", (unsigned long long)n);
+        if (!nb) return err_fail(err, err_len, "out of memory for the seq bitmap (%llu words)", (unsigned long long)n);
         memset(nb + s->n_words, 0, (n - s->n_words) * sizeof *nb);
         s->bits = nb;
         s->n_words = n;
@@ -323,7 +313,7 @@ int64_t record_scan_dir(const char *dir, struct record_seqs *s, char *err, int e
     DIR *d = opendir(dir);
     if (!d) {
         if (errno == ENOENT) return 0;
-        return fail(err, err_len, "opendir(%s) failed: %s", dir, strerror(errno));
+        return err_fail(err, err_len, "opendir(%s) failed: %s", dir, strerror(errno));
     }
     int64_t n = 0;
     struct dirent *e;

@@ -7,6 +7,7 @@
  * field, never a default. Absent fields get transformers' defaults for that architecture.
  */
 #include "model/hfconfig.h"
+#include "core/err.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -18,24 +19,13 @@
 
 #include "core/fsutil.h"
 
-static int fail(char *err, int err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int err_len, const char *fmt, ...) {
-    if (err && err_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, (size_t)err_len, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 /* ---------------------------------------------------------------- field readers */
 
 /* A positive integer field. Absent: *out = def and 0 (or an error when def < 0, i.e. required). */
 static int get_int(json_t *o, const char *key, int def, int *out, const char *what, char *err, int err_len) {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) {
-        if (def < 0) return fail(err, err_len, "%s: required field \"%s\" is missing", what, key);
+        if (def < 0) return err_fail(err, err_len, "%s: required field \"%s\" is missing", what, key);
         *out = def;
         return 0;
     }
@@ -45,7 +35,7 @@ static int get_int(json_t *o, const char *key, int def, int *out, const char *wh
         return 0;
     }
     if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > 2147483647)
-        return fail(err, err_len, "%s: \"%s\" must be a positive integer", what, key);
+        return err_fail(err, err_len, "%s: \"%s\" must be a positive integer", what, key);
     *out = (int)json_integer_value(v);
     return 0;
 }
@@ -54,12 +44,12 @@ static int get_int(json_t *o, const char *key, int def, int *out, const char *wh
 static int get_num(json_t *o, const char *key, double def, double *out, const char *what, char *err, int err_len) {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) {
-        if (def < 0) return fail(err, err_len, "%s: required field \"%s\" is missing", what, key);
+        if (def < 0) return err_fail(err, err_len, "%s: required field \"%s\" is missing", what, key);
         *out = def;
         return 0;
     }
     if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v)))
-        return fail(err, err_len, "%s: \"%s\" must be a positive number", what, key);
+        return err_fail(err, err_len, "%s: \"%s\" must be a positive number", what, key);
     *out = json_number_value(v);
     return 0;
 }
@@ -67,7 +57,7 @@ static int get_num(json_t *o, const char *key, double def, double *out, const ch
 static int get_bool(json_t *o, const char *key, int def, int *out, const char *what, char *err, int err_len) {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) { *out = def; return 0; }
-    if (!json_is_boolean(v)) return fail(err, err_len, "%s: \"%s\" must be true or false", what, key);
+    if (!json_is_boolean(v)) return err_fail(err, err_len, "%s: \"%s\" must be true or false", what, key);
     *out = json_is_true(v);
     return 0;
 }
@@ -77,7 +67,7 @@ static int parse_rope(struct model_config *c, json_t *r, const char *field, cons
     json_t *jt = json_object_get(r, "rope_type");
     if (!jt) jt = json_object_get(r, "type");
     const char *type = json_is_string(jt) ? json_string_value(jt) : "default";
-    if (jt && !json_is_string(jt)) return fail(err, err_len, "%s: \"%s.rope_type\" must be a string", what, field);
+    if (jt && !json_is_string(jt)) return err_fail(err, err_len, "%s: \"%s.rope_type\" must be a string", what, field);
     if (strcmp(type, "default") == 0) {
         c->rope_type = HF_ROPE_DEFAULT;
     } else if (strcmp(type, "linear") == 0) {
@@ -85,7 +75,7 @@ static int parse_rope(struct model_config *c, json_t *r, const char *field, cons
         if (get_num(r, "factor", -1, &c->rope_factor, what, err, err_len) != 0) {
             char inner[512];
             snprintf(inner, sizeof inner, "%s", err);
-            return fail(err, err_len, "%s (in \"%s\", rope_type linear)", inner, field);
+            return err_fail(err, err_len, "%s (in \"%s\", rope_type linear)", inner, field);
         }
     } else if (strcmp(type, "llama3") == 0) {
         c->rope_type = HF_ROPE_LLAMA3;
@@ -97,13 +87,13 @@ static int parse_rope(struct model_config *c, json_t *r, const char *field, cons
             /* name the enclosing field too: "rope_scaling: required field \"factor\"" */
             char inner[512];
             snprintf(inner, sizeof inner, "%s", err);
-            return fail(err, err_len, "%s (in \"%s\", rope_type llama3)", inner, field);
+            return err_fail(err, err_len, "%s (in \"%s\", rope_type llama3)", inner, field);
         }
         if (!(c->rope_high_freq_factor > c->rope_low_freq_factor))
-            return fail(err, err_len, "%s: \"%s\": high_freq_factor %g must exceed low_freq_factor %g", what, field,
+            return err_fail(err, err_len, "%s: \"%s\": high_freq_factor %g must exceed low_freq_factor %g", what, field,
                         c->rope_high_freq_factor, c->rope_low_freq_factor);
     } else {
-        return fail(err, err_len, "%s: \"%s\" has rope_type '%s'; supported are default, linear and llama3", what,
+        return err_fail(err, err_len, "%s: \"%s\" has rope_type '%s'; supported are default, linear and llama3", what,
                     field, type);
     }
     return 0;
@@ -113,28 +103,28 @@ static int parse_rope(struct model_config *c, json_t *r, const char *field, cons
 
 static int parse_obj(struct model_config *c, json_t *o, const char *what, char *err, int err_len) {
     memset(c, 0, sizeof *c);
-    if (!json_is_object(o)) return fail(err, err_len, "%s: not a JSON object", what);
+    if (!json_is_object(o)) return err_fail(err, err_len, "%s: not a JSON object", what);
 
     /* Architecture: architectures[0], else derived from model_type. */
     json_t *ja = json_object_get(o, "architectures"), *jm = json_object_get(o, "model_type");
     const char *arch = NULL, *mt = json_is_string(jm) ? json_string_value(jm) : NULL;
     if (ja && !json_is_null(ja)) {
         if (!json_is_array(ja) || json_array_size(ja) != 1 || !json_is_string(json_array_get(ja, 0)))
-            return fail(err, err_len, "%s: \"architectures\" must be a list of one string", what);
+            return err_fail(err, err_len, "%s: \"architectures\" must be a list of one string", what);
         arch = json_string_value(json_array_get(ja, 0));
     } else if (mt) {
         arch = strcmp(mt, "qwen3") == 0 ? "Qwen3ForCausalLM" : strcmp(mt, "llama") == 0 ? "LlamaForCausalLM" : mt;
     } else {
-        return fail(err, err_len, "%s: neither \"architectures\" nor \"model_type\" is given", what);
+        return err_fail(err, err_len, "%s: neither \"architectures\" nor \"model_type\" is given", what);
     }
     if (strcmp(arch, "Qwen3ForCausalLM") == 0) { c->arch = HF_ARCH_QWEN3; c->qk_norm = 1; }
     else if (strcmp(arch, "LlamaForCausalLM") == 0) c->arch = HF_ARCH_LLAMA;
     else
-        return fail(err, err_len, "%s: architecture '%s' is not supported; supported are Qwen3ForCausalLM and "
+        return err_fail(err, err_len, "%s: architecture '%s' is not supported; supported are Qwen3ForCausalLM and "
                     "LlamaForCausalLM", what, arch);
     const char *want_mt = c->arch == HF_ARCH_QWEN3 ? "qwen3" : "llama";
     if (mt && strcmp(mt, want_mt) != 0)
-        return fail(err, err_len, "%s: \"model_type\" is '%s' but the architecture %s needs '%s'", what, mt, arch, want_mt);
+        return err_fail(err, err_len, "%s: \"model_type\" is '%s' but the architecture %s needs '%s'", what, mt, arch, want_mt);
     snprintf(c->architecture, sizeof c->architecture, "%s", arch);
     snprintf(c->model_type, sizeof c->model_type, "%s", want_mt);
 
@@ -151,23 +141,23 @@ static int parse_obj(struct model_config *c, json_t *o, const char *what, char *
         get_bool(o, "tie_word_embeddings", 0, &c->tie_word_embeddings, what, err, err_len))
         return -1;
     if (c->num_attention_heads % c->num_key_value_heads != 0)
-        return fail(err, err_len, "%s: \"num_key_value_heads\" %d does not divide \"num_attention_heads\" %d", what,
+        return err_fail(err, err_len, "%s: \"num_key_value_heads\" %d does not divide \"num_attention_heads\" %d", what,
                     c->num_key_value_heads, c->num_attention_heads);
     if (c->head_dim <= 0 || c->head_dim % 2 != 0)
-        return fail(err, err_len, "%s: \"head_dim\" %d must be a positive even number (rotary halves)", what, c->head_dim);
+        return err_fail(err, err_len, "%s: \"head_dim\" %d must be a positive even number (rotary halves)", what, c->head_dim);
 
     int flag = 0;
     if (get_bool(o, "attention_bias", 0, &flag, what, err, err_len)) return -1;
-    if (flag) return fail(err, err_len, "%s: \"attention_bias\" is true; q/k/v/o biases are not supported", what);
+    if (flag) return err_fail(err, err_len, "%s: \"attention_bias\" is true; q/k/v/o biases are not supported", what);
     if (get_bool(o, "mlp_bias", 0, &flag, what, err, err_len)) return -1;
-    if (flag) return fail(err, err_len, "%s: \"mlp_bias\" is true; MLP biases are not supported", what);
+    if (flag) return err_fail(err, err_len, "%s: \"mlp_bias\" is true; MLP biases are not supported", what);
     if (qwen) {
         if (get_bool(o, "use_sliding_window", 0, &flag, what, err, err_len)) return -1;
-        if (flag) return fail(err, err_len, "%s: \"use_sliding_window\" is true; sliding-window targets are not supported", what);
+        if (flag) return err_fail(err, err_len, "%s: \"use_sliding_window\" is true; sliding-window targets are not supported", what);
     }
     json_t *act = json_object_get(o, "hidden_act");
     if (act && !json_is_null(act) && !(json_is_string(act) && strcmp(json_string_value(act), "silu") == 0))
-        return fail(err, err_len, "%s: \"hidden_act\" is %s%s%s; only silu is supported", what,
+        return err_fail(err, err_len, "%s: \"hidden_act\" is %s%s%s; only silu is supported", what,
                     json_is_string(act) ? "'" : "", json_is_string(act) ? json_string_value(act) : "not a string",
                     json_is_string(act) ? "'" : "");
 
@@ -181,14 +171,14 @@ static int parse_obj(struct model_config *c, json_t *o, const char *what, char *
         if (strcmp(d, "bfloat16") == 0) c->dtype = ST_BF16;
         else if (strcmp(d, "float16") == 0) c->dtype = ST_F16;
         else if (strcmp(d, "float32") == 0) c->dtype = ST_F32;
-        else return fail(err, err_len, "%s: \"%s\" is '%s'; supported are bfloat16, float16 and float32", what, dfield, d);
+        else return err_fail(err, err_len, "%s: \"%s\" is '%s'; supported are bfloat16, float16 and float32", what, dfield, d);
     }
 
     /* RoPE: transformers 5 rope_parameters wins; else rope_theta + rope_scaling. */
     json_t *rp = json_object_get(o, "rope_parameters");
     c->rope_type = HF_ROPE_DEFAULT;
     if (rp && !json_is_null(rp)) {
-        if (!json_is_object(rp)) return fail(err, err_len, "%s: \"rope_parameters\" is not an object", what);
+        if (!json_is_object(rp)) return err_fail(err, err_len, "%s: \"rope_parameters\" is not an object", what);
         json_t *th = json_object_get(rp, "rope_theta");
         if (get_num(th ? rp : o, "rope_theta", 10000.0, &c->rope_theta, what, err, err_len)) return -1;
         if (parse_rope(c, rp, "rope_parameters", what, err, err_len)) return -1;
@@ -196,7 +186,7 @@ static int parse_obj(struct model_config *c, json_t *o, const char *what, char *
         if (get_num(o, "rope_theta", 10000.0, &c->rope_theta, what, err, err_len)) return -1;
         json_t *rs = json_object_get(o, "rope_scaling");
         if (rs && !json_is_null(rs)) {
-            if (!json_is_object(rs)) return fail(err, err_len, "%s: \"rope_scaling\" is not an object or null", what);
+            if (!json_is_object(rs)) return err_fail(err, err_len, "%s: \"rope_scaling\" is not an object or null", what);
             if (parse_rope(c, rs, "rope_scaling", what, err, err_len)) return -1;
         }
     }
@@ -206,7 +196,7 @@ static int parse_obj(struct model_config *c, json_t *o, const char *what, char *
 int hf_config_parse(struct model_config *c, const char *json_text, const char *what, char *err, int err_len) {
     json_error_t je;
     json_t *o = json_loads(json_text, JSON_REJECT_DUPLICATES, &je);
-    if (!o) return fail(err, err_len, "%s: not valid JSON: %s (line %d)", what, je.text, je.line);
+    if (!o) return err_fail(err, err_len, "%s: not valid JSON: %s (line %d)", what, je.text, je.line);
     int r = parse_obj(c, o, what, err, err_len);
     json_decref(o);
     return r;
@@ -230,7 +220,7 @@ int hf_config_load(struct model_config *c, const char *path, char *err, int err_
 int hf_config_write(const struct model_config *c, const char *path, char *err, int err_len) {
     int qwen = c->arch == HF_ARCH_QWEN3;
     json_t *o = json_object();
-    if (!o) return fail(err, err_len, "%s: out of memory", path);
+    if (!o) return err_fail(err, err_len, "%s: out of memory", path);
     int bad = 0;
 #define SET(k, v) bad |= json_object_set_new(o, (k), (v)) != 0
     json_t *arch = json_array();
@@ -286,10 +276,10 @@ int hf_config_write(const struct model_config *c, const char *path, char *err, i
     /* %.15g keeps 1e-06 and 0.02 readable; every value written here is a short decimal. */
     char *text = bad ? NULL : json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
     json_decref(o);
-    if (!text) return fail(err, err_len, "%s: could not encode config (out of memory?)", path);
+    if (!text) return err_fail(err, err_len, "%s: could not encode config (out of memory?)", path);
     size_t len = strlen(text);
     char *full = realloc(text, len + 2);
-    if (!full) { free(text); return fail(err, err_len, "%s: out of memory", path); }
+    if (!full) { free(text); return err_fail(err, err_len, "%s: out of memory", path); }
     full[len] = '\n';
     full[len + 1] = '\0';
     int r = fs_write_atomic(path, full, len + 1, err, err_len);
