@@ -215,6 +215,31 @@ START_TEST(bad_input_counted_not_written) {
 }
 END_TEST
 
+/* tokens/s on the progress line: the slowest live stage's heartbeat rate until a trainer reports. */
+START_TEST(progress_rate_fallback) {
+    const char *run = test_tmpdir("msink-progress");
+    char err[256], buf[4096], line[512];
+    ck_assert(run_dir_init(run, err, sizeof err) == 0);
+    struct msink *s = open_sink(run, "gnuplot");
+    pid_t me = getpid();
+    msink_progress(s, 100, line, sizeof line);
+    ck_assert_msg(strstr(line, "| - tok/s |"), "%s", line);
+    feed(s, buf, rec(buf, BUS_KIND_HEARTBEAT, "dflash-pack", me, 0, "items_out", 3, "tokens_per_s", 2.5e6), 100, 0);
+    feed(s, buf, rec(buf, BUS_KIND_HEARTBEAT, "dflash-target", me, 0, "items_in", 3, "tokens_per_s", 41000), 100, 0);
+    msink_progress(s, 101, line, sizeof line);
+    ck_assert_msg(strstr(line, "| 41.0k tok/s |"), "%s", line);
+    /* an ended stage no longer counts */
+    feed(s, buf, rec(buf, BUS_KIND_SUMMARY, "dflash-target", me, 1, "items_in", 3, "tokens_per_s", 41000), 102, 0);
+    msink_progress(s, 103, line, sizeof line);
+    ck_assert_msg(strstr(line, "| 2.50M tok/s |"), "%s", line);
+    /* the trainer's own metric wins */
+    feed(s, buf, rec(buf, BUS_KIND_METRIC, "dflash-train", me, 7, "tokens_per_s", 22000, "loss", 2), 104, 0);
+    msink_progress(s, 105, line, sizeof line);
+    ck_assert_msg(strstr(line, "| 22.0k tok/s |") && strstr(line, "step 7 |"), "%s", line);
+    msink_close(s);
+}
+END_TEST
+
 START_TEST(done_gone_and_stalls) {
     const char *run = test_tmpdir("msink-done");
     char err[256], buf[4096], report[1024];
@@ -613,6 +638,7 @@ int main(void) {
     tcase_add_test(unit, jsonl_and_csv_across_restart);
     tcase_add_test(unit, bad_input_counted_not_written);
     tcase_add_test(unit, done_gone_and_stalls);
+    tcase_add_test(unit, progress_rate_fallback);
     tcase_add_test(unit, plots_drawn_or_warned);
     tcase_add_test(unit, binary_flags);
     suite_add_tcase(s, unit);

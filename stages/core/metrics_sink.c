@@ -48,6 +48,7 @@ struct inst {
     double items_in, items_out, busy_s, wait_s;
     int have_prev;
     double busy_frac;          /* smoothed busy share of the last heartbeats, -1 unknown */
+    double tps;                /* tokens/s the stage's heartbeats report, NaN unknown */
     double last_move;          /* mono time items in/out last changed (or first seen) */
     char wait_on[BUS_TEXT_MAX];
 };
@@ -416,6 +417,7 @@ static struct inst *inst_get(struct msink *s, const char *stage, int64_t pid, do
     snprintf(in->stage, sizeof in->stage, "%s", stage);
     in->pid = pid;
     in->busy_frac = -1;
+    in->tps = NAN;
     in->last_move = now;
     return in;
 }
@@ -440,6 +442,7 @@ static void inst_update(struct inst *in, const struct bus_record *r, double now)
         } else if (busy + wait > 0 && in->busy_frac < 0) {
             in->busy_frac = busy / (busy + wait);
         }
+        in->tps = bus_record_get(r, BUS_K_TOKENS_PER_S, in->tps);
         in->items_in = it_in;
         in->items_out = it_out;
         in->busy_s = busy;
@@ -721,8 +724,14 @@ static void progress_line(struct msink *s, double now, char *line, size_t cap) {
         live++;
         if (s->inst[i].busy_frac >= 0 && (!slow || s->inst[i].busy_frac > slow->busy_frac)) slow = &s->inst[i];
     }
+    /* Until a trainer reports tokens/s, the pipeline's rate is that of its slowest live stage. */
+    double rate = s->tps;
+    if (isnan(rate))
+        for (int i = 0; i < s->ninst; i++)
+            if (inst_live(&s->inst[i]) && isfinite(s->inst[i].tps) && s->inst[i].tps > 0 && !(s->inst[i].tps >= rate))
+                rate = s->inst[i].tps;
     char tps[32], etas[32], step[64], slowest[BUS_NAME_MAX + 32], loss[32], eal[32];
-    fmt_rate(tps, sizeof tps, s->tps);
+    fmt_rate(tps, sizeof tps, rate);
     if (isnan(s->loss)) snprintf(loss, sizeof loss, "-"); else snprintf(loss, sizeof loss, "%.4g", s->loss);
     if (isnan(s->eal)) snprintf(eal, sizeof eal, "-"); else snprintf(eal, sizeof eal, "%.3g", s->eal);
     fmt_eta(etas, sizeof etas, eta);
@@ -734,6 +743,8 @@ static void progress_line(struct msink *s, double now, char *line, size_t cap) {
     snprintf(line, cap, "step %s | %s tok/s | loss %s | EAL %s | ETA %s | slowest %s | %d live stage%s, %llu records",
              step, tps, loss, eal, etas, slowest, live, live == 1 ? "" : "s", (unsigned long long)s->records);
 }
+
+void msink_progress(struct msink *s, double now, char *line, size_t cap) { progress_line(s, now, line, cap); }
 
 void msink_tick(struct msink *s, double now) {
     if (now - s->last_gone_check >= 1.0) {

@@ -71,6 +71,11 @@ int msink_done(const struct msink *s);
  * stall_s); if report is non-NULL, writes the per-stage "what it waits on" text there. */
 int msink_stalled(const struct msink *s, double now, char *report, size_t report_len);
 
+/* Format the progress line at `now` into line (cap bytes) and advance the ETA's rate window; what
+ * msink_tick prints. tokens/s is the trainer's metric when there is one, else the lowest rate a
+ * live stage's heartbeats report (the pipeline runs at its slowest stage). Not thread-safe. */
+void msink_progress(struct msink *s, double now, char *line, size_t cap);
+
 /* Final work: clear the progress line, log "finishing (<why>)", flush, draw plots and wait for
  * gnuplot (bounded by plot_timeout_s), and log the summary table (one line per stage instance:
  * records, items in/out, busy %, wait % (shares of busy_s + wait_s), dropped (as the sender's
