@@ -5,13 +5,20 @@
  * ldmatrix; tiles arrive by cp.async, double buffered. Query tiles are the 64 rows of one (block b,
  * kv head g): row r -> head g·G + r/B, slot r%B (rows >= G·B idle, zero-filled), so each K/V tile serves
  * the whole GQA group. Key tiles hold 64 keys: the context range of the anchor narrowed to the first and
- * last key of its document inside [max(0, a-W), a), then one tile with the block's own B keys; only the
- * 16-key groups that hold keys are multiplied (the tail of the last context tile and of the block tile
- * are skipped). Inside a tile a per-key document test and the causal in-block test mask scores.
+ * last key of its document inside [max(0, a-W), a), then one tile with the block's own B keys. Inside
+ * a tile a per-key document test and the causal in-block test mask scores.
  *
- * Forward (one CTA of 4 warps per (b, g), 16 query rows per warp): online softmax in base 2 in
- * registers, P rounded to bf16 for P·V (the reference's round_p mode), lse saved in natural log.
+ * Kernel sets (DFLASH_BLOCK_ATTN_KERNEL, read per call; see ba_kernel_choice):
+ *   6 (default): forward kernel 6 below (two consecutive blocks per CTA, 128 query rows), backward of 5;
+ *   5: the one-block forward and the backward multiplying every key tile in full (zero-filled rows);
+ *   3: as 5 but only the 16-key groups that hold keys are multiplied (K2b's kernels; template SKIP).
+ * Set 5 beat set 3 on the H200 (2026-11-29: forward 143 vs 123, backward 71.5 vs 66 TFLOP/s): the
+ * per-group branches inside the unrolled mma loops cost more than the skipped multiplies.
+ *
+ * Forward, sets 3 and 5 (one CTA of 4 warps per (b, g), 16 query rows per warp): online softmax in base
+ * 2 in registers, P rounded to bf16 for P·V (the reference's round_p mode), lse saved in natural log.
  * Q is staged through the second K buffer (read once into registers), so a CTA needs 4 K/V tiles of smem.
+ * Forward, set 6: see block_attn_forward_pair_kernel.
  *
  * Backward, deterministic (no atomics), three kernels in stream order:
  *   1. Di = rowsum(dO ⊙ O) per (head, row), written to the first n_h·R floats of dq as scratch;
@@ -23,12 +30,16 @@
  *      then dK, dV of the block's own keys (only this CTA sees them) the same way as kernel 2.
  * Kernel 3 overwrites dq (including the scratch) after kernel 2 has read it.
  * dS = P ⊙ (dP - Di) · scale with P recomputed from lse; P and dS are rounded to bf16 for the matmuls.
- * Measured on the H200 at the standard shape (RESULTS.md, 2026-11-29): forward 123 TFLOP/s, backward
- * 66 TFLOP/s (visible pairs). K2's bench-only forward (variant 2, no group skipping, 2 CTAs/SM) ran 141;
- * the compile-time knobs BA_SKIP_EMPTY, BA_FWD_MIN_CTAS and BA_VQ exist so the benchmark can measure
- * the alternatives from this same source.
+ * Measured on the H200 at the standard shape (RESULTS.md, 2026-11-29): set 3 forward 123 TFLOP/s,
+ * backward 66; set 5 143 and 71.5 (visible pairs). Set 6 was written without a GPU at hand (K2c): its
+ * tile walk and masks were checked against the reference visibility by a host emulation only, so the
+ * GPU tests run every set, and BA_DEFAULT_KERNEL 5 (or DFLASH_BLOCK_ATTN_KERNEL=5) reverts to set 5.
+ * The compile-time knobs BA_FWD_MIN_CTAS and BA_VQ exist so the benchmark can measure alternatives
+ * from this same source.
  */
 #include "kernels/block_attn.h"
+
+#include <cstdlib>
 
 #include <cuda_bf16.h>
 
@@ -40,9 +51,6 @@ constexpr int BA_THREADS = 128; /* 4 warps */
 constexpr float BA_LOG2E = 1.4426950408889634f;
 #ifndef BA_VQ
 #define BA_VQ 16   /* query rows per step of a dK/dV visit (16 or 32): 16 keeps kernel 2 unspilled */
-#endif
-#ifndef BA_SKIP_EMPTY
-#define BA_SKIP_EMPTY 1   /* skip 16-key groups past the tile's last key (0: multiply all 64, zero-filled) */
 #endif
 #ifndef BA_FWD_MIN_CTAS
 #define BA_FWD_MIN_CTAS 3   /* 3 CTAs of 70 KB smem per SM; registers capped at 168 */
@@ -145,13 +153,13 @@ __device__ __forceinline__ void ba_ctx_range(const int32_t *doc_ids, int a, int 
 /* K/V tile t of block b into buffers: context tiles first, then the block tile. Sets vis[64] (plain
  * stores, visible after the next __syncthreads) and returns the number of keys to multiply, rounded
  * up to 16 (rows beyond it are not loaded and never read). */
-template <int HD>
+template <int HD, bool SKIP>
 __device__ __forceinline__ int ba_load_kv_tile(__nv_bfloat16 *sK, __nv_bfloat16 *sV, int *vis, const __nv_bfloat16 *k,
                                                const __nv_bfloat16 *v, const int32_t *doc_ids, int t, int n_ctx,
                                                int c_lo, int c_hi, int d, int T, int b, int B, int g, int n_kv) {
     constexpr int LD = HD + 8, CH = HD / 8;
     int nk = t < n_ctx ? min(BA_KT, c_hi - c_lo - t * BA_KT) : B;
-    int nk16 = BA_SKIP_EMPTY ? (nk + 15) & ~15 : BA_KT;
+    int nk16 = SKIP ? (nk + 15) & ~15 : BA_KT;
     for (int i = threadIdx.x; i < nk16 * CH; i += BA_THREADS) {
         int r = i / CH, c = i % CH;
         bool ok = r < nk;
@@ -171,7 +179,7 @@ __device__ __forceinline__ int ba_load_kv_tile(__nv_bfloat16 *sK, __nv_bfloat16 
 
 /* ---------------------------------------------------------------- forward */
 
-template <int HD>
+template <int HD, bool SKIP>
 __global__ void __launch_bounds__(BA_THREADS, BA_FWD_MIN_CTAS)
 block_attn_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
                           const int32_t *anchors, const int32_t *doc_ids, __nv_bfloat16 *out, float *lse, int T,
@@ -192,7 +200,7 @@ block_attn_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const 
     int c_lo, c_hi;
     ba_ctx_range(doc_ids, a, d, window, &c_lo, &c_hi, &sLo, &sHi);
     const int n_ctx = (c_hi - c_lo + BA_KT - 1) / BA_KT, n_tiles = n_ctx + 1;
-    int kn_cur = ba_load_kv_tile<HD>(sK, sV, sVis[0], k, v, doc_ids, 0, n_ctx, c_lo, c_hi, d, T, b, B, g, n_kv);
+    int kn_cur = ba_load_kv_tile<HD, SKIP>(sK, sV, sVis[0], k, v, doc_ids, 0, n_ctx, c_lo, c_hi, d, T, b, B, g, n_kv);
     ba_commit();
     ba_wait<1>();   /* Q has landed */
     __syncthreads();
@@ -212,7 +220,7 @@ block_attn_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const 
     for (int t = 0; t < n_tiles; t++) {
         int kn_next = 0;
         if (t + 1 < n_tiles)
-            kn_next = ba_load_kv_tile<HD>(sK + (buf ^ 1) * BA_KT * LD, sV + (buf ^ 1) * BA_KT * LD, sVis[buf ^ 1], k, v,
+            kn_next = ba_load_kv_tile<HD, SKIP>(sK + (buf ^ 1) * BA_KT * LD, sV + (buf ^ 1) * BA_KT * LD, sVis[buf ^ 1], k, v,
                                           doc_ids, t + 1, n_ctx, c_lo, c_hi, d, T, b, B, g, n_kv);
         ba_commit();
         ba_wait<1>();
@@ -227,7 +235,7 @@ block_attn_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const 
         for (int kc = 0; kc < HD / 16; kc++)
 #pragma unroll
             for (int np = 0; np < BA_KT / 16; np++)
-                if (!BA_SKIP_EMPTY || np * 16 < kn) {
+                if (!SKIP || np * 16 < kn) {
                     uint32_t bb[4];
                     ba_frag_b_nk(bb, Kb, LD, np * 16, kc * 16);
                     ba_mma(s[2 * np], qf[kc], bb[0], bb[1]);
@@ -276,7 +284,7 @@ block_attn_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const 
         }
 #pragma unroll
         for (int kc = 0; kc < BA_KT / 16; kc++)
-            if (!BA_SKIP_EMPTY || kc * 16 < kn) {
+            if (!SKIP || kc * 16 < kn) {
                 uint32_t aa[4];
                 ba_c2a(aa, s[2 * kc], s[2 * kc + 1]);
 #pragma unroll
@@ -313,6 +321,254 @@ block_attn_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const 
 #pragma unroll
         for (int nt = 0; nt < HD / 8; nt++) dst[nt * 4] = __floats2bfloat162_rn(o[nt][2] * inv, o[nt][3] * inv);
         if ((lane & 3) == 0) lse[(size_t)h * R + row] = (m1 + log2f(l1)) / BA_LOG2E;
+    }
+}
+
+/* ---------------------------------------------------------------- forward, two blocks per CTA
+ * Kernel 6 (the default): one CTA of 4 warps per (pair of consecutive blocks b0 = 2·blockIdx.x, b0 + 1;
+ * kv head g). Query tile of 128 rows: rows 0..63 are block b0's 64-row tile (row r -> head g·G + r/B,
+ * slot r%B), rows 64..127 block b0 + 1's; warp w owns m-tile 0 = rows 16w.. and m-tile 1 = rows
+ * 64 + 16w.., so every K/V fragment read from shared memory feeds both blocks (K1's attention layout,
+ * 4 warps x 2 m-tiles, Q re-read from shared memory per k-chunk). Sorted anchors ~16 tokens apart have
+ * nearly equal context ranges: the CTA walks the union of the two (one merged range when they overlap
+ * or nearly touch, else both), then the 2·B block keys (block-major, so the two blocks' keys are
+ * contiguous), and masks per row: context key p is visible to block h iff bit h of sVis (doc test
+ * inside its narrowed range); block key kk is visible to block h's slot j iff h·B <= kk < h·B + B and
+ * (causal ? kk - h·B <= j : true). A context tile that both blocks see in full skips the mask. Idle rows
+ * (>= G·B, or block b0 + 1 past N) compute on zero-filled Q and are never stored. The softmax scale is
+ * folded into one FMA before ex2.approx (K1's FX path). */
+
+__device__ __forceinline__ float ba_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+template <int HD> struct ba_pair_smem {
+    static constexpr size_t bytes = (size_t)(2 * BA_ROWS + 4 * BA_KT) * (HD + 8) * sizeof(__nv_bfloat16);
+};
+
+template <int HD>
+__global__ void __launch_bounds__(BA_THREADS, 2)
+block_attn_forward_pair_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
+                               const int32_t *anchors, const int32_t *doc_ids, __nv_bfloat16 *out, float *lse,
+                               int T, int N, int B, int n_h, int n_kv, int window, int causal, float scale_log2) {
+    constexpr int LD = HD + 8, CH = HD / 8, MT = 2, QR = MT * BA_ROWS;
+    extern __shared__ __align__(16) unsigned char ba_smem_raw[];
+    __nv_bfloat16 *sQ = (__nv_bfloat16 *)ba_smem_raw;   /* [128][LD] */
+    __nv_bfloat16 *sK = sQ + QR * LD;                   /* [2][64][LD] */
+    __nv_bfloat16 *sV = sK + 2 * BA_KT * LD;            /* [2][64][LD] */
+    __shared__ int sVis[2][BA_KT];    /* context keys: bit h = visible to block b0 + h */
+    __shared__ int sFull[2][2];       /* per buffer and loader warp: its 32 keys need no mask */
+    __shared__ int sLo[2], sHi[2];
+
+    const int b0 = 2 * blockIdx.x, g = blockIdx.y, G = n_h / n_kv, used = G * B, R = N * B;
+    const bool two = b0 + 1 < N;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int a0 = anchors[b0], d0 = doc_ids[a0];
+    const int a1 = two ? anchors[b0 + 1] : 0, d1 = two ? doc_ids[a1] : -1;   /* d1 = -1: no context */
+    for (int i = threadIdx.x; i < QR * CH; i += BA_THREADS) {
+        int rr = i / CH, c = i % CH, h = rr / BA_ROWS, r = rr % BA_ROWS;
+        bool ok = r < used && (h == 0 || two);
+        size_t row = ok ? ((size_t)((b0 + h) * B + r % B) * n_h + g * G + r / B) : 0;
+        ba_cp16(sQ + rr * LD + c * 8, q + row * HD + c * 8, ok);
+    }
+    ba_commit();
+    int lo0, hi0, lo1, hi1;
+    ba_ctx_range(doc_ids, a0, d0, window, &lo0, &hi0, &sLo[0], &sHi[0]);
+    ba_ctx_range(doc_ids, a1, d1, window, &lo1, &hi1, &sLo[1], &sHi[1]);
+    /* key segments: [s0, e0) and [s1, e1) of context, then the nbk block keys */
+    int s0 = lo0, e0 = hi0, s1 = lo1, e1 = hi1;
+    if (e0 > s0 && e1 > s1 && max(s0, s1) <= min(e0, e1) + BA_KT) {
+        s0 = min(s0, s1);
+        e0 = max(e0, e1);
+        s1 = e1 = 0;
+    }
+    const int nt0 = (max(e0 - s0, 0) + BA_KT - 1) / BA_KT, nt1 = (max(e1 - s1, 0) + BA_KT - 1) / BA_KT;
+    const int nbk = two ? 2 * B : B, n_ctx = nt0 + nt1, n_tiles = n_ctx + (nbk + BA_KT - 1) / BA_KT;
+
+    /* tile t: keys base .. base + nk - 1 of its segment (context positions, or block keys from T + b0·B) */
+    auto tile_keys = [&](int t, int *base, int *nk) {
+        *base = t < nt0 ? s0 + t * BA_KT : t < n_ctx ? s1 + (t - nt0) * BA_KT : (t - n_ctx) * BA_KT;
+        *nk = min(BA_KT, (t < nt0 ? e0 : t < n_ctx ? e1 : nbk) - *base);
+    };
+    /* The doc id of key threadIdx.x (threads 0..63) is loaded with the tile's cp.async and used only
+     * after the current tile's math (set_vis), so warps 0 and 1 do not stall on it at the barrier. */
+    int pdoc = -1;
+    auto load_tile = [&](int t, int buf) {
+        const bool blk = t >= n_ctx;
+        int base, nk;
+        tile_keys(t, &base, &nk);
+        __nv_bfloat16 *dK = sK + buf * BA_KT * LD, *dV = sV + buf * BA_KT * LD;
+        for (int i = threadIdx.x; i < BA_KT * CH; i += BA_THREADS) {
+            int r = i / CH, c = i % CH;
+            bool ok = r < nk;
+            size_t row = !ok ? 0 : blk ? (size_t)T + (size_t)b0 * B + base + r : (size_t)(base + r);
+            size_t off = (row * n_kv + g) * HD + c * 8;
+            ba_cp16(dK + r * LD + c * 8, k + off, ok);
+            ba_cp16(dV + r * LD + c * 8, v + off, ok);
+        }
+        if (threadIdx.x < BA_KT && !blk && (int)threadIdx.x < nk) pdoc = doc_ids[base + threadIdx.x];
+    };
+    /* sVis and sFull of tile t (loaded by load_tile(t, buf) before); visible after the next barrier */
+    auto set_vis = [&](int t, int buf) {
+        if (threadIdx.x < BA_KT) {   /* warps 0 and 1, whole */
+            const bool blk = t >= n_ctx;
+            int base, nk;
+            tile_keys(t, &base, &nk);
+            int r = threadIdx.x, x = 0;
+            if (!blk && r < nk) {
+                int p = base + r;
+                x = (pdoc == d0 && p >= lo0 && p < hi0 ? 1 : 0) | (pdoc == d1 && p >= lo1 && p < hi1 ? 2 : 0);
+            }
+            sVis[buf][r] = x;
+            bool full = !blk && (two ? x == 3 : (x & 1) != 0);
+            unsigned bal = __ballot_sync(0xffffffffu, full);
+            if (lane == 0) sFull[buf][warp] = bal == 0xffffffffu;
+        }
+    };
+    load_tile(0, 0);
+    ba_commit();
+    set_vis(0, 0);
+
+    float o[MT][HD / 8][4], m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.f;
+    }
+    const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;   /* this thread's rows inside each block's tile */
+    const int j0 = r0 % B, j1 = r1 % B;
+    int buf = 0;
+    for (int t = 0; t < n_tiles; t++) {
+        if (t + 1 < n_tiles) load_tile(t + 1, buf ^ 1);
+        ba_commit();
+        ba_wait<1>();   /* Q (first group) and tile t have landed */
+        __syncthreads();
+        const __nv_bfloat16 *Kb = sK + buf * BA_KT * LD, *Vb = sV + buf * BA_KT * LD;
+        float s[MT][BA_KT / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int i = 0; i < BA_KT / 8; i++) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
+#pragma unroll
+        for (int kc = 0; kc < HD / 16; kc++) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) ba_frag_a(a[mt], sQ, LD, mt * BA_ROWS + warp * 16, kc * 16);
+#pragma unroll
+            for (int np = 0; np < BA_KT / 16; np++) {
+                uint32_t bb[4];
+                ba_frag_b_nk(bb, Kb, LD, np * 16, kc * 16);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    ba_mma(s[mt][2 * np], a[mt], bb[0], bb[1]);
+                    ba_mma(s[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+                }
+            }
+        }
+        if (!(sFull[buf][0] && sFull[buf][1])) {
+            const bool blk = t >= n_ctx;
+            const int kk0 = (t - n_ctx) * BA_KT;   /* block tiles: index of the tile's first block key */
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < BA_KT / 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = nt * 8 + (lane & 3) * 2 + (e & 1);
+                        bool vis;
+                        if (blk) {
+                            const int kk = kk0 + key - mt * B;
+                            vis = kk >= 0 && kk < B && !(causal && kk > (e >= 2 ? j1 : j0));
+                        } else {
+                            vis = (sVis[buf][key] >> mt) & 1;
+                        }
+                        if (!vis) s[mt][nt][e] = -INFINITY;
+                    }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            float mx0 = m[mt][0], mx1 = m[mt][1];   /* scaled running maxima; raw maxima scale below */
+            float rx0 = -INFINITY, rx1 = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < BA_KT / 8; nt++) {
+                rx0 = fmaxf(rx0, fmaxf(s[mt][nt][0], s[mt][nt][1]));
+                rx1 = fmaxf(rx1, fmaxf(s[mt][nt][2], s[mt][nt][3]));
+            }
+            rx0 = fmaxf(rx0, __shfl_xor_sync(0xffffffffu, rx0, 1));
+            rx0 = fmaxf(rx0, __shfl_xor_sync(0xffffffffu, rx0, 2));
+            rx1 = fmaxf(rx1, __shfl_xor_sync(0xffffffffu, rx1, 1));
+            rx1 = fmaxf(rx1, __shfl_xor_sync(0xffffffffu, rx1, 2));
+            mx0 = fmaxf(mx0, rx0 * scale_log2);   /* scale > 0: -inf stays -inf */
+            mx1 = fmaxf(mx1, rx1 * scale_log2);
+            /* a row with nothing visible yet keeps m = -inf; subtract 0 then so ex2 gives 0, not NaN */
+            const float ms0 = mx0 == -INFINITY ? 0.f : mx0, ms1 = mx1 == -INFINITY ? 0.f : mx1;
+            const float c0 = ba_ex2(m[mt][0] - ms0), c1 = ba_ex2(m[mt][1] - ms1);
+            m[mt][0] = mx0;
+            m[mt][1] = mx1;
+            float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < BA_KT / 8; nt++) {
+                s[mt][nt][0] = ba_ex2(fmaf(s[mt][nt][0], scale_log2, -ms0));
+                s[mt][nt][1] = ba_ex2(fmaf(s[mt][nt][1], scale_log2, -ms0));
+                s[mt][nt][2] = ba_ex2(fmaf(s[mt][nt][2], scale_log2, -ms1));
+                s[mt][nt][3] = ba_ex2(fmaf(s[mt][nt][3], scale_log2, -ms1));
+                sum0 += s[mt][nt][0] + s[mt][nt][1];
+                sum1 += s[mt][nt][2] + s[mt][nt][3];
+            }
+            l[mt][0] = l[mt][0] * c0 + sum0;
+            l[mt][1] = l[mt][1] * c1 + sum1;
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) {
+                o[mt][i][0] *= c0; o[mt][i][1] *= c0;
+                o[mt][i][2] *= c1; o[mt][i][3] *= c1;
+            }
+        }
+#pragma unroll
+        for (int kc = 0; kc < BA_KT / 16; kc++) {
+            uint32_t aa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) ba_c2a(aa[mt], s[mt][2 * kc], s[mt][2 * kc + 1]);
+#pragma unroll
+            for (int dp = 0; dp < HD / 16; dp++) {
+                uint32_t bb[4];
+                ba_frag_b_kn(bb, Vb, LD, kc * 16, dp * 16);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    ba_mma(o[mt][2 * dp], aa[mt], bb[0], bb[1]);
+                    ba_mma(o[mt][2 * dp + 1], aa[mt], bb[2], bb[3]);
+                }
+            }
+        }
+        if (t + 1 < n_tiles) set_vis(t + 1, buf ^ 1);   /* buffer buf ^ 1's flags were last read in t - 1 */
+        __syncthreads();   /* this buffer is refilled by the next iteration's prefetch */
+        buf ^= 1;
+    }
+    ba_wait<0>();   /* nothing in flight at exit */
+    const int col = (lane & 3) * 2;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        if (mt == 1 && !two) break;
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int r = half ? r1 : r0;
+            float lv = l[mt][half];
+            lv += __shfl_xor_sync(0xffffffffu, lv, 1);
+            lv += __shfl_xor_sync(0xffffffffu, lv, 2);
+            if (r < used) {   /* every live row sees its own block's first key, so lv > 0 */
+                const int h = g * G + r / B;
+                const size_t row = (size_t)(b0 + mt) * B + r % B;
+                __nv_bfloat162 *dst = (__nv_bfloat162 *)(out + (row * n_h + h) * HD + col);
+                const float inv = 1.f / lv;
+#pragma unroll
+                for (int nt = 0; nt < HD / 8; nt++)
+                    dst[nt * 4] = __floats2bfloat162_rn(o[mt][nt][2 * half] * inv, o[mt][nt][2 * half + 1] * inv);
+                if ((lane & 3) == 0) lse[(size_t)h * R + row] = (m[mt][half] + log2f(lv)) / BA_LOG2E;
+            }
+        }
     }
 }
 
@@ -517,7 +773,7 @@ block_attn_backward_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, co
 }
 
 /* Kernel 3: dQ of (block b, kv head g) and dK, dV of the block's own keys. */
-template <int HD>
+template <int HD, bool SKIP>
 __global__ void __launch_bounds__(BA_THREADS, 2)
 block_attn_backward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
                            const int32_t *anchors, const int32_t *doc_ids, const __nv_bfloat16 *out,
@@ -566,7 +822,7 @@ block_attn_backward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const
     int c_lo, c_hi;
     ba_ctx_range(doc_ids, a, d, window, &c_lo, &c_hi, &sLo, &sHi);
     const int n_ctx = (c_hi - c_lo + BA_KT - 1) / BA_KT, n_tiles = n_ctx + 1;
-    int kn_cur = ba_load_kv_tile<HD>(sK, sV, sVis[0], k, v, doc_ids, 0, n_ctx, c_lo, c_hi, d, T, b, B, g, n_kv);
+    int kn_cur = ba_load_kv_tile<HD, SKIP>(sK, sV, sVis[0], k, v, doc_ids, 0, n_ctx, c_lo, c_hi, d, T, b, B, g, n_kv);
     ba_commit();
 
     float dqa[HD / 8][4];
@@ -579,7 +835,7 @@ block_attn_backward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const
     for (int t = 0; t < n_tiles; t++) {
         int kn_next = 0;
         if (t + 1 < n_tiles)
-            kn_next = ba_load_kv_tile<HD>(sK + (buf ^ 1) * BA_KT * LD, sV + (buf ^ 1) * BA_KT * LD, sVis[buf ^ 1], k, v,
+            kn_next = ba_load_kv_tile<HD, SKIP>(sK + (buf ^ 1) * BA_KT * LD, sV + (buf ^ 1) * BA_KT * LD, sVis[buf ^ 1], k, v,
                                           doc_ids, t + 1, n_ctx, c_lo, c_hi, d, T, b, B, g, n_kv);
         ba_commit();
         ba_wait<1>();
@@ -599,7 +855,7 @@ block_attn_backward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const
             ba_frag_a(oa, sdO, LD, warp * 16, kc * 16);
 #pragma unroll
             for (int np = 0; np < BA_KT / 16; np++)
-                if (!BA_SKIP_EMPTY || np * 16 < kn) {
+                if (!SKIP || np * 16 < kn) {
                     uint32_t bb[4];
                     ba_frag_b_nk(bb, Kb, LD, np * 16, kc * 16);
                     ba_mma(s[2 * np], qa, bb[0], bb[1]);
@@ -622,7 +878,7 @@ block_attn_backward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const
             }
 #pragma unroll
         for (int kc = 0; kc < BA_KT / 16; kc++)
-            if (!BA_SKIP_EMPTY || kc * 16 < kn) {
+            if (!SKIP || kc * 16 < kn) {
                 uint32_t aa[4];
                 ba_c2a(aa, dp[2 * kc], dp[2 * kc + 1]);
 #pragma unroll
@@ -684,25 +940,25 @@ int ba_smem_attr(K kernel, size_t smem, const char *who) {
     return e == cudaSuccess ? 0 : kernels_fail("%s: cudaFuncSetAttribute: %s", who, cudaGetErrorString(e));
 }
 
-template <int HD>
+template <int HD, bool SKIP>
 int ba_forward_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
                       const int32_t *doc_ids, bf16 *out, float *lse, cudaStream_t stream) {
     const size_t smem = ba_smem<HD>::fwd;
-    if (ba_smem_attr(block_attn_forward_kernel<HD>, smem, "block_attn_forward")) return -1;
-    block_attn_forward_kernel<HD><<<dim3(c->N, c->n_kv), BA_THREADS, smem, stream>>>(
+    if (ba_smem_attr(block_attn_forward_kernel<HD, SKIP>, smem, "block_attn_forward")) return -1;
+    block_attn_forward_kernel<HD, SKIP><<<dim3(c->N, c->n_kv), BA_THREADS, smem, stream>>>(
         (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
         (__nv_bfloat16 *)out, lse, c->T, c->N, c->B, c->n_h, c->n_kv, c->window, c->causal, c->scale * BA_LOG2E);
     KERNELS_CHECK_LAUNCH("block_attn_forward_kernel");
     return 0;
 }
 
-template <int HD>
+template <int HD, bool SKIP>
 int ba_backward_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
                        const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse, float *dq,
                        float *dk, float *dv, cudaStream_t stream) {
     const size_t smem = ba_smem<HD>::bwd;
     if (ba_smem_attr(block_attn_backward_kv_kernel<HD>, smem, "block_attn_backward") ||
-        ba_smem_attr(block_attn_backward_kernel<HD>, smem, "block_attn_backward"))
+        ba_smem_attr(block_attn_backward_kernel<HD, SKIP>, smem, "block_attn_backward"))
         return -1;
     const int R = c->N * c->B;
     const size_t di_threads = (size_t)R * c->n_h * (HD / 8);
@@ -715,12 +971,57 @@ int ba_backward_launch(const block_attn_config *c, const bf16 *q, const bf16 *k,
         (const __nv_bfloat16 *)dout, lse, di, dk, dv, c->T, c->N, c->B, c->n_h, c->n_kv, c->window,
         c->scale * BA_LOG2E, c->scale);
     KERNELS_CHECK_LAUNCH("block_attn_backward_kv_kernel");
-    block_attn_backward_kernel<HD><<<dim3(c->N, c->n_kv), BA_THREADS, smem, stream>>>(
+    block_attn_backward_kernel<HD, SKIP><<<dim3(c->N, c->n_kv), BA_THREADS, smem, stream>>>(
         (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
         (const __nv_bfloat16 *)out, (const __nv_bfloat16 *)dout, lse, dq, dk, dv, c->T, c->N, c->B, c->n_h, c->n_kv,
         c->window, c->causal, c->scale * BA_LOG2E, c->scale);
     KERNELS_CHECK_LAUNCH("block_attn_backward_kernel");
     return 0;
+}
+
+template <int HD>
+int ba_forward_pair_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
+                           const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, cudaStream_t stream) {
+    const size_t smem = ba_pair_smem<HD>::bytes;
+    if (ba_smem_attr(block_attn_forward_pair_kernel<HD>, smem, "block_attn_forward")) return -1;
+    block_attn_forward_pair_kernel<HD><<<dim3((c->N + 1) / 2, c->n_kv), BA_THREADS, smem, stream>>>(
+        (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
+        (__nv_bfloat16 *)out, lse, c->T, c->N, c->B, c->n_h, c->n_kv, c->window, c->causal, c->scale * BA_LOG2E);
+    KERNELS_CHECK_LAUNCH("block_attn_forward_pair_kernel");
+    return 0;
+}
+
+/* The kernel set, from DFLASH_BLOCK_ATTN_KERNEL (read per call, so tests and benchmarks can switch):
+ *   6 (default, BA_DEFAULT_KERNEL): forward kernel 6 (two blocks per CTA), backward of 5;
+ *   5: forward and backward with every key tile multiplied in full (bench variant 5: fastest verified
+ *      on the H200 2026-11-29, 143 / 71.5 TFLOP/s);
+ *   3: K2b's kernels, empty 16-key groups skipped (verified 2026-11-29, 123 / 66 TFLOP/s).
+ * Anything else is an error, so a typo never silently measures the wrong kernel. */
+#ifndef BA_DEFAULT_KERNEL
+#define BA_DEFAULT_KERNEL 6
+#endif
+int ba_kernel_choice(const char *who) {
+    const char *e = getenv("DFLASH_BLOCK_ATTN_KERNEL");
+    if (!e || !e[0]) return BA_DEFAULT_KERNEL;
+    if ((e[0] == '3' || e[0] == '5' || e[0] == '6') && e[1] == 0) return e[0] - '0';
+    return kernels_fail("%s: DFLASH_BLOCK_ATTN_KERNEL=%s, expected 3, 5 or 6 (or unset)", who, e);
+}
+
+template <int HD>
+int ba_forward_select(int kernel, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
+                      const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, cudaStream_t stream) {
+    if (kernel == 6) return ba_forward_pair_launch<HD>(c, q, k, v, anchors, doc_ids, out, lse, stream);
+    if (kernel == 5) return ba_forward_launch<HD, false>(c, q, k, v, anchors, doc_ids, out, lse, stream);
+    return ba_forward_launch<HD, true>(c, q, k, v, anchors, doc_ids, out, lse, stream);
+}
+
+template <int HD>
+int ba_backward_select(int kernel, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
+                       const int32_t *anchors, const int32_t *doc_ids, const bf16 *out, const bf16 *dout,
+                       const float *lse, float *dq, float *dk, float *dv, cudaStream_t stream) {
+    if (kernel == 3)
+        return ba_backward_launch<HD, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
+    return ba_backward_launch<HD, false>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
 }
 
 }  // namespace
@@ -732,8 +1033,10 @@ extern "C" int block_attn_forward(const block_attn_config *c, const bf16 *d_q, c
                                   cudaStream_t stream) {
     const void *ptrs[] = {d_q, d_k, d_v, d_out};
     if (ba_check_device(c, ptrs, 4, "block_attn_forward")) return -1;
-    return c->d_h == 128 ? ba_forward_launch<128>(c, d_q, d_k, d_v, d_anchors, d_doc_ids, d_out, d_lse, stream)
-                         : ba_forward_launch<64>(c, d_q, d_k, d_v, d_anchors, d_doc_ids, d_out, d_lse, stream);
+    const int kernel = ba_kernel_choice("block_attn_forward");
+    if (kernel < 0) return -1;
+    return c->d_h == 128 ? ba_forward_select<128>(kernel, c, d_q, d_k, d_v, d_anchors, d_doc_ids, d_out, d_lse, stream)
+                         : ba_forward_select<64>(kernel, c, d_q, d_k, d_v, d_anchors, d_doc_ids, d_out, d_lse, stream);
 }
 
 extern "C" int block_attn_backward(const block_attn_config *c, const bf16 *d_q, const bf16 *d_k, const bf16 *d_v,
@@ -742,7 +1045,10 @@ extern "C" int block_attn_backward(const block_attn_config *c, const bf16 *d_q, 
                                    cudaStream_t stream) {
     const void *ptrs[] = {d_q, d_k, d_v, d_out, d_dout, d_dq, d_dk, d_dv};
     if (ba_check_device(c, ptrs, 8, "block_attn_backward")) return -1;
-    return c->d_h == 128
-               ? ba_backward_launch<128>(c, d_q, d_k, d_v, d_anchors, d_doc_ids, d_out, d_dout, d_lse, d_dq, d_dk, d_dv, stream)
-               : ba_backward_launch<64>(c, d_q, d_k, d_v, d_anchors, d_doc_ids, d_out, d_dout, d_lse, d_dq, d_dk, d_dv, stream);
+    const int kernel = ba_kernel_choice("block_attn_backward");
+    if (kernel < 0) return -1;
+    return c->d_h == 128 ? ba_backward_select<128>(kernel, c, d_q, d_k, d_v, d_anchors, d_doc_ids, d_out, d_dout,
+                                                   d_lse, d_dq, d_dk, d_dv, stream)
+                         : ba_backward_select<64>(kernel, c, d_q, d_k, d_v, d_anchors, d_doc_ids, d_out, d_dout,
+                                                  d_lse, d_dq, d_dk, d_dv, stream);
 }

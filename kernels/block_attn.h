@@ -59,12 +59,14 @@ int block_attn_backward_ref(const block_attn_config *c, const float *q, const fl
 #ifdef DFLASH_CUDA
 #include <cuda_runtime_api.h>
 /* Device forward: q, k, v bf16; out bf16; lse fp32. Preconditions: d_h in {64, 128},
- * (n_h / n_kv) · B <= 64. Asynchronous on stream; no allocation. Returns 0 or -1 (kernels_error()). */
+ * (n_h / n_kv) · B <= 64. Asynchronous on stream; no allocation. Returns 0 or -1 (kernels_error()).
+ * The environment variable DFLASH_BLOCK_ATTN_KERNEL (read per call) picks the kernel set: unset = the
+ * default (6), or 5 or 3 (earlier verified sets, kernels/block_attn.cu); any other value fails. */
 int block_attn_forward(const block_attn_config *c, const bf16 *d_q, const bf16 *d_k, const bf16 *d_v,
                        const int32_t *d_anchors, const int32_t *d_doc_ids, bf16 *d_out, float *d_lse,
                        cudaStream_t stream);
-/* Device backward: writes fp32 dq (N·B, n_h, d_h), dk and dv (T + N·B, n_kv, d_h), every element
- * (overwritten, not accumulated). Deterministic: no atomics, dK/dV of a key are summed over the blocks
+/* Device backward (kernel set from DFLASH_BLOCK_ATTN_KERNEL, as the forward): writes fp32 dq
+ * (N·B, n_h, d_h), dk and dv (T + N·B, n_kv, d_h), every element (overwritten, not accumulated). Deterministic: no atomics, dK/dV of a key are summed over the blocks
  * that see it in block order. dq doubles as scratch during the call (its first n_h·N·B floats hold
  * rowsum(dO ⊙ O) until the last kernel overwrites them), so it must not alias an input. Same
  * preconditions as the forward, all pointers 16-byte aligned. Asynchronous on stream; no allocation.

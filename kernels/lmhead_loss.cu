@@ -14,9 +14,15 @@
  * With a single chunk (vocab_chunk >= V) the forward's logits are
  * reused, so the op costs its three GEMMs plus a few memory passes; with several chunks the backward
  * recomputes the chunk logits (one or two extra GEMMs) and never holds more than (R, Vc) bf16.
+ * The default plan (vocab_chunk 0) is one chunk whenever the two (R, V) bf16 logit buffers fit in
+ * LMHEAD_SINGLE_CHUNK_MAX_BYTES (1.05 GB at R = 8192, V = 32000: 1.26x the GEMMs, against 2.14x in
+ * chunks of 8192 on the H200, 2026-11-29), else chunks of LMHEAD_VOCAB_CHUNK; DFLASH_LMHEAD_VOCAB_CHUNK
+ * overrides it (8192 restores the former default).
  */
 #include "kernels/lmhead_loss.h"
 #include "kernels/blas.h"
+
+#include <stdlib.h>
 
 #include <cuda_bf16.h>
 
@@ -152,8 +158,19 @@ __global__ void lmhead_loss_forward_kernel(const __nv_bfloat16 *zc, const __nv_b
     lmh_identity(acc);
     const __nv_bfloat16 *zr = zc + (size_t)s * Vc, *tr = tc + (size_t)s * Vc;
     const int n8 = nv / 8;
+    /* the next step's two vectors are loaded before this step's fold (software pipelining: two loads
+     * per stream in flight per thread instead of one; the fold order, hence every bit, is unchanged) */
+    uint4 zv = make_uint4(0, 0, 0, 0), tv = make_uint4(0, 0, 0, 0);
+    if ((int)threadIdx.x < n8) {
+        zv = *reinterpret_cast<const uint4 *>(zr + threadIdx.x * 8);
+        tv = *reinterpret_cast<const uint4 *>(tr + threadIdx.x * 8);
+    }
     for (int c8 = threadIdx.x; c8 < n8; c8 += blockDim.x) {
-        uint4 zv = *reinterpret_cast<const uint4 *>(zr + c8 * 8), tv = *reinterpret_cast<const uint4 *>(tr + c8 * 8);
+        uint4 zn = make_uint4(0, 0, 0, 0), tn = make_uint4(0, 0, 0, 0);
+        if (c8 + (int)blockDim.x < n8) {
+            zn = *reinterpret_cast<const uint4 *>(zr + (c8 + blockDim.x) * 8);
+            tn = *reinterpret_cast<const uint4 *>(tr + (c8 + blockDim.x) * 8);
+        }
         const __nv_bfloat162 *z2 = (const __nv_bfloat162 *)&zv, *t2 = (const __nv_bfloat162 *)&tv;
 #pragma unroll
         for (int e = 0; e < 4; e++) {
@@ -161,6 +178,8 @@ __global__ void lmhead_loss_forward_kernel(const __nv_bfloat16 *zc, const __nv_b
             lmh_fold(acc, z.x, t.x, v0 + c8 * 8 + 2 * e);
             lmh_fold(acc, z.y, t.y, v0 + c8 * 8 + 2 * e + 1);
         }
+        zv = zn;
+        tv = tn;
     }
     /* the tail comes after every vector column of this thread, so indices still increase per thread */
     for (int c = n8 * 8 + threadIdx.x; c < nv; c += blockDim.x)
@@ -195,10 +214,16 @@ __global__ void lmhead_finalize_kernel(int R, int loss_kind, const uint8_t *mask
     row_loss[s] = l;
 }
 
-/* One block: weights block by block, L = Σ w m ℓ / (Σ m + 1e-5), agreement counts. */
+/* One block: weights block by block, L = Σ w m ℓ / (Σ m + 1e-5), agreement counts. The counts are
+ * summed in shared memory (2·B ints of dynamic smem) and each written once, overwriting correct and
+ * total (until K2c: two global atomics per supervised row, all from this one block, on 2·B addresses,
+ * after two memsets). */
 __global__ void lmhead_weights_kernel(int N, int B, int weighting, float gamma, float alpha, const uint8_t *mask,
                                       const float *row_loss, const int *arg, float *row_weight, float *loss,
                                       float *msum_out, int32_t *correct, int32_t *total) {
+    extern __shared__ int lmh_counts[];   /* [0, B): correct, [B, 2B): total */
+    for (int j = threadIdx.x; j < 2 * B; j += blockDim.x) lmh_counts[j] = 0;
+    __syncthreads();
     double lsum = 0, msum = 0;
     for (int b = threadIdx.x; b < N; b += blockDim.x) {
         double all = 0, before = 0, P = 1;
@@ -225,8 +250,8 @@ __global__ void lmhead_weights_kernel(int N, int B, int weighting, float gamma, 
                 }
                 msum += 1;
                 lsum += (double)(float)w * row_loss[s];
-                atomicAdd(&correct[j], arg[2 * s] == arg[2 * s + 1]);
-                atomicAdd(&total[j], 1);
+                atomicAdd(&lmh_counts[j], arg[2 * s] == arg[2 * s + 1]);
+                atomicAdd(&lmh_counts[B + j], 1);
             }
             row_weight[s] = (float)w;
         }
@@ -237,7 +262,11 @@ __global__ void lmhead_weights_kernel(int N, int B, int weighting, float gamma, 
         msum += __shfl_xor_sync(0xffffffffu, msum, o);
     }
     if ((threadIdx.x & 31) == 0) { r1[threadIdx.x >> 5] = lsum; r2[threadIdx.x >> 5] = msum; }
-    __syncthreads();
+    __syncthreads();   /* also orders every shared count update before the writes below */
+    for (int j = threadIdx.x; j < B; j += blockDim.x) {
+        correct[j] = lmh_counts[j];
+        total[j] = lmh_counts[B + j];
+    }
     if (threadIdx.x == 0) {
         double L = 0, M = 0;
         for (int w = 0; w < (int)(blockDim.x >> 5); w++) { L += r1[w]; M += r2[w]; }
@@ -264,9 +293,19 @@ __global__ void lmhead_loss_backward_kernel(__nv_bfloat16 *zc, const __nv_bfloat
     const int tgt = arg[2 * s + 1];
     const bool kl = loss_kind == LMHEAD_LOSS_KL;
     const __nv_bfloat16 *tr = tc + (size_t)s * Vc;
+    /* as the forward: the next step's vectors are loaded before this step's store (each thread reads
+     * only the logits it overwrites, so the early load never sees another step's dz) */
+    uint4 zn = make_uint4(0, 0, 0, 0), tn = make_uint4(0, 0, 0, 0);
+    if ((int)threadIdx.x < n8) {
+        zn = *reinterpret_cast<const uint4 *>(zr + threadIdx.x * 8);
+        if (kl) tn = *reinterpret_cast<const uint4 *>(tr + threadIdx.x * 8);
+    }
     for (int c8 = threadIdx.x; c8 < n8; c8 += blockDim.x) {
-        uint4 zv = *reinterpret_cast<const uint4 *>(zr + c8 * 8), tv = make_uint4(0, 0, 0, 0);
-        if (kl) tv = *reinterpret_cast<const uint4 *>(tr + c8 * 8);
+        uint4 zv = zn, tv = tn;
+        if (c8 + (int)blockDim.x < n8) {
+            zn = *reinterpret_cast<const uint4 *>(zr + (c8 + blockDim.x) * 8);
+            if (kl) tn = *reinterpret_cast<const uint4 *>(tr + (c8 + blockDim.x) * 8);
+        }
         __nv_bfloat162 *z2 = (__nv_bfloat162 *)&zv;
         const __nv_bfloat162 *t2 = (const __nv_bfloat162 *)&tv;
 #pragma unroll
@@ -299,9 +338,22 @@ extern "C" int lmhead_loss_ws_init(lmhead_loss_ws **out, const lmhead_loss_confi
     char err[256];
     *out = NULL;
     if (lmhead_loss_check(c, err, sizeof err)) return kernels_fail("lmhead_loss_ws_init: %s", err);
-    int Vc = vocab_chunk > 0 ? vocab_chunk : 8192;
+    int Vc = vocab_chunk;
+    if (Vc <= 0) {   /* the default plan */
+        const char *e = getenv("DFLASH_LMHEAD_VOCAB_CHUNK");
+        if (e && e[0]) {
+            char *end;
+            long x = strtol(e, &end, 10);
+            if (*end || x <= 0 || x > (1L << 30))
+                return kernels_fail("lmhead_loss_ws_init: DFLASH_LMHEAD_VOCAB_CHUNK=%s is not a positive chunk size", e);
+            Vc = (int)x;
+        } else {
+            const size_t single = 2 * (size_t)c->N * c->B * (size_t)((c->V + 7) / 8 * 8) * 2;   /* z and t, bf16 */
+            Vc = single <= LMHEAD_SINGLE_CHUNK_MAX_BYTES ? c->V : LMHEAD_VOCAB_CHUNK;
+        }
+    }
+    if (Vc >= c->V) Vc = (c->V + 7) / 8 * 8;
     if (Vc % 8) return kernels_fail("lmhead_loss_ws_init: vocab_chunk=%d must be a multiple of 8", Vc);
-    if (Vc > c->V) Vc = (c->V + 7) / 8 * 8;
     lmhead_loss_ws *ws = (lmhead_loss_ws *)calloc(1, sizeof *ws);
     if (!ws) return kernels_fail("lmhead_loss_ws_init: calloc failed");
     ws->R = c->N * c->B; ws->D = c->D; ws->V = c->V; ws->Vc = Vc;
@@ -320,6 +372,8 @@ extern "C" int lmhead_loss_ws_init(lmhead_loss_ws **out, const lmhead_loss_confi
     *out = ws;
     return 0;
 }
+
+extern "C" int lmhead_loss_ws_chunk(const lmhead_loss_ws *ws) { return ws ? ws->Vc : 0; }
 
 extern "C" void lmhead_loss_ws_free(lmhead_loss_ws *ws) {
     if (!ws) return;
@@ -345,10 +399,8 @@ extern "C" int lmhead_loss_forward(lmhead_loss_ws *ws, const lmhead_loss_config 
                                    int32_t *d_correct, int32_t *d_total, cudaStream_t stream) {
     if (lmh_check(ws, c, "lmhead_loss_forward")) return -1;
     int R = ws->R, D = c->D, Vc = ws->Vc;
-    cudaError_t e;
-    if ((e = cudaMemsetAsync(d_correct, 0, sizeof(int32_t) * c->B, stream)) != cudaSuccess ||
-        (e = cudaMemsetAsync(d_total, 0, sizeof(int32_t) * c->B, stream)) != cudaSuccess)
-        return kernels_fail("lmhead_loss_forward: cudaMemsetAsync: %s", cudaGetErrorString(e));
+    if ((size_t)c->B * 2 * sizeof(int) > 48 * 1024)
+        return kernels_fail("lmhead_loss_forward: B=%d exceeds the weights kernel's shared counters", c->B);
     lmhead_gather_kernel<<<R, 256, 0, stream>>>((const __nv_bfloat16 *)d_last, d_vnorm_w, d_anchors, d_valid,
                                                  d_loss_mask, c->T, c->B, D, c->eps, ws->th, ws->mask, ws->st, ws->arg);
     KERNELS_CHECK_LAUNCH("lmhead_gather_kernel");
@@ -364,7 +416,7 @@ extern "C" int lmhead_loss_forward(lmhead_loss_ws *ws, const lmhead_loss_config 
     }
     lmhead_finalize_kernel<<<(R + 255) / 256, 256, 0, stream>>>(R, c->loss, ws->mask, ws->st, ws->lse, d_row_loss);
     KERNELS_CHECK_LAUNCH("lmhead_finalize_kernel");
-    lmhead_weights_kernel<<<1, 256, 0, stream>>>(c->N, c->B, c->weighting, c->gamma, c->alpha, ws->mask, d_row_loss,
+    lmhead_weights_kernel<<<1, 256, (size_t)c->B * 2 * sizeof(int), stream>>>(c->N, c->B, c->weighting, c->gamma, c->alpha, ws->mask, d_row_loss,
                                                  ws->arg, d_row_weight, d_loss, ws->msum, d_correct, d_total);
     KERNELS_CHECK_LAUNCH("lmhead_weights_kernel");
     return 0;

@@ -20,11 +20,14 @@
  *
  * Device path: vocabulary chunks of the logits are produced by cuBLASLt GEMMs (kernels/blas.h) into
  * bf16 chunk buffers (logits are bf16, §9), then folded into per-row online-softmax statistics in
- * fp32; the backward recomputes the chunks and multiplies dz chunks back. Nothing [R, V] is stored.
+ * fp32; the backward multiplies dz chunks back. Nothing [R, V] is stored in fp32: with one chunk (the
+ * default when it fits, see LMHEAD_SINGLE_CHUNK_MAX_BYTES) the bf16 logits stay in the workspace from
+ * the forward to the backward; with several the backward recomputes each chunk.
  */
 #ifndef KERNELS_LMHEAD_LOSS_H
 #define KERNELS_LMHEAD_LOSS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kernels/common.h"
@@ -83,10 +86,18 @@ int lmhead_loss_backward_ref(const lmhead_loss_config *c, const float *xn, const
 #include <cuda_runtime_api.h>
 typedef struct lmhead_loss_ws lmhead_loss_ws;   /* device workspace; opaque */
 
-/* Allocate the device workspace for config c with vocabulary chunks of vocab_chunk rows (0: 8192;
- * a multiple of 8). Sized once from the largest shape (design.md §7). Returns 0 or -1 (kernels_error()).
- * Not thread-safe with respect to the same ws. */
+/* Default plan of lmhead_loss_ws_init (vocab_chunk 0): one chunk (logits kept, no recompute) when the
+ * two (N·B, V) bf16 logit buffers take at most LMHEAD_SINGLE_CHUNK_MAX_BYTES, else LMHEAD_VOCAB_CHUNK. */
+#define LMHEAD_SINGLE_CHUNK_MAX_BYTES ((size_t)2 << 30)
+#define LMHEAD_VOCAB_CHUNK 8192
+
+/* Allocate the device workspace for config c with vocabulary chunks of vocab_chunk rows (a multiple
+ * of 8, or >= V for one chunk; 0: the default plan above, or the environment's
+ * DFLASH_LMHEAD_VOCAB_CHUNK when set). Sized once from the largest shape (design.md §7): 2·N·B·chunk
+ * bf16 plus O(N·B·D). Returns 0 or -1 (kernels_error()). Not thread-safe with respect to the same ws. */
 int lmhead_loss_ws_init(lmhead_loss_ws **ws, const lmhead_loss_config *c, int vocab_chunk);
+/* The vocabulary chunk ws was planned with (>= V: one chunk); 0 for NULL. */
+int lmhead_loss_ws_chunk(const lmhead_loss_ws *ws);
 void lmhead_loss_ws_free(lmhead_loss_ws *ws);
 
 /* Device forward. Inputs as the reference, bf16 for xn, lm_head, vlm_head, last; fp32 vnorm_w.

@@ -8,19 +8,24 @@
  *   variant 1: WMMA 16x16x16, fp32 S/O in smem, dK/dV by fp32 atomics (K2's first kernel; history, below).
  *   variant 2: forward only: mma.sync m16n8k16, scores and O in registers, cp.async double buffer
  *              (K2's candidate; history, below).
- *   variant 3: kernels/block_attn.cu: variant 2 plus skipped empty 16-key groups (block tile and the
- *              last context tile), Q staged through a K buffer (70 KB smem, 3 CTAs/SM); backward with
- *              mma.sync in registers, dK/dV per context key tile over the blocks that see it (no
- *              atomics, deterministic), dQ per block, 16 query rows per dK/dV step.
+ *   variant 3: kernels/block_attn.cu kernel set 3 (DFLASH_BLOCK_ATTN_KERNEL=3): variant 2 plus skipped
+ *              empty 16-key groups (block tile and the last context tile), Q staged through a K buffer
+ *              (70 KB smem, 3 CTAs/SM); backward with mma.sync in registers, dK/dV per context key tile
+ *              over the blocks that see it (no atomics, deterministic), dQ per block, 16 query rows per
+ *              dK/dV step.
  *   variant 4: the same source compiled with 2 CTAs/SM for the forward (no register cap) and 32 query
- *              rows per dK/dV step (kernel 2 then spills a little).
- *   variant 5: the same source with BA_SKIP_EMPTY 0: every key tile multiplied in full, as variant 2
- *              (added after the 2026-11-29 K2b run; not measured yet), and variant 3's backward timed
- *              kernel by kernel (also added after that run).
+ *              rows per dK/dV step (kernel 2 then spills a little), kernel set 3.
+ *   variant 5: kernel set 5 (DFLASH_BLOCK_ATTN_KERNEL=5): set 3 with every key tile multiplied in full
+ *              (zero-filled rows), as variant 2 does; the backward timed kernel by kernel too.
+ *   variant 6: kernel set 6, forward only (its backward is set 5's): two consecutive blocks per CTA,
+ *              128 query rows = 4 warps x 2 m-tiles over the union of the two context ranges, every K/V
+ *              fragment feeding both blocks, per-row masks, the scale folded into FMA + ex2.approx
+ *              (added 2026-11-29 by K2c, not measured when written).
+ *   variant 7: the library launchers as the environment leaves them (default: set 6 forward, set 5
+ *              backward): checks the dispatch itself.
  * Measured 2026-11-29 on the H200 (RESULTS.md): forward 1: 28.4, 2: 141.4, 3: 123.1, 4: 100.4 TFLOP/s;
- * backward 1: 21.1, 3: 66.1, 4: 68.4 TFLOP/s. Variant 3 lost ~15% to variant 2 in the forward although
- * it multiplies fewer keys; variant 4 (same occupancy as 2) lost 30%, so the suspect is the per-group
- * `if (np * 16 < kn)` branches inside the unrolled mma loops, which variant 5 removes.
+ * backward 1: 21.1, 3: 66.1, 4: 68.4 TFLOP/s. Later the same day: forward 2: 141.3, 3: 123.3, 5: 143.2;
+ * backward 3: 66.2, 5: 71.5 (the per-group branches of set 3 cost it its lead over variant 2).
  *
  * Napkin math: FLOPs count visible (query, key) pairs only, per query head: forward 4·d_h per pair
  * (Q·Kᵀ and P·V), backward 10·d_h per pair (recompute Q·Kᵀ, dO·Vᵀ, dV, dQ, dK: 2.5x forward, the
@@ -48,50 +53,49 @@
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
 #define CKK(x) do { if ((x) != 0) { fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, kernels_error()); exit(1); } } while (0)
 
-/* ---------------------------------------------------------------- variant 4: variant 3's source, other knobs */
+/* ---------------------------------------------------------------- variant 4: variant 3's source, other knobs
+ * Compiled with 2 CTAs/SM for the forward and 32 query rows per dK/dV step; the wrappers below pick
+ * kernel set 3 (empty 16-key groups skipped) of this compilation. */
 #define BA_FWD_MIN_CTAS 2
 #define BA_VQ 32
-#define block_attn_forward block_attn_forward4
-#define block_attn_backward block_attn_backward4
+#define block_attn_forward block_attn_forward4x
+#define block_attn_backward block_attn_backward4x
+namespace v4 {
 #include "kernels/block_attn.cu"
+}  // namespace v4
 #undef block_attn_forward
 #undef block_attn_backward
+static int block_attn_forward4(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
+                               const int32_t *a, const int32_t *doc, bf16 *out, float *lse, cudaStream_t st) {
+    return c->d_h == 128 ? v4::ba_forward_select<128>(3, c, q, k, v, a, doc, out, lse, st)
+                         : v4::ba_forward_select<64>(3, c, q, k, v, a, doc, out, lse, st);
+}
+static int block_attn_backward4(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
+                                const int32_t *a, const int32_t *doc, const bf16 *out, const bf16 *dout,
+                                const float *lse, float *dq, float *dk, float *dv, cudaStream_t st) {
+    return c->d_h == 128 ? v4::ba_backward_select<128>(3, c, q, k, v, a, doc, out, dout, lse, dq, dk, dv, st)
+                         : v4::ba_backward_select<64>(3, c, q, k, v, a, doc, out, dout, lse, dq, dk, dv, st);
+}
 
-/* ---------------------------------------------------------------- variant 5: variant 3 without group skipping
- * Every key tile multiplied in full (64 keys, zero-filled rows), as variant 2 does, with variant 3's
- * 3 CTAs/SM and Q staging: tests whether the per-group branches cost variant 3 its lead over variant 2. */
+/* ---------------------------------------------------------------- variants 3, 5, 6: kernels/block_attn.cu
+ * The source with its default knobs in a namespace, so each kernel set (DFLASH_BLOCK_ATTN_KERNEL 3, 5,
+ * 6) is called directly whatever the environment says, and the three backward kernels can be timed one
+ * by one (how the backward splits between the Di pass, the dK/dV pass and the dQ pass). */
 #undef BA_FWD_MIN_CTAS
 #undef BA_VQ
-#undef BA_SKIP_EMPTY
-#define BA_FWD_MIN_CTAS 3
-#define BA_VQ 16
-#define BA_SKIP_EMPTY 0
-#define block_attn_forward block_attn_forward5
-#define block_attn_backward block_attn_backward5
-namespace v5 {
-#include "kernels/block_attn.cu"
-}  // namespace v5
-#undef block_attn_forward
-#undef block_attn_backward
-
-/* ---------------------------------------------------------------- variant 3's backward, kernel by kernel
- * The same source with its default knobs in a namespace, so the three backward kernels can be timed
- * one by one (how the 2.69 ms split between the Di pass, the dK/dV pass and the dQ pass). */
-#undef BA_FWD_MIN_CTAS
-#undef BA_VQ
-#undef BA_SKIP_EMPTY
 #define block_attn_forward block_attn_forward3k
 #define block_attn_backward block_attn_backward3k
 namespace v3k {
 #include "kernels/block_attn.cu"
 
 /* ms of each backward kernel (Di, dK/dV, dQ) for d_h 128, medians of 10 after 3 warm-ups */
+template <bool SKIP>
 static void split_times(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *a,
                         const int32_t *doc, const bf16 *out, const bf16 *dout, const float *lse, float *dq, float *dk,
                         float *dv, void *flush, double ms_out[3]) {
     const size_t smem = ba_smem<128>::bwd;
     if (ba_smem_attr(block_attn_backward_kv_kernel<128>, smem, "split") ||
-        ba_smem_attr(block_attn_backward_kernel<128>, smem, "split")) {
+        ba_smem_attr(block_attn_backward_kernel<128, SKIP>, smem, "split")) {
         fprintf(stderr, "split_times: %s\n", kernels_error());
         exit(1);
     }
@@ -111,7 +115,7 @@ static void split_times(const block_attn_config *c, const bf16 *q, const bf16 *k
             Q, K, V, a, doc, dO, lse, dq, dk, dv, c->T, c->N, c->B, c->n_h, c->n_kv, c->window, c->scale * BA_LOG2E,
             c->scale);
         CK(cudaEventRecord(ev[2]));
-        block_attn_backward_kernel<128><<<dim3(c->N, c->n_kv), BA_THREADS, smem>>>(
+        block_attn_backward_kernel<128, SKIP><<<dim3(c->N, c->n_kv), BA_THREADS, smem>>>(
             Q, K, V, a, doc, O, dO, lse, dq, dk, dv, c->T, c->N, c->B, c->n_h, c->n_kv, c->window, c->causal,
             c->scale * BA_LOG2E, c->scale);
         CK(cudaEventRecord(ev[3]));
@@ -132,6 +136,20 @@ static void split_times(const block_attn_config *c, const bf16 *q, const bf16 *k
 }  // namespace v3k
 #undef block_attn_forward
 #undef block_attn_backward
+
+template <int KID>
+static int forward_k(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *a,
+                     const int32_t *doc, bf16 *out, float *lse, cudaStream_t st) {
+    return c->d_h == 128 ? v3k::ba_forward_select<128>(KID, c, q, k, v, a, doc, out, lse, st)
+                         : v3k::ba_forward_select<64>(KID, c, q, k, v, a, doc, out, lse, st);
+}
+template <int KID>
+static int backward_k(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *a,
+                      const int32_t *doc, const bf16 *out, const bf16 *dout, const float *lse, float *dq, float *dk,
+                      float *dv, cudaStream_t st) {
+    return c->d_h == 128 ? v3k::ba_backward_select<128>(KID, c, q, k, v, a, doc, out, dout, lse, dq, dk, dv, st)
+                         : v3k::ba_backward_select<64>(KID, c, q, k, v, a, doc, out, dout, lse, dq, dk, dv, st);
+}
 
 /* ---------------------------------------------------------------- variant 1: WMMA (history)
  * K2's first kernels/block_attn.cu (commit 79e07de), kept verbatim: WMMA 16x16x16 fragments, S and O in
@@ -885,9 +903,11 @@ int main(void) {
            100.0 * pairs / ((double)R * (c.T + R) * c.n_h));
     std::vector<variant> vars = {{1, v1::forward1, v1::backward1, false, false},
                                  {2, forward2s, NULL, false, false},
-                                 {3, block_attn_forward, block_attn_backward, false, false},
+                                 {3, forward_k<3>, backward_k<3>, false, false},
                                  {4, block_attn_forward4, block_attn_backward4, false, false},
-                                 {5, v5::block_attn_forward5, v5::block_attn_backward5, false, false}};
+                                 {5, forward_k<5>, backward_k<5>, false, false},
+                                 {6, forward_k<6>, NULL, false, false},   /* its backward is variant 5's */
+                                 {7, block_attn_forward, block_attn_backward, false, false}};
     validate(c, q, k, v, anchors, doc, vars);
 
     bf16 *d_q, *d_k, *d_v, *d_o, *d_go;
@@ -927,12 +947,12 @@ int main(void) {
             double med = ms[ms.size() / 2], flops = pairs * c.d_h * (bwd ? 10.0 : 4.0);
             printf("variant %d %-8s median %.3f ms  %.1f TFLOP/s (visible pairs)  target %s\n", var.id,
                    bwd ? "backward" : "forward", med, flops / med / 1e9, bwd ? ">= 200" : ">= 300");
-            if (bwd && var.id == 3) {
+            if (bwd && (var.id == 3 || var.id == 5)) {
                 double sp[3];
-                v3k::split_times(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_go, d_l, d_dq, d_dk, d_dv, flush, sp);
-                printf("variant 3 backward by kernel: Di %.3f ms, dK/dV per key tile %.3f ms (8·d_h per pair: %.1f TFLOP/s), "
+                (var.id == 3 ? v3k::split_times<true> : v3k::split_times<false>)(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_go, d_l, d_dq, d_dk, d_dv, flush, sp);
+                printf("variant %d backward by kernel: Di %.3f ms, dK/dV per key tile %.3f ms (8·d_h per pair: %.1f TFLOP/s), "
                        "dQ + block keys per block %.3f ms (6·d_h per pair: %.1f TFLOP/s, block keys aside)\n",
-                       sp[0], sp[1], pairs * c.d_h * 8.0 / sp[1] / 1e9, sp[2], pairs * c.d_h * 6.0 / sp[2] / 1e9);
+                       var.id, sp[0], sp[1], pairs * c.d_h * 8.0 / sp[1] / 1e9, sp[2], pairs * c.d_h * 6.0 / sp[2] / 1e9);
             }
             if (bwd && var.id >= 3) {   /* deterministic: a second run is bitwise equal */
                 std::vector<float> a1(nk), a2(nk), q1(nq), q2(nq);

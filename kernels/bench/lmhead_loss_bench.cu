@@ -6,9 +6,16 @@
  *   build: make bench (-> $(BUILD)/bench/lmhead_loss_bench); run on the GPU machine.
  *   variant 1: one vocabulary chunk (vocab_chunk >= V): logits kept in bf16 (2 x 0.5 GiB), no recompute.
  *   variant 2: chunks of 8192: (R, 8192) buffers only; the backward recomputes both logit chunks.
- *   Both time kernels/lmhead_loss.cu as it is; K2's first row kernels (2-byte loads, a stat merge per
+ *   variant 3: the default plan (vocab_chunk 0; since K2c one chunk when the logits fit in
+ *              LMHEAD_SINGLE_CHUNK_MAX_BYTES, as here), printed with the chunk it chose.
+ *   All time kernels/lmhead_loss.cu as it is; K2's first row kernels (2-byte loads, a stat merge per
  *   logit) measured 1.347x / 2.197x (RESULTS.md, commit 79e07de); since K2b they use 16-byte loads and
- *   one exp per logit and stream.
+ *   one exp per logit and stream; since K2c they load the next step's vectors before folding this one's.
+ *
+ * Baseline: the three GEMMs on random data. Until K2c the dxn GEMM multiplied an all-zero dz (a GEMM on
+ * zeros draws less power, so it may run at higher clocks than the fused op's GEMM on real dz); that
+ * baseline is still printed ("dz = 0") for comparison with the earlier entries, and each variant's
+ * ratio is given against both.
  *
  * Napkin math: each GEMM is 2·R·V·D = 2.15 TFLOP; target: fused time <= 1.25 x the three GEMMs.
  * Validation: both variants against lmhead_loss_forward_ref/backward_ref on a small problem first.
@@ -20,6 +27,7 @@
 #include <vector>
 
 #include <cuda_runtime.h>
+#include <cuda_bf16.h>
 
 #include "kernels/blas.h"
 #include "kernels/lmhead_loss.h"
@@ -38,6 +46,17 @@ struct problem {
     int32_t *d_a, *d_c, *d_t;
     uint8_t *d_valid, *d_mask;
 };
+
+/* x[i] = bf16 of a hash of (seed, i) in [-s, s): device fill of the big GEMM operands */
+__global__ void fill_random(bf16 *x, size_t n, uint64_t seed, float s) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+        h ^= h >> 31; h *= 0xBF58476D1CE4E5B9ull; h ^= h >> 27; h *= 0x94D049BB133111EBull; h ^= h >> 31;
+        float u = (float)((h >> 40) / 8388608.0 - 1.0) * s;
+        __nv_bfloat16 b = __float2bfloat16_rn(u);
+        x[i] = *reinterpret_cast<bf16 *>(&b);
+    }
+}
 
 static float frand(uint64_t *r, float s) { return s * (float)((kernels_rng_next(r) >> 40) / 8388608.0 - 1.0); }
 
@@ -120,24 +139,30 @@ int main(void) {
     make(p, T, N, B, D, V);
     bf16 *z, *t, *dz;
     CK(cudaMalloc(&z, 2 * (size_t)R * V)); CK(cudaMalloc(&t, 2 * (size_t)R * V)); CK(cudaMalloc(&dz, 2 * (size_t)R * V));
-    CK(cudaMemset(dz, 0, 2 * (size_t)R * V));
+    bf16 *dz0;   /* the pre-K2c baseline's all-zero dz */
+    CK(cudaMalloc(&dz0, 2 * (size_t)R * V));
+    CK(cudaMemset(dz0, 0, 2 * (size_t)R * V));
+    /* dz of the size of a softmax gradient: coef·(Q - P) ~ 1e-4 / R per element at most, values ~1e-6 */
+    fill_random<<<1024, 256>>>(dz, (size_t)R * V, 7, 1e-6f);
+    CK(cudaGetLastError());
     void *flush;
     CK(cudaMalloc(&flush, 256 << 20));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
     double gemm_tflop = 2.0 * R * (double)V * D / 1e12;
-    double base = 0;
-    for (int variant = 0; variant < 3; variant++) {
+    double base = 0, base0 = 0;
+    /* -1: GEMMs on the zero dz (history); 0: GEMMs alone; 1, 2, 3: the variants */
+    for (int variant = -1; variant < 4; variant++) {
         lmhead_loss_ws *ws = NULL;
-        if (variant > 0) CKK(lmhead_loss_ws_init(&ws, &p.c, variant == 1 ? V + 8 : 8192));
+        if (variant > 0) CKK(lmhead_loss_ws_init(&ws, &p.c, variant == 1 ? V + 8 : variant == 2 ? 8192 : 0));
         std::vector<float> ms;
         for (int it = 0; it < 8; it++) {
             CK(cudaMemset(flush, it, 256 << 20));
             CK(cudaEventRecord(e0));
-            if (variant == 0) {   /* the three GEMMs alone */
+            if (variant <= 0) {   /* the three GEMMs alone */
                 CKK(blas_matmul(z, BLAS_BF16, p.d_x, 0, p.d_h, 1, NULL, R, V, D, D, D, V, 1.f, 0.f, 0));
                 CKK(blas_matmul(t, BLAS_BF16, p.d_x, 0, p.d_h, 1, NULL, R, V, D, D, D, V, 1.f, 0.f, 0));
-                CKK(blas_matmul(p.d_dx, BLAS_F32, dz, 0, p.d_h, 0, NULL, R, D, V, V, D, D, 1.f, 0.f, 0));
+                CKK(blas_matmul(p.d_dx, BLAS_F32, variant < 0 ? dz0 : dz, 0, p.d_h, 0, NULL, R, D, V, V, D, D, 1.f, 0.f, 0));
             } else {
                 run(p, ws);
             }
@@ -149,10 +174,14 @@ int main(void) {
         }
         std::sort(ms.begin(), ms.end());
         double med = ms[ms.size() / 2];
+        if (variant < 0) base0 = med;
         if (variant == 0) base = med;
-        const char *name[3] = {"GEMMs alone (3)", "variant 1 (one chunk)", "variant 2 (chunks 8192)"};
-        printf("%-24s R=%d D=%d V=%d: median %.3f ms  (%.1f TFLOP/s over 3 GEMMs)  ratio to GEMMs %.3f (target <= 1.25)\n",
-               name[variant], R, D, V, med, 3 * gemm_tflop / med * 1e3, med / base);
+        char name[64];
+        if (variant < 0) snprintf(name, sizeof name, "GEMMs alone, dz = 0");
+        else if (variant == 0) snprintf(name, sizeof name, "GEMMs alone (3)");
+        else snprintf(name, sizeof name, "variant %d (chunk %d)", variant, lmhead_loss_ws_chunk(ws));
+        printf("%-26s R=%d D=%d V=%d: median %.3f ms  (%.1f TFLOP/s over 3 GEMMs)  ratio to GEMMs %.3f (target <= 1.25; "
+               "%.3f to the dz = 0 GEMMs)\n", name, R, D, V, med, 3 * gemm_tflop / med * 1e3, variant < 0 ? med / base0 : med / (base ? base : med), med / base0);
         if (ws) lmhead_loss_ws_free(ws);
     }
     return 0;

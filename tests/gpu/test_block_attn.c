@@ -11,6 +11,8 @@
  * sum up to W + B terms; no reference in that precision exists yet, so the bound is 3% of the
  * tensor's largest magnitude (+1e-5) plus 5% relative — several times the observed error, far below the
  * O(1) errors of a wrong mask or a missing tile. The backward must also be bitwise repeatable.
+ * Every case runs each kernel set of the launcher: the default (forward kernel 6, two blocks per CTA)
+ * and the verified sets it can be reverted to with DFLASH_BLOCK_ATTN_KERNEL=5 or 3.
  */
 #include <cuda_runtime_api.h>
 
@@ -86,46 +88,55 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
     CK_CUDA(cudaMalloc((void **)&d_dq, 4 * nq));
     CK_CUDA(cudaMalloc((void **)&d_dk, 4 * nk));
     CK_CUDA(cudaMalloc((void **)&d_dv, 4 * nk));
-    CK_CUDA(cudaMemset(d_o, 0xff, 2 * nq));   /* poison: NaN */
-    CK_CUDA(cudaMemset(d_l, 0xff, 4 * nl));
-    CK_CUDA(cudaMemset(d_dq, 0xff, 4 * nq));
-    ck_assert_msg(block_attn_forward(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_l, 0) == 0, "%s", kernels_error());
-    ck_assert_msg(block_attn_backward(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_go, d_l, d_dq, d_dk, d_dv, 0) == 0, "%s",
-                  kernels_error());
-    CK_CUDA(cudaDeviceSynchronize());
+    /* every kernel set of the launcher: the default (unset), then the verified ones it can be
+     * reverted to (DFLASH_BLOCK_ATTN_KERNEL=5, 3) */
+    static const char *const kernels[] = {"", "5", "3"};
     float *og = malloc(4 * nq), *lg = malloc(4 * nl), *dqg = malloc(4 * nq), *dkg = malloc(4 * nk), *dvg = malloc(4 * nk);
-    CK_CUDA(cudaMemcpy(ob, d_o, 2 * nq, cudaMemcpyDeviceToHost));
-    floats_from_bf16(og, ob, nq);
-    CK_CUDA(cudaMemcpy(lg, d_l, 4 * nl, cudaMemcpyDeviceToHost));
-    CK_CUDA(cudaMemcpy(dqg, d_dq, 4 * nq, cudaMemcpyDeviceToHost));
-    CK_CUDA(cudaMemcpy(dkg, d_dk, 4 * nk, cudaMemcpyDeviceToHost));
-    CK_CUDA(cudaMemcpy(dvg, d_dv, 4 * nk, cudaMemcpyDeviceToHost));
-
-    /* the backward is deterministic (no atomics): a second call reproduces every bit */
-    {
-        float *dq2 = malloc(4 * nq), *dk2 = malloc(4 * nk), *dv2 = malloc(4 * nk);
+    for (int ki = 0; ki < 3; ki++) {
+        if (kernels[ki][0]) ck_assert(setenv("DFLASH_BLOCK_ATTN_KERNEL", kernels[ki], 1) == 0);
+        else ck_assert(unsetenv("DFLASH_BLOCK_ATTN_KERNEL") == 0);
+        CK_CUDA(cudaMemset(d_o, 0xff, 2 * nq));   /* poison: NaN */
+        CK_CUDA(cudaMemset(d_l, 0xff, 4 * nl));
+        CK_CUDA(cudaMemset(d_dq, 0xff, 4 * nq));
+        ck_assert_msg(block_attn_forward(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_l, 0) == 0, "%s", kernels_error());
         ck_assert_msg(block_attn_backward(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_go, d_l, d_dq, d_dk, d_dv, 0) == 0, "%s",
                       kernels_error());
-        CK_CUDA(cudaMemcpy(dq2, d_dq, 4 * nq, cudaMemcpyDeviceToHost));
-        CK_CUDA(cudaMemcpy(dk2, d_dk, 4 * nk, cudaMemcpyDeviceToHost));
-        CK_CUDA(cudaMemcpy(dv2, d_dv, 4 * nk, cudaMemcpyDeviceToHost));
-        ck_assert_msg(!memcmp(dq2, dqg, 4 * nq) && !memcmp(dk2, dkg, 4 * nk) && !memcmp(dv2, dvg, 4 * nk),
-                      "block_attn_backward: a repeated call gave different bits");
-        free(dq2); free(dk2); free(dv2);
+        CK_CUDA(cudaDeviceSynchronize());
+        CK_CUDA(cudaMemcpy(ob, d_o, 2 * nq, cudaMemcpyDeviceToHost));
+        floats_from_bf16(og, ob, nq);
+        CK_CUDA(cudaMemcpy(lg, d_l, 4 * nl, cudaMemcpyDeviceToHost));
+        CK_CUDA(cudaMemcpy(dqg, d_dq, 4 * nq, cudaMemcpyDeviceToHost));
+        CK_CUDA(cudaMemcpy(dkg, d_dk, 4 * nk, cudaMemcpyDeviceToHost));
+        CK_CUDA(cudaMemcpy(dvg, d_dv, 4 * nk, cudaMemcpyDeviceToHost));
+
+        /* the backward is deterministic (no atomics): a second call reproduces every bit */
+        {
+            float *dq2 = malloc(4 * nq), *dk2 = malloc(4 * nk), *dv2 = malloc(4 * nk);
+            ck_assert_msg(block_attn_backward(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_go, d_l, d_dq, d_dk, d_dv, 0) == 0, "%s",
+                          kernels_error());
+            CK_CUDA(cudaMemcpy(dq2, d_dq, 4 * nq, cudaMemcpyDeviceToHost));
+            CK_CUDA(cudaMemcpy(dk2, d_dk, 4 * nk, cudaMemcpyDeviceToHost));
+            CK_CUDA(cudaMemcpy(dv2, d_dv, 4 * nk, cudaMemcpyDeviceToHost));
+            ck_assert_msg(!memcmp(dq2, dqg, 4 * nq) && !memcmp(dk2, dkg, 4 * nk) && !memcmp(dv2, dvg, 4 * nk),
+                          "block_attn_backward: a repeated call gave different bits");
+            free(dq2); free(dk2); free(dv2);
+        }
+        double err_gpu = max_abs_diff(og, o32, nq), err_base = max_abs_diff(obf, o32, nq);
+        fprintf(stderr, "kernel %s T=%d N=%d B=%d h=%d/%d d=%d W=%d causal=%d: out err %.3g (bf16 ref %.3g), lse err %.3g, "
+                "dq %.3g/%.3g dk %.3g/%.3g dv %.3g/%.3g (err/max)\n", kernels[ki][0] ? kernels[ki] : "default", T, N, B, n_h, n_kv, d_h, window, causal, err_gpu,
+                err_base, max_abs_diff(lg, l32, nl), max_abs_diff(dqg, dq, nq), max_abs(dq, nq), max_abs_diff(dkg, dk, nk),
+                max_abs(dk, nk), max_abs_diff(dvg, dv, nk), max_abs(dv, nk));
+        ck_assert_msg(err_gpu <= 2 * err_base + 1e-6, "out (kernel set %s): kernel err %.4g > 2 x bf16-reference err %.4g",
+                      kernels[ki][0] ? kernels[ki] : "default", err_gpu, err_base);
+        ck_assert(test_allclose("lse", lg, l32, nl, 1e-3, 0));
+        /* + 1e-5: a gradient that is exactly 0 in the reference (one visible key: dP - D = 0) is fp32 noise
+         * (~1e-7) on the device, where D comes from the bf16 output (the H200 run of 2026-11-29 saw dq and dk
+         * errors of 1.7e-7 against an all-zero reference at T = 1 with K2b's kernels: 60x below the floor) */
+        ck_assert(test_allclose("dq", dqg, dq, nq, 0.03 * max_abs(dq, nq) + 1e-5, 0.05));
+        ck_assert(test_allclose("dk", dkg, dk, nk, 0.03 * max_abs(dk, nk) + 1e-5, 0.05));
+        ck_assert(test_allclose("dv", dvg, dv, nk, 0.03 * max_abs(dv, nk) + 1e-5, 0.05));
     }
-    double err_gpu = max_abs_diff(og, o32, nq), err_base = max_abs_diff(obf, o32, nq);
-    fprintf(stderr, "T=%d N=%d B=%d h=%d/%d d=%d W=%d causal=%d: out err %.3g (bf16 ref %.3g), lse err %.3g, "
-            "dq %.3g/%.3g dk %.3g/%.3g dv %.3g/%.3g (err/max)\n", T, N, B, n_h, n_kv, d_h, window, causal, err_gpu,
-            err_base, max_abs_diff(lg, l32, nl), max_abs_diff(dqg, dq, nq), max_abs(dq, nq), max_abs_diff(dkg, dk, nk),
-            max_abs(dk, nk), max_abs_diff(dvg, dv, nk), max_abs(dv, nk));
-    ck_assert_msg(err_gpu <= 2 * err_base + 1e-6, "out: kernel err %.4g > 2 x bf16-reference err %.4g", err_gpu, err_base);
-    ck_assert(test_allclose("lse", lg, l32, nl, 1e-3, 0));
-    /* + 1e-5: a gradient that is exactly 0 in the reference (one visible key: dP - D = 0) is fp32 noise
-     * (~1e-7) on the device, where D comes from the bf16 output (the H200 run of 2026-11-29 saw dq and dk
-     * errors of 1.7e-7 against an all-zero reference at T = 1 with K2b's kernels: 60x below the floor) */
-    ck_assert(test_allclose("dq", dqg, dq, nq, 0.03 * max_abs(dq, nq) + 1e-5, 0.05));
-    ck_assert(test_allclose("dk", dkg, dk, nk, 0.03 * max_abs(dk, nk) + 1e-5, 0.05));
-    ck_assert(test_allclose("dv", dvg, dv, nk, 0.03 * max_abs(dv, nk) + 1e-5, 0.05));
+    unsetenv("DFLASH_BLOCK_ATTN_KERNEL");
 
     cudaFree(d_q); cudaFree(d_k); cudaFree(d_v); cudaFree(d_go); cudaFree(d_a); cudaFree(d_doc);
     cudaFree(d_o); cudaFree(d_l); cudaFree(d_dq); cudaFree(d_dk); cudaFree(d_dv);
@@ -140,6 +151,8 @@ START_TEST(block_attn_gpu_small) {
     one(97, 7, 8, 8, 2, 128, 40, 0, 50, 3);     /* sliding, bidirectional, G = 4 */
     one(1, 1, 1, 2, 1, 128, 0, 1, 1, 4);        /* sizes of 1 */
     one(1025, 37, 16, 32, 8, 128, 0, 0, 200, 5);
+    one(97, 5, 32, 2, 1, 64, 0, 1, 30, 8);      /* G·B = 64: a pair's block keys fill one 64-key tile */
+    one(130, 3, 64, 1, 1, 64, 48, 1, 40, 9);    /* B = 64: a pair's block keys span two tiles; odd N */
 }
 END_TEST
 
@@ -159,6 +172,13 @@ START_TEST(block_attn_gpu_rejects) {
     c.d_h = 96;
     ck_assert_int_eq(block_attn_forward(&c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0), -1);
     ck_assert_ptr_nonnull(strstr(kernels_error(), "d_h=96"));
+    c.d_h = 128;   /* a valid config: an unknown kernel set is refused before any launch */
+    ck_assert_int_eq(setenv("DFLASH_BLOCK_ATTN_KERNEL", "9", 1), 0);
+    ck_assert_int_eq(block_attn_forward(&c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0), -1);
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "expected 3, 5 or 6"));
+    ck_assert_int_eq(block_attn_backward(&c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0), -1);
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "DFLASH_BLOCK_ATTN_KERNEL=9"));
+    unsetenv("DFLASH_BLOCK_ATTN_KERNEL");
 }
 END_TEST
 

@@ -140,6 +140,37 @@ START_TEST(lmhead_gpu_larger) {
 }
 END_TEST
 
+/* The workspace plan: one chunk by default when the logits fit, chunks beyond the cap, the
+ * environment's override (the revert switch) and its refusal of a bad value; an explicit chunk wins. */
+START_TEST(lmhead_gpu_plan) {
+    lmhead_loss_config c = {2048, 8, 16, 64, 32000, LMHEAD_LOSS_KL, LMHEAD_WEIGHT_EXP_DECAY, 4.0f, 0.5f, 1e-6f};
+    lmhead_loss_ws *ws = NULL;
+    unsetenv("DFLASH_LMHEAD_VOCAB_CHUNK");
+    ck_assert_msg(lmhead_loss_ws_init(&ws, &c, 0) == 0, "%s", kernels_error());
+    ck_assert_int_eq(lmhead_loss_ws_chunk(ws), 32000);
+    lmhead_loss_ws_free(ws);
+    c.N = 512;
+    c.V = 152000;   /* 2 x 8192 x 152000 bf16 = 5 GB > LMHEAD_SINGLE_CHUNK_MAX_BYTES */
+    ck_assert_msg(lmhead_loss_ws_init(&ws, &c, 0) == 0, "%s", kernels_error());
+    ck_assert_int_eq(lmhead_loss_ws_chunk(ws), LMHEAD_VOCAB_CHUNK);
+    lmhead_loss_ws_free(ws);
+    c.N = 8;
+    c.V = 32000;
+    ck_assert_int_eq(setenv("DFLASH_LMHEAD_VOCAB_CHUNK", "8192", 1), 0);
+    ck_assert_msg(lmhead_loss_ws_init(&ws, &c, 0) == 0, "%s", kernels_error());
+    ck_assert_int_eq(lmhead_loss_ws_chunk(ws), 8192);
+    lmhead_loss_ws_free(ws);
+    ck_assert_msg(lmhead_loss_ws_init(&ws, &c, 1024) == 0, "%s", kernels_error());
+    ck_assert_int_eq(lmhead_loss_ws_chunk(ws), 1024);
+    lmhead_loss_ws_free(ws);
+    ck_assert_int_eq(setenv("DFLASH_LMHEAD_VOCAB_CHUNK", "12x", 1), 0);
+    ck_assert_int_eq(lmhead_loss_ws_init(&ws, &c, 0), -1);
+    ck_assert_ptr_null(ws);
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "DFLASH_LMHEAD_VOCAB_CHUNK=12x"));
+    unsetenv("DFLASH_LMHEAD_VOCAB_CHUNK");
+}
+END_TEST
+
 START_TEST(lmhead_gpu_prune) {
     enum { VT = 1000, VD = 300, D = 64 };
     int64_t d2t[VD];
@@ -168,6 +199,7 @@ int main(void) {
     tcase_add_test(tc, lmhead_gpu_small);
     tcase_add_test(tc, lmhead_gpu_larger);
     tcase_add_test(tc, lmhead_gpu_prune);
+    tcase_add_test(tc, lmhead_gpu_plan);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }
