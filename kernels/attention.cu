@@ -21,12 +21,21 @@
  * flush-to-zero (ex2.approx.ftz: results below 2^-126 become 0, which a bf16 probability next to a
  * row maximum of 1 cannot represent anyway), instead of FMUL, FADD and exp2f's subnormal handling
  * per element. DFLASH_ATTENTION_KERNEL=4 selects the K1 kernel (FX off) again.
+ * Caveat of that FX kernel (kept as is: it is the verified revert target): its running max mixes
+ * the scaled previous maximum with the raw scores of the tile before scaling both, so the max it
+ * subtracts can sit below the true one; harmless for ordinary logits (probabilities > 1 are still
+ * consistent in l and o), but fp32 could overflow for scaled logits above ~88 (2^128). Kernel 2 scales the
+ * tile's raw max first and then compares.
+ * K1c: attention_forward_kernel2 (below; the launcher's default, bench variant 8) keeps this
+ * arithmetic and adds mirrored m-tiles, diagonal chunk skipping, a split K/V wait on the first tile
+ * and the longest-first tile order. DFLASH_ATTENTION_KERNEL=6 selects K1b's FX kernel.
  */
 #include "kernels/attention.h"
 #include "kernels/vec.cuh"
 
 #include <math.h>
 #include <stdlib.h>
+#include <type_traits>
 
 /* ---------------------------------------------------------------- device helpers */
 
@@ -274,6 +283,255 @@ attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, co
     }
 }
 
+/* ---------------------------------------------------------------- kernel 2 (K1c) */
+
+/* The K1c kernel: the FX arithmetic of the kernel above, and
+ *  - mirrored m-tiles: warp w owns the m16 tiles w, 2·NW−1−w (then 2·NW+w, 4·NW−1−w, ...), so on
+ *    the two diagonal key tiles every warp has about the same unmasked work (a block waits for its
+ *    slowest warp at every tile);
+ *  - diagonal skipping: on a masked key tile each m16 tile only multiplies the 16-key chunks that
+ *    hold a key <= its last row (the others are entirely above the diagonal: their probabilities
+ *    are exactly 0), and skips the softmax when no chunk is left;
+ *  - the running max compares scaled maxima only (the FX kernel above mixes scaled and raw);
+ *  - K and V in separate cp.async groups: on the first (diagonal) tile Q·Kᵀ and the softmax run
+ *    while V is still in flight;
+ *  - LPT (longest processing time first) when LPT: grid z counts query tiles down from the longest
+ *    document's last tile, absolute within each document, so across all documents the tiles with the
+ *    most keys are issued first and the light ones fill the tail (blocks past a short document's
+ *    tiles exit at once). Without LPT, z counts from each document's end as in the kernel above.
+ * Same grid shape, shared-memory layout and output as attention_forward_kernel. Verified here only
+ * by a tile-level model of the skipping/ordering logic against exact attention (not on a GPU at the
+ * time of writing): attention_bench validates it before timing, tests/gpu/test_attention.c runs it. */
+template <int NW>
+static __device__ __forceinline__ int k2_mtile(int warp, int mt) {
+    return (mt % 2 == 0) ? mt * NW + warp : mt * NW + NW - 1 - warp;
+}
+
+template <int HD, int NW, int MT, int BC, bool LPT>
+__global__ void __launch_bounds__(NW * 32)
+attention_forward_kernel2(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu,
+                          int T, int NH, int NKV, float scale_log2) {
+    constexpr int BR = 16 * MT * NW, LD = HD + 8, CH = HD / 8, NT = NW * 32, NC = BC / 16;
+    extern __shared__ __align__(16) unsigned char att_smem[];
+    bf16 *sQ = (bf16 *)att_smem;    /* [BR][LD] */
+    bf16 *sK = sQ + BR * LD;        /* [2][BC][LD] */
+    bf16 *sV = sK + 2 * BC * LD;    /* [2][BC][LD] */
+
+    const int h = blockIdx.x, d = blockIdx.y;
+    const int s0 = cu[d], len = cu[d + 1] - s0;
+    const int ntiles = (len + BR - 1) / BR;
+    const int qt = LPT ? (int)gridDim.z - 1 - (int)blockIdx.z : ntiles - 1 - (int)blockIdx.z;
+    if (qt < 0 || qt >= ntiles) return;
+    const int kh = h / (NH / NKV);
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+
+    for (int i = tid; i < BR * CH; i += NT) {
+        int r = i / CH, c = i % CH, qi = qt * BR + r;
+        const bf16 *src = q + ((size_t)(s0 + min(qi, len - 1)) * NH + h) * HD + c * 8;
+        cp_async16(sQ + r * LD + c * 8, src, qi < len ? 16 : 0);
+    }
+    /* rows past the document are zero-filled (from a valid address) */
+    auto load_tile = [&](bf16 *dst, const bf16 *src, int j) {
+        for (int i = tid; i < BC * CH; i += NT) {
+            int r = i / CH, c = i % CH, kj = j * BC + r;
+            size_t off = ((size_t)(s0 + min(kj, len - 1)) * NKV + kh) * HD + c * 8;
+            cp_async16(dst + r * LD + c * 8, src + off, kj < len ? 16 : 0);
+        }
+    };
+    const int last_row = min(qt * BR + BR - 1, len - 1);
+    const int jlast = last_row / BC;
+    load_tile(sK, k, jlast);
+    cp_async_commit();   /* group: Q + K(jlast) */
+    load_tile(sV, v, jlast);
+    cp_async_commit();   /* group: V(jlast) */
+
+    /* first local row of this thread in each m-tile (and +8); the Q fragment base per m-tile */
+    int rbase[MT];
+    const bf16 *qb[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const int t16 = k2_mtile<NW>(warp, mt) * 16;
+        rbase[mt] = qt * BR + t16 + lane / 4;
+        qb[mt] = sQ + (t16 + (lane % 16)) * LD + (lane / 16) * 8;
+    }
+
+    float o[MT][HD / 8][4];
+    float m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
+    const int qmin = qt * BR;
+
+    int buf = 0;
+    for (int j = jlast; j >= 0; j--) {
+        if (j > 0) load_tile(sK + (buf ^ 1) * BC * LD, k, j - 1);
+        cp_async_commit();
+        if (j > 0) load_tile(sV + (buf ^ 1) * BC * LD, v, j - 1);
+        cp_async_commit();
+        /* pending: [K(j) (+Q)], [V(j)], [K(j-1)], [V(j-1)]; on the first tile only K(j) is awaited */
+        if (j == jlast) cp_async_wait<3>(); else cp_async_wait<2>();
+        __syncthreads();
+
+        const bf16 *Kb = sK + buf * BC * LD, *Vb = sV + buf * BC * LD;
+        /* one body per masking mode, so unmasked tiles run without the chunk tests */
+        auto tile = [&](auto masked_tag) {
+        constexpr bool masked = decltype(masked_tag)::value;
+        /* 16-key chunks holding a key <= the m-tile's last row (all NC when unmasked) */
+        int nc[MT], ncmax = 0;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const int rmax = qt * BR + k2_mtile<NW>(warp, mt) * 16 + 15;
+            int c = masked ? (rmax - j * BC + 16) / 16 : NC;   /* ceil((rmax - j·BC + 1) / 16) */
+            c = c < 0 ? 0 : c > NC ? NC : c;
+            nc[mt] = c;
+            ncmax = c > ncmax ? c : ncmax;
+        }
+
+        float s[MT][BC / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int i = 0; i < BC / 8; i++) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
+#pragma unroll
+        for (int kc = 0; kc < HD / 16; kc++) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                if (!masked || nc[mt] > 0) ldsm_x4(a[mt], qb[mt] + kc * 16);
+#pragma unroll
+            for (int np = 0; np < NC; np++) {
+                if (masked && np >= ncmax) continue;
+                uint32_t b[4];
+                ldsm_x4(b, Kb + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kc * 16 + ((lane / 8) % 2) * 8);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    if (!masked || np < nc[mt]) {
+                        mma_bf16(s[mt][2 * np], a[mt], b[0], b[1]);
+                        mma_bf16(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+                    }
+                }
+            }
+        }
+        /* On masked tiles, n8 score tiles of chunks >= nc[mt] are never read (their keys are above
+         * every row of the m-tile: they would be -inf in the max, 0 in the sum, and P·V skips
+         * them), and only n8 tiles holding a key above the m-tile's first row are masked. */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            if (masked && nc[mt] == 0) continue;   /* every key above every row: m, l, o unchanged */
+            if constexpr (masked) {
+                const int rmin = qt * BR + k2_mtile<NW>(warp, mt) * 16;
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; nt++)
+                    if (nt / 2 < nc[mt] && j * BC + nt * 8 + 7 > rmin) {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            int key = j * BC + nt * 8 + (lane % 4) * 2 + (e & 1), row = rbase[mt] + (e >= 2 ? 8 : 0);
+                            if (key > row) s[mt][nt][e] = -INFINITY;
+                        }
+                    }
+            }
+            float mx0 = m[mt][0], mx1 = m[mt][1];
+            {
+                float r0 = -INFINITY, r1 = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < BC / 8; nt++) {
+                    if (masked && nt / 2 >= nc[mt]) continue;
+                    r0 = fmaxf(r0, fmaxf(s[mt][nt][0], s[mt][nt][1]));
+                    r1 = fmaxf(r1, fmaxf(s[mt][nt][2], s[mt][nt][3]));
+                }
+                r0 = fmaxf(r0, __shfl_xor_sync(0xffffffffu, r0, 1));
+                r0 = fmaxf(r0, __shfl_xor_sync(0xffffffffu, r0, 2));
+                r1 = fmaxf(r1, __shfl_xor_sync(0xffffffffu, r1, 1));
+                r1 = fmaxf(r1, __shfl_xor_sync(0xffffffffu, r1, 2));
+                /* m holds scaled maxima; the raw tile max scales once per row (scale > 0) */
+                mx0 = fmaxf(mx0, r0 * scale_log2);
+                mx1 = fmaxf(mx1, r1 * scale_log2);
+            }
+            /* a row with every key masked so far keeps max -inf: subtract 0 so ex2 gives 0, not NaN */
+            const float ms0 = mx0 == -INFINITY ? 0.0f : mx0, ms1 = mx1 == -INFINITY ? 0.0f : mx1;
+            const float c0 = ex2_ftz(m[mt][0] - ms0), c1 = ex2_ftz(m[mt][1] - ms1);
+            m[mt][0] = mx0;
+            m[mt][1] = mx1;
+            float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++) {
+                if (masked && nt / 2 >= nc[mt]) continue;
+                s[mt][nt][0] = ex2_ftz(fmaf(s[mt][nt][0], scale_log2, -ms0));
+                s[mt][nt][1] = ex2_ftz(fmaf(s[mt][nt][1], scale_log2, -ms0));
+                s[mt][nt][2] = ex2_ftz(fmaf(s[mt][nt][2], scale_log2, -ms1));
+                s[mt][nt][3] = ex2_ftz(fmaf(s[mt][nt][3], scale_log2, -ms1));
+                sum0 += s[mt][nt][0] + s[mt][nt][1];
+                sum1 += s[mt][nt][2] + s[mt][nt][3];
+            }
+            l[mt][0] = l[mt][0] * c0 + sum0;
+            l[mt][1] = l[mt][1] * c1 + sum1;
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) {
+                o[mt][i][0] *= c0; o[mt][i][1] *= c0;
+                o[mt][i][2] *= c1; o[mt][i][3] *= c1;
+            }
+        }
+        if (masked && j == jlast) {   /* V(jlast): the first tile is always masked */
+            cp_async_wait<2>();
+            __syncthreads();
+        }
+#pragma unroll
+        for (int kc = 0; kc < NC; kc++) {
+            if (masked && kc >= ncmax) continue;
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                a[mt][0] = pack_bf16x2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                a[mt][1] = pack_bf16x2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                a[mt][2] = pack_bf16x2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                a[mt][3] = pack_bf16x2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+            }
+#pragma unroll
+            for (int dp = 0; dp < HD / 16; dp++) {
+                uint32_t b[4];
+                ldsm_x4_t(b, Vb + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    if (!masked || kc < nc[mt]) {
+                        mma_bf16(o[mt][2 * dp], a[mt], b[0], b[1]);
+                        mma_bf16(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                    }
+                }
+            }
+        }
+        };
+        if (j * BC + BC - 1 > qmin) tile(std::true_type());
+        else tile(std::false_type());
+        __syncthreads();   /* every warp is done with buf before the next iteration refills it */
+        buf ^= 1;
+    }
+
+    const int col = (lane % 4) * 2;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            float lv = l[mt][half];
+            lv += __shfl_xor_sync(0xffffffffu, lv, 1);
+            lv += __shfl_xor_sync(0xffffffffu, lv, 2);
+            const float inv = lv > 0.0f ? 1.0f / lv : 0.0f;
+            const int row = rbase[mt] + half * 8;
+            if (row < len) {
+                __nv_bfloat162 *dst = (__nv_bfloat162 *)(out + ((size_t)(s0 + row) * NH + h) * HD + col);
+#pragma unroll
+                for (int nt = 0; nt < HD / 8; nt++)
+                    dst[nt * 4] = __floats2bfloat162_rn(o[mt][nt][2 * half] * inv, o[mt][nt][2 * half + 1] * inv);
+                if (lse && lane % 4 == 0)
+                    lse[(size_t)h * T + s0 + row] = (m[mt][half] + log2f(lv)) * 0.69314718055994531f;
+            }
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- launcher */
 
 template <int HD, int NW, int MT, int BC, bool FX = true>
@@ -295,6 +553,26 @@ static int launch(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf1
     return 0;
 }
 
+/* The K1c kernel (attention_forward_kernel2): same grid, block and shared memory as launch(). */
+template <int HD, int NW, int MT, int BC, bool LPT = true>
+static int launch2(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
+                   int max_seqlen, int T, int NH, int NKV, float scale, cudaStream_t stream) {
+    constexpr int BR = 16 * MT * NW, LD = HD + 8;
+    const size_t smem = (size_t)(BR + 4 * BC) * LD * sizeof(bf16);
+    static int configured;   /* benign race: every caller sets the same attribute */
+    if (!configured) {
+        cudaError_t e = cudaFuncSetAttribute(attention_forward_kernel2<HD, NW, MT, BC, LPT>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return kernels_fail("attention_forward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
+        configured = 1;
+    }
+    dim3 grid(NH, ND, (max_seqlen + BR - 1) / BR);
+    attention_forward_kernel2<HD, NW, MT, BC, LPT><<<grid, NW * 32, smem, stream>>>(out, lse, q, k, v, cu, T, NH, NKV,
+                                                                                   scale * 1.4426950408889634f);
+    KERNELS_CHECK_LAUNCH("attention_forward");
+    return 0;
+}
+
 extern "C" int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                  const int32_t *cu_seqlens, int ND, int max_seqlen, int T, int NH, int NKV,
                                  int HD, float scale, cudaStream_t stream) {
@@ -311,12 +589,18 @@ extern "C" int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf1
     /* 4 warps × 2 m-tiles (BR 128), BC 64: the fastest variant of attention_bench on the H200
      * (2026-11-29: 254 TFLOP/s at HD 128 on 1-4K documents vs 199 for 4 warps × 1 m-tile) */
     const char *e = getenv("DFLASH_ATTENTION_KERNEL");
-    if (e && e[0] == '4' && e[1] == 0) {   /* the revert switch: bench variant 4, the K1 kernel */
+    if (e && e[0] == '4' && e[1] == 0) {   /* revert switch: bench variant 4, the K1 kernel */
         if (HD == 128)
             return launch<128, 4, 2, 64, false>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
         return launch<64, 4, 2, 64, false>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
     }
-    /* bench variant 6: variant 4 with the fast exponent (FX) */
-    if (HD == 128) return launch<128, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
-    return launch<64, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+    if (e && e[0] == '6' && e[1] == 0) {   /* revert switch: bench variant 6 (FX), the K1b default, verified */
+        if (HD == 128)
+            return launch<128, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+        return launch<64, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+    }
+    /* bench variant 8 (K1c): variant 6's tiles in kernel 2 — mirrored m-tiles, diagonal chunk
+     * skipping, split K/V waits on the first tile, longest-first tile order */
+    if (HD == 128) return launch2<128, 4, 2, 64>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+    return launch2<64, 4, 2, 64>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
 }

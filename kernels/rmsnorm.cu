@@ -13,6 +13,14 @@
  * writes. Groups past the last row still run the shuffles, so every full-warp shuffle is legal.
  * dw: a column reduction, deterministic — each block sums a fixed chunk of rows for 64 columns in
  * a fixed order into scratch [chunks, C], and a second kernel adds the chunks in order into dw.
+ *
+ * K1c (the default; DFLASH_RMSNORM_KERNEL=2 selects K1b's register-resident path unchanged): for
+ * short rows (row groups of <= 32 lanes, e.g. the q/k norm at C = 128) on grids of more than one
+ * wave, the forward gives each row group two rows whose loads are all issued before either row is
+ * reduced (half the blocks, twice the bytes in flight per thread, the weight loaded once per
+ * thread); and the backward's dw sum kernel is launched with programmatic dependent launch (PDL,
+ * sm_90): it is scheduled while the dx kernel runs and waits in griddepcontrol.wait until that
+ * grid has completed and its partials are visible, which hides one launch gap.
  */
 #include "kernels/rmsnorm.h"
 #include "kernels/vec.cuh"
@@ -231,6 +239,84 @@ __global__ void __launch_bounds__(RMS_THREADS) rmsnorm_forward_kernel(bf16 *y, b
     }
 }
 
+/* K1c forward for row groups of G <= 32 lanes: block b owns rows b·RR·R .. +RR·R−1 (R = 256/G row
+ * groups), group g the rows b·RR·R + g + i·R, i < RR (neighbouring groups read neighbouring rows);
+ * every load of the RR rows is issued before the first reduction. y may alias x: a thread reads
+ * every element it writes before writing it, and no other thread touches that element. */
+template <int G, int V, bool RESID, int RR>
+__global__ void __launch_bounds__(RMS_THREADS) rmsnorm_forward_rows_kernel(bf16 *y, bf16 *resid, float *rstd,
+                                                                          const bf16 *x, const float *w, int N,
+                                                                          int C, float eps) {
+    static_assert(G <= 32, "row groups of at most a warp: the group sum is shuffles only");
+    constexpr int R = RMS_THREADS / G;
+    const int grp = threadIdx.x / G, lane = threadIdx.x % G, C8 = C / 8;
+    const int row0 = blockIdx.x * (R * RR) + grp;
+    uint4 v[RR][V], r[RR][V];
+#pragma unroll
+    for (int i = 0; i < RR; i++) {
+        const int row = row0 + i * R;
+        const uint4 *xr = (const uint4 *)(x + (size_t)row * C);
+        const uint4 *hr = (const uint4 *)((RESID ? resid : (bf16 *)x) + (size_t)row * C);
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            int c = lane + k * G;
+            v[i][k] = r[i][k] = make_uint4(0, 0, 0, 0);
+            if (row < N && c < C8) {
+                v[i][k] = xr[c];
+                if (RESID) r[i][k] = hr[c];
+            }
+        }
+    }
+    float ww[V][8];
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        int c = lane + k * G;
+        if (c < C8) rms_load_w8(w, c, ww[k]);
+        else
+#pragma unroll
+            for (int j = 0; j < 8; j++) ww[k][j] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < RR; i++) {
+        const int row = row0 + i * R;
+        const bool live = row < N;
+        uint4 *hr = (uint4 *)((RESID ? resid : (bf16 *)x) + (size_t)row * C);
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            float f[8];
+            vec_unpack8(v[i][k], f);
+            if (RESID) {
+                float g[8];
+                vec_unpack8(r[i][k], g);
+#pragma unroll
+                for (int j = 0; j < 8; j++) f[j] += g[j];
+                v[i][k] = vec_pack8(f);
+                if (live && lane + k * G < C8) hr[lane + k * G] = v[i][k];
+                vec_unpack8(v[i][k], f);   /* normalise the rounded h that is stored */
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) ss += f[j] * f[j];
+        }
+        ss = group_sum<G>(ss);   /* every lane of the warp takes part, live or not */
+        if (!live) continue;
+        const float rs = rsqrtf(ss / (float)C + eps);
+        if (rstd && lane == 0) rstd[row] = rs;
+        uint4 *yr = (uint4 *)(y + (size_t)row * C);
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            int c = lane + k * G;
+            if (c < C8) {
+                float f[8];
+                vec_unpack8(v[i][k], f);
+#pragma unroll
+                for (int j = 0; j < 8; j++) f[j] = ww[k][j] * (f[j] * rs);
+                yr[c] = vec_pack8(f);
+            }
+        }
+    }
+}
+
 /* partial [gridDim.x, C] (only when DW): this block's Σ over its rows of dy·x̂, per column. */
 template <int G, int V, bool DW>
 __global__ void __launch_bounds__(RMS_THREADS, 2) rmsnorm_backward_kernel(bf16 *dx, float *partial, const bf16 *dy,
@@ -239,6 +325,9 @@ __global__ void __launch_bounds__(RMS_THREADS, 2) rmsnorm_backward_kernel(bf16 *
     extern __shared__ float rms_sacc[];   /* [RMS_THREADS/G, C] when DW */
     __shared__ float red[2][RMS_THREADS / 32];
     constexpr int R = RMS_THREADS / G;
+    /* K1c: let a PDL-launched dw sum kernel be scheduled now (it waits for this grid's completion
+     * before reading; a no-op when the next kernel is launched normally, as on the K1b path) */
+    if constexpr (DW) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     int grp = threadIdx.x / G, lane = threadIdx.x % G, C8 = C / 8, steps = (N + R - 1) / R;
     float acc[DW ? V : 1][8];
 #pragma unroll
@@ -352,16 +441,50 @@ __global__ void rmsnorm_backward_dw_sum_kernel(float *dw, const float *partial, 
     }
 }
 
+/* rmsnorm_backward_dw_sum_kernel for a programmatic dependent launch (K1c): waits until the
+ * backward grid before it has completed and flushed its partials, then sums them the same way. */
+__global__ void rmsnorm_backward_dw_sum_pdl_kernel(float *dw, const float *partial, int nb, int C) {
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    __shared__ float red[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (c < C)
+        for (int b = threadIdx.y; b < nb; b += 8) s += partial[(size_t)b * C + c];
+    red[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float t = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) t += red[i][threadIdx.x];
+        dw[c] += t;
+    }
+}
+
 /* ---------------------------------------------------------------- launchers */
 
 /* DFLASH_RMSNORM_KERNEL=1 selects the two-pass kernels of the first version for every C (the
- * revert switch); unset or 2: register-resident kernels for C <= RMS_REG_MAX_C, two-pass above. */
+ * revert switch); 2: K1b's register-resident kernels for C <= RMS_REG_MAX_C, two-pass above; unset
+ * or 3: 2 plus the K1c changes (two rows per short-row group in the forward, PDL dw sum). */
 #define RMS_REG_MAX_C 8192
 #define RMS_BWD_GRID 264   /* row-walking blocks of the backward: 2 per SM of an H200 */
 
-static int use_twopass(int C) {
+static int rms_env(void) {
     const char *e = getenv("DFLASH_RMSNORM_KERNEL");
-    return C > RMS_REG_MAX_C || (e && e[0] == '1' && e[1] == 0);
+    return e && e[0] >= '1' && e[0] <= '3' && e[1] == 0 ? e[0] - '0' : 3;
+}
+static int use_twopass(int C) { return C > RMS_REG_MAX_C || rms_env() == 1; }
+
+/* Resident 256-thread blocks of the forward per wave: 8 per SM (cached per process). */
+static int rms_wave_blocks(void) {
+    static int nsm;
+    if (!nsm) {
+        int dev = 0, n = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            n <= 0)
+            n = 132;
+        nsm = n;
+    }
+    return nsm * (2048 / RMS_THREADS);
 }
 
 /* Row group width G and vectors per lane V for C8 = C/8 16-byte vectors: the narrowest power-of-two
@@ -407,9 +530,22 @@ static int forward_launch(const char *name, bf16 *y, bf16 *resid, float *rstd, c
         int G, V;
         reg_shape(C8, 4, &G, &V);
         unsigned blocks = (unsigned)((N + RMS_THREADS / G - 1) / (RMS_THREADS / G));
+        if (rms_env() == 3 && G <= 32 && blocks > (unsigned)rms_wave_blocks()) {   /* K1c: two rows per group */
+            const int rows = 2 * (RMS_THREADS / G);
+            blocks = (unsigned)((N + rows - 1) / rows);
+#define RMS_FWD2(g, v) rmsnorm_forward_rows_kernel<g, v, RESID, 2><<<blocks, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps)
+            switch (G * 8 + V) {
+            case 8 * 8 + 1: RMS_FWD2(8, 1); break;   case 8 * 8 + 2: RMS_FWD2(8, 2); break;   case 8 * 8 + 4: RMS_FWD2(8, 4); break;
+            case 16 * 8 + 1: RMS_FWD2(16, 1); break; case 16 * 8 + 2: RMS_FWD2(16, 2); break; case 16 * 8 + 4: RMS_FWD2(16, 4); break;
+            case 32 * 8 + 1: RMS_FWD2(32, 1); break; case 32 * 8 + 2: RMS_FWD2(32, 2); break; case 32 * 8 + 4: RMS_FWD2(32, 4); break;
+            default: return kernels_fail("%s: no two-row kernel for G=%d V=%d", name, G, V);
+            }
+#undef RMS_FWD2
+        } else {
 #define RMS_FWD(g, v) rmsnorm_forward_kernel<g, v, RESID><<<blocks, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps)
-        RMS_DISPATCH(G, V, RMS_FWD)
+            RMS_DISPATCH(G, V, RMS_FWD)
 #undef RMS_FWD
+        }
     } else if (C8 >= 32)
         rmsnorm_forward_twopass_kernel<32, RESID><<<(N + 7) / 8, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps);
     else if (C8 >= 16)
@@ -480,7 +616,21 @@ extern "C" int rmsnorm_backward(bf16 *dx, float *dw, const bf16 *dy, const bf16 
         RMS_DISPATCH(G, V, RMS_BWD)
 #undef RMS_BWD
         KERNELS_CHECK_LAUNCH("rmsnorm_backward");
-        if (dw) {
+        if (dw && rms_env() == 3) {   /* K1c: programmatic dependent launch of the dw sum */
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3((unsigned)((C + 31) / 32));
+            cfg.blockDim = dim3(32, 8);
+            cfg.dynamicSmemBytes = 0;
+            cfg.stream = stream;
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at[0].val.programmaticStreamSerializationAllowed = 1;
+            cfg.attrs = at;
+            cfg.numAttrs = 1;
+            cudaError_t e = cudaLaunchKernelEx(&cfg, rmsnorm_backward_dw_sum_pdl_kernel, dw, (const float *)scratch, nb, C);
+            if (e != cudaSuccess) return kernels_fail("rmsnorm_backward (dw sum, PDL): %s", cudaGetErrorString(e));
+            KERNELS_CHECK_LAUNCH("rmsnorm_backward (dw sum, PDL)");
+        } else if (dw) {
             rmsnorm_backward_dw_sum_kernel<<<(C + 31) / 32, dim3(32, 8), 0, stream>>>(dw, scratch, nb, C);
             KERNELS_CHECK_LAUNCH("rmsnorm_backward (dw sum)");
         }

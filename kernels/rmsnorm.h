@@ -45,8 +45,9 @@ void rmsnorm_backward_ref(float *dx, float *dw, const float *dy, const float *x,
 
 /* y [N,C] bf16 (may alias x), rstd [N] fp32 or NULL, x [N,C] bf16, w [C] fp32.
  * C % 8 == 0 and C <= 16384, 16-byte aligned pointers; checked. Asynchronous; 0 or -1.
- * DFLASH_RMSNORM_KERNEL=1 in the environment (read per call, every function here) selects the
- * first, two-pass kernels instead of the register-resident ones (kernels/rmsnorm.cu). */
+ * DFLASH_RMSNORM_KERNEL in the environment (read per call, every function here) reverts: 1 selects
+ * the first, two-pass kernels, 2 K1b's register-resident kernels without K1c's two-row forward and
+ * PDL dw sum (the default, 3); kernels/rmsnorm.cu. */
 int rmsnorm_forward(bf16 *y, float *rstd, const bf16 *x, const float *w, int N, int C, float eps,
                     cudaStream_t stream);
 

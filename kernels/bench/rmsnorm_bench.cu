@@ -1,7 +1,7 @@
 /*
  * kernels/bench/rmsnorm_bench.cu — RMSNorm forward, fused residual forward, backward (kernels/rmsnorm.h).
  *
- * Build: make BUILD=build-k1b build-k1b/bench/rmsnorm_bench   Run: build-k1b/bench/rmsnorm_bench
+ * Build: make BUILD=build-k1c build-k1c/bench/rmsnorm_bench   Run: build-k1c/bench/rmsnorm_bench
  * The variants are the library's two kernel paths, picked through DFLASH_RMSNORM_KERNEL (read by the
  * launchers at every call):
  * Variant 1: two passes (row group of 8/16/32 lanes, the second pass re-reads the row from L1/L2;
@@ -11,7 +11,13 @@
  *            row in registers (V <= 4 16-byte vectors per thread, all loads in flight at once); the
  *            backward walks rows with a fixed grid of 264 blocks, prefetches the next row, and sums
  *            dw per thread in fp32, then per block (fixed order) and across blocks (fixed order).
- * Every variant is validated against the CPU reference (y, h, rstd, dx, dw) before it is timed.
+ * Variant 3 (K1c, the default; DFLASH_RMSNORM_KERNEL=2 reverts to variant 2): variant 2, plus two
+ *            rows per row group in the forward when groups are <= 32 lanes and the grid exceeds
+ *            one wave (C = 128: 64 rows per block instead of 32), plus the dw sum kernel launched
+ *            with programmatic dependent launch (PDL) behind the dx kernel.
+ * Every variant is validated against the CPU reference (y, h, rstd, dx, dw) before it is timed; a
+ * variant that fails is reported, not timed, and the bench exits 1 at the end. The hidden norm
+ * (8192 x 4096) runs last and a summary table closes the output (the tail is what gets read).
  * Bytes counted (bf16 tensors of N·C): forward read x + write y = 2; fused read x, r + write r, y = 4;
  * backward read dy, x + write dx = 3 (dx+dw also 3: a fused dw reads nothing more; variant 1 reads
  * dy, x twice, so its "3 of 5"). Ceiling ~4.1 TB/s; target >= 80%.
@@ -43,7 +49,25 @@ static double rms(const float *a, size_t n) {
     return sqrt(s / (n ? n : 1));
 }
 
-static void one(int N, int C) {
+#define NVAR 3
+#define NMEAS 5
+static const char *meas_names[NMEAS] = {"fwd", "resid", "dx", "dx+dw", "dx+=,dw"};
+struct shape_result { int N, C, ok[NVAR + 1]; double gbs[NVAR + 1][NMEAS]; };
+static int bench_failed;
+
+/* validation line; clears *ok on failure instead of exiting */
+static void vcheck(int *ok, const char *what, double err, double tol) {
+    printf("validate %-40s max err %.3g (tol %.3g) %s\n", what, err, tol, err <= tol ? "ok" : "FAILED");
+    fflush(stdout);
+    if (!(err <= tol)) { *ok = 0; bench_failed = 1; }
+}
+
+static double timed(const char *name, const char *shp, double bytes, double ms) {
+    bench_report_bytes(name, shp, ms, bytes);
+    return bytes / (ms * 1e-3) / 1e9;
+}
+
+static void one(int N, int C, struct shape_result *res) {
     size_t n = (size_t)N * C;
     float *hx, *hr, *hdy, *hw = (float *)malloc(4 * C);
     bf16 *x = bench_rand_bf16(n, -2, 2, 1, &hx), *r0 = bench_rand_bf16(n, -2, 2, 2, &hr), *dy = bench_rand_bf16(n, -1, 1, 3, &hdy);
@@ -72,18 +96,22 @@ static void one(int N, int C) {
 
     char shp[64];
     snprintf(shp, sizeof shp, "N=%d C=%d", N, C);
-    for (int v = 1; v <= 2; v++) {
-        setenv("DFLASH_RMSNORM_KERNEL", v == 1 ? "1" : "2", 1);
+    res->N = N;
+    res->C = C;
+    for (int v = 1; v <= NVAR; v++) {
+        char env[2] = {(char)('0' + v), 0};
+        setenv("DFLASH_RMSNORM_KERNEL", env, 1);
         char what[96];
+        int ok = 1;
         BENCH_CUDA(cudaMemset(y, 0xff, 2 * n));
         BENCH_OK(rmsnorm_forward(y, rstd, x, w, N, C, 1e-6f, 0));
         BENCH_CUDA(cudaDeviceSynchronize());
         down_bf16(got, y, n);
         BENCH_CUDA(cudaMemcpy(grs, rstd, 4 * (size_t)N, cudaMemcpyDeviceToHost));
         snprintf(what, sizeof what, "v%d forward y %s", v, shp);
-        bench_check(what, worst(got, ref, n, 1e-2, 1.6e-2), 1.0);
+        vcheck(&ok, what, worst(got, ref, n, 1e-2, 1.6e-2), 1.0);
         snprintf(what, sizeof what, "v%d forward rstd %s", v, shp);
-        bench_check(what, worst(grs, refrs, N, 0, 1e-4), 1.0);
+        vcheck(&ok, what, worst(grs, refrs, N, 0, 1e-4), 1.0);
 
         BENCH_CUDA(cudaMemcpy(r, r0, 2 * n, cudaMemcpyDeviceToDevice));
         BENCH_CUDA(cudaMemset(y, 0xff, 2 * n));
@@ -91,10 +119,10 @@ static void one(int N, int C) {
         BENCH_CUDA(cudaDeviceSynchronize());
         down_bf16(got, r, n);
         snprintf(what, sizeof what, "v%d residual h (exact) %s", v, shp);
-        bench_check(what, memcmp(got, refh, 4 * n) ? 2.0 : 0.0, 1.0);
+        vcheck(&ok, what, memcmp(got, refh, 4 * n) ? 2.0 : 0.0, 1.0);
         down_bf16(got, y, n);
         snprintf(what, sizeof what, "v%d residual y %s", v, shp);
-        bench_check(what, worst(got, refyh, n, 1e-2, 1.6e-2), 1.0);
+        vcheck(&ok, what, worst(got, refyh, n, 1e-2, 1.6e-2), 1.0);
 
         /* backward against the reference fed the GPU's rstd (as tests/gpu/test_rmsnorm.c does) */
         float *rdx = (float *)malloc(4 * n), *rdw = (float *)calloc(C, 4);
@@ -106,32 +134,37 @@ static void one(int N, int C) {
         down_bf16(got, dx, n);
         BENCH_CUDA(cudaMemcpy(gdw, dw, 4 * C, cudaMemcpyDeviceToHost));
         snprintf(what, sizeof what, "v%d backward dx %s", v, shp);
-        bench_check(what, worst(got, rdx, n, dx_atol, 1.6e-2), 1.0);
+        vcheck(&ok, what, worst(got, rdx, n, dx_atol, 1.6e-2), 1.0);
         snprintf(what, sizeof what, "v%d backward dw %s", v, shp);
-        bench_check(what, worst(gdw, rdw, C, dw_atol, 1e-3), 1.0);
+        vcheck(&ok, what, worst(gdw, rdw, C, dw_atol, 1e-3), 1.0);
         BENCH_CUDA(cudaMemset(dw, 0, 4 * C));
         BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0));
         BENCH_CUDA(cudaMemcpy(gdw1, dw, 4 * C, cudaMemcpyDeviceToHost));
         snprintf(what, sizeof what, "v%d backward dw deterministic %s", v, shp);
-        bench_check(what, memcmp(gdw, gdw1, 4 * C) ? 2.0 : 0.0, 1.0);
+        vcheck(&ok, what, memcmp(gdw, gdw1, 4 * C) ? 2.0 : 0.0, 1.0);
         free(rdx); free(rdw);
+        res->ok[v] = ok;
+        if (!ok) {
+            printf("v%d %s: FAILED validation, not timed\n", v, shp);
+            continue;
+        }
 
-        double b = 2.0 * n;
+        double b = 2.0 * n, *g = res->gbs[v];
         char name[64];
         snprintf(name, sizeof name, "v%d rmsnorm_forward", v);
-        bench_report_bytes(name, shp, bench_ms([&]() { BENCH_OK(rmsnorm_forward(y, rstd, x, w, N, C, 1e-6f, 0)); }), 2 * b);
+        g[0] = timed(name, shp, 2 * b, bench_ms([&]() { BENCH_OK(rmsnorm_forward(y, rstd, x, w, N, C, 1e-6f, 0)); }));
         snprintf(name, sizeof name, "v%d rmsnorm_residual_forward", v);
-        bench_report_bytes(name, shp, bench_ms([&]() { BENCH_OK(rmsnorm_residual_forward(y, r, rstd, x, w, N, C, 1e-6f, 0)); }),
-                           4 * b);
+        g[1] = timed(name, shp, 4 * b,
+                     bench_ms([&]() { BENCH_OK(rmsnorm_residual_forward(y, r, rstd, x, w, N, C, 1e-6f, 0)); }));
         snprintf(name, sizeof name, "v%d rmsnorm_backward dx only", v);
-        bench_report_bytes(name, shp, bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, NULL, dy, x, w, rstd, scr, N, C, 0, 0)); }),
-                           3 * b);
+        g[2] = timed(name, shp, 3 * b,
+                     bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, NULL, dy, x, w, rstd, scr, N, C, 0, 0)); }));
         snprintf(name, sizeof name, "v%d rmsnorm_backward dx+dw (3 B)", v);
-        bench_report_bytes(name, shp, bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0)); }),
-                           3 * b);
+        g[3] = timed(name, shp, 3 * b,
+                     bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0)); }));
         snprintf(name, sizeof name, "v%d rmsnorm_backward dx+=,dw (4 B)", v);
-        bench_report_bytes(name, shp, bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 1, 0)); }),
-                           4 * b);
+        g[4] = timed(name, shp, 4 * b,
+                     bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 1, 0)); }));
     }
     unsetenv("DFLASH_RMSNORM_KERNEL");
     cudaFree(x); cudaFree(r0); cudaFree(r); cudaFree(dy); cudaFree(y); cudaFree(dx); cudaFree(w); cudaFree(dw);
@@ -141,9 +174,25 @@ static void one(int N, int C) {
 }
 
 int main(void) {
-    one(8192, 4096);        /* hidden norm of the standard batch */
-    one(8192 * 32, 128);    /* q norm: 8192 tokens × 32 heads */
-    one(8192 * 8, 128);     /* k norm */
-    one(1000, 1032);        /* awkward: C/8 = 129, a tail past a power-of-two group */
-    return 0;
+    struct shape_result res[4];
+    memset(res, 0, sizeof res);
+    one(1000, 1032, &res[0]);        /* awkward: C/8 = 129, a tail past a power-of-two group */
+    one(8192 * 8, 128, &res[1]);     /* k norm */
+    one(8192 * 32, 128, &res[2]);    /* q norm: 8192 tokens × 32 heads */
+    one(8192, 4096, &res[3]);        /* hidden norm of the standard batch: last, so it shows in the tail */
+    printf("\nsummary, %% of %.0f GB/s (v1 two-pass, v2 K1b register-resident, v3 K1c default; target 80%%)\n",
+           BENCH_PEAK_GBS);
+    printf("%-18s %-3s", "shape", "var");
+    for (int m = 0; m < NMEAS; m++) printf(" %8s", meas_names[m]);
+    printf("\n");
+    for (int i = 0; i < 4; i++)
+        for (int v = 1; v <= NVAR; v++) {
+            char shp[32];
+            snprintf(shp, sizeof shp, "%dx%d", res[i].N, res[i].C);
+            printf("%-18s v%-2d", shp, v);
+            if (!res[i].ok[v]) { printf(" FAILED validation\n"); continue; }
+            for (int m = 0; m < NMEAS; m++) printf(" %7.1f%%", 100 * res[i].gbs[v][m] / BENCH_PEAK_GBS);
+            printf("\n");
+        }
+    return bench_failed ? 1 : 0;
 }

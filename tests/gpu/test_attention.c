@@ -10,8 +10,10 @@
  * Shapes: documents of length 1, 5, 0 (empty), 17, 64, 97, 200, 1025 (tails of the 64-row tiles),
  * padding rows after the last document (must stay poisoned), 300 short documents, one long
  * document, HD 64 and 128, GQA 4:1 and 8:2, MQA; a production batch (8192 tokens, 32/8 heads,
- * HD 128, documents of 64–3000 tokens) checked on 3 heads. The awkward documents run again on the
- * K1 kernel without the fast exponent (DFLASH_ATTENTION_KERNEL=4, the revert switch).
+ * HD 128, documents of 64–3000 tokens) checked on 3 heads; short documents packed with one long one
+ * (the longest-first tile order of the default kernel leaves most grid slots of short documents
+ * empty). The default is the K1c kernel (bench variant 8); the awkward documents run again on the
+ * revert switches DFLASH_ATTENTION_KERNEL=6 (K1b's FX kernel) and =4 (the K1 kernel).
  */
 #include "kernels/attention.h"
 #include "k1util.h"
@@ -98,6 +100,15 @@ START_TEST(attention_gpu_awkward_docs) {
 }
 END_TEST
 
+START_TEST(attention_gpu_awkward_docs_v6) {
+    setenv("DFLASH_ATTENTION_KERNEL", "6", 1);
+    const int32_t cu[] = {0, 1, 6, 6, 23, 87, 184, 384, 1409};
+    run(cu, 8, 1412, 8, 2, 64, all8, 8, 1);
+    run(cu, 8, 1412, 8, 2, 128, all8, 8, 2);
+    unsetenv("DFLASH_ATTENTION_KERNEL");
+}
+END_TEST
+
 START_TEST(attention_gpu_awkward_docs_v4) {
     setenv("DFLASH_ATTENTION_KERNEL", "4", 1);
     const int32_t cu[] = {0, 1, 6, 6, 23, 87, 184, 384, 1409};
@@ -117,6 +128,13 @@ START_TEST(attention_gpu_many_short_and_one_long) {
     run(one, 1, 1000, 2, 1, 64, all8, 2, 5);
     const int32_t single[] = {0, 1};
     run(single, 1, 1, 2, 2, 128, all8, 2, 6);
+    /* 120 short documents around one of 1700 tokens, then 40 more: 14 query tiles of the long
+     * document, one for each short one */
+    int32_t mix[162];
+    mix[0] = 0;
+    for (int d = 0; d < 161; d++) mix[d + 1] = mix[d] + (d == 120 ? 1700 : 1 + (int)(test_rng_next(&seed) % 150));
+    run(mix, 161, mix[161] + 3, 4, 2, 128, all8, 4, 8);
+    run(mix, 161, mix[161], 4, 4, 64, all8, 4, 9);
 }
 END_TEST
 
@@ -146,6 +164,7 @@ int main(void) {
     TCase *tc = tcase_create("gpu_attention");
     tcase_set_timeout(tc, 200);
     tcase_add_test(tc, attention_gpu_awkward_docs);
+    tcase_add_test(tc, attention_gpu_awkward_docs_v6);
     tcase_add_test(tc, attention_gpu_awkward_docs_v4);
     tcase_add_test(tc, attention_gpu_many_short_and_one_long);
     tcase_add_test(tc, attention_gpu_production);

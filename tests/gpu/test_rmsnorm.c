@@ -7,6 +7,10 @@
  * 6152, 8192 add the 64/256-wide groups with partial rows), and with more row steps than the
  * backward's 264 blocks (N = 10007, 2001: several steps per block, a partial last step). The first,
  * two-pass kernels (DFLASH_RMSNORM_KERNEL=1, the revert switch; always for C > 8192) run too.
+ * K1c's default (two rows per row group of <= 32 lanes when the grid exceeds a wave; the dw sum by
+ * programmatic dependent launch) is covered for groups of 8, 16 and 32 lanes, 1, 2 and 4 vectors,
+ * partial vectors and a partial last block; K1b's path (DFLASH_RMSNORM_KERNEL=2) runs on the same
+ * shapes, so a revert lands on tested code.
  *
  * Tolerances: y is one bf16 rounding of an fp32 value (≤ 2^-9 relative): rtol 1.6e-2, atol 1e-2.
  * rstd: fp32 sum of squares vs double, rtol 1e-4. dx = rstd·(w·dy − x̂·m) cancels, so its absolute
@@ -114,6 +118,25 @@ START_TEST(rmsnorm_gpu_production) {
 }
 END_TEST
 
+/* more than one wave of 256-thread blocks (8 per SM) at one row per group: the two-row kernel */
+static const int two_row_shapes[][2] = {{40001, 128}, {50003, 64}, {40000, 136}, {36000, 256}, {20001, 512}, {9001, 1024}};
+
+START_TEST(rmsnorm_gpu_two_row_groups) {
+    for (int s = 0; s < 6; s++) {
+        one(two_row_shapes[s][0], two_row_shapes[s][1], 0, 80 + s);
+        one(two_row_shapes[s][0], two_row_shapes[s][1], 1, 90 + s);
+    }
+}
+END_TEST
+
+START_TEST(rmsnorm_gpu_k1b_path) {
+    setenv("DFLASH_RMSNORM_KERNEL", "2", 1);
+    for (int s = 0; s < 6; s++) one(two_row_shapes[s][0], two_row_shapes[s][1], s % 2, 100 + s);
+    one(2001, 4096, 1, 110);
+    unsetenv("DFLASH_RMSNORM_KERNEL");
+}
+END_TEST
+
 START_TEST(rmsnorm_gpu_preconditions) {
     bf16 *x = k1_malloc(4096);
     float *w = k1_malloc(4096);
@@ -133,6 +156,8 @@ int main(void) {
     tcase_add_test(tc, rmsnorm_gpu_register_shapes);
     tcase_add_test(tc, rmsnorm_gpu_twopass);
     tcase_add_test(tc, rmsnorm_gpu_production);
+    tcase_add_test(tc, rmsnorm_gpu_two_row_groups);
+    tcase_add_test(tc, rmsnorm_gpu_k1b_path);
     tcase_add_test(tc, rmsnorm_gpu_preconditions);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
