@@ -21,14 +21,13 @@
  * flush-to-zero (ex2.approx.ftz: results below 2^-126 become 0, which a bf16 probability next to a
  * row maximum of 1 cannot represent anyway), instead of FMUL, FADD and exp2f's subnormal handling
  * per element. DFLASH_ATTENTION_KERNEL=4 selects the K1 kernel (FX off) again.
- * Caveat of that FX kernel (kept as is: it is the verified revert target): its running max mixes
- * the scaled previous maximum with the raw scores of the tile before scaling both, so the max it
- * subtracts can sit below the true one; harmless for ordinary logits (probabilities > 1 are still
- * consistent in l and o), but fp32 could overflow for scaled logits above ~88 (2^128). Kernel 2 scales the
- * tile's raw max first and then compares.
- * K1c: attention_forward_kernel2 (below; the launcher's default, bench variant 8) keeps this
- * arithmetic and adds mirrored m-tiles, diagonal chunk skipping, a split K/V wait on the first tile
- * and the longest-first tile order. DFLASH_ATTENTION_KERNEL=6 selects K1b's FX kernel.
+ * The running max compares scaled maxima only (a tile's raw max is scaled first; until 2026-11-29
+ * the FX kernel compared the scaled previous max with raw scores, which overflowed exp2 for scaled
+ * logits above ~88 — tests/gpu/test_attention.c has a large-logit case for it).
+ * K1c: attention_forward_kernel2 (below; bench variant 8, DFLASH_ATTENTION_KERNEL=8) adds mirrored
+ * m-tiles, diagonal chunk skipping, a split K/V wait on the first tile and the longest-first tile
+ * order; on the H200 it measured slower than variant 6 (251.5 vs 294.4 TFLOP/s on 1-4K documents),
+ * so variant 6 stays the default.
  */
 #include "kernels/attention.h"
 #include "kernels/vec.cuh"
@@ -191,7 +190,10 @@ attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, co
                     }
                     s[mt][nt][e] = x;
                 }
-            float mx0 = m[mt][0], mx1 = m[mt][1];
+            /* FX: s holds raw scores and m scaled maxima, so the tile's raw max is scaled before it
+             * meets m (comparing them unscaled let the subtracted max fall below the true one and
+             * overflowed exp2 for scaled logits above ~88) */
+            float mx0 = FX ? -INFINITY : m[mt][0], mx1 = FX ? -INFINITY : m[mt][1];
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++) {
                 mx0 = fmaxf(mx0, fmaxf(s[mt][nt][0], s[mt][nt][1]));
@@ -201,9 +203,9 @@ attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, co
             mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            if (FX) {   /* m holds scaled maxima; the raw max scales once per row */
-                mx0 *= scale_log2;
-                mx1 *= scale_log2;
+            if (FX) {
+                mx0 = fmaxf(m[mt][0], mx0 * scale_log2);
+                mx1 = fmaxf(m[mt][1], mx1 * scale_log2);
             }
             /* a row with every key masked so far keeps max -inf: subtract 0 so exp2 gives 0, not NaN */
             const float ms0 = mx0 == -INFINITY ? 0.0f : mx0, ms1 = mx1 == -INFINITY ? 0.0f : mx1;
@@ -586,21 +588,19 @@ extern "C" int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf1
         return kernels_fail("attention_forward: q, k, v and out must be 16-byte aligned");
     if (!(scale > 0.0f)) return kernels_fail("attention_forward: scale must be positive, got %g", scale);
     if (ND == 0 || max_seqlen == 0) return 0;
-    /* 4 warps × 2 m-tiles (BR 128), BC 64: the fastest variant of attention_bench on the H200
-     * (2026-11-29: 254 TFLOP/s at HD 128 on 1-4K documents vs 199 for 4 warps × 1 m-tile) */
+    /* 4 warps × 2 m-tiles (BR 128), BC 64, FX: bench variant 6, the fastest on the H200
+     * (2026-11-29: 294 TFLOP/s at HD 128 on 1-4K documents; variant 4 254, variant 8 251) */
     const char *e = getenv("DFLASH_ATTENTION_KERNEL");
-    if (e && e[0] == '4' && e[1] == 0) {   /* revert switch: bench variant 4, the K1 kernel */
+    if (e && e[0] == '4' && e[1] == 0) {   /* bench variant 4, the K1 kernel (FX off) */
         if (HD == 128)
             return launch<128, 4, 2, 64, false>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
         return launch<64, 4, 2, 64, false>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
     }
-    if (e && e[0] == '6' && e[1] == 0) {   /* revert switch: bench variant 6 (FX), the K1b default, verified */
-        if (HD == 128)
-            return launch<128, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
-        return launch<64, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+    if (e && e[0] == '8' && e[1] == 0) {   /* bench variant 8, the K1c kernel 2 */
+        if (HD == 128) return launch2<128, 4, 2, 64>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+        return launch2<64, 4, 2, 64>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
     }
-    /* bench variant 8 (K1c): variant 6's tiles in kernel 2 — mirrored m-tiles, diagonal chunk
-     * skipping, split K/V waits on the first tile, longest-first tile order */
-    if (HD == 128) return launch2<128, 4, 2, 64>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
-    return launch2<64, 4, 2, 64>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+    if (HD == 128)
+        return launch<128, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+    return launch<64, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
 }

@@ -38,9 +38,9 @@ int attention_forward_ref(float *out, float *lse, const float *q, const float *k
  * memory, max_seqlen = the longest document (host value: it sizes the grid; a smaller value leaves
  * rows unwritten). HD 64 or 128, NH % NKV == 0, 16-byte aligned pointers; checked. scale is usually
  * 1/sqrt(HD). Asynchronous; 0 or -1 with kernels_error(). Rows with no document (T beyond
- * cu_seqlens[ND]) are not written. The default is the K1c kernel (attention_bench variant 8);
- * DFLASH_ATTENTION_KERNEL in the environment (read per call) reverts: 6 selects K1b's kernel
- * (variant 6), 4 the K1 kernel without the fast exponent (variant 4); kernels/attention.cu. */
+ * cu_seqlens[ND]) are not written. The default is attention_bench variant 6 (the fastest
+ * measured); DFLASH_ATTENTION_KERNEL in the environment (read per call) selects 8 (the K1c kernel 2)
+ * or 4 (the K1 kernel without the fast exponent) instead; kernels/attention.cu. */
 int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                       const int32_t *cu_seqlens, int ND, int max_seqlen, int T, int NH, int NKV,
                       int HD, float scale, cudaStream_t stream);

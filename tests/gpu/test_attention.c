@@ -12,8 +12,9 @@
  * document, HD 64 and 128, GQA 4:1 and 8:2, MQA; a production batch (8192 tokens, 32/8 heads,
  * HD 128, documents of 64–3000 tokens) checked on 3 heads; short documents packed with one long one
  * (the longest-first tile order of the default kernel leaves most grid slots of short documents
- * empty). The default is the K1c kernel (bench variant 8); the awkward documents run again on the
- * revert switches DFLASH_ATTENTION_KERNEL=6 (K1b's FX kernel) and =4 (the K1 kernel).
+ * empty); an attention sink with scaled logits near 100 (an online max that falls below the true
+ * one overflows there). The default is bench variant 6; the awkward documents and the sink run
+ * again on DFLASH_ATTENTION_KERNEL=8 (the K1c kernel 2) and =4 (the K1 kernel).
  */
 #include "kernels/attention.h"
 #include "k1util.h"
@@ -59,11 +60,22 @@ static void check_head(struct errs *e, const float *got, const float *glse, cons
     free(s); free(o); free(ob);
 }
 
+static int g_sink;   /* run(): attention-sink inputs with very large logits */
+
 static void run(const int32_t *cu, int ND, int T, int NH, int NKV, int HD, const int *heads, int nheads, uint64_t seed) {
     size_t nq = (size_t)T * NH * HD, nk = (size_t)T * NKV * HD;
     float *q = k1_randn(&seed, nq, -1, 1), *k = k1_randn(&seed, nk, -1, 1), *v = k1_randn(&seed, nk, -1, 1);
     /* a few large-logit rows so the online max actually moves between tiles */
     for (size_t i = 0; i < nq; i += 97 * HD) q[i] *= 8;
+    if (g_sink) {
+        /* an attention sink: every query is 3s and each document's first key is 3s, so the first
+         * key tile holds a scaled logit of 9·HD/sqrt(HD) (~102 at HD 128) and later tiles far
+         * smaller ones; a running max that falls below the true one overflows exp here */
+        for (size_t i = 0; i < nq; i++) q[i] = 3.0f;
+        for (int d = 0; d < ND; d++)
+            if (cu[d + 1] > cu[d])
+                for (int c = 0; c < NKV * HD; c++) k[(size_t)cu[d] * NKV * HD + c] = 3.0f;
+    }
     bf16 *d_q = k1_upload_bf16(q, nq), *d_k = k1_upload_bf16(k, nk), *d_v = k1_upload_bf16(v, nk);
     bf16 *d_o = k1_malloc(2 * nq);
     float *d_lse = k1_malloc(4 * (size_t)NH * T);
@@ -100,8 +112,8 @@ START_TEST(attention_gpu_awkward_docs) {
 }
 END_TEST
 
-START_TEST(attention_gpu_awkward_docs_v6) {
-    setenv("DFLASH_ATTENTION_KERNEL", "6", 1);
+START_TEST(attention_gpu_awkward_docs_v8) {
+    setenv("DFLASH_ATTENTION_KERNEL", "8", 1);
     const int32_t cu[] = {0, 1, 6, 6, 23, 87, 184, 384, 1409};
     run(cu, 8, 1412, 8, 2, 64, all8, 8, 1);
     run(cu, 8, 1412, 8, 2, 128, all8, 8, 2);
@@ -138,6 +150,21 @@ START_TEST(attention_gpu_many_short_and_one_long) {
 }
 END_TEST
 
+START_TEST(attention_gpu_large_logits) {
+    const int32_t cu[] = {0, 300, 301, 1000};
+    g_sink = 1;
+    run(cu, 3, 1000, 4, 2, 128, all8, 4, 11);
+    run(cu, 3, 1000, 4, 2, 64, all8, 4, 12);
+    const char *variants[] = {"8", "4"};
+    for (int i = 0; i < 2; i++) {
+        setenv("DFLASH_ATTENTION_KERNEL", variants[i], 1);
+        run(cu, 3, 1000, 4, 2, 128, all8, 4, 13);
+    }
+    unsetenv("DFLASH_ATTENTION_KERNEL");
+    g_sink = 0;
+}
+END_TEST
+
 START_TEST(attention_gpu_production) {
     const int32_t lens[] = {1200, 64, 3000, 97, 1025, 2048, 310};   /* 7742 tokens, 450 rows of padding */
     int32_t cu[8];
@@ -164,7 +191,8 @@ int main(void) {
     TCase *tc = tcase_create("gpu_attention");
     tcase_set_timeout(tc, 200);
     tcase_add_test(tc, attention_gpu_awkward_docs);
-    tcase_add_test(tc, attention_gpu_awkward_docs_v6);
+    tcase_add_test(tc, attention_gpu_awkward_docs_v8);
+    tcase_add_test(tc, attention_gpu_large_logits);
     tcase_add_test(tc, attention_gpu_awkward_docs_v4);
     tcase_add_test(tc, attention_gpu_many_short_and_one_long);
     tcase_add_test(tc, attention_gpu_production);
