@@ -21,6 +21,7 @@
 #include <msgpack.h>
 #include <nanomsg/nn.h>
 #include <nanomsg/pipeline.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -53,6 +54,9 @@ struct bus {
  * keeps no linger: when a sender closes, the sink's side of the connection is torn down as soon
  * as it sees the hang-up, and a record still waiting there to be nn_recv'd is lost with it. */
 #define BUS_LINGER_S 0.05
+
+/* How long bus_open waits for the connection to a sink whose socket file exists. */
+#define BUS_OPEN_WAIT_MS 100
 
 const char *bus_kind_name(enum bus_kind kind) {
     return (unsigned)kind < 4 ? kind_names[kind] : "?";
@@ -216,6 +220,16 @@ struct bus *bus_open(const char *run_dir, const char *stage, char *err, int err_
         err_fail(err, err_len, "bus_open: nn_connect(%s) failed: %s", addr, nn_strerror(nn_errno()));
         nn_close(b->sock);
         goto fail;
+    }
+    /* When a sink is up, the connection is made within a few ms: wait for it, bounded and at open
+     * only, so a stage's first record is not dropped merely because it was sent too early. */
+    if (access(addr + strlen("ipc://"), F_OK) == 0) {
+        int fd;
+        size_t sz = sizeof fd;
+        if (nn_getsockopt(b->sock, NN_SOL_SOCKET, NN_SNDFD, &fd, &sz) == 0) {
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            (void)poll(&p, 1, BUS_OPEN_WAIT_MS);   /* a timeout only means the first records may drop */
+        }
     }
     return b;
 fail:
