@@ -304,11 +304,21 @@ static void ring_mode(const struct opts *o, struct target *t) {
         if (ring_publish(out, &os_, bd.seq, (uint32_t)dlen, hd.batch.payload_bytes))
             DIE("ring '%s': %s", o->out_ring, ring_error());
         if (ring_release(in, &is)) DIE("ring '%s': %s", o->in_ring, ring_error());
-        c.busy_s += time_mono_s() - b0;
+        double dt = time_mono_s() - b0, flops = target_flops(t, ba.cu_seqlens, (int)D);
+        c.busy_s += dt;
         c.items_in++;
         c.items_out++;
         c.tokens += T;
-        c.flops += target_flops(t, ba.cu_seqlens, (int)D);
+        c.flops += flops;
+        if (bus) {   /* one record per batch (step = its seq): metrics.csv and the plots */
+            struct bus_kv kv[] = {
+                {"tokens", (double)T},
+                {BUS_K_TOKENS_PER_S, dt > 0 ? (double)T / dt : 0},
+                {"batch_s", dt},
+                {"tflops_per_s", dt > 0 ? flops / dt / 1e12 : 0},
+            };
+            bus_metric(bus, (int64_t)bd.seq, kv, (int)(sizeof kv / sizeof kv[0]));
+        }
         log_debug("batch seq %llu: %zu tokens, %zu docs", (unsigned long long)bd.seq, T, D);
     }
     if (!stage_stopping() && ring_is_drained(in)) {

@@ -460,7 +460,8 @@ static void inst_update(struct inst *in, const struct bus_record *r, double now)
 }
 
 static void progress_update(struct msink *s, const struct bus_record *r) {
-    if (r->kind == BUS_KIND_METRIC) {
+    /* step, loss, EAL and tokens/s come from the main stage's metrics (--csv-stage, the trainer) */
+    if (r->kind == BUS_KIND_METRIC && !strcmp(r->stage, s->o.csv_stage)) {
         if (!s->have_step || r->step >= s->step) { s->step = r->step; s->have_step = 1; }
         double v;
         if (!isnan(v = bus_record_get(r, BUS_K_LOSS, NAN))) s->loss = v;

@@ -30,7 +30,8 @@
 
 struct msink_opts {
     const char *run_dir;      /* required; files go to <run_dir>/metrics.jsonl, metrics.csv, plots/ */
-    const char *csv_stage;    /* metric records of this stage fill metrics.csv (default "dflash-train") */
+    const char *csv_stage;    /* the main stage: its metric records fill metrics.csv, the plots and the
+                               * progress line's step, loss, EAL and tokens/s (default "dflash-train") */
     double stall_s;           /* nothing moved for this long -> stall warning (<= 0: off) */
     double progress_s;        /* progress line period (<= 0: off) */
     double plot_every_s;      /* plot refresh period (<= 0: only at the end) */
