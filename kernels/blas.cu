@@ -5,7 +5,11 @@
  * A row-major D[M,N] = op(A)[M,K]·op(B)[K,N] is handed to cuBLASLt as the column-major problem
  * Dᵀ[N,M] = op(B)ᵀ·op(A)ᵀ: no data moves, only the roles of A and B swap. Each distinct problem
  * (sizes, transposes, leading dimensions, dtypes, epilogue, beta != 0, pointer alignment class)
- * gets its descriptors and heuristic algorithm built once and kept in a small locked table.
+ * gets its descriptors and heuristic algorithm built once and kept in a locked table of
+ * BLAS_CACHE_MAX plans. Packed batches have a different token count M almost every time, so the
+ * table evicts its least recently used plan when full (a long run meets thousands of shapes; a
+ * full table must never fail a GEMM). The lock is held through the enqueue: a plan in use cannot be
+ * evicted, and the bias pointer set on a shared descriptor cannot race.
  */
 #include "kernels/blas.h"
 
@@ -21,6 +25,7 @@ struct blas_plan {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;   /* cuBLAS roles: A' = b, B' = a, C'/D' = d */
     cublasLtMatmulAlgo_t algo;
+    uint64_t last_use;                   /* blas_tick at the last call: the LRU eviction order */
 };
 
 static pthread_mutex_t blas_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -30,6 +35,8 @@ static size_t blas_ws_bytes;
 static int blas_ready;
 static struct blas_plan blas_plans[BLAS_CACHE_MAX];
 static int blas_nplans;
+static uint64_t blas_tick;
+static uint64_t blas_evictions;
 
 static const char *lt_str(cublasStatus_t s) {
     switch (s) {
@@ -82,6 +89,7 @@ extern "C" void blas_free(void) {
     pthread_mutex_lock(&blas_lock);
     for (int i = 0; i < blas_nplans; i++) plan_destroy(&blas_plans[i]);
     blas_nplans = 0;
+    blas_evictions = 0;
     if (blas_ready) {
         cudaFree(blas_ws);
         cublasLtDestroy(blas_handle);
@@ -186,33 +194,53 @@ extern "C" int blas_matmul(void *d, blas_dtype d_type, const bf16 *a, int trans_
             q->beta_nz == beta_nz && q->align == align) { p = q; break; }
     }
     if (!p) {
-        if (blas_nplans == BLAS_CACHE_MAX) {
-            pthread_mutex_unlock(&blas_lock);
-            return kernels_fail("blas_matmul: more than %d distinct GEMM shapes in one process", BLAS_CACHE_MAX);
+        if (blas_nplans == BLAS_CACHE_MAX) {   /* evict the least recently used plan */
+            p = &blas_plans[0];
+            for (int i = 1; i < blas_nplans; i++)
+                if (blas_plans[i].last_use < p->last_use) p = &blas_plans[i];
+            plan_destroy(p);
+            blas_evictions++;
+        } else {
+            p = &blas_plans[blas_nplans++];
         }
-        p = &blas_plans[blas_nplans];
         memset(p, 0, sizeof *p);
         p->M = M; p->N = N; p->K = K; p->ta = !!trans_a; p->tb = !!trans_b;
         p->lda = lda; p->ldb = ldb; p->ldd = ldd; p->dtype = (int)d_type; p->bias = has_bias;
         p->beta_nz = beta_nz; p->align = align;
-        if (plan_build(p)) { plan_destroy(p); pthread_mutex_unlock(&blas_lock); return -1; }
-        blas_nplans++;
+        if (plan_build(p)) {
+            plan_destroy(p);
+            p->M = -1;   /* an unusable slot: never matches, first to be evicted */
+            p->last_use = 0;
+            pthread_mutex_unlock(&blas_lock);
+            return -1;
+        }
     }
-    pthread_mutex_unlock(&blas_lock);   /* a built plan is never modified again */
+    p->last_use = ++blas_tick;
 
+    int rc = 0;
     if (bias) {
         cublasStatus_t s = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
-        if (s != CUBLAS_STATUS_SUCCESS) return kernels_fail("blas_matmul: setting the bias pointer failed: %s", lt_str(s));
+        if (s != CUBLAS_STATUS_SUCCESS) rc = kernels_fail("blas_matmul: setting the bias pointer failed: %s", lt_str(s));
     }
-    cublasStatus_t s = cublasLtMatmul(blas_handle, p->desc, &alpha, b, p->la, a, p->lb, &beta, d, p->ld, d, p->ld,
-                                      &p->algo, blas_ws, blas_ws_bytes, stream);
-    if (s != CUBLAS_STATUS_SUCCESS)
-        return kernels_fail("blas_matmul: cublasLtMatmul failed for M=%d N=%d K=%d: %s", M, N, K, lt_str(s));
-    if (kernels_sync_debug()) {
+    if (rc == 0) {
+        cublasStatus_t s = cublasLtMatmul(blas_handle, p->desc, &alpha, b, p->la, a, p->lb, &beta, d, p->ld, d, p->ld,
+                                          &p->algo, blas_ws, blas_ws_bytes, stream);
+        if (s != CUBLAS_STATUS_SUCCESS)
+            rc = kernels_fail("blas_matmul: cublasLtMatmul failed for M=%d N=%d K=%d: %s", M, N, K, lt_str(s));
+    }
+    pthread_mutex_unlock(&blas_lock);
+    if (rc == 0 && kernels_sync_debug()) {
         cudaError_t e = cudaStreamSynchronize(stream);
         if (e != cudaSuccess) return kernels_fail("blas_matmul: %s", cudaGetErrorString(e));
     }
-    return 0;
+    return rc;
+}
+
+extern "C" void blas_cache_stats(int *plans, uint64_t *evictions) {
+    pthread_mutex_lock(&blas_lock);
+    if (plans) *plans = blas_nplans;
+    if (evictions) *evictions = blas_evictions;
+    pthread_mutex_unlock(&blas_lock);
 }
 
 extern "C" int blas_linear_forward(void *y, blas_dtype y_type, const bf16 *x, const bf16 *w, const void *bias,

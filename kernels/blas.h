@@ -49,6 +49,10 @@ void blas_free(void);
  *   lda/ldb/ldd are row strides in elements; 0 means dense (the stored row length).
  * Asynchronous on stream; returns 0, or -1 with kernels_error() naming the violated precondition
  * or the cuBLASLt status. Thread-safe (the algorithm cache is locked), but see the workspace note. */
+/* Plans in the shape cache and how many were evicted so far (least recently used first, once the
+ * cache holds its maximum; packed batches meet a new token count almost every step). Thread-safe. */
+void blas_cache_stats(int *plans, uint64_t *evictions);
+
 int blas_matmul(void *d, blas_dtype d_type, const bf16 *a, int trans_a, const bf16 *b, int trans_b,
                 const void *bias, int M, int N, int K, int lda, int ldb, int ldd,
                 float alpha, float beta, cudaStream_t stream);

@@ -127,6 +127,34 @@ START_TEST(blas_production_shape) {
 }
 END_TEST
 
+/* More distinct shapes than the plan cache holds (a long run of packed batches: a new token count
+ * almost every step) must keep working: least recently used plans are evicted, results stay right. */
+START_TEST(blas_many_shapes_evict) {
+    const int N = 64, K = 64, n_shapes = 700;
+    int plans0;
+    uint64_t ev0, ev1;
+    blas_cache_stats(&plans0, &ev0);
+    for (int M = 1; M <= n_shapes; M++) {
+        if (M % 97 == 1 || M == n_shapes) {
+            one_matmul(M, N, K, 0, 1, BLAS_BF16, 0.0f, 0, 100 + (uint64_t)M);   /* checked against the reference */
+        } else {
+            bf16 *da = k1_malloc(2 * (size_t)M * K), *db = k1_malloc(2 * (size_t)N * K), *dd = k1_malloc(2 * (size_t)M * N);
+            K1_CUDA(cudaMemset(da, 0, 2 * (size_t)M * K));
+            K1_CUDA(cudaMemset(db, 0, 2 * (size_t)N * K));
+            K1_LAUNCH(blas_matmul(dd, BLAS_BF16, da, 0, db, 1, NULL, M, N, K, 0, 0, 0, 1.0f, 0.0f, 0));
+            K1_CUDA(cudaDeviceSynchronize());
+            cudaFree(da); cudaFree(db); cudaFree(dd);
+        }
+    }
+    int plans1;
+    blas_cache_stats(&plans1, &ev1);
+    ck_assert_msg(ev1 > ev0, "no eviction after %d shapes (plans %d)", n_shapes, plans1);
+    /* an evicted shape comes back rebuilt and correct */
+    one_matmul(1, N, K, 0, 1, BLAS_BF16, 0.0f, 0, 7);
+    one_matmul(2, N, K, 0, 1, BLAS_F32, 1.0f, 0, 8);
+}
+END_TEST
+
 START_TEST(blas_preconditions) {
     bf16 *a = k1_malloc(4096), *b = k1_malloc(4096);
     float *d = k1_malloc(4096);
@@ -155,6 +183,7 @@ int main(void) {
     tcase_add_test(tc, blas_strided_slice);
     tcase_add_test(tc, blas_production_shape);
     tcase_add_test(tc, blas_preconditions);
+    tcase_add_test(tc, blas_many_shapes_evict);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }
