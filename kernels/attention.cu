@@ -27,13 +27,22 @@
  * K1c: attention_forward_kernel2 (below; bench variant 8, DFLASH_ATTENTION_KERNEL=8) adds mirrored
  * m-tiles, diagonal chunk skipping, a split K/V wait on the first tile and the longest-first tile
  * order; on the H200 it measured slower than variant 6 (251.5 vs 294.4 TFLOP/s on 1-4K documents),
- * so variant 6 stays the default.
+ * so variant 6 stays the default. It spills nothing (ptxas: 255 registers, 0 bytes), so its loss on
+ * the unmasked tiles of one 8192-token document (301 vs 349 TFLOP/s) is not register pressure but
+ * the body itself: two copies of the unrolled tile (masked / unmasked), the per-m-tile pointers of
+ * the mirrored layout and the split K/V groups; LPT ordering alone changed nothing (v8 vs v9).
+ * K1d: attention_forward_kernel3 (below; bench variants 13 and 14, DFLASH_ATTENTION_KERNEL=13/14)
+ * keeps variant 6's single tile body and adds warp-level skipping and, in variant 14, a persistent
+ * longest-first schedule that loads the next work item under the current one's last tile
+ * (variant 15, DFLASH_ATTENTION_KERNEL=15: that schedule without the skipping); variants 16 and 17
+ * (=16/17) add a lazy rescale of O to 14 and 13.
  */
 #include "kernels/attention.h"
 #include "kernels/vec.cuh"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include <type_traits>
 
 /* ---------------------------------------------------------------- device helpers */
@@ -534,6 +543,457 @@ attention_forward_kernel2(bf16 *out, float *lse, const bf16 *q, const bf16 *k, c
     }
 }
 
+/* ---------------------------------------------------------------- kernel 3 (K1d) */
+
+/* The K1d kernel: variant 6's arithmetic and tile body (FX, contiguous m-tiles: warp w owns rows
+ * 16·MT·w .. 16·MT·w + 16·MT − 1 of the query tile, one body for masked and unmasked tiles) with
+ *  - warp-level skipping: a warp skips the whole body of a key tile whose first key lies above its
+ *    last real row (with BR 128 / BC 64, half the warps on a query tile's last key tile), and every
+ *    tile when all its rows lie past the document's end (the last query tile of most documents);
+ *    it still meets every barrier. Such a tile would add exactly nothing (every probability 0), so
+ *    the result is variant 6's. The causal mask is applied per warp, only on tiles holding a key
+ *    above the warp's first row (the block-wide test of variant 6 masks 2 warps for nothing on the
+ *    tile below the diagonal). With two CTAs per SM, a skipping warp's issue slots go to the
+ *    other CTA's warps on the same SM sub-partition;
+ *  - shared memory as three equal regions of RG = max(BR, 2·BC) rows, each holding either a Q
+ *    tile or a K tile followed by its V tile (BR 128, BC 64: the same 104 KB as variant 6);
+ *  - PERSIST (variant 14): a persistent grid (the CTAs that fit at once) walks a work list of
+ *    (document, query tile) pairs sorted by query-tile index, descending (the tiles with the most
+ *    keys first), with the heads innermost (item i = pair i / NH, head i % NH), so the NH/NKV query
+ *    heads of a K/V head run side by side and share K/V through L2. attention_k3_plan_kernel builds
+ *    the list on the device. CTA b of G takes items b, 2G−1−b, 2G+b, 4G−1−b, ... (a snake over
+ *    rounds of G items: a heavy and a light item every two rounds; no atomics in this kernel — the
+ *    plan orders documents within a level by its atomics, so the schedule, never the result, may
+ *    differ between runs).
+ *    During an item's last key tile the next item's Q loads into the free region, and right after
+ *    the last S = Q·Kᵀ (a barrier: every warp has read Q for the last time) its first K/V tile loads
+ *    into the old Q region, so the start-up latency of every item but the first hides under the
+ *    previous item's last tile and epilogue, and no CTA launch sits between items.
+ * Without PERSIST (variant 13) the grid and tile order are variant 6's. SKIP = false (variant 15:
+ * persistent, no skipping) isolates the schedule from the skipping. LAZY (variants 16 = 14 + LAZY
+ * and 17 = 13 + LAZY) rescales O only when a row's max grows by more than a factor 2^8
+ * (k3_softmax_pv_lazy). Verified here only by reading, ptxas/SASS and a Python model of the plan
+ * and of the region rotation with its cp.async groups (no GPU at the time of writing):
+ * attention_bench validates every variant before timing it, tests/gpu/test_attention.c runs
+ * DFLASH_ATTENTION_KERNEL=13 .. 17 on all its cases. ptxas at HD 128: 255 registers; spills 0 bytes
+ * (v14, v16), 8 (v17), 84 (v13: l and a few indices kept in local memory across tiles), 76 (v15). */
+
+/* S = Q·Kᵀ for one warp's MT m16 tiles against one BC-key tile (Q fragments from shared memory). */
+template <int HD, int MT, int BC>
+static __device__ __forceinline__ void k3_scores(float (&s)[MT][BC / 8][4], const bf16 *qbase, const bf16 *Kb,
+                                                 int lane) {
+    constexpr int LD = HD + 8;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < BC / 8; i++) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < HD / 16; kc++) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) ldsm_x4(a[mt], qbase + mt * 16 * LD + kc * 16);
+#pragma unroll
+        for (int np = 0; np < BC / 16; np++) {
+            uint32_t b[4];
+            ldsm_x4(b, Kb + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kc * 16 + ((lane / 8) % 2) * 8);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_bf16(s[mt][2 * np], a[mt], b[0], b[1]);
+                mma_bf16(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+/* Causal mask (when masked: key0 = the tile's first key, row0 = this thread's first row), the FX
+ * online softmax (m holds scaled maxima) and O += P·V for one warp and one key tile. */
+template <int HD, int MT, int BC>
+static __device__ __forceinline__ void k3_softmax_pv(float (&s)[MT][BC / 8][4], float (&o)[MT][HD / 8][4],
+                                                     float (&m)[MT][2], float (&l)[MT][2], const bf16 *Vb, int lane,
+                                                     bool masked, int key0, int row0, float scale_log2) {
+    constexpr int LD = HD + 8;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        if (masked) {
+#pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = key0 + nt * 8 + (lane % 4) * 2 + (e & 1), row = row0 + mt * 16 + (e >= 2 ? 8 : 0);
+                    if (key > row) s[mt][nt][e] = -INFINITY;
+                }
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {
+            mx0 = fmaxf(mx0, fmaxf(s[mt][nt][0], s[mt][nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[mt][nt][2], s[mt][nt][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        /* raw tile max scaled once (scale > 0), then compared with the scaled running max */
+        mx0 = fmaxf(m[mt][0], mx0 * scale_log2);
+        mx1 = fmaxf(m[mt][1], mx1 * scale_log2);
+        /* a row with every key masked so far keeps max -inf: subtract 0 so ex2 gives 0, not NaN */
+        const float ms0 = mx0 == -INFINITY ? 0.0f : mx0, ms1 = mx1 == -INFINITY ? 0.0f : mx1;
+        const float c0 = ex2_ftz(m[mt][0] - ms0), c1 = ex2_ftz(m[mt][1] - ms1);
+        m[mt][0] = mx0;
+        m[mt][1] = mx1;
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {   /* one FFMA + MUFU per probability; -inf stays -inf -> 0 */
+            s[mt][nt][0] = ex2_ftz(fmaf(s[mt][nt][0], scale_log2, -ms0));
+            s[mt][nt][1] = ex2_ftz(fmaf(s[mt][nt][1], scale_log2, -ms0));
+            s[mt][nt][2] = ex2_ftz(fmaf(s[mt][nt][2], scale_log2, -ms1));
+            s[mt][nt][3] = ex2_ftz(fmaf(s[mt][nt][3], scale_log2, -ms1));
+            sum0 += s[mt][nt][0] + s[mt][nt][1];
+            sum1 += s[mt][nt][2] + s[mt][nt][3];
+        }
+        l[mt][0] = l[mt][0] * c0 + sum0;
+        l[mt][1] = l[mt][1] * c1 + sum1;
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) {
+            o[mt][i][0] *= c0; o[mt][i][1] *= c0;
+            o[mt][i][2] *= c1; o[mt][i][3] *= c1;
+        }
+    }
+#pragma unroll
+    for (int kc = 0; kc < BC / 16; kc++) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            a[mt][0] = pack_bf16x2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+            a[mt][1] = pack_bf16x2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+            a[mt][2] = pack_bf16x2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+            a[mt][3] = pack_bf16x2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < HD / 16; dp++) {
+            uint32_t b[4];
+            ldsm_x4_t(b, Vb + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_bf16(o[mt][2 * dp], a[mt], b[0], b[1]);
+                mma_bf16(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+/* k3_softmax_pv with a lazy rescale (variants 16, 17): the running max m, and with it the rescale
+ * of O and l and its two MUFUs, moves only when some row of the warp meets a scaled score more
+ * than K3_LAZY_LOG2 above its m (a warp-wide vote, so the branch is uniform). Otherwise the
+ * probabilities use the stale m and are at most 2^K3_LAZY_LOG2 = 256 (fine in fp32 l and O, and as
+ * bf16 P, whose precision is relative), and O / l and lse = m + log2 l are the same quotient. On random scores m settles within the
+ * first key tiles, so later tiles skip 128 FMULs and 4 MUFUs per warp (about 14% of the body).
+ * (The maxima of all m-tiles come first, for the vote; kept apart from k3_softmax_pv because that
+ * order changes the register allocation of the non-lazy variants, which then spill.) */
+#define K3_LAZY_LOG2 8.0f
+template <int HD, int MT, int BC>
+static __device__ __forceinline__ void k3_softmax_pv_lazy(float (&s)[MT][BC / 8][4], float (&o)[MT][HD / 8][4],
+                                                          float (&m)[MT][2], float (&l)[MT][2], const bf16 *Vb,
+                                                          int lane, bool masked, int key0, int row0,
+                                                          float scale_log2) {
+    constexpr int LD = HD + 8;
+    float mx[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        if (masked) {
+#pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = key0 + nt * 8 + (lane % 4) * 2 + (e & 1), row = row0 + mt * 16 + (e >= 2 ? 8 : 0);
+                    if (key > row) s[mt][nt][e] = -INFINITY;
+                }
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {
+            mx0 = fmaxf(mx0, fmaxf(s[mt][nt][0], s[mt][nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[mt][nt][2], s[mt][nt][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        /* raw tile max scaled once (scale > 0), then compared with the scaled running max */
+        mx[mt][0] = fmaxf(m[mt][0], mx0 * scale_log2);
+        mx[mt][1] = fmaxf(m[mt][1], mx1 * scale_log2);
+    }
+    /* -inf - -inf is NaN and compares false: a row with no key yet needs nothing */
+    bool need = false;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        need |= (mx[mt][0] - m[mt][0] > K3_LAZY_LOG2) | (mx[mt][1] - m[mt][1] > K3_LAZY_LOG2);
+    const bool rescale = __any_sync(0xffffffffu, need);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        if (rescale) {
+            /* a row with every key masked so far keeps max -inf: subtract 0 so ex2 gives 0, not NaN */
+            const float ms0 = mx[mt][0] == -INFINITY ? 0.0f : mx[mt][0], ms1 = mx[mt][1] == -INFINITY ? 0.0f : mx[mt][1];
+            const float c0 = ex2_ftz(m[mt][0] - ms0), c1 = ex2_ftz(m[mt][1] - ms1);
+            m[mt][0] = mx[mt][0];
+            m[mt][1] = mx[mt][1];
+            l[mt][0] *= c0;
+            l[mt][1] *= c1;
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) {
+                o[mt][i][0] *= c0; o[mt][i][1] *= c0;
+                o[mt][i][2] *= c1; o[mt][i][3] *= c1;
+            }
+        }
+        const float ms0 = m[mt][0] == -INFINITY ? 0.0f : m[mt][0], ms1 = m[mt][1] == -INFINITY ? 0.0f : m[mt][1];
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < BC / 8; nt++) {   /* one FFMA + MUFU per probability; -inf stays -inf -> 0 */
+            s[mt][nt][0] = ex2_ftz(fmaf(s[mt][nt][0], scale_log2, -ms0));
+            s[mt][nt][1] = ex2_ftz(fmaf(s[mt][nt][1], scale_log2, -ms0));
+            s[mt][nt][2] = ex2_ftz(fmaf(s[mt][nt][2], scale_log2, -ms1));
+            s[mt][nt][3] = ex2_ftz(fmaf(s[mt][nt][3], scale_log2, -ms1));
+            sum0 += s[mt][nt][0] + s[mt][nt][1];
+            sum1 += s[mt][nt][2] + s[mt][nt][3];
+        }
+        l[mt][0] += sum0;
+        l[mt][1] += sum1;
+    }
+#pragma unroll
+    for (int kc = 0; kc < BC / 16; kc++) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            a[mt][0] = pack_bf16x2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+            a[mt][1] = pack_bf16x2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+            a[mt][2] = pack_bf16x2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+            a[mt][3] = pack_bf16x2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < HD / 16; dp++) {
+            uint32_t b[4];
+            ldsm_x4_t(b, Vb + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_bf16(o[mt][2 * dp], a[mt], b[0], b[1]);
+                mma_bf16(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
+/* Exclusive prefix sum in place of a[0..n), n <= 2·blockDim.x, blockDim.x a multiple of 32 and
+ * <= 1024; returns the total. Every thread of the block calls it. */
+static __device__ int k3_block_excl_scan(int *a, int n, int *tmp /* [33] */) {
+    const int t = threadIdx.x, lane = t % 32, w = t / 32, nw = blockDim.x / 32;
+    const int x0 = 2 * t < n ? a[2 * t] : 0, x1 = 2 * t + 1 < n ? a[2 * t + 1] : 0, own = x0 + x1;
+    int inc = own;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+        int y = __shfl_up_sync(0xffffffffu, inc, d);
+        if (lane >= d) inc += y;
+    }
+    if (lane == 31) tmp[w] = inc;
+    __syncthreads();
+    if (w == 0) {
+        const int x = lane < nw ? tmp[lane] : 0;
+        int winc = x;
+#pragma unroll
+        for (int d = 1; d < 32; d *= 2) {
+            int y = __shfl_up_sync(0xffffffffu, winc, d);
+            if (lane >= d) winc += y;
+        }
+        tmp[lane] = winc - x;
+        if (lane == 31) tmp[32] = winc;
+    }
+    __syncthreads();
+    const int excl = tmp[w] + inc - own;
+    if (2 * t < n) a[2 * t] = excl;
+    if (2 * t + 1 < n) a[2 * t + 1] = excl + x0;
+    const int total = tmp[32];
+    __syncthreads();   /* tmp is free again */
+    return total;
+}
+
+/* Work list of kernel 3 (one block of 1024 threads; dynamic shared memory 3·nlev ints):
+ * plan[0].x = the number P of (document, query tile) pairs, plan[1 + p] = {s0, len, qt, d} for
+ * p < P, sorted by qt descending (ties in any order). nlev = ceil(max_seqlen / BR) <= 2048; tiles
+ * of a document longer than max_seqlen past nlev are left out (as the grid of variant 6 does). */
+template <int BR>
+__global__ void __launch_bounds__(1024)
+attention_k3_plan_kernel(int4 *plan, const int32_t *cu, int ND, int nlev) {
+    extern __shared__ int k3_plan_smem[];
+    __shared__ int tmp[33];
+    /* indexed by r = nlev - 1 - qt, so ascending r is descending qt */
+    int *ge = k3_plan_smem, *start = ge + nlev, *fill = start + nlev;
+    const int tid = threadIdx.x;
+    for (int i = tid; i < nlev; i += blockDim.x) ge[i] = fill[i] = 0;
+    __syncthreads();
+    /* a document of nt tiles holds qt = 0 .. nt-1, i.e. r >= nlev - nt */
+    for (int d = tid; d < ND; d += blockDim.x) {
+        const int nt = min((cu[d + 1] - cu[d] + BR - 1) / BR, nlev);
+        if (nt > 0) atomicAdd(&ge[nlev - nt], 1);
+    }
+    __syncthreads();
+    for (int i = tid; i < nlev; i += blockDim.x) start[i] = ge[i];
+    __syncthreads();
+    k3_block_excl_scan(start, nlev, tmp);
+    for (int i = tid; i < nlev; i += blockDim.x) ge[i] += start[i];   /* ge[r]: documents holding tile qt(r) */
+    __syncthreads();
+    for (int i = tid; i < nlev; i += blockDim.x) start[i] = ge[i];
+    __syncthreads();
+    const int total = k3_block_excl_scan(start, nlev, tmp);   /* start[r]: first list slot of level r */
+    for (int d = tid; d < ND; d += blockDim.x) {
+        const int s0 = cu[d], len = cu[d + 1] - s0, nt = min((len + BR - 1) / BR, nlev);
+        for (int qt = 0; qt < nt; qt++) {
+            const int r = nlev - 1 - qt, pos = start[r] + atomicAdd(&fill[r], 1);
+            plan[1 + pos] = make_int4(s0, len, qt, d);
+        }
+    }
+    if (tid == 0) plan[0] = make_int4(total, 0, 0, 0);
+}
+
+template <int HD, int NW, int MT, int BC, bool PERSIST, bool SKIP = true, bool LAZY = false>
+__global__ void __launch_bounds__(NW * 32)
+attention_forward_kernel3(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu,
+                          const int4 *plan, int T, int NH, int NKV, float scale_log2) {
+    constexpr int BR = 16 * MT * NW, LD = HD + 8, CH = HD / 8, NT = NW * 32;
+    constexpr int RG = BR > 2 * BC ? BR : 2 * BC;   /* rows of one shared region */
+    extern __shared__ __align__(16) unsigned char att_smem[];
+    bf16 *const sm = (bf16 *)att_smem;   /* [3][RG][LD] */
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, G = NH / NKV;
+
+    /* the current item: head h, document rows s0 .. s0+len-1, query tile qt */
+    int h, s0, len, qt, nitems = 0, round = 0;
+    if constexpr (PERSIST) {
+        nitems = plan[0].x * NH;
+        if ((int)blockIdx.x >= nitems) return;
+        const int4 p = plan[1 + blockIdx.x / NH];
+        h = blockIdx.x % NH; s0 = p.x; len = p.y; qt = p.z;
+    } else {
+        h = blockIdx.x;
+        const int d = blockIdx.y;
+        s0 = cu[d];
+        len = cu[d + 1] - s0;
+        qt = (len + BR - 1) / BR - 1 - (int)blockIdx.z;
+        if (qt < 0) return;
+    }
+
+    /* rows past the document are zero-filled (from a valid address) */
+    auto load_q = [&](bf16 *dst, int s0_, int len_, int h_, int qt_) {
+        for (int i = tid; i < BR * CH; i += NT) {
+            int r = i / CH, c = i % CH, qi = qt_ * BR + r;
+            const bf16 *src = q + ((size_t)(s0_ + min(qi, len_ - 1)) * NH + h_) * HD + c * 8;
+            cp_async16(dst + r * LD + c * 8, src, qi < len_ ? 16 : 0);
+        }
+    };
+    auto load_kv = [&](bf16 *dst, int s0_, int len_, int kh_, int j) {   /* K rows 0..BC-1, V rows BC..2BC-1 */
+        for (int i = tid; i < BC * CH; i += NT) {
+            int r = i / CH, c = i % CH, kj = j * BC + r;
+            size_t off = ((size_t)(s0_ + min(kj, len_ - 1)) * NKV + kh_) * HD + c * 8;
+            int sz = kj < len_ ? 16 : 0;
+            cp_async16(dst + r * LD + c * 8, k + off, sz);
+            cp_async16(dst + (BC + r) * LD + c * 8, v + off, sz);
+        }
+    };
+    /* the last key tile a query tile sees: the one holding its last row (or the document's end) */
+    auto jlast_of = [](int qt_, int len_) { return min(qt_ * BR + BR - 1, len_ - 1) / BC; };
+
+    int rq = 0, rc = 1, ro = 2;   /* regions: Q, the current K/V tile, the free one */
+    load_q(sm + rq * RG * LD, s0, len, h, qt);
+    load_kv(sm + rc * RG * LD, s0, len, h / G, jlast_of(qt, len));
+    cp_async_commit();
+
+    while (true) {
+        const int kh = h / G, jlast = jlast_of(qt, len);
+        /* the next item (PERSIST): round r of G = gridDim.x items, snake order */
+        bool has_next = false;
+        int nh = 0, ns0 = 0, nlen = 1, nqt = 0;
+        if constexpr (PERSIST) {
+            const int r = round + 1, g = gridDim.x;
+            const int ni = r * g + ((r & 1) ? g - 1 - (int)blockIdx.x : (int)blockIdx.x);
+            if (ni < nitems) {
+                const int4 p = plan[1 + ni / NH];
+                has_next = true;
+                nh = ni % NH; ns0 = p.x; nlen = p.y; nqt = p.z;
+            }
+        }
+        /* this warp's rows (document-local): wlo .. wlo+16·MT-1; whi = its last real row, -1 if none */
+        const int wlo = qt * BR + warp * 16 * MT;
+        const int whi = wlo < len ? min(wlo + 16 * MT - 1, len - 1) : -1;
+        const int row0 = wlo + lane / 4;
+        const bf16 *qbase = sm + (rq * RG + warp * 16 * MT + (lane % 16)) * LD + (lane / 16) * 8;
+
+        float o[MT][HD / 8][4];
+        float m[MT][2], l[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
+            m[mt][0] = m[mt][1] = -INFINITY;
+            l[mt][0] = l[mt][1] = 0.0f;
+        }
+
+        for (int j = jlast; j >= 0; j--) {
+            if (j > 0) load_kv(sm + ro * RG * LD, s0, len, kh, j - 1);
+            else if (has_next) load_q(sm + ro * RG * LD, ns0, nlen, nh, nqt);
+            cp_async_commit();
+            cp_async_wait<1>();   /* everything but the group just committed: Q and K/V(j) */
+            __syncthreads();
+            const bf16 *Kb = sm + rc * RG * LD, *Vb = Kb + BC * LD;
+            /* some key of the tile is <= some real row of the warp (without SKIP: always, as variant 6) */
+            const bool active = !SKIP || j * BC <= whi;
+            const bool masked = j * BC + BC - 1 > wlo;   /* a key of the tile lies above the warp's first row */
+            float s[MT][BC / 8][4];
+            if constexpr (PERSIST) {
+                if (active) k3_scores<HD, MT, BC>(s, qbase, Kb, lane);
+                if (j == 0 && has_next) {
+                    __syncthreads();   /* every warp has read this item's Q for the last time */
+                    load_kv(sm + rq * RG * LD, ns0, nlen, nh / G, jlast_of(nqt, nlen));
+                    cp_async_commit();
+                }
+                if (active) {
+                    if constexpr (LAZY) k3_softmax_pv_lazy<HD, MT, BC>(s, o, m, l, Vb, lane, masked, j * BC, row0, scale_log2);
+                    else k3_softmax_pv<HD, MT, BC>(s, o, m, l, Vb, lane, masked, j * BC, row0, scale_log2);
+                }
+            } else if (active) {
+                k3_scores<HD, MT, BC>(s, qbase, Kb, lane);
+                if constexpr (LAZY) k3_softmax_pv_lazy<HD, MT, BC>(s, o, m, l, Vb, lane, masked, j * BC, row0, scale_log2);
+                else k3_softmax_pv<HD, MT, BC>(s, o, m, l, Vb, lane, masked, j * BC, row0, scale_log2);
+            }
+            __syncthreads();   /* every warp is done with region rc before it is refilled */
+            const int t = rc; rc = ro; ro = t;
+        }
+
+        const int col = (lane % 4) * 2;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                float lv = l[mt][half];
+                lv += __shfl_xor_sync(0xffffffffu, lv, 1);
+                lv += __shfl_xor_sync(0xffffffffu, lv, 2);
+                const float inv = lv > 0.0f ? 1.0f / lv : 0.0f;
+                const int row = row0 + mt * 16 + half * 8;
+                if (row < len) {
+                    __nv_bfloat162 *dst = (__nv_bfloat162 *)(out + ((size_t)(s0 + row) * NH + h) * HD + col);
+#pragma unroll
+                    for (int nt = 0; nt < HD / 8; nt++)
+                        dst[nt * 4] = __floats2bfloat162_rn(o[mt][nt][2 * half] * inv, o[mt][nt][2 * half + 1] * inv);
+                    if (lse && lane % 4 == 0)
+                        lse[(size_t)h * T + s0 + row] = (m[mt][half] + log2f(lv)) * 0.69314718055994531f;
+                }
+            }
+        }
+        if (!has_next) break;
+        /* the next item's Q sits in region rc (loaded during j = 0, then swapped), its first K/V
+         * tile in the old Q region; the region of the last K/V tile is free */
+        const int t = rc; rc = rq; rq = t;
+        h = nh; s0 = ns0; len = nlen; qt = nqt;
+        round++;
+    }
+}
+
 /* ---------------------------------------------------------------- launcher */
 
 template <int HD, int NW, int MT, int BC, bool FX = true>
@@ -575,6 +1035,67 @@ static int launch2(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf
     return 0;
 }
 
+/* Kernel 3 (K1d): PERSIST = false is bench variant 13 (variant 6's grid), true variant 14 (a
+ * persistent grid over the work list of attention_k3_plan_kernel, built in a stream-ordered
+ * allocation that is freed, stream-ordered, right after the launch). The CTA count of variant 14
+ * is read once per process from the current device (one device per process, as in the pipeline). */
+template <int HD, int NW, int MT, int BC, bool PERSIST, bool SKIP = true, bool LAZY = false>
+static int launch3(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
+                   int max_seqlen, int T, int NH, int NKV, float scale, cudaStream_t stream) {
+    constexpr int BR = 16 * MT * NW, LD = HD + 8, RG = BR > 2 * BC ? BR : 2 * BC;
+    const size_t smem = (size_t)3 * RG * LD * sizeof(bf16);
+    static int configured, resident;   /* benign race: every caller computes the same values */
+    if (!configured) {
+        cudaError_t e = cudaFuncSetAttribute(attention_forward_kernel3<HD, NW, MT, BC, PERSIST, SKIP, LAZY>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return kernels_fail("attention_forward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
+        if (PERSIST) {
+            int dev = 0, sms = 0, per = 0;
+            e = cudaGetDevice(&dev);
+            if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+            if (e == cudaSuccess)
+                e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                    &per, attention_forward_kernel3<HD, NW, MT, BC, PERSIST, SKIP, LAZY>, NW * 32, smem);
+            if (e != cudaSuccess)
+                return kernels_fail("attention_forward: reading the SM count and occupancy: %s", cudaGetErrorString(e));
+            resident = sms * (per > 0 ? per : 1);
+        }
+        configured = 1;
+    }
+    const float scale_log2 = scale * 1.4426950408889634f;
+    const int nlev = (max_seqlen + BR - 1) / BR;
+    /* the plan kernel keeps 3 ints per query-tile level in shared memory: 2048 levels at most */
+    if (!PERSIST || nlev > 2048) {
+        if (PERSIST)
+            return launch3<HD, NW, MT, BC, false, SKIP, LAZY>(out, lse, q, k, v, cu, ND, max_seqlen, T, NH, NKV, scale,
+                                                              stream);
+        dim3 grid(NH, ND, nlev);
+        attention_forward_kernel3<HD, NW, MT, BC, false, SKIP, LAZY><<<grid, NW * 32, smem, stream>>>(
+            out, lse, q, k, v, cu, NULL, T, NH, NKV, scale_log2);
+        KERNELS_CHECK_LAUNCH("attention_forward");
+        return 0;
+    }
+    /* sum over documents of ceil(len / BR) <= ceil(T / BR) + ND */
+    const size_t npairs_max = (size_t)(T + BR - 1) / BR + (size_t)ND;
+    int4 *plan = NULL;
+    cudaError_t e = cudaMallocAsync((void **)&plan, (1 + npairs_max) * sizeof(int4), stream);
+    if (e != cudaSuccess) return kernels_fail("attention_forward: cudaMallocAsync of the work list: %s", cudaGetErrorString(e));
+    attention_k3_plan_kernel<BR><<<1, 1024, 3 * (size_t)nlev * sizeof(int), stream>>>(plan, cu, ND, nlev);
+    e = cudaGetLastError();
+    if (e == cudaSuccess) {
+        const size_t items_max = npairs_max * (size_t)NH;
+        const int grid = items_max < (size_t)resident ? (int)items_max : resident;
+        attention_forward_kernel3<HD, NW, MT, BC, true, SKIP, LAZY><<<grid, NW * 32, smem, stream>>>(
+            out, lse, q, k, v, cu, plan, T, NH, NKV, scale_log2);
+        e = cudaGetLastError();
+    }
+    cudaError_t ef = cudaFreeAsync(plan, stream);
+    if (e == cudaSuccess) e = ef;
+    if (e == cudaSuccess && kernels_sync_debug()) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) return kernels_fail("attention_forward: %s", cudaGetErrorString(e));
+    return 0;
+}
+
 extern "C" int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                  const int32_t *cu_seqlens, int ND, int max_seqlen, int T, int NH, int NKV,
                                  int HD, float scale, cudaStream_t stream) {
@@ -591,6 +1112,36 @@ extern "C" int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf1
     /* 4 warps × 2 m-tiles (BR 128), BC 64, FX: bench variant 6, the fastest on the H200
      * (2026-11-29: 294 TFLOP/s at HD 128 on 1-4K documents; variant 4 254, variant 8 251) */
     const char *e = getenv("DFLASH_ATTENTION_KERNEL");
+    if (e && strcmp(e, "13") == 0) {   /* bench variant 13: kernel 3, warp-level skipping (K1d) */
+        if (HD == 128)
+            return launch3<128, 4, 2, 64, false>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+        return launch3<64, 4, 2, 64, false>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+    }
+    if (e && strcmp(e, "14") == 0) {   /* bench variant 14: kernel 3 persistent, longest tiles first (K1d) */
+        if (HD == 128)
+            return launch3<128, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+        return launch3<64, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+    }
+    if (e && strcmp(e, "15") == 0) {   /* bench variant 15: variant 14 without the warp-level skipping */
+        if (HD == 128)
+            return launch3<128, 4, 2, 64, true, false>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale,
+                                                       stream);
+        return launch3<64, 4, 2, 64, true, false>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+    }
+    if (e && strcmp(e, "16") == 0) {   /* bench variant 16: variant 14 with the lazy rescale */
+        if (HD == 128)
+            return launch3<128, 4, 2, 64, true, true, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV,
+                                                            scale, stream);
+        return launch3<64, 4, 2, 64, true, true, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale,
+                                                       stream);
+    }
+    if (e && strcmp(e, "17") == 0) {   /* bench variant 17: variant 13 with the lazy rescale */
+        if (HD == 128)
+            return launch3<128, 4, 2, 64, false, true, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV,
+                                                             scale, stream);
+        return launch3<64, 4, 2, 64, false, true, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale,
+                                                        stream);
+    }
     if (e && e[0] == '4' && e[1] == 0) {   /* bench variant 4, the K1 kernel (FX off) */
         if (HD == 128)
             return launch<128, 4, 2, 64, false>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);

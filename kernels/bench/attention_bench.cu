@@ -1,7 +1,7 @@
 /*
  * kernels/bench/attention_bench.cu — causal varlen GQA attention forward (kernels/attention.cu).
  *
- * Build: make BUILD=build-k1c build-k1c/bench/attention_bench   Run: build-k1c/bench/attention_bench
+ * Build: make BUILD=build-k1d build-k1d/bench/attention_bench   Run: build-k1d/bench/attention_bench
  * This file includes kernels/attention.cu so it can launch the kernel template with other tile
  * configurations (the library's archive member is then not linked: every symbol it defines is here).
  * Variant 1: 4 warps × 1 m-tile (BR 64), BC 64, Q fragments in registers (the first library choice)
@@ -23,7 +23,22 @@
  * Variant 11: variant 8 with BC 32
  * Variant 12: HD 64 only — kernel 2 with 8 warps × 1 m-tile (BR 128), BC 128 (no spills at HD 64;
  *            4 warps × 2 m-tiles at BC 128 spill 104 bytes)
- * Variants 1-5 run with FX off, as measured in K1. A variant that fails its validation is reported,
+ * Variant 13: kernel 3 (K1d, DFLASH_ATTENTION_KERNEL=13): variant 6's body and grid with warp-level
+ *            skipping (a warp skips key tiles above its last real row, and all tiles when its rows
+ *            lie past the document) and the causal mask applied per warp; shared memory as 3 regions
+ * Variant 14: kernel 3 persistent (K1d, DFLASH_ATTENTION_KERNEL=14): grid = resident CTAs, a device-built
+ *            work list of (document, query tile) pairs sorted by query tile descending (heads innermost),
+ *            snake-assigned to CTAs; the next item's Q and first K/V tile load under the current
+ *            item's last key tile, so only a CTA's first item pays the start-up latency
+ * Variant 15: variant 14 without the warp-level skipping (DFLASH_ATTENTION_KERNEL=15; isolates the schedule)
+ * Variant 16: variant 14 with a lazy rescale: O, l and the running max change only when a row's max
+ *            grows by more than 8 in log2 units, voted per warp (DFLASH_ATTENTION_KERNEL=16)
+ * Variant 17: variant 13 with the lazy rescale (DFLASH_ATTENTION_KERNEL=17)
+ * Variants 1-5 run with FX off, as measured in K1. Since K1d the inputs of a head dim are generated
+ * once (the run takes seconds, not a minute); `all` = 0 in the table below would time a variant on
+ * the HD 128 log-normal batch only. Each variant is validated on two batches: the small
+ * varlen one below and 200 short documents (1-100 tokens) around one of 600 (hundreds of work items,
+ * so the persistent variant runs several items per CTA and its cross-item prefetch). A variant that fails its validation is reported,
  * not timed, and makes the bench exit 1 after the others ran; the last lines are a summary table.
  * Effective FLOPs = 4·HD·NH·Σ_docs len·(len+1)/2 (QKᵀ and PV over the causal half only).
  * Target (issue 5): >= 350 TFLOP/s at HD 128 on documents of 1-4K tokens.
@@ -35,6 +50,8 @@
 #include "k1bench.cuh"
 
 #include <math.h>
+#include <algorithm>
+#include <vector>
 
 typedef int (*att_fn)(bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, const int32_t *, int, int, int, int,
                       int, float, cudaStream_t);
@@ -45,37 +62,76 @@ static int variant2(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf1
     return launch2<HD, NW, MT, BC, LPT>(o, lse, q, k, v, cu, ND, mx, T, NH, NKV, scale, s);
 }
 
+template <int HD, int NW, int MT, int BC, bool PERSIST, bool SKIP = true, bool LAZY = false>
+static int variant3(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
+                    int mx, int T, int NH, int NKV, float scale, cudaStream_t s) {
+    return launch3<HD, NW, MT, BC, PERSIST, SKIP, LAZY>(o, lse, q, k, v, cu, ND, mx, T, NH, NKV, scale, s);
+}
+
 template <int HD, int NW, int MT, int BC, bool FX = false>
 static int variant(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND, int mx,
                    int T, int NH, int NKV, float scale, cudaStream_t s) {
     return launch<HD, NW, MT, BC, FX>(o, lse, q, k, v, cu, ND, mx, T, NH, NKV, scale, s);
 }
 
-/* 1 when the variant matches the reference (the line says so either way) */
-static int validate(const char *name, att_fn fn, int HD) {
-    const int32_t cu[] = {0, 1, 70, 70, 300, 1000};
-    const int ND = 5, T = 1003, NH = 4, NKV = 2;
-    size_t nq = (size_t)T * NH * HD, nk = (size_t)T * NKV * HD;
+/* A validation batch: host inputs (bf16-rounded), device copies and the reference output, made on
+ * first use per head dim and reused by every variant. */
+struct vcase { int T, ND, NH, NKV, mx; std::vector<int32_t> cu; bf16 *q, *k, *v; int32_t *dcu; float *ref; };
+
+static vcase *vcase_get(int which, int HD) {
+    static vcase *cache[2][2];
+    vcase *c = cache[which][HD == 128];
+    if (c) return c;
+    c = new vcase();
+    if (which == 0) {
+        c->cu = {0, 1, 70, 70, 300, 1000};
+        c->T = 1003; c->NH = 4; c->NKV = 2;
+    } else {   /* 200 documents of 1-100 tokens around one of 600 (after the 100th), 2 padding rows */
+        uint64_t seed = 77;
+        c->cu.push_back(0);
+        for (int d = 0; d < 201; d++)
+            c->cu.push_back(c->cu.back() + (d == 100 ? 600 : 1 + (int)(kernels_rng_next(&seed) % 100)));
+        c->T = c->cu.back() + 2; c->NH = 4; c->NKV = 2;
+    }
+    c->ND = (int)c->cu.size() - 1;
+    c->mx = 0;
+    for (int d = 0; d < c->ND; d++) c->mx = std::max(c->mx, c->cu[d + 1] - c->cu[d]);
+    size_t nq = (size_t)c->T * c->NH * HD, nk = (size_t)c->T * c->NKV * HD;
     float *hq, *hk, *hv;
-    bf16 *q = bench_rand_bf16(nq, -1, 1, 1, &hq), *k = bench_rand_bf16(nk, -1, 1, 2, &hk), *v = bench_rand_bf16(nk, -1, 1, 3, &hv);
-    bf16 *o;
-    int32_t *dcu;
-    BENCH_CUDA(cudaMalloc(&o, 2 * nq));
-    BENCH_CUDA(cudaMalloc(&dcu, sizeof cu));
-    BENCH_CUDA(cudaMemcpy(dcu, cu, sizeof cu, cudaMemcpyHostToDevice));
-    float scale = 1.0f / sqrtf((float)HD), *ref = (float *)malloc(4 * nq);
-    BENCH_OK(fn(o, NULL, q, k, v, dcu, ND, 700, T, NH, NKV, scale, 0));
-    BENCH_CUDA(cudaDeviceSynchronize());
-    BENCH_OK(attention_forward_ref(ref, NULL, hq, hk, hv, cu, ND, T, NH, NKV, HD, scale));
-    char what[64];
-    snprintf(what, sizeof what, "%s HD=%d", name, HD);
-    /* bf16 output and bf16 probabilities: a few 1e-3 on outputs of magnitude ~0.1-1 */
-    double err = bench_max_err(o, ref, (size_t)cu[ND] * NH * HD);
-    int ok = err <= 2e-2;
-    printf("validate %-40s max err %.3g (tol %.3g) %s\n", what, err, 2e-2, ok ? "ok" : "FAILED");
-    fflush(stdout);
-    cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o); cudaFree(dcu);
-    free(hq); free(hk); free(hv); free(ref);
+    c->q = bench_rand_bf16(nq, -1, 1, 1 + 10 * which, &hq);
+    c->k = bench_rand_bf16(nk, -1, 1, 2 + 10 * which, &hk);
+    c->v = bench_rand_bf16(nk, -1, 1, 3 + 10 * which, &hv);
+    BENCH_CUDA(cudaMalloc(&c->dcu, 4 * c->cu.size()));
+    BENCH_CUDA(cudaMemcpy(c->dcu, c->cu.data(), 4 * c->cu.size(), cudaMemcpyHostToDevice));
+    c->ref = (float *)malloc(4 * nq);
+    BENCH_OK(attention_forward_ref(c->ref, NULL, hq, hk, hv, c->cu.data(), c->ND, c->T, c->NH, c->NKV, HD,
+                                   1.0f / sqrtf((float)HD)));
+    free(hq); free(hk); free(hv);
+    cache[which][HD == 128] = c;
+    return c;
+}
+
+/* 1 when the variant matches the reference on both batches (a line says so either way) */
+static int validate(const char *name, att_fn fn, int HD) {
+    int ok = 1;
+    for (int which = 0; which < 2; which++) {
+        vcase *c = vcase_get(which, HD);
+        size_t nq = (size_t)c->T * c->NH * HD;
+        bf16 *o;
+        BENCH_CUDA(cudaMalloc(&o, 2 * nq));
+        BENCH_OK(fn(o, NULL, c->q, c->k, c->v, c->dcu, c->ND, which == 0 ? 700 : c->mx, c->T, c->NH, c->NKV,
+                    1.0f / sqrtf((float)HD), 0));
+        BENCH_CUDA(cudaDeviceSynchronize());
+        char what[80];
+        snprintf(what, sizeof what, "%s HD=%d %s", name, HD, which == 0 ? "5 docs" : "201 docs");
+        /* bf16 output and bf16 probabilities: a few 1e-3 on outputs of magnitude ~0.1-1 */
+        double err = bench_max_err(o, c->ref, (size_t)c->cu[c->ND] * c->NH * HD);
+        int good = err <= 2e-2;
+        printf("validate %-48s max err %.3g (tol %.3g) %s\n", what, err, 2e-2, good ? "ok" : "FAILED");
+        fflush(stdout);
+        cudaFree(o);
+        ok &= good;
+    }
     return ok;
 }
 
@@ -98,13 +154,27 @@ static int make_docs(int32_t *cu, int T, int lo, int hi, uint64_t seed) {
     return nd;
 }
 
+/* Device inputs of the timed runs, one set per head dim (T=8192, 32/8 heads), made once. */
+struct binputs { bf16 *q, *k, *v, *o; };
+static binputs *binputs_get(int HD, int T, int NH, int NKV) {
+    static binputs *cache[2];
+    binputs *b = cache[HD == 128];
+    if (b) return b;
+    b = new binputs();
+    size_t nq = (size_t)T * NH * HD, nk = (size_t)T * NKV * HD;
+    b->q = bench_rand_bf16(nq, -1, 1, 4);
+    b->k = bench_rand_bf16(nk, -1, 1, 5);
+    b->v = bench_rand_bf16(nk, -1, 1, 6);
+    BENCH_CUDA(cudaMalloc(&b->o, 2 * nq));
+    cache[HD == 128] = b;
+    return b;
+}
+
 /* TFLOP/s of one run (also printed) */
 static double bench(const char *name, att_fn fn, int HD, const char *docs, const int32_t *cu, int ND, int T, int NH,
                     int NKV) {
-    size_t nq = (size_t)T * NH * HD, nk = (size_t)T * NKV * HD;
-    bf16 *q = bench_rand_bf16(nq, -1, 1, 4), *k = bench_rand_bf16(nk, -1, 1, 5), *v = bench_rand_bf16(nk, -1, 1, 6), *o;
+    binputs *in = binputs_get(HD, T, NH, NKV);
     int32_t *dcu;
-    BENCH_CUDA(cudaMalloc(&o, 2 * nq));
     BENCH_CUDA(cudaMalloc(&dcu, 4 * (ND + 1)));
     BENCH_CUDA(cudaMemcpy(dcu, cu, 4 * (ND + 1), cudaMemcpyHostToDevice));
     int mx = 0;
@@ -115,28 +185,37 @@ static double bench(const char *name, att_fn fn, int HD, const char *docs, const
         pairs += (double)len * (len + 1) / 2;
     }
     float scale = 1.0f / sqrtf((float)HD);
-    double ms = bench_ms([&]() { BENCH_OK(fn(o, NULL, q, k, v, dcu, ND, mx, T, NH, NKV, scale, 0)); }, 10);
+    double ms = bench_ms([&]() { BENCH_OK(fn(in->o, NULL, in->q, in->k, in->v, dcu, ND, mx, T, NH, NKV, scale, 0)); }, 10);
     char shp[96];
     snprintf(shp, sizeof shp, "T=%d %s NH=%d NKV=%d HD=%d", T, docs, NH, NKV, HD);
     bench_report_flops(name, shp, ms, 4.0 * HD * NH * pairs);
-    cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o); cudaFree(dcu);
+    cudaFree(dcu);
     return 4.0 * HD * NH * pairs / (ms * 1e-3) / 1e12;
 }
 
 int main(void) {
-    struct { const char *name; att_fn f128, f64; } vars[] = {
-        {"attention v1 4w x1 BC64", variant<128, 4, 1, 64>, variant<64, 4, 1, 64>},
-        {"attention v2 8w x1 BC64", variant<128, 8, 1, 64>, variant<64, 8, 1, 64>},
-        {"attention v3 4w x2 BC32", variant<128, 4, 2, 32>, variant<64, 4, 2, 32>},
-        {"attention v4 4w x2 BC64", variant<128, 4, 2, 64>, variant<64, 4, 2, 64>},
-        {"attention v5 8w x2 BC32", variant<128, 8, 2, 32>, variant<64, 8, 2, 32>},
-        {"attention v6 4w x2 BC64 FX", variant<128, 4, 2, 64, true>, variant<64, 4, 2, 64, true>},
-        {"attention v7 4w x2 BC32 FX", variant<128, 4, 2, 32, true>, variant<64, 4, 2, 32, true>},
-        {"attention v8 k2 4w x2 BC64 LPT", variant2<128, 4, 2, 64>, variant2<64, 4, 2, 64>},
-        {"attention v9 k2 4w x2 BC64", variant2<128, 4, 2, 64, false>, variant2<64, 4, 2, 64, false>},
-        {"attention v10 k2 8w x2 BC64 LPT", variant2<128, 8, 2, 64>, variant2<64, 8, 2, 64>},
-        {"attention v11 k2 4w x2 BC32 LPT", variant2<128, 4, 2, 32>, variant2<64, 4, 2, 32>},
-        {"attention v12 k2 8w x1 BC128 LPT", NULL, variant2<64, 8, 1, 128>},   /* HD 64 only */
+    /* shapes: 1 = all five columns, 0 = the HD 128 log-normal batch only (plus HD 64 when f128 is NULL) */
+    struct { const char *name; att_fn f128, f64; int all; } vars[] = {
+        {"attention v1 4w x1 BC64", variant<128, 4, 1, 64>, variant<64, 4, 1, 64>, 1},
+        {"attention v2 8w x1 BC64", variant<128, 8, 1, 64>, variant<64, 8, 1, 64>, 1},
+        {"attention v3 4w x2 BC32", variant<128, 4, 2, 32>, variant<64, 4, 2, 32>, 1},
+        {"attention v4 4w x2 BC64", variant<128, 4, 2, 64>, variant<64, 4, 2, 64>, 1},
+        {"attention v5 8w x2 BC32", variant<128, 8, 2, 32>, variant<64, 8, 2, 32>, 1},
+        {"attention v6 4w x2 BC64 FX", variant<128, 4, 2, 64, true>, variant<64, 4, 2, 64, true>, 1},
+        {"attention v7 4w x2 BC32 FX", variant<128, 4, 2, 32, true>, variant<64, 4, 2, 32, true>, 1},
+        {"attention v8 k2 4w x2 BC64 LPT", variant2<128, 4, 2, 64>, variant2<64, 4, 2, 64>, 1},
+        {"attention v9 k2 4w x2 BC64", variant2<128, 4, 2, 64, false>, variant2<64, 4, 2, 64, false>, 1},
+        {"attention v10 k2 8w x2 BC64 LPT", variant2<128, 8, 2, 64>, variant2<64, 8, 2, 64>, 1},
+        {"attention v11 k2 4w x2 BC32 LPT", variant2<128, 4, 2, 32>, variant2<64, 4, 2, 32>, 1},
+        {"attention v12 k2 8w x1 BC128 LPT", NULL, variant2<64, 8, 1, 128>, 0},   /* HD 64 only */
+        {"attention v13 k3 4w x2 BC64 skip", variant3<128, 4, 2, 64, false>, variant3<64, 4, 2, 64, false>, 1},
+        {"attention v14 k3 persist LPT", variant3<128, 4, 2, 64, true>, variant3<64, 4, 2, 64, true>, 1},
+        {"attention v15 k3 persist noskip", variant3<128, 4, 2, 64, true, false>,
+         variant3<64, 4, 2, 64, true, false>, 1},
+        {"attention v16 k3 persist lazy", variant3<128, 4, 2, 64, true, true, true>,
+         variant3<64, 4, 2, 64, true, true, true>, 1},
+        {"attention v17 k3 skip lazy", variant3<128, 4, 2, 64, false, true, true>,
+         variant3<64, 4, 2, 64, false, true, true>, 1},
     };
     const int NV = sizeof vars / sizeof vars[0];
     int ok[NV], bad = 0;
@@ -156,23 +235,25 @@ int main(void) {
     snprintf(lognormal, sizeof lognormal, "%d docs 1-4K lognormal", nd_ln);
     double tf[NV][5];
     for (int i = 0; i < NV; i++) {
+        tf[i][0] = tf[i][1] = tf[i][2] = tf[i][3] = tf[i][4] = 0;
         if (!ok[i]) continue;
-        tf[i][0] = tf[i][1] = tf[i][2] = tf[i][3] = 0;
         if (vars[i].f128) {
             tf[i][0] = bench(vars[i].name, vars[i].f128, 128, lognormal, cu, nd_ln, T, 32, 8);
-            tf[i][1] = bench(vars[i].name, vars[i].f128, 128, "8 docs x 1024", cu1k, 8, T, 32, 8);
-            tf[i][2] = bench(vars[i].name, vars[i].f128, 128, "2 docs x 4096", cu4k, 2, T, 32, 8);
-            tf[i][3] = bench(vars[i].name, vars[i].f128, 128, "1 doc x 8192", cu8k, 1, T, 32, 8);
+            if (vars[i].all) {
+                tf[i][1] = bench(vars[i].name, vars[i].f128, 128, "8 docs x 1024", cu1k, 8, T, 32, 8);
+                tf[i][2] = bench(vars[i].name, vars[i].f128, 128, "2 docs x 4096", cu4k, 2, T, 32, 8);
+                tf[i][3] = bench(vars[i].name, vars[i].f128, 128, "1 doc x 8192", cu8k, 1, T, 32, 8);
+            }
         }
-        tf[i][4] = bench(vars[i].name, vars[i].f64, 64, lognormal, cu, nd_ln, T, 32, 8);
+        if (vars[i].all || !vars[i].f128) tf[i][4] = bench(vars[i].name, vars[i].f64, 64, lognormal, cu, nd_ln, T, 32, 8);
     }
-    printf("\nsummary, TFLOP/s (T=8192, 32/8 heads; target 350 at HD 128 on 1-4K docs)\n");
+    printf("\nsummary, TFLOP/s (T=8192, 32/8 heads; target 350 at HD 128 on 1-4K docs; 0.0 = not run)\n");
     printf("%-34s %10s %8s %8s %8s %10s\n", "variant", "HD128 ln", "8x1024", "2x4096", "1x8192", "HD64 ln");
     for (int i = 0; i < NV; i++) {
         if (!ok[i]) { printf("%-34s FAILED validation, not timed\n", vars[i].name); continue; }
         printf("%-34s %10.1f %8.1f %8.1f %8.1f %10.1f\n", vars[i].name, tf[i][0], tf[i][1], tf[i][2], tf[i][3],
-               tf[i][4]);   /* 0.0: not run at that head dim */
+               tf[i][4]);
     }
-    printf("library default: v6 (DFLASH_ATTENTION_KERNEL=8 -> v8, =4 -> v4)\n");
+    printf("library default: v6 (DFLASH_ATTENTION_KERNEL=13 -> v13, =14 -> v14, =15 -> v15, =16 -> v16, =17 -> v17, =8 -> v8, =4 -> v4)\n");
     return bad ? 1 : 0;
 }

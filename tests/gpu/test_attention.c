@@ -14,7 +14,12 @@
  * (the longest-first tile order of the default kernel leaves most grid slots of short documents
  * empty); an attention sink with scaled logits near 100 (an online max that falls below the true
  * one overflows there). The default is bench variant 6; the awkward documents and the sink run
- * again on DFLASH_ATTENTION_KERNEL=8 (the K1c kernel 2) and =4 (the K1 kernel).
+ * again on DFLASH_ATTENTION_KERNEL=8 (the K1c kernel 2) and =4 (the K1 kernel). The K1d kernel 3
+ * runs every case but the preconditions on DFLASH_ATTENTION_KERNEL=13 (warp-level skipping) and
+ * =14 (persistent: the short-document batches and the production batch give each CTA several
+ * work items, so the next item's loads under the current item's last tile are exercised), =15
+ * (14 without the skipping), =16 and =17 (14 and 13 with the lazy rescale of O: the attention sink,
+ * met last in the descending key order, forces a rescale by far more than 2^8 there).
  */
 #include "kernels/attention.h"
 #include "k1util.h"
@@ -186,6 +191,52 @@ START_TEST(attention_gpu_preconditions) {
 }
 END_TEST
 
+/* Every case above but the preconditions on the kernel that DFLASH_ATTENTION_KERNEL=variant picks. */
+static void run_variant_cases(const char *variant) {
+    setenv("DFLASH_ATTENTION_KERNEL", variant, 1);
+    const int32_t cu[] = {0, 1, 6, 6, 23, 87, 184, 384, 1409};
+    run(cu, 8, 1412, 8, 2, 64, all8, 8, 1);
+    run(cu, 8, 1412, 8, 2, 128, all8, 8, 2);
+    run(cu, 8, 1409, 4, 1, 128, all8, 4, 3);   /* MQA, no padding */
+    int32_t shorts[301];
+    uint64_t seed = 5;
+    shorts[0] = 0;
+    for (int d = 0; d < 300; d++) shorts[d + 1] = shorts[d] + 1 + (int)(test_rng_next(&seed) % 8);
+    run(shorts, 300, shorts[300] + 5, 4, 2, 128, all8, 4, 4);
+    int32_t mix[162];
+    mix[0] = 0;
+    for (int d = 0; d < 161; d++) mix[d + 1] = mix[d] + (d == 120 ? 1700 : 1 + (int)(test_rng_next(&seed) % 150));
+    run(mix, 161, mix[161] + 3, 4, 2, 128, all8, 4, 8);
+    run(mix, 161, mix[161], 4, 4, 64, all8, 4, 9);
+    const int32_t sink[] = {0, 300, 301, 1000};
+    g_sink = 1;
+    run(sink, 3, 1000, 4, 2, 128, all8, 4, 11);
+    run(sink, 3, 1000, 4, 2, 64, all8, 4, 12);
+    g_sink = 0;
+    const int32_t lens[] = {1200, 64, 3000, 97, 1025, 2048, 310};
+    int32_t prod[8];
+    prod[0] = 0;
+    for (int d = 0; d < 7; d++) prod[d + 1] = prod[d] + lens[d];
+    const int heads[3] = {0, 13, 31};
+    run(prod, 7, 8192, 32, 8, 128, heads, 3, 7);
+    unsetenv("DFLASH_ATTENTION_KERNEL");
+}
+
+START_TEST(attention_gpu_v13) { run_variant_cases("13"); }
+END_TEST
+
+START_TEST(attention_gpu_v14) { run_variant_cases("14"); }
+END_TEST
+
+START_TEST(attention_gpu_v15) { run_variant_cases("15"); }
+END_TEST
+
+START_TEST(attention_gpu_v16) { run_variant_cases("16"); }
+END_TEST
+
+START_TEST(attention_gpu_v17) { run_variant_cases("17"); }
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("gpu_attention");
     TCase *tc = tcase_create("gpu_attention");
@@ -197,6 +248,11 @@ int main(void) {
     tcase_add_test(tc, attention_gpu_many_short_and_one_long);
     tcase_add_test(tc, attention_gpu_production);
     tcase_add_test(tc, attention_gpu_preconditions);
+    tcase_add_test(tc, attention_gpu_v13);
+    tcase_add_test(tc, attention_gpu_v14);
+    tcase_add_test(tc, attention_gpu_v15);
+    tcase_add_test(tc, attention_gpu_v16);
+    tcase_add_test(tc, attention_gpu_v17);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }
