@@ -38,13 +38,9 @@ int attention_forward_ref(float *out, float *lse, const float *q, const float *k
  * memory, max_seqlen = the longest document (host value: it sizes the grid; a smaller value leaves
  * rows unwritten). HD 64 or 128, NH % NKV == 0, 16-byte aligned pointers; checked. scale is usually
  * 1/sqrt(HD). Asynchronous; 0 or -1 with kernels_error(). Rows with no document (T beyond
- * cu_seqlens[ND]) are not written. The default is attention_bench variant 6 (the fastest
- * measured); DFLASH_ATTENTION_KERNEL in the environment (read per call) selects 8 (the K1c kernel 2),
- * 4 (the K1 kernel without the fast exponent), 13 (the K1d kernel 3: warp-level tile skipping) or
- * 14 (kernel 3 persistent, longest query tiles first: it also launches a one-block planning kernel
- * and takes a small stream-ordered allocation, cudaMallocAsync/cudaFreeAsync on `stream`, per call)
- * 15 (14 without the skipping), 16 (14 with a lazy rescale of O) or 17 (13 with it) instead;
- * kernels/attention.cu. */
+ * cu_seqlens[ND]) are not written. Kernel: attention_bench variant 6 (the fastest measured);
+ * DFLASH_ATTENTION_KERNEL=4 in the environment (read per call) uses exact exp2f instead of the
+ * fast exponent (ex2.approx.ftz). */
 int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                       const int32_t *cu_seqlens, int ND, int max_seqlen, int T, int NH, int NKV,
                       int HD, float scale, cudaStream_t stream);
