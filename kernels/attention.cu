@@ -29,6 +29,7 @@
  * history in kernels/bench/attention_variants.cuh, with their numbers in RESULTS.md.
  */
 #include "kernels/attention.h"
+#include "kernels/mma.cuh"
 #include "kernels/vec.cuh"
 
 #include <math.h>
@@ -37,43 +38,6 @@
 #include <type_traits>
 
 /* ---------------------------------------------------------------- device helpers */
-
-static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
-}
-static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const void *smem) {
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-static __device__ __forceinline__ void ldsm_x4_t(uint32_t *r, const void *smem) {
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-/* d[16x8 f32] += a[16x16 bf16, row] · b[16x8 bf16, col] */
-static __device__ __forceinline__ void mma_bf16(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
-
-/* 2^x, flush-to-zero (MUFU.EX2 alone); 2^-inf = +0. */
-static __device__ __forceinline__ float ex2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 
 /* ---------------------------------------------------------------- kernel */
 
@@ -102,30 +66,30 @@ attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, co
     for (int i = tid; i < BR * CH; i += NT) {
         int r = i / CH, c = i % CH, qi = qt * BR + r;
         const bf16 *src = q + ((size_t)(s0 + min(qi, len - 1)) * NH + h) * HD + c * 8;
-        cp_async16(sQ + r * LD + c * 8, src, qi < len ? 16 : 0);
+        mma_cp_async16(sQ + r * LD + c * 8, src, qi < len ? 16 : 0);
     }
     auto load_kv = [&](int j, int buf) {
         for (int i = tid; i < BC * CH; i += NT) {
             int r = i / CH, c = i % CH, kj = j * BC + r;
             size_t off = ((size_t)(s0 + min(kj, len - 1)) * NKV + kh) * HD + c * 8;
             int sz = kj < len ? 16 : 0;
-            cp_async16(sK + (buf * BC + r) * LD + c * 8, k + off, sz);
-            cp_async16(sV + (buf * BC + r) * LD + c * 8, v + off, sz);
+            mma_cp_async16(sK + (buf * BC + r) * LD + c * 8, k + off, sz);
+            mma_cp_async16(sV + (buf * BC + r) * LD + c * 8, v + off, sz);
         }
     };
     /* last key tile this query tile sees: the one holding its last row (or the document's end) */
     const int last_row = min(qt * BR + BR - 1, len - 1);
     const int jlast = last_row / BC;
     load_kv(jlast, 0);
-    cp_async_commit();
-    cp_async_wait<0>();
+    mma_commit();
+    mma_wait<0>();
     __syncthreads();
 
     const bf16 *qbase = sQ + (warp * 16 * MT + (lane % 16)) * LD + (lane / 16) * 8;
     uint32_t qf[QREG ? HD / 16 : 1][4];
     if constexpr (QREG) {
 #pragma unroll
-        for (int kc = 0; kc < HD / 16; kc++) ldsm_x4(qf[kc], qbase + kc * 16);
+        for (int kc = 0; kc < HD / 16; kc++) mma_ldsm_x4(qf[kc], qbase + kc * 16);
     }
 
     float o[MT][HD / 8][4];
@@ -144,8 +108,8 @@ attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, co
     int buf = 0;
     for (int j = jlast; j >= 0; j--) {
         if (j > 0) load_kv(j - 1, buf ^ 1);
-        cp_async_commit();
-        cp_async_wait<1>();
+        mma_commit();
+        mma_wait<1>();
         __syncthreads();
 
         const bf16 *Kb = sK + buf * BC * LD, *Vb = sV + buf * BC * LD;
@@ -162,17 +126,17 @@ attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, co
                 if constexpr (QREG) {
                     a[mt][0] = qf[kc][0]; a[mt][1] = qf[kc][1]; a[mt][2] = qf[kc][2]; a[mt][3] = qf[kc][3];
                 } else {
-                    ldsm_x4(a[mt], qbase + mt * 16 * LD + kc * 16);
+                    mma_ldsm_x4(a[mt], qbase + mt * 16 * LD + kc * 16);
                 }
             }
 #pragma unroll
             for (int np = 0; np < BC / 16; np++) {
                 uint32_t b[4];
-                ldsm_x4(b, Kb + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kc * 16 + ((lane / 8) % 2) * 8);
+                mma_ldsm_x4(b, Kb + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kc * 16 + ((lane / 8) % 2) * 8);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(s[mt][2 * np], a[mt], b[0], b[1]);
-                    mma_bf16(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+                    mma_m16n8k16(s[mt][2 * np], a[mt], b[0], b[1]);
+                    mma_m16n8k16(s[mt][2 * np + 1], a[mt], b[2], b[3]);
                 }
             }
         }
@@ -209,18 +173,18 @@ attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, co
             }
             /* a row with every key masked so far keeps max -inf: subtract 0 so exp2 gives 0, not NaN */
             const float ms0 = mx0 == -INFINITY ? 0.0f : mx0, ms1 = mx1 == -INFINITY ? 0.0f : mx1;
-            const float c0 = FX ? ex2_ftz(m[mt][0] - ms0) : exp2f(m[mt][0] - ms0);
-            const float c1 = FX ? ex2_ftz(m[mt][1] - ms1) : exp2f(m[mt][1] - ms1);
+            const float c0 = FX ? mma_ex2_ftz(m[mt][0] - ms0) : exp2f(m[mt][0] - ms0);
+            const float c1 = FX ? mma_ex2_ftz(m[mt][1] - ms1) : exp2f(m[mt][1] - ms1);
             m[mt][0] = mx0;
             m[mt][1] = mx1;
             float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++) {
                 if (FX) {   /* one FFMA + MUFU per probability; -inf (masked) stays -inf -> 0 */
-                    s[mt][nt][0] = ex2_ftz(fmaf(s[mt][nt][0], scale_log2, -ms0));
-                    s[mt][nt][1] = ex2_ftz(fmaf(s[mt][nt][1], scale_log2, -ms0));
-                    s[mt][nt][2] = ex2_ftz(fmaf(s[mt][nt][2], scale_log2, -ms1));
-                    s[mt][nt][3] = ex2_ftz(fmaf(s[mt][nt][3], scale_log2, -ms1));
+                    s[mt][nt][0] = mma_ex2_ftz(fmaf(s[mt][nt][0], scale_log2, -ms0));
+                    s[mt][nt][1] = mma_ex2_ftz(fmaf(s[mt][nt][1], scale_log2, -ms0));
+                    s[mt][nt][2] = mma_ex2_ftz(fmaf(s[mt][nt][2], scale_log2, -ms1));
+                    s[mt][nt][3] = mma_ex2_ftz(fmaf(s[mt][nt][3], scale_log2, -ms1));
                 } else {
                     s[mt][nt][0] = exp2f(s[mt][nt][0] - ms0);
                     s[mt][nt][1] = exp2f(s[mt][nt][1] - ms0);
@@ -243,19 +207,19 @@ attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, co
             uint32_t a[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                a[mt][0] = pack_bf16x2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-                a[mt][1] = pack_bf16x2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-                a[mt][2] = pack_bf16x2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-                a[mt][3] = pack_bf16x2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+                a[mt][0] = mma_pack_bf16x2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                a[mt][1] = mma_pack_bf16x2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                a[mt][2] = mma_pack_bf16x2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                a[mt][3] = mma_pack_bf16x2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
             }
 #pragma unroll
             for (int dp = 0; dp < HD / 16; dp++) {
                 uint32_t b[4];
-                ldsm_x4_t(b, Vb + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
+                mma_ldsm_x4_t(b, Vb + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(o[mt][2 * dp], a[mt], b[0], b[1]);
-                    mma_bf16(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                    mma_m16n8k16(o[mt][2 * dp], a[mt], b[0], b[1]);
+                    mma_m16n8k16(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
                 }
             }
         }

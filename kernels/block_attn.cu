@@ -38,6 +38,7 @@
  * from this same source.
  */
 #include "kernels/block_attn.h"
+#include "kernels/mma.cuh"
 
 #include <cstdlib>
 
@@ -65,55 +66,29 @@ template <int HD> struct ba_smem {
 
 /* ---------------------------------------------------------------- fragments */
 
-__device__ __forceinline__ void ba_cp16(void *smem, const void *gmem, bool ok) {
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void ba_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void ba_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ba_ldsm(uint32_t *r, const void *smem) {
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-__device__ __forceinline__ void ba_ldsm_t(uint32_t *r, const void *smem) {
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-__device__ __forceinline__ void ba_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t ba_pack(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
+__device__ __forceinline__ void ba_cp16(void *smem, const void *gmem, bool ok) { mma_cp_async16(smem, gmem, ok ? 16 : 0); }
 /* A fragment (16 rows x 16 k) of a row-major [rows][LD] tile at row0, k0. */
 __device__ __forceinline__ void ba_frag_a(uint32_t *r, const __nv_bfloat16 *t, int LD, int row0, int k0) {
     int lane = threadIdx.x & 31;
-    ba_ldsm(r, t + (row0 + (lane & 15)) * LD + k0 + (lane >> 4) * 8);
+    mma_ldsm_x4(r, t + (row0 + (lane & 15)) * LD + k0 + (lane >> 4) * 8);
 }
 /* B fragments of two n-tiles (n0..n0+15) x 16 k from a tile stored [n][LD] (rows = n): r[0..1] n-tile 0,
  * r[2..3] n-tile 1. */
 __device__ __forceinline__ void ba_frag_b_nk(uint32_t *r, const __nv_bfloat16 *t, int LD, int n0, int k0) {
     int lane = threadIdx.x & 31;
-    ba_ldsm(r, t + (n0 + (lane & 7) + (lane >> 4) * 8) * LD + k0 + ((lane >> 3) & 1) * 8);
+    mma_ldsm_x4(r, t + (n0 + (lane & 7) + (lane >> 4) * 8) * LD + k0 + ((lane >> 3) & 1) * 8);
 }
 /* B fragments of two n-tiles (n0..n0+15) x 16 k from a tile stored [k][LD] (rows = k). */
 __device__ __forceinline__ void ba_frag_b_kn(uint32_t *r, const __nv_bfloat16 *t, int LD, int k0, int n0) {
     int lane = threadIdx.x & 31;
-    ba_ldsm_t(r, t + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + (lane >> 4) * 8);
+    mma_ldsm_x4_t(r, t + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + (lane >> 4) * 8);
 }
 /* A fragment (16 x 16 k) from the C fragments c0 (k 0..7) and c1 (k 8..15) of a 16 x 8 tile pair. */
 __device__ __forceinline__ void ba_c2a(uint32_t *a, const float *c0, const float *c1) {
-    a[0] = ba_pack(c0[0], c0[1]);
-    a[1] = ba_pack(c0[2], c0[3]);
-    a[2] = ba_pack(c1[0], c1[1]);
-    a[3] = ba_pack(c1[2], c1[3]);
+    a[0] = mma_pack_bf16x2(c0[0], c0[1]);
+    a[1] = mma_pack_bf16x2(c0[2], c0[3]);
+    a[2] = mma_pack_bf16x2(c1[0], c1[1]);
+    a[3] = mma_pack_bf16x2(c1[2], c1[3]);
 }
 
 /* Query tile of (b, g): cp.async the 64 rows of src (q or dout), zero rows >= used. */
@@ -196,13 +171,13 @@ block_attn_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int a = anchors[b], d = doc_ids[a];
     ba_load_qrows<HD>(sQ, q, b, g, B, G, n_h, used);
-    ba_commit();
+    mma_commit();
     int c_lo, c_hi;
     ba_ctx_range(doc_ids, a, d, window, &c_lo, &c_hi, &sLo, &sHi);
     const int n_ctx = (c_hi - c_lo + BA_KT - 1) / BA_KT, n_tiles = n_ctx + 1;
     int kn_cur = ba_load_kv_tile<HD, SKIP>(sK, sV, sVis[0], k, v, doc_ids, 0, n_ctx, c_lo, c_hi, d, T, b, B, g, n_kv);
-    ba_commit();
-    ba_wait<1>();   /* Q has landed */
+    mma_commit();
+    mma_wait<1>();   /* Q has landed */
     __syncthreads();
     uint32_t qf[HD / 16][4];
 #pragma unroll
@@ -222,8 +197,8 @@ block_attn_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const 
         if (t + 1 < n_tiles)
             kn_next = ba_load_kv_tile<HD, SKIP>(sK + (buf ^ 1) * BA_KT * LD, sV + (buf ^ 1) * BA_KT * LD, sVis[buf ^ 1], k, v,
                                           doc_ids, t + 1, n_ctx, c_lo, c_hi, d, T, b, B, g, n_kv);
-        ba_commit();
-        ba_wait<1>();
+        mma_commit();
+        mma_wait<1>();
         __syncthreads();
         const bool block_tile = t == n_ctx;
         const int kn = kn_cur;
@@ -238,8 +213,8 @@ block_attn_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const 
                 if (!SKIP || np * 16 < kn) {
                     uint32_t bb[4];
                     ba_frag_b_nk(bb, Kb, LD, np * 16, kc * 16);
-                    ba_mma(s[2 * np], qf[kc], bb[0], bb[1]);
-                    ba_mma(s[2 * np + 1], qf[kc], bb[2], bb[3]);
+                    mma_m16n8k16(s[2 * np], qf[kc], bb[0], bb[1]);
+                    mma_m16n8k16(s[2 * np + 1], qf[kc], bb[2], bb[3]);
                 }
 #pragma unroll
         for (int nt = 0; nt < BA_KT / 8; nt++)
@@ -291,8 +266,8 @@ block_attn_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const 
                 for (int dp = 0; dp < HD / 16; dp++) {
                     uint32_t bb[4];
                     ba_frag_b_kn(bb, Vb, LD, kc * 16, dp * 16);
-                    ba_mma(o[2 * dp], aa, bb[0], bb[1]);
-                    ba_mma(o[2 * dp + 1], aa, bb[2], bb[3]);
+                    mma_m16n8k16(o[2 * dp], aa, bb[0], bb[1]);
+                    mma_m16n8k16(o[2 * dp + 1], aa, bb[2], bb[3]);
                 }
             }
         __syncthreads();   /* this buffer is refilled by the next iteration's prefetch */
@@ -338,11 +313,6 @@ block_attn_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const 
  * (>= G·B, or block b0 + 1 past N) compute on zero-filled Q and are never stored. The softmax scale is
  * folded into one FMA before ex2.approx (K1's FX path). */
 
-__device__ __forceinline__ float ba_ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 
 template <int HD> struct ba_pair_smem {
     static constexpr size_t bytes = (size_t)(2 * BA_ROWS + 4 * BA_KT) * (HD + 8) * sizeof(__nv_bfloat16);
@@ -373,7 +343,7 @@ block_attn_forward_pair_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, c
         size_t row = ok ? ((size_t)((b0 + h) * B + r % B) * n_h + g * G + r / B) : 0;
         ba_cp16(sQ + rr * LD + c * 8, q + row * HD + c * 8, ok);
     }
-    ba_commit();
+    mma_commit();
     int lo0, hi0, lo1, hi1;
     ba_ctx_range(doc_ids, a0, d0, window, &lo0, &hi0, &sLo[0], &sHi[0]);
     ba_ctx_range(doc_ids, a1, d1, window, &lo1, &hi1, &sLo[1], &sHi[1]);
@@ -428,7 +398,7 @@ block_attn_forward_pair_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, c
         }
     };
     load_tile(0, 0);
-    ba_commit();
+    mma_commit();
     set_vis(0, 0);
 
     float o[MT][HD / 8][4], m[MT][2], l[MT][2];
@@ -444,8 +414,8 @@ block_attn_forward_pair_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, c
     int buf = 0;
     for (int t = 0; t < n_tiles; t++) {
         if (t + 1 < n_tiles) load_tile(t + 1, buf ^ 1);
-        ba_commit();
-        ba_wait<1>();   /* Q (first group) and tile t have landed */
+        mma_commit();
+        mma_wait<1>();   /* Q (first group) and tile t have landed */
         __syncthreads();
         const __nv_bfloat16 *Kb = sK + buf * BA_KT * LD, *Vb = sV + buf * BA_KT * LD;
         float s[MT][BA_KT / 8][4];
@@ -464,8 +434,8 @@ block_attn_forward_pair_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, c
                 ba_frag_b_nk(bb, Kb, LD, np * 16, kc * 16);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    ba_mma(s[mt][2 * np], a[mt], bb[0], bb[1]);
-                    ba_mma(s[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+                    mma_m16n8k16(s[mt][2 * np], a[mt], bb[0], bb[1]);
+                    mma_m16n8k16(s[mt][2 * np + 1], a[mt], bb[2], bb[3]);
                 }
             }
         }
@@ -506,16 +476,16 @@ block_attn_forward_pair_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, c
             mx1 = fmaxf(mx1, rx1 * scale_log2);
             /* a row with nothing visible yet keeps m = -inf; subtract 0 then so ex2 gives 0, not NaN */
             const float ms0 = mx0 == -INFINITY ? 0.f : mx0, ms1 = mx1 == -INFINITY ? 0.f : mx1;
-            const float c0 = ba_ex2(m[mt][0] - ms0), c1 = ba_ex2(m[mt][1] - ms1);
+            const float c0 = mma_ex2_ftz(m[mt][0] - ms0), c1 = mma_ex2_ftz(m[mt][1] - ms1);
             m[mt][0] = mx0;
             m[mt][1] = mx1;
             float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
             for (int nt = 0; nt < BA_KT / 8; nt++) {
-                s[mt][nt][0] = ba_ex2(fmaf(s[mt][nt][0], scale_log2, -ms0));
-                s[mt][nt][1] = ba_ex2(fmaf(s[mt][nt][1], scale_log2, -ms0));
-                s[mt][nt][2] = ba_ex2(fmaf(s[mt][nt][2], scale_log2, -ms1));
-                s[mt][nt][3] = ba_ex2(fmaf(s[mt][nt][3], scale_log2, -ms1));
+                s[mt][nt][0] = mma_ex2_ftz(fmaf(s[mt][nt][0], scale_log2, -ms0));
+                s[mt][nt][1] = mma_ex2_ftz(fmaf(s[mt][nt][1], scale_log2, -ms0));
+                s[mt][nt][2] = mma_ex2_ftz(fmaf(s[mt][nt][2], scale_log2, -ms1));
+                s[mt][nt][3] = mma_ex2_ftz(fmaf(s[mt][nt][3], scale_log2, -ms1));
                 sum0 += s[mt][nt][0] + s[mt][nt][1];
                 sum1 += s[mt][nt][2] + s[mt][nt][3];
             }
@@ -538,8 +508,8 @@ block_attn_forward_pair_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, c
                 ba_frag_b_kn(bb, Vb, LD, kc * 16, dp * 16);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    ba_mma(o[mt][2 * dp], aa[mt], bb[0], bb[1]);
-                    ba_mma(o[mt][2 * dp + 1], aa[mt], bb[2], bb[3]);
+                    mma_m16n8k16(o[mt][2 * dp], aa[mt], bb[0], bb[1]);
+                    mma_m16n8k16(o[mt][2 * dp + 1], aa[mt], bb[2], bb[3]);
                 }
             }
         }
@@ -547,7 +517,7 @@ block_attn_forward_pair_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, c
         __syncthreads();   /* this buffer is refilled by the next iteration's prefetch */
         buf ^= 1;
     }
-    ba_wait<0>();   /* nothing in flight at exit */
+    mma_wait<0>();   /* nothing in flight at exit */
     const int col = (lane & 3) * 2;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
@@ -627,10 +597,10 @@ __device__ __forceinline__ void ba_kv_visit(const __nv_bfloat16 *sK, const __nv_
                 uint32_t bq[4], bo[4];
                 ba_frag_b_nk(bq, sQ, LD, hq * BA_VQ + np * 16, kc * 16);
                 ba_frag_b_nk(bo, sdO, LD, hq * BA_VQ + np * 16, kc * 16);
-                ba_mma(s[2 * np], ka, bq[0], bq[1]);
-                ba_mma(s[2 * np + 1], ka, bq[2], bq[3]);
-                ba_mma(dp[2 * np], va, bo[0], bo[1]);
-                ba_mma(dp[2 * np + 1], va, bo[2], bo[3]);
+                mma_m16n8k16(s[2 * np], ka, bq[0], bq[1]);
+                mma_m16n8k16(s[2 * np + 1], ka, bq[2], bq[3]);
+                mma_m16n8k16(dp[2 * np], va, bo[0], bo[1]);
+                mma_m16n8k16(dp[2 * np + 1], va, bo[2], bo[3]);
             }
         }
 #pragma unroll
@@ -654,11 +624,11 @@ __device__ __forceinline__ void ba_kv_visit(const __nv_bfloat16 *sK, const __nv_
             for (int dd = 0; dd < HD / 16; dd++) {
                 uint32_t bb[4];
                 ba_frag_b_kn(bb, sdO, LD, hq * BA_VQ + kc * 16, dd * 16);
-                ba_mma(dv[2 * dd], pa, bb[0], bb[1]);
-                ba_mma(dv[2 * dd + 1], pa, bb[2], bb[3]);
+                mma_m16n8k16(dv[2 * dd], pa, bb[0], bb[1]);
+                mma_m16n8k16(dv[2 * dd + 1], pa, bb[2], bb[3]);
                 ba_frag_b_kn(bb, sQ, LD, hq * BA_VQ + kc * 16, dd * 16);
-                ba_mma(dk[2 * dd], da, bb[0], bb[1]);
-                ba_mma(dk[2 * dd + 1], da, bb[2], bb[3]);
+                mma_m16n8k16(dk[2 * dd], da, bb[0], bb[1]);
+                mma_m16n8k16(dk[2 * dd + 1], da, bb[2], bb[3]);
             }
         }
     }
@@ -702,7 +672,7 @@ block_attn_backward_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, co
         ba_cp16(sK + r * LD + c * 8, k + off, ok);
         ba_cp16(sV + r * LD + c * 8, v + off, ok);
     }
-    ba_commit();
+    mma_commit();
     if (threadIdx.x < BA_KT) sDoc[threadIdx.x] = threadIdx.x < np_keys ? doc_ids[p0 + threadIdx.x] : -1;
 
     float dka[HD / 8][4], dva[HD / 8][4];
@@ -750,12 +720,12 @@ block_attn_backward_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, co
         __syncthreads();
         if (nvis == 0) continue;
         load_visit(sList[0], 0);
-        ba_commit();
+        mma_commit();
         int buf = 0;
         for (int i = 0; i < nvis; i++) {
             if (i + 1 < nvis) load_visit(sList[i + 1], buf ^ 1);
-            ba_commit();
-            ba_wait<1>();
+            mma_commit();
+            mma_wait<1>();
             __syncthreads();
             const int b = sList[i], a = anchors[b], d = doc_ids[a];
             const int lo = window > 0 ? max(0, a - window) : 0;
@@ -767,7 +737,7 @@ block_attn_backward_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, co
             buf ^= 1;
         }
     }
-    ba_wait<0>();   /* the K/V group when no block visited */
+    mma_wait<0>();   /* the K/V group when no block visited */
     ba_store_rows<HD>(dk, dka, (size_t)(p0 + kr0), kr0 < np_keys, (size_t)(p0 + kr1), kr1 < np_keys, n_kv, g);
     ba_store_rows<HD>(dv, dva, (size_t)(p0 + kr0), kr0 < np_keys, (size_t)(p0 + kr1), kr1 < np_keys, n_kv, g);
 }
@@ -794,7 +764,7 @@ block_attn_backward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const
     const int a = anchors[b], d = doc_ids[a];
     ba_load_qrows<HD>(sQ, q, b, g, B, G, n_h, used);
     ba_load_qrows<HD>(sdO, dout, b, g, B, G, n_h, used);
-    ba_commit();
+    mma_commit();
     {   /* lse and Di = rowsum(dO ⊙ O) of the 64 rows: two threads per row */
         int r = threadIdx.x >> 1, half = threadIdx.x & 1;
         float s = 0.f;
@@ -823,7 +793,7 @@ block_attn_backward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const
     ba_ctx_range(doc_ids, a, d, window, &c_lo, &c_hi, &sLo, &sHi);
     const int n_ctx = (c_hi - c_lo + BA_KT - 1) / BA_KT, n_tiles = n_ctx + 1;
     int kn_cur = ba_load_kv_tile<HD, SKIP>(sK, sV, sVis[0], k, v, doc_ids, 0, n_ctx, c_lo, c_hi, d, T, b, B, g, n_kv);
-    ba_commit();
+    mma_commit();
 
     float dqa[HD / 8][4];
 #pragma unroll
@@ -837,8 +807,8 @@ block_attn_backward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const
         if (t + 1 < n_tiles)
             kn_next = ba_load_kv_tile<HD, SKIP>(sK + (buf ^ 1) * BA_KT * LD, sV + (buf ^ 1) * BA_KT * LD, sVis[buf ^ 1], k, v,
                                           doc_ids, t + 1, n_ctx, c_lo, c_hi, d, T, b, B, g, n_kv);
-        ba_commit();
-        ba_wait<1>();
+        mma_commit();
+        mma_wait<1>();
         __syncthreads();
         const bool block_tile = t == n_ctx;
         const int kn = kn_cur;
@@ -858,11 +828,11 @@ block_attn_backward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const
                 if (!SKIP || np * 16 < kn) {
                     uint32_t bb[4];
                     ba_frag_b_nk(bb, Kb, LD, np * 16, kc * 16);
-                    ba_mma(s[2 * np], qa, bb[0], bb[1]);
-                    ba_mma(s[2 * np + 1], qa, bb[2], bb[3]);
+                    mma_m16n8k16(s[2 * np], qa, bb[0], bb[1]);
+                    mma_m16n8k16(s[2 * np + 1], qa, bb[2], bb[3]);
                     ba_frag_b_nk(bb, Vb, LD, np * 16, kc * 16);
-                    ba_mma(dp[2 * np], oa, bb[0], bb[1]);
-                    ba_mma(dp[2 * np + 1], oa, bb[2], bb[3]);
+                    mma_m16n8k16(dp[2 * np], oa, bb[0], bb[1]);
+                    mma_m16n8k16(dp[2 * np + 1], oa, bb[2], bb[3]);
                 }
         }
         const float l20 = sLse2[r0], l21 = sLse2[r1], di0 = sDi[r0], di1 = sDi[r1];
@@ -885,8 +855,8 @@ block_attn_backward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const
                 for (int dd = 0; dd < HD / 16; dd++) {
                     uint32_t bb[4];
                     ba_frag_b_kn(bb, Kb, LD, kc * 16, dd * 16);
-                    ba_mma(dqa[2 * dd], aa, bb[0], bb[1]);
-                    ba_mma(dqa[2 * dd + 1], aa, bb[2], bb[3]);
+                    mma_m16n8k16(dqa[2 * dd], aa, bb[0], bb[1]);
+                    mma_m16n8k16(dqa[2 * dd + 1], aa, bb[2], bb[3]);
                 }
             }
         if (t + 1 < n_tiles) __syncthreads();   /* the last (block) tile stays for the dK/dV pass */

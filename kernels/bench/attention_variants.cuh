@@ -57,22 +57,22 @@ attention_forward_kernel2(bf16 *out, float *lse, const bf16 *q, const bf16 *k, c
     for (int i = tid; i < BR * CH; i += NT) {
         int r = i / CH, c = i % CH, qi = qt * BR + r;
         const bf16 *src = q + ((size_t)(s0 + min(qi, len - 1)) * NH + h) * HD + c * 8;
-        cp_async16(sQ + r * LD + c * 8, src, qi < len ? 16 : 0);
+        mma_cp_async16(sQ + r * LD + c * 8, src, qi < len ? 16 : 0);
     }
     /* rows past the document are zero-filled (from a valid address) */
     auto load_tile = [&](bf16 *dst, const bf16 *src, int j) {
         for (int i = tid; i < BC * CH; i += NT) {
             int r = i / CH, c = i % CH, kj = j * BC + r;
             size_t off = ((size_t)(s0 + min(kj, len - 1)) * NKV + kh) * HD + c * 8;
-            cp_async16(dst + r * LD + c * 8, src + off, kj < len ? 16 : 0);
+            mma_cp_async16(dst + r * LD + c * 8, src + off, kj < len ? 16 : 0);
         }
     };
     const int last_row = min(qt * BR + BR - 1, len - 1);
     const int jlast = last_row / BC;
     load_tile(sK, k, jlast);
-    cp_async_commit();   /* group: Q + K(jlast) */
+    mma_commit();   /* group: Q + K(jlast) */
     load_tile(sV, v, jlast);
-    cp_async_commit();   /* group: V(jlast) */
+    mma_commit();   /* group: V(jlast) */
 
     /* first local row of this thread in each m-tile (and +8); the Q fragment base per m-tile */
     int rbase[MT];
@@ -98,11 +98,11 @@ attention_forward_kernel2(bf16 *out, float *lse, const bf16 *q, const bf16 *k, c
     int buf = 0;
     for (int j = jlast; j >= 0; j--) {
         if (j > 0) load_tile(sK + (buf ^ 1) * BC * LD, k, j - 1);
-        cp_async_commit();
+        mma_commit();
         if (j > 0) load_tile(sV + (buf ^ 1) * BC * LD, v, j - 1);
-        cp_async_commit();
+        mma_commit();
         /* pending: [K(j) (+Q)], [V(j)], [K(j-1)], [V(j-1)]; on the first tile only K(j) is awaited */
-        if (j == jlast) cp_async_wait<3>(); else cp_async_wait<2>();
+        if (j == jlast) mma_wait<3>(); else mma_wait<2>();
         __syncthreads();
 
         const bf16 *Kb = sK + buf * BC * LD, *Vb = sV + buf * BC * LD;
@@ -130,17 +130,17 @@ attention_forward_kernel2(bf16 *out, float *lse, const bf16 *q, const bf16 *k, c
             uint32_t a[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
-                if (!masked || nc[mt] > 0) ldsm_x4(a[mt], qb[mt] + kc * 16);
+                if (!masked || nc[mt] > 0) mma_ldsm_x4(a[mt], qb[mt] + kc * 16);
 #pragma unroll
             for (int np = 0; np < NC; np++) {
                 if (masked && np >= ncmax) continue;
                 uint32_t b[4];
-                ldsm_x4(b, Kb + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kc * 16 + ((lane / 8) % 2) * 8);
+                mma_ldsm_x4(b, Kb + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kc * 16 + ((lane / 8) % 2) * 8);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     if (!masked || np < nc[mt]) {
-                        mma_bf16(s[mt][2 * np], a[mt], b[0], b[1]);
-                        mma_bf16(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+                        mma_m16n8k16(s[mt][2 * np], a[mt], b[0], b[1]);
+                        mma_m16n8k16(s[mt][2 * np + 1], a[mt], b[2], b[3]);
                     }
                 }
             }
@@ -182,17 +182,17 @@ attention_forward_kernel2(bf16 *out, float *lse, const bf16 *q, const bf16 *k, c
             }
             /* a row with every key masked so far keeps max -inf: subtract 0 so ex2 gives 0, not NaN */
             const float ms0 = mx0 == -INFINITY ? 0.0f : mx0, ms1 = mx1 == -INFINITY ? 0.0f : mx1;
-            const float c0 = ex2_ftz(m[mt][0] - ms0), c1 = ex2_ftz(m[mt][1] - ms1);
+            const float c0 = mma_ex2_ftz(m[mt][0] - ms0), c1 = mma_ex2_ftz(m[mt][1] - ms1);
             m[mt][0] = mx0;
             m[mt][1] = mx1;
             float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < BC / 8; nt++) {
                 if (masked && nt / 2 >= nc[mt]) continue;
-                s[mt][nt][0] = ex2_ftz(fmaf(s[mt][nt][0], scale_log2, -ms0));
-                s[mt][nt][1] = ex2_ftz(fmaf(s[mt][nt][1], scale_log2, -ms0));
-                s[mt][nt][2] = ex2_ftz(fmaf(s[mt][nt][2], scale_log2, -ms1));
-                s[mt][nt][3] = ex2_ftz(fmaf(s[mt][nt][3], scale_log2, -ms1));
+                s[mt][nt][0] = mma_ex2_ftz(fmaf(s[mt][nt][0], scale_log2, -ms0));
+                s[mt][nt][1] = mma_ex2_ftz(fmaf(s[mt][nt][1], scale_log2, -ms0));
+                s[mt][nt][2] = mma_ex2_ftz(fmaf(s[mt][nt][2], scale_log2, -ms1));
+                s[mt][nt][3] = mma_ex2_ftz(fmaf(s[mt][nt][3], scale_log2, -ms1));
                 sum0 += s[mt][nt][0] + s[mt][nt][1];
                 sum1 += s[mt][nt][2] + s[mt][nt][3];
             }
@@ -205,7 +205,7 @@ attention_forward_kernel2(bf16 *out, float *lse, const bf16 *q, const bf16 *k, c
             }
         }
         if (masked && j == jlast) {   /* V(jlast): the first tile is always masked */
-            cp_async_wait<2>();
+            mma_wait<2>();
             __syncthreads();
         }
 #pragma unroll
@@ -214,20 +214,20 @@ attention_forward_kernel2(bf16 *out, float *lse, const bf16 *q, const bf16 *k, c
             uint32_t a[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                a[mt][0] = pack_bf16x2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-                a[mt][1] = pack_bf16x2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-                a[mt][2] = pack_bf16x2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-                a[mt][3] = pack_bf16x2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+                a[mt][0] = mma_pack_bf16x2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                a[mt][1] = mma_pack_bf16x2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                a[mt][2] = mma_pack_bf16x2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                a[mt][3] = mma_pack_bf16x2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
             }
 #pragma unroll
             for (int dp = 0; dp < HD / 16; dp++) {
                 uint32_t b[4];
-                ldsm_x4_t(b, Vb + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
+                mma_ldsm_x4_t(b, Vb + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     if (!masked || kc < nc[mt]) {
-                        mma_bf16(o[mt][2 * dp], a[mt], b[0], b[1]);
-                        mma_bf16(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                        mma_m16n8k16(o[mt][2 * dp], a[mt], b[0], b[1]);
+                        mma_m16n8k16(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
                     }
                 }
             }
@@ -309,15 +309,15 @@ static __device__ __forceinline__ void k3_scores(float (&s)[MT][BC / 8][4], cons
     for (int kc = 0; kc < HD / 16; kc++) {
         uint32_t a[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) ldsm_x4(a[mt], qbase + mt * 16 * LD + kc * 16);
+        for (int mt = 0; mt < MT; mt++) mma_ldsm_x4(a[mt], qbase + mt * 16 * LD + kc * 16);
 #pragma unroll
         for (int np = 0; np < BC / 16; np++) {
             uint32_t b[4];
-            ldsm_x4(b, Kb + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kc * 16 + ((lane / 8) % 2) * 8);
+            mma_ldsm_x4(b, Kb + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kc * 16 + ((lane / 8) % 2) * 8);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                mma_bf16(s[mt][2 * np], a[mt], b[0], b[1]);
-                mma_bf16(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+                mma_m16n8k16(s[mt][2 * np], a[mt], b[0], b[1]);
+                mma_m16n8k16(s[mt][2 * np + 1], a[mt], b[2], b[3]);
             }
         }
     }
@@ -356,16 +356,16 @@ static __device__ __forceinline__ void k3_softmax_pv(float (&s)[MT][BC / 8][4], 
         mx1 = fmaxf(m[mt][1], mx1 * scale_log2);
         /* a row with every key masked so far keeps max -inf: subtract 0 so ex2 gives 0, not NaN */
         const float ms0 = mx0 == -INFINITY ? 0.0f : mx0, ms1 = mx1 == -INFINITY ? 0.0f : mx1;
-        const float c0 = ex2_ftz(m[mt][0] - ms0), c1 = ex2_ftz(m[mt][1] - ms1);
+        const float c0 = mma_ex2_ftz(m[mt][0] - ms0), c1 = mma_ex2_ftz(m[mt][1] - ms1);
         m[mt][0] = mx0;
         m[mt][1] = mx1;
         float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < BC / 8; nt++) {   /* one FFMA + MUFU per probability; -inf stays -inf -> 0 */
-            s[mt][nt][0] = ex2_ftz(fmaf(s[mt][nt][0], scale_log2, -ms0));
-            s[mt][nt][1] = ex2_ftz(fmaf(s[mt][nt][1], scale_log2, -ms0));
-            s[mt][nt][2] = ex2_ftz(fmaf(s[mt][nt][2], scale_log2, -ms1));
-            s[mt][nt][3] = ex2_ftz(fmaf(s[mt][nt][3], scale_log2, -ms1));
+            s[mt][nt][0] = mma_ex2_ftz(fmaf(s[mt][nt][0], scale_log2, -ms0));
+            s[mt][nt][1] = mma_ex2_ftz(fmaf(s[mt][nt][1], scale_log2, -ms0));
+            s[mt][nt][2] = mma_ex2_ftz(fmaf(s[mt][nt][2], scale_log2, -ms1));
+            s[mt][nt][3] = mma_ex2_ftz(fmaf(s[mt][nt][3], scale_log2, -ms1));
             sum0 += s[mt][nt][0] + s[mt][nt][1];
             sum1 += s[mt][nt][2] + s[mt][nt][3];
         }
@@ -382,19 +382,19 @@ static __device__ __forceinline__ void k3_softmax_pv(float (&s)[MT][BC / 8][4], 
         uint32_t a[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            a[mt][0] = pack_bf16x2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-            a[mt][1] = pack_bf16x2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-            a[mt][2] = pack_bf16x2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-            a[mt][3] = pack_bf16x2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+            a[mt][0] = mma_pack_bf16x2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+            a[mt][1] = mma_pack_bf16x2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+            a[mt][2] = mma_pack_bf16x2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+            a[mt][3] = mma_pack_bf16x2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
         }
 #pragma unroll
         for (int dp = 0; dp < HD / 16; dp++) {
             uint32_t b[4];
-            ldsm_x4_t(b, Vb + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
+            mma_ldsm_x4_t(b, Vb + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                mma_bf16(o[mt][2 * dp], a[mt], b[0], b[1]);
-                mma_bf16(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                mma_m16n8k16(o[mt][2 * dp], a[mt], b[0], b[1]);
+                mma_m16n8k16(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
             }
         }
     }
@@ -452,7 +452,7 @@ static __device__ __forceinline__ void k3_softmax_pv_lazy(float (&s)[MT][BC / 8]
         if (rescale) {
             /* a row with every key masked so far keeps max -inf: subtract 0 so ex2 gives 0, not NaN */
             const float ms0 = mx[mt][0] == -INFINITY ? 0.0f : mx[mt][0], ms1 = mx[mt][1] == -INFINITY ? 0.0f : mx[mt][1];
-            const float c0 = ex2_ftz(m[mt][0] - ms0), c1 = ex2_ftz(m[mt][1] - ms1);
+            const float c0 = mma_ex2_ftz(m[mt][0] - ms0), c1 = mma_ex2_ftz(m[mt][1] - ms1);
             m[mt][0] = mx[mt][0];
             m[mt][1] = mx[mt][1];
             l[mt][0] *= c0;
@@ -467,10 +467,10 @@ static __device__ __forceinline__ void k3_softmax_pv_lazy(float (&s)[MT][BC / 8]
         float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < BC / 8; nt++) {   /* one FFMA + MUFU per probability; -inf stays -inf -> 0 */
-            s[mt][nt][0] = ex2_ftz(fmaf(s[mt][nt][0], scale_log2, -ms0));
-            s[mt][nt][1] = ex2_ftz(fmaf(s[mt][nt][1], scale_log2, -ms0));
-            s[mt][nt][2] = ex2_ftz(fmaf(s[mt][nt][2], scale_log2, -ms1));
-            s[mt][nt][3] = ex2_ftz(fmaf(s[mt][nt][3], scale_log2, -ms1));
+            s[mt][nt][0] = mma_ex2_ftz(fmaf(s[mt][nt][0], scale_log2, -ms0));
+            s[mt][nt][1] = mma_ex2_ftz(fmaf(s[mt][nt][1], scale_log2, -ms0));
+            s[mt][nt][2] = mma_ex2_ftz(fmaf(s[mt][nt][2], scale_log2, -ms1));
+            s[mt][nt][3] = mma_ex2_ftz(fmaf(s[mt][nt][3], scale_log2, -ms1));
             sum0 += s[mt][nt][0] + s[mt][nt][1];
             sum1 += s[mt][nt][2] + s[mt][nt][3];
         }
@@ -482,19 +482,19 @@ static __device__ __forceinline__ void k3_softmax_pv_lazy(float (&s)[MT][BC / 8]
         uint32_t a[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            a[mt][0] = pack_bf16x2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-            a[mt][1] = pack_bf16x2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-            a[mt][2] = pack_bf16x2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-            a[mt][3] = pack_bf16x2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+            a[mt][0] = mma_pack_bf16x2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+            a[mt][1] = mma_pack_bf16x2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+            a[mt][2] = mma_pack_bf16x2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+            a[mt][3] = mma_pack_bf16x2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
         }
 #pragma unroll
         for (int dp = 0; dp < HD / 16; dp++) {
             uint32_t b[4];
-            ldsm_x4_t(b, Vb + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
+            mma_ldsm_x4_t(b, Vb + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                mma_bf16(o[mt][2 * dp], a[mt], b[0], b[1]);
-                mma_bf16(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                mma_m16n8k16(o[mt][2 * dp], a[mt], b[0], b[1]);
+                mma_m16n8k16(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
             }
         }
     }
@@ -602,7 +602,7 @@ attention_forward_kernel3(bf16 *out, float *lse, const bf16 *q, const bf16 *k, c
         for (int i = tid; i < BR * CH; i += NT) {
             int r = i / CH, c = i % CH, qi = qt_ * BR + r;
             const bf16 *src = q + ((size_t)(s0_ + min(qi, len_ - 1)) * NH + h_) * HD + c * 8;
-            cp_async16(dst + r * LD + c * 8, src, qi < len_ ? 16 : 0);
+            mma_cp_async16(dst + r * LD + c * 8, src, qi < len_ ? 16 : 0);
         }
     };
     auto load_kv = [&](bf16 *dst, int s0_, int len_, int kh_, int j) {   /* K rows 0..BC-1, V rows BC..2BC-1 */
@@ -610,8 +610,8 @@ attention_forward_kernel3(bf16 *out, float *lse, const bf16 *q, const bf16 *k, c
             int r = i / CH, c = i % CH, kj = j * BC + r;
             size_t off = ((size_t)(s0_ + min(kj, len_ - 1)) * NKV + kh_) * HD + c * 8;
             int sz = kj < len_ ? 16 : 0;
-            cp_async16(dst + r * LD + c * 8, k + off, sz);
-            cp_async16(dst + (BC + r) * LD + c * 8, v + off, sz);
+            mma_cp_async16(dst + r * LD + c * 8, k + off, sz);
+            mma_cp_async16(dst + (BC + r) * LD + c * 8, v + off, sz);
         }
     };
     /* the last key tile a query tile sees: the one holding its last row (or the document's end) */
@@ -620,7 +620,7 @@ attention_forward_kernel3(bf16 *out, float *lse, const bf16 *q, const bf16 *k, c
     int rq = 0, rc = 1, ro = 2;   /* regions: Q, the current K/V tile, the free one */
     load_q(sm + rq * RG * LD, s0, len, h, qt);
     load_kv(sm + rc * RG * LD, s0, len, h / G, jlast_of(qt, len));
-    cp_async_commit();
+    mma_commit();
 
     while (true) {
         const int kh = h / G, jlast = jlast_of(qt, len);
@@ -655,8 +655,8 @@ attention_forward_kernel3(bf16 *out, float *lse, const bf16 *q, const bf16 *k, c
         for (int j = jlast; j >= 0; j--) {
             if (j > 0) load_kv(sm + ro * RG * LD, s0, len, kh, j - 1);
             else if (has_next) load_q(sm + ro * RG * LD, ns0, nlen, nh, nqt);
-            cp_async_commit();
-            cp_async_wait<1>();   /* everything but the group just committed: Q and K/V(j) */
+            mma_commit();
+            mma_wait<1>();   /* everything but the group just committed: Q and K/V(j) */
             __syncthreads();
             const bf16 *Kb = sm + rc * RG * LD, *Vb = Kb + BC * LD;
             /* some key of the tile is <= some real row of the warp (without SKIP: always, as variant 6) */
@@ -668,7 +668,7 @@ attention_forward_kernel3(bf16 *out, float *lse, const bf16 *q, const bf16 *k, c
                 if (j == 0 && has_next) {
                     __syncthreads();   /* every warp has read this item's Q for the last time */
                     load_kv(sm + rq * RG * LD, ns0, nlen, nh / G, jlast_of(nqt, nlen));
-                    cp_async_commit();
+                    mma_commit();
                 }
                 if (active) {
                     if constexpr (LAZY) k3_softmax_pv_lazy<HD, MT, BC>(s, o, m, l, Vb, lane, masked, j * BC, row0, scale_log2);

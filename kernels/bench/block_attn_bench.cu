@@ -46,6 +46,7 @@
 #include "kernels/anchors.h"
 #include "kernels/block_attn.h"
 #include "kernels/common.h"
+#include "kernels/mma.cuh"
 
 #include <cuda_bf16.h>
 #include <mma.h>
@@ -547,33 +548,6 @@ int backward1(const block_attn_config *c, const bf16 *d_q, const bf16 *d_k, cons
  * with mma.sync m16n8k16, online softmax in base 2 in registers. The context range is narrowed first
  * to [first, last] key of the anchor's document inside [a-W, a) (a block-wide min/max), then walked in
  * 64-key tiles with a per-key document test; the block's own keys come last as one tile. */
-static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
-}
-static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const void *smem) {
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-static __device__ __forceinline__ void ldsm_x4_t(uint32_t *r, const void *smem) {
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
-}
-static __device__ __forceinline__ void mma_bf16(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-static __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
 
 template <int HD>
 __global__ void __launch_bounds__(128)
@@ -604,7 +578,7 @@ block_attn_forward_kernel2(const bf16 *q, const bf16 *k, const bf16 *v, const in
     for (int i = tid; i < BR * CH; i += NT) {
         int r = i / CH, c = i % CH;
         const bf16 *src = q + ((size_t)(b * B + (r < used ? r % B : 0)) * NH + g * G + (r < used ? r / B : 0)) * HD + c * 8;
-        cp_async16(sQ + r * LD + c * 8, src, r < used ? 16 : 0);
+        mma_cp_async16(sQ + r * LD + c * 8, src, r < used ? 16 : 0);
     }
     __syncthreads();
     const int c_lo = sLo, c_hi = sHi + 1;   /* visible context keys lie in [c_lo, c_hi) */
@@ -616,8 +590,8 @@ block_attn_forward_kernel2(const bf16 *q, const bf16 *k, const bf16 *v, const in
             if (t < n_ctx) { int p = c_lo + t * BC + r; ok = p < c_hi; row = ok ? p : 0; }
             else { ok = r < B; row = ok ? (size_t)T + (size_t)b * B + r : 0; }
             size_t off = (row * NKV + g) * HD + c * 8;
-            cp_async16(sK + (buf * BC + r) * LD + c * 8, k + off, ok ? 16 : 0);
-            cp_async16(sV + (buf * BC + r) * LD + c * 8, v + off, ok ? 16 : 0);
+            mma_cp_async16(sK + (buf * BC + r) * LD + c * 8, k + off, ok ? 16 : 0);
+            mma_cp_async16(sV + (buf * BC + r) * LD + c * 8, v + off, ok ? 16 : 0);
         }
         if (tid < BC) {
             int vis;
@@ -627,12 +601,12 @@ block_attn_forward_kernel2(const bf16 *q, const bf16 *k, const bf16 *v, const in
         }
     };
     load_kv(0, 0);
-    cp_async_commit();
-    cp_async_wait<0>();
+    mma_commit();
+    mma_wait<0>();
     __syncthreads();
     uint32_t qf[HD / 16][4];
 #pragma unroll
-    for (int kc = 0; kc < HD / 16; kc++) ldsm_x4(qf[kc], sQ + (warp * 16 + (lane % 16)) * LD + kc * 16 + (lane / 16) * 8);
+    for (int kc = 0; kc < HD / 16; kc++) mma_ldsm_x4(qf[kc], sQ + (warp * 16 + (lane % 16)) * LD + kc * 16 + (lane / 16) * 8);
     float o[HD / 8][4];
 #pragma unroll
     for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
@@ -643,8 +617,8 @@ block_attn_forward_kernel2(const bf16 *q, const bf16 *k, const bf16 *v, const in
     int buf = 0;
     for (int t = 0; t < n_tiles; t++) {
         if (t + 1 < n_tiles) load_kv(t + 1, buf ^ 1);
-        cp_async_commit();
-        cp_async_wait<1>();
+        mma_commit();
+        mma_wait<1>();
         __syncthreads();
         const bool block_tile = t == n_ctx;
         const bf16 *Kb = sK + buf * BC * LD, *Vb = sV + buf * BC * LD;
@@ -656,9 +630,9 @@ block_attn_forward_kernel2(const bf16 *q, const bf16 *k, const bf16 *v, const in
 #pragma unroll
             for (int np = 0; np < BC / 16; np++) {
                 uint32_t bb[4];
-                ldsm_x4(bb, Kb + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kc * 16 + ((lane / 8) % 2) * 8);
-                mma_bf16(s[2 * np], qf[kc], bb[0], bb[1]);
-                mma_bf16(s[2 * np + 1], qf[kc], bb[2], bb[3]);
+                mma_ldsm_x4(bb, Kb + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kc * 16 + ((lane / 8) % 2) * 8);
+                mma_m16n8k16(s[2 * np], qf[kc], bb[0], bb[1]);
+                mma_m16n8k16(s[2 * np + 1], qf[kc], bb[2], bb[3]);
             }
         }
 #pragma unroll
@@ -704,15 +678,15 @@ block_attn_forward_kernel2(const bf16 *q, const bf16 *k, const bf16 *v, const in
         }
 #pragma unroll
         for (int kc = 0; kc < BC / 16; kc++) {
-            uint32_t aa[4] = {pack_bf16x2(s[2 * kc][0], s[2 * kc][1]), pack_bf16x2(s[2 * kc][2], s[2 * kc][3]),
-                              pack_bf16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                              pack_bf16x2(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+            uint32_t aa[4] = {mma_pack_bf16x2(s[2 * kc][0], s[2 * kc][1]), mma_pack_bf16x2(s[2 * kc][2], s[2 * kc][3]),
+                              mma_pack_bf16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                              mma_pack_bf16x2(s[2 * kc + 1][2], s[2 * kc + 1][3])};
 #pragma unroll
             for (int dp = 0; dp < HD / 16; dp++) {
                 uint32_t bb[4];
-                ldsm_x4_t(bb, Vb + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
-                mma_bf16(o[2 * dp], aa, bb[0], bb[1]);
-                mma_bf16(o[2 * dp + 1], aa, bb[2], bb[3]);
+                mma_ldsm_x4_t(bb, Vb + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
+                mma_m16n8k16(o[2 * dp], aa, bb[0], bb[1]);
+                mma_m16n8k16(o[2 * dp + 1], aa, bb[2], bb[3]);
             }
         }
         __syncthreads();
