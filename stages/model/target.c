@@ -9,6 +9,7 @@
  * buffers has completed (the stream is synchronised), so publishing a ring slot is safe.
  */
 #include "model/target.h"
+#include "core/err.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 
@@ -70,15 +71,6 @@ struct target {
 #endif
 };
 
-static int fail(char *err, int err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int err_len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, (size_t)err_len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 /* ---------------------------------------------------------------- shapes */
 
 static int n_qkv(const struct model_config *c) {
@@ -94,22 +86,22 @@ void target_options_defaults(struct target_options *opt) {
 
 static int check_shape_config(const struct model_config *c, int dev, char *err, int err_len) {
     if (c->arch != HF_ARCH_QWEN3 && c->arch != HF_ARCH_LLAMA)
-        return fail(err, err_len, "target: unsupported architecture '%s'", c->architecture);
+        return err_fail(err, err_len, "target: unsupported architecture '%s'", c->architecture);
     if (c->vocab_size < 1 || c->hidden_size < 1 || c->intermediate_size < 1 || c->num_hidden_layers < 1 ||
         c->num_attention_heads < 1 || c->num_key_value_heads < 1 || c->head_dim < 2 || c->head_dim % 2)
-        return fail(err, err_len, "target: config sizes must be positive and head_dim even (hidden %d, "
+        return err_fail(err, err_len, "target: config sizes must be positive and head_dim even (hidden %d, "
                     "intermediate %d, layers %d, heads %d, kv heads %d, head_dim %d)", c->hidden_size,
                     c->intermediate_size, c->num_hidden_layers, c->num_attention_heads,
                     c->num_key_value_heads, c->head_dim);
     if (c->num_attention_heads % c->num_key_value_heads)
-        return fail(err, err_len, "target: num_attention_heads %d is not a multiple of num_key_value_heads %d",
+        return err_fail(err, err_len, "target: num_attention_heads %d is not a multiple of num_key_value_heads %d",
                     c->num_attention_heads, c->num_key_value_heads);
     if (dev >= 0) {
         if (c->head_dim != 64 && c->head_dim != 128)
-            return fail(err, err_len, "target: the GPU attention supports head_dim 64 or 128, the config has %d",
+            return err_fail(err, err_len, "target: the GPU attention supports head_dim 64 or 128, the config has %d",
                         c->head_dim);
         if (c->hidden_size % 8 || c->intermediate_size % 8)
-            return fail(err, err_len, "target: the GPU path needs hidden_size and intermediate_size multiples "
+            return err_fail(err, err_len, "target: the GPU path needs hidden_size and intermediate_size multiples "
                         "of 8 (got %d, %d)", c->hidden_size, c->intermediate_size);
     }
     return 0;
@@ -118,19 +110,19 @@ static int check_shape_config(const struct model_config *c, int dev, char *err, 
 static int set_capture(struct target *t, const struct target_options *opt, char *err, int err_len) {
     int n = t->cfg.num_hidden_layers;
     if (opt->n_capture < 0 || opt->n_capture > TARGET_MAX_CAPTURE)
-        return fail(err, err_len, "target: %d captured layers requested, at most %d", opt->n_capture,
+        return err_fail(err, err_len, "target: %d captured layers requested, at most %d", opt->n_capture,
                     TARGET_MAX_CAPTURE);
     if (opt->n_capture == 0) {
         t->n_capture = TARGET_DEFAULT_DRAFT_LAYERS;
         if (hf_zlab_layer_ids(n, t->n_capture, t->capture))
-            return fail(err, err_len, "target: the z-lab default layer ids for %d draft layers do not fit a "
+            return err_fail(err, err_len, "target: the z-lab default layer ids for %d draft layers do not fit a "
                         "%d-layer target; pass the layer ids explicitly", t->n_capture, n);
         return 0;
     }
     t->n_capture = opt->n_capture;
     for (int i = 0; i < opt->n_capture; i++) {
         if (opt->capture[i] < 0 || opt->capture[i] >= n)
-            return fail(err, err_len, "target: captured layer id %d is outside [0, %d) (z-lab ids: output of "
+            return err_fail(err, err_len, "target: captured layer id %d is outside [0, %d) (z-lab ids: output of "
                         "decoder layer i)", opt->capture[i], n);
         t->capture[i] = opt->capture[i];
     }
@@ -173,7 +165,7 @@ static int alloc_all(struct target *t, char *err, int err_len) {
     int L = c->num_hidden_layers;
 
     t->layers = calloc((size_t)L, sizeof *t->layers);
-    if (!t->layers) return fail(err, err_len, "target: out of host memory for %d layers", L);
+    if (!t->layers) return err_fail(err, err_len, "target: out of host memory for %d layers", L);
     t->embed = mem_alloc(t, (size_t)c->vocab_size * C * es, wb);
     int ok = t->embed != NULL;
     for (int l = 0; ok && l < L; l++) {
@@ -185,7 +177,7 @@ static int alloc_all(struct target *t, char *err, int err_len) {
             ok = (ly->q_norm = mem_alloc(t, HD * 4, wb)) && (ly->k_norm = mem_alloc(t, HD * 4, wb));
     }
     if (!ok)
-        return fail(err, err_len, "target: cannot allocate %s memory for the weights (%.2f GB allocated so far)",
+        return err_fail(err, err_len, "target: cannot allocate %s memory for the weights (%.2f GB allocated so far)",
                     t->dev >= 0 ? "GPU" : "host", (double)t->weight_bytes / 1e9);
     ok = (t->x = mem_alloc(t, Tm * C * es, kb)) && (t->h = mem_alloc(t, Tm * C * es, kb)) &&
          (t->qkv = mem_alloc(t, Tm * QKV * es, kb)) && (t->q = mem_alloc(t, Tm * NH * HD * es, kb)) &&
@@ -196,11 +188,11 @@ static int alloc_all(struct target *t, char *err, int err_len) {
         ok = (t->ids = mem_alloc(t, Tm * 4, kb)) && (t->pos = mem_alloc(t, Tm * 4, kb)) &&
              (t->cu = mem_alloc(t, (Tm + 1) * 4, kb));
     if (!ok)
-        return fail(err, err_len, "target: cannot allocate %s working memory for %d tokens (%.2f GB of weights "
+        return err_fail(err, err_len, "target: cannot allocate %s working memory for %d tokens (%.2f GB of weights "
                     "already held); lower --tokens", t->dev >= 0 ? "GPU" : "host", t->max_tokens,
                     (double)t->weight_bytes / 1e9);
     t->inv_freq_h = malloc(HD / 2 * sizeof(float));
-    if (!t->inv_freq_h) return fail(err, err_len, "target: out of host memory");
+    if (!t->inv_freq_h) return err_fail(err, err_len, "target: out of host memory");
     return 0;
 }
 
@@ -232,15 +224,15 @@ void target_free(struct target *t) {
 static struct target *target_new(const struct model_config *cfg, const struct target_options *opt,
                                  char *err, int err_len) {
     if (check_shape_config(cfg, opt->cuda_device, err, err_len)) return NULL;
-    if (opt->max_tokens < 1) { fail(err, err_len, "target: max_tokens must be >= 1, got %d", opt->max_tokens); return NULL; }
+    if (opt->max_tokens < 1) { err_fail(err, err_len, "target: max_tokens must be >= 1, got %d", opt->max_tokens); return NULL; }
 #ifndef DFLASH_CUDA
     if (opt->cuda_device >= 0) {
-        fail(err, err_len, "target: CUDA device %d requested but this build has no CUDA", opt->cuda_device);
+        err_fail(err, err_len, "target: CUDA device %d requested but this build has no CUDA", opt->cuda_device);
         return NULL;
     }
 #endif
     struct target *t = calloc(1, sizeof *t);
-    if (!t) { fail(err, err_len, "target: out of host memory"); return NULL; }
+    if (!t) { err_fail(err, err_len, "target: out of host memory"); return NULL; }
     t->cfg = *cfg;
     t->dev = opt->cuda_device;
     t->max_tokens = opt->max_tokens;
@@ -251,24 +243,24 @@ static struct target *target_new(const struct model_config *cfg, const struct ta
         cudaError_t e = cudaSetDevice(t->dev);
         if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking);
         if (e != cudaSuccess) {
-            fail(err, err_len, "target: cannot use CUDA device %d: %s", t->dev, cudaGetErrorString(e));
+            err_fail(err, err_len, "target: cannot use CUDA device %d: %s", t->dev, cudaGetErrorString(e));
             free(t);
             return NULL;
         }
-        if (blas_init(0)) { fail(err, err_len, "target: %s", kernels_error()); target_free(t); return NULL; }
+        if (blas_init(0)) { err_fail(err, err_len, "target: %s", kernels_error()); target_free(t); return NULL; }
     }
 #endif
     if (alloc_all(t, err, err_len)) { target_free(t); return NULL; }
     int hd2 = cfg->head_dim / 2;
     double *inv = malloc((size_t)hd2 * sizeof *inv);
-    if (!inv) { fail(err, err_len, "target: out of host memory"); target_free(t); return NULL; }
+    if (!inv) { err_fail(err, err_len, "target: out of host memory"); target_free(t); return NULL; }
     hf_rope_inv_freq(cfg, inv);
     for (int i = 0; i < hd2; i++) t->inv_freq_h[i] = (float)inv[i];
     free(inv);
 #ifdef DFLASH_CUDA
     if (t->dev >= 0) {
         cudaError_t e = cudaMemcpy(t->inv_freq, t->inv_freq_h, (size_t)hd2 * 4, cudaMemcpyHostToDevice);
-        if (e != cudaSuccess) { fail(err, err_len, "target: cudaMemcpy: %s", cudaGetErrorString(e)); target_free(t); return NULL; }
+        if (e != cudaSuccess) { err_fail(err, err_len, "target: cudaMemcpy: %s", cudaGetErrorString(e)); target_free(t); return NULL; }
         return t;
     }
 #endif
@@ -293,7 +285,7 @@ static int put(struct target *t, void *dst, const void *stage, size_t bytes, cha
 #ifdef DFLASH_CUDA
     if (t->dev >= 0) {
         cudaError_t e = cudaMemcpy(dst, stage, bytes, cudaMemcpyHostToDevice);
-        if (e != cudaSuccess) return fail(err, err_len, "target: cudaMemcpy of weights: %s", cudaGetErrorString(e));
+        if (e != cudaSuccess) return err_fail(err, err_len, "target: cudaMemcpy of weights: %s", cudaGetErrorString(e));
         return 0;
     }
 #endif
@@ -315,7 +307,7 @@ static int load_weights(struct target *t, const struct hf_weights *w, char *err,
     if ((size_t)(C * NH * HD) > stage_elems) stage_elems = (size_t)(C * NH * HD);
     void *stage = NULL;   /* CPU: fetch straight into the destination */
     if (gpu && !(stage = malloc(stage_elems * 4)))
-        return fail(err, err_len, "target: out of host memory for a %.2f GB staging buffer", stage_elems * 4 / 1e9);
+        return err_fail(err, err_len, "target: out of host memory for a %.2f GB staging buffer", stage_elems * 4 / 1e9);
 
     char name[256];
     int rc = -1;
@@ -427,7 +419,7 @@ struct target *target_init_random(const struct model_config *cfg, const struct t
             if (t->dev >= 0) {
                 int r = list[j].norm ? target_fill_random_f32(list[j].p, list[j].n, key, mean, sd, t->stream)
                                      : target_fill_random_bf16(list[j].p, list[j].n, key, mean, sd, t->stream);
-                if (r) { fail(err, err_len, "target: %s", kernels_error()); target_free(t); return NULL; }
+                if (r) { err_fail(err, err_len, "target: %s", kernels_error()); target_free(t); return NULL; }
                 continue;
             }
 #endif
@@ -438,7 +430,7 @@ struct target *target_init_random(const struct model_config *cfg, const struct t
 #ifdef DFLASH_CUDA
     if (t->dev >= 0) {
         cudaError_t e = cudaStreamSynchronize(t->stream);
-        if (e != cudaSuccess) { fail(err, err_len, "target: random init: %s", cudaGetErrorString(e)); target_free(t); return NULL; }
+        if (e != cudaSuccess) { err_fail(err, err_len, "target: random init: %s", cudaGetErrorString(e)); target_free(t); return NULL; }
     }
 #endif
     return t;
@@ -476,21 +468,21 @@ int target_check_batch(const struct target *t, const struct target_batch *b, cha
     unsigned long long seq = (unsigned long long)b->seq;
     int T = b->n_tokens;
     if (T < 1 || T > t->max_tokens)
-        return fail(err, err_len, "batch seq %llu: %d tokens, but the target's working memory is planned for 1..%d "
+        return err_fail(err, err_len, "batch seq %llu: %d tokens, but the target's working memory is planned for 1..%d "
                     "(raise --tokens)", seq, T, t->max_tokens);
     if (b->n_docs < 1 || b->n_docs > T)
-        return fail(err, err_len, "batch seq %llu: n_docs %d must be in [1, %d]", seq, b->n_docs, T);
+        return err_fail(err, err_len, "batch seq %llu: n_docs %d must be in [1, %d]", seq, b->n_docs, T);
     if (attention_check_cu_seqlens(b->cu_seqlens, b->n_docs, T, NULL))
-        return fail(err, err_len, "batch seq %llu: %s", seq, kernels_error());
+        return err_fail(err, err_len, "batch seq %llu: %s", seq, kernels_error());
     if (b->cu_seqlens[b->n_docs] != T)
-        return fail(err, err_len, "batch seq %llu: cu_seqlens[%d] = %d must equal n_tokens %d (no padding rows)", seq,
+        return err_fail(err, err_len, "batch seq %llu: cu_seqlens[%d] = %d must equal n_tokens %d (no padding rows)", seq,
                     b->n_docs, (int)b->cu_seqlens[b->n_docs], T);
     for (int i = 0; i < T; i++) {
         if (b->input_ids[i] < 0 || b->input_ids[i] >= t->cfg.vocab_size)
-            return fail(err, err_len, "batch seq %llu: input_ids[%d] = %d is outside the vocabulary [0, %d)", seq, i,
+            return err_fail(err, err_len, "batch seq %llu: input_ids[%d] = %d is outside the vocabulary [0, %d)", seq, i,
                         (int)b->input_ids[i], t->cfg.vocab_size);
         if (b->position_ids[i] < 0)
-            return fail(err, err_len, "batch seq %llu: position_ids[%d] = %d is negative", seq, i,
+            return err_fail(err, err_len, "batch seq %llu: position_ids[%d] = %d is negative", seq, i,
                         (int)b->position_ids[i]);
     }
     return 0;
@@ -518,7 +510,7 @@ static int forward_cpu(struct target *t, const struct target_batch *b, float *st
     size_t plane = (size_t)T * C;
 
     if (embedding_forward_ref(x, b->input_ids, t->embed, T, C, c->vocab_size))
-        return fail(err, err_len, "batch seq %llu: %s", (unsigned long long)b->seq, kernels_error());
+        return err_fail(err, err_len, "batch seq %llu: %s", (unsigned long long)b->seq, kernels_error());
     for (int l = 0; l < L; l++) {
         struct target_layer *ly = &t->layers[l];
         rmsnorm_forward_ref(h, NULL, x, ly->ln_in, T, C, eps);
@@ -530,7 +522,7 @@ static int forward_cpu(struct target *t, const struct target_batch *b, float *st
         }
         rope_forward_ref(q, k, b->position_ids, t->inv_freq, T, NH, NKV, HD);
         if (attention_forward_ref(att, NULL, q, k, v, b->cu_seqlens, b->n_docs, T, NH, NKV, HD, scale))
-            return fail(err, err_len, "batch seq %llu: %s", (unsigned long long)b->seq, kernels_error());
+            return err_fail(err, err_len, "batch seq %llu: %s", (unsigned long long)b->seq, kernels_error());
         gemm_forward_ref(x, att, 0, ly->w_o, 1, T, C, NH * HD, 1.0f, 1.0f);      /* x += att · W_oᵀ */
         rmsnorm_forward_ref(h, NULL, x, ly->ln_post, T, C, eps);
         gemm_forward_ref(gu, h, 0, ly->w_gu, 1, T, 2 * I, C, 1.0f, 0.0f);
@@ -544,9 +536,9 @@ static int forward_cpu(struct target *t, const struct target_batch *b, float *st
 }
 
 #ifdef DFLASH_CUDA
-#define KCALL(call) do { if ((call) != 0) return fail(err, err_len, "batch seq %llu: %s", \
+#define KCALL(call) do { if ((call) != 0) return err_fail(err, err_len, "batch seq %llu: %s", \
                                                        (unsigned long long)b->seq, kernels_error()); } while (0)
-#define CCALL(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) return fail(err, err_len, \
+#define CCALL(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) return err_fail(err, err_len, \
                          "batch seq %llu: %s: %s", (unsigned long long)b->seq, #call, cudaGetErrorString(e_)); } while (0)
 
 static int forward_gpu(struct target *t, const struct target_batch *b, bf16 *states, bf16 *last,
@@ -561,7 +553,7 @@ static int forward_gpu(struct target *t, const struct target_batch *b, bf16 *sta
     size_t plane = (size_t)T * C;
     int max_seqlen = 0;
     if (attention_check_cu_seqlens(b->cu_seqlens, b->n_docs, T, &max_seqlen))
-        return fail(err, err_len, "batch seq %llu: %s", (unsigned long long)b->seq, kernels_error());
+        return err_fail(err, err_len, "batch seq %llu: %s", (unsigned long long)b->seq, kernels_error());
 
     CCALL(cudaSetDevice(t->dev));
     CCALL(cudaMemcpyAsync(t->ids, b->input_ids, (size_t)T * 4, cudaMemcpyHostToDevice, s));

@@ -5,22 +5,12 @@
  * read with memcpy (the compiler turns it into a plain load); same-dtype fetches are one memcpy.
  */
 #include "model/weights.h"
+#include "core/err.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-
-static int fail(char *err, int err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, int err_len, const char *fmt, ...) {
-    if (err && err_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, (size_t)err_len, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 float weights_f16_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
@@ -61,11 +51,11 @@ int weights_lookup(const struct hf_weights *w, const char *name, int ndim, const
     for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
     if (!same) {
         char a[160], b[160];
-        return fail(err, err_len, "%s: tensor '%s' has shape %s, expected %s", t->path, name,
+        return err_fail(err, err_len, "%s: tensor '%s' has shape %s, expected %s", t->path, name,
                     st_shape_str(a, sizeof a, t->ndim, t->shape), st_shape_str(b, sizeof b, ndim, shape));
     }
     if (!is_float_dtype(t->dtype))
-        return fail(err, err_len, "%s: tensor '%s' has dtype %s, expected BF16, F16 or F32", t->path, name,
+        return err_fail(err, err_len, "%s: tensor '%s' has dtype %s, expected BF16, F16 or F32", t->path, name,
                     st_dtype_name(t->dtype));
     *out = t;
     return 0;
@@ -73,10 +63,10 @@ int weights_lookup(const struct hf_weights *w, const char *name, int ndim, const
 
 static int check_range(const struct st_tensor *t, int64_t first, int64_t n, char *err, int err_len) {
     if (!is_float_dtype(t->dtype))
-        return fail(err, err_len, "%s: tensor '%s' has dtype %s, expected BF16, F16 or F32", t->path, t->name,
+        return err_fail(err, err_len, "%s: tensor '%s' has dtype %s, expected BF16, F16 or F32", t->path, t->name,
                     st_dtype_name(t->dtype));
     if (first < 0 || n < 0 || first > t->numel || n > t->numel - first)
-        return fail(err, err_len, "%s: tensor '%s': elements [%lld, %lld) are outside its %lld elements", t->path,
+        return err_fail(err, err_len, "%s: tensor '%s': elements [%lld, %lld) are outside its %lld elements", t->path,
                     t->name, (long long)first, (long long)(first + n), (long long)t->numel);
     return 0;
 }
