@@ -23,7 +23,7 @@ CC        ?= cc
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
 CUDA      ?= $(if $(NVCC),1,0)
-CUDA_ARCH ?= 90
+CUDA_ARCH ?= 90a
 DEBUG     ?= 0
 SAN       ?=
 
@@ -33,7 +33,7 @@ endif
 
 CPPFLAGS := -I. -Istages -D_GNU_SOURCE
 CFLAGS   := -std=c11 -Wall -Wextra -Werror -MMD -MP -pthread -fno-strict-aliasing
-NVFLAGS  := -std=c++17 -MMD -MP -arch=sm_$(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror,-fno-strict-aliasing \
+NVFLAGS  := -std=c++17 -MMD -MP -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror,-fno-strict-aliasing \
             -Wno-deprecated-gpu-targets --expt-relaxed-constexpr
 LDFLAGS  := -pthread
 ifeq ($(DEBUG),1)
