@@ -30,18 +30,7 @@ static double now_s(void) {
 }
 
 /* Start argv (NULL-terminated) with stdout+stderr appended to log; dies with the test. */
-static pid_t spawn(char *const argv[], const char *log) {
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
-}
+static pid_t spawn(char *const argv[], const char *log) { return test_spawn_log(log, (const char *const *)argv); }
 
 /* Wait up to timeout_s; returns the exit code, 128 + signal, or fails the test on timeout. */
 static int wait_exit(pid_t pid, double timeout_s) {

@@ -322,29 +322,12 @@ END_TEST
 
 /* Fork/exec dflash-record with output appended to <run>/record.out; returns the pid. */
 static pid_t spawn_record(const char *run, const char **extra) {
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        char path[800];
-        snprintf(path, sizeof path, "%s/record.out", run);
-        int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
-        const char *argv[32];
-        int n = 0;
-        argv[n++] = test_bin("dflash-record");
-        argv[n++] = "--run";
-        argv[n++] = run;
-        argv[n++] = "--device";
-        argv[n++] = "cpu";
-        argv[n++] = "--wait-ms";
-        argv[n++] = "10000";
-        for (int i = 0; extra[i] && n < 31; i++) argv[n++] = extra[i];
-        argv[n] = NULL;
-        execv(argv[0], (char **)argv);
-        _exit(127);
-    }
-    return pid;
+    char path[800];
+    snprintf(path, sizeof path, "%s/record.out", run);
+    const char *argv[32] = {test_bin("dflash-record"), "--run", run, "--device", "cpu", "--wait-ms", "10000"};
+    int n = 7;
+    for (int i = 0; extra[i] && n < 31; i++) argv[n++] = extra[i];
+    return test_spawn_log(path, argv);
 }
 
 /* Publish hidden item seq into the ring (desc_override: publish these bytes instead). */

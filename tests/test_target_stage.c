@@ -38,17 +38,7 @@ struct env {
 static pid_t spawn(const struct env *e, const char *logname, const char **argv) {
     char path[800];
     snprintf(path, sizeof path, "%s/%s.out", e->run, logname);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
-        execv(argv[0], (char **)argv);
-        fprintf(stderr, "execv(%s) failed: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    return pid;
+    return test_spawn_log(path, argv);
 }
 
 /* dtype and shards vary per test so loading covers f32 shards + index and a single f16 file. */

@@ -5,6 +5,8 @@
  * - test_tmpdir(): a fresh directory under $TMPDIR for one test (not removed: a failing test's
  *   files stay for inspection; make clean or the OS removes them).
  * - test_rng_*: a small seeded generator (splitmix64) so every suite draws the same inputs.
+ * - test_spawn_log(log, argv): fork/exec a binary with stdout+stderr appended to log; the child
+ *   dies with the test (PR_SET_PDEATHSIG), exit status 127 if the exec fails.
  * - test_allclose(): element-wise |got - ref| <= atol + rtol*|ref|; on failure prints max abs and
  *   rel error, the worst index and the first few mismatching pairs, as style.md asks.
  */
@@ -12,11 +14,15 @@
 #define TESTS_TESTUTIL_H
 
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 static inline const char *test_bin(const char *name) {
@@ -26,6 +32,20 @@ static inline const char *test_bin(const char *name) {
     char *out = path[which++ & 3];
     snprintf(out, sizeof path[0], "%s/%s", dir && *dir ? dir : "build/bin", name);
     return out;
+}
+
+static inline pid_t test_spawn_log(const char *log, const char *const argv[]) {
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
+        execv(argv[0], (char *const *)argv);
+        fprintf(stderr, "execv(%s) failed: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    return pid;
 }
 
 static inline const char *test_tmpdir(const char *tag) {
