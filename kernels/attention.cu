@@ -24,6 +24,11 @@
  * The running max compares scaled maxima only (a tile's raw max is scaled first; until 2026-11-29
  * the FX kernel compared the scaled previous max with raw scores, which overflowed exp2 for scaled
  * logits above ~88 — tests/gpu/test_attention.c has a large-logit case for it).
+ * The wgmma kernel (attention_wg_kernel, sm_90a, the default since task WA; bench variant 18): one
+ * block of two warpgroups per 128 query rows, K/V tiles of 128 keys in 128B-swizzled panels
+ * (kernels/wgmma.cuh), S = Q·Kᵀ with both operands in shared memory, O += P·V with P in registers,
+ * and the P·V of one key tile running while the warpgroup does the softmax of the next; the same
+ * FX softmax as below. The mma.sync kernel stays reachable: DFLASH_ATTENTION_KERNEL=6 (FX) or 4.
  * Kernels that lost on the H200 (K1c's kernel 2 with mirrored m-tiles and diagonal chunk skipping,
  * K1d's kernel 3 with warp-level skipping, a persistent work list and lazy rescaling) are kept as
  * history in kernels/bench/attention_variants.cuh, with their numbers in RESULTS.md.
@@ -31,6 +36,7 @@
 #include "kernels/attention.h"
 #include "kernels/mma.cuh"
 #include "kernels/vec.cuh"
+#include "kernels/wgmma.cuh"
 
 #include <math.h>
 #include <stdlib.h>
@@ -249,6 +255,259 @@ attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, co
     }
 }
 
+/* ---------------------------------------------------------------- wgmma kernel (sm_90a, bench variant 18) */
+
+/* Tiles of the wgmma kernel: BR = 128 query rows per block (two consumer warpgroups of 64 rows),
+ * BC = 128 keys per K/V tile; every tile is stored as HD/64 128B-swizzled panels (kernels/wgmma.cuh). */
+constexpr int WGA_BR = 128, WGA_BC = 128, WGA_NT = 256;
+
+template <int HD>
+constexpr size_t wga_smem_bytes() {   /* Q + 2 K + 2 V tiles, plus slack to align the base to 1024 */
+    return (size_t)(WGA_BR + 4 * WGA_BC) * HD * 2 + 1024;
+}
+
+/* R rows × HD bf16 of global rows row0.. (row stride `stride` elements; rows >= len zero-filled)
+ * into R-row panels at dst, by all WGA_NT threads with 16-byte cp.async (not committed here) */
+template <int HD, int R>
+static __device__ __forceinline__ void wga_load(unsigned char *dst, const bf16 *src, size_t stride, int row0, int len,
+                                                int tid) {
+    constexpr int CH = HD / 8;
+#pragma unroll
+    for (int it = 0; it < R * CH / WGA_NT; it++) {
+        const int i = it * WGA_NT + tid, r = i / CH, c = i % CH, gr = row0 + r;
+        mma_cp_async16(dst + (c / 8) * (R * 128) + wg_sw128(r, c % 8), src + (size_t)min(gr, len - 1) * stride + c * 8,
+                       gr < len ? 16 : 0);
+    }
+}
+
+/* S[64×N] = Q·Kᵀ for the warpgroup: dq = K-major descriptor of its Q rows (panel 0), dk = of the K
+ * tile (panel 0); panels BR·128 (Q) and BC·128 (K) bytes apart, k-step 32 bytes */
+template <int HD, int N>
+static __device__ __forceinline__ void wga_issue_s(float *s, uint64_t dq, uint64_t dk) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const uint64_t oq = (uint64_t)(((kk / 4) * WGA_BR * 128 + (kk % 4) * 32) >> 4);
+        const uint64_t ok = (uint64_t)(((kk / 4) * WGA_BC * 128 + (kk % 4) * 32) >> 4);
+        wg_mma_ss<N, 0, 0>(s, dq + oq, dk + ok, kk > 0);
+    }
+}
+
+/* O[64×HD] += P·V over the first KS 16-key chunks: p = A fragments, dv = MN-major descriptor of the V
+ * tile (panel 0, LBO = panel bytes), k-step 16 rows = 2048 bytes */
+template <int HD, int KS>
+static __device__ __forceinline__ void wga_issue_pv(float *o, const uint32_t (*p)[4], uint64_t dv) {
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) wg_mma_rs<HD, 1>(o, p[kk], dv + (uint64_t)((kk * 2048) >> 4), 1);
+}
+
+/* Online softmax on the first NC columns of one S accumulator (raw scores; column 8i + 2t + e%2 of
+ * rows ra (e < 2) and rb (e >= 2), document-local key index key0 + column). MASK: keys above the
+ * row become -inf. m = scaled running maxima (log2 units), l = this thread's partial row sums; c gets
+ * the factors O must be rescaled by; s becomes the (unnormalised) probabilities. As the FX path of
+ * attention_forward_kernel: the tile's raw max is scaled before it meets m, and a row with every key
+ * masked so far subtracts 0 so ex2 gives 0, not NaN. */
+template <int NC, bool MASK>
+static __device__ __forceinline__ void wga_softmax(float *s, float *m, float *l, float *c, float scale_log2, int key0,
+                                                   int ra, int rb, int t) {
+    if (MASK) {
+#pragma unroll
+        for (int i = 0; i < NC / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (key0 + 8 * i + 2 * t + (e & 1) > (e < 2 ? ra : rb)) s[4 * i + e] = -INFINITY;
+    }
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NC / 8; i++) {
+        mx0 = fmaxf(mx0, fmaxf(s[4 * i], s[4 * i + 1]));
+        mx1 = fmaxf(mx1, fmaxf(s[4 * i + 2], s[4 * i + 3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    mx0 = fmaxf(m[0], mx0 * scale_log2);
+    mx1 = fmaxf(m[1], mx1 * scale_log2);
+    const float ms0 = mx0 == -INFINITY ? 0.0f : mx0, ms1 = mx1 == -INFINITY ? 0.0f : mx1;
+    c[0] = mma_ex2_ftz(m[0] - ms0);
+    c[1] = mma_ex2_ftz(m[1] - ms1);
+    m[0] = mx0;
+    m[1] = mx1;
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NC / 8; i++) {
+        s[4 * i + 0] = mma_ex2_ftz(fmaf(s[4 * i + 0], scale_log2, -ms0));
+        s[4 * i + 1] = mma_ex2_ftz(fmaf(s[4 * i + 1], scale_log2, -ms0));
+        s[4 * i + 2] = mma_ex2_ftz(fmaf(s[4 * i + 2], scale_log2, -ms1));
+        s[4 * i + 3] = mma_ex2_ftz(fmaf(s[4 * i + 3], scale_log2, -ms1));
+        sum0 += s[4 * i + 0] + s[4 * i + 1];
+        sum1 += s[4 * i + 2] + s[4 * i + 3];
+    }
+    l[0] = l[0] * c[0] + sum0;
+    l[1] = l[1] * c[1] + sum1;
+}
+
+/* One block = one head × one 128-row query tile of one document; warpgroup wg owns rows 64·wg..+63.
+ * Key tiles n = 0, 1, … are the document's tiles jlast, jlast-1, … 0 (diagonal first). K_n sits in
+ * K buffer n%2, V_n in V buffer n%2. Iteration n (n >= 1), one barrier each:
+ *     cp.async wait (K_n, V_{n-1} landed) → fence.proxy.async → __syncthreads →
+ *     issue S_n = Q·K_nᵀ, issue O += P_{n-1}·V_{n-1} → cp.async K_{n+1}, V_n (their buffers held
+ *     K_{n-1} and V_{n-2}, whose wgmmas every warpgroup waited for before the barrier) →
+ *     wait S_n → softmax(S_n) while the P·V runs → wait P·V → O *= rescale → P_n = bf16(S_n).
+ * SKIP: a key tile whose second half lies above every row of the warpgroup (the diagonal tile of
+ * warpgroup 0) runs S and P·V on its first 64 keys only; a warpgroup whose rows all lie past the
+ * document (the last tile of a document) issues no MMAs but still loads and meets the barriers. */
+template <int HD, bool SKIP>
+__global__ void __launch_bounds__(WGA_NT, 1)
+attention_wg_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int T,
+                    int NH, int NKV, float scale_log2) {
+    constexpr int BR = WGA_BR, BC = WGA_BC, QB = BR * HD * 2, KB = BC * HD * 2, PS = BC / 16;
+    extern __shared__ unsigned char wga_smem_raw[];
+    unsigned char *smem = wga_smem_raw + ((1024u - (wg_smem_u32(wga_smem_raw) & 1023u)) & 1023u);
+    unsigned char *sQ = smem, *sK = smem + QB, *sV = smem + QB + 2 * KB;
+
+    const int h = blockIdx.x, d = blockIdx.y;
+    const int s0 = cu[d], len = cu[d + 1] - s0;
+    const int qt = (len + BR - 1) / BR - 1 - (int)blockIdx.z;
+    if (qt < 0) return;
+    const int kh = h / (NH / NKV);
+    const int tid = threadIdx.x, warp = (tid / 32) % 4, lane = tid % 32, t = lane % 4;
+    /* the warpgroup index through a shuffle, so ptxas knows it is warp-uniform: the branches on it
+     * below would otherwise count as divergent and serialize the wgmmas (C7520) */
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+    const size_t qstride = (size_t)NH * HD, kstride = (size_t)NKV * HD;
+    const bf16 *qg = q + ((size_t)s0 * NH + h) * HD;
+    const bf16 *kg = k + ((size_t)s0 * NKV + kh) * HD, *vg = v + ((size_t)s0 * NKV + kh) * HD;
+
+    const int jlast = min(qt * BR + BR - 1, len - 1) / BC;   /* the tile of the block's last row */
+    const int ntiles = jlast + 1;
+    const int wrow0 = qt * BR + wg * 64;                     /* the warpgroup's first row */
+    const int wlast = min(wrow0 + 63, len - 1);              /* and last real row (< wrow0: none) */
+    const bool active = wrow0 < len;
+    const int ra = wrow0 + warp * 16 + lane / 4, rb = ra + 8;   /* this thread's rows */
+
+    wga_load<HD, BR>(sQ, qg, qstride, qt * BR, len, tid);
+    wga_load<HD, BC>(sK, kg, kstride, jlast * BC, len, tid);
+    mma_commit();
+    mma_wait<0>();
+    wg_fence_async_smem();
+    __syncthreads();
+    wga_load<HD, BC>(sV, vg, kstride, jlast * BC, len, tid);
+    if (ntiles > 1) wga_load<HD, BC>(sK + KB, kg, kstride, (jlast - 1) * BC, len, tid);
+    mma_commit();
+
+    const uint64_t dq = wg_desc_kmajor(wg_smem_u32(sQ) + wg * 64 * 128);
+    const uint32_t uK = wg_smem_u32(sK), uV = wg_smem_u32(sV);
+    float o[HD / 2], s[BC / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, c[2];
+    uint32_t p[PS][4];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
+    bool half_prev = false;
+
+    /* S and softmax of tile n (key tile j): the body shared by the prologue and the loop */
+    /* S always runs on all BC keys: a second S shape (N = BC/2 on half tiles) makes ptxas serialize
+     * every wgmma of the kernel (C7511); half tiles save their softmax and P·V halves only */
+    auto s_issue = [&](int buf) {
+        wga_issue_s<HD, BC>(s, dq, wg_desc_kmajor(uK + buf * KB));
+        wg_commit();
+    };
+    /* (a softmax on the first BC/2 columns only for half tiles also makes ptxas serialize the wgmmas) */
+    auto softmax = [&](int j) {
+        if (j * BC + BC - 1 > wrow0) wga_softmax<BC, true>(s, m, l, c, scale_log2, j * BC, ra, rb, t);
+        else wga_softmax<BC, false>(s, m, l, c, scale_log2, j * BC, ra, rb, t);
+    };
+    auto pack_p = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < PS; kk++) {
+            p[kk][0] = mma_pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
+            p[kk][1] = mma_pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+            p[kk][2] = mma_pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+            p[kk][3] = mma_pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+    };
+    auto pv_issue = [&](int buf, bool half) {
+        const uint64_t dv = wg_desc_mnmajor(uV + buf * KB, BC * 128);
+        wga_issue_pv<HD, PS / 2>(o, p, dv);
+        if (!half) wga_issue_pv<HD, PS / 2>(o, p + PS / 2, dv + (uint64_t)((PS / 2 * 2048) >> 4));
+        wg_commit();
+    };
+
+    if (active) {   /* tile 0 (the diagonal one): S, softmax (O is still 0: no rescale), P */
+        const bool half = SKIP && jlast * BC + BC / 2 > wlast;
+        wg_fence();
+        s_issue(0);
+        wg_wait<0>();
+        wg_acc_fence<BC / 2>(s);
+        softmax(jlast);
+        pack_p();
+        half_prev = half;
+    }
+    for (int n = 1; n < ntiles; n++) {
+        const int j = jlast - n;
+        mma_wait<0>();
+        wg_fence_async_smem();
+        __syncthreads();
+        /* the next loads go out while the tensor cores work: V_n and K_{n+1} fill the buffers of
+         * V_{n-2} and K_{n-1}, which no MMA in flight reads (written out in both branches: code
+         * between two `if (active)` blocks made ptxas serialize the wgmmas, C7514) */
+        auto loads = [&]() {
+            wga_load<HD, BC>(sV + (n % 2) * KB, vg, kstride, j * BC, len, tid);
+            if (n + 1 < ntiles) wga_load<HD, BC>(sK + ((n + 1) % 2) * KB, kg, kstride, (j - 1) * BC, len, tid);
+            mma_commit();
+        };
+        if (!active) {
+            loads();
+        } else {
+            const bool half = SKIP && j * BC + BC / 2 > wlast;
+            wg_acc_fence<HD / 2>(o);   /* pin the rescaled O and the packed P before the fence */
+            wg_reg_fence<PS * 4>(&p[0][0]);
+            wg_fence();
+            s_issue(n % 2);
+            pv_issue((n - 1) % 2, half_prev);
+            loads();
+            wg_wait<1>();
+            wg_acc_fence<BC / 2>(s);
+            softmax(j);
+            wg_wait<0>();
+            wg_acc_fence<HD / 2>(o);
+            wg_reg_fence<PS * 4>(&p[0][0]);
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) {
+                o[4 * i + 0] *= c[0]; o[4 * i + 1] *= c[0];
+                o[4 * i + 2] *= c[1]; o[4 * i + 3] *= c[1];
+            }
+            pack_p();
+            half_prev = half;
+        }
+    }
+    mma_wait<0>();
+    wg_fence_async_smem();
+    __syncthreads();
+    if (!active) return;
+    wg_acc_fence<HD / 2>(o);
+    wg_reg_fence<PS * 4>(&p[0][0]);
+    wg_fence();
+    pv_issue((ntiles - 1) % 2, half_prev);
+    wg_wait<0>();
+    wg_acc_fence<HD / 2>(o);
+
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float lv = l[hf];
+        lv += __shfl_xor_sync(0xffffffffu, lv, 1);
+        lv += __shfl_xor_sync(0xffffffffu, lv, 2);
+        const float inv = lv > 0.0f ? 1.0f / lv : 0.0f;
+        const int row = hf ? rb : ra;
+        if (row < len) {
+            __nv_bfloat162 *dst = (__nv_bfloat162 *)(out + ((size_t)(s0 + row) * NH + h) * HD + 2 * t);
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++)
+                dst[i * 4] = __floats2bfloat162_rn(o[4 * i + 2 * hf] * inv, o[4 * i + 2 * hf + 1] * inv);
+            if (lse && t == 0) lse[(size_t)h * T + s0 + row] = (m[hf] + log2f(lv)) * 0.69314718055994531f;
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- launcher */
 
 template <int HD, int NW, int MT, int BC, bool FX = true>
@@ -270,6 +529,31 @@ static int launch(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf1
     return 0;
 }
 
+/* The kernel attention_forward runs when DFLASH_ATTENTION_KERNEL is unset (or not 4, 6 or 18):
+ * 18 = the wgmma kernel, 6 = the mma.sync kernel (the default before; set 6 here to revert). */
+#ifndef ATTENTION_DEFAULT_KERNEL
+#define ATTENTION_DEFAULT_KERNEL 18
+#endif
+
+/* the wgmma kernel (bench variant 18 with SKIP, 19 without) */
+template <int HD, bool SKIP = true>
+static int launch_wg(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
+                     int max_seqlen, int T, int NH, int NKV, float scale, cudaStream_t stream) {
+    constexpr size_t smem = wga_smem_bytes<HD>();
+    static int configured;   /* benign race: every caller sets the same attribute */
+    if (!configured) {
+        cudaError_t e = cudaFuncSetAttribute(attention_wg_kernel<HD, SKIP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)smem);
+        if (e != cudaSuccess) return kernels_fail("attention_forward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
+        configured = 1;
+    }
+    dim3 grid(NH, ND, (max_seqlen + WGA_BR - 1) / WGA_BR);
+    attention_wg_kernel<HD, SKIP><<<grid, WGA_NT, smem, stream>>>(out, lse, q, k, v, cu, T, NH, NKV,
+                                                                 scale * 1.4426950408889634f);
+    KERNELS_CHECK_LAUNCH("attention_forward");
+    return 0;
+}
+
 extern "C" int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                  const int32_t *cu_seqlens, int ND, int max_seqlen, int T, int NH, int NKV,
                                  int HD, float scale, cudaStream_t stream) {
@@ -283,15 +567,24 @@ extern "C" int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf1
         return kernels_fail("attention_forward: q, k, v and out must be 16-byte aligned");
     if (!(scale > 0.0f)) return kernels_fail("attention_forward: scale must be positive, got %g", scale);
     if (ND == 0 || max_seqlen == 0) return 0;
-    /* 4 warps × 2 m-tiles (BR 128), BC 64, FX: bench variant 6, the fastest on the H200
-     * (2026-11-29: 294-296 TFLOP/s at HD 128 on 1-4K documents; variants 4, 8, 13-17: 251-296) */
+    /* mma.sync: 4 warps × 2 m-tiles (BR 128), BC 64, FX: bench variant 6, the fastest mma.sync kernel
+     * on the H200 (2026-11-29: 294-296 TFLOP/s at HD 128 on 1-4K documents; variants 4, 8, 13-17:
+     * 251-296); the default until the wgmma kernel (variant 18, not yet measured on 2026-11-29) */
     const char *e = getenv("DFLASH_ATTENTION_KERNEL");
-    if (e && e[0] == '4' && e[1] == 0) {   /* bench variant 4: exact exp2f instead of the fast exponent */
+    int sel = ATTENTION_DEFAULT_KERNEL;
+    if (e && (!strcmp(e, "4") || !strcmp(e, "6") || !strcmp(e, "18"))) sel = atoi(e);
+    if (sel == 4) {   /* bench variant 4: exact exp2f instead of the fast exponent */
         if (HD == 128)
             return launch<128, 4, 2, 64, false>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
         return launch<64, 4, 2, 64, false>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
     }
+    if (sel == 6) {   /* bench variant 6: the mma.sync kernel, the default until the wgmma one */
+        if (HD == 128)
+            return launch<128, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+        return launch<64, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+    }
+    /* default (and DFLASH_ATTENTION_KERNEL=18): the wgmma kernel, bench variant 18 */
     if (HD == 128)
-        return launch<128, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
-    return launch<64, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+        return launch_wg<128>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+    return launch_wg<64>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
 }

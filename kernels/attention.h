@@ -9,8 +9,8 @@
  *     out[t,h,:] = Σ_j softmax_j(scale · q[t,h,:]·k[j,h/G,:]) · v[j,h/G,:],   G = NH / NKV
  * q [T,NH,HD], k and v [T,NKV,HD], out [T,NH,HD]; lse [NH,T] (optional) is the natural-log
  * log-sum-exp of the scaled scores per query, for a later backward. The GPU kernel never
- * materialises the scores: it streams 64-key tiles through shared memory, multiplies with
- * mma.sync m16n8k16 bf16 tensor-core instructions, keeps an online softmax in fp32 registers and
+ * materialises the scores: it streams 128-key tiles through shared memory, multiplies with Hopper
+ * wgmma bf16 tensor-core instructions (sm_90a), keeps an online softmax in fp32 registers and
  * skips every tile above the causal diagonal. HD ∈ {64, 128} on the GPU; any HD in the reference.
  */
 #ifndef KERNELS_ATTENTION_H
@@ -38,9 +38,11 @@ int attention_forward_ref(float *out, float *lse, const float *q, const float *k
  * memory, max_seqlen = the longest document (host value: it sizes the grid; a smaller value leaves
  * rows unwritten). HD 64 or 128, NH % NKV == 0, 16-byte aligned pointers; checked. scale is usually
  * 1/sqrt(HD). Asynchronous; 0 or -1 with kernels_error(). Rows with no document (T beyond
- * cu_seqlens[ND]) are not written. Kernel: attention_bench variant 6 (the fastest measured);
- * DFLASH_ATTENTION_KERNEL=4 in the environment (read per call) uses exact exp2f instead of the
- * fast exponent (ex2.approx.ftz). */
+ * cu_seqlens[ND]) are not written. Kernel: attention_bench variant 18 (wgmma, two warpgroups ×
+ * 64 query rows, 128-key tiles). DFLASH_ATTENTION_KERNEL in the environment (read per call): 6 selects
+ * the previous default, the mma.sync kernel (variant 6); 4 the same with exact exp2f instead of the
+ * fast exponent (ex2.approx.ftz); 18, anything else, or unset, the default (ATTENTION_DEFAULT_KERNEL
+ * in kernels/attention.cu: the wgmma kernel). */
 int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                       const int32_t *cu_seqlens, int ND, int max_seqlen, int T, int NH, int NKV,
                       int HD, float scale, cudaStream_t stream);

@@ -9,7 +9,8 @@
  * a tile a per-key document test and the causal in-block test mask scores.
  *
  * Kernel sets (DFLASH_BLOCK_ATTN_KERNEL, read per call; see ba_kernel_choice):
- *   6 (default): forward kernel 6 below (two consecutive blocks per CTA, 128 query rows), backward of 5;
+ *   7 (default): the Hopper wgmma kernels, kernels/block_attn_{fwd,bwd}_wg.cu (kernels/block_attn_wg.h);
+ *   6: forward kernel 6 below (two consecutive blocks per CTA, 128 query rows), backward of 5;
  *   5: the one-block forward and the backward multiplying every key tile in full (zero-filled rows);
  *   3: as 5 but only the 16-key groups that hold keys are multiplied (K2b's kernels; template SKIP).
  * Set 5 beat set 3 on the H200 (2026-11-29: forward 143 vs 123, backward 71.5 vs 66 TFLOP/s): the
@@ -38,6 +39,7 @@
  * from this same source.
  */
 #include "kernels/block_attn.h"
+#include "kernels/block_attn_wg.h"
 #include "kernels/mma.cuh"
 
 #include <cstdlib>
@@ -962,24 +964,27 @@ int ba_forward_pair_launch(const block_attn_config *c, const bf16 *q, const bf16
 }
 
 /* The kernel set, from DFLASH_BLOCK_ATTN_KERNEL (read per call, so tests and benchmarks can switch):
- *   6 (default, BA_DEFAULT_KERNEL): forward kernel 6 (two blocks per CTA), backward of 5;
+ *   7 (default, BA_DEFAULT_KERNEL): the Hopper wgmma kernels of kernels/block_attn_{fwd,bwd}_wg.cu
+ *      (kernels/block_attn_wg.h; H200 2026-11-29: forward 228, backward 95 TFLOP/s);
+ *   6: forward kernel 6 (two blocks per CTA, 164 TFLOP/s), backward of 5;
  *   5: forward and backward with every key tile multiplied in full (bench variant 5: fastest verified
  *      on the H200 2026-11-29, 143 / 71.5 TFLOP/s);
  *   3: K2b's kernels, empty 16-key groups skipped (verified 2026-11-29, 123 / 66 TFLOP/s).
  * Anything else is an error, so a typo never silently measures the wrong kernel. */
 #ifndef BA_DEFAULT_KERNEL
-#define BA_DEFAULT_KERNEL 6
+#define BA_DEFAULT_KERNEL 7
 #endif
 int ba_kernel_choice(const char *who) {
     const char *e = getenv("DFLASH_BLOCK_ATTN_KERNEL");
     if (!e || !e[0]) return BA_DEFAULT_KERNEL;
-    if ((e[0] == '3' || e[0] == '5' || e[0] == '6') && e[1] == 0) return e[0] - '0';
-    return kernels_fail("%s: DFLASH_BLOCK_ATTN_KERNEL=%s, expected 3, 5 or 6 (or unset)", who, e);
+    if ((e[0] == '3' || e[0] == '5' || e[0] == '6' || e[0] == '7') && e[1] == 0) return e[0] - '0';
+    return kernels_fail("%s: DFLASH_BLOCK_ATTN_KERNEL=%s, expected 3, 5, 6 or 7 (or unset)", who, e);
 }
 
 template <int HD>
 int ba_forward_select(int kernel, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
                       const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, cudaStream_t stream) {
+    if (kernel == 7) return ba_wg_forward(c, q, k, v, anchors, doc_ids, out, lse, stream);
     if (kernel == 6) return ba_forward_pair_launch<HD>(c, q, k, v, anchors, doc_ids, out, lse, stream);
     if (kernel == 5) return ba_forward_launch<HD, false>(c, q, k, v, anchors, doc_ids, out, lse, stream);
     return ba_forward_launch<HD, true>(c, q, k, v, anchors, doc_ids, out, lse, stream);
@@ -989,6 +994,7 @@ template <int HD>
 int ba_backward_select(int kernel, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
                        const int32_t *anchors, const int32_t *doc_ids, const bf16 *out, const bf16 *dout,
                        const float *lse, float *dq, float *dk, float *dv, cudaStream_t stream) {
+    if (kernel == 7) return ba_wg_backward(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
     if (kernel == 3)
         return ba_backward_launch<HD, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
     return ba_backward_launch<HD, false>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);

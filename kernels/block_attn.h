@@ -61,7 +61,8 @@ int block_attn_backward_ref(const block_attn_config *c, const float *q, const fl
 /* Device forward: q, k, v bf16; out bf16; lse fp32. Preconditions: d_h in {64, 128},
  * (n_h / n_kv) · B <= 64. Asynchronous on stream; no allocation. Returns 0 or -1 (kernels_error()).
  * The environment variable DFLASH_BLOCK_ATTN_KERNEL (read per call) picks the kernel set: unset = the
- * default (6), or 5 or 3 (earlier verified sets, kernels/block_attn.cu); any other value fails. */
+ * default (7: Hopper wgmma, kernels/block_attn_{fwd,bwd}_wg.cu), or 6, 5 or 3 (earlier verified mma.sync
+ * sets, kernels/block_attn.cu); any other value fails. */
 int block_attn_forward(const block_attn_config *c, const bf16 *d_q, const bf16 *d_k, const bf16 *d_v,
                        const int32_t *d_anchors, const int32_t *d_doc_ids, bf16 *d_out, float *d_lse,
                        cudaStream_t stream);

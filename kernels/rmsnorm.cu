@@ -21,6 +21,12 @@
  * thread); and the backward's dw sum kernel is launched with programmatic dependent launch (PDL,
  * sm_90): it is scheduled while the dx kernel runs and waits in griddepcontrol.wait until that
  * grid has completed and its partials are visible, which hides one launch gap.
+ *
+ * K1e (variant 4, the default backward for C <= 8192; DFLASH_RMSNORM_KERNEL=3 selects K1c's): dw
+ * sums in shared memory instead of registers (3 blocks per SM), a balanced row-step grid, and the
+ * cross-block dw sum by the last block to finish (C <= 256) or a wide PDL kernel; see its section.
+ * Scratch: [0, RMS_SCR_HDR) is a header whose first word is K1e's ticket counter (zero between
+ * calls, so the caller zeroes it once); every variant's partials start after it.
  */
 #include "kernels/rmsnorm.h"
 #include "kernels/vec.cuh"
@@ -460,17 +466,238 @@ __global__ void rmsnorm_backward_dw_sum_pdl_kernel(float *dw, const float *parti
     }
 }
 
+/* ---------------------------------------------------------------- variant 4 backward (K1e, the default for C <= 8192)
+ *
+ * Why variant 3's dw cost 15 points (H200: dx 86% but dx+dw 70% at 8192×4096; 88 -> 77% at C = 128):
+ * - registers: the per-thread fp32 dw sums (8·V floats) took the kernel from 80 to 108 registers,
+ *   so 2 blocks of 256 per SM ran instead of 3: a third fewer bytes in flight for the whole dx pass;
+ * - the dw sum kernel: one thread per column walks the nb partials with a loop of dependent adds over
+ *   L2 loads (33 in a row at nb = 264), behind a second launch (PDL hid the launch, not the walk);
+ * - the tail: 264 blocks over 8192 row steps is 31 or 32 steps per block, and the dx-only grid of
+ *   396 over the k norm's 2048 steps 5 or 6 (the last step runs latency-bound on 17% of the blocks).
+ * Variant 4 keeps variant 3's row walk and adds: the dw sums live in shared memory (each thread
+ * read-modify-writes its own float4 slots per row step, so registers stay those of dx alone and 3
+ * blocks fit per SM); a balanced grid, nb = ceil(steps / ceil(steps / (3·132))), so every block
+ * walks the same number of steps (±1); the old dx of dx += loaded before the row statistic is
+ * reduced; and the cross-block sum of the nb partials [nb, C] (scratch + RMS_SCR_HDR) by
+ * - C <= RMS_LAST_MAX_C (q/k norm): the last block to finish, in the same kernel — every block
+ *   writes its partial, fences, and takes a ticket from the counter in scratch[0]; the block holding
+ *   the last ticket sums the partials and resets the counter to 0 (so one zeroing at allocation
+ *   lasts: rmsnorm.h);
+ * - larger C: a kernel of 1024-thread CTAs, 8 float4 columns × 128 slices of blocks each (every
+ *   thread's few loads in flight at once), launched with PDL behind the row walk.
+ * Both sums use rms_dw_final: slice j of S adds blocks [j·nb/S, (j+1)·nb/S) in index order, then
+ * runs of 8 slices in order, then the runs in order — an order fixed by (N, C), never by which
+ * block finished last: dw is bitwise repeatable. */
+
+#define RMS_SCR_HDR 32          /* floats of scratch before the partials: [0] is the ticket counter */
+#define RMS_LAST_MAX_C 256      /* dw summed by the last block up to this C, by a PDL kernel above */
+#define RMS_SMS 132             /* SMs the grid is sized for (fixed: the summation order depends on N, C only) */
+
+/* dw [4q .. 4q+3] = d + Σ_b partial [b, 4q ..] for the float4 columns q0 <= q < q0 + nq (nq <= THREADS),
+ * by THREADS threads of a 1-D block, with red (THREADS float4 of shared memory); d is dw's old value
+ * at q0 + t, loaded by the caller with rms_dw_old (ahead of time: one round trip off the tail).
+ * All threads call. */
+static __device__ __forceinline__ float4 rms_dw_old(const float *dw, int q0, int nq) {
+    const int t = threadIdx.x;
+    if (t >= nq) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float *d = dw + 4 * (size_t)(q0 + t);
+    return make_float4(d[0], d[1], d[2], d[3]);
+}
+template <int THREADS>
+static __device__ __forceinline__ void rms_dw_final(float *dw, float4 d, const float *partial, int nb, int C, int q0,
+                                                    int nq, float4 *red) {
+    const int t = threadIdx.x, S = THREADS / nq, j = t / nq, q = q0 + t % nq;
+    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (j < S) {
+        const int b0 = (int)((long long)j * nb / S), b1 = (int)((long long)(j + 1) * nb / S);
+        const float4 *p = (const float4 *)partial + q;
+        const size_t stride = (size_t)C / 4;
+        for (int b = b0; b < b1; b += 16) {
+            float4 v[16];
+#pragma unroll
+            for (int u = 0; u < 16; u++)   /* all loads issued before the first add */
+                v[u] = b + u < b1 ? __ldcg(p + (size_t)(b + u) * stride) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int u = 0; u < 16; u++)
+                if (b + u < b1) {
+                    s.x += v[u].x; s.y += v[u].y; s.z += v[u].z; s.w += v[u].w;
+                }
+        }
+    }
+    red[t] = s;
+    __syncthreads();
+    /* the S slices: runs of 8 in order (thread (q, r) reads only its run's slots and writes the
+     * first), then the runs in order */
+    const int runs = (S + 7) / 8;
+    if (t < nq * runs) {
+        const int r = t / nq, c = t % nq, j0 = 8 * r, j1 = min(S, j0 + 8);
+        float4 a = red[j0 * nq + c];
+        for (int i = j0 + 1; i < j1; i++) {
+            float4 v = red[i * nq + c];
+            a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
+        }
+        red[j0 * nq + c] = a;
+    }
+    __syncthreads();
+    if (t < nq) {
+        float4 a = red[t];
+        for (int r = 1; r < runs; r++) {
+            float4 v = red[8 * r * nq + t];
+            a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
+        }
+        float *o = dw + 4 * (size_t)q;
+        o[0] = d.x + a.x; o[1] = d.y + a.y; o[2] = d.z + a.z; o[3] = d.w + a.w;
+    }
+}
+
+/* The cross-block dw sum for C > RMS_LAST_MAX_C, launched with PDL: CTA b takes the float4 columns
+ * RMS_FIN_Q·b .. +RMS_FIN_Q−1 (32 floats) with 128 slices of blocks (C = 4096: 128 CTAs, each
+ * thread ~3 loads of the nb <= 396 partials, all in flight). */
+#define RMS_FIN_Q 8
+__global__ void __launch_bounds__(1024) rmsnorm_backward_dw_final_kernel(float *dw, const float *partial, int nb, int C) {
+    __shared__ float4 red[1024];
+    const int q0 = blockIdx.x * RMS_FIN_Q, nq = min(RMS_FIN_Q, C / 4 - q0);
+    /* dw before the wait: the grid this waits for never writes dw, and it started (a normal
+     * launch) only after everything before it in the stream had completed */
+    const float4 d = rms_dw_old(dw, q0, nq);
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    rms_dw_final<1024>(dw, d, partial, nb, C, q0, nq, red);
+}
+
+/* Variant 4 row walk. DW: partial [gridDim.x, C] gets this block's Σ over its rows of dy·x̂; with
+ * last_sums the last block to finish adds every block's partial into dw and zeroes *ticket. */
+template <int G, int V, bool DW, int MINB>
+__global__ void __launch_bounds__(RMS_THREADS, MINB)
+    rmsnorm_backward4_kernel(bf16 *dx, float *dw, float *partial, unsigned *ticket, const bf16 *dy, const bf16 *x,
+                             const float *w, const float *rstd, int N, int C, int accumulate, int last_sums) {
+    extern __shared__ float4 rms_sacc4[];   /* DW: [R][2][C/8] float4, row group g's column sums */
+    __shared__ float red[2][RMS_THREADS / 32];
+    constexpr int R = RMS_THREADS / G;
+    if constexpr (DW)
+        if (!last_sums) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    const int grp = threadIdx.x / G, lane = threadIdx.x % G, C8 = C / 8, steps = (N + R - 1) / R;
+    float4 *sacc = rms_sacc4 + (size_t)grp * 2 * C8;   /* this thread's slots: c and C8 + c, c = lane + k·G */
+    if constexpr (DW)
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            int c = lane + k * G;
+            if (c < C8) sacc[c] = sacc[C8 + c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    uint4 xv[V], gv[V];
+    float rs = 0.0f;
+    auto load = [&](int s, uint4 *xo, uint4 *go, float &ro) {
+        int row = s * R + grp;
+        bool live = s < steps && row < N;
+        const uint4 *xr = (const uint4 *)(x + (size_t)row * C), *dyr = (const uint4 *)(dy + (size_t)row * C);
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            int c = lane + k * G;
+            xo[k] = go[k] = make_uint4(0, 0, 0, 0);
+            if (live && c < C8) {
+                xo[k] = __ldg(xr + c);
+                go[k] = __ldg(dyr + c);
+            }
+        }
+        ro = live ? __ldg(rstd + row) : 0.0f;
+    };
+    load(blockIdx.x, xv, gv, rs);
+    int p = 0;
+    for (int s = blockIdx.x; s < steps; s += gridDim.x) {   /* uniform trip count across the block */
+        uint4 xn[V], gn[V];
+        float rn;
+        load(s + gridDim.x, xn, gn, rn);
+        const int row = s * R + grp;
+        const bool live = row < N;
+        uint4 *dxr = (uint4 *)(dx + (size_t)row * C);
+        uint4 old[V];
+#pragma unroll
+        for (int k = 0; k < V; k++) {   /* dx +=: in flight while the statistic is reduced */
+            old[k] = make_uint4(0, 0, 0, 0);
+            if (accumulate && live && lane + k * G < C8) old[k] = dxr[lane + k * G];
+        }
+        float m = 0.0f;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            int c = lane + k * G;
+            if (c < C8) {
+                float xf[8], g[8], ww[8];
+                vec_unpack8(xv[k], xf);
+                vec_unpack8(gv[k], g);
+                rms_load_w8(w, c, ww);
+#pragma unroll
+                for (int j = 0; j < 8; j++) m += ww[j] * g[j] * xf[j];
+            }
+        }
+        m = rms_group_sum<G>(m, red[p]) * rs / (float)C;   /* mean_c(w·dy·x̂) */
+        p ^= 1;
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            int c = lane + k * G;
+            if (c < C8 && live) {
+                float xf[8], g[8], ww[8], o[8];
+                vec_unpack8(xv[k], xf);
+                vec_unpack8(gv[k], g);
+                rms_load_w8(w, c, ww);
+                vec_unpack8(old[k], o);   /* zeros unless accumulating */
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    xf[j] *= rs;   /* x̂ */
+                    o[j] += rs * ww[j] * g[j] - xf[j] * rs * m;
+                }
+                dxr[c] = vec_pack8(o);
+                if constexpr (DW) {
+                    float4 a0 = sacc[c], a1 = sacc[C8 + c];
+                    a0.x += g[0] * xf[0]; a0.y += g[1] * xf[1]; a0.z += g[2] * xf[2]; a0.w += g[3] * xf[3];
+                    a1.x += g[4] * xf[4]; a1.y += g[5] * xf[5]; a1.z += g[6] * xf[6]; a1.w += g[7] * xf[7];
+                    sacc[c] = a0;
+                    sacc[C8 + c] = a1;
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            xv[k] = xn[k];
+            gv[k] = gn[k];
+        }
+        rs = rn;
+    }
+    if constexpr (DW) {
+        __shared__ float4 fin[RMS_THREADS];
+        __shared__ unsigned last;
+        __syncthreads();
+        const float *f = (const float *)rms_sacc4;
+        for (int c = threadIdx.x; c < C; c += RMS_THREADS) {   /* the R row groups, fixed order */
+            const size_t at = ((size_t)((c >> 2) & 1) * C8 + (c >> 3)) * 4 + (c & 3);
+            float s = 0.0f;
+            for (int g = 0; g < R; g++) s += f[(size_t)g * 2 * C8 * 4 + at];
+            partial[(size_t)blockIdx.x * C + c] = s;
+        }
+        if (!last_sums) return;
+        const float4 d = rms_dw_old(dw, 0, C / 4);   /* in flight during the ticket; used by the last block */
+        __threadfence();   /* this block's partial is visible device-wide before its ticket is taken */
+        __syncthreads();
+        if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        rms_dw_final<RMS_THREADS>(dw, d, partial, gridDim.x, C, 0, C / 4, fin);
+        if (threadIdx.x == 0) *ticket = 0u;   /* ready for the next call (every other block has taken its ticket) */
+    }
+}
+
 /* ---------------------------------------------------------------- launchers */
 
 /* DFLASH_RMSNORM_KERNEL=1 selects the two-pass kernels of the first version for every C (the
- * revert switch); 2: K1b's register-resident kernels for C <= RMS_REG_MAX_C, two-pass above; unset
- * or 3: 2 plus the K1c changes (two rows per short-row group in the forward, PDL dw sum). */
+ * revert switch); 2: K1b's register-resident kernels for C <= RMS_REG_MAX_C, two-pass above; 3: 2
+ * plus the K1c changes (two rows per short-row group in the forward, PDL dw sum); unset or 4: 3
+ * with the variant 4 backward (K1e, above). The forward of 4 is that of 3. */
 #define RMS_REG_MAX_C 8192
 #define RMS_BWD_GRID 264   /* row-walking blocks of the backward: 2 per SM of an H200 */
 
 static int rms_env(void) {
     const char *e = getenv("DFLASH_RMSNORM_KERNEL");
-    return e && e[0] >= '1' && e[0] <= '3' && e[1] == 0 ? e[0] - '0' : 3;
+    return e && e[0] >= '1' && e[0] <= '4' && e[1] == 0 ? e[0] - '0' : 4;
 }
 static int use_twopass(int C) { return C > RMS_REG_MAX_C || rms_env() == 1; }
 
@@ -530,7 +757,7 @@ static int forward_launch(const char *name, bf16 *y, bf16 *resid, float *rstd, c
         int G, V;
         reg_shape(C8, 4, &G, &V);
         unsigned blocks = (unsigned)((N + RMS_THREADS / G - 1) / (RMS_THREADS / G));
-        if (rms_env() == 3 && G <= 32 && blocks > (unsigned)rms_wave_blocks()) {   /* K1c: two rows per group */
+        if (rms_env() >= 3 && G <= 32 && blocks > (unsigned)rms_wave_blocks()) {   /* K1c: two rows per group */
             const int rows = 2 * (RMS_THREADS / G);
             blocks = (unsigned)((N + rows - 1) / rows);
 #define RMS_FWD2(g, v) rmsnorm_forward_rows_kernel<g, v, RESID, 2><<<blocks, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps)
@@ -580,11 +807,79 @@ static int bwd_grid(int N, int C) {
     return steps < 1 ? 1 : steps > RMS_BWD_GRID ? RMS_BWD_GRID : steps;
 }
 
-/* Enough for either path (the choice can change at run time through DFLASH_RMSNORM_KERNEL). */
+/* Variant 4: row group width G, vectors per lane V (as variant 3's backward), and the balanced
+ * grid: at most 3 blocks per SM (2 when V = 4: 116 registers), every block the same number of row
+ * steps (±1). A fixed function of (N, C), so dw's summation order is too. */
+static void bwd4_shape(int N, int C, int *G, int *V, int *nb) {
+    reg_shape(C / 8, 2, G, V);
+    int R = RMS_THREADS / *G, steps = (N + R - 1) / R, target = RMS_SMS * (*V <= 2 ? 3 : 2);
+    if (steps < 1) steps = 1;
+    int k = (steps + target - 1) / target;
+    *nb = (steps + k - 1) / k;
+}
+
+/* Enough for every path (the choice can change at run time through DFLASH_RMSNORM_KERNEL): the
+ * ticket header, then [blocks, C] partials. */
 extern "C" size_t rmsnorm_backward_scratch_floats(int N, int C) {
     if (C <= 0) return 0;
-    int a = dw_chunks(N), b = C <= RMS_REG_MAX_C ? bwd_grid(N, C) : 0;
-    return (size_t)(a > b ? a : b) * C;
+    int a = dw_chunks(N), b = 0;
+    if (C <= RMS_REG_MAX_C) {   /* variant 4's nb <= min(steps, 3·RMS_SMS): monotone in N, like the others */
+        int G, V;
+        reg_shape(C / 8, 2, &G, &V);
+        int steps = (N + RMS_THREADS / G - 1) / (RMS_THREADS / G), cap = RMS_SMS * (V <= 2 ? 3 : 2);
+        int nb4 = steps < 1 ? 1 : steps < cap ? steps : cap;
+        b = bwd_grid(N, C);
+        if (nb4 > b) b = nb4;
+    }
+    return RMS_SCR_HDR + (size_t)(a > b ? a : b) * C;
+}
+
+/* The variant 4 backward (C <= RMS_REG_MAX_C); dw nullable. */
+static int backward4_launch(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
+                            float *scratch, int N, int C, int accumulate_dx, cudaStream_t stream) {
+    int G, V, nb;
+    bwd4_shape(N, C, &G, &V, &nb);
+    float *part = dw ? scratch + RMS_SCR_HDR : NULL;
+    unsigned *ticket = dw ? (unsigned *)scratch : NULL;
+    const int last = C <= RMS_LAST_MAX_C;
+    const size_t smem = dw ? (size_t)(RMS_THREADS / G) * C * sizeof(float) : 0;   /* <= 32 KiB: C <= 8·G·V */
+#define RMS_BWD4(g, v, minb)                                                                                       \
+    do {                                                                                                           \
+        if (dw)                                                                                                    \
+            rmsnorm_backward4_kernel<g, v, true, minb><<<nb, RMS_THREADS, smem, stream>>>(                         \
+                dx, dw, part, ticket, dy, x, w, rstd, N, C, accumulate_dx, last);                                  \
+        else                                                                                                       \
+            rmsnorm_backward4_kernel<g, v, false, minb><<<nb, RMS_THREADS, 0, stream>>>(                           \
+                dx, NULL, NULL, NULL, dy, x, w, rstd, N, C, accumulate_dx, 0);                                     \
+    } while (0)
+    switch (G * 8 + V) {
+    case 8 * 8 + 1: RMS_BWD4(8, 1, 3); break;
+    case 8 * 8 + 2: RMS_BWD4(8, 2, 3); break;
+    case 16 * 8 + 2: RMS_BWD4(16, 2, 3); break;
+    case 32 * 8 + 2: RMS_BWD4(32, 2, 3); break;
+    case 64 * 8 + 2: RMS_BWD4(64, 2, 3); break;
+    case 128 * 8 + 2: RMS_BWD4(128, 2, 3); break;
+    case 256 * 8 + 2: RMS_BWD4(256, 2, 3); break;
+    case 256 * 8 + 4: RMS_BWD4(256, 4, 2); break;
+    default: return kernels_fail("rmsnorm_backward: no variant 4 kernel for G=%d V=%d", G, V);
+    }
+#undef RMS_BWD4
+    KERNELS_CHECK_LAUNCH("rmsnorm_backward (variant 4)");
+    if (!dw || last) return 0;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)((C / 4 + RMS_FIN_Q - 1) / RMS_FIN_Q));
+    cfg.blockDim = dim3(1024);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, rmsnorm_backward_dw_final_kernel, dw, (const float *)part, nb, C);
+    if (e != cudaSuccess) return kernels_fail("rmsnorm_backward (dw sum, variant 4): %s", cudaGetErrorString(e));
+    KERNELS_CHECK_LAUNCH("rmsnorm_backward (dw sum, variant 4)");
+    return 0;
 }
 
 extern "C" int rmsnorm_backward(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w,
@@ -594,8 +889,11 @@ extern "C" int rmsnorm_backward(bf16 *dx, float *dw, const bf16 *dy, const bf16 
     if (!vec_aligned16(w)) return kernels_fail("rmsnorm_backward: w must be 16-byte aligned");
     if (dx == dy || dx == x) return kernels_fail("rmsnorm_backward: dx may not alias dy or x");
     if (dw && !scratch) return kernels_fail("rmsnorm_backward: dw needs a scratch of rmsnorm_backward_scratch_floats() floats");
+    if (dw && !vec_aligned16(scratch)) return kernels_fail("rmsnorm_backward: scratch must be 16-byte aligned");
     if (N == 0) return 0;
     int C8 = C / 8;
+    if (!use_twopass(C) && rms_env() == 4) return backward4_launch(dx, dw, dy, x, w, rstd, scratch, N, C, accumulate_dx, stream);
+    if (dw) scratch += RMS_SCR_HDR;   /* variants 1-3: partials after the ticket header, which they leave alone */
     if (!use_twopass(C)) {
         int G, V, nb = bwd_grid(N, C);
         reg_shape(C8, 2, &G, &V);

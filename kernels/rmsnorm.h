@@ -47,7 +47,8 @@ void rmsnorm_backward_ref(float *dx, float *dw, const float *dy, const float *x,
  * C % 8 == 0 and C <= 16384, 16-byte aligned pointers; checked. Asynchronous; 0 or -1.
  * DFLASH_RMSNORM_KERNEL in the environment (read per call, every function here) reverts: 1 selects
  * the first, two-pass kernels, 2 K1b's register-resident kernels without K1c's two-row forward and
- * PDL dw sum (the default, 3); kernels/rmsnorm.cu. */
+ * PDL dw sum, 3 K1c's kernels; unset or 4 (the default) is 3 with K1e's backward (shared-memory dw
+ * sums, balanced grid, in-kernel dw sum for C <= 256); kernels/rmsnorm.cu. */
 int rmsnorm_forward(bf16 *y, float *rstd, const bf16 *x, const float *w, int N, int C, float eps,
                     cudaStream_t stream);
 
@@ -56,14 +57,19 @@ int rmsnorm_forward(bf16 *y, float *rstd, const bf16 *x, const float *w, int N, 
 int rmsnorm_residual_forward(bf16 *y, bf16 *resid, float *rstd, const bf16 *x, const float *w,
                              int N, int C, float eps, cudaStream_t stream);
 
-/* Floats of scratch rmsnorm_backward needs for a given C (deterministic dw: per-block partial
- * sums reduced in a fixed order, no atomics). */
+/* Floats of scratch rmsnorm_backward needs for (N, C) (deterministic dw: per-block partial sums
+ * reduced in a fixed order). A scratch sized for (N, C) also serves every smaller N at that C.
+ * The first 32 floats are a header (a ticket counter the last block to finish uses): the caller
+ * zeroes the scratch once after allocating it (cudaMemset); every call leaves the header zero
+ * again, so nothing else may write the scratch between calls, and calls sharing one scratch must
+ * be ordered (one stream). */
 size_t rmsnorm_backward_scratch_floats(int N, int C);
 
 /* dx [N,C] bf16 (= or += when accumulate_dx; may not alias dy or x), dw [C] fp32 (+=, nullable),
  * dy [N,C] bf16, x [N,C] bf16 (forward input, or h for the fused form), w [C] fp32, rstd [N]
- * fp32 from the forward, scratch of rmsnorm_backward_scratch_floats(N, C) floats (device).
- * Asynchronous; 0 or -1. Deterministic. */
+ * fp32 from the forward, scratch of rmsnorm_backward_scratch_floats(N, C) floats (device, 16-byte
+ * aligned, zeroed once at allocation; only used when dw != NULL). Allocates nothing.
+ * Asynchronous; 0 or -1. Deterministic: dw is bitwise repeatable for given inputs and (N, C). */
 int rmsnorm_backward(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w,
                      const float *rstd, float *scratch, int N, int C, int accumulate_dx,
                      cudaStream_t stream);

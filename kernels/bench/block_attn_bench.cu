@@ -21,6 +21,7 @@
  *              128 query rows = 4 warps x 2 m-tiles over the union of the two context ranges, every K/V
  *              fragment feeding both blocks, per-row masks, the scale folded into FMA + ex2.approx
  *              (added 2026-11-29 by K2c, not measured when written).
+ *   variant 8: kernel set 7, the Hopper wgmma forward and backward (kernels/block_attn_{fwd,bwd}_wg.cu).
  *   variant 7: the library launchers as the environment leaves them (default: set 6 forward, set 5
  *              backward): checks the dispatch itself.
  * Measured 2026-11-29 on the H200 (RESULTS.md): forward 1: 28.4, 2: 141.4, 3: 123.1, 4: 100.4 TFLOP/s;
@@ -45,6 +46,7 @@
 
 #include "kernels/anchors.h"
 #include "kernels/block_attn.h"
+#include "kernels/block_attn_wg.h"   /* before the namespaced copies of block_attn.cu below: C linkage, global */
 #include "kernels/common.h"
 #include "kernels/mma.cuh"
 
@@ -881,6 +883,7 @@ int main(void) {
                                  {4, block_attn_forward4, block_attn_backward4, false, false},
                                  {5, forward_k<5>, backward_k<5>, false, false},
                                  {6, forward_k<6>, NULL, false, false},   /* its backward is variant 5's */
+                                 {8, forward_k<7>, backward_k<7>, false, false},
                                  {7, block_attn_forward, block_attn_backward, false, false}};
     validate(c, q, k, v, anchors, doc, vars);
 

@@ -57,6 +57,26 @@ static inline float *k1_randn(uint64_t *seed, size_t n, float lo, float hi) {
     return x;
 }
 
+/* n random bf16-representable values in [lo, hi): the bf16 array for the device and its float copy */
+static inline void k1_fill_bf16(uint64_t *rng, bf16 *hb, float *hf, size_t n, float lo, float hi) {
+    for (size_t i = 0; i < n; i++) {
+        hb[i] = float_to_bf16(test_rng_uniform(rng, lo, hi));
+        hf[i] = bf16_to_float(hb[i]);
+    }
+}
+
+static inline double k1_max_abs_diff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+static inline double k1_max_abs(const float *a, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i]));
+    return m;
+}
+
 static inline double k1_rms(const float *x, size_t n) {
     double s = 0;
     for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];

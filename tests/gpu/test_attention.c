@@ -13,8 +13,11 @@
  * HD 128, documents of 64–3000 tokens) checked on 3 heads; short documents packed with one long one
  * (the longest-first tile order of the default kernel leaves most grid slots of short documents
  * empty); an attention sink with scaled logits near 100 (an online max that falls below the true
- * one overflows there). Every case but the preconditions runs on the default (bench variant 6) and
- * again on DFLASH_ATTENTION_KERNEL=4 (exact exp2f instead of the fast exponent). The variants that
+ * one overflows there). Every case but the preconditions runs on the default (the wgmma kernel,
+ * bench variant 18: 128-row query tiles, 128-key tiles, so the lengths above also cover a last tile
+ * whose second warpgroup has no rows, 1025, and one with a few, 97, 200), again on
+ * DFLASH_ATTENTION_KERNEL=6 (the mma.sync kernel that was the default before) and on
+ * DFLASH_ATTENTION_KERNEL=4 (variant 6 with exact exp2f instead of the fast exponent). The variants that
  * lost on the H200 live in kernels/bench/attention_variants.cuh; attention_bench validates each of
  * them against the CPU reference before timing it.
  */
@@ -198,6 +201,21 @@ static void run_variant_cases(const char *variant) {
 START_TEST(attention_gpu_exact_exp) { run_variant_cases("4"); }
 END_TEST
 
+START_TEST(attention_gpu_mma_sync) { run_variant_cases("6"); }
+END_TEST
+
+/* The default (wgmma) kernel on documents whose lengths sit at and around its 128-row tiles and
+ * 64-row warpgroups: 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257 and 2049 tokens. */
+START_TEST(attention_gpu_tile_edges) {
+    const int lens[13] = {63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 2049};
+    int32_t cu[14];
+    cu[0] = 0;
+    for (int d = 0; d < 13; d++) cu[d + 1] = cu[d] + lens[d];
+    run(cu, 13, cu[13] + 7, 4, 2, 128, all8, 4, 21);
+    run(cu, 13, cu[13], 2, 1, 64, all8, 2, 22);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("gpu_attention");
     TCase *tc = tcase_create("gpu_attention");
@@ -208,6 +226,8 @@ int main(void) {
     tcase_add_test(tc, attention_gpu_production);
     tcase_add_test(tc, attention_gpu_preconditions);
     tcase_add_test(tc, attention_gpu_exact_exp);
+    tcase_add_test(tc, attention_gpu_mma_sync);
+    tcase_add_test(tc, attention_gpu_tile_edges);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

@@ -14,32 +14,8 @@
 
 #include "kernels/blas.h"
 #include "kernels/lmhead_loss.h"
-#include "tests/testutil.h"
+#include "k1util.h"
 
-#define CK_CUDA(x) do { cudaError_t e_ = (x); ck_assert_msg(e_ == cudaSuccess, "%s: %s", #x, cudaGetErrorString(e_)); } while (0)
-
-static void *dev_copy(const void *h, size_t bytes) {
-    void *d = NULL;
-    CK_CUDA(cudaMalloc(&d, bytes));
-    CK_CUDA(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-    return d;
-}
-static void fill_bf16(uint64_t *rng, bf16 *hb, float *hf, size_t n, float lo, float hi) {
-    for (size_t i = 0; i < n; i++) {
-        hb[i] = float_to_bf16(test_rng_uniform(rng, lo, hi));
-        hf[i] = bf16_to_float(hb[i]);
-    }
-}
-static double maxdiff(const float *a, const float *b, size_t n) {
-    double m = 0;
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
-    return m;
-}
-static double maxabs(const float *a, size_t n) {
-    double m = 0;
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i]));
-    return m;
-}
 
 static void one(int T, int N, int B, int D, int V, int loss, int weighting, int chunk, uint64_t seed) {
     lmhead_loss_config c = {T, N, B, D, V, loss, weighting, 4.0f, 0.5f, 1e-6f};
@@ -50,10 +26,10 @@ static void one(int T, int N, int B, int D, int V, int loss, int weighting, int 
     float *x = malloc(4 * nx), *h = malloc(4 * nh), *vh = malloc(4 * nh), *last = malloc(4 * nl), *w = malloc(4 * (size_t)D);
     /* logits of std ~ 3: x, heads ~ U(-1,1)·k so that the softmax is neither flat nor one-hot */
     float sc = sqrtf(27.0f / D);
-    fill_bf16(&rng, xb, x, nx, -1, 1);
-    fill_bf16(&rng, hb, h, nh, -sc, sc);
-    fill_bf16(&rng, vb, vh, nh, -sc, sc);
-    fill_bf16(&rng, lb, last, nl, -3, 3);
+    k1_fill_bf16(&rng, xb, x, nx, -1, 1);
+    k1_fill_bf16(&rng, hb, h, nh, -sc, sc);
+    k1_fill_bf16(&rng, vb, vh, nh, -sc, sc);
+    k1_fill_bf16(&rng, lb, last, nl, -3, 3);
     for (int e = 0; e < D; e++) w[e] = test_rng_uniform(&rng, 0.5f, 1.5f);
     int32_t *anchors = malloc(4 * (size_t)N);
     uint8_t *valid = malloc((size_t)N), *mask = malloc((size_t)T);
@@ -73,46 +49,46 @@ static void one(int T, int N, int B, int D, int V, int loss, int weighting, int 
     ck_assert(lmhead_loss_backward_ref(&c, x, h, vh, w, last, anchors, valid, mask, 0, rw32, dx32, err, sizeof err) == 0);
     ck_assert(lmhead_loss_backward_ref(&c, x, h, vh, w, last, anchors, valid, mask, 1, rwbf, dxbf, err, sizeof err) == 0);
 
-    bf16 *d_x = dev_copy(xb, 2 * nx), *d_h = dev_copy(hb, 2 * nh), *d_vh = dev_copy(vb, 2 * nh), *d_last = dev_copy(lb, 2 * nl);
-    float *d_w = dev_copy(w, 4 * (size_t)D);
-    int32_t *d_a = dev_copy(anchors, 4 * (size_t)N);
-    uint8_t *d_valid = dev_copy(valid, (size_t)N), *d_mask = dev_copy(mask, (size_t)T);
+    bf16 *d_x = k1_upload(xb, 2 * nx), *d_h = k1_upload(hb, 2 * nh), *d_vh = k1_upload(vb, 2 * nh), *d_last = k1_upload(lb, 2 * nl);
+    float *d_w = k1_upload(w, 4 * (size_t)D);
+    int32_t *d_a = k1_upload(anchors, 4 * (size_t)N);
+    uint8_t *d_valid = k1_upload(valid, (size_t)N), *d_mask = k1_upload(mask, (size_t)T);
     float *d_L, *d_rl, *d_rw, *d_dx;
     int32_t *d_c, *d_t;
-    CK_CUDA(cudaMalloc((void **)&d_L, 4));
-    CK_CUDA(cudaMalloc((void **)&d_rl, 4 * (size_t)R));
-    CK_CUDA(cudaMalloc((void **)&d_rw, 4 * (size_t)R));
-    CK_CUDA(cudaMalloc((void **)&d_dx, 4 * nx));
-    CK_CUDA(cudaMalloc((void **)&d_c, 4 * (size_t)B));
-    CK_CUDA(cudaMalloc((void **)&d_t, 4 * (size_t)B));
-    CK_CUDA(cudaMemset(d_dx, 0xff, 4 * nx));   /* poison */
-    CK_CUDA(cudaMemset(d_rl, 0xff, 4 * (size_t)R));
+    K1_CUDA(cudaMalloc((void **)&d_L, 4));
+    K1_CUDA(cudaMalloc((void **)&d_rl, 4 * (size_t)R));
+    K1_CUDA(cudaMalloc((void **)&d_rw, 4 * (size_t)R));
+    K1_CUDA(cudaMalloc((void **)&d_dx, 4 * nx));
+    K1_CUDA(cudaMalloc((void **)&d_c, 4 * (size_t)B));
+    K1_CUDA(cudaMalloc((void **)&d_t, 4 * (size_t)B));
+    K1_CUDA(cudaMemset(d_dx, 0xff, 4 * nx));   /* poison */
+    K1_CUDA(cudaMemset(d_rl, 0xff, 4 * (size_t)R));
     lmhead_loss_ws *ws;
     ck_assert_msg(lmhead_loss_ws_init(&ws, &c, chunk) == 0, "%s", kernels_error());
     ck_assert_msg(lmhead_loss_forward(ws, &c, d_x, d_h, d_vh, d_w, d_last, d_a, d_valid, d_mask, d_L, d_rl, d_rw, d_c, d_t,
                                       0) == 0, "%s", kernels_error());
     ck_assert_msg(lmhead_loss_backward(ws, &c, d_x, d_h, d_vh, d_rw, d_dx, 0) == 0, "%s", kernels_error());
-    CK_CUDA(cudaDeviceSynchronize());
+    K1_CUDA(cudaDeviceSynchronize());
     float Lg, *rlg = malloc(4 * (size_t)R), *rwg = malloc(4 * (size_t)R), *dxg = malloc(4 * nx);
     int32_t *cg = malloc(4 * (size_t)B), *tg = malloc(4 * (size_t)B);
-    CK_CUDA(cudaMemcpy(&Lg, d_L, 4, cudaMemcpyDeviceToHost));
-    CK_CUDA(cudaMemcpy(rlg, d_rl, 4 * (size_t)R, cudaMemcpyDeviceToHost));
-    CK_CUDA(cudaMemcpy(rwg, d_rw, 4 * (size_t)R, cudaMemcpyDeviceToHost));
-    CK_CUDA(cudaMemcpy(dxg, d_dx, 4 * nx, cudaMemcpyDeviceToHost));
-    CK_CUDA(cudaMemcpy(cg, d_c, 4 * (size_t)B, cudaMemcpyDeviceToHost));
-    CK_CUDA(cudaMemcpy(tg, d_t, 4 * (size_t)B, cudaMemcpyDeviceToHost));
+    K1_CUDA(cudaMemcpy(&Lg, d_L, 4, cudaMemcpyDeviceToHost));
+    K1_CUDA(cudaMemcpy(rlg, d_rl, 4 * (size_t)R, cudaMemcpyDeviceToHost));
+    K1_CUDA(cudaMemcpy(rwg, d_rw, 4 * (size_t)R, cudaMemcpyDeviceToHost));
+    K1_CUDA(cudaMemcpy(dxg, d_dx, 4 * nx, cudaMemcpyDeviceToHost));
+    K1_CUDA(cudaMemcpy(cg, d_c, 4 * (size_t)B, cudaMemcpyDeviceToHost));
+    K1_CUDA(cudaMemcpy(tg, d_t, 4 * (size_t)B, cudaMemcpyDeviceToHost));
 
     double eL = fabs((double)Lg - L32), bL = fabs((double)Lbf - L32);
-    double erl = maxdiff(rlg, rl32, R), brl = maxdiff(rlbf, rl32, R);
-    double erw = maxdiff(rwg, rw32, R), brw = maxdiff(rwbf, rw32, R);
-    double edx = maxdiff(dxg, dx32, nx), bdx = maxdiff(dxbf, dx32, nx);
+    double erl = k1_max_abs_diff(rlg, rl32, R), brl = k1_max_abs_diff(rlbf, rl32, R);
+    double erw = k1_max_abs_diff(rwg, rw32, R), brw = k1_max_abs_diff(rwbf, rw32, R);
+    double edx = k1_max_abs_diff(dxg, dx32, nx), bdx = k1_max_abs_diff(dxbf, dx32, nx);
     fprintf(stderr, "T=%d N=%d B=%d D=%d V=%d loss=%d w=%d chunk=%d: L %.6g (err %.3g, bf16 ref %.3g) row_loss %.3g/%.3g "
             "weight %.3g/%.3g dxn %.3g/%.3g (max %.3g)\n", T, N, B, D, V, loss, weighting, chunk, L32, eL, bL, erl, brl, erw,
-            brw, edx, bdx, maxabs(dx32, nx));
+            brw, edx, bdx, k1_max_abs(dx32, nx));
     ck_assert_msg(eL <= 2 * bL + 1e-6 * fabs(L32) + 1e-7, "loss: err %.4g > 2 x %.4g", eL, bL);
-    ck_assert_msg(erl <= 2 * brl + 1e-6 * maxabs(rl32, R) + 1e-7, "row_loss: err %.4g > 2 x %.4g", erl, brl);
-    ck_assert_msg(erw <= 2 * brw + 1e-6 * maxabs(rw32, R) + 1e-7, "row_weight: err %.4g > 2 x %.4g", erw, brw);
-    ck_assert_msg(edx <= 3 * bdx + 1e-6 * maxabs(dx32, nx) + 1e-9, "dxn: err %.4g > 3 x %.4g", edx, bdx);
+    ck_assert_msg(erl <= 2 * brl + 1e-6 * k1_max_abs(rl32, R) + 1e-7, "row_loss: err %.4g > 2 x %.4g", erl, brl);
+    ck_assert_msg(erw <= 2 * brw + 1e-6 * k1_max_abs(rw32, R) + 1e-7, "row_weight: err %.4g > 2 x %.4g", erw, brw);
+    ck_assert_msg(edx <= 3 * bdx + 1e-6 * k1_max_abs(dx32, nx) + 1e-9, "dxn: err %.4g > 3 x %.4g", edx, bdx);
     for (int j = 0; j < B; j++) {
         ck_assert_int_eq(tg[j], t32[j]);
         ck_assert_msg(abs(cg[j] - cbf[j]) <= tbf[j] / 100 + 1, "correct[%d]: gpu %d, bf16 ref %d of %d", j, cg[j], cbf[j], tbf[j]);
@@ -178,14 +154,14 @@ START_TEST(lmhead_gpu_prune) {
     uint64_t rng = 9;
     bf16 *full = malloc(2 * VT * D), *out = malloc(2 * VD * D);
     float *ff = malloc(4 * VT * D), *pf = malloc(4 * VD * D);
-    fill_bf16(&rng, full, ff, (size_t)VT * D, -1, 1);
+    k1_fill_bf16(&rng, full, ff, (size_t)VT * D, -1, 1);
     char err[256];
     ck_assert(lmhead_prune_ref(ff, VT, D, d2t, VD, pf, err, sizeof err) == 0);
-    bf16 *d_full = dev_copy(full, 2 * VT * D), *d_out;
-    int64_t *d_d2t = dev_copy(d2t, sizeof d2t);
-    CK_CUDA(cudaMalloc((void **)&d_out, 2 * VD * D));
+    bf16 *d_full = k1_upload(full, 2 * VT * D), *d_out;
+    int64_t *d_d2t = k1_upload(d2t, sizeof d2t);
+    K1_CUDA(cudaMalloc((void **)&d_out, 2 * VD * D));
     ck_assert(lmhead_prune(d_full, VT, D, d_d2t, VD, d_out, 0) == 0);
-    CK_CUDA(cudaMemcpy(out, d_out, 2 * VD * D, cudaMemcpyDeviceToHost));
+    K1_CUDA(cudaMemcpy(out, d_out, 2 * VD * D, cudaMemcpyDeviceToHost));
     for (int i = 0; i < VD * D; i++) ck_assert_float_eq(bf16_to_float(out[i]), pf[i]);
     cudaFree(d_full); cudaFree(d_out); cudaFree(d_d2t);
     free(full); free(out); free(ff); free(pf);

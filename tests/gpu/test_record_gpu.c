@@ -96,27 +96,12 @@ static int producer_main(void *arg) {
 }
 
 static pid_t spawn_record(const char **extra) {
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        char path[800];
-        snprintf(path, sizeof path, "%s/record.out", g_run);
-        int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
-        const char *argv[24];
-        int n = 0;
-        argv[n++] = test_bin("dflash-record");
-        argv[n++] = "--run";
-        argv[n++] = g_run;
-        argv[n++] = "--device";
-        argv[n++] = "cuda:0";
-        for (int i = 0; extra[i] && n < 23; i++) argv[n++] = extra[i];
-        argv[n] = NULL;
-        execv(argv[0], (char **)argv);
-        _exit(127);
-    }
-    return pid;
+    char path[800];
+    snprintf(path, sizeof path, "%s/record.out", g_run);
+    const char *argv[24] = {test_bin("dflash-record"), "--run", g_run, "--device", "cuda:0"};
+    int n = 5;
+    for (int i = 0; extra[i] && n < 23; i++) argv[n++] = extra[i];
+    return test_spawn_log(path, argv);
 }
 
 static char *slurp(const char *path) {

@@ -10,7 +10,11 @@
  * K1c's default (two rows per row group of <= 32 lanes when the grid exceeds a wave; the dw sum by
  * programmatic dependent launch) is covered for groups of 8, 16 and 32 lanes, 1, 2 and 4 vectors,
  * partial vectors and a partial last block; K1b's path (DFLASH_RMSNORM_KERNEL=2) runs on the same
- * shapes, so a revert lands on tested code.
+ * shapes, so a revert lands on tested code. K1e's backward (variant 4, the default) runs on every
+ * shape above: dw summed by the last block (C <= 256) or by the PDL sum kernel (C > 256), with
+ * several row steps per block; after each call the scratch's ticket header must be back to zero, and
+ * one scratch serves calls of several N in a row (rmsnorm_gpu_scratch_reuse). K1c's backward
+ * (DFLASH_RMSNORM_KERNEL=3) keeps its own case.
  *
  * Tolerances: y is one bf16 rounding of an fp32 value (≤ 2^-9 relative): rtol 1.6e-2, atol 1e-2.
  * rstd: fp32 sum of squares vs double, rtol 1e-4. dx = rstd·(w·dy − x̂·m) cancels, so its absolute
@@ -30,6 +34,7 @@ static void one(int N, int C, int resid, uint64_t seed) {
     bf16 *d_dx = k1_upload_bf16(dx0, n), *d_y = k1_malloc(2 * n);
     float *d_w = k1_upload(w, 4 * (size_t)C), *d_rstd = k1_malloc(4 * (size_t)N), *d_dw = k1_malloc(4 * (size_t)C);
     float *d_scr = k1_malloc(4 * rmsnorm_backward_scratch_floats(N, C));
+    K1_CUDA(cudaMemset(d_scr, 0, 4 * rmsnorm_backward_scratch_floats(N, C)));   /* once, as rmsnorm.h asks */
     k1_poison(d_y, 2 * n);
     char what[96];
     snprintf(what, sizeof what, "N=%d C=%d resid=%d", N, C, resid);
@@ -71,6 +76,9 @@ static void one(int N, int C, int resid, uint64_t seed) {
     K1_LAUNCH(rmsnorm_backward(d_dx, d_dw, d_dy, d_in, d_w, d_rstd, d_scr, N, C, 0, 0));
     K1_CUDA(cudaMemcpy(gdw2, d_dw, 4 * (size_t)C, cudaMemcpyDeviceToHost));
     ck_assert(memcmp(gdw, gdw2, 4 * (size_t)C) == 0);
+    unsigned hdr[32];
+    K1_CUDA(cudaMemcpy(hdr, d_scr, sizeof hdr, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 32; i++) ck_assert_msg(hdr[i] == 0, "%s: scratch header word %d = %u after the call", what, i, hdr[i]);
     /* accumulate_dx = 0 overwrites */
     float *dxp = malloc(4 * n);
     rmsnorm_backward_ref(dxp, NULL, dy, xin, w, grstd, N, C, 0);
@@ -137,6 +145,58 @@ START_TEST(rmsnorm_gpu_k1b_path) {
 }
 END_TEST
 
+START_TEST(rmsnorm_gpu_k1c_path) {
+    setenv("DFLASH_RMSNORM_KERNEL", "3", 1);
+    for (int s = 0; s < 6; s++) one(two_row_shapes[s][0], two_row_shapes[s][1], s % 2, 120 + s);
+    one(2001, 4096, 1, 130);
+    one(3, 8192, 0, 131);
+    unsetenv("DFLASH_RMSNORM_KERNEL");
+}
+END_TEST
+
+/* One scratch, sized for the largest N, serves a sequence of backward calls of different N at one C
+ * (the ticket must be reset by every call, the partials region must fit): each dw matches that of a
+ * call on a fresh scratch bit for bit. */
+static void reuse(int C, uint64_t seed) {
+    const int Ns[] = {40001, 1000, 1, 40001, 12345, 257};
+    const int Nmax = 40001;
+    size_t n = (size_t)Nmax * C, fl = 0;
+    for (int i = 0; i < 6; i++) {
+        size_t f = rmsnorm_backward_scratch_floats(Ns[i], C);
+        ck_assert(f <= rmsnorm_backward_scratch_floats(Nmax, C));
+        if (f > fl) fl = f;
+    }
+    float *x = k1_randn(&seed, n, -3, 3), *w = k1_randn(&seed, C, 0.5f, 1.5f), *dy = k1_randn(&seed, n, -1, 1);
+    bf16 *d_x = k1_upload_bf16(x, n), *d_dy = k1_upload_bf16(dy, n), *d_dx = k1_malloc(2 * n);
+    float *d_w = k1_upload(w, 4 * (size_t)C), *d_rstd = k1_malloc(4 * (size_t)Nmax), *d_dw = k1_malloc(4 * (size_t)C);
+    float *d_y = k1_malloc(2 * n), *shared = k1_malloc(4 * fl), *fresh = k1_malloc(4 * fl);
+    float *a = malloc(4 * (size_t)C), *b = malloc(4 * (size_t)C);
+    K1_CUDA(cudaMemset(shared, 0, 4 * fl));
+    K1_LAUNCH(rmsnorm_forward((bf16 *)d_y, d_rstd, d_x, d_w, Nmax, C, 1e-6f, 0));
+    for (int i = 0; i < 6; i++) {
+        K1_CUDA(cudaMemset(d_dw, 0, 4 * (size_t)C));
+        K1_LAUNCH(rmsnorm_backward(d_dx, d_dw, d_dy, d_x, d_w, d_rstd, shared, Ns[i], C, 0, 0));
+        K1_CUDA(cudaMemcpy(a, d_dw, 4 * (size_t)C, cudaMemcpyDeviceToHost));
+        K1_CUDA(cudaMemset(fresh, 0, 4 * fl));
+        K1_CUDA(cudaMemset(d_dw, 0, 4 * (size_t)C));
+        K1_LAUNCH(rmsnorm_backward(d_dx, d_dw, d_dy, d_x, d_w, d_rstd, fresh, Ns[i], C, 0, 0));
+        K1_CUDA(cudaMemcpy(b, d_dw, 4 * (size_t)C, cudaMemcpyDeviceToHost));
+        ck_assert_msg(memcmp(a, b, 4 * (size_t)C) == 0, "C=%d N=%d: dw on a reused scratch differs", C, Ns[i]);
+        double s = 0;
+        for (int c = 0; c < C; c++) s += fabs(a[c]);
+        ck_assert_msg(s > 0, "C=%d N=%d: dw is all zero", C, Ns[i]);
+    }
+    cudaFree(d_x); cudaFree(d_dy); cudaFree(d_dx); cudaFree(d_w); cudaFree(d_rstd); cudaFree(d_dw); cudaFree(d_y);
+    cudaFree(shared); cudaFree(fresh);
+    free(x); free(w); free(dy); free(a); free(b);
+}
+
+START_TEST(rmsnorm_gpu_scratch_reuse) {
+    reuse(128, 140);    /* dw summed by the last block */
+    reuse(1024, 141);   /* dw summed by the PDL kernel */
+}
+END_TEST
+
 START_TEST(rmsnorm_gpu_preconditions) {
     bf16 *x = k1_malloc(4096);
     float *w = k1_malloc(4096);
@@ -158,6 +218,8 @@ int main(void) {
     tcase_add_test(tc, rmsnorm_gpu_production);
     tcase_add_test(tc, rmsnorm_gpu_two_row_groups);
     tcase_add_test(tc, rmsnorm_gpu_k1b_path);
+    tcase_add_test(tc, rmsnorm_gpu_k1c_path);
+    tcase_add_test(tc, rmsnorm_gpu_scratch_reuse);
     tcase_add_test(tc, rmsnorm_gpu_preconditions);
     suite_add_tcase(s, tc);
     return test_run_suite(s);

@@ -29,18 +29,7 @@
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
 
-static pid_t spawn_log(const char *log, const char **argv) {
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
-        execv(argv[0], (char **)argv);
-        _exit(127);
-    }
-    return pid;
-}
+static pid_t spawn_log(const char *log, const char **argv) { return test_spawn_log(log, argv); }
 
 /* Write a model with dflash-mkmodel into <dir>/model (and a dataset when data != NULL). */
 static void make_model(const char *dir, int llama, char *model, size_t len, const char *data) {
