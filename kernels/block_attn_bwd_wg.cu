@@ -15,14 +15,37 @@
  *      as four commit groups, so Pᵀ is computed while dPᵀ runs and dSᵀ while dV runs. dK is scaled by the
  *      softmax scale once, at the store. Load balance: a plan kernel first counts each tile's visits (into
  *      dq's scratch after Di) and kernel 2's CTAs take the tiles longest first (tiles near a document's
- *      start are seen by every later block of it). DFLASH_BA_WG_KV=1 (read per call) runs kernel 2 with
- *      one warpgroup (64 keys) per CTA and two CTAs per SM instead: a measurement knob.
+ *      start are seen by every later block of it). The scan keeps each visiting block's anchor and doc id
+ *      in shared memory (no dependent global loads at each visit).
  *   3. per (block, kv head), one warpgroup: dQ = scale · Σ dS·K over the block's key tiles (context tiles of
  *      its narrowed range, then the block tile; S = Q·Kᵀ and dP = dO·Vᵀ recomputed with wg_mma_ss, dQ with
  *      wg_mma_rs and K as an MN-major operand), then dK, dV of the block's own keys (only this CTA sees
  *      them) with kernel 2's visit on the block tile. Di is recomputed here from O and dO, because other
  *      CTAs overwrite the dq scratch. K/V tiles double buffered by cp.async (one barrier per tile); the
  *      block tile's S, dP, dQ products use N = 16 or 32 keys when B fits (wb_dq_tile<HD, NKEY>).
+ * Variants (environment, read per call; the default is KV=2p + Q=2 since round 3 (bench 84, 1.823 ms;
+ * round 1's was KV=2, Q=1), M=0), all deterministic and bitwise repeatable, validated and timed by
+ * kernels/bench/block_attn_bench.cu (variants 80-86):
+ *   DFLASH_BA_WG_KV=1   kernel 2 with one warpgroup per CTA, two CTAs per SM;
+ *   DFLASH_BA_WG_KV=2p  kernel 2 pipelined across visits (wb_kv_visit_p): a visit returns with its dK product
+ *                       in flight, the next visit's Sᵀ, dPᵀ queue behind it (no tensor-pipe drain at each
+ *                       visit's barrier); 4 stages, loads 2 visits ahead. Same products in the same order
+ *                       as KV=2.
+ *   DFLASH_BA_WG_KV=2d  kernel 2 as KV=2 with 4 stages, loads 3 visits ahead instead of 2 (load latency).
+ *   DFLASH_BA_WG_Q=2    kernel 3 with two blocks per CTA (wb_q2_kernel): one warpgroup per block, the context
+ *                       K/V tiles loaded once for both (union of the two ranges). Not bitwise equal to Q=1
+ *                       (other tile boundaries), deterministic.
+ *   DFLASH_BA_WG_M=1    the fast elementwise (bench 86) in KV=2p's visits and Q=2's tiles (other kernels keep
+ *                       theirs): branch-free masks (a select per element at most, none on full dQ tiles: a
+ *                       block's visible context keys are one contiguous range when its document is, checked
+ *                       once per block; doc ids are then not read), exp2 as one FFMA + ex2.approx.ftz with
+ *                       lse·log2(e) precomputed (kernel 2: by the Di kernel into dq's scratch after the plan),
+ *                       rows past the used ones masked by an exponent of −inf, lse / Di / slots read as pairs.
+ *                       The same values as M=0 (bitwise, except P below 2^-126, flushed to 0).
+ * ba_wg_backward_timed (the bench's entry) records events between the kernels and has two probes (timing
+ * only, results invalid): 1 skips every product (loads, scans and barriers: each kernel's floor without
+ * math), 2 keeps the products but skips the softmax math (exp, masks, dS: how much the register math
+ * between the wgmmas costs).
  * Row mapping of a 64-row query tile (as set 5): row r -> head g·G + r/B, slot r % B; rows >= G·B are
  * zero-filled and masked. Tiles are 64 rows × HD bf16 stored as HD/64 128B-swizzled panels of 8 KB.
  * P and dS are rounded to bf16 for the products (the reference's tolerance assumes it).
@@ -35,6 +58,7 @@
 #include "kernels/wgmma.cuh"
 
 #include <cstdlib>
+#include <cstring>
 
 #include <cuda_bf16.h>
 
@@ -48,6 +72,9 @@ constexpr int WB_Q_THREADS = 128;      /* kernel 3: one warpgroup */
 constexpr int WB_PLAN_MAX = 1024;      /* kernel 2 reorders its tiles (longest first) up to this many */
 /* kernel 2's query-tile pipeline depth: 3 with one CTA per SM (2 warpgroups), 2 with two (1 warpgroup) */
 __host__ __device__ constexpr int wb_stages(int nwg) { return nwg == 2 ? 3 : 2; }
+/* the pipelined variant (PIPE): 4 stages, loads 2 visits ahead (a buffer is refilled two visits after
+ * its visit, once every warpgroup's dK reading it has retired); DEEP (KV=2d): 4 stages, loads 3 ahead */
+__host__ __device__ constexpr int wb_stages(int nwg, bool pipe, bool deep) { return pipe || deep ? 4 : wb_stages(nwg); }
 
 template <int HD> struct wb_tile {
     static constexpr int bytes = 64 * HD * 2;   /* HD/64 panels */
@@ -61,6 +88,13 @@ __device__ __forceinline__ void wb_cp_async4(void *smem, const void *gmem, bool 
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(wg_smem_u32(smem)), "l"(gmem), "r"(ok ? 4 : 0));
 }
 
+/* 2^x, one MUFU.EX2 (flushes results below 2^-126 to 0; exp2f adds a range test and two FMULs per call) */
+__device__ __forceinline__ float wb_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ unsigned char *wb_align1024(unsigned char *p) {
     uint32_t s = wg_smem_u32(p);
     return p + ((1024u - (s & 1023u)) & 1023u);
@@ -69,9 +103,9 @@ __device__ __forceinline__ unsigned char *wb_align1024(unsigned char *p) {
 /* 64 query rows of (b, g) from src (q or dout) into a panel tile; rows >= used zero-filled. NT threads. */
 template <int HD, int NT>
 __device__ __forceinline__ void wb_load_qrows(unsigned char *dst, const __nv_bfloat16 *src, int b, int g, int B, int G,
-                                              int n_h, int used) {
+                                              int n_h, int used, int tid = threadIdx.x) {
     constexpr int CH = HD / 8;
-    for (int i = threadIdx.x; i < WB_ROWS * CH; i += NT) {
+    for (int i = tid; i < WB_ROWS * CH; i += NT) {
         int r = i / CH, c = i % CH;
         bool ok = r < used;
         size_t row = ok ? ((size_t)(b * B + r % B) * n_h + g * G + r / B) : 0;
@@ -81,7 +115,8 @@ __device__ __forceinline__ void wb_load_qrows(unsigned char *dst, const __nv_bfl
 
 /* Kernel 1: Di[h·R + row] = Σ dO·O over the head dim (a copy of set 5's). */
 template <int HD>
-__global__ void wb_di_kernel(const __nv_bfloat16 *out, const __nv_bfloat16 *dout, float *di, int R, int n_h) {
+__global__ void wb_di_kernel(const __nv_bfloat16 *out, const __nv_bfloat16 *dout, float *di, int R, int n_h,
+                             const float *lse = nullptr, float *lse2 = nullptr) {
     constexpr int CH = HD / 8;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t pair = i / CH;
@@ -100,6 +135,7 @@ __global__ void wb_di_kernel(const __nv_bfloat16 *out, const __nv_bfloat16 *dout
     if (pair < (size_t)R * n_h && i % CH == 0) {
         size_t row = pair / n_h, h = pair % n_h;
         di[h * R + row] = s;
+        if (lse2) lse2[h * R + row] = lse[h * R + row] * WB_LOG2E;   /* FM: lse·log2(e), as the visits had it */
     }
 }
 
@@ -108,10 +144,10 @@ __global__ void wb_di_kernel(const __nv_bfloat16 *out, const __nv_bfloat16 *dout
  * 16w + g and + 8) are visible to the block at all; causal >= 0: block keys, key k invisible to the
  * query slot j when k > j. sLse (natural log) and sDi per query row. The caller has fenced the
  * shared tiles (wg_fence_async_smem + barrier). Returns with no wgmma in flight. */
-template <int HD>
+template <int HD, int MODE = 0, bool FM = false>
 __device__ __forceinline__ void wb_kv_visit(uint32_t uK, uint32_t uV, uint32_t uQ, uint32_t udO, const float *sLse,
                                             const float *sDi, bool kok0, bool kok1, int causal, int used, int B,
-                                            float scale_log2, float *dk, float *dv) {
+                                            float scale_log2, float *dk, float *dv, const int *sSlot = nullptr) {
     const int lane = threadIdx.x & 31, wl = (threadIdx.x >> 5) & 3, t4 = lane & 3;
     float s[32], dp[32];   /* overwritten by the first k-step (scale-d 0) */
     wg_acc_fence<HD / 2>(dk);   /* materialise the accumulators before the fence (no injected arrive) */
@@ -133,6 +169,24 @@ __device__ __forceinline__ void wb_kv_visit(uint32_t uK, uint32_t uV, uint32_t u
     wg_acc_fence<32>(s);
     const int key0 = wl * 16 + (lane >> 2);
     uint32_t pa[4][4], da[4][4];
+    if (FM && MODE != 2) {
+        /* FM (DFLASH_BA_WG_M=1), the block keys of kernel 3: sSlot[col] = col % B (a table, no modulo per
+         * element), the exponent's lse·log2(e) once per column (+inf past the used rows), branch-free */
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int c0 = 8 * i + 2 * t4;
+            const float2 L = *reinterpret_cast<const float2 *>(sLse + c0);
+            const int2 J = *reinterpret_cast<const int2 *>(sSlot + c0);
+            const float l2a = c0 < used ? L.x * WB_LOG2E : __int_as_float(0x7f800000);
+            const float l2b = c0 + 1 < used ? L.y * WB_LOG2E : __int_as_float(0x7f800000);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = key0 + 8 * (e >> 1), j = (e & 1) ? J.y : J.x;
+                const float p = wb_ex2(fmaf(s[4 * i + e], scale_log2, -((e & 1) ? l2b : l2a)));
+                s[4 * i + e] = (e >= 2 ? kok1 : kok0) && !(causal >= 0 && key > j) ? p : 0.f;
+            }
+        }
+    } else {
 #pragma unroll
     for (int i = 0; i < 8; i++) {
 #pragma unroll
@@ -140,8 +194,10 @@ __device__ __forceinline__ void wb_kv_visit(uint32_t uK, uint32_t uV, uint32_t u
             const int col = 8 * i + 2 * t4 + (e & 1);   /* query row of the tile */
             const int key = key0 + 8 * (e >> 1);
             const bool vis = (e >= 2 ? kok1 : kok0) && col < used && !(causal >= 0 && key > col % B);
-            s[4 * i + e] = vis ? exp2f(s[4 * i + e] * scale_log2 - sLse[col] * WB_LOG2E) : 0.f;
+            if (MODE == 2) s[4 * i + e] *= scale_log2;   /* probe 2: the products without the softmax math */
+            else s[4 * i + e] = vis ? exp2f(s[4 * i + e] * scale_log2 - sLse[col] * WB_LOG2E) : 0.f;
         }
+    }
     }
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
@@ -158,7 +214,7 @@ __device__ __forceinline__ void wb_kv_visit(uint32_t uK, uint32_t uV, uint32_t u
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int col = 8 * i + 2 * t4 + (e & 1);
-            dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - sDi[col]);
+            if (MODE != 2) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - sDi[col]);
         }
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
@@ -173,6 +229,117 @@ __device__ __forceinline__ void wb_kv_visit(uint32_t uK, uint32_t uV, uint32_t u
     wg_acc_fence<HD / 2>(dv);
     wg_reg_fence<16>(&pa[0][0]);
     wg_reg_fence<16>(&da[0][0]);
+}
+
+/* wb_kv_visit for kernel 2's pipelined variant (DFLASH_BA_WG_KV=2p): returns with this visit's dK
+ * product still in flight (one commit group), so the tensor core is not drained at every visit's
+ * barrier; the next visit's Sᵀ and dPᵀ queue behind it. da (16 registers: the dSᵀ A-fragments) must
+ * stay untouched until the product completes: it lives in the caller and is fenced after the next
+ * visit's wg_wait<1> (which retires the previous dK and this Sᵀ), or after wb_kv_drain. The caller
+ * must not refill a Q buffer until every warpgroup has passed the wait that retires the dK reading it.
+ * Context keys only (no causal test). */
+template <int HD, int MODE = 0, bool FM = false>
+__device__ __forceinline__ void wb_kv_visit_p(uint32_t uK, uint32_t uV, uint32_t uQ, uint32_t udO, const float *sLse,
+                                              const float *sDi, bool kok0, bool kok1, int used, float scale_log2,
+                                              float *dk, float *dv, uint32_t *da) {
+    const int lane = threadIdx.x & 31, t4 = lane & 3;
+    float s[32], dp[32];
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const uint32_t off = (uint32_t)((kk >> 2) * WB_PANEL + (kk & 3) * 32);
+        wg_mma_ss<64, 0, 0>(s, wg_desc_kmajor(uK + off), wg_desc_kmajor(uQ + off), kk > 0);
+    }
+    wg_commit();   /* Sᵀ */
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const uint32_t off = (uint32_t)((kk >> 2) * WB_PANEL + (kk & 3) * 32);
+        wg_mma_ss<64, 0, 0>(dp, wg_desc_kmajor(uV + off), wg_desc_kmajor(udO + off), kk > 0);
+    }
+    wg_commit();   /* dPᵀ */
+    wg_wait<1>();  /* the previous visit's dK and this Sᵀ done */
+    wg_acc_fence<32>(s);
+    wg_reg_fence<16>(da);
+    uint32_t pa[4][4];
+    if (FM && MODE != 2) {
+        /* FM (DFLASH_BA_WG_M=1): sLse holds lse·log2(e) (the Di kernel's lse2). Branch-free: the thread's 16
+         * query columns' exponents once per visit (+inf past the used rows: exp2 gives 0), then per element
+         * one FFMA, one MUFU.EX2 and one select on the key row's visibility. Same values as below. */
+        float l2c[16];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int c0 = 8 * i + 2 * t4;
+            const float2 L = *reinterpret_cast<const float2 *>(sLse + c0);
+            l2c[2 * i] = c0 < used ? L.x : __int_as_float(0x7f800000);
+            l2c[2 * i + 1] = c0 + 1 < used ? L.y : __int_as_float(0x7f800000);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float p = wb_ex2(fmaf(s[4 * i + e], scale_log2, -l2c[2 * i + (e & 1)]));
+                s[4 * i + e] = (e >= 2 ? kok1 : kok0) ? p : 0.f;
+            }
+    } else {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int col = 8 * i + 2 * t4 + (e & 1);
+            const bool vis = (e >= 2 ? kok1 : kok0) && col < used;
+            if (MODE == 2) s[4 * i + e] *= scale_log2;
+            else s[4 * i + e] = vis ? exp2f(s[4 * i + e] * scale_log2 - sLse[col] * WB_LOG2E) : 0.f;
+        }
+    }
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) pa[kk][j] = mma_pack_bf16x2(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+    wg_acc_fence<HD / 2>(dv);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wg_mma_rs<HD, 1>(dv, pa[kk], wg_desc_mnmajor(udO + kk * 2048, WB_PANEL), 1);
+    wg_commit();   /* dV += Pᵀ·dO */
+    wg_wait<1>();  /* dPᵀ done */
+    wg_acc_fence<32>(dp);
+    if (FM && MODE != 2) {   /* Di of the thread's 16 columns, 8 paired loads */
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float2 D = *reinterpret_cast<const float2 *>(sDi + 8 * i + 2 * t4);
+#pragma unroll
+            for (int e = 0; e < 4; e++) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? D.y : D.x));
+        }
+    } else {
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int col = 8 * i + 2 * t4 + (e & 1);
+            if (MODE != 2) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - sDi[col]);
+        }
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) da[4 * kk + j] = mma_pack_bf16x2(dp[8 * kk + 2 * j], dp[8 * kk + 2 * j + 1]);
+    wg_acc_fence<HD / 2>(dk);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wg_mma_rs<HD, 1>(dk, da + 4 * kk, wg_desc_mnmajor(uQ + kk * 2048, WB_PANEL), 1);
+    wg_commit();   /* dK += dSᵀ·Q */
+    wg_wait<1>();  /* dV done (pa free); dK stays in flight */
+    wg_acc_fence<HD / 2>(dv);
+    wg_reg_fence<16>(&pa[0][0]);
+}
+
+/* retire every wgmma of the warpgroup (the pipelined variant's dK) and fence its registers */
+template <int HD>
+__device__ __forceinline__ void wb_kv_drain(float *dk, float *dv, uint32_t *da) {
+    wg_wait<0>();
+    wg_acc_fence<HD / 2>(dk);
+    wg_acc_fence<HD / 2>(dv);
+    wg_reg_fence<16>(da);
 }
 
 /* fp32 rows (row, n_kv, HD) · mul from a warpgroup accumulator; thread rows r0 (d[4i], d[4i+1]) and r1
@@ -192,8 +359,10 @@ __device__ __forceinline__ void wb_store_acc(float *dst, const float *acc, float
 /* Which warpgroups of a CTA owning context keys [p0, p0 + np_keys) (sDoc: their doc ids) block b visits:
  * bit w set when a key of warpgroup w's 64 is visible to b (exact: the per-key test of the mask). */
 __device__ __forceinline__ int wb_visit_flags(const int32_t *anchors, const int32_t *doc_ids, const int *sDoc, int b,
-                                              int p0, int np_keys, int window) {
+                                              int p0, int np_keys, int window, int *a_out = nullptr,
+                                              int *d_out = nullptr) {
     const int a = anchors[b], d = doc_ids[a];
+    if (a_out) { *a_out = a; *d_out = d; }
     const int lo = window > 0 ? max(0, a - window) : 0;
     const int x0 = max(lo, p0), x1 = min(a, p0 + np_keys);
     int flag = 0;
@@ -227,20 +396,22 @@ __global__ void __launch_bounds__(128) wb_plan_kernel(const int32_t *anchors, co
 /* Kernel 2: dK, dV of the context keys [NWG·64·tile, +NWG·64) for kv head g; NWG warpgroups (2: one CTA
  * per SM sharing each visit's Q/dO tile; 1: two independent CTAs per SM). (tile, g) = (blockIdx.x,
  * blockIdx.y), or with a plan the tiles longest first, all kv heads of a tile together. */
-template <int HD, int NWG>
+template <int HD, int NWG, bool PIPE, int PROBE, bool DEEP = false, bool FM = false>
 __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
 wb_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
              const int32_t *doc_ids, const __nv_bfloat16 *dout, const float *lse, const float *di, float *dk, float *dv,
              const int *plan, int T, int N, int B, int n_h, int n_kv, int window, float scale_log2, float scale) {
-    constexpr int CH = HD / 8, TB = wb_tile<HD>::bytes, NK = NWG * WB_KT, NT = NWG * 128, ST = wb_stages(NWG);
+    constexpr int CH = HD / 8, TB = wb_tile<HD>::bytes, NK = NWG * WB_KT, NT = NWG * 128,
+                  ST = wb_stages(NWG, PIPE, DEEP), PD = PIPE ? ST - 2 : ST - 1;   /* PD: load distance in visits */
     extern __shared__ unsigned char wb_smem_raw[];
     unsigned char *sm = wb_align1024(wb_smem_raw);
     unsigned char *sK = sm;              /* [NWG warpgroups][tile] */
     unsigned char *sV = sK + NWG * TB;   /* [NWG][tile] */
     unsigned char *sQ = sV + NWG * TB;   /* [ST buffers][tile] */
     unsigned char *sdO = sQ + ST * TB;   /* [ST buffers][tile] */
-    __shared__ float sLse[ST][WB_ROWS], sDi[ST][WB_ROWS];
-    __shared__ int sDoc[NK], sList[NT], sWarpN[NT / 32];
+    __shared__ __align__(16) float sLse[ST][WB_ROWS];   /* FM: lse·log2(e) (the caller passes lse2) */
+    __shared__ __align__(16) float sDi[ST][WB_ROWS];
+    __shared__ int sDoc[NK], sList[NT], sWarpN[NT / 32], sVA[NT], sVD[NT];   /* sVA, sVD: anchor, doc */
 
     __shared__ int sTile, sPlan[WB_PLAN_MAX];
     const int G = n_h / n_kv, used = G * B, R = N * B;
@@ -278,6 +449,9 @@ wb_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
     float dka[HD / 2], dva[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) dka[i] = dva[i] = 0.f;
+    uint32_t da[16];   /* PIPE: the dSᵀ fragments of the dK product in flight */
+#pragma unroll
+    for (int i = 0; i < 16; i++) da[i] = 0;
     const int kr0 = wg * 64 + ((tid >> 5) & 3) * 16 + (lane >> 2), kr1 = kr0 + 8;   /* key rows in the 128 */
     const uint32_t uK = wg_smem_u32(sK + wg * TB), uV = wg_smem_u32(sV + wg * TB);
 
@@ -295,7 +469,9 @@ wb_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
 
     for (int base = 0; base < N; base += NT) {
         __syncthreads();   /* sDoc is written; the previous chunk's readers of sList are done */
-        const int flag = base + tid < N ? wb_visit_flags(anchors, doc_ids, sDoc, base + tid, p0, np_keys, window) : 0;
+        int va = 0, vd = 0;
+        const int flag =
+            base + tid < N ? wb_visit_flags(anchors, doc_ids, sDoc, base + tid, p0, np_keys, window, &va, &vd) : 0;
         unsigned bal = __ballot_sync(0xffffffffu, flag != 0);
         if (lane == 0) sWarpN[warp] = __popc(bal);
         __syncthreads();
@@ -305,32 +481,46 @@ wb_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
             before += w < warp ? sWarpN[w] : 0;
             nvis += sWarpN[w];
         }
-        if (flag) sList[before + __popc(bal & ((1u << lane) - 1))] = (base + tid) | (flag << 28);
+        if (flag) {
+            const int pos = before + __popc(bal & ((1u << lane) - 1));
+            sList[pos] = (base + tid) | (flag << 28);
+            sVA[pos] = va;
+            sVD[pos] = vd;
+        }
         __syncthreads();
         if (nvis == 0) continue;
 #pragma unroll
-        for (int j = 0; j < ST - 1; j++) {   /* ST-stage pipeline: visits i .. i + ST - 2 in flight */
+        for (int j = 0; j < PD; j++) {   /* ST-stage pipeline: visits i .. i + PD - 1 in flight */
             if (j < nvis) load_visit(sList[j] & 0x0FFFFFFF, j);
             mma_commit();
         }
         int buf = 0;
         for (int i = 0; i < nvis; i++) {
-            mma_wait<ST - 2>();   /* visit i (and the K/V tile) landed */
+            mma_wait<PD - 1>();   /* visit i (and the K/V tile) landed */
             wg_fence_async_smem();
             __syncthreads();      /* visible to both warpgroups; everyone is done with visit i - 1's buffer */
-            const int nxt = i + ST - 1;
-            if (nxt < nvis) load_visit(sList[nxt] & 0x0FFFFFFF, nxt % ST);   /* into visit i - 1's buffer */
+            const int nxt = i + PD;
+            if (nxt < nvis) load_visit(sList[nxt] & 0x0FFFFFFF, nxt % ST);   /* into visit i + PD - ST's buffer */
             mma_commit();
-            const int e = sList[i], b = e & 0x0FFFFFFF, a = anchors[b], d = doc_ids[a];
-            if ((e >> (28 + wg)) & 1) {   /* uniform per warpgroup: skip when none of its keys is seen */
+            const int e = sList[i], a = sVA[i], d = sVD[i];   /* anchor and doc read at the scan */
+            if (PROBE == 1) {
+                /* the probe (ba_wg_backward_timed, bench only): loads, scans and barriers, no products */
+            } else if ((e >> (28 + wg)) & 1) {   /* uniform per warpgroup: skip when none of its keys is seen */
                 const int lo = window > 0 ? max(0, a - window) : 0;
                 const bool kok0 = kr0 < np_keys && sDoc[kr0] == d && p0 + kr0 < a && p0 + kr0 >= lo;
                 const bool kok1 = kr1 < np_keys && sDoc[kr1] == d && p0 + kr1 < a && p0 + kr1 >= lo;
-                wb_kv_visit<HD>(uK, uV, wg_smem_u32(sQ + buf * TB), wg_smem_u32(sdO + buf * TB), sLse[buf], sDi[buf],
-                                kok0, kok1, -1, used, B, scale_log2, dka, dva);
+                if (PIPE)
+                    wb_kv_visit_p<HD, PROBE, FM>(uK, uV, wg_smem_u32(sQ + buf * TB), wg_smem_u32(sdO + buf * TB), sLse[buf],
+                                      sDi[buf], kok0, kok1, used, scale_log2, dka, dva, da);
+                else
+                    wb_kv_visit<HD, PROBE>(uK, uV, wg_smem_u32(sQ + buf * TB), wg_smem_u32(sdO + buf * TB), sLse[buf],
+                                    sDi[buf], kok0, kok1, -1, used, B, scale_log2, dka, dva);
+            } else if (PIPE) {
+                wb_kv_drain<HD>(dka, dva, da);   /* its last dK may read a buffer refilled next visit */
             }
             buf = buf + 1 == ST ? 0 : buf + 1;
         }
+        if (PIPE) wb_kv_drain<HD>(dka, dva, da);   /* before the next chunk's loads reuse the buffers */
     }
     mma_wait<0>();   /* the K/V group when no block visited; the trailing empty groups */
     wb_store_acc<HD>(dk, dka, scale, (size_t)(p0 + kr0), kr0 < np_keys, (size_t)(p0 + kr1), kr1 < np_keys, n_kv, g);
@@ -359,13 +549,13 @@ __device__ __forceinline__ void wb_ctx_range(const int32_t *doc_ids, int a, int 
 }
 
 /* One key tile of kernel 3 for the warpgroup's 64 query rows: S = Q·Kᵀ, dP = dO·Vᵀ over the tile's first
- * NKEY keys (rows of uK/uV), P from lse, dS = P ⊙ (dP − Di), dqa += dS·K (unscaled). Visibility: key < nk,
+ * NKEY keys (rows of uK/uV), P from lse, dS = P ⊙ (dP − Di), dqa += dS·K (unscaled). Visibility: klo <= key < nk,
  * and for a context tile its doc id (sDocTb) == d, for the block tile the causal test against the query
  * slots j0 / j1; rows !ok0 / !ok1 are idle. l2x = lse·log2(e), dix = Di of the thread's two rows. All 128
  * threads call it; returns with no wgmma in flight. */
-template <int HD, int NKEY>
+template <int HD, int NKEY, int MODE = 0>
 __device__ __forceinline__ void wb_dq_tile(float *dqa, uint32_t uQ, uint32_t udO, uint32_t uK, uint32_t uV,
-                                           const int *sDocTb, int d, bool block_tile, int nk, bool ok0, bool ok1,
+                                           const int *sDocTb, int d, bool block_tile, int nk, int klo, bool ok0, bool ok1,
                                            int j0, int j1, int causal, float l20, float l21, float di0, float di1,
                                            float scale_log2) {
     const int lane = threadIdx.x & 31;
@@ -392,9 +582,72 @@ __device__ __forceinline__ void wb_dq_tile(float *dqa, uint32_t uQ, uint32_t udO
         for (int e = 0; e < 4; e++) {
             const int key = 8 * i + 2 * (lane & 3) + (e & 1);
             const bool second = e >= 2;
-            const bool vis = key < nk && (block_tile || sDocTb[key] == d) && (second ? ok1 : ok0) &&
+            const bool vis = key < nk && key >= klo && (block_tile || sDocTb[key] == d) && (second ? ok1 : ok0) &&
                              !(block_tile && causal && key > (second ? j1 : j0));
-            s[4 * i + e] = vis ? exp2f(s[4 * i + e] * scale_log2 - (second ? l21 : l20)) : 0.f;
+            if (MODE == 2) s[4 * i + e] *= scale_log2;
+            else s[4 * i + e] = vis ? exp2f(s[4 * i + e] * scale_log2 - (second ? l21 : l20)) : 0.f;
+        }
+    wg_wait<0>();
+    wg_acc_fence<NKEY / 2>(dp);
+    uint32_t da[NKEY / 16][4];
+#pragma unroll
+    for (int i = 0; i < NKEY / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (MODE != 2) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - (e >= 2 ? di1 : di0));
+#pragma unroll
+    for (int kk = 0; kk < NKEY / 16; kk++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) da[kk][j] = mma_pack_bf16x2(dp[8 * kk + 2 * j], dp[8 * kk + 2 * j + 1]);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < NKEY / 16; kk++) wg_mma_rs<HD, 1>(dqa, da[kk], wg_desc_mnmajor(uK + kk * 2048, WB_PANEL), 1);
+    wg_commit();   /* group 3: dQ += dS·K */
+    wg_wait<0>();
+    wg_acc_fence<HD / 2>(dqa);
+    wg_reg_fence<NKEY / 4>(&da[0][0]);
+}
+
+/* wb_dq_tile's fast elementwise (FM, DFLASH_BA_WG_M=1): the same products and values, branch-free. KM picks
+ * the key test, decided per tile by the caller (uniform per warpgroup): 0 a full context tile (every key
+ * visible: no test), 1 a context tile cut by the row-independent visible range [klo, nk) (the block's keys
+ * of its document are contiguous: two compares per key, no doc id), 2 as 1 plus the doc id (documents not
+ * contiguous: the general mask), 3 the block tile (key < nk, causal: key <= the row's slot). Rows past the
+ * used ones come with l20 / l21 = +inf (exp2 gives 0), so no row test. Per element: one FFMA, one
+ * MUFU.EX2, at most one select; dS = P·(dP − Di) with Di in registers. */
+template <int HD, int NKEY, int KM>
+__device__ __forceinline__ void wb_dq_tile_f(float *dqa, uint32_t uQ, uint32_t udO, uint32_t uK, uint32_t uV,
+                                             const int *sDocTb, int d, int nk, int klo, int j0, int j1, int causal,
+                                             float l20, float l21, float di0, float di1, float scale_log2) {
+    const int lane = threadIdx.x & 31;
+    float s[NKEY / 2], dp[NKEY / 2];
+    wg_acc_fence<HD / 2>(dqa);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const uint32_t off = (uint32_t)((kk >> 2) * WB_PANEL + (kk & 3) * 32);
+        wg_mma_ss<NKEY, 0, 0>(s, wg_desc_kmajor(uQ + off), wg_desc_kmajor(uK + off), kk > 0);
+    }
+    wg_commit();   /* group 1: S */
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const uint32_t off = (uint32_t)((kk >> 2) * WB_PANEL + (kk & 3) * 32);
+        wg_mma_ss<NKEY, 0, 0>(dp, wg_desc_kmajor(udO + off), wg_desc_kmajor(uV + off), kk > 0);
+    }
+    wg_commit();   /* group 2: dP */
+    wg_wait<1>();
+    wg_acc_fence<NKEY / 2>(s);
+#pragma unroll
+    for (int i = 0; i < NKEY / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int key = 8 * i + 2 * (lane & 3) + (e & 1);
+            const float p = wb_ex2(fmaf(s[4 * i + e], scale_log2, -(e >= 2 ? l21 : l20)));
+            bool vis = true;
+            if (KM == 1) vis = key >= klo && key < nk;
+            if (KM == 2) vis = key >= klo && key < nk && sDocTb[key] == d;
+            if (KM == 3) vis = key < nk && !(causal && key > (e >= 2 ? j1 : j0));
+            s[4 * i + e] = KM == 0 ? p : vis ? p : 0.f;
         }
     wg_wait<0>();
     wg_acc_fence<NKEY / 2>(dp);
@@ -417,7 +670,7 @@ __device__ __forceinline__ void wb_dq_tile(float *dqa, uint32_t uQ, uint32_t udO
 }
 
 /* Kernel 3: dQ of (block b, kv head g) and dK, dV of the block's own keys. */
-template <int HD>
+template <int HD, int PROBE>
 __global__ void __launch_bounds__(WB_Q_THREADS, 2)
 wb_q_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
             const int32_t *doc_ids, const __nv_bfloat16 *out, const __nv_bfloat16 *dout, const float *lse, float *dq,
@@ -507,15 +760,17 @@ wb_q_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 
         const float l20 = sLse[r0] * WB_LOG2E, l21 = sLse[r1] * WB_LOG2E, di0 = sDi[r0], di1 = sDi[r1];
         const int nk = block_tile ? B : min(WB_KT, c_hi - c_lo - t * WB_KT);
         /* the block tile multiplies only the 16 or 32 keys that hold its B keys when B allows */
-        if (!block_tile || B > 32)
-            wb_dq_tile<HD, 64>(dqa, uQ, udO, uK, uV, sDocT[buf], d, block_tile, nk, ok0, ok1, j0, j1, causal, l20, l21,
-                               di0, di1, scale_log2);
+        if (PROBE == 1) {
+            /* the probe (ba_wg_backward_timed, bench only): loads and barriers, no products */
+        } else if (!block_tile || B > 32)
+            wb_dq_tile<HD, 64, PROBE>(dqa, uQ, udO, uK, uV, sDocT[buf], d, block_tile, nk, 0, ok0, ok1, j0, j1, causal, l20,
+                               l21, di0, di1, scale_log2);
         else if (B > 16)
-            wb_dq_tile<HD, 32>(dqa, uQ, udO, uK, uV, sDocT[buf], d, block_tile, nk, ok0, ok1, j0, j1, causal, l20, l21,
-                               di0, di1, scale_log2);
+            wb_dq_tile<HD, 32, PROBE>(dqa, uQ, udO, uK, uV, sDocT[buf], d, block_tile, nk, 0, ok0, ok1, j0, j1, causal, l20,
+                               l21, di0, di1, scale_log2);
         else
-            wb_dq_tile<HD, 16>(dqa, uQ, udO, uK, uV, sDocT[buf], d, block_tile, nk, ok0, ok1, j0, j1, causal, l20, l21,
-                               di0, di1, scale_log2);
+            wb_dq_tile<HD, 16, PROBE>(dqa, uQ, udO, uK, uV, sDocT[buf], d, block_tile, nk, 0, ok0, ok1, j0, j1, causal, l20,
+                               l21, di0, di1, scale_log2);
         buf ^= 1;   /* the last (block) tile stays in buf ^ 1 for the dK/dV pass */
     }
     {
@@ -533,8 +788,214 @@ wb_q_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 
 #pragma unroll
         for (int i = 0; i < HD / 2; i++) dka[i] = dva[i] = 0.f;
         const int kr0 = r0, kr1 = r1;
-        wb_kv_visit<HD>(wg_smem_u32(sK + last * TB), wg_smem_u32(sV + last * TB), uQ, udO, sLse, sDi, kr0 < B, kr1 < B,
-                        causal ? 0 : -1, used, B, scale_log2, dka, dva);
+        if (PROBE != 1)
+            wb_kv_visit<HD, PROBE>(wg_smem_u32(sK + last * TB), wg_smem_u32(sV + last * TB), uQ, udO, sLse, sDi, kr0 < B,
+                            kr1 < B, causal ? 0 : -1, used, B, scale_log2, dka, dva);
+        const size_t row0 = (size_t)T + (size_t)b * B + kr0, row1 = (size_t)T + (size_t)b * B + kr1;
+        wb_store_acc<HD>(dk, dka, scale, row0, kr0 < B, row1, kr1 < B, n_kv, g);
+        wb_store_acc<HD>(dv, dva, 1.f, row0, kr0 < B, row1, kr1 < B, n_kv, g);
+    }
+}
+
+/* Kernel 3, two blocks per CTA (DFLASH_BA_WG_Q=2): warpgroup w handles block 2·blockIdx.x + w (as
+ * wb_q_kernel does one block), the context K/V tiles are loaded once for both over the union of their
+ * narrowed ranges (anchors are sorted, so consecutive blocks' ranges mostly coincide) and a warpgroup
+ * skips the tiles outside its own range; then each warpgroup's own block tile (buffer 2 for warpgroup 0,
+ * the free context buffer for warpgroup 1). Half the K/V traffic and tile barriers per block of
+ * wb_q_kernel, one CTA (256 threads) per SM instead of two of 128. Deterministic, but not bitwise equal
+ * to wb_q_kernel (the context keys fall into other 64-key tiles, so dQ's fp32 sums group differently). */
+template <int HD, int PROBE, bool FM = false>
+__global__ void __launch_bounds__(2 * WB_Q_THREADS, 1)
+wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
+             const int32_t *doc_ids, const __nv_bfloat16 *out, const __nv_bfloat16 *dout, const float *lse, float *dq,
+             float *dk, float *dv, int T, int N, int B, int n_h, int n_kv, int window, int causal, float scale_log2,
+             float scale) {
+    constexpr int CH = HD / 8, TB = wb_tile<HD>::bytes, NT = 2 * WB_Q_THREADS;
+    extern __shared__ unsigned char wb_smem_raw[];
+    unsigned char *sm = wb_align1024(wb_smem_raw);
+    unsigned char *sQ = sm;             /* [2 warpgroups][tile] */
+    unsigned char *sdO = sm + 2 * TB;   /* [2 warpgroups][tile] */
+    unsigned char *sK = sm + 4 * TB;    /* [3 buffers][tile] */
+    unsigned char *sV = sm + 7 * TB;    /* [3 buffers][tile] */
+    __shared__ int sDocT[2][WB_KT];
+    __shared__ __align__(16) float sLse[2][WB_ROWS];   /* FM: read as float2 */
+    __shared__ float sDi[2][WB_ROWS];
+    __shared__ int sLo[2], sHi[2], sCnt[2];
+    __shared__ __align__(16) int sSlot[WB_ROWS];   /* FM: r % B of a tile row r */
+
+    const int g = blockIdx.y, G = n_h / n_kv, R = N * B;
+    const int tid = threadIdx.x, wg = tid >> 7, ltid = tid & 127, lane = tid & 31, wl = (tid >> 5) & 3;
+    const int b = 2 * blockIdx.x + wg;
+    const bool bok = b < N;   /* uniform per warpgroup */
+    const int used = bok ? G * B : 0;
+    const int a = bok ? anchors[b] : 0, d = bok ? doc_ids[a] : -1;
+    if (FM && tid < WB_ROWS) sSlot[tid] = tid % B;   /* read after the range scan's barriers */
+    wb_load_qrows<HD, WB_Q_THREADS>(sQ + wg * TB, q, bok ? b : 0, g, B, G, n_h, used, ltid);
+    wb_load_qrows<HD, WB_Q_THREADS>(sdO + wg * TB, dout, bok ? b : 0, g, B, G, n_h, used, ltid);
+    mma_commit();
+    {   /* lse and Di of the warpgroup's 64 rows: two threads per row */
+        int r = ltid >> 1, half = ltid & 1;
+        float s = 0.f;
+        size_t row = (size_t)b * B + r % B;
+        int h = g * G + r / B;
+        if (r < used) {
+            const __nv_bfloat16 *po = out + (row * n_h + h) * HD + half * (HD / 2);
+            const __nv_bfloat16 *pd = dout + (row * n_h + h) * HD + half * (HD / 2);
+            for (int c = 0; c < HD / 2; c += 8) {
+                uint4 x = *reinterpret_cast<const uint4 *>(po + c), y = *reinterpret_cast<const uint4 *>(pd + c);
+                const __nv_bfloat162 *px = (const __nv_bfloat162 *)&x, *py = (const __nv_bfloat162 *)&y;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float2 fx = __bfloat1622float2(px[e]), fy = __bfloat1622float2(py[e]);
+                    s += fx.x * fy.x + fx.y * fy.y;
+                }
+            }
+        }
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        if (half == 0) {
+            sDi[wg][r] = r < used ? s : 0.f;
+            sLse[wg][r] = r < used ? lse[(size_t)h * R + row] : 0.f;
+        }
+    }
+    {   /* each warpgroup's narrowed context range (wb_ctx_range per warpgroup) */
+        const int lo = window > 0 ? max(0, a - window) : 0, hi = d == -1 ? lo : a;
+        if (ltid == 0) { sLo[wg] = hi; sHi[wg] = lo - 1; sCnt[wg] = 0; }
+        __syncthreads();
+        int mn = hi, mx = lo - 1, cnt = 0;   /* cnt: keys of the document (FM: is the range all of it?) */
+#pragma unroll 4
+        for (int p = lo + ltid; p < hi; p += WB_Q_THREADS)
+            if (doc_ids[p] == d) { mn = min(mn, p); mx = max(mx, p); cnt++; }
+        for (int o = 16; o; o >>= 1) {
+            mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, o));
+            mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            if (FM) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+        }
+        if (lane == 0) { atomicMin(&sLo[wg], mn); atomicMax(&sHi[wg], mx); if (FM) atomicAdd(&sCnt[wg], cnt); }
+        __syncthreads();
+    }
+    const int lo0 = sLo[0], hi0 = max(sLo[0], sHi[0] + 1), lo1 = sLo[1], hi1 = max(sLo[1], sHi[1] + 1);
+    const int c_lo = wg ? lo1 : lo0, c_hi = wg ? hi1 : hi0;   /* this warpgroup's range */
+    /* FM: every key of [c_lo, c_hi) is of the document (contiguous documents): no doc id test needed */
+    const bool contig = FM && sCnt[wg] == c_hi - c_lo;
+    int u_lo = 0, u_hi = 0;                                    /* the union of the non-empty ones */
+    if (hi0 > lo0 && hi1 > lo1) { u_lo = min(lo0, lo1); u_hi = max(hi0, hi1); }
+    else if (hi0 > lo0) { u_lo = lo0; u_hi = hi0; }
+    else if (hi1 > lo1) { u_lo = lo1; u_hi = hi1; }
+    const int n_ctx = (u_hi - u_lo + WB_KT - 1) / WB_KT;
+    const int bbuf = wg ? (n_ctx & 1) : 2;   /* this warpgroup's block tile buffer */
+
+    auto load_tile = [&](int t, int buf) {   /* union context tile t, and its doc ids */
+        const int nk = min(WB_KT, u_hi - u_lo - t * WB_KT);
+        for (int i = tid; i < WB_KT * CH; i += NT) {
+            int r = i / CH, c = i % CH;
+            bool ok = r < nk;
+            size_t off = ((size_t)(ok ? u_lo + t * WB_KT + r : 0) * n_kv + g) * HD + c * 8;
+            uint32_t o = (uint32_t)(buf * TB) + wb_off(r, c);
+            mma_cp_async16(sK + o, k + off, ok ? 16 : 0);
+            mma_cp_async16(sV + o, v + off, ok ? 16 : 0);
+        }
+        if (tid < WB_KT) wb_cp_async4(&sDocT[buf][tid], doc_ids + (tid < nk ? u_lo + t * WB_KT + tid : 0), tid < nk);
+    };
+    auto load_blocks = [&]() {   /* both warpgroups' block tiles: B keys each, rows past them zero-filled */
+        for (int i = tid; i < 2 * WB_KT * CH; i += NT) {
+            int w = i / (WB_KT * CH), r = (i / CH) % WB_KT, c = i % CH;
+            const int bw = 2 * blockIdx.x + w;
+            bool ok = r < B && bw < N;
+            size_t off = ((ok ? (size_t)T + (size_t)bw * B + r : 0) * n_kv + g) * HD + c * 8;
+            uint32_t o = (uint32_t)((w ? (n_ctx & 1) : 2) * TB) + wb_off(r, c);
+            mma_cp_async16(sK + o, k + off, ok ? 16 : 0);
+            mma_cp_async16(sV + o, v + off, ok ? 16 : 0);
+        }
+    };
+    if (n_ctx > 0) load_tile(0, 0);
+    else load_blocks();
+    mma_commit();
+
+    float dqa[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) dqa[i] = 0.f;
+    const int r0 = wl * 16 + (lane >> 2), r1 = r0 + 8;
+    const int j0 = r0 % B, j1 = r1 % B;
+    const bool ok0 = r0 < used, ok1 = r1 < used;
+    const uint32_t uQ = wg_smem_u32(sQ + wg * TB), udO = wg_smem_u32(sdO + wg * TB);
+    const float *lseW = sLse[wg], *diW = sDi[wg];
+    for (int t = 0; t <= n_ctx; t++) {   /* t == n_ctx: the block tiles */
+        mma_wait<0>();
+        wg_fence_async_smem();
+        __syncthreads();   /* tile t visible; everyone is done with tile t - 1's buffer */
+        if (t + 1 < n_ctx) load_tile(t + 1, (t + 1) & 1);
+        else if (t + 1 == n_ctx) load_blocks();
+        mma_commit();
+        const float l20 = lseW[r0] * WB_LOG2E, l21 = lseW[r1] * WB_LOG2E, di0 = diW[r0], di1 = diW[r1];
+        if (PROBE == 1) continue;
+        if (FM && PROBE == 0) {   /* the fast elementwise; rows past used: exponent −inf */
+            const float f20 = ok0 ? l20 : __int_as_float(0x7f800000), f21 = ok1 ? l21 : __int_as_float(0x7f800000);
+            if (t < n_ctx) {
+                const int buf = t & 1, key0 = u_lo + t * WB_KT;
+                const int nk = min(WB_KT, c_hi - key0), klo = max(0, c_lo - key0);
+                const uint32_t uK = wg_smem_u32(sK + buf * TB), uV = wg_smem_u32(sV + buf * TB);
+                if (nk <= klo) {
+                    /* the tile misses this warpgroup's range */
+                } else if (contig && klo == 0 && nk == WB_KT)
+                    wb_dq_tile_f<HD, 64, 0>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
+                                            di1, scale_log2);
+                else if (contig)
+                    wb_dq_tile_f<HD, 64, 1>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
+                                            di1, scale_log2);
+                else
+                    wb_dq_tile_f<HD, 64, 2>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
+                                            di1, scale_log2);
+            } else if (bok) {
+                const uint32_t uK = wg_smem_u32(sK + bbuf * TB), uV = wg_smem_u32(sV + bbuf * TB);
+                if (B > 32)
+                    wb_dq_tile_f<HD, 64, 3>(dqa, uQ, udO, uK, uV, sDocT[0], d, B, 0, j0, j1, causal, f20, f21, di0, di1,
+                                            scale_log2);
+                else if (B > 16)
+                    wb_dq_tile_f<HD, 32, 3>(dqa, uQ, udO, uK, uV, sDocT[0], d, B, 0, j0, j1, causal, f20, f21, di0, di1,
+                                            scale_log2);
+                else
+                    wb_dq_tile_f<HD, 16, 3>(dqa, uQ, udO, uK, uV, sDocT[0], d, B, 0, j0, j1, causal, f20, f21, di0, di1,
+                                            scale_log2);
+            }
+            continue;
+        }
+        if (t < n_ctx) {
+            const int buf = t & 1, key0 = u_lo + t * WB_KT;
+            const int nk = min(WB_KT, c_hi - key0), klo = max(0, c_lo - key0);
+            if (nk > klo)   /* uniform per warpgroup: the tile meets its range */
+                wb_dq_tile<HD, 64, PROBE>(dqa, uQ, udO, wg_smem_u32(sK + buf * TB), wg_smem_u32(sV + buf * TB), sDocT[buf], d,
+                                   false, nk, klo, ok0, ok1, j0, j1, causal, l20, l21, di0, di1, scale_log2);
+        } else if (bok) {
+            const uint32_t uK = wg_smem_u32(sK + bbuf * TB), uV = wg_smem_u32(sV + bbuf * TB);
+            if (B > 32)
+                wb_dq_tile<HD, 64, PROBE>(dqa, uQ, udO, uK, uV, sDocT[0], d, true, B, 0, ok0, ok1, j0, j1, causal, l20, l21,
+                                   di0, di1, scale_log2);
+            else if (B > 16)
+                wb_dq_tile<HD, 32, PROBE>(dqa, uQ, udO, uK, uV, sDocT[0], d, true, B, 0, ok0, ok1, j0, j1, causal, l20, l21,
+                                   di0, di1, scale_log2);
+            else
+                wb_dq_tile<HD, 16, PROBE>(dqa, uQ, udO, uK, uV, sDocT[0], d, true, B, 0, ok0, ok1, j0, j1, causal, l20, l21,
+                                   di0, di1, scale_log2);
+        }
+    }
+    if (!bok) return;   /* no barrier follows */
+    {
+        float *q0 = dq + (((size_t)b * B + j0) * n_h + g * G + r0 / B) * HD + (lane & 3) * 2;
+        float *q1 = dq + (((size_t)b * B + j1) * n_h + g * G + r1 / B) * HD + (lane & 3) * 2;
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) {
+            if (ok0) *(float2 *)(q0 + 8 * i) = make_float2(dqa[4 * i] * scale, dqa[4 * i + 1] * scale);
+            if (ok1) *(float2 *)(q1 + 8 * i) = make_float2(dqa[4 * i + 2] * scale, dqa[4 * i + 3] * scale);
+        }
+    }
+    {   /* dK, dV of the block's own keys */
+        float dka[HD / 2], dva[HD / 2];
+#pragma unroll
+        for (int i = 0; i < HD / 2; i++) dka[i] = dva[i] = 0.f;
+        const int kr0 = r0, kr1 = r1;
+        if (PROBE != 1)
+            wb_kv_visit<HD, PROBE, FM>(wg_smem_u32(sK + bbuf * TB), wg_smem_u32(sV + bbuf * TB), uQ, udO, lseW, diW,
+                                       kr0 < B, kr1 < B, causal ? 0 : -1, used, B, scale_log2, dka, dva, sSlot);
         const size_t row0 = (size_t)T + (size_t)b * B + kr0, row1 = (size_t)T + (size_t)b * B + kr1;
         wb_store_acc<HD>(dk, dka, scale, row0, kr0 < B, row1, kr1 < B, n_kv, g);
         wb_store_acc<HD>(dv, dva, 1.f, row0, kr0 < B, row1, kr1 < B, n_kv, g);
@@ -547,39 +1008,136 @@ int wb_smem_attr(K kernel, size_t smem) {
     return e == cudaSuccess ? 0 : kernels_fail("ba_wg_backward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
 }
 
-template <int HD, int NWG>
-int wb_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
-              const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse, float *dq, float *dk,
-              float *dv, cudaStream_t stream) {
-    const size_t smem_kv = (2 * NWG + 2 * wb_stages(NWG)) * (size_t)wb_tile<HD>::bytes + 1024;
-    const size_t smem_q = 6 * (size_t)wb_tile<HD>::bytes + 1024;
-    if (wb_smem_attr(wb_kv_kernel<HD, NWG>, smem_kv) || wb_smem_attr(wb_q_kernel<HD>, smem_q)) return -1;
+/* the backward's variant, from the environment (read per call) and the bench's timing entry */
+struct wb_opts {
+    int nwg;            /* DFLASH_BA_WG_KV: warpgroups per dK/dV CTA, 1 or 2 */
+    bool pipe;          /* DFLASH_BA_WG_KV=2p: kernel 2 pipelined across visits (wb_kv_visit_p) */
+    bool deep;          /* DFLASH_BA_WG_KV=2d: kernel 2 with 4 stages, loads 3 visits ahead */
+    int qb;             /* DFLASH_BA_WG_Q: blocks per dQ CTA, 1 or 2 */
+    bool fm;            /* DFLASH_BA_WG_M=1: the fast elementwise (KV=2p's visits, Q=2's tiles) */
+    int probe;          /* bench only (results invalid): 1 the products skipped, 2 the softmax math skipped */
+    cudaEvent_t *ev;    /* bench only: 5 events around Di, plan, dK/dV, dQ, or NULL */
+};
+
+template <int HD, int NWG, bool PIPE, int PROBE, bool DEEP = false, bool FM = false>
+int wb_run_kv(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
+              const int32_t *doc_ids, const bf16 *dout, const float *lse, const float *di, float *dk, float *dv,
+              const int *plan, int n_tiles, cudaStream_t stream) {
+    const size_t smem = (2 * NWG + 2 * wb_stages(NWG, PIPE, DEEP)) * (size_t)wb_tile<HD>::bytes + 1024;
+    if (wb_smem_attr(wb_kv_kernel<HD, NWG, PIPE, PROBE, DEEP, FM>, smem)) return -1;
+    wb_kv_kernel<HD, NWG, PIPE, PROBE, DEEP, FM><<<dim3(n_tiles, c->n_kv), NWG * 128, smem, stream>>>(
+        (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
+        (const __nv_bfloat16 *)dout, lse, di, dk, dv, plan, c->T, c->N, c->B, c->n_h, c->n_kv, c->window,
+        c->scale * WB_LOG2E, c->scale);
+    KERNELS_CHECK_LAUNCH("ba_wg_backward kv");
+    return 0;
+}
+
+template <int HD, int QB, int PROBE, bool FM = false>
+int wb_run_q(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
+             const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse, float *dq, float *dk,
+             float *dv, cudaStream_t stream) {
+    const size_t smem = (QB == 1 ? 6 : 10) * (size_t)wb_tile<HD>::bytes + 1024;
+    auto kern = QB == 1 ? wb_q_kernel<HD, PROBE> : wb_q2_kernel<HD, PROBE, FM>;
+    if (wb_smem_attr(kern, smem)) return -1;
+    kern<<<dim3((c->N + QB - 1) / QB, c->n_kv), QB * WB_Q_THREADS, smem, stream>>>(
+        (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
+        (const __nv_bfloat16 *)out, (const __nv_bfloat16 *)dout, lse, dq, dk, dv, c->T, c->N, c->B, c->n_h, c->n_kv,
+        c->window, c->causal, c->scale * WB_LOG2E, c->scale);
+    KERNELS_CHECK_LAUNCH("ba_wg_backward q");
+    return 0;
+}
+
+static int wb_record(const wb_opts &o, int i, cudaStream_t stream) {
+    if (!o.ev) return 0;
+    cudaError_t e = cudaEventRecord(o.ev[i], stream);
+    return e == cudaSuccess ? 0 : kernels_fail("ba_wg_backward: cudaEventRecord: %s", cudaGetErrorString(e));
+}
+
+template <int HD, int PROBE>
+int wb_launch(const wb_opts &o, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
+              const int32_t *anchors, const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse,
+              float *dq, float *dk, float *dv, cudaStream_t stream) {
     const int R = c->N * c->B;
-    const float scale_log2 = c->scale * WB_LOG2E;
     const size_t di_threads = (size_t)R * c->n_h * (HD / 8);
     float *di = dq;   /* scratch: n_h·R floats, overwritten by kernel 3 */
+    /* FM: lse·log2(e) for kernel 2 after Di and the plan's WB_PLAN_MAX ints, when dq holds it */
+    const size_t nhr = (size_t)c->n_h * R;
+    float *lse2 = o.fm && 2 * nhr + WB_PLAN_MAX <= nhr * HD ? dq + nhr + WB_PLAN_MAX : NULL;
+    if (wb_record(o, 0, stream)) return -1;
     wb_di_kernel<HD><<<(unsigned)((di_threads + 255) / 256), 256, 0, stream>>>(
-        (const __nv_bfloat16 *)out, (const __nv_bfloat16 *)dout, di, R, c->n_h);
+        (const __nv_bfloat16 *)out, (const __nv_bfloat16 *)dout, di, R, c->n_h, lse, lse2);
     KERNELS_CHECK_LAUNCH("ba_wg_backward di");
+    if (wb_record(o, 1, stream)) return -1;
     /* the plan (kernel 2's per-tile costs) lives in dq's scratch after Di, when it fits */
-    const int n_tiles = (c->T + NWG * WB_KT - 1) / (NWG * WB_KT);
+    const int nk = o.nwg * WB_KT, n_tiles = (c->T + nk - 1) / nk;
     int *plan = NULL;
     if (n_tiles <= WB_PLAN_MAX && (size_t)n_tiles <= (size_t)c->n_h * R * (HD - 1)) {
         plan = (int *)(dq + (size_t)c->n_h * R);
-        wb_plan_kernel<NWG * WB_KT><<<n_tiles, 128, 0, stream>>>(anchors, doc_ids, c->T, c->N, c->window, plan);
+        if (o.nwg == 2)
+            wb_plan_kernel<2 * WB_KT><<<n_tiles, 128, 0, stream>>>(anchors, doc_ids, c->T, c->N, c->window, plan);
+        else
+            wb_plan_kernel<WB_KT><<<n_tiles, 128, 0, stream>>>(anchors, doc_ids, c->T, c->N, c->window, plan);
         KERNELS_CHECK_LAUNCH("ba_wg_backward plan");
     }
-    wb_kv_kernel<HD, NWG><<<dim3(n_tiles, c->n_kv), NWG * 128, smem_kv, stream>>>(
-        (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
-        (const __nv_bfloat16 *)dout, lse, di, dk, dv, plan, c->T, c->N, c->B, c->n_h, c->n_kv, c->window, scale_log2,
-        c->scale);
-    KERNELS_CHECK_LAUNCH("ba_wg_backward kv");
-    wb_q_kernel<HD><<<dim3(c->N, c->n_kv), WB_Q_THREADS, smem_q, stream>>>(
-        (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
-        (const __nv_bfloat16 *)out, (const __nv_bfloat16 *)dout, lse, dq, dk, dv, c->T, c->N, c->B, c->n_h, c->n_kv,
-        c->window, c->causal, scale_log2, c->scale);
-    KERNELS_CHECK_LAUNCH("ba_wg_backward q");
+    if (wb_record(o, 2, stream)) return -1;
+    const int rc = o.nwg == 1 ? wb_run_kv<HD, 1, false, PROBE>(c, q, k, v, anchors, doc_ids, dout, lse, di, dk, dv, plan,
+                                                                n_tiles, stream)
+                   : o.pipe && lse2 ? wb_run_kv<HD, 2, true, PROBE, false, true>(c, q, k, v, anchors, doc_ids, dout, lse2,
+                                                                                  di, dk, dv, plan, n_tiles, stream)
+                   : o.pipe   ? wb_run_kv<HD, 2, true, PROBE>(c, q, k, v, anchors, doc_ids, dout, lse, di, dk, dv, plan,
+                                                                n_tiles, stream)
+                   : o.deep   ? wb_run_kv<HD, 2, false, PROBE, true>(c, q, k, v, anchors, doc_ids, dout, lse, di, dk, dv,
+                                                                       plan, n_tiles, stream)
+                              : wb_run_kv<HD, 2, false, PROBE>(c, q, k, v, anchors, doc_ids, dout, lse, di, dk, dv, plan,
+                                                                 n_tiles, stream);
+    if (rc || wb_record(o, 3, stream)) return -1;
+    if ((o.qb == 2 && o.fm ? wb_run_q<HD, 2, PROBE, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
+         : o.qb == 2 ? wb_run_q<HD, 2, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
+                   : wb_run_q<HD, 1, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)) ||
+        wb_record(o, 4, stream))
+        return -1;
     return 0;
+}
+
+/* DFLASH_BA_WG_KV (1, 2, 2p = default, 2d), DFLASH_BA_WG_Q (1, 2 = default) and DFLASH_BA_WG_M (0,
+ * 1 = default), read per call */
+static int wb_env(wb_opts *o) {
+    o->nwg = 2;
+    o->pipe = true;   /* KV=2p + Q=2: round 2's fastest (1.823 ms at the standard shape) */
+    o->deep = false;
+    o->qb = 2;
+    o->fm = true;     /* M=1: 1.117 ms (84: 1.802), bitwise equal to 84, tested on the H200 2026-11-29 */
+    const char *e = getenv("DFLASH_BA_WG_KV");
+    if (e && e[0]) {
+        if (!strcmp(e, "1")) o->nwg = 1, o->pipe = false;
+        else if (!strcmp(e, "2")) o->pipe = false;
+        else if (!strcmp(e, "2d")) o->deep = true, o->pipe = false;
+        else if (strcmp(e, "2p")) return kernels_fail("ba_wg_backward: DFLASH_BA_WG_KV=%s, expected 1, 2, 2p or 2d", e);
+    }
+    e = getenv("DFLASH_BA_WG_Q");
+    if (e && e[0]) {
+        if (!strcmp(e, "1")) o->qb = 1;
+        else if (strcmp(e, "2")) return kernels_fail("ba_wg_backward: DFLASH_BA_WG_Q=%s, expected 1 or 2", e);
+    }
+    e = getenv("DFLASH_BA_WG_M");
+    if (e && e[0]) {
+        if (!strcmp(e, "1")) o->fm = true;
+        else if (strcmp(e, "0")) return kernels_fail("ba_wg_backward: DFLASH_BA_WG_M=%s, expected 0 or 1", e);
+    }
+    return 0;
+}
+
+int wb_backward(const wb_opts &o, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
+                const int32_t *anchors, const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse,
+                float *dq, float *dk, float *dv, cudaStream_t stream) {
+    if (c->d_h == 128)
+        return o.probe == 1 ? wb_launch<128, 1>(o, c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
+               : o.probe == 2 ? wb_launch<128, 2>(o, c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
+                              : wb_launch<128, 0>(o, c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
+    if (c->d_h == 64 && !o.probe)
+        return wb_launch<64, 0>(o, c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
+    return kernels_fail("ba_wg_backward: d_h=%d, expected 64 or 128 (the probe: 128)", c->d_h);
 }
 
 }  // namespace
@@ -587,18 +1145,21 @@ int wb_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
 extern "C" int ba_wg_backward(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
                               const int32_t *anchors, const int32_t *doc_ids, const bf16 *out, const bf16 *dout,
                               const float *lse, float *dq, float *dk, float *dv, cudaStream_t stream) {
-    /* DFLASH_BA_WG_KV (read per call): warpgroups per dK/dV CTA, 2 (default) or 1 — a measurement knob */
-    const char *e = getenv("DFLASH_BA_WG_KV");
-    int nwg = 2;
-    if (e && e[0]) {
-        if ((e[0] != '1' && e[0] != '2') || e[1]) return kernels_fail("ba_wg_backward: DFLASH_BA_WG_KV=%s, expected 1 or 2", e);
-        nwg = e[0] - '0';
-    }
-    if (c->d_h == 128)
-        return nwg == 2 ? wb_launch<128, 2>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-                        : wb_launch<128, 1>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
-    if (c->d_h == 64)
-        return nwg == 2 ? wb_launch<64, 2>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-                        : wb_launch<64, 1>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
-    return kernels_fail("ba_wg_backward: d_h=%d, expected 64 or 128", c->d_h);
+    wb_opts o;
+    if (wb_env(&o)) return -1;
+    o.probe = 0;
+    o.ev = NULL;
+    return wb_backward(o, c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
+}
+
+extern "C" int ba_wg_backward_timed(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
+                                    const int32_t *anchors, const int32_t *doc_ids, const bf16 *out, const bf16 *dout,
+                                    const float *lse, float *dq, float *dk, float *dv, int probe, cudaEvent_t ev[5],
+                                    cudaStream_t stream) {
+    wb_opts o;
+    if (wb_env(&o)) return -1;
+    if (probe < 0 || probe > 2) return kernels_fail("ba_wg_backward_timed: probe=%d, expected 0, 1 or 2", probe);
+    o.probe = probe;
+    o.ev = ev;
+    return wb_backward(o, c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
 }

@@ -27,11 +27,31 @@
  * cross-block dw sum by the last block to finish (C <= 256) or a wide PDL kernel; see its section.
  * Scratch: [0, RMS_SCR_HDR) is a header whose first word is K1e's ticket counter (zero between
  * calls, so the caller zeroes it once); every variant's partials start after it.
+ *
+ * Round 2 (variants 5-8, candidates for variant 4's backward with dw; see rmsnorm_backward4_kernel
+ * and backward4_launch): 5/6 launch the row walk in clusters of 4/8 CTAs that add their shared-memory
+ * dw sums through distributed shared memory (one partial row per cluster: 4/8x fewer partial bytes
+ * to store and read back); 7 replaces the second kernel (and the last-block sum) by a grid barrier
+ * of a cooperative launch, after which every block sums a slice of columns; 8 = 5 + 7. The bench-only
+ * DFLASH_RMSNORM_DW_PIECE switch times the pieces of dw's cost separately (rms_dw_piece).
+ *
+ * Round 3 (variant 9, a candidate: 4 with two changes). The cross-block dw sum for C > 256 by
+ * rmsnorm_backward_dw_final2_kernel (NQ float4 columns x 256 slices per CTA, 1-4 independent loads per
+ * thread, shuffle trees: the whole GPU's threads on the 6.4 MB of partials at 8192 x 4096, where
+ * variant 4's kernel measured 7-8.7 µs); DFLASH_RMSNORM_FIN_NQ (bench only) picks NQ = 2, 4, 8. And
+ * the forward's two-row choice against the one-row kernel's queried occupancy (cached per kernel)
+ * instead of 8 blocks per SM, with the two-row kernels of V <= 2 held to 4 blocks per SM (the fused
+ * k norm's took 80 registers: 3 per SM); same per-row arithmetic, so y, rstd, h are bitwise 4's.
+ * The library itself always launches its sum kernels with PDL; the no-PDL path (griddepcontrol.wait
+ * a no-op) exists only through the bench switch DFLASH_RMSNORM_DW_PIECE=4, and is tested.
  */
 #include "kernels/rmsnorm.h"
 #include "kernels/vec.cuh"
 
+#include <cooperative_groups.h>
 #include <stdlib.h>
+
+namespace cg = cooperative_groups;
 
 #define RMS_THREADS 256
 
@@ -250,9 +270,8 @@ __global__ void __launch_bounds__(RMS_THREADS) rmsnorm_forward_kernel(bf16 *y, b
  * every load of the RR rows is issued before the first reduction. y may alias x: a thread reads
  * every element it writes before writing it, and no other thread touches that element. */
 template <int G, int V, bool RESID, int RR>
-__global__ void __launch_bounds__(RMS_THREADS) rmsnorm_forward_rows_kernel(bf16 *y, bf16 *resid, float *rstd,
-                                                                          const bf16 *x, const float *w, int N,
-                                                                          int C, float eps) {
+static __device__ __forceinline__ void rms_forward_rows(bf16 *y, bf16 *resid, float *rstd, const bf16 *x,
+                                                        const float *w, int N, int C, float eps) {
     static_assert(G <= 32, "row groups of at most a warp: the group sum is shuffles only");
     constexpr int R = RMS_THREADS / G;
     const int grp = threadIdx.x / G, lane = threadIdx.x % G, C8 = C / 8;
@@ -321,6 +340,21 @@ __global__ void __launch_bounds__(RMS_THREADS) rmsnorm_forward_rows_kernel(bf16 
             }
         }
     }
+}
+template <int G, int V, bool RESID, int RR>
+__global__ void __launch_bounds__(RMS_THREADS) rmsnorm_forward_rows_kernel(bf16 *y, bf16 *resid, float *rstd,
+                                                                          const bf16 *x, const float *w, int N,
+                                                                          int C, float eps) {
+    rms_forward_rows<G, V, RESID, RR>(y, resid, rstd, x, w, N, C, eps);
+}
+/* Variant 9 (round 3): the same rows held to MINB blocks per SM (the k norm's 80-register fused
+ * form ran 3 per SM; its wave of 396 blocks left a 60% last wave at 1024 blocks). Same source, so
+ * y, rstd and h should be bitwise those of the kernel above (tests/gpu/test_rmsnorm.c checks it). */
+template <int G, int V, bool RESID, int RR, int MINB>
+__global__ void __launch_bounds__(RMS_THREADS, MINB) rmsnorm_forward_rows_occ_kernel(bf16 *y, bf16 *resid, float *rstd,
+                                                                                    const bf16 *x, const float *w, int N,
+                                                                                    int C, float eps) {
+    rms_forward_rows<G, V, RESID, RR>(y, resid, rstd, x, w, N, C, eps);
 }
 
 /* partial [gridDim.x, C] (only when DW): this block's Σ over its rows of dy·x̂, per column. */
@@ -565,17 +599,96 @@ __global__ void __launch_bounds__(1024) rmsnorm_backward_dw_final_kernel(float *
     rms_dw_final<1024>(dw, d, partial, nb, C, q0, nq, red);
 }
 
-/* Variant 4 row walk. DW: partial [gridDim.x, C] gets this block's Σ over its rows of dy·x̂; with
- * last_sums the last block to finish adds every block's partial into dw and zeroes *ticket. */
-template <int G, int V, bool DW, int MINB>
+/* Round 3 (variant 9): the cross-block dw sum with many threads per column and no shared-memory
+ * runs. CTA b owns the NQ float4 columns q0 = NQ·b .. +NQ−1 with S slices each (NQ·S threads;
+ * thread t: column t % NQ, slice j = t / NQ). Slice j adds the partials of blocks j, j + S, j + 2S,
+ * ... in that order, 4 loads in flight per round (nb <= 396, S = 128 or 256: 1 to 4 loads per thread,
+ * all issued before the first add; C = 4096 with NQ = 4: 256 CTAs of 1024 threads, 2 per SM at <= 32
+ * registers, the whole GPU's threads in flight instead of variant 4's 128 CTAs of one per SM). Then a
+ * fixed tree: butterfly shuffles over the 32/NQ slices a warp holds of each column (xor NQ, 2NQ, ..,
+ * 16), one float4 per (warp, column) to shared memory, one barrier, and warp c < NQ adds column c's
+ * per-warp sums with a 32-lane butterfly (no shared-memory runs, two barriers fewer).
+ * The order is a function of (nb, C) only: bitwise repeatable, but not variant 4's order (so not
+ * bitwise equal to variant 4's dw). griddepcontrol.wait as rmsnorm_backward_dw_final_kernel (a no-op
+ * when launched without PDL). */
+template <int NQ, int S>
+__global__ void __launch_bounds__(NQ * S, 2048 / (NQ * S))
+    rmsnorm_backward_dw_final2_kernel(float *dw, const float *partial, int nb, int C) {
+    static_assert(NQ * S <= 1024 && NQ * S >= 32 * NQ && 32 % NQ == 0, "NQ·S threads, at least NQ warps");
+    constexpr int NW = NQ * S / 32;
+    __shared__ float4 red[NW][NQ];
+    const int t = threadIdx.x, col = t % NQ, j = t / NQ, warp = t / 32, lane = t % 32, C4 = C / 4;
+    const int q = blockIdx.x * NQ + col;
+    /* dw's old value: read before the wait (the grid waited for never writes dw) */
+    const int qo = blockIdx.x * NQ + warp;   /* warp c < NQ writes column q0 + c */
+    float4 d = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (warp < NQ && lane == 0 && qo < C4) {   /* scalar: dw need only be 4-byte aligned */
+        const float *o = dw + 4 * (size_t)qo;
+        d = make_float4(o[0], o[1], o[2], o[3]);
+    }
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (q < C4) {
+        const float4 *p = (const float4 *)partial + q;
+        const size_t stride = (size_t)C4;
+        for (int b = j; b < nb; b += 4 * S) {
+            float4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)   /* all loads issued before the first add */
+                v[u] = b + u * S < nb ? __ldcg(p + (size_t)(b + u * S) * stride) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (b + u * S < nb) {
+                    s.x += v[u].x; s.y += v[u].y; s.z += v[u].z; s.w += v[u].w;
+                }
+        }
+    }
+#pragma unroll
+    for (int o = NQ; o < 32; o <<= 1) {   /* the warp's slices of this column: fixed butterfly */
+        s.x += __shfl_xor_sync(0xffffffffu, s.x, o);
+        s.y += __shfl_xor_sync(0xffffffffu, s.y, o);
+        s.z += __shfl_xor_sync(0xffffffffu, s.z, o);
+        s.w += __shfl_xor_sync(0xffffffffu, s.w, o);
+    }
+    if (lane < NQ) red[warp][lane] = s;   /* lane = col here */
+    __syncthreads();
+    if (warp < NQ) {
+        float4 a = lane < NW ? red[lane][warp] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            a.x += __shfl_xor_sync(0xffffffffu, a.x, o);
+            a.y += __shfl_xor_sync(0xffffffffu, a.y, o);
+            a.z += __shfl_xor_sync(0xffffffffu, a.z, o);
+            a.w += __shfl_xor_sync(0xffffffffu, a.w, o);
+        }
+        if (lane == 0 && qo < C4) {
+            float *o = dw + 4 * (size_t)qo;
+            o[0] = d.x + a.x; o[1] = d.y + a.y; o[2] = d.z + a.z; o[3] = d.w + a.w;
+        }
+    }
+}
+
+/* How a variant 4-8 row walk ends when DW (the fin argument). */
+#define RMS_FIN_PDL 0    /* write the partials; the PDL kernel rmsnorm_backward_dw_final_kernel sums them */
+#define RMS_FIN_LAST 1   /* write the partials; the last block to finish (ticket) sums them */
+#define RMS_FIN_GRID 2   /* write the partials; grid barrier (cooperative launch), then every block sums a column slice */
+#define RMS_FIN_WALK 3   /* bench piece: the row walk with its shared-memory dw sums only (dw wrong) */
+
+/* Variant 4 row walk (variants 5-8: CL > 1 and/or fin = RMS_FIN_GRID). DW: partial [gridDim.x / CL, C]
+ * gets this block's (CL > 1: this cluster's) Σ over its rows of dy·x̂; then fin (above). CL > 1: the
+ * kernel is launched with clusters of CL consecutive blocks (gridDim.x % CL == 0); the cluster adds
+ * its CTAs' shared-memory column sums through distributed shared memory, CTA rank r the column slice
+ * [r·C/CL, (r+1)·C/CL), ranks in order: one partial per cluster, CL times fewer bytes to write and
+ * to read back, and the same fixed order for given (N, C). */
+template <int G, int V, bool DW, int MINB, int CL = 1>
 __global__ void __launch_bounds__(RMS_THREADS, MINB)
     rmsnorm_backward4_kernel(bf16 *dx, float *dw, float *partial, unsigned *ticket, const bf16 *dy, const bf16 *x,
-                             const float *w, const float *rstd, int N, int C, int accumulate, int last_sums) {
+                             const float *w, const float *rstd, int N, int C, int accumulate, int fin) {
     extern __shared__ float4 rms_sacc4[];   /* DW: [R][2][C/8] float4, row group g's column sums */
     __shared__ float red[2][RMS_THREADS / 32];
     constexpr int R = RMS_THREADS / G;
     if constexpr (DW)
-        if (!last_sums) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+        if (fin == RMS_FIN_PDL) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     const int grp = threadIdx.x / G, lane = threadIdx.x % G, C8 = C / 8, steps = (N + R - 1) / R;
     float4 *sacc = rms_sacc4 + (size_t)grp * 2 * C8;   /* this thread's slots: c and C8 + c, c = lane + k·G */
     if constexpr (DW)
@@ -663,17 +776,67 @@ __global__ void __launch_bounds__(RMS_THREADS, MINB)
         rs = rn;
     }
     if constexpr (DW) {
-        __shared__ float4 fin[RMS_THREADS];
+        __shared__ float4 fred[RMS_THREADS];
         __shared__ unsigned last;
         __syncthreads();
-        const float *f = (const float *)rms_sacc4;
-        for (int c = threadIdx.x; c < C; c += RMS_THREADS) {   /* the R row groups, fixed order */
-            const size_t at = ((size_t)((c >> 2) & 1) * C8 + (c >> 3)) * 4 + (c & 3);
-            float s = 0.0f;
-            for (int g = 0; g < R; g++) s += f[(size_t)g * 2 * C8 * 4 + at];
-            partial[(size_t)blockIdx.x * C + c] = s;
+        if (fin == RMS_FIN_WALK) return;   /* uniform: every CTA of a cluster returns here together */
+        int nparts = gridDim.x;
+        if constexpr (CL == 1) {
+            const float *f = (const float *)rms_sacc4;
+            for (int c = threadIdx.x; c < C; c += RMS_THREADS) {   /* the R row groups, fixed order */
+                const size_t at = ((size_t)((c >> 2) & 1) * C8 + (c >> 3)) * 4 + (c & 3);
+                float s = 0.0f;
+                for (int g = 0; g < R; g++) s += f[(size_t)g * 2 * C8 * 4 + at];
+                partial[(size_t)blockIdx.x * C + c] = s;
+            }
+        } else {
+            /* float4 column q4 (floats 4·q4 .. +3) of row group g sits at float4 slot g·2·C8 + at4(q4) */
+            const int C4 = C / 4;
+            for (int q4 = threadIdx.x; q4 < C4; q4 += RMS_THREADS) {   /* the R row groups, fixed order, into group 0's slot */
+                const int at4 = (q4 & 1) * C8 + (q4 >> 1);
+                float4 s = rms_sacc4[at4];
+                for (int g = 1; g < R; g++) {
+                    const float4 v = rms_sacc4[(size_t)g * 2 * C8 + at4];
+                    s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+                }
+                rms_sacc4[at4] = s;
+            }
+            cg::cluster_group cl = cg::this_cluster();
+            cl.sync();   /* every CTA's block sums are in its shared memory and visible to the cluster */
+            const int rank = (int)cl.block_rank();
+            const int q0 = (int)((long long)rank * C4 / CL), q1 = (int)((long long)(rank + 1) * C4 / CL);
+            float4 *out = (float4 *)(partial + (size_t)(blockIdx.x / CL) * C);
+            for (int q4 = q0 + (int)threadIdx.x; q4 < q1; q4 += RMS_THREADS) {
+                const int at4 = (q4 & 1) * C8 + (q4 >> 1);
+                float4 v[CL];
+#pragma unroll
+                for (int r = 0; r < CL; r++) v[r] = cl.map_shared_rank(rms_sacc4, r)[at4];   /* all loads in flight */
+                float4 s = v[0];
+#pragma unroll
+                for (int r = 1; r < CL; r++) {   /* ranks in order */
+                    s.x += v[r].x; s.y += v[r].y; s.z += v[r].z; s.w += v[r].w;
+                }
+                out[q4] = s;
+            }
+            cl.sync();   /* no CTA exits (its shared memory goes) while another still reads it */
+            nparts = gridDim.x / CL;
         }
-        if (!last_sums) return;
+        if (fin == RMS_FIN_PDL) return;
+        if (fin == RMS_FIN_GRID) {
+            /* every block's partial slice is written; a grid barrier (cooperative launch: all blocks
+             * resident), then block b sums the float4 columns RMS_FIN_Q·b' .. for b' = b, b + grid, ... */
+            __threadfence();
+            cg::this_grid().sync();
+            const int nqb = (C / 4 + RMS_FIN_Q - 1) / RMS_FIN_Q;
+            for (int qb = blockIdx.x; qb < nqb; qb += gridDim.x) {   /* uniform per block */
+                const int q0 = qb * RMS_FIN_Q, nq = min(RMS_FIN_Q, C / 4 - q0);
+                const float4 d = rms_dw_old(dw, q0, nq);
+                rms_dw_final<RMS_THREADS>(dw, d, partial, nparts, C, q0, nq, fred);
+                __syncthreads();   /* fred is reused by the next slice */
+            }
+            return;
+        }
+        /* RMS_FIN_LAST */
         const float4 d = rms_dw_old(dw, 0, C / 4);   /* in flight during the ticket; used by the last block */
         __threadfence();   /* this block's partial is visible device-wide before its ticket is taken */
         __syncthreads();
@@ -681,7 +844,7 @@ __global__ void __launch_bounds__(RMS_THREADS, MINB)
         __syncthreads();
         if (!last) return;
         __threadfence();
-        rms_dw_final<RMS_THREADS>(dw, d, partial, gridDim.x, C, 0, C / 4, fin);
+        rms_dw_final<RMS_THREADS>(dw, d, partial, nparts, C, 0, C / 4, fred);
         if (threadIdx.x == 0) *ticket = 0u;   /* ready for the next call (every other block has taken its ticket) */
     }
 }
@@ -697,7 +860,15 @@ __global__ void __launch_bounds__(RMS_THREADS, MINB)
 
 static int rms_env(void) {
     const char *e = getenv("DFLASH_RMSNORM_KERNEL");
-    return e && e[0] >= '1' && e[0] <= '4' && e[1] == 0 ? e[0] - '0' : 4;
+    return e && e[0] >= '1' && e[0] <= '9' && e[1] == 0 ? e[0] - '0' : 4;
+}
+
+/* DFLASH_RMSNORM_FIN_NQ (bench only, read per call; variant 9): float4 columns per CTA of the round-3
+ * dw sum kernel: 2 (512 threads, 256 slices), 4 (the variant's default: 1024 threads, 256 slices) or
+ * 8 (1024 threads, 128 slices). Every choice is a correct, deterministic dw (orders differ). */
+static int rms_fin_nq(void) {
+    const char *e = getenv("DFLASH_RMSNORM_FIN_NQ");
+    return e && (e[0] == '2' || e[0] == '8') && e[1] == 0 ? e[0] - '0' : 4;
 }
 static int use_twopass(int C) { return C > RMS_REG_MAX_C || rms_env() == 1; }
 
@@ -746,6 +917,41 @@ static int check_args(const char *name, const void *a, const void *b, const void
     return 0;
 }
 
+/* Resident blocks of kern (RMS_THREADS threads, no dynamic shared memory) on the whole device:
+ * cudaOccupancyMaxActiveBlocksPerMultiprocessor × SMs, queried once per kernel and cached (the
+ * 8 per SM of rms_wave_blocks when the query fails). */
+template <auto kern>
+static int rms_occ_wave(void) {
+    static int wave;
+    if (!wave) {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, RMS_THREADS, 0) != cudaSuccess || n <= 0) {
+            (void)cudaGetLastError();
+            n = 2048 / RMS_THREADS;
+        }
+        wave = n * (rms_wave_blocks() / (2048 / RMS_THREADS));
+    }
+    return wave;
+}
+
+/* One wave of the one-row forward kernel for (G <= 32, V): the grid above which variant 9 takes
+ * the two-row kernel. */
+template <bool RESID>
+static int rms_fwd1_wave(int G, int V) {
+    switch (G * 8 + V) {
+    case 8 * 8 + 1: return rms_occ_wave<rmsnorm_forward_kernel<8, 1, RESID>>();
+    case 8 * 8 + 2: return rms_occ_wave<rmsnorm_forward_kernel<8, 2, RESID>>();
+    case 8 * 8 + 4: return rms_occ_wave<rmsnorm_forward_kernel<8, 4, RESID>>();
+    case 16 * 8 + 1: return rms_occ_wave<rmsnorm_forward_kernel<16, 1, RESID>>();
+    case 16 * 8 + 2: return rms_occ_wave<rmsnorm_forward_kernel<16, 2, RESID>>();
+    case 16 * 8 + 4: return rms_occ_wave<rmsnorm_forward_kernel<16, 4, RESID>>();
+    case 32 * 8 + 1: return rms_occ_wave<rmsnorm_forward_kernel<32, 1, RESID>>();
+    case 32 * 8 + 2: return rms_occ_wave<rmsnorm_forward_kernel<32, 2, RESID>>();
+    case 32 * 8 + 4: return rms_occ_wave<rmsnorm_forward_kernel<32, 4, RESID>>();
+    default: return rms_wave_blocks();
+    }
+}
+
 template <bool RESID>
 static int forward_launch(const char *name, bf16 *y, bf16 *resid, float *rstd, const bf16 *x, const float *w,
                           int N, int C, float eps, cudaStream_t stream) {
@@ -757,7 +963,25 @@ static int forward_launch(const char *name, bf16 *y, bf16 *resid, float *rstd, c
         int G, V;
         reg_shape(C8, 4, &G, &V);
         unsigned blocks = (unsigned)((N + RMS_THREADS / G - 1) / (RMS_THREADS / G));
-        if (rms_env() >= 3 && G <= 32 && blocks > (unsigned)rms_wave_blocks()) {   /* K1c: two rows per group */
+        if (rms_env() == 9 && G <= 32 && blocks > (unsigned)rms_fwd1_wave<RESID>(G, V)) {
+            /* round 3: the wave is the one-row kernel's queried occupancy (rms_occ_wave, cached), not 8 per SM, and
+             * the two-row kernels of V <= 2 are held to 4 blocks per SM (k norm: 64 and 80 registers
+             * gave 4 and 3); same rows, same arithmetic: y, rstd, h bitwise those of variant 4 */
+            const int rows = 2 * (RMS_THREADS / G);
+            blocks = (unsigned)((N + rows - 1) / rows);
+#define RMS_FWD2M(g, v, m) rmsnorm_forward_rows_occ_kernel<g, v, RESID, 2, m><<<blocks, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps)
+            switch (G * 8 + V) {
+            case 8 * 8 + 1: RMS_FWD2M(8, 1, 4); break;   case 8 * 8 + 2: RMS_FWD2M(8, 2, 4); break;
+            case 16 * 8 + 1: RMS_FWD2M(16, 1, 4); break; case 16 * 8 + 2: RMS_FWD2M(16, 2, 4); break;
+            case 32 * 8 + 1: RMS_FWD2M(32, 1, 4); break; case 32 * 8 + 2: RMS_FWD2M(32, 2, 4); break;
+            /* V = 4 (115-149 registers): variant 4's kernel */
+            case 8 * 8 + 4: rmsnorm_forward_rows_kernel<8, 4, RESID, 2><<<blocks, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps); break;
+            case 16 * 8 + 4: rmsnorm_forward_rows_kernel<16, 4, RESID, 2><<<blocks, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps); break;
+            case 32 * 8 + 4: rmsnorm_forward_rows_kernel<32, 4, RESID, 2><<<blocks, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps); break;
+            default: return kernels_fail("%s: no two-row kernel for G=%d V=%d", name, G, V);
+            }
+#undef RMS_FWD2M
+        } else if (rms_env() >= 3 && rms_env() != 9 && G <= 32 && blocks > (unsigned)rms_wave_blocks()) {   /* K1c: two rows per group */
             const int rows = 2 * (RMS_THREADS / G);
             blocks = (unsigned)((N + rows - 1) / rows);
 #define RMS_FWD2(g, v) rmsnorm_forward_rows_kernel<g, v, RESID, 2><<<blocks, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps)
@@ -834,38 +1058,205 @@ extern "C" size_t rmsnorm_backward_scratch_floats(int N, int C) {
     return RMS_SCR_HDR + (size_t)(a > b ? a : b) * C;
 }
 
-/* The variant 4 backward (C <= RMS_REG_MAX_C); dw nullable. */
-static int backward4_launch(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
-                            float *scratch, int N, int C, int accumulate_dx, cudaStream_t stream) {
+/* DFLASH_RMSNORM_DW_PIECE (bench only, read per call; variants 4-8 with dw): 1 runs the row walk
+ * with its shared-memory dw sums but writes no partials and sums nothing; 2 the walk and the
+ * partials without the cross-block sum; 3 the cross-block sum kernel alone (PDL kernel; over
+ * whatever the scratch holds). dw is wrong under pieces 1-3: for timing the parts, never for use.
+ * 4 is the whole backward with the sum kernel (where one runs) launched without PDL: correct. */
+static int rms_dw_piece(void) {
+    const char *e = getenv("DFLASH_RMSNORM_DW_PIECE");
+    return e && e[0] >= '1' && e[0] <= '4' && e[1] == 0 ? e[0] - '0' : 0;
+}
+
+/* DFLASH_RMSNORM_CARVEOUT (bench only, read per call): the preferred shared-memory carveout, in percent
+ * of the maximum, set on the dw row-walk kernel before its launch (cudaFuncSetAttribute; a hint the
+ * driver may round up). Tests whether dw's dynamic shared memory costs L1 capacity for the loads in
+ * flight. Once set, a call without the variable puts the kernel back to the default (-1). */
+template <auto kern>
+static void rms_carveout() {
+    static int touched;   /* per kernel (one instantiation per kernel) */
+    const char *e = getenv("DFLASH_RMSNORM_CARVEOUT");
+    if (!e && !touched) return;
+    touched = e != NULL;
+    int pct = e ? atoi(e) : -1;
+    if (pct < -1 || pct > 100) pct = -1;
+    (void)cudaFuncSetAttribute((const void *)kern, cudaFuncAttributePreferredSharedMemoryCarveout, pct);
+    (void)cudaGetLastError();   /* a refused hint is not an error of the launch that follows */
+}
+
+/* Clusters of CL blocks of kern (smem bytes of dynamic shared memory each) that can be resident at
+ * once (cudaOccupancyMaxActiveClusters), 0 when unknown; cached per kernel for the last smem. */
+template <auto kern>
+static int rms_max_clusters(int CL, size_t smem) {
+    static size_t last_smem = (size_t)-1;
+    static int last_n;
+    if (smem != last_smem) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)(CL * 64));
+        cfg.blockDim = dim3(RMS_THREADS);
+        cfg.dynamicSmemBytes = smem;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = (unsigned)CL;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess || n < 0) {
+            (void)cudaGetLastError();
+            n = 0;
+        }
+        last_n = n;
+        last_smem = smem;
+    }
+    return last_n;
+}
+
+/* Blocks of kern (smem bytes of dynamic shared memory each) resident at once on the device
+ * (occupancy × SMs), 0 when unknown; cached per kernel for the last smem. For the cooperative launch. */
+template <auto kern>
+static int rms_max_blocks(size_t smem) {
+    static size_t last_smem = (size_t)-1;
+    static int last_n;
+    if (smem != last_smem) {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, RMS_THREADS, smem) != cudaSuccess || n < 0) {
+            (void)cudaGetLastError();
+            n = 0;
+        }
+        last_n = n * (rms_wave_blocks() / (2048 / RMS_THREADS));
+        last_smem = smem;
+    }
+    return last_n;
+}
+
+/* The variant 4-8 backward (C <= RMS_REG_MAX_C); dw nullable. variant 4: no clusters, the dw sum by
+ * the last block (C <= RMS_LAST_MAX_C) or the PDL kernel; 5: 4 with clusters of 4 (one partial per
+ * cluster); 6: clusters of 8; 7: 4 with the dw sum after a grid barrier (cooperative launch, no
+ * second kernel, every C); 8: 5 and 7. The dx-only kernel is the same for all (no dw: no clusters,
+ * no barrier). */
+static int backward4_launch(int variant, bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w,
+                            const float *rstd, float *scratch, int N, int C, int accumulate_dx, cudaStream_t stream) {
     int G, V, nb;
     bwd4_shape(N, C, &G, &V, &nb);
+    const int CL = !dw ? 1 : variant == 5 || variant == 8 ? 4 : variant == 6 ? 8 : 1;
+    /* CL > 1: variant 4's balanced grid with its cap rounded down to whole clusters and to the clusters
+     * that can be resident at once (maxc, cudaOccupancyMaxActiveClusters: a GPC's SMs need not hold a
+     * whole number of clusters, and a second wave of a few clusters would double the tail), then whole
+     * clusters. nb <= the cap, nb / CL <= steps: the scratch holds the partials. */
+    auto cluster_grid = [&](int maxc) {   /* CL = 1 (variant 7): maxc = resident blocks, for the cooperative launch */
+        int R = RMS_THREADS / G, steps = (N + R - 1) / R, target = RMS_SMS * (V <= 2 ? 3 : 2) / CL * CL;
+        if (maxc > 0 && maxc * CL < target) target = maxc * CL;
+        if (steps < 1) steps = 1;
+        const int k = (steps + target - 1) / target;
+        const int b = (steps + k - 1) / k;
+        return (b + CL - 1) / CL * CL;
+    };
+    if (CL > 1) nb = cluster_grid(0);
     float *part = dw ? scratch + RMS_SCR_HDR : NULL;
     unsigned *ticket = dw ? (unsigned *)scratch : NULL;
-    const int last = C <= RMS_LAST_MAX_C;
+    const int piece = dw ? rms_dw_piece() : 0;
+    int fin = variant == 7 || variant == 8 ? RMS_FIN_GRID : C <= RMS_LAST_MAX_C ? RMS_FIN_LAST : RMS_FIN_PDL;
+    if (piece == 1) fin = RMS_FIN_WALK;
+    if (piece == 2) fin = RMS_FIN_PDL;
     const size_t smem = dw ? (size_t)(RMS_THREADS / G) * C * sizeof(float) : 0;   /* <= 32 KiB: C <= 8·G·V */
-#define RMS_BWD4(g, v, minb)                                                                                       \
-    do {                                                                                                           \
-        if (dw)                                                                                                    \
-            rmsnorm_backward4_kernel<g, v, true, minb><<<nb, RMS_THREADS, smem, stream>>>(                         \
-                dx, dw, part, ticket, dy, x, w, rstd, N, C, accumulate_dx, last);                                  \
-        else                                                                                                       \
-            rmsnorm_backward4_kernel<g, v, false, minb><<<nb, RMS_THREADS, 0, stream>>>(                           \
-                dx, NULL, NULL, NULL, dy, x, w, rstd, N, C, accumulate_dx, 0);                                     \
+    if (piece != 3) {
+        if (!dw) {
+#define RMS_BWD4N(g, v, minb) \
+    rmsnorm_backward4_kernel<g, v, false, minb><<<nb, RMS_THREADS, 0, stream>>>(dx, NULL, NULL, NULL, dy, x, w, rstd, N, C, accumulate_dx, 0)
+            switch (G * 8 + V) {
+            case 8 * 8 + 1: RMS_BWD4N(8, 1, 3); break;
+            case 8 * 8 + 2: RMS_BWD4N(8, 2, 3); break;
+            case 16 * 8 + 2: RMS_BWD4N(16, 2, 3); break;
+            case 32 * 8 + 2: RMS_BWD4N(32, 2, 3); break;
+            case 64 * 8 + 2: RMS_BWD4N(64, 2, 3); break;
+            case 128 * 8 + 2: RMS_BWD4N(128, 2, 3); break;
+            case 256 * 8 + 2: RMS_BWD4N(256, 2, 3); break;
+            case 256 * 8 + 4: RMS_BWD4N(256, 4, 2); break;
+            default: return kernels_fail("rmsnorm_backward: no variant 4 kernel for G=%d V=%d", G, V);
+            }
+#undef RMS_BWD4N
+            KERNELS_CHECK_LAUNCH("rmsnorm_backward (variant 4, dx)");
+            return 0;
+        }
+        if (CL == 1 && fin != RMS_FIN_GRID) {   /* variant 4 exactly: a plain launch */
+#define RMS_BWD4(g, v, minb)                                                                                         \
+    do {                                                                                                             \
+        rms_carveout<rmsnorm_backward4_kernel<g, v, true, minb>>();                                                    \
+        rmsnorm_backward4_kernel<g, v, true, minb><<<nb, RMS_THREADS, smem, stream>>>(dx, dw, part, ticket, dy, x, w, \
+                                                                                     rstd, N, C, accumulate_dx, fin); \
     } while (0)
-    switch (G * 8 + V) {
-    case 8 * 8 + 1: RMS_BWD4(8, 1, 3); break;
-    case 8 * 8 + 2: RMS_BWD4(8, 2, 3); break;
-    case 16 * 8 + 2: RMS_BWD4(16, 2, 3); break;
-    case 32 * 8 + 2: RMS_BWD4(32, 2, 3); break;
-    case 64 * 8 + 2: RMS_BWD4(64, 2, 3); break;
-    case 128 * 8 + 2: RMS_BWD4(128, 2, 3); break;
-    case 256 * 8 + 2: RMS_BWD4(256, 2, 3); break;
-    case 256 * 8 + 4: RMS_BWD4(256, 4, 2); break;
-    default: return kernels_fail("rmsnorm_backward: no variant 4 kernel for G=%d V=%d", G, V);
-    }
+            switch (G * 8 + V) {
+            case 8 * 8 + 1: RMS_BWD4(8, 1, 3); break;
+            case 8 * 8 + 2: RMS_BWD4(8, 2, 3); break;
+            case 16 * 8 + 2: RMS_BWD4(16, 2, 3); break;
+            case 32 * 8 + 2: RMS_BWD4(32, 2, 3); break;
+            case 64 * 8 + 2: RMS_BWD4(64, 2, 3); break;
+            case 128 * 8 + 2: RMS_BWD4(128, 2, 3); break;
+            case 256 * 8 + 2: RMS_BWD4(256, 2, 3); break;
+            case 256 * 8 + 4: RMS_BWD4(256, 4, 2); break;
+            default: return kernels_fail("rmsnorm_backward: no variant 4 kernel for G=%d V=%d", G, V);
+            }
 #undef RMS_BWD4
-    KERNELS_CHECK_LAUNCH("rmsnorm_backward (variant 4)");
-    if (!dw || last) return 0;
+            KERNELS_CHECK_LAUNCH("rmsnorm_backward (variant 4)");
+        } else {   /* clusters and/or the cooperative grid barrier: cudaLaunchKernelEx */
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3((unsigned)nb);
+            cfg.blockDim = dim3(RMS_THREADS);
+            cfg.dynamicSmemBytes = smem;
+            cfg.stream = stream;
+            cudaLaunchAttribute at[2];
+            int na = 0;
+            if (CL > 1) {
+                at[na].id = cudaLaunchAttributeClusterDimension;
+                at[na].val.clusterDim.x = (unsigned)CL;
+                at[na].val.clusterDim.y = 1;
+                at[na].val.clusterDim.z = 1;
+                na++;
+            }
+            if (fin == RMS_FIN_GRID) {
+                at[na].id = cudaLaunchAttributeCooperative;
+                at[na].val.cooperative = 1;
+                na++;
+            }
+            cfg.attrs = at;
+            cfg.numAttrs = (unsigned)na;
+            cudaError_t e = cudaSuccess;
+#define RMS_BWD5(g, v, minb)                                                                                         \
+    do {                                                                                                             \
+        if (CL == 8) rms_carveout<rmsnorm_backward4_kernel<g, v, true, minb, 8>>();                                   \
+        else if (CL == 4) rms_carveout<rmsnorm_backward4_kernel<g, v, true, minb, 4>>();                              \
+        else rms_carveout<rmsnorm_backward4_kernel<g, v, true, minb, 1>>();                                           \
+        if (CL == 8) nb = cluster_grid(rms_max_clusters<rmsnorm_backward4_kernel<g, v, true, minb, 8>>(8, smem));   \
+        else if (CL == 4) nb = cluster_grid(rms_max_clusters<rmsnorm_backward4_kernel<g, v, true, minb, 4>>(4, smem)); \
+        else nb = cluster_grid(rms_max_blocks<rmsnorm_backward4_kernel<g, v, true, minb, 1>>(smem));                \
+        cfg.gridDim = dim3((unsigned)nb);                                                                            \
+        e = CL == 8 ? cudaLaunchKernelEx(&cfg, rmsnorm_backward4_kernel<g, v, true, minb, 8>, dx, dw, part, ticket, dy, x, w, rstd, N, C, accumulate_dx, fin) \
+          : CL == 4 ? cudaLaunchKernelEx(&cfg, rmsnorm_backward4_kernel<g, v, true, minb, 4>, dx, dw, part, ticket, dy, x, w, rstd, N, C, accumulate_dx, fin) \
+                    : cudaLaunchKernelEx(&cfg, rmsnorm_backward4_kernel<g, v, true, minb, 1>, dx, dw, part, ticket, dy, x, w, rstd, N, C, accumulate_dx, fin); \
+    } while (0)
+            switch (G * 8 + V) {
+            case 8 * 8 + 1: RMS_BWD5(8, 1, 3); break;
+            case 8 * 8 + 2: RMS_BWD5(8, 2, 3); break;
+            case 16 * 8 + 2: RMS_BWD5(16, 2, 3); break;
+            case 32 * 8 + 2: RMS_BWD5(32, 2, 3); break;
+            case 64 * 8 + 2: RMS_BWD5(64, 2, 3); break;
+            case 128 * 8 + 2: RMS_BWD5(128, 2, 3); break;
+            case 256 * 8 + 2: RMS_BWD5(256, 2, 3); break;
+            case 256 * 8 + 4: RMS_BWD5(256, 4, 2); break;
+            default: return kernels_fail("rmsnorm_backward: no variant %d kernel for G=%d V=%d", variant, G, V);
+            }
+#undef RMS_BWD5
+            if (e != cudaSuccess) {
+                (void)cudaGetLastError();   /* a refused launch (e.g. grid too large to be co-resident) is not sticky */
+                return kernels_fail("rmsnorm_backward (variant %d, %d blocks, clusters of %d%s): %s", variant, nb, CL,
+                                    fin == RMS_FIN_GRID ? ", cooperative" : "", cudaGetErrorString(e));
+            }
+            KERNELS_CHECK_LAUNCH("rmsnorm_backward (variant 5-8)");
+        }
+    }
+    if (piece != 3 && (fin != RMS_FIN_PDL || piece == 2)) return 0;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)((C / 4 + RMS_FIN_Q - 1) / RMS_FIN_Q));
     cfg.blockDim = dim3(1024);
@@ -875,10 +1266,19 @@ static int backward4_launch(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, 
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = 1;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, rmsnorm_backward_dw_final_kernel, dw, (const float *)part, nb, C);
-    if (e != cudaSuccess) return kernels_fail("rmsnorm_backward (dw sum, variant 4): %s", cudaGetErrorString(e));
-    KERNELS_CHECK_LAUNCH("rmsnorm_backward (dw sum, variant 4)");
+    cfg.numAttrs = piece == 4 ? 0 : 1;   /* piece 4: a plain launch (griddepcontrol.wait returns at once) */
+    cudaError_t e;
+    if (variant == 9) {   /* round 3: rmsnorm_backward_dw_final2_kernel, NQ float4 columns per CTA */
+        const int nq = rms_fin_nq();
+        cfg.gridDim = dim3((unsigned)((C / 4 + nq - 1) / nq));
+        cfg.blockDim = dim3(nq == 2 ? 512 : 1024);
+        e = nq == 2   ? cudaLaunchKernelEx(&cfg, rmsnorm_backward_dw_final2_kernel<2, 256>, dw, (const float *)part, nb, C)
+            : nq == 8 ? cudaLaunchKernelEx(&cfg, rmsnorm_backward_dw_final2_kernel<8, 128>, dw, (const float *)part, nb, C)
+                      : cudaLaunchKernelEx(&cfg, rmsnorm_backward_dw_final2_kernel<4, 256>, dw, (const float *)part, nb, C);
+    } else
+        e = cudaLaunchKernelEx(&cfg, rmsnorm_backward_dw_final_kernel, dw, (const float *)part, nb / CL, C);
+    if (e != cudaSuccess) return kernels_fail("rmsnorm_backward (dw sum, variant %d): %s", variant, cudaGetErrorString(e));
+    KERNELS_CHECK_LAUNCH("rmsnorm_backward (dw sum, variant 4-8)");
     return 0;
 }
 
@@ -892,7 +1292,8 @@ extern "C" int rmsnorm_backward(bf16 *dx, float *dw, const bf16 *dy, const bf16 
     if (dw && !vec_aligned16(scratch)) return kernels_fail("rmsnorm_backward: scratch must be 16-byte aligned");
     if (N == 0) return 0;
     int C8 = C / 8;
-    if (!use_twopass(C) && rms_env() == 4) return backward4_launch(dx, dw, dy, x, w, rstd, scratch, N, C, accumulate_dx, stream);
+    if (!use_twopass(C) && rms_env() >= 4)
+        return backward4_launch(rms_env(), dx, dw, dy, x, w, rstd, scratch, N, C, accumulate_dx, stream);
     if (dw) scratch += RMS_SCR_HDR;   /* variants 1-3: partials after the ticket header, which they leave alone */
     if (!use_twopass(C)) {
         int G, V, nb = bwd_grid(N, C);

@@ -48,7 +48,15 @@ void rmsnorm_backward_ref(float *dx, float *dw, const float *dy, const float *x,
  * DFLASH_RMSNORM_KERNEL in the environment (read per call, every function here) reverts: 1 selects
  * the first, two-pass kernels, 2 K1b's register-resident kernels without K1c's two-row forward and
  * PDL dw sum, 3 K1c's kernels; unset or 4 (the default) is 3 with K1e's backward (shared-memory dw
- * sums, balanced grid, in-kernel dw sum for C <= 256); kernels/rmsnorm.cu. */
+ * sums, balanced grid, in-kernel dw sum for C <= 256); 5-8 are candidates for 4's backward with dw
+ * (5: clusters of 4 CTAs add their dw sums in distributed shared memory, one partial per cluster;
+ * 6: clusters of 8; 7: the cross-block dw sum after a grid barrier of a cooperative launch instead
+ * of a second kernel or the last block; 8: 5 and 7), same results up to summation order, still
+ * deterministic (5/6 size the grid by the clusters the device can hold at once, so the order is
+ * fixed per (N, C, device)); 9 (round 3) is 4 with a many-slice dw sum kernel for C > 256 (its own fixed
+ * order: deterministic, not bitwise 4's dw) and a forward whose two-row choice uses the kernels' queried
+ * occupancy (y, rstd, h bitwise 4's); kernels/rmsnorm.cu. DFLASH_RMSNORM_DW_PIECE, DFLASH_RMSNORM_CARVEOUT
+ * and DFLASH_RMSNORM_FIN_NQ are bench-only switches (rmsnorm.cu); pieces 1-3 give a wrong dw. */
 int rmsnorm_forward(bf16 *y, float *rstd, const bf16 *x, const float *w, int N, int C, float eps,
                     cudaStream_t stream);
 

@@ -35,12 +35,49 @@
  * Variant 16: variant 14 with a lazy rescale: O, l and the running max change only when a row's max
  *            grows by more than 8 in log2 units, voted per warp
  * Variant 17: variant 13 with the lazy rescale
- * Variant 18: the wgmma (sm_90a) kernel attention_wg_kernel — the library's default since WA: two
+ * Variant 18: the wgmma (sm_90a) kernel attention_wg_kernel — the library's default in WA-WA2: two
  *            consumer warpgroups × 64 query rows (BR 128), BC 128 key tiles in 128B-swizzled panels
  *            (2-stage cp.async, one barrier per tile), S = Q·Kᵀ by wgmma from shared memory, P·V with
  *            P from registers, the P·V of tile n-1 overlapping the softmax of tile n inside each
  *            warpgroup; on the diagonal tile warpgroup 0 skips the P·V of the 64 keys above its rows
  * Variant 19: variant 18 without that skip
+ * Variants 20-32 (WA2, all reachable in the library through DFLASH_ATTENTION_KERNEL=20..32):
+ * Variant 20: variant 18 with a ping-pong issue order (named barrier 1): warpgroup 1 issues its S and
+ *            P·V only after warpgroup 0 issued both (tensor-core queue S0 PV0 S1 PV1), so warpgroup 0's
+ *            softmax starts a whole S earlier
+ * Variant 21: variant 18 with the issue order S0 S1 PV0 PV1 (named barriers 1-3)
+ * Variant 22: variant 18 with the output staged in shared memory (each warp's 16 rows in its own, no
+ *            longer read, Q rows) and written in coalesced 16-byte stores
+ * Variant 23: one warpgroup per block (BR 64), 64-key tiles, two blocks per SM (81 KB of shared memory
+ *            each): one block's start-up (Q and first K load, the unoverlapped first S and softmax, the
+ *            last P·V and the stores) runs under the other block's MMAs — aimed at short documents
+ * Variant 24: variant 23 with variant 22's staged stores
+ * Variant 25: attention_ws_kernel, warp-specialized: a producer warpgroup (setmaxnreg 24) loads
+ *            K/V stages with cp.async and signals them through named barriers, the two consumer
+ *            warpgroups (setmaxnreg 240) never meet a __syncthreads and ping-pong their MMAs
+ *            (FA3), so one warpgroup's softmax runs under the other's MMAs
+ * Variant 26: variant 25 without the ping-pong barriers (isolates warp specialization)
+ * Variant 27: variant 25 with variant 22's staged stores
+ * Variant 28: variant 18 with lazy rescaling (the running max moves only when a row's tile max exceeds
+ *            it by more than 8 in log2 units; the O rescale is skipped per warp when no row moved —
+ *            v16 gained 6% over v14 with it on the mma.sync kernel)
+ * Variant 29: variant 25 with lazy rescaling
+ * Variant 30: variant 18 with a longest-first (LPT) tile order across documents: grid z counts query
+ *            tiles down from the longest document's last one (v8-v9 measured it on mma.sync)
+ * Variant 31: variant 25 with staged stores, lazy rescaling and the LPT order (all knobs at once)
+ * Variant 32: variant 18 with staged stores, lazy rescaling and the LPT order
+ * Variants 33-37 (WA3; H200 11:40: v20 362, v22 353, v32 363 on 1-4K; v24 301 at HD 64), the library
+ * default is v20 since WA3 (DFLASH_ATTENTION_KERNEL=33..37 reaches these):
+ * Variant 33: variant 20 (ping-pong) with staged stores
+ * Variant 34: variant 20 with staged stores, lazy rescaling and the LPT order (32's knobs)
+ * Variant 35: variant 33 at HD 128, variant 24 (one warpgroup, 64-key tiles, 2 blocks/SM, staged) at HD 64
+ * Variant 36: variant 34 at HD 128, variant 24 at HD 64
+ * Variant 37: variant 20 with staged stores and the LPT order (34 without lazy rescaling)
+ * Variant 38: variant 33 made persistent (attention_wgp_kernel): one block per SM walks a longest-first
+ *            work list in snake order and loads the next item's Q and diagonal K tile under the
+ *            current item's last P·V and stores (the per-block start-up is ~5 µs of ~2.3 µs tiles)
+ * Variant 39: variant 38 without staged stores and with rolled next-item loads (no spills; 38 spills 56 B)
+ * DFLASH_ATTENTION_BENCH=20,21,... (variant numbers) validates and times only those variants.
  * Variants 1-5 run with FX off, as measured in K1. Since K1d the inputs of a head dim are generated
  * once (the run takes seconds, not a minute); `all` = 0 in the table below would time a variant on
  * the HD 128 log-normal batch only. Each variant is validated on two batches: the small
@@ -76,10 +113,37 @@ static int variant3(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf1
     return launch3<HD, NW, MT, BC, PERSIST, SKIP, LAZY>(o, lse, q, k, v, cu, ND, mx, T, NH, NKV, scale, s);
 }
 
-template <int HD, bool SKIP = true>
+template <int HD, bool SKIP = true, int NWG = 2, int BC = 128, int MINB = 1, int PP = 0, bool OST = false,
+          bool LAZY = false, bool LPT = false>
 static int variant_wg(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
                       int mx, int T, int NH, int NKV, float scale, cudaStream_t s) {
-    return launch_wg<HD, SKIP>(o, lse, q, k, v, cu, ND, mx, T, NH, NKV, scale, s);
+    return launch_wg<HD, SKIP, NWG, BC, MINB, PP, OST, LAZY, LPT>(o, lse, q, k, v, cu, ND, mx, T, NH, NKV, scale, s);
+}
+
+template <int HD, bool PPW = true, bool OST = false, bool LAZY = false, bool LPT = false>
+static int variant_ws(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
+                      int mx, int T, int NH, int NKV, float scale, cudaStream_t s) {
+    return launch_ws<HD, true, PPW, OST, LAZY, LPT>(o, lse, q, k, v, cu, ND, mx, T, NH, NKV, scale, s);
+}
+
+template <int HD, bool OST = true, bool LEANF = false>
+static int variant_wgp(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
+                       int mx, int T, int NH, int NKV, float scale, cudaStream_t s) {
+    return launch_wgp<HD, OST, LEANF>(o, lse, q, k, v, cu, ND, mx, T, NH, NKV, scale, s);
+}
+
+/* 1 when DFLASH_ATTENTION_BENCH is unset or lists the variant number of `name` ("attention vN ...") */
+static int selected(const char *name) {
+    const char *e = getenv("DFLASH_ATTENTION_BENCH");
+    if (!e || !*e) return 1;
+    const int num = atoi(name + strlen("attention v"));
+    for (const char *p = e; *p;) {
+        if (atoi(p) == num) return 1;
+        p = strchr(p, ',');
+        if (!p) break;
+        p++;
+    }
+    return 0;
 }
 
 template <int HD, int NW, int MT, int BC, bool FX = false>
@@ -232,10 +296,46 @@ int main(void) {
          variant3<64, 4, 2, 64, false, true, true>, 1},
         {"attention v18 wgmma 2wg BC128", variant_wg<128>, variant_wg<64>, 1},
         {"attention v19 wgmma 2wg noskip", variant_wg<128, false>, variant_wg<64, false>, 1},
+        {"attention v20 wgmma pingpong S0PV0S1PV1", variant_wg<128, true, 2, 128, 1, 1>,
+         variant_wg<64, true, 2, 128, 1, 1>, 1},
+        {"attention v21 wgmma pingpong S0S1PV0PV1", variant_wg<128, true, 2, 128, 1, 2>,
+         variant_wg<64, true, 2, 128, 1, 2>, 1},
+        {"attention v22 wgmma staged stores", variant_wg<128, true, 2, 128, 1, 0, true>,
+         variant_wg<64, true, 2, 128, 1, 0, true>, 1},
+        {"attention v23 wgmma 1wg BC64 2/SM", variant_wg<128, true, 1, 64, 2>, variant_wg<64, true, 1, 64, 2>, 1},
+        {"attention v24 wgmma 1wg BC64 2/SM st", variant_wg<128, true, 1, 64, 2, 0, true>,
+         variant_wg<64, true, 1, 64, 2, 0, true>, 1},
+        {"attention v25 wgmma warp-specialized", variant_ws<128>, variant_ws<64>, 1},
+        {"attention v26 wgmma warp-spec no pingpong", variant_ws<128, false>, variant_ws<64, false>, 1},
+        {"attention v27 wgmma warp-spec staged st", variant_ws<128, true, true>, variant_ws<64, true, true>, 1},
+        {"attention v28 wgmma lazy rescale", variant_wg<128, true, 2, 128, 1, 0, false, true>,
+         variant_wg<64, true, 2, 128, 1, 0, false, true>, 1},
+        {"attention v29 wgmma warp-spec lazy", variant_ws<128, true, false, true>, variant_ws<64, true, false, true>, 1},
+        {"attention v30 wgmma LPT order", variant_wg<128, true, 2, 128, 1, 0, false, false, true>,
+         variant_wg<64, true, 2, 128, 1, 0, false, false, true>, 1},
+        {"attention v31 warp-spec st+lazy+LPT", variant_ws<128, true, true, true, true>,
+         variant_ws<64, true, true, true, true>, 1},
+        {"attention v32 wgmma st+lazy+LPT", variant_wg<128, true, 2, 128, 1, 0, true, true, true>,
+         variant_wg<64, true, 2, 128, 1, 0, true, true, true>, 1},
+        {"attention v33 pingpong+st", variant_wg<128, true, 2, 128, 1, 1, true>,
+         variant_wg<64, true, 2, 128, 1, 1, true>, 1},
+        {"attention v34 pingpong+st+lazy+LPT", variant_wg<128, true, 2, 128, 1, 1, true, true, true>,
+         variant_wg<64, true, 2, 128, 1, 1, true, true, true>, 1},
+        {"attention v35 v33 / HD64 v24", variant_wg<128, true, 2, 128, 1, 1, true>,
+         variant_wg<64, true, 1, 64, 2, 0, true>, 1},
+        {"attention v36 v34 / HD64 v24", variant_wg<128, true, 2, 128, 1, 1, true, true, true>,
+         variant_wg<64, true, 1, 64, 2, 0, true>, 1},
+        {"attention v37 pingpong+st+LPT", variant_wg<128, true, 2, 128, 1, 1, true, false, true>,
+         variant_wg<64, true, 2, 128, 1, 1, true, false, true>, 1},
+        {"attention v38 persistent v33", variant_wgp<128>, variant_wgp<64>, 1},
+        {"attention v39 persistent v20", variant_wgp<128, false, true>, variant_wgp<64, false, true>, 1},
     };
     const int NV = sizeof vars / sizeof vars[0];
     int ok[NV], bad = 0;
+    int sel[NV];
     for (int i = 0; i < NV; i++) {
+        sel[i] = selected(vars[i].name);
+        if (!sel[i]) { ok[i] = 1; continue; }
         ok[i] = vars[i].f128 ? validate(vars[i].name, vars[i].f128, 128) : 1;
         ok[i] &= validate(vars[i].name, vars[i].f64, 64);
         bad += !ok[i];
@@ -252,7 +352,7 @@ int main(void) {
     double tf[NV][5];
     for (int i = 0; i < NV; i++) {
         tf[i][0] = tf[i][1] = tf[i][2] = tf[i][3] = tf[i][4] = 0;
-        if (!ok[i]) continue;
+        if (!ok[i] || !sel[i]) continue;
         if (vars[i].f128) {
             tf[i][0] = bench(vars[i].name, vars[i].f128, 128, lognormal, cu, nd_ln, T, 32, 8);
             if (vars[i].all) {
@@ -266,10 +366,12 @@ int main(void) {
     printf("\nsummary, TFLOP/s (T=8192, 32/8 heads; target 350 at HD 128 on 1-4K docs; 0.0 = not run)\n");
     printf("%-34s %10s %8s %8s %8s %10s\n", "variant", "HD128 ln", "8x1024", "2x4096", "1x8192", "HD64 ln");
     for (int i = 0; i < NV; i++) {
+        if (!sel[i]) continue;
         if (!ok[i]) { printf("%-34s FAILED validation, not timed\n", vars[i].name); continue; }
         printf("%-34s %10.1f %8.1f %8.1f %8.1f %10.1f\n", vars[i].name, tf[i][0], tf[i][1], tf[i][2], tf[i][3],
                tf[i][4]);
     }
-    printf("library default: v18 (DFLASH_ATTENTION_KERNEL=6 -> v6, =4 -> v4 with exact exp2f)\n");
+    printf("library default: v%d (DFLASH_ATTENTION_KERNEL=6 -> v6, =4 -> v4 with exact exp2f, =18,20..39 -> v18,v20..v39)\n",
+           ATTENTION_DEFAULT_KERNEL);
     return bad ? 1 : 0;
 }

@@ -24,6 +24,20 @@
  *   variant 8: kernel set 7, the Hopper wgmma forward and backward (kernels/block_attn_{fwd,bwd}_wg.cu).
  *   variant 7: the library launchers as the environment leaves them (default: set 6 forward, set 5
  *              backward): checks the dispatch itself.
+ *   variants 80-86: set 7's backward variants (kernels/block_attn_bwd_wg.cu), each run with its
+ *              environment set around the call and restored after it (so variant 7 still sees the
+ *              caller's): 80 KV=2 Q=1 (round 1's default), 81 KV=1, 82 KV=2p (dK/dV pipelined across
+ *              visits), 83 Q=2 (two blocks per dQ CTA), 84 KV=2p + Q=2 (the default since round 3), 85 KV=2d
+ *              (4 stages, loads 3 visits ahead), 86 KV=2p + Q=2 + M=1 (the fast elementwise: branch-free
+ *              masks, FFMA + ex2.approx.ftz, lse pre-scaled; bitwise equal to 84 expected). Each is validated,
+ *              timed, checked for bitwise repeatability, then timed kernel by kernel (Di, plan, dK/dV, dQ
+ *              through ba_wg_backward_timed) with each kernel's useful-FLOP rate, and twice more as
+ *              "probes" (timing only): 1 with every product skipped (loads, scans, barriers: the floor
+ *              each kernel keeps with free math), 2 with the products but not the softmax math between
+ *              them (exp, masks, dS). The set 7 forward is driven by the caller's environment
+ *              (DFLASH_BLOCK_ATTN_WG_FWD).
+ * BA_BENCH_VARIANTS=8,80,... runs only the listed variants (variant 3's forward is always validated: it
+ * makes the backward's inputs).
  * Measured 2026-11-29 on the H200 (RESULTS.md): forward 1: 28.4, 2: 141.4, 3: 123.1, 4: 100.4 TFLOP/s;
  * backward 1: 21.1, 3: 66.1, 4: 68.4 TFLOP/s. Later the same day: forward 2: 141.3, 3: 123.3, 5: 143.2;
  * backward 3: 66.2, 5: 71.5 (the per-group branches of set 3 cost it its lead over variant 2).
@@ -40,6 +54,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -152,6 +167,81 @@ static int backward_k(const block_attn_config *c, const bf16 *q, const bf16 *k, 
                       float *dv, cudaStream_t st) {
     return c->d_h == 128 ? v3k::ba_backward_select<128>(KID, c, q, k, v, a, doc, out, dout, lse, dq, dk, dv, st)
                          : v3k::ba_backward_select<64>(KID, c, q, k, v, a, doc, out, dout, lse, dq, dk, dv, st);
+}
+
+/* ---------------------------------------------------------------- variants 80-85: set 7 backward variants */
+struct bwd7_cfg {
+    int id;
+    const char *kv, *q, *m, *what;
+};
+static const bwd7_cfg bwd7_cfgs[] = {{80, "2", "1", "0", "round 1 default: dK/dV 2 warpgroups, dQ 1 block per CTA"},
+                                     {81, "1", "1", "0", "dK/dV 1 warpgroup, 2 CTAs/SM"},
+                                     {82, "2p", "1", "0", "dK/dV pipelined across visits (dK in flight)"},
+                                     {83, "2", "2", "0", "dQ 2 blocks per CTA sharing K/V tiles"},
+                                     {84, "2p", "2", "0", "default: dK/dV pipelined + dQ 2 blocks per CTA"},
+                                     {85, "2d", "1", "0", "dK/dV 4 stages, loads 3 visits ahead"},
+                                     {86, "2p", "2", "1", "84 + fast elementwise (M=1)"}};
+
+/* one line per set 7 backward variant, printed at the end (only the output's tail comes back) */
+struct bwd7_sum {
+    int id = 0;
+    bool valid = false, timed = false, repeat = false, cmp_done = false, cmp_eq = false;
+    double ms = 0, tflops = 0, kv_ms = 0, q_ms = 0, p1_kv = 0, p1_q = 0, p2_kv = 0, p2_q = 0;
+};
+static bwd7_sum g_bwd7_sum[8];
+
+/* sets DFLASH_BA_WG_KV / _Q for its lifetime, restores the caller's values after */
+struct env_scope {
+    const char *names[3] = {"DFLASH_BA_WG_KV", "DFLASH_BA_WG_Q", "DFLASH_BA_WG_M"};
+    std::string old[3];
+    bool had[3];
+    explicit env_scope(const bwd7_cfg &c) {
+        const char *vals[3] = {c.kv, c.q, c.m};
+        for (int i = 0; i < 3; i++) {
+            const char *e = getenv(names[i]);
+            had[i] = e != NULL;
+            if (e) old[i] = e;
+            setenv(names[i], vals[i], 1);
+        }
+    }
+    ~env_scope() {
+        for (int i = 0; i < 3; i++)
+            if (had[i]) setenv(names[i], old[i].c_str(), 1);
+            else unsetenv(names[i]);
+    }
+};
+template <int CFG>
+static int backward7(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *a,
+                     const int32_t *doc, const bf16 *out, const bf16 *dout, const float *lse, float *dq, float *dk,
+                     float *dv, cudaStream_t st) {
+    env_scope env(bwd7_cfgs[CFG]);
+    return backward_k<7>(c, q, k, v, a, doc, out, dout, lse, dq, dk, dv, st);
+}
+
+/* ms of set 7's backward kernels (Di, plan, dK/dV, dQ) under cfg, medians of 10 after 3 warm-ups;
+ * probe (results invalid): 1 the products skipped, 2 the softmax math skipped */
+static void split7(const bwd7_cfg &cfg, int probe, const block_attn_config *c, const bf16 *q, const bf16 *k,
+                   const bf16 *v, const int32_t *a, const int32_t *doc, const bf16 *out, const bf16 *dout,
+                   const float *lse, float *dq, float *dk, float *dv, void *flush, double ms_out[4]) {
+    env_scope env(cfg);
+    cudaEvent_t ev[5];
+    for (auto &e : ev) CK(cudaEventCreate(&e));
+    std::vector<float> t[4];
+    for (int it = 0; it < 13; it++) {
+        CK(cudaMemset(flush, it, 256 << 20));
+        CKK(ba_wg_backward_timed(c, q, k, v, a, doc, out, dout, lse, dq, dk, dv, probe, ev, 0));
+        CK(cudaEventSynchronize(ev[4]));
+        for (int i = 0; i < 4; i++) {
+            float ms;
+            CK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+            if (it >= 3) t[i].push_back(ms);
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        std::sort(t[i].begin(), t[i].end());
+        ms_out[i] = t[i][t[i].size() / 2];
+    }
+    for (auto &e : ev) cudaEventDestroy(e);
 }
 
 /* ---------------------------------------------------------------- variant 1: WMMA (history)
@@ -748,6 +838,7 @@ struct variant {
     fwd_fn fwd;
     bwd_fn bwd;
     bool fwd_ok, bwd_ok;
+    bool time_fwd = true;   /* false: the forward is validated only (variants 80-85 share variant 8's) */
 };
 
 /* max |g - r| and whether every element is within atol + rtol·|r| */
@@ -844,6 +935,7 @@ static void validate(const block_attn_config &c, const std::vector<bf16> &q, con
 }
 
 int main(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0);   /* every line out before a fault or a timeout */
     block_attn_config c = {8192, 512, 16, 32, 8, 128, 2048, 1, 1.0f / sqrtf(128.0f)};
     int R = c.N * c.B;
     uint64_t rng = 42;
@@ -861,13 +953,16 @@ int main(void) {
     char err[256];
     int K = anchors_forward_ref(mask.data(), c.T, c.B, c.N, 42, 0, anchors.data(), valid.data(), err, sizeof err);
     /* visible pairs per query head */
-    double pairs = 0;
+    double pairs = 0, ctx_pairs = 0;
     for (int b = 0; b < c.N; b++) {
         int a = anchors[b], d = doc[a], ctx = 0;
         for (int p = std::max(0, a - c.window); p < a && d != -1; p++) ctx += doc[p] == d;
         for (int j = 0; j < c.B; j++) pairs += ctx + (c.causal ? j + 1 : c.B);
+        ctx_pairs += (double)ctx * c.B;
     }
     pairs *= c.n_h;
+    ctx_pairs *= c.n_h;
+    const double blk_pairs = pairs - ctx_pairs;
     size_t nq = (size_t)R * c.n_h * c.d_h, nk = ((size_t)c.T + R) * c.n_kv * c.d_h;
     std::vector<bf16> q(nq), k(nk), v(nk), go(nq);
     for (auto &x : q) x = float_to_bf16((float)((kernels_rng_next(&rng) >> 40) / 8388608.0 - 1.0));
@@ -884,7 +979,47 @@ int main(void) {
                                  {5, forward_k<5>, backward_k<5>, false, false},
                                  {6, forward_k<6>, NULL, false, false},   /* its backward is variant 5's */
                                  {8, forward_k<7>, backward_k<7>, false, false},
-                                 {7, block_attn_forward, block_attn_backward, false, false}};
+                                 {7, block_attn_forward, block_attn_backward, false, false},
+                                 {80, forward_k<7>, backward7<0>, false, false, false},
+                                 {81, forward_k<7>, backward7<1>, false, false, false},
+                                 {82, forward_k<7>, backward7<2>, false, false, false},
+                                 {83, forward_k<7>, backward7<3>, false, false, false},
+                                 {84, forward_k<7>, backward7<4>, false, false, false},
+                                 {85, forward_k<7>, backward7<5>, false, false, false},
+                                 {86, forward_k<7>, backward7<6>, false, false, false}};
+    {   /* BA_BENCH_VARIANTS=8,80,82 (optional): run only these variants, so that a new variant that faults
+         * cannot take the others' measurements with it */
+        const char *sel = getenv("BA_BENCH_VARIANTS");
+        if (sel && sel[0]) {
+            std::vector<variant> keep;
+            for (variant &var : vars) {
+                bool want = false;
+                for (const char *p = sel; *p;) {
+                    char *end;
+                    long id = strtol(p, &end, 10);
+                    if (end == p) break;
+                    want |= id == var.id;
+                    p = *end == ',' ? end + 1 : end;
+                }
+                /* variant 3's forward makes the backward's inputs: keep it validated (not timed) */
+                if (want || var.id == 3) {
+                    if (!want) var.bwd = NULL, var.time_fwd = false;
+                    keep.push_back(var);
+                }
+            }
+            vars = keep;
+        }
+    }
+    /* set 7's backward variants (80-85) run as a second phase, after every other variant is validated and
+     * timed, so that a fault in a new variant cannot hide the other measurements */
+    std::vector<variant> vars2;
+    for (auto it = vars.begin(); it != vars.end();)
+        if (it->id >= 80) {
+            vars2.push_back(*it);
+            it = vars.erase(it);
+        } else {
+            ++it;
+        }
     validate(c, q, k, v, anchors, doc, vars);
 
     bf16 *d_q, *d_k, *d_v, *d_o, *d_go;
@@ -903,44 +1038,112 @@ int main(void) {
     CK(cudaMemcpy(d_doc, doc.data(), 4 * (size_t)c.T, cudaMemcpyHostToDevice));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-    for (variant &var : vars)
-        for (int bwd = 0; bwd < 2; bwd++) {
-            if (bwd ? !(var.bwd && var.bwd_ok) : !var.fwd_ok) continue;
-            /* the backward's inputs: out and lse of a validated forward */
-            if (bwd) CKK((vars[2].fwd_ok ? vars[2].fwd : var.fwd)(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_l, 0));
-            std::vector<float> ms;
-            for (int it = 0; it < 13; it++) {
-                CK(cudaMemset(flush, it, 256 << 20));   /* flush L2 */
-                CK(cudaEventRecord(e0));
-                if (!bwd) CKK(var.fwd(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_l, 0));
-                else CKK(var.bwd(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_go, d_l, d_dq, d_dk, d_dv, 0));
-                CK(cudaEventRecord(e1));
-                CK(cudaEventSynchronize(e1));
-                float t;
-                CK(cudaEventElapsedTime(&t, e0, e1));
-                if (it >= 3) ms.push_back(t);   /* 3 warm-up runs */
-            }
-            std::sort(ms.begin(), ms.end());
-            double med = ms[ms.size() / 2], flops = pairs * c.d_h * (bwd ? 10.0 : 4.0);
-            printf("variant %d %-8s median %.3f ms  %.1f TFLOP/s (visible pairs)  target %s\n", var.id,
-                   bwd ? "backward" : "forward", med, flops / med / 1e9, bwd ? ">= 200" : ">= 300");
-            if (bwd && (var.id == 3 || var.id == 5)) {
-                double sp[3];
-                (var.id == 3 ? v3k::split_times<true> : v3k::split_times<false>)(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_go, d_l, d_dq, d_dk, d_dv, flush, sp);
-                printf("variant %d backward by kernel: Di %.3f ms, dK/dV per key tile %.3f ms (8·d_h per pair: %.1f TFLOP/s), "
-                       "dQ + block keys per block %.3f ms (6·d_h per pair: %.1f TFLOP/s, block keys aside)\n",
-                       var.id, sp[0], sp[1], pairs * c.d_h * 8.0 / sp[1] / 1e9, sp[2], pairs * c.d_h * 6.0 / sp[2] / 1e9);
-            }
-            if (bwd && var.id >= 3) {   /* deterministic: a second run is bitwise equal */
-                std::vector<float> a1(nk), a2(nk), q1(nq), q2(nq);
-                CK(cudaMemcpy(a1.data(), d_dk, nk * 4, cudaMemcpyDeviceToHost));
-                CK(cudaMemcpy(q1.data(), d_dq, nq * 4, cudaMemcpyDeviceToHost));
-                CKK(var.bwd(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_go, d_l, d_dq, d_dk, d_dv, 0));
-                CK(cudaMemcpy(a2.data(), d_dk, nk * 4, cudaMemcpyDeviceToHost));
-                CK(cudaMemcpy(q2.data(), d_dq, nq * 4, cudaMemcpyDeviceToHost));
-                bool same = !memcmp(a1.data(), a2.data(), nk * 4) && !memcmp(q1.data(), q2.data(), nq * 4);
-                printf("variant %d backward repeat at full size: %s\n", var.id, same ? "bitwise equal" : "DIFFERS");
-            }
+    const variant *vars3 = NULL;   /* variant 3: its forward makes every backward's inputs */
+    for (const variant &var : vars)
+        if (var.id == 3) vars3 = &var;
+    for (int phase = 0; phase < 2; phase++) {
+        std::vector<variant> &vs = phase ? vars2 : vars;
+        if (phase) {
+            if (vs.empty()) break;
+            printf("set 7 backward variants (kernels/block_attn_bwd_wg.cu, DFLASH_BA_WG_KV / DFLASH_BA_WG_Q):\n");
+            validate(c, q, k, v, anchors, doc, vs);
         }
+        for (variant &var : vs)
+            for (int bwd = 0; bwd < 2; bwd++) {
+                if (bwd ? !(var.bwd && var.bwd_ok) : !(var.fwd_ok && var.time_fwd)) continue;
+                /* the backward's inputs: out and lse of a validated forward */
+                if (bwd) CKK((vars3 && vars3->fwd_ok ? vars3->fwd : var.fwd)(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_l, 0));
+                std::vector<float> ms;
+                for (int it = 0; it < 13; it++) {
+                    CK(cudaMemset(flush, it, 256 << 20));   /* flush L2 */
+                    CK(cudaEventRecord(e0));
+                    if (!bwd) CKK(var.fwd(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_l, 0));
+                    else CKK(var.bwd(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_go, d_l, d_dq, d_dk, d_dv, 0));
+                    CK(cudaEventRecord(e1));
+                    CK(cudaEventSynchronize(e1));
+                    float t;
+                    CK(cudaEventElapsedTime(&t, e0, e1));
+                    if (it >= 3) ms.push_back(t);   /* 3 warm-up runs */
+                }
+                std::sort(ms.begin(), ms.end());
+                double med = ms[ms.size() / 2], flops = pairs * c.d_h * (bwd ? 10.0 : 4.0);
+                printf("variant %d %-8s median %.3f ms  %.1f TFLOP/s (visible pairs)  target %s\n", var.id,
+                       bwd ? "backward" : "forward", med, flops / med / 1e9, bwd ? ">= 200" : ">= 300");
+                if (bwd && var.id >= 80) {
+                    bwd7_sum &S = g_bwd7_sum[var.id - 80];
+                    S.timed = true, S.ms = med, S.tflops = flops / med / 1e9;
+                }
+                if (bwd && (var.id == 3 || var.id == 5)) {
+                    double sp[3];
+                    (var.id == 3 ? v3k::split_times<true> : v3k::split_times<false>)(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_go, d_l, d_dq, d_dk, d_dv, flush, sp);
+                    printf("variant %d backward by kernel: Di %.3f ms, dK/dV per key tile %.3f ms (8·d_h per pair: %.1f TFLOP/s), "
+                           "dQ + block keys per block %.3f ms (6·d_h per pair: %.1f TFLOP/s, block keys aside)\n",
+                           var.id, sp[0], sp[1], pairs * c.d_h * 8.0 / sp[1] / 1e9, sp[2], pairs * c.d_h * 6.0 / sp[2] / 1e9);
+                }
+                if (bwd && var.id >= 3) {   /* deterministic: a second run is bitwise equal */
+                    std::vector<float> a1(nk), a2(nk), q1(nq), q2(nq), v1(nk), v2(nk);
+                    CKK(var.bwd(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_go, d_l, d_dq, d_dk, d_dv, 0));
+                    CK(cudaMemcpy(a1.data(), d_dk, nk * 4, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(v1.data(), d_dv, nk * 4, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(q1.data(), d_dq, nq * 4, cudaMemcpyDeviceToHost));
+                    CKK(var.bwd(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_go, d_l, d_dq, d_dk, d_dv, 0));
+                    CK(cudaMemcpy(a2.data(), d_dk, nk * 4, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(v2.data(), d_dv, nk * 4, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(q2.data(), d_dq, nq * 4, cudaMemcpyDeviceToHost));
+                    bool same = !memcmp(a1.data(), a2.data(), nk * 4) && !memcmp(q1.data(), q2.data(), nq * 4) &&
+                                !memcmp(v1.data(), v2.data(), nk * 4);
+                    printf("variant %d backward repeat at full size: %s\n", var.id, same ? "bitwise equal" : "DIFFERS");
+                    if (var.id >= 80) g_bwd7_sum[var.id - 80].repeat = same;
+                    /* set 7's variants that only change the schedule: the same sums in the same order as the
+                     * variant they change (81, 82, 85 of 80; 84 of 83): bitwise equal expected */
+                    static std::vector<float> ref_k[2], ref_v[2], ref_q[2];
+                    if (var.id == 80 || var.id == 83 || (var.id == 84 && ref_k[1].empty())) {   /* 84: 86's reference without 83 */
+                        const int r = var.id != 80;
+                        ref_k[r] = a2, ref_v[r] = v2, ref_q[r] = q2;
+                    } else if ((var.id == 81 || var.id == 82 || var.id == 84 || var.id == 85 || var.id == 86) &&
+                               !ref_k[var.id == 84 || var.id == 86].empty()) {
+                        const int r = var.id == 84 || var.id == 86;   /* 86: the same values as 84 (= 83) */
+                        bool eq = !memcmp(a2.data(), ref_k[r].data(), nk * 4) && !memcmp(v2.data(), ref_v[r].data(), nk * 4) &&
+                                  !memcmp(q2.data(), ref_q[r].data(), nq * 4);
+                        g_bwd7_sum[var.id - 80].cmp_done = true, g_bwd7_sum[var.id - 80].cmp_eq = eq;
+                        printf("variant %d backward vs variant %d: %s\n", var.id, r ? (var.id == 86 ? 84 : 83) : 80,
+                               eq ? "bitwise equal (as expected)" : "DIFFERS (expected bitwise equal)");
+                    }
+                }
+                if (bwd && var.id >= 80) {   /* set 7 kernel by kernel, then the probe (after the repeat check) */
+                    const bwd7_cfg &cfg = bwd7_cfgs[var.id - 80];
+                    static const char *const probe_name[3] = {
+                        "by kernel", "PROBE 1, products skipped (loads, scans, barriers)",
+                        "PROBE 2, softmax math skipped (products, loads, barriers)"};
+                    for (int probe = 0; probe < 3; probe++) {
+                        double sp[4];
+                        split7(cfg, probe, &c, d_q, d_k, d_v, d_a, d_doc, d_o, d_go, d_l, d_dq, d_dk, d_dv, flush, sp);
+                        bwd7_sum &S = g_bwd7_sum[var.id - 80];
+                        (probe == 0 ? S.kv_ms : probe == 1 ? S.p1_kv : S.p2_kv) = sp[2];
+                        (probe == 0 ? S.q_ms : probe == 1 ? S.p1_q : S.p2_q) = sp[3];
+                        printf("variant %d (KV=%s Q=%s: %s) %s: Di %.3f ms, plan %.3f ms, dK/dV %.3f ms (8·d_h per context "
+                               "pair: %.1f TFLOP/s), dQ + block keys %.3f ms (6·d_h per context pair + 10·d_h per block "
+                               "pair: %.1f TFLOP/s), sum %.3f ms\n",
+                               var.id, cfg.kv, cfg.q, cfg.what, probe_name[probe], sp[0],
+                               sp[1], sp[2], ctx_pairs * c.d_h * 8.0 / sp[2] / 1e9, sp[3],
+                               (ctx_pairs * 6.0 + blk_pairs * 10.0) * c.d_h / sp[3] / 1e9, sp[0] + sp[1] + sp[2] + sp[3]);
+                    }
+                }
+            }
+    }
+    {   /* the compact summary of set 7's backward variants (the last lines of the output) */
+        bool any = false;
+        for (const variant &var : vars2) {
+            if (var.id < 80) continue;
+            const bwd7_sum &S = g_bwd7_sum[var.id - 80];
+            const bwd7_cfg &cfg = bwd7_cfgs[var.id - 80];
+            if (!any) printf("SUMMARY set 7 backward (ms; kv/q = dK/dV and dQ kernels; p1 no products, p2 no softmax math):\n");
+            any = true;
+            printf("SUMMARY %d KV=%s Q=%s M=%s valid %s %.3f ms %.1f TF repeat %s%s kv %.3f q %.3f p1 %.3f/%.3f p2 %.3f/%.3f\n",
+                   var.id, cfg.kv, cfg.q, cfg.m, var.bwd_ok ? "OK" : "FAIL", S.ms, S.tflops,
+                   S.timed ? (S.repeat ? "eq" : "DIFF") : "-",
+                   S.cmp_done ? (S.cmp_eq ? " =ref" : " !=ref") : "", S.kv_ms, S.q_ms, S.p1_kv, S.p1_q, S.p2_kv, S.p2_q);
+        }
+    }
     return 0;
 }

@@ -13,11 +13,14 @@
  * HD 128, documents of 64–3000 tokens) checked on 3 heads; short documents packed with one long one
  * (the longest-first tile order of the default kernel leaves most grid slots of short documents
  * empty); an attention sink with scaled logits near 100 (an online max that falls below the true
- * one overflows there). Every case but the preconditions runs on the default (the wgmma kernel,
- * bench variant 18: 128-row query tiles, 128-key tiles, so the lengths above also cover a last tile
- * whose second warpgroup has no rows, 1025, and one with a few, 97, 200), again on
+ * one overflows there). Every case but the preconditions runs on the default (the wgmma kernel
+ * with the ping-pong issue order, bench variant 20 since WA3: 128-row query tiles, 128-key tiles, so
+ * the lengths above also cover a last tile whose second warpgroup has no rows, 1025, and one with a
+ * few, 97, 200), again on
  * DFLASH_ATTENTION_KERNEL=6 (the mma.sync kernel that was the default before) and on
- * DFLASH_ATTENTION_KERNEL=4 (variant 6 with exact exp2f instead of the fast exponent). The variants that
+ * DFLASH_ATTENTION_KERNEL=4 (variant 6 with exact exp2f instead of the fast exponent), and on each
+ * WA2/WA3 candidate and on variant 18, the default before WA3 (DFLASH_ATTENTION_KERNEL=18, 20..39,
+ * with the tile edges too; DFLASH_ATTENTION_CANDIDATES=18,33 restricts them). The variants that
  * lost on the H200 live in kernels/bench/attention_variants.cuh; attention_bench validates each of
  * them against the CPU reference before timing it.
  */
@@ -167,8 +170,10 @@ START_TEST(attention_gpu_preconditions) {
 }
 END_TEST
 
-/* Every case above but the preconditions on the path that DFLASH_ATTENTION_KERNEL=variant picks. */
-static void run_variant_cases(const char *variant) {
+/* Every case above but the preconditions on the path that DFLASH_ATTENTION_KERNEL=variant picks;
+ * the production batch is checked on heads 0, 13, 31 (nprod 3) or on head 31 alone (nprod 1, for
+ * the many WA2 candidates: the double-precision reference of that batch dominates the run time). */
+static void run_variant_cases_n(const char *variant, int nprod) {
     setenv("DFLASH_ATTENTION_KERNEL", variant, 1);
     const int32_t cu[] = {0, 1, 6, 6, 23, 87, 184, 384, 1409};
     run(cu, 8, 1412, 8, 2, 64, all8, 8, 1);
@@ -194,9 +199,11 @@ static void run_variant_cases(const char *variant) {
     prod[0] = 0;
     for (int d = 0; d < 7; d++) prod[d + 1] = prod[d] + lens[d];
     const int heads[3] = {0, 13, 31};
-    run(prod, 7, 8192, 32, 8, 128, heads, 3, 7);
+    run(prod, 7, 8192, 32, 8, 128, heads + 3 - nprod, nprod, 7);
     unsetenv("DFLASH_ATTENTION_KERNEL");
 }
+
+static void run_variant_cases(const char *variant) { run_variant_cases_n(variant, 3); }
 
 START_TEST(attention_gpu_exact_exp) { run_variant_cases("4"); }
 END_TEST
@@ -204,9 +211,9 @@ END_TEST
 START_TEST(attention_gpu_mma_sync) { run_variant_cases("6"); }
 END_TEST
 
-/* The default (wgmma) kernel on documents whose lengths sit at and around its 128-row tiles and
- * 64-row warpgroups: 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257 and 2049 tokens. */
-START_TEST(attention_gpu_tile_edges) {
+/* Documents whose lengths sit at and around the wgmma kernels' 128-row tiles, 64-row warpgroups
+ * and 64-key tiles: 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257 and 2049 tokens. */
+static void run_tile_edges(void) {
     const int lens[13] = {63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 2049};
     int32_t cu[14];
     cu[0] = 0;
@@ -214,6 +221,77 @@ START_TEST(attention_gpu_tile_edges) {
     run(cu, 13, cu[13] + 7, 4, 2, 128, all8, 4, 21);
     run(cu, 13, cu[13], 2, 1, 64, all8, 2, 22);
 }
+
+/* The default (wgmma) kernel on the tile edges */
+START_TEST(attention_gpu_tile_edges) { run_tile_edges(); }
+END_TEST
+
+/* The WA2 candidates (bench variants 20-32, each a possible default): every case above and the
+ * tile edges under DFLASH_ATTENTION_KERNEL=N — 20/21 the ping-pong issue orders (named barriers),
+ * 22 staged output stores, 23/24 one warpgroup × 64-key tiles at two blocks per SM (24 with staged
+ * stores), 25 the warp-specialized kernel (producer warpgroup, named-barrier pipeline, ping-pong
+ * consumers), 26 without the ping-pong, 27 with staged stores, 28/29 = 18/25 with lazy rescaling,
+ * 30 = 18 with a longest-first tile order across documents, 31/32 = 25/18 with staged stores, lazy
+ * rescaling and that order; WA3: 18 (the default before WA3), 33 = 20 with staged stores, 34 = 20
+ * with staged stores, lazy rescaling and LPT, 35/36 = 33/34 at HD 128 and 24 at HD 64, 37 = 20 with
+ * staged stores and LPT, 38 = 33 made persistent (a per-block work list built from cu_seqlens,
+ * next item's loads under the current one's tail), 39 = 38 without staged stores. */
+static void run_candidate(const char *variant) {
+    /* DFLASH_ATTENTION_CANDIDATES=25,28 (say) restricts the run to those candidates */
+    const char *only = getenv("DFLASH_ATTENTION_CANDIDATES");
+    if (only && *only) {
+        int listed = 0;
+        for (const char *p = only; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+            listed |= atoi(p) == atoi(variant);
+        if (!listed) return;
+    }
+    run_variant_cases_n(variant, 1);
+    setenv("DFLASH_ATTENTION_KERNEL", variant, 1);
+    run_tile_edges();
+    unsetenv("DFLASH_ATTENTION_KERNEL");
+}
+
+START_TEST(attention_gpu_v20) { run_candidate("20"); }
+END_TEST
+START_TEST(attention_gpu_v21) { run_candidate("21"); }
+END_TEST
+START_TEST(attention_gpu_v22) { run_candidate("22"); }
+END_TEST
+START_TEST(attention_gpu_v23) { run_candidate("23"); }
+END_TEST
+START_TEST(attention_gpu_v24) { run_candidate("24"); }
+END_TEST
+START_TEST(attention_gpu_v25) { run_candidate("25"); }
+END_TEST
+START_TEST(attention_gpu_v26) { run_candidate("26"); }
+END_TEST
+START_TEST(attention_gpu_v27) { run_candidate("27"); }
+END_TEST
+START_TEST(attention_gpu_v28) { run_candidate("28"); }
+END_TEST
+START_TEST(attention_gpu_v29) { run_candidate("29"); }
+END_TEST
+START_TEST(attention_gpu_v30) { run_candidate("30"); }
+END_TEST
+START_TEST(attention_gpu_v31) { run_candidate("31"); }
+END_TEST
+START_TEST(attention_gpu_v32) { run_candidate("32"); }
+END_TEST
+START_TEST(attention_gpu_v18) { run_candidate("18"); }
+END_TEST
+START_TEST(attention_gpu_v33) { run_candidate("33"); }
+END_TEST
+START_TEST(attention_gpu_v34) { run_candidate("34"); }
+END_TEST
+START_TEST(attention_gpu_v35) { run_candidate("35"); }
+END_TEST
+START_TEST(attention_gpu_v36) { run_candidate("36"); }
+END_TEST
+START_TEST(attention_gpu_v37) { run_candidate("37"); }
+END_TEST
+START_TEST(attention_gpu_v38) { run_candidate("38"); }
+END_TEST
+START_TEST(attention_gpu_v39) { run_candidate("39"); }
 END_TEST
 
 int main(void) {
@@ -228,6 +306,32 @@ int main(void) {
     tcase_add_test(tc, attention_gpu_exact_exp);
     tcase_add_test(tc, attention_gpu_mma_sync);
     tcase_add_test(tc, attention_gpu_tile_edges);
+    suite_add_tcase(s, tc);
+    /* the WA2 candidates in their own case: CK_RUN_CASE=candidates runs only them,
+     * CK_RUN_CASE=gpu_attention only the cases above */
+    tc = tcase_create("candidates");
+    tcase_set_timeout(tc, 200);
+    tcase_add_test(tc, attention_gpu_v20);
+    tcase_add_test(tc, attention_gpu_v21);
+    tcase_add_test(tc, attention_gpu_v22);
+    tcase_add_test(tc, attention_gpu_v23);
+    tcase_add_test(tc, attention_gpu_v24);
+    tcase_add_test(tc, attention_gpu_v25);
+    tcase_add_test(tc, attention_gpu_v26);
+    tcase_add_test(tc, attention_gpu_v27);
+    tcase_add_test(tc, attention_gpu_v28);
+    tcase_add_test(tc, attention_gpu_v29);
+    tcase_add_test(tc, attention_gpu_v30);
+    tcase_add_test(tc, attention_gpu_v31);
+    tcase_add_test(tc, attention_gpu_v32);
+    tcase_add_test(tc, attention_gpu_v18);
+    tcase_add_test(tc, attention_gpu_v33);
+    tcase_add_test(tc, attention_gpu_v34);
+    tcase_add_test(tc, attention_gpu_v35);
+    tcase_add_test(tc, attention_gpu_v36);
+    tcase_add_test(tc, attention_gpu_v37);
+    tcase_add_test(tc, attention_gpu_v38);
+    tcase_add_test(tc, attention_gpu_v39);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

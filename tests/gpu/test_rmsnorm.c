@@ -14,7 +14,16 @@
  * shape above: dw summed by the last block (C <= 256) or by the PDL sum kernel (C > 256), with
  * several row steps per block; after each call the scratch's ticket header must be back to zero, and
  * one scratch serves calls of several N in a row (rmsnorm_gpu_scratch_reuse). K1c's backward
- * (DFLASH_RMSNORM_KERNEL=3) keeps its own case.
+ * (DFLASH_RMSNORM_KERNEL=3) keeps its own case. The round-2 backward candidates (DFLASH_RMSNORM_KERNEL=5:
+ * clusters of 4 adding their dw sums through distributed shared memory, 6: clusters of 8, 7: the dw sum
+ * after a grid barrier of a cooperative launch, 8: 5 + 7) run on shapes that take every dw ending
+ * (last block, PDL kernel, grid barrier), V = 1, 2 and 4, grids with idle blocks (fewer row steps than
+ * a cluster), several steps per block, and the scratch reuse (rmsnorm_gpu_round2_paths); the bench
+ * switches DFLASH_RMSNORM_DW_PIECE=4 (dw sum kernel without PDL) and DFLASH_RMSNORM_CARVEOUT (a
+ * shared-memory carveout hint) must give correct results too (rmsnorm_gpu_no_pdl_and_carveout).
+ * Round 3's variant 9 (DFLASH_RMSNORM_KERNEL=9: the many-slice dw sum kernel, its NQ = 2 / 4 / 8 forms,
+ * launched with and without PDL; the occupancy-sized two-row forward) runs the same checks, and its
+ * forward must be bitwise variant 4's (rmsnorm_gpu_v9_*).
  *
  * Tolerances: y is one bf16 rounding of an fp32 value (≤ 2^-9 relative): rtol 1.6e-2, atol 1e-2.
  * rstd: fp32 sum of squares vs double, rtol 1e-4. dx = rstd·(w·dy − x̂·m) cancels, so its absolute
@@ -197,6 +206,122 @@ START_TEST(rmsnorm_gpu_scratch_reuse) {
 }
 END_TEST
 
+/* variants 5-8 (round 2): every backward ending, V = 1 / 2 / 4, N = 1 and 3 (blocks with no row step),
+ * several row steps per block; forward = variant 4's, run again by one() */
+START_TEST(rmsnorm_gpu_round2_paths) {
+    static const int shapes[][2] = {{40001, 128}, {1, 64}, {3, 8192}, {2001, 4096}, {300, 6152}, {10007, 136}, {7, 1032}, {9001, 1024}};
+    static const char *vars[] = {"5", "6", "7", "8"};
+    const int v = _i;   /* one variant per loop iteration: each gets its own timeout */
+    setenv("DFLASH_RMSNORM_KERNEL", vars[v], 1);
+    for (int s = 0; s < 8; s++) one(shapes[s][0], shapes[s][1], (s + v) % 2, 200 + 10 * v + s);
+    reuse(128, 240 + v);
+    reuse(1024, 250 + v);
+    unsetenv("DFLASH_RMSNORM_KERNEL");
+}
+END_TEST
+
+/* DFLASH_RMSNORM_DW_PIECE=4: variant 4 with the dw sum kernel launched without PDL (a correct
+ * backward, measured by the bench against the PDL launch); and the carveout hint, which must not
+ * change results */
+START_TEST(rmsnorm_gpu_no_pdl_and_carveout) {
+    setenv("DFLASH_RMSNORM_DW_PIECE", "4", 1);
+    one(2001, 4096, 0, 300);
+    one(3, 8192, 1, 301);
+    one(40001, 128, 0, 302);
+    unsetenv("DFLASH_RMSNORM_DW_PIECE");
+    setenv("DFLASH_RMSNORM_CARVEOUT", "28", 1);
+    one(2001, 4096, 1, 303);
+    setenv("DFLASH_RMSNORM_KERNEL", "5", 1);
+    one(2001, 4096, 0, 304);
+    unsetenv("DFLASH_RMSNORM_KERNEL");
+    unsetenv("DFLASH_RMSNORM_CARVEOUT");
+    one(2001, 4096, 0, 305);
+}
+END_TEST
+
+/* Round 3, variant 9 (DFLASH_RMSNORM_KERNEL=9): variant 4 with the many-slice dw sum kernel for
+ * C > 256 (DFLASH_RMSNORM_FIN_NQ = 4, its default, and the bench's 2 and 8) and the occupancy-sized
+ * two-row forward. Every dw ending (last block at C <= 256, the new sum kernel), V = 1 / 2 / 4, N = 1
+ * and 3, several steps per block, nb > 256 slices (8192 x 4096: 391 blocks), the scratch reuse; the
+ * sum kernel launched without PDL (DW_PIECE=4, as a device without PDL would) is a correct backward. */
+static const int v9_shapes[][2] = {{40001, 128}, {1, 64}, {3, 8192}, {2001, 4096}, {300, 6152}, {10007, 136},
+                                   {7, 1032}, {9001, 1024}, {20000, 256}, {20001, 136}, {8192, 4096}};
+
+START_TEST(rmsnorm_gpu_v9_paths) {
+    setenv("DFLASH_RMSNORM_KERNEL", "9", 1);
+    for (int s = 0; s < 11; s++) one(v9_shapes[s][0], v9_shapes[s][1], s % 2, 400 + s);
+    reuse(128, 420);
+    reuse(1024, 421);
+    unsetenv("DFLASH_RMSNORM_KERNEL");
+}
+END_TEST
+
+START_TEST(rmsnorm_gpu_v9_nq_and_no_pdl) {
+    static const char *nq[] = {"2", "8"};
+    setenv("DFLASH_RMSNORM_KERNEL", "9", 1);
+    for (int i = 0; i < 2; i++) {
+        setenv("DFLASH_RMSNORM_FIN_NQ", nq[i], 1);
+        one(2001, 4096, i, 430 + i);
+        one(9001, 1024, 1 - i, 432 + i);
+        one(300, 6152, 0, 434 + i);
+        reuse(1024, 436 + i);
+    }
+    unsetenv("DFLASH_RMSNORM_FIN_NQ");
+    setenv("DFLASH_RMSNORM_DW_PIECE", "4", 1);   /* no PDL: griddepcontrol.wait must be a no-op */
+    one(2001, 4096, 0, 440);
+    one(3, 8192, 1, 441);
+    one(8192, 4096, 0, 442);
+    unsetenv("DFLASH_RMSNORM_DW_PIECE");
+    unsetenv("DFLASH_RMSNORM_KERNEL");
+}
+END_TEST
+
+/* Variant 9's forward takes other kernels/grids than variant 4's on some shapes (two-row at 4 blocks
+ * per SM; two-row from the queried one-row occupancy: C = 136 / 256 at ~20000 rows) but computes every
+ * row the same way: y, rstd and the fused h must be bitwise variant 4's. */
+static void fwd_same(int N, int C, int resid, uint64_t seed) {
+    size_t n = (size_t)N * C;
+    float *x = k1_randn(&seed, n, -3, 3), *r = k1_randn(&seed, n, -3, 3), *w = k1_randn(&seed, C, 0.5f, 1.5f);
+    bf16 *d_x = k1_upload_bf16(x, n), *d_r0 = k1_upload_bf16(r, n), *d_r = k1_malloc(2 * n), *d_y = k1_malloc(2 * n);
+    float *d_w = k1_upload(w, 4 * (size_t)C), *d_rstd = k1_malloc(4 * (size_t)N);
+    float *y[2], *h[2], *rs[2];
+    for (int v = 0; v < 2; v++) {
+        setenv("DFLASH_RMSNORM_KERNEL", v ? "9" : "4", 1);
+        y[v] = malloc(4 * n);
+        h[v] = malloc(4 * n);
+        rs[v] = malloc(4 * (size_t)N);
+        k1_poison(d_y, 2 * n);
+        k1_poison(d_rstd, 4 * (size_t)N);
+        K1_CUDA(cudaMemcpy(d_r, d_r0, 2 * n, cudaMemcpyDeviceToDevice));
+        if (resid) K1_LAUNCH(rmsnorm_residual_forward(d_y, d_r, d_rstd, d_x, d_w, N, C, 1e-6f, 0));
+        else K1_LAUNCH(rmsnorm_forward(d_y, d_rstd, d_x, d_w, N, C, 1e-6f, 0));
+        K1_CUDA(cudaDeviceSynchronize());
+        k1_download_bf16(y[v], d_y, n);
+        k1_download_bf16(h[v], d_r, n);
+        K1_CUDA(cudaMemcpy(rs[v], d_rstd, 4 * (size_t)N, cudaMemcpyDeviceToHost));
+    }
+    unsetenv("DFLASH_RMSNORM_KERNEL");
+    ck_assert_msg(memcmp(y[0], y[1], 4 * n) == 0, "N=%d C=%d resid=%d: v9 y differs from v4", N, C, resid);
+    ck_assert_msg(memcmp(rs[0], rs[1], 4 * (size_t)N) == 0, "N=%d C=%d resid=%d: v9 rstd differs from v4", N, C, resid);
+    ck_assert_msg(memcmp(h[0], h[1], 4 * n) == 0, "N=%d C=%d resid=%d: v9 h differs from v4", N, C, resid);
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += fabs(y[1][i]);
+    ck_assert_msg(s > 0 && s == s, "N=%d C=%d: y is zero or NaN", N, C);
+    for (int v = 0; v < 2; v++) { free(y[v]); free(h[v]); free(rs[v]); }
+    cudaFree(d_x); cudaFree(d_r0); cudaFree(d_r); cudaFree(d_y); cudaFree(d_w); cudaFree(d_rstd);
+    free(x); free(r); free(w);
+}
+
+START_TEST(rmsnorm_gpu_v9_forward_bitwise) {
+    static const int shapes[][2] = {{65536, 128}, {20000, 256}, {20001, 136}, {40001, 128}, {50003, 64}, {36000, 256},
+                                    {9001, 1024}, {1000, 1032}};
+    for (int s = 0; s < 8; s++) {
+        fwd_same(shapes[s][0], shapes[s][1], 0, 500 + s);
+        fwd_same(shapes[s][0], shapes[s][1], 1, 510 + s);
+    }
+}
+END_TEST
+
 START_TEST(rmsnorm_gpu_preconditions) {
     bf16 *x = k1_malloc(4096);
     float *w = k1_malloc(4096);
@@ -220,6 +345,11 @@ int main(void) {
     tcase_add_test(tc, rmsnorm_gpu_k1b_path);
     tcase_add_test(tc, rmsnorm_gpu_k1c_path);
     tcase_add_test(tc, rmsnorm_gpu_scratch_reuse);
+    tcase_add_loop_test(tc, rmsnorm_gpu_round2_paths, 0, 4);
+    tcase_add_test(tc, rmsnorm_gpu_no_pdl_and_carveout);
+    tcase_add_test(tc, rmsnorm_gpu_v9_paths);
+    tcase_add_test(tc, rmsnorm_gpu_v9_nq_and_no_pdl);
+    tcase_add_test(tc, rmsnorm_gpu_v9_forward_bitwise);
     tcase_add_test(tc, rmsnorm_gpu_preconditions);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
