@@ -24,21 +24,21 @@
  * The running max compares scaled maxima only (a tile's raw max is scaled first; until 2026-11-29
  * the FX kernel compared the scaled previous max with raw scores, which overflowed exp2 for scaled
  * logits above ~88 — tests/gpu/test_attention.c has a large-logit case for it).
- * The wgmma kernel (attention_wg_kernel, sm_90a, the default of tasks WA and WA2 as bench variant 18): one
+ * The library's kernel since 2026-11-29 12:15 is attention_wg_kernel (sm_90a) as bench variant 34: one
  * block of two warpgroups per 128 query rows, K/V tiles of 128 keys in 128B-swizzled panels
  * (kernels/wgmma.cuh), S = Q·Kᵀ with both operands in shared memory, O += P·V with P in registers,
- * and the P·V of one key tile running while the warpgroup does the softmax of the next; the same
- * FX softmax as below. The mma.sync kernel stays reachable: DFLASH_ATTENTION_KERNEL=6 (FX) or 4.
- * Since task WA3 the default is bench variant 20, the same kernel with a ping-pong issue order
- * (H200, 2026-11-29 11:40, TFLOP/s at HD 128 on 1-4K / 8×1024 / 2×4096 / 1×8192, HD 64: v18
- * 335/267/380/410/249, v20 362/283/416/450/264, v6 292/259/331/349/232); ATTENTION_DEFAULT_KERNEL
- * below picks it. WA3's candidates 33-37 combine v20 with staged stores, lazy rescaling, LPT, and
- * variant 24 at HD 64; 38 and 39 are attention_wgp_kernel, v33 / v20 made persistent with the next
- * work item's loads under the current one's tail (DFLASH_ATTENTION_KERNEL=33..39). Task WA2's candidates (bench variants 20-32, also reachable through
- * DFLASH_ATTENTION_KERNEL=20..32): knobs of attention_wg_kernel (ping-pong issue orders through
- * named barriers, staged coalesced output stores, one warpgroup × 64-key tiles at two blocks per SM,
- * lazy rescaling, a longest-first tile order) and attention_ws_kernel, a warp-specialized version (producer warpgroup on few registers, a
- * named-barrier K/V pipeline, ping-pong consumers on 240 registers, no __syncthreads).
+ * the P·V of one key tile running while the warpgroup does the softmax of the next, a ping-pong
+ * issue order between the warpgroups (PP 1), staged coalesced output stores (OST), lazy rescaling
+ * (LAZY) and a longest-first tile order (LPT); the same FX softmax as below (H200, TFLOP/s at HD 128
+ * on 1-4K documents: v34 388, v20 362, v18 335, v6 292). attention_forward runs it with that launch
+ * configuration fixed. DFLASH_ATTENTION_KERNEL=6 reverts to the mma.sync kernel above (bench variant
+ * 6, the default before the wgmma kernel), =4 runs it with exact exp2f; any other value is an error.
+ * attention_wg_kernel's other template knobs (NWG 1 / BC 64 / MINB 2, PP 0 and 2, OST, LAZY, LPT
+ * alone) are instantiated only by kernels/bench/attention_bench.cu (variants 18-24, 28, 30, 32, 33,
+ * 35-37), as history. The warp-specialized kernel (variants 25-27, 29, 31) moved to
+ * kernels/bench/attention_variants.cuh; the persistent kernel attention_wgp_kernel (variants 38, 39)
+ * failed validation and was deleted: its code is in git commit b94183e, the numbers of all of them
+ * in kernels/bench/RESULTS.md.
  * Kernels that lost on the H200 (K1c's kernel 2 with mirrored m-tiles and diagonal chunk skipping,
  * K1d's kernel 3 with warp-level skipping, a persistent work list and lazy rescaling) are kept as
  * history in kernels/bench/attention_variants.cuh, with their numbers in RESULTS.md.
@@ -265,13 +265,13 @@ attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, co
     }
 }
 
-/* ---------------------------------------------------------------- wgmma kernel (sm_90a, bench variant 18) */
+/* ---------------------------------------------------------------- wgmma kernel (sm_90a, the default: bench variant 34) */
 
 /* Tiles of the wgmma kernel (the library's configuration): BR = 128 query rows per block (two
  * consumer warpgroups of 64 rows), BC = 128 keys per K/V tile; every tile is stored as HD/64
- * 128B-swizzled panels (kernels/wgmma.cuh). The WA2 candidates 20-24, 28, 30 and 32 instantiate the
- * same kernel with one warpgroup, 64-key tiles, a ping-pong issue order, staged output stores, lazy
- * rescaling or a longest-first tile order (see attention_wg_kernel). */
+ * 128B-swizzled panels (kernels/wgmma.cuh). The bench's variants 18-24, 28, 30, 32, 33 and 35-37
+ * instantiate the same kernel with other knobs (one warpgroup, 64-key tiles, other issue orders,
+ * staged stores, lazy rescaling or LPT alone; see attention_wg_kernel). */
 constexpr int WGA_BR = 128, WGA_BC = 128, WGA_NT = 256;
 
 template <int HD, int BR = WGA_BR, int BC = WGA_BC>
@@ -443,8 +443,8 @@ static __device__ __forceinline__ void wga_store(bf16 *out, float *lse, const fl
  * SKIP: a key tile whose second half lies above every row of the warpgroup (the diagonal tile of
  * warpgroup 0) runs P·V on its first BC/2 keys only; a warpgroup whose rows all lie past the
  * document (the last tile of a document) issues no MMAs but still loads and meets the barriers.
- * Knobs of task WA2 (the default runs NWG 2, BC 128, MINB 1, PP 0, OST and LAZY off; the others
- * are reachable through DFLASH_ATTENTION_KERNEL=20-24, 28, 30, 32 until the H200 picks one):
+ * Knobs of tasks WA2-WA3 (the library runs NWG 2, BC 128, MINB 1, PP 1, OST, LAZY and LPT on: bench
+ * variant 34; the other combinations are instantiated only by kernels/bench/attention_bench.cu):
  *   NWG 1: one warpgroup, BR 64 (with BC 64 and MINB 2: two blocks per SM, so one block's start-up
  *     — Q and first K load, the unoverlapped first S and softmax — hides under the other's MMAs);
  *   PP (NWG 2, ping-pong issue order through named barriers 1-3, 256 threads each, every warpgroup
@@ -628,445 +628,6 @@ attention_wg_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const b
     wga_store<HD, BR, OST>(out, lse, o, m, l, sQ, s0, len, h, T, NH, wg, warp, lane, ra, rb, wrow0);
 }
 
-/* ---------------------------------------------------------------- warp-specialized wgmma kernel (bench variant 25) */
-
-/* WA2 candidate: attention_wg_kernel's math (BR 128, BC 128, two consumer warpgroups, S_n issued
- * with P_{n-1}·V_{n-1} and the softmax of S_n under that P·V) with the loads taken off the consumers
- * and the per-tile __syncthreads removed:
- *   - warpgroup 2 is a producer: it loads Q, then K_n and V_n into stage n%2 with cp.async, waits
- *     for each group, fences (fence.proxy.async) and signals "full" through named barriers (one per
- *     stage, tensor and consumer warpgroup: producer bar.arrive + consumer bar.sync, 256 threads);
- *     before refilling a stage it waits on its "empty" barrier (both consumers bar.arrive after
- *     the wgmma that read it completed, the producer bar.sync, 384 threads);
- *   - the consumers ping-pong (FA3): warpgroup w waits on barrier PP_w before issuing its MMAs and
- *     arrives on PP_{1-w} after, so one warpgroup's softmax runs under the other's MMAs; warpgroup 1
- *     pre-arrives once so warpgroup 0 goes first, and skips its arrive after its last issue;
- *   - setmaxnreg: the producer drops to WSA_PREG registers, the consumers rise to WSA_CREG.
- * Every barrier round has exactly its count: arrivals of a stage's n-th round cannot run ahead of
- * the n-th sync (each needs the other side's previous round), empty barriers are only arrived at
- * for tiles that will be refilled (n + 2 < ntiles), and a warpgroup whose rows lie past the document
- * meets every barrier without issuing MMAs. Barrier ids: FK(s,w) 1-4, FV(s,w) 5-8, EK(s) 9-10,
- * EV(s) 11-12, PP0 13, PP1 14. Bench knobs: PPW off = no ping-pong (bench variant 26, isolates it);
- * OST = attention_wg_kernel's staged output stores (variant 27); LAZY = lazy rescaling (variant 29);
- * LPT = attention_wg_kernel's longest-first tile order (variant 31 has all three). */
-#ifndef WSA_PREG
-#define WSA_PREG 24
-#endif
-#ifndef WSA_CREG
-#define WSA_CREG 240
-#endif
-
-static __device__ __forceinline__ int wsa_fk(int s, int w) { return 1 + 2 * s + w; }
-static __device__ __forceinline__ int wsa_fv(int s, int w) { return 5 + 2 * s + w; }
-static __device__ __forceinline__ int wsa_ek(int s) { return 9 + s; }
-static __device__ __forceinline__ int wsa_ev(int s) { return 11 + s; }
-
-template <int HD, bool SKIP, bool PPW = true, bool OST = false, bool LAZY = false, bool LPT = false>
-__global__ void __launch_bounds__(384, 1)
-attention_ws_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int T,
-                    int NH, int NKV, float scale_log2) {
-    constexpr int BR = 128, BC = 128, QB = BR * HD * 2, KB = BC * HD * 2, PS = BC / 16;
-    extern __shared__ unsigned char wga_smem_raw[];
-    unsigned char *smem = wga_smem_raw + ((1024u - (wg_smem_u32(wga_smem_raw) & 1023u)) & 1023u);
-    unsigned char *sQ = smem, *sK = smem + QB, *sV = smem + QB + 2 * KB;
-
-    const int h = blockIdx.x, d = blockIdx.y;
-    const int s0 = cu[d], len = cu[d + 1] - s0;
-    const int nqt = (len + BR - 1) / BR;
-    const int qt = LPT ? (int)gridDim.z - 1 - (int)blockIdx.z : nqt - 1 - (int)blockIdx.z;
-    if (qt < 0 || qt >= nqt) return;
-    const int kh = h / (NH / NKV);
-    const int tid = threadIdx.x, warp = (tid / 32) % 4, lane = tid % 32, t = lane % 4;
-    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
-    const int jlast = min(qt * BR + BR - 1, len - 1) / BC;
-    const int ntiles = jlast + 1;
-
-    if (wg == 2) {   /* producer */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WSA_PREG));
-        const int ptid = tid - 256;
-        const size_t qstride = (size_t)NH * HD, kstride = (size_t)NKV * HD;
-        const bf16 *qg = q + ((size_t)s0 * NH + h) * HD;
-        const bf16 *kg = k + ((size_t)s0 * NKV + kh) * HD, *vg = v + ((size_t)s0 * NKV + kh) * HD;
-        wga_load<HD, BR, 128, true>(sQ, qg, qstride, qt * BR, len, ptid);
-        wga_load<HD, BC, 128, true>(sK, kg, kstride, jlast * BC, len, ptid);
-        mma_commit();
-        wga_load<HD, BC, 128, true>(sV, vg, kstride, jlast * BC, len, ptid);
-        mma_commit();
-        mma_wait<1>();   /* Q, K_0 */
-        wg_fence_async_smem();
-        wga_bar_arrive(wsa_fk(0, 0), 256);
-        wga_bar_arrive(wsa_fk(0, 1), 256);
-        for (int n = 1; n < ntiles; n++) {
-            const int st = n % 2, j = jlast - n;
-            if (n >= 2) wga_bar_sync(wsa_ek(st), 384);
-            wga_load<HD, BC, 128, true>(sK + st * KB, kg, kstride, j * BC, len, ptid);
-            mma_commit();
-            mma_wait<1>();   /* V_{n-1} */
-            wg_fence_async_smem();
-            wga_bar_arrive(wsa_fv(st ^ 1, 0), 256);
-            wga_bar_arrive(wsa_fv(st ^ 1, 1), 256);
-            if (n >= 2) wga_bar_sync(wsa_ev(st), 384);
-            wga_load<HD, BC, 128, true>(sV + st * KB, vg, kstride, j * BC, len, ptid);
-            mma_commit();
-            mma_wait<1>();   /* K_n */
-            wg_fence_async_smem();
-            wga_bar_arrive(wsa_fk(st, 0), 256);
-            wga_bar_arrive(wsa_fk(st, 1), 256);
-        }
-        mma_wait<0>();   /* V_{ntiles-1} */
-        wg_fence_async_smem();
-        wga_bar_arrive(wsa_fv((ntiles - 1) % 2, 0), 256);
-        wga_bar_arrive(wsa_fv((ntiles - 1) % 2, 1), 256);
-        return;
-    }
-
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WSA_CREG));
-    const int wrow0 = qt * BR + wg * 64;
-    const int wlast = min(wrow0 + 63, len - 1);
-    const bool active = wrow0 < len;
-    const int pp_mine = wg == 0 ? 13 : 14, pp_other = wg == 0 ? 14 : 13;
-    if (PPW && wg == 1) wga_bar_arrive(13, 256);   /* warpgroup 0 issues first */
-
-    if (!active) {   /* warpgroup 1 past the document: the same barrier sequence, no MMAs */
-        for (int n = 0; n < ntiles; n++) {
-            wga_bar_sync(wsa_fk(n % 2, 1), 256);
-            if (n > 0) wga_bar_sync(wsa_fv((n - 1) % 2, 1), 256);
-            if (PPW) {
-                wga_bar_sync(14, 256);
-                wga_bar_arrive(13, 256);
-            }
-            if (n + 2 < ntiles) wga_bar_arrive(wsa_ek(n % 2), 384);
-            if (n > 0 && n + 1 < ntiles) wga_bar_arrive(wsa_ev((n - 1) % 2), 384);
-        }
-        wga_bar_sync(wsa_fv((ntiles - 1) % 2, 1), 256);
-        if (PPW) wga_bar_sync(14, 256);
-        return;
-    }
-
-    const int ra = wrow0 + warp * 16 + lane / 4, rb = ra + 8;
-    const uint64_t dq = wg_desc_kmajor(wg_smem_u32(sQ) + wg * 64 * 128);
-    const uint32_t uK = wg_smem_u32(sK), uV = wg_smem_u32(sV);
-    float o[HD / 2], s[BC / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, c[2];
-    uint32_t p[PS][4];
-#pragma unroll
-    for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < PS; kk++) p[kk][0] = p[kk][1] = p[kk][2] = p[kk][3] = 0u;
-    bool half_prev = false;
-
-    auto softmax = [&](int j) {
-        if (j * BC + BC - 1 > wrow0) wga_softmax<BC, true, LAZY>(s, m, l, c, scale_log2, j * BC, ra, rb, t);
-        else wga_softmax<BC, false, LAZY>(s, m, l, c, scale_log2, j * BC, ra, rb, t);
-    };
-    auto pack_p = [&]() {
-#pragma unroll
-        for (int kk = 0; kk < PS; kk++) {
-            p[kk][0] = mma_pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
-            p[kk][1] = mma_pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
-            p[kk][2] = mma_pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
-            p[kk][3] = mma_pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
-        }
-    };
-    auto pv_issue = [&](int buf, bool half) {
-        const uint64_t dv = wg_desc_mnmajor(uV + buf * KB, BC * 128);
-        wga_issue_pv<HD, PS / 2>(o, p, dv);
-        if (!half) wga_issue_pv<HD, PS / 2>(o, p + PS / 2, dv + (uint64_t)((PS / 2 * 2048) >> 4));
-        wg_commit();
-    };
-
-    /* tile 0 (the diagonal one): S, softmax (O is still 0: no rescale), P */
-    {
-        wga_bar_sync(wsa_fk(0, wg), 256);
-        if (PPW) wga_bar_sync(pp_mine, 256);
-        wg_fence();
-        wga_issue_s<HD, BC, BR, BC>(s, dq, wg_desc_kmajor(uK));
-        wg_commit();
-        if (PPW) wga_bar_arrive(pp_other, 256);
-        wg_wait<0>();
-        wg_acc_fence<BC / 2>(s);
-        if (2 < ntiles) wga_bar_arrive(wsa_ek(0), 384);
-        softmax(jlast);
-        pack_p();
-        half_prev = SKIP && jlast * BC + BC / 2 > wlast;
-    }
-    for (int n = 1; n < ntiles; n++) {
-        const int j = jlast - n, st = n % 2;
-        const bool half = SKIP && j * BC + BC / 2 > wlast;
-        wga_bar_sync(wsa_fk(st, wg), 256);
-        wga_bar_sync(wsa_fv(st ^ 1, wg), 256);
-        wg_acc_fence<HD / 2>(o);   /* pin the rescaled O and the packed P before the fence */
-        wg_reg_fence<PS * 4>(&p[0][0]);
-        if (PPW) wga_bar_sync(pp_mine, 256);
-        wg_fence();
-        wga_issue_s<HD, BC, BR, BC>(s, dq, wg_desc_kmajor(uK + st * KB));
-        wg_commit();
-        pv_issue(st ^ 1, half_prev);
-        if (PPW) wga_bar_arrive(pp_other, 256);
-        wg_wait<1>();
-        wg_acc_fence<BC / 2>(s);
-        if (n + 2 < ntiles) wga_bar_arrive(wsa_ek(st), 384);
-        softmax(j);
-        wg_wait<0>();
-        wg_acc_fence<HD / 2>(o);
-        wg_reg_fence<PS * 4>(&p[0][0]);
-        if (n + 1 < ntiles) wga_bar_arrive(wsa_ev(st ^ 1), 384);
-        if (!LAZY || __any_sync(0xffffffffu, c[0] != 1.0f || c[1] != 1.0f)) {
-#pragma unroll
-            for (int i = 0; i < HD / 8; i++) {
-                o[4 * i + 0] *= c[0]; o[4 * i + 1] *= c[0];
-                o[4 * i + 2] *= c[1]; o[4 * i + 3] *= c[1];
-            }
-        }
-        pack_p();
-        half_prev = half;
-    }
-    wga_bar_sync(wsa_fv((ntiles - 1) % 2, wg), 256);
-    wg_acc_fence<HD / 2>(o);
-    wg_reg_fence<PS * 4>(&p[0][0]);
-    if (PPW) wga_bar_sync(pp_mine, 256);
-    wg_fence();
-    pv_issue((ntiles - 1) % 2, half_prev);
-    if (PPW && wg == 0) wga_bar_arrive(pp_other, 256);
-    wg_wait<0>();
-    wg_acc_fence<HD / 2>(o);
-
-    wga_store<HD, BR, OST>(out, lse, o, m, l, sQ, s0, len, h, T, NH, wg, warp, lane, ra, rb, wrow0);
-}
-
-/* ---------------------------------------------------------------- persistent wgmma kernel (bench variant 38) */
-
-/* WA3 candidate: variant 33 (attention_wg_kernel with BR 128, BC 128, the PP 1 ping-pong and
- * staged output stores) made persistent, so a block's start-up latency hides under the previous
- * work item's tail. One block per SM walks a dense list of work items (query tile qt of document
- * d, head h), ordered longest-first (LPT: absolute query tile descending, then documents by tile
- * count descending, heads innermost so the query heads of one K/V head run together), assigned
- * statically in snake order (round r: block c takes item r·G + c, or r·G + G-1-c for odd r), so
- * no device state or atomics are needed and the output is the same whatever the schedule.
- * Each block builds the list itself at start from cu_seqlens (a counting sort of the documents by
- * tile count in shared memory: WGP_ZMAX tile levels, WGP_NDMAX documents; the launcher falls back
- * to variant 33 beyond). Per item the body is variant 33's, except that right after the barrier
- * that follows the last S (every S, and every P·V but the last, complete), the block issues the
- * next item's Q and diagonal K tile loads into the Q tile and K buffer 0 — they run under this
- * item's last P·V and output stores — and the stores are staged in K buffer 1 (free by then)
- * instead of the Q rows. The next item's first barrier orders those staged reads before K buffer 1
- * is refilled. Named barrier 1 (ping-pong) is met once per tile by both warpgroups, as in v20.
- * ptxas at HD 128: 255 registers and 56 bytes of spills with OST (variant 38); OST off and LEANF
- * (the next item's loads as rolled loops) give 255 registers and no spills (variant 39). */
-#ifndef WGP_ZMAX
-#define WGP_ZMAX 1024   /* query tiles of the longest document (131072 tokens) */
-#endif
-#ifndef WGP_NDMAX
-#define WGP_NDMAX 2048  /* documents */
-#endif
-
-template <int HD>
-constexpr size_t wgp_smem_bytes() { return wga_smem_bytes<HD>() + (size_t)(3 * (WGP_ZMAX + 1) + WGP_NDMAX) * 4; }
-
-/* exclusive prefix sum of a[0..n) in place, by every thread of the block in step (each reads a[i]
- * before the barrier and writes the same value after it; n <= WGP_ZMAX + 1 barriers, about 2 µs for
- * the 64 tile levels of an 8K-token document). Written without any thread-dependent branch: a
- * warp-shuffle scan, or a serial one under `if (tid == 0)`, made ptxas serialize the kernel's
- * wgmmas (C7520). */
-static __device__ __forceinline__ void wgp_exscan(int *a, int n) {
-    int run = 0;
-    for (int i = 0; i < n; i++) {
-        const int x = a[i];
-        __syncthreads();
-        a[i] = run;
-        run += x;
-    }
-}
-
-template <int HD, bool OST = true, bool LEANF = false>
-__global__ void __launch_bounds__(256, 1)
-attention_wgp_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
-                     int Z, int T, int NH, int NKV, float scale_log2) {
-    constexpr int BR = 128, BC = 128, NT = 256, QB = BR * HD * 2, KB = BC * HD * 2, PS = BC / 16;
-    static_assert(QB == KB, "the output is staged in a K buffer");
-    extern __shared__ unsigned char wga_smem_raw[];
-    unsigned char *smem = wga_smem_raw + ((1024u - (wg_smem_u32(wga_smem_raw) & 1023u)) & 1023u);
-    unsigned char *sQ = smem, *sK = smem + QB, *sV = smem + QB + 2 * KB;
-    /* the work list: hist[c] = documents with min(tiles, Z) = Z - c, then its exclusive prefix P
-     * (P[Z - n] = documents with more than n tiles = the start of those with n in the sorted list);
-     * off[z] = (document, tile) pairs on levels before z (level z = absolute query tile Z-1-z, held
-     * by the first P[z+1] documents of the sorted list); docs = documents by tile count descending */
-    int *hist = (int *)(sV + 2 * KB), *fill = hist + (WGP_ZMAX + 1), *off = fill + (WGP_ZMAX + 1),
-        *docs = off + (WGP_ZMAX + 1);
-
-    const int tid = threadIdx.x, warp = (tid / 32) % 4, lane = tid % 32, t = lane % 4;
-    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
-    for (int i = tid; i <= Z; i += NT) hist[i] = fill[i] = 0;
-    __syncthreads();
-    for (int d = tid; d < ND; d += NT) atomicAdd(&hist[Z - min((cu[d + 1] - cu[d] + BR - 1) / BR, Z)], 1);
-    __syncthreads();
-    wgp_exscan(hist, Z + 1);
-    for (int z = 0; z <= Z; z++) off[z] = z < Z ? hist[z + 1] : 0;
-    wgp_exscan(off, Z + 1);
-    __syncthreads();
-    for (int d = tid; d < ND; d += NT) {
-        const int c = Z - min((cu[d + 1] - cu[d] + BR - 1) / BR, Z);
-        docs[hist[c] + atomicAdd(&fill[c], 1)] = d;
-    }
-    __syncthreads();
-    /* values read from shared memory go through a shuffle, so ptxas knows they are warp-uniform
-     * (branches on them would otherwise count as divergent and serialize the wgmmas, C7520) */
-    const int items = __shfl_sync(0xffffffffu, off[Z], 0) * NH, G = gridDim.x;
-
-    /* item r of this block -> (h, d, qt); false past the list */
-    int h = 0, d = 0, qt = 0;
-    auto item = [&](int r) -> bool {
-        const int kidx = r * G + ((r & 1) ? G - 1 - (int)blockIdx.x : (int)blockIdx.x);
-        if (kidx >= items) return false;
-        const int pair = kidx / NH;
-        h = kidx % NH;
-        int lo = 0, hi = Z - 1;   /* the last level z with off[z] <= pair */
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            if (__shfl_sync(0xffffffffu, off[mid], 0) <= pair) lo = mid;
-            else hi = mid - 1;
-        }
-        d = __shfl_sync(0xffffffffu, docs[pair - off[lo]], 0);
-        qt = Z - 1 - __shfl_sync(0xffffffffu, lo, 0);
-        return true;
-    };
-    const size_t qstride = (size_t)NH * HD, kstride = (size_t)NKV * HD;
-    /* the first loads of an item: its Q tile and diagonal K tile (committed as one group) */
-    auto first_loads = [&]() {
-        const int s0 = cu[d], len = cu[d + 1] - s0, kh = h / (NH / NKV);
-        const int jl = min(qt * BR + BR - 1, len - 1) / BC;
-        wga_load<HD, BR, NT, LEANF>(sQ, q + ((size_t)s0 * NH + h) * HD, qstride, qt * BR, len, tid);
-        wga_load<HD, BC, NT, LEANF>(sK, k + ((size_t)s0 * NKV + kh) * HD, kstride, jl * BC, len, tid);
-        mma_commit();
-    };
-    if (!item(0)) return;
-    first_loads();
-
-    const uint64_t dq = wg_desc_kmajor(wg_smem_u32(sQ) + wg * 64 * 128);
-    const uint32_t uK = wg_smem_u32(sK), uV = wg_smem_u32(sV);
-    for (int r = 0;; r++) {
-        const int s0 = cu[d], len = cu[d + 1] - s0, kh = h / (NH / NKV);
-        const int hh = h;
-        const bf16 *kg = k + ((size_t)s0 * NKV + kh) * HD, *vg = v + ((size_t)s0 * NKV + kh) * HD;
-        const int jlast = min(qt * BR + BR - 1, len - 1) / BC;
-        const int ntiles = jlast + 1;
-        const int wrow0 = qt * BR + wg * 64;
-        const int wlast = min(wrow0 + 63, len - 1);
-        const bool active = wrow0 < len;
-        const int ra = wrow0 + warp * 16 + lane / 4, rb = ra + 8;
-
-        mma_wait<0>();
-        wg_fence_async_smem();
-        __syncthreads();
-        wga_load<HD, BC, NT>(sV, vg, kstride, jlast * BC, len, tid);
-        if (ntiles > 1) wga_load<HD, BC, NT>(sK + KB, kg, kstride, (jlast - 1) * BC, len, tid);
-        mma_commit();
-
-        float o[HD / 2], s[BC / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, c[2];
-        uint32_t p[PS][4];
-#pragma unroll
-        for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
-        bool half_prev = false;
-
-        auto s_issue = [&](int buf) {
-            wga_issue_s<HD, BC, BR, BC>(s, dq, wg_desc_kmajor(uK + buf * KB));
-            wg_commit();
-        };
-        auto softmax = [&](int j) {
-            if (j * BC + BC - 1 > wrow0) wga_softmax<BC, true>(s, m, l, c, scale_log2, j * BC, ra, rb, t);
-            else wga_softmax<BC, false>(s, m, l, c, scale_log2, j * BC, ra, rb, t);
-        };
-        auto pack_p = [&]() {
-#pragma unroll
-            for (int kk = 0; kk < PS; kk++) {
-                p[kk][0] = mma_pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
-                p[kk][1] = mma_pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
-                p[kk][2] = mma_pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
-                p[kk][3] = mma_pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
-            }
-        };
-        auto pv_issue = [&](int buf, bool half) {
-            const uint64_t dv = wg_desc_mnmajor(uV + buf * KB, BC * 128);
-            wga_issue_pv<HD, PS / 2>(o, p, dv);
-            if (!half) wga_issue_pv<HD, PS / 2>(o, p + PS / 2, dv + (uint64_t)((PS / 2 * 2048) >> 4));
-            wg_commit();
-        };
-
-        if (active) {   /* tile 0 (the diagonal one) */
-            const bool half = jlast * BC + BC / 2 > wlast;
-            wg_fence();
-            if (wg == 1) wga_bar_sync(1, 256);
-            s_issue(0);
-            if (wg == 0) wga_bar_arrive(1, 256);
-            wg_wait<0>();
-            wg_acc_fence<BC / 2>(s);
-            softmax(jlast);
-            pack_p();
-            half_prev = half;
-        } else {
-            wga_bar_sync(1, 256);
-        }
-        for (int n = 1; n < ntiles; n++) {
-            const int j = jlast - n;
-            mma_wait<0>();
-            wg_fence_async_smem();
-            __syncthreads();
-            auto loads = [&]() {
-                wga_load<HD, BC, NT>(sV + (n % 2) * KB, vg, kstride, j * BC, len, tid);
-                if (n + 1 < ntiles) wga_load<HD, BC, NT>(sK + ((n + 1) % 2) * KB, kg, kstride, (j - 1) * BC, len, tid);
-                mma_commit();
-            };
-            if (!active) {
-                wga_bar_sync(1, 256);
-                loads();
-            } else {
-                const bool half = j * BC + BC / 2 > wlast;
-                wg_acc_fence<HD / 2>(o);
-                wg_reg_fence<PS * 4>(&p[0][0]);
-                wg_fence();
-                if (wg == 1) wga_bar_sync(1, 256);
-                s_issue(n % 2);
-                pv_issue((n - 1) % 2, half_prev);
-                if (wg == 0) wga_bar_arrive(1, 256);
-                loads();
-                wg_wait<1>();
-                wg_acc_fence<BC / 2>(s);
-                softmax(j);
-                wg_wait<0>();
-                wg_acc_fence<HD / 2>(o);
-                wg_reg_fence<PS * 4>(&p[0][0]);
-#pragma unroll
-                for (int i = 0; i < HD / 8; i++) {
-                    o[4 * i + 0] *= c[0]; o[4 * i + 1] *= c[0];
-                    o[4 * i + 2] *= c[1]; o[4 * i + 3] *= c[1];
-                }
-                pack_p();
-                half_prev = half;
-            }
-        }
-        mma_wait<0>();
-        wg_fence_async_smem();
-        __syncthreads();
-        /* every S of this item is complete: the next item's Q and first K tile load now, under this
-         * item's last P·V and stores */
-        bool more;
-        if (active) {   /* (the work is written out in both branches, as the loop's loads: C7514) */
-            wg_acc_fence<HD / 2>(o);
-            wg_reg_fence<PS * 4>(&p[0][0]);
-            wg_fence();
-            pv_issue((ntiles - 1) % 2, half_prev);
-            more = item(r + 1);
-            if (more) first_loads();
-            wg_wait<0>();
-            wg_acc_fence<HD / 2>(o);
-            wga_store<HD, BR, OST>(out, lse, o, m, l, sK + KB, s0, len, hh, T, NH, wg, warp, lane, ra, rb, wrow0);
-        } else {
-            more = item(r + 1);
-            if (more) first_loads();
-        }
-        if (!more) break;
-    }
-}
-
 /* ---------------------------------------------------------------- launcher */
 
 template <int HD, int NW, int MT, int BC, bool FX = true>
@@ -1088,19 +649,11 @@ static int launch(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf1
     return 0;
 }
 
-/* The kernel attention_forward runs when DFLASH_ATTENTION_KERNEL is unset (or not a known variant):
- * 34 = the ping-pong wgmma kernel with staged output stores, lazy rescaling and the longest-first tile
- * order (the default since 2026-11-29 12:15: 388 TFLOP/s on 1-4K documents on the H200, validated in the
- * bench and the candidates GPU test), 20 = the ping-pong wgmma kernel alone (362), 18 = the wgmma kernel without it (the default of WA-WA2),
- * 6 = the mma.sync kernel (the default before WA). Set another variant number here to switch. */
-#ifndef ATTENTION_DEFAULT_KERNEL
+/* Bench variant number of the library's default kernel (attention_wg_kernel with PP 1, OST, LAZY
+ * and LPT: 388 TFLOP/s on 1-4K documents at HD 128 on the H200, 2026-11-29 12:15); the bench prints it. */
 #define ATTENTION_DEFAULT_KERNEL 34
-#endif
 
-/* 1 when DFLASH_ATTENTION_KERNEL=sel names a kernel attention_forward can run */
-static int attention_known_kernel(int sel) { return sel == 4 || sel == 6 || (sel >= 18 && sel <= 39 && sel != 19); }
-
-/* the wgmma kernel (bench variant 18 with SKIP, 19 without; 20-23 the WA2 knobs, see the kernel) */
+/* the wgmma kernel with the given knobs (attention_forward: variant 34; the bench: 18-24, 28, 30, 32-37) */
 template <int HD, bool SKIP = true, int NWG = 2, int BC = WGA_BC, int MINB = 1, int PP = 0, bool OST = false,
           bool LAZY = false, bool LPT = false>
 static int launch_wg(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
@@ -1121,53 +674,6 @@ static int launch_wg(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const 
     return 0;
 }
 
-/* the warp-specialized kernel (bench variants 25-27) */
-template <int HD, bool SKIP = true, bool PPW = true, bool OST = false, bool LAZY = false, bool LPT = false>
-static int launch_ws(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
-                     int max_seqlen, int T, int NH, int NKV, float scale, cudaStream_t stream) {
-    constexpr size_t smem = wga_smem_bytes<HD>();
-    static int configured;   /* benign race: every caller sets the same attribute */
-    if (!configured) {
-        cudaError_t e = cudaFuncSetAttribute(attention_ws_kernel<HD, SKIP, PPW, OST, LAZY, LPT>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return kernels_fail("attention_forward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
-        configured = 1;
-    }
-    dim3 grid(NH, ND, (max_seqlen + WGA_BR - 1) / WGA_BR);
-    attention_ws_kernel<HD, SKIP, PPW, OST, LAZY, LPT><<<grid, 384, smem, stream>>>(out, lse, q, k, v, cu, T, NH, NKV,
-                                                                scale * 1.4426950408889634f);
-    KERNELS_CHECK_LAUNCH("attention_forward");
-    return 0;
-}
-
-/* the persistent wgmma kernel (bench variant 38): one block per SM (at most one per work item
- * bound NH·ND·Z); batches beyond its work-list limits run variant 33 */
-template <int HD, bool OST = true, bool LEANF = false>
-static int launch_wgp(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
-                      int max_seqlen, int T, int NH, int NKV, float scale, cudaStream_t stream) {
-    const int Z = (max_seqlen + WGA_BR - 1) / WGA_BR;
-    if (Z > WGP_ZMAX || ND > WGP_NDMAX || (long)NH * ND * Z > 0x7fffffffL - 65536)   /* item index fits an int */
-        return launch_wg<HD, true, 2, 128, 1, 1, true>(out, lse, q, k, v, cu, ND, max_seqlen, T, NH, NKV, scale, stream);
-    constexpr size_t smem = wgp_smem_bytes<HD>();
-    static int configured, nsm;   /* benign race: every caller sets the same values */
-    if (!configured) {
-        int dev;
-        cudaError_t e = cudaGetDevice(&dev);
-        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev);
-        if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(attention_wgp_kernel<HD, OST, LEANF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)smem);
-        if (e != cudaSuccess) return kernels_fail("attention_forward: persistent kernel setup: %s", cudaGetErrorString(e));
-        configured = 1;
-    }
-    const long bound = (long)NH * ND * Z;
-    const int grid = (int)(bound < nsm ? bound : nsm);
-    attention_wgp_kernel<HD, OST, LEANF><<<grid, 256, smem, stream>>>(out, lse, q, k, v, cu, ND, Z, T, NH, NKV,
-                                                                     scale * 1.4426950408889634f);
-    KERNELS_CHECK_LAUNCH("attention_forward");
-    return 0;
-}
-
 extern "C" int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                  const int32_t *cu_seqlens, int ND, int max_seqlen, int T, int NH, int NKV,
                                  int HD, float scale, cudaStream_t stream) {
@@ -1180,17 +686,20 @@ extern "C" int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf1
     if (!vec_aligned16(out) || !vec_aligned16(q) || !vec_aligned16(k) || !vec_aligned16(v))
         return kernels_fail("attention_forward: q, k, v and out must be 16-byte aligned");
     if (!(scale > 0.0f)) return kernels_fail("attention_forward: scale must be positive, got %g", scale);
-    if (ND == 0 || max_seqlen == 0) return 0;
-    /* mma.sync: 4 warps × 2 m-tiles (BR 128), BC 64, FX: bench variant 6, the fastest mma.sync kernel
-     * on the H200 (2026-11-29: 294-296 TFLOP/s at HD 128 on 1-4K documents; variants 4, 8, 13-17:
-     * 251-296); the default until the wgmma kernel (variant 18: 335, variant 20: 362) */
+    /* DFLASH_ATTENTION_KERNEL (read per call): unset, empty or 34 = the default; 6 = the mma.sync
+     * kernel (bench variant 6, 4 warps × 2 m-tiles, BC 64, FX: the default before the wgmma kernel,
+     * 292 TFLOP/s on 1-4K documents); 4 = variant 6 with exact exp2f; anything else is an error. */
     const char *e = getenv("DFLASH_ATTENTION_KERNEL");
     int sel = ATTENTION_DEFAULT_KERNEL;
     if (e && *e) {
-        char *end;
-        const long x = strtol(e, &end, 10);
-        if (!*end && attention_known_kernel((int)x)) sel = (int)x;
+        if (!strcmp(e, "34")) sel = 34;
+        else if (!strcmp(e, "6")) sel = 6;
+        else if (!strcmp(e, "4")) sel = 4;
+        else
+            return kernels_fail("attention_forward: DFLASH_ATTENTION_KERNEL=%.32s, accepted: unset or 34 (default), "
+                                "6 (mma.sync), 4 (mma.sync, exact exp2f)", e);
     }
+    if (ND == 0 || max_seqlen == 0) return 0;
     if (sel == 4) {   /* bench variant 4: exact exp2f instead of the fast exponent */
         if (HD == 128)
             return launch<128, 4, 2, 64, false>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
@@ -1201,55 +710,11 @@ extern "C" int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf1
             return launch<128, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
         return launch<64, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
     }
-    /* WA2 candidates (bench variants 20-24, see attention_wg_kernel): 20 and 21 the ping-pong issue
-     * orders, 22 staged output stores, 23 one warpgroup × 64-key tiles at two blocks per SM, 24 = 23
-     * with staged output stores */
-#define ATT_WG(...)                                                                                           \
-    return HD == 128 ? launch_wg<128, __VA_ARGS__>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, \
-                                                   stream)                                                  \
-                     : launch_wg<64, __VA_ARGS__>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream)
-    if (sel == 20) ATT_WG(true, 2, 128, 1, 1, false);
-    if (sel == 21) ATT_WG(true, 2, 128, 1, 2, false);
-    if (sel == 22) ATT_WG(true, 2, 128, 1, 0, true);
-    if (sel == 23) ATT_WG(true, 1, 64, 2, 0, false);
-    if (sel == 24) ATT_WG(true, 1, 64, 2, 0, true);
-    if (sel == 28) ATT_WG(true, 2, 128, 1, 0, false, true);   /* 18 with lazy rescaling */
-    if (sel == 30) ATT_WG(true, 2, 128, 1, 0, false, false, true);   /* 18 with the LPT tile order */
-    if (sel == 32) ATT_WG(true, 2, 128, 1, 0, true, true, true);     /* 18 + staged stores, lazy, LPT */
-    /* WA3 candidates: the ping-pong kernel (20) with 22's staged stores (33), and with 32's staged
-     * stores, lazy rescaling and LPT order (34) or staged stores and LPT (37); 35 and 36 run 33 and
-     * 34 at HD 128 and variant 24
-     * (one warpgroup × 64-key tiles, two blocks per SM, staged stores: 301 TFLOP/s at HD 64 against
-     * 20's 264) at HD 64 */
-    if (sel == 33 || (sel == 35 && HD == 128)) ATT_WG(true, 2, 128, 1, 1, true);
-    if (sel == 34 || (sel == 36 && HD == 128)) ATT_WG(true, 2, 128, 1, 1, true, true, true);
-    if (sel == 35 || sel == 36) ATT_WG(true, 1, 64, 2, 0, true);
-    if (sel == 37) ATT_WG(true, 2, 128, 1, 1, true, false, true);   /* 33 with the LPT order, no lazy rescale */
-#undef ATT_WG
-    if (sel == 38) {   /* 33 made persistent (attention_wgp_kernel) */
-        if (HD == 128)
-            return launch_wgp<128>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
-        return launch_wgp<64>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
-    }
-    if (sel == 39) {   /* 38 without staged stores, rolled next-item loads (no spills) */
-        if (HD == 128)
-            return launch_wgp<128, false, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
-        return launch_wgp<64, false, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
-    }
-    /* the warp-specialized kernel: 25 producer warpgroup + ping-pong consumers, 26 without the
-     * ping-pong, 27 = 25 with staged output stores */
-#define ATT_WS(...)                                                                                           \
-    return HD == 128 ? launch_ws<128, __VA_ARGS__>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, \
-                                                   stream)                                                  \
-                     : launch_ws<64, __VA_ARGS__>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream)
-    if (sel == 25) ATT_WS(true, true, false);
-    if (sel == 26) ATT_WS(true, false, false);
-    if (sel == 27) ATT_WS(true, true, true);
-    if (sel == 29) ATT_WS(true, true, false, true);   /* 25 with lazy rescaling */
-    if (sel == 31) ATT_WS(true, true, true, true, true);   /* 25 + staged stores, lazy, LPT */
-#undef ATT_WS
-    /* DFLASH_ATTENTION_KERNEL=18: the wgmma kernel without ping-pong, bench variant 18 (the default of WA-WA2) */
+    /* the default, bench variant 34: the wgmma kernel, two warpgroups × 64 rows, 128-key tiles, one
+     * block per SM, ping-pong issue order (PP 1), staged output stores, lazy rescaling, LPT order */
     if (HD == 128)
-        return launch_wg<128>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
-    return launch_wg<64>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
+        return launch_wg<128, true, 2, 128, 1, 1, true, true, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T,
+                                                                     NH, NKV, scale, stream);
+    return launch_wg<64, true, 2, 128, 1, 1, true, true, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH,
+                                                                NKV, scale, stream);
 }

@@ -38,15 +38,12 @@ int attention_forward_ref(float *out, float *lse, const float *q, const float *k
  * memory, max_seqlen = the longest document (host value: it sizes the grid; a smaller value leaves
  * rows unwritten). HD 64 or 128, NH % NKV == 0, 16-byte aligned pointers; checked. scale is usually
  * 1/sqrt(HD). Asynchronous; 0 or -1 with kernels_error(). Rows with no document (T beyond
- * cu_seqlens[ND]) are not written. Kernel: attention_bench variant 20 (wgmma, two warpgroups ×
- * 64 query rows with a ping-pong issue order, 128-key tiles). DFLASH_ATTENTION_KERNEL in the
- * environment (read per call): 18 selects the wgmma kernel without ping-pong (the default of task
- * WA); 6 the mma.sync kernel (variant 6, the default before); 4 the same with exact exp2f instead of
- * the fast exponent (ex2.approx.ftz); 21-39 the candidates of tasks WA2 and WA3 (bench variants of
- * the same numbers: ping-pong issue orders, staged stores, one warpgroup at two blocks per SM, the
- * warp-specialized kernel, lazy rescaling, a longest-first tile order, their combinations, and a
- * persistent kernel);
- * anything else, or unset, the default (ATTENTION_DEFAULT_KERNEL in kernels/attention.cu). */
+ * cu_seqlens[ND]) are not written. Kernel: attention_bench variant 34 (wgmma, two warpgroups ×
+ * 64 query rows with a ping-pong issue order, 128-key tiles, staged output stores, lazy rescaling,
+ * longest-first tile order). DFLASH_ATTENTION_KERNEL in the environment (read per call): unset,
+ * empty or 34 the default; 6 the mma.sync kernel (variant 6, the default before the wgmma kernel);
+ * 4 the same with exact exp2f instead of the fast exponent (ex2.approx.ftz); any other value makes
+ * the call fail (-1, kernels_error() names the accepted values). */
 int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                       const int32_t *cu_seqlens, int ND, int max_seqlen, int T, int NH, int NKV,
                       int HD, float scale, cudaStream_t stream);

@@ -23,29 +23,31 @@
  *      them) with kernel 2's visit on the block tile. Di is recomputed here from O and dO, because other
  *      CTAs overwrite the dq scratch. K/V tiles double buffered by cp.async (one barrier per tile); the
  *      block tile's S, dP, dQ products use N = 16 or 32 keys when B fits (wb_dq_tile<HD, NKEY>).
- * Variants (environment, read per call; the default is KV=2p + Q=2 since round 3 (bench 84, 1.823 ms;
- * round 1's was KV=2, Q=1), M=0), all deterministic and bitwise repeatable, validated and timed by
- * kernels/bench/block_attn_bench.cu (variants 80-86):
- *   DFLASH_BA_WG_KV=1   kernel 2 with one warpgroup per CTA, two CTAs per SM;
- *   DFLASH_BA_WG_KV=2p  kernel 2 pipelined across visits (wb_kv_visit_p): a visit returns with its dK product
- *                       in flight, the next visit's Sᵀ, dPᵀ queue behind it (no tensor-pipe drain at each
- *                       visit's barrier); 4 stages, loads 2 visits ahead. Same products in the same order
- *                       as KV=2.
- *   DFLASH_BA_WG_KV=2d  kernel 2 as KV=2 with 4 stages, loads 3 visits ahead instead of 2 (load latency).
- *   DFLASH_BA_WG_Q=2    kernel 3 with two blocks per CTA (wb_q2_kernel): one warpgroup per block, the context
- *                       K/V tiles loaded once for both (union of the two ranges). Not bitwise equal to Q=1
- *                       (other tile boundaries), deterministic.
- *   DFLASH_BA_WG_M=1    the fast elementwise (bench 86) in KV=2p's visits and Q=2's tiles (other kernels keep
- *                       theirs): branch-free masks (a select per element at most, none on full dQ tiles: a
- *                       block's visible context keys are one contiguous range when its document is, checked
- *                       once per block; doc ids are then not read), exp2 as one FFMA + ex2.approx.ftz with
- *                       lse·log2(e) precomputed (kernel 2: by the Di kernel into dq's scratch after the plan),
- *                       rows past the used ones masked by an exponent of −inf, lse / Di / slots read as pairs.
- *                       The same values as M=0 (bitwise, except P below 2^-126, flushed to 0).
- * ba_wg_backward_timed (the bench's entry) records events between the kernels and has two probes (timing
- * only, results invalid): 1 skips every product (loads, scans and barriers: each kernel's floor without
- * math), 2 keeps the products but skips the softmax math (exp, masks, dS: how much the register math
- * between the wgmmas costs).
+ * Configuration (fixed since the clean-up of b94183e; measured on the H200 2026-11-29, RESULTS.md):
+ *   kernel 2 as round 3's KV=2p: pipelined across visits (wb_kv_visit_p): a visit returns with its dK product
+ *     in flight, the next visit's Sᵀ, dPᵀ queue behind it (no tensor-pipe drain at each visit's barrier);
+ *     4 stages, loads 2 visits ahead;
+ *   kernel 3 as round 3's Q=2: two blocks per CTA (wb_q2_kernel), one warpgroup per block, the context K/V
+ *     tiles loaded once for both (union of the two ranges);
+ *   the fast elementwise (M=1, bench 86, 1.117 ms = 159 TFLOP/s at the standard shape) in kernel 2's visits
+ *     and kernel 3's tiles: branch-free masks (a select per element at most, none on full dQ tiles: a block's
+ *     visible context keys are one contiguous range when its document is, checked once per block; doc ids
+ *     are then not read), exp2 as one FFMA + ex2.approx.ftz with lse·log2(e) precomputed (kernel 2: by the
+ *     Di kernel into dq's scratch after the plan), rows past the used ones masked by an exponent of −inf,
+ *     lse / Di / slots read as pairs. The same values as M=0 (bitwise, except P below 2^-126, flushed to 0).
+ * The one revert switch, read per call: DFLASH_BA_WG_M=0, the previous default (bench 84, KV=2p + Q=2 with
+ * the plain elementwise, 1.80 ms); any value other than 0 or 1 is an error. DFLASH_BA_WG_KV / DFLASH_BA_WG_Q
+ * are gone: accepted only unset, empty or at the fixed value (2p, 2), an error otherwise.
+ * History: the losing variants (round 1's KV=2 + Q=1, KV=1 = one warpgroup per CTA, KV=2d = 4 stages
+ * loading 3 visits ahead, Q=1 = one block per dQ CTA; bench variants 80-83, 85) were deleted: their code is
+ * in git commit b94183e, their numbers in kernels/bench/RESULTS.md. wb_kv_kernel keeps its NWG / PIPE /
+ * DEEP template knobs (the launcher instantiates 2 / true / false only), so that the default kernel's code
+ * is unchanged by the clean-up.
+ * ba_wg_backward_timed (the bench's entry only, kernels/bench/block_attn_bench.cu; never called by the
+ * library) records events between the kernels and has two probes (timing only, results invalid): 1 skips
+ * every product (loads, scans and barriers: each kernel's floor without math), 2 keeps the products but
+ * skips the softmax math (exp, masks, dS: how much the register math between the wgmmas costs).
+ * ba_wg_backward (the library's path) never runs a probe.
  * Row mapping of a 64-row query tile (as set 5): row r -> head g·G + r/B, slot r % B; rows >= G·B are
  * zero-filled and masked. Tiles are 64 rows × HD bf16 stored as HD/64 128B-swizzled panels of 8 KB.
  * P and dS are rounded to bf16 for the products (the reference's tolerance assumes it).
@@ -527,27 +529,6 @@ wb_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
     wb_store_acc<HD>(dv, dva, 1.f, (size_t)(p0 + kr0), kr0 < np_keys, (size_t)(p0 + kr1), kr1 < np_keys, n_kv, g);
 }
 
-/* The visible context range of block b narrowed to [first, last + 1] key of its document (a copy of set
- * 5's ba_ctx_range for WB_Q_THREADS threads; all threads call it). Empty for padding documents. */
-__device__ __forceinline__ void wb_ctx_range(const int32_t *doc_ids, int a, int d, int window, int *lo_out, int *hi_out,
-                                             int *sLo, int *sHi) {
-    const int lo = window > 0 ? max(0, a - window) : 0, hi = d == -1 ? lo : a;
-    if (threadIdx.x == 0) { *sLo = hi; *sHi = lo - 1; }
-    __syncthreads();
-    int mn = hi, mx = lo - 1;
-#pragma unroll 4
-    for (int p = lo + threadIdx.x; p < hi; p += WB_Q_THREADS)
-        if (doc_ids[p] == d) { mn = min(mn, p); mx = max(mx, p); }
-    for (int o = 16; o; o >>= 1) {
-        mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, o));
-        mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    }
-    if ((threadIdx.x & 31) == 0) { atomicMin(sLo, mn); atomicMax(sHi, mx); }
-    __syncthreads();
-    *lo_out = *sLo;
-    *hi_out = max(*sLo, *sHi + 1);
-}
-
 /* One key tile of kernel 3 for the warpgroup's 64 query rows: S = Q·Kᵀ, dP = dO·Vᵀ over the tile's first
  * NKEY keys (rows of uK/uV), P from lse, dS = P ⊙ (dP − Di), dqa += dS·K (unscaled). Visibility: klo <= key < nk,
  * and for a context tile its doc id (sDocTb) == d, for the block tile the causal test against the query
@@ -669,141 +650,11 @@ __device__ __forceinline__ void wb_dq_tile_f(float *dqa, uint32_t uQ, uint32_t u
     wg_reg_fence<NKEY / 4>(&da[0][0]);
 }
 
-/* Kernel 3: dQ of (block b, kv head g) and dK, dV of the block's own keys. */
-template <int HD, int PROBE>
-__global__ void __launch_bounds__(WB_Q_THREADS, 2)
-wb_q_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
-            const int32_t *doc_ids, const __nv_bfloat16 *out, const __nv_bfloat16 *dout, const float *lse, float *dq,
-            float *dk, float *dv, int T, int N, int B, int n_h, int n_kv, int window, int causal, float scale_log2,
-            float scale) {
-    constexpr int CH = HD / 8, TB = wb_tile<HD>::bytes;
-    extern __shared__ unsigned char wb_smem_raw[];
-    unsigned char *sm = wb_align1024(wb_smem_raw);
-    unsigned char *sQ = sm, *sdO = sm + TB;
-    unsigned char *sK = sm + 2 * TB;   /* [2 buffers][tile] */
-    unsigned char *sV = sm + 4 * TB;   /* [2 buffers][tile] */
-    __shared__ int sDocT[2][WB_KT];   /* doc ids of a context tile's keys (cp.async, zero past its keys) */
-    __shared__ float sLse[WB_ROWS], sDi[WB_ROWS];
-    __shared__ int sLo, sHi;
-
-    const int b = blockIdx.x, g = blockIdx.y, G = n_h / n_kv, used = G * B, R = N * B;
-    const int tid = threadIdx.x, lane = tid & 31, wl = tid >> 5;
-    const int a = anchors[b], d = doc_ids[a];
-    wb_load_qrows<HD, WB_Q_THREADS>(sQ, q, b, g, B, G, n_h, used);
-    wb_load_qrows<HD, WB_Q_THREADS>(sdO, dout, b, g, B, G, n_h, used);
-    mma_commit();
-    {   /* lse and Di = rowsum(dO ⊙ O) of the 64 rows: two threads per row */
-        int r = tid >> 1, half = tid & 1;
-        float s = 0.f;
-        size_t row = (size_t)b * B + r % B;
-        int h = g * G + r / B;
-        if (r < used) {
-            const __nv_bfloat16 *po = out + (row * n_h + h) * HD + half * (HD / 2);
-            const __nv_bfloat16 *pd = dout + (row * n_h + h) * HD + half * (HD / 2);
-            for (int c = 0; c < HD / 2; c += 8) {
-                uint4 x = *reinterpret_cast<const uint4 *>(po + c), y = *reinterpret_cast<const uint4 *>(pd + c);
-                const __nv_bfloat162 *px = (const __nv_bfloat162 *)&x, *py = (const __nv_bfloat162 *)&y;
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float2 fx = __bfloat1622float2(px[e]), fy = __bfloat1622float2(py[e]);
-                    s += fx.x * fy.x + fx.y * fy.y;
-                }
-            }
-        }
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        if (half == 0) {
-            sDi[r] = r < used ? s : 0.f;
-            sLse[r] = r < used ? lse[(size_t)h * R + row] : 0.f;
-        }
-    }
-    int c_lo, c_hi;
-    wb_ctx_range(doc_ids, a, d, window, &c_lo, &c_hi, &sLo, &sHi);
-    const int n_ctx = (c_hi - c_lo + WB_KT - 1) / WB_KT, n_tiles = n_ctx + 1;
-
-    /* K/V tile t (context tiles, then the block tile) into buffer buf, rows past its keys zero-filled;
-     * and the context keys' doc ids into sDocT[buf], all in the current cp.async group */
-    auto load_tile = [&](int t, int buf) {
-        const int nk = t < n_ctx ? min(WB_KT, c_hi - c_lo - t * WB_KT) : B;
-        for (int i = tid; i < WB_KT * CH; i += WB_Q_THREADS) {
-            int r = i / CH, c = i % CH;
-            bool ok = r < nk;
-            size_t row = !ok ? 0 : t < n_ctx ? (size_t)(c_lo + t * WB_KT + r) : (size_t)T + (size_t)b * B + r;
-            size_t off = (row * n_kv + g) * HD + c * 8;
-            uint32_t o = (uint32_t)(buf * TB) + wb_off(r, c);
-            mma_cp_async16(sK + o, k + off, ok ? 16 : 0);
-            mma_cp_async16(sV + o, v + off, ok ? 16 : 0);
-        }
-        if (tid < WB_KT && t < n_ctx) {
-            const int r = tid;
-            wb_cp_async4(&sDocT[buf][r], doc_ids + (r < nk ? c_lo + t * WB_KT + r : 0), r < nk);
-        }
-    };
-    load_tile(0, 0);
-    mma_commit();
-
-    float dqa[HD / 2];
-#pragma unroll
-    for (int i = 0; i < HD / 2; i++) dqa[i] = 0.f;
-    const int r0 = wl * 16 + (lane >> 2), r1 = r0 + 8;   /* this thread's query rows */
-    const int j0 = r0 % B, j1 = r1 % B;
-    const bool ok0 = r0 < used, ok1 = r1 < used;
-    const uint32_t uQ = wg_smem_u32(sQ), udO = wg_smem_u32(sdO);
-    int buf = 0;
-    for (int t = 0; t < n_tiles; t++) {
-        mma_wait<0>();   /* tile t (and Q, dO) landed */
-        wg_fence_async_smem();
-        __syncthreads();   /* visible to the warpgroup; everyone is done with tile t - 1's buffer */
-        if (t + 1 < n_tiles) load_tile(t + 1, buf ^ 1);
-        mma_commit();
-        const bool block_tile = t == n_ctx;
-        const uint32_t uK = wg_smem_u32(sK + buf * TB), uV = wg_smem_u32(sV + buf * TB);
-        const float l20 = sLse[r0] * WB_LOG2E, l21 = sLse[r1] * WB_LOG2E, di0 = sDi[r0], di1 = sDi[r1];
-        const int nk = block_tile ? B : min(WB_KT, c_hi - c_lo - t * WB_KT);
-        /* the block tile multiplies only the 16 or 32 keys that hold its B keys when B allows */
-        if (PROBE == 1) {
-            /* the probe (ba_wg_backward_timed, bench only): loads and barriers, no products */
-        } else if (!block_tile || B > 32)
-            wb_dq_tile<HD, 64, PROBE>(dqa, uQ, udO, uK, uV, sDocT[buf], d, block_tile, nk, 0, ok0, ok1, j0, j1, causal, l20,
-                               l21, di0, di1, scale_log2);
-        else if (B > 16)
-            wb_dq_tile<HD, 32, PROBE>(dqa, uQ, udO, uK, uV, sDocT[buf], d, block_tile, nk, 0, ok0, ok1, j0, j1, causal, l20,
-                               l21, di0, di1, scale_log2);
-        else
-            wb_dq_tile<HD, 16, PROBE>(dqa, uQ, udO, uK, uV, sDocT[buf], d, block_tile, nk, 0, ok0, ok1, j0, j1, causal, l20,
-                               l21, di0, di1, scale_log2);
-        buf ^= 1;   /* the last (block) tile stays in buf ^ 1 for the dK/dV pass */
-    }
-    {
-        float *q0 = dq + (((size_t)b * B + j0) * n_h + g * G + r0 / B) * HD + (lane & 3) * 2;
-        float *q1 = dq + (((size_t)b * B + j1) * n_h + g * G + r1 / B) * HD + (lane & 3) * 2;
-#pragma unroll
-        for (int i = 0; i < HD / 8; i++) {
-            if (ok0) *(float2 *)(q0 + 8 * i) = make_float2(dqa[4 * i] * scale, dqa[4 * i + 1] * scale);
-            if (ok1) *(float2 *)(q1 + 8 * i) = make_float2(dqa[4 * i + 2] * scale, dqa[4 * i + 3] * scale);
-        }
-    }
-    {   /* dK, dV of the block's own keys (tile rows 0..B-1 of the last buffer) */
-        const int last = buf ^ 1;
-        float dka[HD / 2], dva[HD / 2];
-#pragma unroll
-        for (int i = 0; i < HD / 2; i++) dka[i] = dva[i] = 0.f;
-        const int kr0 = r0, kr1 = r1;
-        if (PROBE != 1)
-            wb_kv_visit<HD, PROBE>(wg_smem_u32(sK + last * TB), wg_smem_u32(sV + last * TB), uQ, udO, sLse, sDi, kr0 < B,
-                            kr1 < B, causal ? 0 : -1, used, B, scale_log2, dka, dva);
-        const size_t row0 = (size_t)T + (size_t)b * B + kr0, row1 = (size_t)T + (size_t)b * B + kr1;
-        wb_store_acc<HD>(dk, dka, scale, row0, kr0 < B, row1, kr1 < B, n_kv, g);
-        wb_store_acc<HD>(dv, dva, 1.f, row0, kr0 < B, row1, kr1 < B, n_kv, g);
-    }
-}
-
-/* Kernel 3, two blocks per CTA (DFLASH_BA_WG_Q=2): warpgroup w handles block 2·blockIdx.x + w (as
- * wb_q_kernel does one block), the context K/V tiles are loaded once for both over the union of their
- * narrowed ranges (anchors are sorted, so consecutive blocks' ranges mostly coincide) and a warpgroup
- * skips the tiles outside its own range; then each warpgroup's own block tile (buffer 2 for warpgroup 0,
- * the free context buffer for warpgroup 1). Half the K/V traffic and tile barriers per block of
- * wb_q_kernel, one CTA (256 threads) per SM instead of two of 128. Deterministic, but not bitwise equal
- * to wb_q_kernel (the context keys fall into other 64-key tiles, so dQ's fp32 sums group differently). */
+/* Kernel 3, two blocks per CTA (round 3's Q=2; the one-block-per-CTA kernel is history, git b94183e):
+ * warpgroup w handles block 2·blockIdx.x + w, the context K/V tiles are loaded once for both over the
+ * union of their narrowed ranges (anchors are sorted, so consecutive blocks' ranges mostly coincide) and
+ * a warpgroup skips the tiles outside its own range; then each warpgroup's own block tile (buffer 2 for
+ * warpgroup 0, the free context buffer for warpgroup 1). One CTA (256 threads) per SM. Deterministic. */
 template <int HD, int PROBE, bool FM = false>
 __global__ void __launch_bounds__(2 * WB_Q_THREADS, 1)
 wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
@@ -857,7 +708,7 @@ wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
             sLse[wg][r] = r < used ? lse[(size_t)h * R + row] : 0.f;
         }
     }
-    {   /* each warpgroup's narrowed context range (wb_ctx_range per warpgroup) */
+    {   /* each warpgroup's narrowed context range (set 5's ba_ctx_range per warpgroup) */
         const int lo = window > 0 ? max(0, a - window) : 0, hi = d == -1 ? lo : a;
         if (ltid == 0) { sLo[wg] = hi; sHi[wg] = lo - 1; sCnt[wg] = 0; }
         __syncthreads();
@@ -1008,21 +859,22 @@ int wb_smem_attr(K kernel, size_t smem) {
     return e == cudaSuccess ? 0 : kernels_fail("ba_wg_backward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
 }
 
-/* the backward's variant, from the environment (read per call) and the bench's timing entry */
+/* the backward's options: the elementwise (DFLASH_BA_WG_M, read per call) and the bench's timing entry */
 struct wb_opts {
-    int nwg;            /* DFLASH_BA_WG_KV: warpgroups per dK/dV CTA, 1 or 2 */
-    bool pipe;          /* DFLASH_BA_WG_KV=2p: kernel 2 pipelined across visits (wb_kv_visit_p) */
-    bool deep;          /* DFLASH_BA_WG_KV=2d: kernel 2 with 4 stages, loads 3 visits ahead */
-    int qb;             /* DFLASH_BA_WG_Q: blocks per dQ CTA, 1 or 2 */
-    bool fm;            /* DFLASH_BA_WG_M=1: the fast elementwise (KV=2p's visits, Q=2's tiles) */
-    int probe;          /* bench only (results invalid): 1 the products skipped, 2 the softmax math skipped */
+    bool fm;            /* the fast elementwise (default); false: DFLASH_BA_WG_M=0, the previous default (84) */
+    int probe;          /* bench only (ba_wg_backward_timed, results invalid): 1 the products skipped, 2 the softmax
+                         * math skipped; always 0 from ba_wg_backward */
     cudaEvent_t *ev;    /* bench only: 5 events around Di, plan, dK/dV, dQ, or NULL */
 };
 
-template <int HD, int NWG, bool PIPE, int PROBE, bool DEEP = false, bool FM = false>
+/* kernel 2, fixed at round 3's KV=2p: two warpgroups per CTA, pipelined across visits (the template's
+ * NWG=1 / PIPE=false / DEEP knobs are the losing variants 80-82, 85, not instantiated; git b94183e) */
+template <int HD, int PROBE, bool FM = false>
 int wb_run_kv(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
               const int32_t *doc_ids, const bf16 *dout, const float *lse, const float *di, float *dk, float *dv,
               const int *plan, int n_tiles, cudaStream_t stream) {
+    constexpr int NWG = 2;
+    constexpr bool PIPE = true, DEEP = false;
     const size_t smem = (2 * NWG + 2 * wb_stages(NWG, PIPE, DEEP)) * (size_t)wb_tile<HD>::bytes + 1024;
     if (wb_smem_attr(wb_kv_kernel<HD, NWG, PIPE, PROBE, DEEP, FM>, smem)) return -1;
     wb_kv_kernel<HD, NWG, PIPE, PROBE, DEEP, FM><<<dim3(n_tiles, c->n_kv), NWG * 128, smem, stream>>>(
@@ -1033,12 +885,14 @@ int wb_run_kv(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
     return 0;
 }
 
-template <int HD, int QB, int PROBE, bool FM = false>
+/* kernel 3, fixed at round 3's Q=2: two blocks per CTA (wb_q2_kernel) */
+template <int HD, int PROBE, bool FM = false>
 int wb_run_q(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
              const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse, float *dq, float *dk,
              float *dv, cudaStream_t stream) {
-    const size_t smem = (QB == 1 ? 6 : 10) * (size_t)wb_tile<HD>::bytes + 1024;
-    auto kern = QB == 1 ? wb_q_kernel<HD, PROBE> : wb_q2_kernel<HD, PROBE, FM>;
+    constexpr int QB = 2;
+    const size_t smem = 10 * (size_t)wb_tile<HD>::bytes + 1024;
+    auto kern = wb_q2_kernel<HD, PROBE, FM>;
     if (wb_smem_attr(kern, smem)) return -1;
     kern<<<dim3((c->N + QB - 1) / QB, c->n_kv), QB * WB_Q_THREADS, smem, stream>>>(
         (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
@@ -1061,7 +915,8 @@ int wb_launch(const wb_opts &o, const block_attn_config *c, const bf16 *q, const
     const int R = c->N * c->B;
     const size_t di_threads = (size_t)R * c->n_h * (HD / 8);
     float *di = dq;   /* scratch: n_h·R floats, overwritten by kernel 3 */
-    /* FM: lse·log2(e) for kernel 2 after Di and the plan's WB_PLAN_MAX ints, when dq holds it */
+    /* FM: lse·log2(e) for kernel 2 after Di and the plan's WB_PLAN_MAX ints, when dq holds it (otherwise
+     * kernel 2 keeps M=0's elementwise, as it always did) */
     const size_t nhr = (size_t)c->n_h * R;
     float *lse2 = o.fm && 2 * nhr + WB_PLAN_MAX <= nhr * HD ? dq + nhr + WB_PLAN_MAX : NULL;
     if (wb_record(o, 0, stream)) return -1;
@@ -1070,61 +925,43 @@ int wb_launch(const wb_opts &o, const block_attn_config *c, const bf16 *q, const
     KERNELS_CHECK_LAUNCH("ba_wg_backward di");
     if (wb_record(o, 1, stream)) return -1;
     /* the plan (kernel 2's per-tile costs) lives in dq's scratch after Di, when it fits */
-    const int nk = o.nwg * WB_KT, n_tiles = (c->T + nk - 1) / nk;
+    const int nk = 2 * WB_KT, n_tiles = (c->T + nk - 1) / nk;
     int *plan = NULL;
     if (n_tiles <= WB_PLAN_MAX && (size_t)n_tiles <= (size_t)c->n_h * R * (HD - 1)) {
         plan = (int *)(dq + (size_t)c->n_h * R);
-        if (o.nwg == 2)
-            wb_plan_kernel<2 * WB_KT><<<n_tiles, 128, 0, stream>>>(anchors, doc_ids, c->T, c->N, c->window, plan);
-        else
-            wb_plan_kernel<WB_KT><<<n_tiles, 128, 0, stream>>>(anchors, doc_ids, c->T, c->N, c->window, plan);
+        wb_plan_kernel<2 * WB_KT><<<n_tiles, 128, 0, stream>>>(anchors, doc_ids, c->T, c->N, c->window, plan);
         KERNELS_CHECK_LAUNCH("ba_wg_backward plan");
     }
     if (wb_record(o, 2, stream)) return -1;
-    const int rc = o.nwg == 1 ? wb_run_kv<HD, 1, false, PROBE>(c, q, k, v, anchors, doc_ids, dout, lse, di, dk, dv, plan,
-                                                                n_tiles, stream)
-                   : o.pipe && lse2 ? wb_run_kv<HD, 2, true, PROBE, false, true>(c, q, k, v, anchors, doc_ids, dout, lse2,
-                                                                                  di, dk, dv, plan, n_tiles, stream)
-                   : o.pipe   ? wb_run_kv<HD, 2, true, PROBE>(c, q, k, v, anchors, doc_ids, dout, lse, di, dk, dv, plan,
-                                                                n_tiles, stream)
-                   : o.deep   ? wb_run_kv<HD, 2, false, PROBE, true>(c, q, k, v, anchors, doc_ids, dout, lse, di, dk, dv,
-                                                                       plan, n_tiles, stream)
-                              : wb_run_kv<HD, 2, false, PROBE>(c, q, k, v, anchors, doc_ids, dout, lse, di, dk, dv, plan,
-                                                                 n_tiles, stream);
+    const int rc = lse2 ? wb_run_kv<HD, PROBE, true>(c, q, k, v, anchors, doc_ids, dout, lse2, di, dk, dv, plan, n_tiles,
+                                                     stream)
+                        : wb_run_kv<HD, PROBE>(c, q, k, v, anchors, doc_ids, dout, lse, di, dk, dv, plan, n_tiles, stream);
     if (rc || wb_record(o, 3, stream)) return -1;
-    if ((o.qb == 2 && o.fm ? wb_run_q<HD, 2, PROBE, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-         : o.qb == 2 ? wb_run_q<HD, 2, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-                   : wb_run_q<HD, 1, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)) ||
+    if ((o.fm ? wb_run_q<HD, PROBE, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
+              : wb_run_q<HD, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)) ||
         wb_record(o, 4, stream))
         return -1;
     return 0;
 }
 
-/* DFLASH_BA_WG_KV (1, 2, 2p = default, 2d), DFLASH_BA_WG_Q (1, 2 = default) and DFLASH_BA_WG_M (0,
- * 1 = default), read per call */
+/* DFLASH_BA_WG_M, read per call: unset, empty or 1 the default (the fast elementwise), 0 the previous
+ * default (bench 84, bitwise equal but for P below 2^-126). DFLASH_BA_WG_KV and DFLASH_BA_WG_Q (round 3's
+ * variant knobs) are gone: unset, empty or their fixed value (2p, 2) are accepted, anything else is an
+ * error, so that an old script cannot believe it measures a variant that no longer exists. */
 static int wb_env(wb_opts *o) {
-    o->nwg = 2;
-    o->pipe = true;   /* KV=2p + Q=2: round 2's fastest (1.823 ms at the standard shape) */
-    o->deep = false;
-    o->qb = 2;
-    o->fm = true;     /* M=1: 1.117 ms (84: 1.802), bitwise equal to 84, tested on the H200 2026-11-29 */
-    const char *e = getenv("DFLASH_BA_WG_KV");
+    o->fm = true;
+    const char *e = getenv("DFLASH_BA_WG_M");
     if (e && e[0]) {
-        if (!strcmp(e, "1")) o->nwg = 1, o->pipe = false;
-        else if (!strcmp(e, "2")) o->pipe = false;
-        else if (!strcmp(e, "2d")) o->deep = true, o->pipe = false;
-        else if (strcmp(e, "2p")) return kernels_fail("ba_wg_backward: DFLASH_BA_WG_KV=%s, expected 1, 2, 2p or 2d", e);
+        if (!strcmp(e, "0")) o->fm = false;
+        else if (strcmp(e, "1"))
+            return kernels_fail("ba_wg_backward: DFLASH_BA_WG_M=%s, expected 1 (the default) or 0 (the previous default)", e);
     }
+    e = getenv("DFLASH_BA_WG_KV");
+    if (e && e[0] && strcmp(e, "2p"))
+        return kernels_fail("ba_wg_backward: DFLASH_BA_WG_KV=%s, expected 2p (fixed; the other variants are history, git b94183e)", e);
     e = getenv("DFLASH_BA_WG_Q");
-    if (e && e[0]) {
-        if (!strcmp(e, "1")) o->qb = 1;
-        else if (strcmp(e, "2")) return kernels_fail("ba_wg_backward: DFLASH_BA_WG_Q=%s, expected 1 or 2", e);
-    }
-    e = getenv("DFLASH_BA_WG_M");
-    if (e && e[0]) {
-        if (!strcmp(e, "1")) o->fm = true;
-        else if (strcmp(e, "0")) return kernels_fail("ba_wg_backward: DFLASH_BA_WG_M=%s, expected 0 or 1", e);
-    }
+    if (e && e[0] && strcmp(e, "2"))
+        return kernels_fail("ba_wg_backward: DFLASH_BA_WG_Q=%s, expected 2 (fixed; the other variants are history, git b94183e)", e);
     return 0;
 }
 

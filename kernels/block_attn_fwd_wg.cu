@@ -1,82 +1,54 @@
 /*
  * kernels/block_attn_fwd_wg.cu — the Hopper wgmma (sm_90a) anchored block attention forward, kernel
  * set 7 of block_attn_forward (kernels/block_attn_wg.h; contract and masks in kernels/block_attn.h,
- * dflash-reference.md §6). Written without a GPU at hand: the GPU tests run it on every case next
- * to sets 5 and 6 (DFLASH_BLOCK_ATTN_KERNEL=6 keeps the verified mma.sync kernel reachable).
+ * dflash-reference.md §6). The GPU tests run it on every case next to sets 5 and 6
+ * (DFLASH_BLOCK_ATTN_KERNEL=6 keeps the verified mma.sync kernel reachable).
  *
- * One CTA of NWG warpgroups (NWG = 3 by default; DFLASH_BLOCK_ATTN_WG_FWD, ba_wg_forward) per (NWG
- * consecutive blocks b0.., kv head g). Warpgroup w owns block b0 + w's 64 query rows (row r -> head
- * g·G + r/B, slot r%B; rows >= G·B and blocks past N compute on zero Q and are never stored), kept
- * in shared memory as 128B-swizzled K-major panels (kernels/wgmma.cuh). Sorted anchors are ~16
- * tokens apart, so the blocks' context ranges (each narrowed to the first..last key of its document
- * inside [max(0, a-W), a)) nearly coincide: the CTA merges them into at most NWG segments (ranges
- * closer than one tile merge), walks them in 64-key tiles, then walks the blocks' own keys packed
- * BP = B rounded up to 16/32/64 rows per block (64/BP blocks per tile). Each K/V tile is loaded once
- * (cp.async, NST = 4 stages, prefetch distance 2, rows past the segment zero-filled) and serves every
- * warpgroup whose keys it holds; the others skip it.
+ * One CTA of NWG = 3 warpgroups per (3 consecutive blocks b0.., kv head g). Warpgroup w owns block
+ * b0 + w's 64 query rows (row r -> head g·G + r/B, slot r%B; rows >= G·B and blocks past N compute on
+ * zero Q and are never stored), kept in shared memory as 128B-swizzled K-major panels
+ * (kernels/wgmma.cuh). Sorted anchors are ~16 tokens apart, so the blocks' context ranges (each
+ * narrowed to the first..last key of its document inside [max(0, a-W), a)) nearly coincide: the CTA
+ * merges them into at most NWG segments (ranges closer than one tile merge), walks them in 64-key
+ * tiles, then walks the blocks' own keys packed BP = B rounded up to 16/32/64 rows per block (64/BP
+ * blocks per tile). Each K/V tile is loaded once (cp.async, NST = 4 stages, prefetch distance 2, rows
+ * past the segment zero-filled) and serves every warpgroup whose keys it holds; the others skip it.
  *
  * Per tile and warpgroup: S = Q·Kᵀ with d_h/16 × wgmma m64nNKk16 (NK = 64, or BP on block tiles),
- * both operands from shared memory; masks (key visibility from the tile's doc ids, range and causal
- * tests) only where the tile is not fully visible; online softmax in fp32, base 2 with the scale
- * folded into one FMA before ex2.approx (as set 6); P rounded to bf16 straight from the accumulator
- * into A fragments; O += P·V with NK/16 × wgmma m64n(d_h)k16, A from registers, V MN-major (the V
- * tile is stored like K, [key][d] panels, LBO = panel bytes). The P·V group is left in flight across
- * the next tile's barrier and waited by the next S (or by a skip), which is why stage t-2, not t-1,
- * is the one refilled at tile t. lse is saved in natural log; out in bf16.
+ * both operands from shared memory; masks only where the tile is not fully visible; online softmax in
+ * fp32, base 2 with the scale folded into one FMA before ex2.approx (as set 6); P rounded to bf16
+ * (cvt.rn.bf16x2) straight from the accumulator into A fragments; O += P·V with NK/16 × wgmma
+ * m64n(d_h)k16, A from registers, V MN-major (the V tile is stored like K, [key][d] panels, LBO =
+ * panel bytes). The P·V group is left in flight across the next tile's barrier and waited by the next
+ * S (or by a skip), which is why stage t-2, not t-1, is the one refilled at tile t. lse is saved in
+ * natural log; out in bf16.
  *
- * Variants (DFLASH_BLOCK_ATTN_WG_FWD, read per call): "3" (default) and "2" blocks per CTA as above;
- * "3p" and "2p" pipeline inside each warpgroup as FlashAttention-3 does (template PIPE): per tile t,
- * S(t + 1) and P(t)·V(t) are issued together, the softmax of S(t + 1) runs while P·V(t) is on the
- * tensor cores; no branch surrounds a wgmma there (ptxas serializes wgmma in possibly divergent
- * code), so unseen tiles are multiplied fully masked and block tiles with 64 keys (+~7% work at B 16).
- * Round 2 (the H200 measured "3" at 228 TFLOP/s, ~1/3 of the tensor time per CTA: all warpgroups ran their
- * softmax at the same time between two lockstep barriers): each idea is a template option, so one bench run
- * measures all of them (the list is at ba_wg_forward):
- *   WF_ORD  — warpgroup w issues its S wgmma only after w - 1 has issued its own (named barriers 1..NWG-1,
- *             one arrive + one sync per tile, every warpgroup every tile, skipped tiles too), so the tensor
- *             cores finish the S products one after the other and each softmax overlaps the others' wgmma
- *             (FA3's ping-pong; with PIPE the S(t + 1) + P·V(t) pair is what takes turns);
- *   WF_LAZY — the running max moves only when a row's new max exceeds it by more than 8 (log2): P <= 2^8,
- *             and O's rescale is skipped whenever a whole warp keeps its maxima (most tiles after the
- *             first), as FlashAttention-4 does; lse / out stay exact (l and O use the same stale max);
- *   WF_FSET — the set-up's doc-id scan no longer waits for the anchors' doc ids (one round trip less);
- *   WF_DEEP — 5 K/V stages, loads 3 tiles ahead;
- *   KT 128  — 2 warpgroups with 128-key K/V tiles (S 64 registers, half the barriers and waits per key;
- *             3 stages of 64 KB, prefetch distance 1).
- * Round 3 (the backward's probes showed the elementwise math between the products costing as much as
- * products and loads together), more template options:
- *   WF_FAST — the context masks from the block's key range alone: the set-up also counts the document's
- *             keys in each block's window, and when every block of the CTA has them as one contiguous run
- *             [lo, hi) (packed documents, the normal case; CTA-uniform flag sCont) a tile needs no doc ids
- *             (not even loaded), no ballots, and on an edge tile two integer compares per element; full
- *             tiles none (as before). Interleaved documents fall back to the doc-id ballots per tile;
- *   WF_POLY — a quarter of the exponentials (groups 1 and 5 of every thread's 8 column groups) computed by
- *             a cubic on the FMA pipe (wf_ex2_poly, FlashAttention-4's trick): MUFU.EX2, 16 per clock per
- *             SM, otherwise needs ~768 clocks per 64-key tile of the three warpgroups, half the tensor time;
- *   WF_PN, WF_PM — PROBES (timing only, wrong results): the softmax math skipped (P = bf16(S), no masks,
- *             max, exp, sums, rescale) or the wgmma products skipped (S opaque zeros, no P·V). Only at N > 32
- *             (ba_wg_forward), so the bench's 32-anchor validation passes on the base variant and the timing
- *             at full size measures the probe.
- * Already so before round 3: the scale folded into one FFMA before ex2.approx, P packed by cvt.rn.bf16x2.f32
- * pairs (__floats2bfloat162_rn), two shuffles per row for the max per tile and for the sum once at the end.
- * tests/gpu/test_block_attn.c runs set 7's forward under every value of the variable (not the probes).
+ * Context masks. Default ("3x", template FAST): the set-up also counts the document's keys in each
+ * block's window; when every block of the CTA has them as one contiguous run [lo, hi) (packed
+ * documents, the normal case; CTA-uniform flag sCont) a context tile needs no doc ids (not even
+ * loaded), no ballots, and on an edge tile two integer compares per element; full tiles none.
+ * Interleaved documents fall back to the doc-id ballots per tile, which is what the previous default
+ * ("3", DFLASH_BLOCK_ATTN_WG_FWD=3, the one revert switch, see ba_wg_forward) does on every tile.
+ *
+ * History: the losing variants of the H200 rounds (2 warpgroups per CTA; the FlashAttention-3 style
+ * pipeline inside a warpgroup; ordered S issue by named barriers; the lazy rescale; the shorter
+ * set-up; 5 stages; 128-key tiles; a quarter of the exponentials by polynomial) and the timing probes
+ * (softmax or products skipped) were deleted from this file: their code is in git commit b94183e
+ * (this file and the variant loop of tests/gpu/test_block_attn.c), their numbers in
+ * kernels/bench/RESULTS.md.
  *
  * Set-up per CTA: one scan of the union of the blocks' windows by all threads (doc ids), per-warp
- * partial first/last keys, then warp 0 reduces, sorts (NWG <= 3, compile-time indices) and merges.
- * The tile walk, the loads and the masks were checked against the reference visibility by a host
- * emulation (every visible (row, key) pair multiplied exactly once, no masked-in zero row) before
- * any GPU run: 11 shapes of the GPU test and more, contiguous and interleaved documents, sorted and
- * unsorted anchors, NWG 2 and 3, PIPE or not.
+ * partial first/last keys and counts, then warp 0 reduces, sorts (NWG <= 3, compile-time indices)
+ * and merges. The tile walk, the loads and the masks were checked against the reference visibility
+ * by a host emulation (every visible (row, key) pair multiplied exactly once, no masked-in zero row)
+ * before any GPU run.
  *
  * Invariants: every wgmma / fence / commit / wait is executed by all 128 threads of a warpgroup
- * (every branch around them is warpgroup-uniform), and so is every named barrier; accumulator arrays
- * have compile-time indices (ptxas, d_h 128: no spills, no serialized-wgmma notes; registers 158 (3),
- * 156 (2), 168 (3p), 172 (2p), 163 (3o, 3of), 162 (3ol, 3olf, 3od, 3olfd), 158 (3l), 168 (3po),
- * 172 (2po), 163 (2o, 2ol), 210 (2k), 214 (2ok), 213 (2olk), 159 (3x, 3xe), 163 (3ox, 3olx, 3oxe),
- * 164 (3olxe); the cap is 168 at 3 warpgroups).
- * Shared memory: NWG Q tiles of 64 × d_h + 2·NST K/V tiles of KT × d_h bf16 + 1 KB: 177 KB at d_h 128,
- * NWG 3 (209 KB with 5 stages; 225 KB for 2 warpgroups at KT 128) — one CTA per SM, which registers
- * impose anyway.
+ * (every branch around them is warpgroup-uniform); accumulator arrays have compile-time indices
+ * (ptxas, d_h 128: no spills, no serialized-wgmma notes; registers 159 ("3x"), 158 ("3"); the cap is
+ * 168 at 3 warpgroups).
+ * Shared memory: 3 Q tiles of 64 × d_h + 2·NST K/V tiles of 64 × d_h bf16 + 1 KB: 177 KB at d_h 128
+ * — one CTA per SM, which registers impose anyway.
  */
 #include "kernels/block_attn_wg.h"
 #include "kernels/mma.cuh"
@@ -94,15 +66,14 @@ constexpr int WF_KT = 64;               /* keys per context tile, query rows per
 constexpr int WF_PANEL = 64 * 128;      /* bytes of a 64-row × 64-column bf16 panel */
 constexpr float WF_LOG2E = 1.4426950408889634f;
 
-template <int HD, int NWG, bool PIPE, int KT = WF_KT, bool DEEP = false> struct wf_cfg {
-    static_assert(KT == 64 || (KT == 128 && !PIPE), "128-key tiles exist only unpipelined");
+template <int HD, int NWG> struct wf_cfg {
+    static constexpr int KT = WF_KT;                   /* keys per K/V tile */
     static constexpr int NP = HD / 64;                 /* panels per tile */
     static constexpr int QTILE = NP * WF_PANEL;        /* bytes of one 64-row Q tile */
     static constexpr int KPANEL = KT * 128;            /* bytes of a KT-row × 64-column K or V panel */
     static constexpr int TILE = NP * KPANEL;           /* bytes of one KT-row tile of K or V */
     static constexpr int THREADS = NWG * 128;
-    static_assert(!DEEP || (KT == 64 && !PIPE), "5 stages only with 64-key tiles, unpipelined");
-    static constexpr int NST = KT == 64 ? (DEEP ? 5 : 4) : 3;   /* K/V stages (prefetch distance NST - 2) */
+    static constexpr int NST = 4;                      /* K/V stages (prefetch distance NST - 2) */
     static constexpr size_t smem = (size_t)NWG * QTILE + (size_t)2 * NST * TILE + 1024;   /* + alignment slack */
 };
 
@@ -113,38 +84,6 @@ __device__ __forceinline__ void wf_cp16(uint32_t saddr, const void *g, bool ok) 
 __device__ __forceinline__ void wf_cp4(uint32_t saddr, const void *g, bool ok) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(saddr), "l"(g), "r"(ok ? 4 : 0)
                  : "memory");
-}
-
-/* Named barriers (ids 1..NWG-1; __syncthreads owns 0) for the ordered variants: warpgroup w waits on
- * id w (bar.sync, 256 threads: its 128 plus the previous warpgroup's 128 arriving) and lets w + 1 go by
- * bar.arrive on id w + 1. Each id completes exactly once per tile (one arrive, one sync). */
-__device__ __forceinline__ void wf_bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void wf_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
-
-/* Variant options (template OPT of the unpipelined kernel): */
-constexpr int WF_ORD = 1;    /* warpgroups issue their S wgmma in turn (0, 1, 2) each tile, named barriers */
-constexpr int WF_LAZY = 2;   /* keep the running max unless a row's new max exceeds it by > WF_LAZY_T (log2) */
-constexpr float WF_LAZY_T = 8.f;   /* P <= 2^8 then: exact in bf16's relative precision, no fp32 overflow */
-constexpr int WF_FSET = 4;   /* set-up: the doc-id scan does not wait for the anchors' doc ids (wf_setup) */
-constexpr int WF_DEEP = 8;   /* 5 K/V stages, loads 3 tiles ahead (64-key tiles) instead of 4 and 2 */
-/* Round 3 (the elementwise work between the products): */
-constexpr int WF_FAST = 16;  /* context masks from the block's key range alone when every block's document is
-                              * one contiguous run there (set-up checks): no doc-id loads, no ballots */
-constexpr int WF_POLY = 32;  /* a quarter of the exponentials by a polynomial on the FMA pipe (wf_ex2_poly) */
-constexpr int WF_PN = 64;    /* PROBE (timing only, wrong results): the softmax math skipped (P = bf16(S)) */
-constexpr int WF_PM = 128;   /* PROBE (timing only, wrong results): the wgmma products skipped */
-
-/* 2^x on the FMA pipe (FlashAttention-4's trick to unload MUFU): x clamped to -120 (so 2^-inf gives
- * ~7.5e-37 instead of 0: harmless next to any visible key), j = rn(x - 0.5) by the 1.5·2^23 magic
- * add, 2^(x - j) by a cubic on [0, 1] (max relative error 8.8e-5, checked on the host over [-30, 0];
- * P is then rounded to bf16, 3.9e-3), j added into the exponent field (t's low bits hold j). */
-__device__ __forceinline__ float wf_ex2_poly(float x) {
-    x = fmaxf(x, -120.f);
-    const float t = (x - 0.5f) + 12582912.f;
-    const float f = x - (t - 12582912.f);
-    const float p = fmaf(fmaf(fmaf(0.077119089663028717041015625f, f, 0.227564394474029541015625f), f,
-                              0.695146143436431884765625f), f, 1.f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
 }
 
 /* Issues S = Q·Kᵀ over NK keys (k_s: the tile's first key row) into s (the caller commits). */
@@ -162,7 +101,7 @@ __device__ __forceinline__ void wf_issue_s(float *s, uint32_t q_s, uint32_t k_s)
 /* Online softmax of a completed S (s, NK keys): masks by vis(key, half) when need_mask, updates the
  * scaled running maxima m and sums l of this thread's two rows, leaves P (fp32) in s and returns the
  * factors c0, c1 that rescale the rows' O. */
-template <int NK, bool LAZY = false, bool POLY = false, typename Vis>
+template <int NK, typename Vis>
 __device__ __forceinline__ void wf_softmax(float *m, float *l, float *s, float sl2, bool need_mask, Vis vis, float *c0,
                                            float *c1) {
     const int t4 = threadIdx.x & 3;
@@ -183,31 +122,20 @@ __device__ __forceinline__ void wf_softmax(float *m, float *l, float *s, float s
     rx0 = fmaxf(rx0, __shfl_xor_sync(0xffffffffu, rx0, 2));
     rx1 = fmaxf(rx1, __shfl_xor_sync(0xffffffffu, rx1, 1));
     rx1 = fmaxf(rx1, __shfl_xor_sync(0xffffffffu, rx1, 2));
-    float mx0 = fmaxf(m[0], rx0 * sl2), mx1 = fmaxf(m[1], rx1 * sl2);   /* sl2 > 0: -inf stays -inf */
-    if (LAZY) {   /* m = -inf: -inf + T = -inf, so a first finite max always replaces it */
-        if (!(mx0 > m[0] + WF_LAZY_T)) mx0 = m[0];
-        if (!(mx1 > m[1] + WF_LAZY_T)) mx1 = m[1];
-    }
+    const float mx0 = fmaxf(m[0], rx0 * sl2), mx1 = fmaxf(m[1], rx1 * sl2);   /* sl2 > 0: -inf stays -inf */
     /* a row with nothing visible yet keeps m = -inf; subtract 0 then so ex2 gives 0, not NaN */
     const float ms0 = mx0 == -INFINITY ? 0.f : mx0, ms1 = mx1 == -INFINITY ? 0.f : mx1;
-    *c0 = LAZY && mx0 == m[0] && mx0 != -INFINITY ? 1.f : mma_ex2_ftz(m[0] - ms0);
-    *c1 = LAZY && mx1 == m[1] && mx1 != -INFINITY ? 1.f : mma_ex2_ftz(m[1] - ms1);
+    *c0 = mma_ex2_ftz(m[0] - ms0);
+    *c1 = mma_ex2_ftz(m[1] - ms1);
     m[0] = mx0;
     m[1] = mx1;
     float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
     for (int i = 0; i < NK / 8; i++) {
-        if (POLY && (i & 3) == 1) {   /* groups 1, 5 of 8: a quarter of the exponentials off MUFU */
-            s[4 * i + 0] = wf_ex2_poly(fmaf(s[4 * i + 0], sl2, -ms0));
-            s[4 * i + 1] = wf_ex2_poly(fmaf(s[4 * i + 1], sl2, -ms0));
-            s[4 * i + 2] = wf_ex2_poly(fmaf(s[4 * i + 2], sl2, -ms1));
-            s[4 * i + 3] = wf_ex2_poly(fmaf(s[4 * i + 3], sl2, -ms1));
-        } else {
-            s[4 * i + 0] = mma_ex2_ftz(fmaf(s[4 * i + 0], sl2, -ms0));
-            s[4 * i + 1] = mma_ex2_ftz(fmaf(s[4 * i + 1], sl2, -ms0));
-            s[4 * i + 2] = mma_ex2_ftz(fmaf(s[4 * i + 2], sl2, -ms1));
-            s[4 * i + 3] = mma_ex2_ftz(fmaf(s[4 * i + 3], sl2, -ms1));
-        }
+        s[4 * i + 0] = mma_ex2_ftz(fmaf(s[4 * i + 0], sl2, -ms0));
+        s[4 * i + 1] = mma_ex2_ftz(fmaf(s[4 * i + 1], sl2, -ms0));
+        s[4 * i + 2] = mma_ex2_ftz(fmaf(s[4 * i + 2], sl2, -ms1));
+        s[4 * i + 3] = mma_ex2_ftz(fmaf(s[4 * i + 3], sl2, -ms1));
         sum0 += s[4 * i + 0] + s[4 * i + 1];
         sum1 += s[4 * i + 2] + s[4 * i + 3];
     }
@@ -215,18 +143,15 @@ __device__ __forceinline__ void wf_softmax(float *m, float *l, float *s, float s
     l[1] = l[1] * *c1 + sum1;
 }
 
-/* O rows *= c0 / c1; P (fp32 in s) -> bf16 A fragments p (one per k16 chunk). LAZY: the rescale is
- * skipped (warp-uniform branch) when every factor of the warp is exactly 1. */
-template <int HD, int NK, bool LAZY = false>
+/* O rows *= c0 / c1; P (fp32 in s) -> bf16 A fragments p (one per k16 chunk). */
+template <int HD, int NK>
 __device__ __forceinline__ void wf_rescale_pack(float *o, const float *s, float c0, float c1, uint32_t (*p)[4]) {
-    if (!LAZY || __any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) {
 #pragma unroll
-        for (int i = 0; i < HD / 8; i++) {
-            o[4 * i + 0] *= c0;
-            o[4 * i + 1] *= c0;
-            o[4 * i + 2] *= c1;
-            o[4 * i + 3] *= c1;
-        }
+    for (int i = 0; i < HD / 8; i++) {
+        o[4 * i + 0] *= c0;
+        o[4 * i + 1] *= c0;
+        o[4 * i + 2] *= c1;
+        o[4 * i + 3] *= c1;
     }
 #pragma unroll
     for (int kk = 0; kk < NK / 16; kk++) {
@@ -246,46 +171,21 @@ __device__ __forceinline__ void wf_issue_pv(float *o, uint32_t (*p)[4], uint32_t
         wg_mma_rs<HD, 1>(o, p[kk], wg_desc_mnmajor(v_s + kk * 16 * 128, KPANEL), 1);
 }
 
-/* One unpipelined tile step of one warpgroup: S, wait (S and the previous P·V), softmax, P·V in flight.
- * pre() / post() run just before / after the S issue (the ordered variants' turn-taking). */
-template <int HD, int NK, int OPT, int KPANEL, typename Vis, typename Pre, typename Post>
+/* One tile step of one warpgroup: S, wait (S and the previous P·V), softmax, P·V in flight. */
+template <int HD, int NK, typename Vis>
 __device__ __forceinline__ void wf_step(float *o, float *m, float *l, uint32_t q_s, uint32_t k_s, uint32_t v_s,
-                                        float sl2, bool need_mask, Vis vis, Pre pre, Post post) {
-    constexpr bool LAZY = (OPT & WF_LAZY) != 0, POLY = (OPT & WF_POLY) != 0;
+                                        float sl2, bool need_mask, Vis vis) {
     float s[NK / 2];
-    pre();
-    if constexpr ((OPT & WF_PM) != 0) {   /* probe: no S product; S opaque to the compiler */
-#pragma unroll
-        for (int i = 0; i < NK / 2; i++) asm volatile("mov.b32 %0, 0;\n" : "=f"(s[i]));
-    } else {
-        wf_issue_s<HD, NK, KPANEL>(s, q_s, k_s);
-    }
+    wf_issue_s<HD, NK>(s, q_s, k_s);
     wg_commit();
-    post();
     wg_wait<0>();
     wg_acc_fence<NK / 2>(s);
     wg_acc_fence<HD / 2>(o);
     uint32_t p[NK / 16][4];
-    if constexpr ((OPT & WF_PN) != 0) {   /* probe: no masks, max, exp, sums, rescale: P = bf16(S) */
-        (void)m;
-        (void)sl2;
-        (void)need_mask;
-        (void)vis;
-        l[0] = l[1] = 1.f;
-        wf_rescale_pack<HD, NK, true>(o, s, 1.f, 1.f, p);
-    } else {
-        float c0, c1;
-        wf_softmax<NK, LAZY, POLY>(m, l, s, sl2, need_mask, vis, &c0, &c1);
-        wf_rescale_pack<HD, NK, LAZY>(o, s, c0, c1, p);
-    }
-    if constexpr ((OPT & WF_PM) != 0) {   /* probe: no P·V product; P kept alive */
-#pragma unroll
-        for (int kk = 0; kk < NK / 16; kk++)
-            asm volatile("" ::"r"(p[kk][0]), "r"(p[kk][1]), "r"(p[kk][2]), "r"(p[kk][3]));
-        (void)v_s;
-    } else {
-        wf_issue_pv<HD, NK, KPANEL>(o, p, v_s);
-    }
+    float c0, c1;
+    wf_softmax<NK>(m, l, s, sl2, need_mask, vis, &c0, &c1);
+    wf_rescale_pack<HD, NK>(o, s, c0, c1, p);
+    wf_issue_pv<HD, NK>(o, p, v_s);
     wg_commit();
 }
 
@@ -293,14 +193,12 @@ __device__ __forceinline__ void wf_step(float *o, float *m, float *l, uint32_t q
  * narrowed to its document's first and last key (one scan of the union of the blocks' windows by the
  * whole CTA, per-warp partial minima / maxima in sPart), then warp 0 merges them into segments. Called
  * by every thread; ends with a barrier, after which sLo, sHi, sSeg, sNSeg and sNCtx hold the result.
- * Returns the doc id of block b0 + wg (-1 when not live). FSET: the scanned union is taken from the
- * anchors alone (a block whose anchor has doc id -1 widens it, harmlessly: its own range stays empty),
- * so the scan's loads no longer wait for the anchors' doc ids: one global round trip less. */
-template <int NWG, bool FSET = false, int KT = WF_KT>
+ * Returns the doc id of block b0 + wg (-1 when not live). */
+template <int NWG>
 __device__ __forceinline__ int wf_setup(const int32_t *anchors, const int32_t *doc_ids, int b0, int nb, int window,
                                         int (*sPart)[NWG][3], int *sLo, int *sHi, int (*sSeg)[3], int &sNSeg,
                                         int &sNCtx, int &sCont) {
-    constexpr int THREADS = NWG * 128;
+    constexpr int THREADS = NWG * 128, KT = WF_KT;
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
     /* Context range of every block, narrowed to its document's first and last key: one scan of the
      * union of the blocks' windows by the whole CTA, per-warp partial minima / maxima in sPart. */
@@ -312,7 +210,7 @@ __device__ __forceinline__ int wf_setup(const int32_t *anchors, const int32_t *d
         dw[w] = w < nb ? doc_ids[aw] : -1;
         wlo[w] = window > 0 ? max(0, aw - window) : 0;
         whi[w] = dw[w] == -1 ? wlo[w] : aw;
-        if (FSET ? w < nb && aw > wlo[w] : whi[w] > wlo[w]) {
+        if (whi[w] > wlo[w]) {
             ulo = min(ulo, wlo[w]);
             uhi = max(uhi, whi[w]);
         }
@@ -427,14 +325,14 @@ __device__ __forceinline__ int wf_setup(const int32_t *anchors, const int32_t *d
     return d;
 }
 
-template <int HD, int NWG, bool PIPE, int OPT, int KT>
+template <int HD, int NWG, bool FAST>
 __global__ void __launch_bounds__(NWG * 128, 1)
 ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
                      const int32_t *doc_ids, __nv_bfloat16 *out, float *lse, int T, int N, int B, int n_h, int n_kv,
                      int window, int causal, float sl2) {
-    using C = wf_cfg<HD, NWG, PIPE, KT, (OPT & WF_DEEP) != 0>;
+    using C = wf_cfg<HD, NWG>;
     constexpr int CH = HD / 8, THREADS = C::THREADS, TILE = C::TILE, NST = C::NST, QTILE = C::QTILE;
-    constexpr int KPANEL = C::KPANEL;
+    constexpr int KPANEL = C::KPANEL, KT = C::KT;
     extern __shared__ unsigned char wf_raw[];
     __shared__ int sDoc[NST][KT];   /* doc id of each key of a context tile's stage */
     __shared__ int sPart[NWG * 4][NWG][3]; /* per warp and block: first, last key of the document, count */
@@ -458,11 +356,11 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     }
     mma_commit();
 
-    const int d = wf_setup<NWG, (OPT & WF_FSET) != 0, KT>(anchors, doc_ids, b0, nb, window, sPart, sLo, sHi, sSeg, sNSeg, sNCtx, sCont);
+    const int d = wf_setup<NWG>(anchors, doc_ids, b0, nb, window, sPart, sLo, sHi, sSeg, sNSeg, sNCtx, sCont);
     const int my_lo = sLo[wg], my_hi = sHi[wg];   /* [lo, hi), empty when hi <= lo */
     const int n_seg = sNSeg, n_ctx = sNCtx;
     /* FAST: a context key is visible iff it lies in [my_lo, my_hi) (every block's document contiguous) */
-    const bool by_range = (OPT & WF_FAST) != 0 && sCont != 0;
+    const bool by_range = FAST && sCont != 0;
     const int BP = B <= 16 ? 16 : B <= 32 ? 32 : 64, per = KT / BP;   /* block keys: rows per block, blocks per tile */
     const int n_tiles = n_ctx + (nb + per - 1) / per;
 
@@ -510,91 +408,8 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     const int j0 = r0 % B, j1 = r1 % B;
     const uint32_t myQ = sQ + wg * QTILE;
 
-    if constexpr (PIPE) {
-        /* Pipelined within the warpgroup (FA3's order): per tile t, issue S(t + 1) and P(t)·V(t), wait
-         * for S(t + 1), run its softmax while P·V(t) is on the tensor cores, wait for P·V(t), rescale O
-         * and pack P(t + 1). Every tile is multiplied with 64 keys (block tiles at key offset 0, masked
-         * to the block's BP-row slot). Both wgmma groups of tile t are waited inside it, so at tile t
-         * the stage refilled is (t + 3) % 4 = (t - 1) % 4, and tile t + 1 must have landed. */
-        /* which keys of tile t (stage st) this warpgroup sees: false = none; kblk = -1 context, else
-         * the block keys' first row (then the causal test applies too) */
-        auto tile_mask = [&](int t, int st, uint32_t *mlo, uint32_t *mhi, int *kblk) -> bool {
-            if (t < n_ctx) {
-                int kb, ke;
-                ctx_tile(t, &kb, &ke);
-                const int p0 = kb + lane, p1 = p0 + 32;
-                const bool v0 = p0 >= my_lo && p0 < my_hi && sDoc[st][lane] == d;
-                const bool v1 = p1 >= my_lo && p1 < my_hi && sDoc[st][lane + 32] == d;
-                *mlo = __ballot_sync(0xffffffffu, v0);
-                *mhi = __ballot_sync(0xffffffffu, v1);
-                *kblk = -1;
-                return (*mlo | *mhi) != 0;
-            }
-            if (!(live && wg / per == t - n_ctx)) return false;
-            *kblk = (wg % per) * BP;
-            const uint64_t bits = (B >= 64 ? ~0ull : ((1ull << B) - 1)) << *kblk;   /* kblk + B <= 64 */
-            *mlo = (uint32_t)bits;
-            *mhi = (uint32_t)(bits >> 32);
-            return true;
-        };
-        for (int s = 0; s < NST - 1; s++) {   /* tiles 0, 1, 2 */
-            if (s < n_tiles) load(s, s);
-            mma_commit();
-        }
-        mma_wait<NST - 2>();   /* Q and tile 0 have landed */
-        wg_fence_async_smem();
-        __syncthreads();
-        float sc[32];
-        uint32_t p[4][4];
-        uint32_t cmlo = 0, cmhi = 0;
-        int ckb = -1;
-        bool cp = tile_mask(0, 0, &cmlo, &cmhi, &ckb);
-        auto vis_of = [&](bool part, uint32_t mlo, uint32_t mhi, int kblk) {
-            return [=](int key, int half) {
-                return part && ((key < 32 ? mlo >> key : mhi >> (key - 32)) & 1u) != 0 &&
-                       !(kblk >= 0 && causal && key - kblk > (half ? j1 : j0));
-            };
-        };
-        float c0, c1;
-        wf_issue_s<HD, 64>(sc, myQ, sKV);
-        wg_commit();
-        wg_wait<0>();
-        wg_acc_fence<32>(sc);
-        wf_softmax<64>(m, l, sc, sl2, !cp || ckb >= 0 || (cmlo & cmhi) != 0xffffffffu, vis_of(cp, cmlo, cmhi, ckb),
-                       &c0, &c1);
-        wf_rescale_pack<HD, 64>(o, sc, c0, c1, p);
-        /* No branch around any wgmma (ptxas serializes wgmma issued in possibly divergent code): a tile
-         * the warpgroup does not see is multiplied with every key masked (P = 0, O and l unchanged).
-         * The last tile's P·V runs after the loop. */
-        for (int t = 0; t + 1 < n_tiles; t++) {
-            mma_wait<NST - 3>();   /* tile t + 1 has landed */
-            wg_fence_async_smem();
-            __syncthreads();       /* ... for everyone; and stage (t - 1) % NST is no longer read */
-            if (t + NST - 1 < n_tiles) load(t + NST - 1, (t + NST - 1) % NST);
-            mma_commit();
-            uint32_t nmlo = 0, nmhi = 0;
-            int nkb = -1;
-            const bool np = tile_mask(t + 1, (t + 1) % NST, &nmlo, &nmhi, &nkb);
-            /* ordered ("3po", "2po"): the warpgroups issue this pair in turn, FA3's ping-pong; every
-             * warpgroup runs every iteration, no branch around the barriers */
-            if ((OPT & WF_ORD) && wg > 0) wf_bar_sync(wg);
-            wf_issue_s<HD, 64>(sc, myQ, sKV + 2 * ((t + 1) % NST) * TILE);   /* S(t + 1) */
-            wg_commit();
-            wf_issue_pv<HD, 64>(o, p, sKV + (2 * (t % NST) + 1) * TILE);      /* O += P(t)·V(t) */
-            wg_commit();
-            if ((OPT & WF_ORD) && wg + 1 < NWG) wf_bar_arrive(wg + 1);
-            wg_wait<1>();   /* S(t + 1) is done; P·V(t) may still run */
-            wg_acc_fence<32>(sc);
-            wf_softmax<64>(m, l, sc, sl2, !np || nkb >= 0 || (nmlo & nmhi) != 0xffffffffu,
-                           vis_of(np, nmlo, nmhi, nkb), &c0, &c1);
-            wg_wait<0>();   /* P·V(t): o and p are free */
-            wg_acc_fence<HD / 2>(o);
-            wf_rescale_pack<HD, 64>(o, sc, c0, c1, p);
-        }
-        wf_issue_pv<HD, 64>(o, p, sKV + (2 * ((n_tiles - 1) % NST) + 1) * TILE);   /* landed, synced above */
-        wg_commit();
-    } else {
-    #pragma unroll
+    {   /* the tile walk: context tiles, then the blocks' own keys */
+#pragma unroll
         for (int s = 0; s < NST - 2; s++) {
             if (s < n_tiles) load(s, s);
             mma_commit();
@@ -605,72 +420,41 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
             __syncthreads();          /* ... for everyone; and stage (t - 2) % NST is no longer read */
             if (t + NST - 2 < n_tiles) load(t + NST - 2, (t + NST - 2) % NST);
             mma_commit();
-            /* ordered variants: warpgroup w issues its S after w - 1 has issued its own (the tensor cores then
-             * finish S in that order, so one warpgroup's softmax runs under the others' wgmma instead of all
-             * three softmaxes at once); every warpgroup takes its turn on every tile, even one it skips */
-            auto pre = [&]() {
-                if ((OPT & WF_ORD) && wg > 0) wf_bar_sync(wg);
-            };
-            auto post = [&]() {
-                if ((OPT & WF_ORD) && wg + 1 < NWG) wf_bar_arrive(wg + 1);
-            };
             const int st = t % NST;
             const uint32_t tK = sKV + 2 * st * TILE, tV = tK + TILE;
             bool ran = false;
             if (t < n_ctx) {
                 int kb, ke;
                 ctx_tile(t, &kb, &ke);
-                if ((OPT & WF_FAST) && by_range) {   /* CTA-uniform: at most two compares per element */
+                if (by_range) {   /* CTA-uniform: at most two compares per element */
                     const int lo = my_lo - kb, hi = my_hi - kb;   /* this tile's visible keys: [lo, hi) */
                     if (lo < KT && hi > 0 && hi > lo) {
                         const int t2 = 2 * (lane & 3), lo2 = lo - t2, hi2 = hi - t2;   /* key = 8i + e1 + t2 */
-                        wf_step<HD, KT, OPT, KPANEL>(
-                            o, m, l, myQ, tK, tV, sl2, lo > 0 || hi < KT,
-                            [&](int key, int) { return key - t2 >= lo2 && key - t2 < hi2; }, pre, post);
+                        wf_step<HD, KT>(o, m, l, myQ, tK, tV, sl2, lo > 0 || hi < KT,
+                                        [&](int key, int) { return key - t2 >= lo2 && key - t2 < hi2; });
                         ran = true;
                     }
-                } else if constexpr (KT == 64) {
+                } else {
                     const int p0 = kb + lane, p1 = p0 + 32;
                     const bool v0 = p0 >= my_lo && p0 < my_hi && sDoc[st][lane] == d;
                     const bool v1 = p1 >= my_lo && p1 < my_hi && sDoc[st][lane + 32] == d;
                     const uint32_t mlo = __ballot_sync(0xffffffffu, v0), mhi = __ballot_sync(0xffffffffu, v1);
                     if (mlo | mhi) {   /* identical in every warp of the warpgroup */
-                        wf_step<HD, KT, OPT, KPANEL>(
+                        wf_step<HD, KT>(
                             o, m, l, myQ, tK, tV, sl2, (mlo & mhi) != 0xffffffffu,
-                            [&](int key, int) { return ((key < 32 ? mlo >> key : mhi >> (key - 32)) & 1u) != 0; }, pre,
-                            post);
-                        ran = true;
-                    }
-                } else {   /* 128-key tiles: four 32-key words */
-                    uint32_t mw[KT / 32];
-                    bool any = false, all = true;
-#pragma unroll
-                    for (int j = 0; j < KT / 32; j++) {
-                        const int pj = kb + lane + 32 * j;
-                        mw[j] = __ballot_sync(0xffffffffu, pj >= my_lo && pj < my_hi && sDoc[st][lane + 32 * j] == d);
-                        any = any || mw[j] != 0u;
-                        all = all && mw[j] == 0xffffffffu;
-                    }
-                    if (any) {   /* identical in every warp of the warpgroup */
-                        wf_step<HD, KT, OPT, KPANEL>(
-                            o, m, l, myQ, tK, tV, sl2, !all,
-                            [&](int key, int) { return ((mw[key >> 5] >> (key & 31)) & 1u) != 0; }, pre, post);
+                            [&](int key, int) { return ((key < 32 ? mlo >> key : mhi >> (key - 32)) & 1u) != 0; });
                         ran = true;
                     }
                 }
             } else if (live && wg / per == t - n_ctx) {
                 const uint32_t koff = (uint32_t)((wg % per) * BP) * 128u;
                 auto vis = [&](int key, int half) { return key < B && !(causal && key > (half ? j1 : j0)); };
-                if (BP == 16) wf_step<HD, 16, OPT, KPANEL>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, pre, post);
-                else if (BP == 32) wf_step<HD, 32, OPT, KPANEL>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, pre, post);
-                else wf_step<HD, 64, OPT, KPANEL>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, pre, post);
+                if (BP == 16) wf_step<HD, 16>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
+                else if (BP == 32) wf_step<HD, 32>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
+                else wf_step<HD, 64>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
                 ran = true;
             }
-            if (!ran) {
-                pre();
-                post();
-                wg_wait<0>();   /* the last P·V read stage (t - 1) % NST or older: done before it is refilled */
-            }
+            if (!ran) wg_wait<0>();   /* the last P·V read stage (t - 1) % NST or older: done before it is refilled */
         }
     }
     wg_wait<0>();
@@ -698,94 +482,45 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     }
 }
 
-template <int HD, int NWG, bool PIPE, int OPT, int KT = WF_KT>
+template <int HD, int NWG, bool FAST>
 int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
               const int32_t *doc_ids, bf16 *out, float *lse, cudaStream_t stream) {
-    using C = wf_cfg<HD, NWG, PIPE, KT, (OPT & WF_DEEP) != 0>;
-    cudaError_t e = cudaFuncSetAttribute(ba_wg_forward_kernel<HD, NWG, PIPE, OPT, KT>,
+    using C = wf_cfg<HD, NWG>;
+    cudaError_t e = cudaFuncSetAttribute(ba_wg_forward_kernel<HD, NWG, FAST>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::smem);
     if (e != cudaSuccess) return kernels_fail("ba_wg_forward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
-    ba_wg_forward_kernel<HD, NWG, PIPE, OPT, KT><<<dim3((c->N + NWG - 1) / NWG, c->n_kv), C::THREADS, C::smem, stream>>>(
+    ba_wg_forward_kernel<HD, NWG, FAST><<<dim3((c->N + NWG - 1) / NWG, c->n_kv), C::THREADS, C::smem, stream>>>(
         (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
         (__nv_bfloat16 *)out, lse, c->T, c->N, c->B, c->n_h, c->n_kv, c->window, c->causal, c->scale * WF_LOG2E);
     KERNELS_CHECK_LAUNCH("ba_wg_forward_kernel");
     return 0;
 }
 
-/* the variant names of DFLASH_BLOCK_ATTN_WG_FWD; see ba_wg_forward */
-const char *const wf_variants[] = {"3",   "2",    "3p",   "2p",  "3o",    "2o",  "3ol", "2ol",  "3l",
-                                   "3po", "2po",  "3of",  "3olf", "3od", "3olfd", "2k", "2ok", "2olk",
-                                   "3x",  "3ox",  "3olx", "3xe", "3oxe", "3olxe", "3n", "3m",  "3oln", "3olm"};
-/* the probes (timing only) and the variant each runs instead when N <= 32 (see ba_wg_forward) */
-const char *const wf_probes[][2] = {{"3n", "3"}, {"3m", "3"}, {"3oln", "3ol"}, {"3olm", "3ol"}};
-
 template <int HD>
-int wf_select(const char *var, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
+int wf_select(bool fast, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
               const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, cudaStream_t stream) {
-#define WF_GO(NWG, PIPE, OPT) return wf_launch<HD, NWG, PIPE, OPT>(c, q, k, v, anchors, doc_ids, out, lse, stream)
-#define WF_GO128(OPT) return wf_launch<HD, 2, false, OPT, 128>(c, q, k, v, anchors, doc_ids, out, lse, stream)
-    if (!strcmp(var, "2")) WF_GO(2, false, 0);
-    if (!strcmp(var, "3p")) WF_GO(3, true, 0);
-    if (!strcmp(var, "2p")) WF_GO(2, true, 0);
-    if (!strcmp(var, "3o")) WF_GO(3, false, WF_ORD);
-    if (!strcmp(var, "2o")) WF_GO(2, false, WF_ORD);
-    if (!strcmp(var, "3ol")) WF_GO(3, false, WF_ORD | WF_LAZY);
-    if (!strcmp(var, "2ol")) WF_GO(2, false, WF_ORD | WF_LAZY);
-    if (!strcmp(var, "3l")) WF_GO(3, false, WF_LAZY);
-    if (!strcmp(var, "3po")) WF_GO(3, true, WF_ORD);
-    if (!strcmp(var, "2po")) WF_GO(2, true, WF_ORD);
-    if (!strcmp(var, "3of")) WF_GO(3, false, WF_ORD | WF_FSET);
-    if (!strcmp(var, "3olf")) WF_GO(3, false, WF_ORD | WF_LAZY | WF_FSET);
-    if (!strcmp(var, "3od")) WF_GO(3, false, WF_ORD | WF_DEEP);
-    if (!strcmp(var, "3olfd")) WF_GO(3, false, WF_ORD | WF_LAZY | WF_FSET | WF_DEEP);
-    if (!strcmp(var, "2k")) WF_GO128(0);
-    if (!strcmp(var, "2ok")) WF_GO128(WF_ORD);
-    if (!strcmp(var, "2olk")) WF_GO128(WF_ORD | WF_LAZY);
-    if (!strcmp(var, "3x")) WF_GO(3, false, WF_FAST);
-    if (!strcmp(var, "3ox")) WF_GO(3, false, WF_ORD | WF_FAST);
-    if (!strcmp(var, "3olx")) WF_GO(3, false, WF_ORD | WF_LAZY | WF_FAST);
-    if (!strcmp(var, "3xe")) WF_GO(3, false, WF_FAST | WF_POLY);
-    if (!strcmp(var, "3oxe")) WF_GO(3, false, WF_ORD | WF_FAST | WF_POLY);
-    if (!strcmp(var, "3olxe")) WF_GO(3, false, WF_ORD | WF_LAZY | WF_FAST | WF_POLY);
-    if (!strcmp(var, "3n")) WF_GO(3, false, WF_PN);
-    if (!strcmp(var, "3m")) WF_GO(3, false, WF_PM);
-    if (!strcmp(var, "3oln")) WF_GO(3, false, WF_ORD | WF_LAZY | WF_PN);
-    if (!strcmp(var, "3olm")) WF_GO(3, false, WF_ORD | WF_LAZY | WF_PM);
-    WF_GO(3, false, 0);
-#undef WF_GO
-#undef WF_GO128
+    if (fast) return wf_launch<HD, 3, true>(c, q, k, v, anchors, doc_ids, out, lse, stream);
+    return wf_launch<HD, 3, false>(c, q, k, v, anchors, doc_ids, out, lse, stream);
 }
 
 }  // namespace
 
-/* The variant from DFLASH_BLOCK_ATTN_WG_FWD (read per call): unset = "3x" (below); "3" = 3 blocks (warpgroups) per
- * CTA; "2" = 2 blocks per CTA; "3p", "2p" = the same pipelined inside each warpgroup (PIPE); "3o", "2o"
- * = unpipelined with the warpgroups' S wgmma issued in turn (WF_ORD); "3ol", "2ol" = ordered plus the
- * lazy rescale (WF_LAZY); "3l" = lazy rescale only; "3po", "2po" = PIPE with each tile's S + P·V pair
- * issued in turn (FA3's ping-pong); "3of", "3olf" = "3o", "3ol" with the shorter set-up (WF_FSET);
- * "3od", "3olfd" = "3o", "3olf" with 5 K/V stages, loads 3 tiles ahead (WF_DEEP);
- * "2k", "2ok", "2olk" = "2", "2o", "2ol" with 128-key K/V tiles (3 stages, prefetch distance 1).
- * Round 3: "3x", "3ox", "3olx" = "3", "3o", "3ol" with the context masks from the key range (WF_FAST);
- * "3xe", "3oxe", "3olxe" = the same with a quarter of the exponentials by polynomial (WF_POLY).
- * PROBES, timing only: "3n", "3oln" = "3", "3ol" without the softmax math (P = bf16(S), wrong results);
- * "3m", "3olm" = without the wgmma products. A probe runs only when N > 32; with N <= 32 (the bench's
- * 32-anchor validation, the GPU test's small cases) its base variant runs instead, so the bench
- * validates the base, then times the probe at full size. Never make a probe the default.
- * Anything else fails, so a typo never measures the wrong kernel. */
+/* DFLASH_BLOCK_ATTN_WG_FWD (read per call): unset or empty = "3x", the default (3 blocks per CTA, context
+ * masks from the key range where every block's document is contiguous, FAST); "3" = the previous default
+ * (doc-id ballots on every context tile), kept as the one revert switch. Any other value fails with
+ * kernels_fail naming the accepted values, before any launch. */
 extern "C" int ba_wg_forward(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
                              const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse,
                              cudaStream_t stream) {
     const char *e = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
-    const char *var = e && e[0] ? e : "3x";   /* H200 2026-11-29: 231.7 TFLOP/s ("3" 228.9), tested */
-    bool known = false;
-    for (const char *n : wf_variants) known = known || !strcmp(var, n);
-    if (!known)
-        return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3, 2, 3p, 2p, 3o, 2o, 3ol, 2ol, "
-                            "3l, 3po, 2po, 3of, 3olf, 3od, 3olfd, 2k, 2ok, 2olk, 3x, 3ox, 3olx, 3xe, 3oxe, 3olxe "
-                            "or the probes 3n, 3m, 3oln, 3olm (or unset)", var);
-    for (const auto &pr : wf_probes)
-        if (!strcmp(var, pr[0]) && c->N <= 32) var = pr[1];
-    if (c->d_h == 128) return wf_select<128>(var, c, q, k, v, anchors, doc_ids, out, lse, stream);
-    if (c->d_h == 64) return wf_select<64>(var, c, q, k, v, anchors, doc_ids, out, lse, stream);
+    bool fast = true;   /* "3x", H200 2026-11-29: 231.7 TFLOP/s ("3" 228.9), tested */
+    if (e && e[0]) {
+        if (strcmp(e, "3"))
+            return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3 (the previous default) "
+                                "or unset (the default, 3x)", e);
+        fast = false;
+    }
+    if (c->d_h == 128) return wf_select<128>(fast, c, q, k, v, anchors, doc_ids, out, lse, stream);
+    if (c->d_h == 64) return wf_select<64>(fast, c, q, k, v, anchors, doc_ids, out, lse, stream);
     return kernels_fail("ba_wg_forward: d_h=%d, expected 64 or 128", c->d_h);
 }

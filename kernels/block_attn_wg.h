@@ -23,9 +23,10 @@ int ba_wg_forward(const block_attn_config *c, const bf16 *q, const bf16 *k, cons
 int ba_wg_backward(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
                    const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse, float *dq, float *dk,
                    float *dv, cudaStream_t stream);
-/* Benchmark entry (kernels/bench/block_attn_bench.cu): ba_wg_backward's variant from the same environment,
- * with ev[0..4] recorded on stream before Di, the plan, dK/dV, dQ and after dQ (the per-kernel split).
- * probe != 0 skips every product (loads, scans and barriers only): the results are garbage, timing only. */
+/* Benchmark-only entry (kernels/bench/block_attn_bench.cu; no library code calls it): ba_wg_backward as the
+ * same environment picks it (DFLASH_BA_WG_M), with ev[0..4] recorded on stream before Di, the plan, dK/dV, dQ
+ * and after dQ (the per-kernel split). probe 0: the real backward; 1 skips every product (loads, scans and
+ * barriers only), 2 the softmax math: the results are then garbage, timing only (d_h 128 only). */
 int ba_wg_backward_timed(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
                          const int32_t *anchors, const int32_t *doc_ids, const bf16 *out, const bf16 *dout,
                          const float *lse, float *dq, float *dk, float *dv, int probe, cudaEvent_t ev[5],

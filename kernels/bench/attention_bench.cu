@@ -2,18 +2,22 @@
  * kernels/bench/attention_bench.cu — causal varlen GQA attention forward (kernels/attention.cu).
  *
  * Build: make BUILD=build-k1d build-k1d/bench/attention_bench   Run: build-k1d/bench/attention_bench
- * This file includes kernels/attention.cu so it can launch the kernel template with other tile
- * configurations, and kernels/bench/attention_variants.cuh for the kernels that lost (variants
- * 8-17); the library's archive member is then not linked: every symbol it defines is here.
+ * This file includes kernels/attention.cu so it can launch the kernel templates with other
+ * configurations (the library runs only variant 34, and variants 6 and 4 through
+ * DFLASH_ATTENTION_KERNEL=6 / 4), and kernels/bench/attention_variants.cuh for the kernels that lost
+ * (variants 8-17 and the warp-specialized kernel of variants 25-27, 29, 31); the library's archive
+ * member is then not linked: every symbol it defines is here. All numbered variants below but 34
+ * are history, kept measurable; their numbers are in kernels/bench/RESULTS.md.
  * Variant 1: 4 warps × 1 m-tile (BR 64), BC 64, Q fragments in registers (the first library choice)
  * Variant 2: 8 warps × 1 m-tile (BR 128), BC 64
  * Variant 3: 4 warps × 2 m-tiles (BR 128), BC 32, Q re-read from shared memory
  * Variant 4: 4 warps × 2 m-tiles (BR 128), BC 64 (the library's choice in K1; DFLASH_ATTENTION_KERNEL=4
- *            selects it again; 255 registers + 76 bytes of spills at HD 128)
+ *            selects it in the library; 255 registers + 76 bytes of spills at HD 128)
  * Variant 5: 8 warps × 2 m-tiles (BR 256), BC 32
  * Variant 6: variant 4 with the fast exponent FX (unscaled scores through mask and max, one FFMA +
- *            ex2.approx.ftz per probability; 4 bytes of spills) — the library's default (the fastest measured;
- *            its running max compares scaled maxima only since 2026-11-29)
+ *            ex2.approx.ftz per probability; 4 bytes of spills) — the library's default until the wgmma
+ *            kernel, now its revert switch DFLASH_ATTENTION_KERNEL=6 (its running max compares scaled
+ *            maxima only since 2026-11-29)
  * Variant 7: variant 3 (BC 32) with FX
  * Variant 8: the K1c kernel (attention_forward_kernel2) with variant 6's tiles: mirrored m-tiles
  *            (warp w owns m16 tiles w and 7-w), only the 16-key chunks at or below each m-tile's
@@ -41,7 +45,7 @@
  *            P from registers, the P·V of tile n-1 overlapping the softmax of tile n inside each
  *            warpgroup; on the diagonal tile warpgroup 0 skips the P·V of the 64 keys above its rows
  * Variant 19: variant 18 without that skip
- * Variants 20-32 (WA2, all reachable in the library through DFLASH_ATTENTION_KERNEL=20..32):
+ * Variants 20-32 (WA2; bench-only since the clean-up of 2026-11-29):
  * Variant 20: variant 18 with a ping-pong issue order (named barrier 1): warpgroup 1 issues its S and
  *            P·V only after warpgroup 0 issued both (tensor-core queue S0 PV0 S1 PV1), so warpgroup 0's
  *            softmax starts a whole S earlier
@@ -66,23 +70,21 @@
  *            tiles down from the longest document's last one (v8-v9 measured it on mma.sync)
  * Variant 31: variant 25 with staged stores, lazy rescaling and the LPT order (all knobs at once)
  * Variant 32: variant 18 with staged stores, lazy rescaling and the LPT order
- * Variants 33-37 (WA3; H200 11:40: v20 362, v22 353, v32 363 on 1-4K; v24 301 at HD 64), the library
- * default is v20 since WA3 (DFLASH_ATTENTION_KERNEL=33..37 reaches these):
+ * Variants 33-37 (WA3; H200 11:40: v20 362, v22 353, v32 363 on 1-4K; v24 301 at HD 64); v34 is the
+ * library's kernel since 2026-11-29 12:15 (388 TFLOP/s on 1-4K), the others are bench-only:
  * Variant 33: variant 20 (ping-pong) with staged stores
  * Variant 34: variant 20 with staged stores, lazy rescaling and the LPT order (32's knobs)
  * Variant 35: variant 33 at HD 128, variant 24 (one warpgroup, 64-key tiles, 2 blocks/SM, staged) at HD 64
  * Variant 36: variant 34 at HD 128, variant 24 at HD 64
  * Variant 37: variant 20 with staged stores and the LPT order (34 without lazy rescaling)
- * Variant 38: variant 33 made persistent (attention_wgp_kernel): one block per SM walks a longest-first
- *            work list in snake order and loads the next item's Q and diagonal K tile under the
- *            current item's last P·V and stores (the per-block start-up is ~5 µs of ~2.3 µs tiles)
- * Variant 39: variant 38 without staged stores and with rolled next-item loads (no spills; 38 spills 56 B)
+ * Variants 38 and 39 (the persistent kernel attention_wgp_kernel, variant 33 / 20 made persistent)
+ * failed validation and were deleted: their code is in git commit b94183e.
  * DFLASH_ATTENTION_BENCH=20,21,... (variant numbers) validates and times only those variants.
  * Variants 1-5 run with FX off, as measured in K1. Since K1d the inputs of a head dim are generated
  * once (the run takes seconds, not a minute); `all` = 0 in the table below would time a variant on
  * the HD 128 log-normal batch only. Each variant is validated on two batches: the small
  * varlen one below and 200 short documents (1-100 tokens) around one of 600 (hundreds of work items,
- * so the persistent variant runs several items per CTA and its cross-item prefetch). A variant that fails its validation is reported,
+ * so persistent variants run several items per CTA). A variant that fails its validation is reported,
  * not timed, and makes the bench exit 1 after the others ran; the last lines are a summary table.
  * Effective FLOPs = 4·HD·NH·Σ_docs len·(len+1)/2 (QKᵀ and PV over the causal half only).
  * Target (issue 5): >= 350 TFLOP/s at HD 128 on documents of 1-4K tokens.
@@ -124,12 +126,6 @@ template <int HD, bool PPW = true, bool OST = false, bool LAZY = false, bool LPT
 static int variant_ws(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
                       int mx, int T, int NH, int NKV, float scale, cudaStream_t s) {
     return launch_ws<HD, true, PPW, OST, LAZY, LPT>(o, lse, q, k, v, cu, ND, mx, T, NH, NKV, scale, s);
-}
-
-template <int HD, bool OST = true, bool LEANF = false>
-static int variant_wgp(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
-                       int mx, int T, int NH, int NKV, float scale, cudaStream_t s) {
-    return launch_wgp<HD, OST, LEANF>(o, lse, q, k, v, cu, ND, mx, T, NH, NKV, scale, s);
 }
 
 /* 1 when DFLASH_ATTENTION_BENCH is unset or lists the variant number of `name` ("attention vN ...") */
@@ -327,8 +323,6 @@ int main(void) {
          variant_wg<64, true, 1, 64, 2, 0, true>, 1},
         {"attention v37 pingpong+st+LPT", variant_wg<128, true, 2, 128, 1, 1, true, false, true>,
          variant_wg<64, true, 2, 128, 1, 1, true, false, true>, 1},
-        {"attention v38 persistent v33", variant_wgp<128>, variant_wgp<64>, 1},
-        {"attention v39 persistent v20", variant_wgp<128, false, true>, variant_wgp<64, false, true>, 1},
     };
     const int NV = sizeof vars / sizeof vars[0];
     int ok[NV], bad = 0;
@@ -371,7 +365,7 @@ int main(void) {
         printf("%-34s %10.1f %8.1f %8.1f %8.1f %10.1f\n", vars[i].name, tf[i][0], tf[i][1], tf[i][2], tf[i][3],
                tf[i][4]);
     }
-    printf("library default: v%d (DFLASH_ATTENTION_KERNEL=6 -> v6, =4 -> v4 with exact exp2f, =18,20..39 -> v18,v20..v39)\n",
+    printf("library default: v%d (DFLASH_ATTENTION_KERNEL=6 -> v6, =4 -> v4 with exact exp2f; other variants: bench only)\n",
            ATTENTION_DEFAULT_KERNEL);
     return bad ? 1 : 0;
 }

@@ -1,12 +1,16 @@
 /*
  * kernels/bench/attention_variants.cuh — attention kernels that lost on the H200, kept as history
  * for kernels/bench/attention_bench.cu (style.md: numbered variants live only in benchmark files).
- * Included after kernels/attention.cu, whose device helpers and launch() they use.
+ * Included after kernels/attention.cu, whose device helpers, launch() and WGA_* constants they use.
  *   kernel 2 (K1c, bench variants 8-12): mirrored m-tiles, diagonal chunk skipping, split K/V waits,
  *     longest-first tile order — slower than variant 6 (251 vs 294 TFLOP/s on 1-4K documents).
  *   kernel 3 (K1d, bench variants 13-17): per-warp tile skipping, a persistent work list, lazy
  *     rescaling — at best equal to variant 6 on 1-4K documents (v17 296 vs 296; v16 359 on one 8K
  *     document); v14-v16 also allocate their work list per call.
+ *   attention_ws_kernel (WA2, bench variants 25-27, 29, 31; in kernels/attention.cu until the clean-up
+ *     of 2026-11-29): the wgmma kernel warp-specialized (a producer warpgroup, a named-barrier K/V
+ *     pipeline, ping-pong consumers) — slower than the library's wgmma kernel on the H200. It uses
+ *     attention.cu's wga_* helpers.
  * Measured numbers: kernels/bench/RESULTS.md (2026-11-29).
  */
 #ifndef KERNELS_BENCH_ATTENTION_VARIANTS_CUH
@@ -790,6 +794,230 @@ static int launch3(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf
     if (e == cudaSuccess) e = ef;
     if (e == cudaSuccess && kernels_sync_debug()) e = cudaDeviceSynchronize();
     if (e != cudaSuccess) return kernels_fail("attention_forward: %s", cudaGetErrorString(e));
+    return 0;
+}
+
+/* ---------------------------------------------------------------- warp-specialized wgmma kernel (bench variant 25) */
+
+/* WA2 candidate: attention_wg_kernel's math (BR 128, BC 128, two consumer warpgroups, S_n issued
+ * with P_{n-1}·V_{n-1} and the softmax of S_n under that P·V) with the loads taken off the consumers
+ * and the per-tile __syncthreads removed:
+ *   - warpgroup 2 is a producer: it loads Q, then K_n and V_n into stage n%2 with cp.async, waits
+ *     for each group, fences (fence.proxy.async) and signals "full" through named barriers (one per
+ *     stage, tensor and consumer warpgroup: producer bar.arrive + consumer bar.sync, 256 threads);
+ *     before refilling a stage it waits on its "empty" barrier (both consumers bar.arrive after
+ *     the wgmma that read it completed, the producer bar.sync, 384 threads);
+ *   - the consumers ping-pong (FA3): warpgroup w waits on barrier PP_w before issuing its MMAs and
+ *     arrives on PP_{1-w} after, so one warpgroup's softmax runs under the other's MMAs; warpgroup 1
+ *     pre-arrives once so warpgroup 0 goes first, and skips its arrive after its last issue;
+ *   - setmaxnreg: the producer drops to WSA_PREG registers, the consumers rise to WSA_CREG.
+ * Every barrier round has exactly its count: arrivals of a stage's n-th round cannot run ahead of
+ * the n-th sync (each needs the other side's previous round), empty barriers are only arrived at
+ * for tiles that will be refilled (n + 2 < ntiles), and a warpgroup whose rows lie past the document
+ * meets every barrier without issuing MMAs. Barrier ids: FK(s,w) 1-4, FV(s,w) 5-8, EK(s) 9-10,
+ * EV(s) 11-12, PP0 13, PP1 14. Bench knobs: PPW off = no ping-pong (bench variant 26, isolates it);
+ * OST = attention_wg_kernel's staged output stores (variant 27); LAZY = lazy rescaling (variant 29);
+ * LPT = attention_wg_kernel's longest-first tile order (variant 31 has all three). */
+#ifndef WSA_PREG
+#define WSA_PREG 24
+#endif
+#ifndef WSA_CREG
+#define WSA_CREG 240
+#endif
+
+static __device__ __forceinline__ int wsa_fk(int s, int w) { return 1 + 2 * s + w; }
+static __device__ __forceinline__ int wsa_fv(int s, int w) { return 5 + 2 * s + w; }
+static __device__ __forceinline__ int wsa_ek(int s) { return 9 + s; }
+static __device__ __forceinline__ int wsa_ev(int s) { return 11 + s; }
+
+template <int HD, bool SKIP, bool PPW = true, bool OST = false, bool LAZY = false, bool LPT = false>
+__global__ void __launch_bounds__(384, 1)
+attention_ws_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int T,
+                    int NH, int NKV, float scale_log2) {
+    constexpr int BR = 128, BC = 128, QB = BR * HD * 2, KB = BC * HD * 2, PS = BC / 16;
+    extern __shared__ unsigned char wga_smem_raw[];
+    unsigned char *smem = wga_smem_raw + ((1024u - (wg_smem_u32(wga_smem_raw) & 1023u)) & 1023u);
+    unsigned char *sQ = smem, *sK = smem + QB, *sV = smem + QB + 2 * KB;
+
+    const int h = blockIdx.x, d = blockIdx.y;
+    const int s0 = cu[d], len = cu[d + 1] - s0;
+    const int nqt = (len + BR - 1) / BR;
+    const int qt = LPT ? (int)gridDim.z - 1 - (int)blockIdx.z : nqt - 1 - (int)blockIdx.z;
+    if (qt < 0 || qt >= nqt) return;
+    const int kh = h / (NH / NKV);
+    const int tid = threadIdx.x, warp = (tid / 32) % 4, lane = tid % 32, t = lane % 4;
+    const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+    const int jlast = min(qt * BR + BR - 1, len - 1) / BC;
+    const int ntiles = jlast + 1;
+
+    if (wg == 2) {   /* producer */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WSA_PREG));
+        const int ptid = tid - 256;
+        const size_t qstride = (size_t)NH * HD, kstride = (size_t)NKV * HD;
+        const bf16 *qg = q + ((size_t)s0 * NH + h) * HD;
+        const bf16 *kg = k + ((size_t)s0 * NKV + kh) * HD, *vg = v + ((size_t)s0 * NKV + kh) * HD;
+        wga_load<HD, BR, 128, true>(sQ, qg, qstride, qt * BR, len, ptid);
+        wga_load<HD, BC, 128, true>(sK, kg, kstride, jlast * BC, len, ptid);
+        mma_commit();
+        wga_load<HD, BC, 128, true>(sV, vg, kstride, jlast * BC, len, ptid);
+        mma_commit();
+        mma_wait<1>();   /* Q, K_0 */
+        wg_fence_async_smem();
+        wga_bar_arrive(wsa_fk(0, 0), 256);
+        wga_bar_arrive(wsa_fk(0, 1), 256);
+        for (int n = 1; n < ntiles; n++) {
+            const int st = n % 2, j = jlast - n;
+            if (n >= 2) wga_bar_sync(wsa_ek(st), 384);
+            wga_load<HD, BC, 128, true>(sK + st * KB, kg, kstride, j * BC, len, ptid);
+            mma_commit();
+            mma_wait<1>();   /* V_{n-1} */
+            wg_fence_async_smem();
+            wga_bar_arrive(wsa_fv(st ^ 1, 0), 256);
+            wga_bar_arrive(wsa_fv(st ^ 1, 1), 256);
+            if (n >= 2) wga_bar_sync(wsa_ev(st), 384);
+            wga_load<HD, BC, 128, true>(sV + st * KB, vg, kstride, j * BC, len, ptid);
+            mma_commit();
+            mma_wait<1>();   /* K_n */
+            wg_fence_async_smem();
+            wga_bar_arrive(wsa_fk(st, 0), 256);
+            wga_bar_arrive(wsa_fk(st, 1), 256);
+        }
+        mma_wait<0>();   /* V_{ntiles-1} */
+        wg_fence_async_smem();
+        wga_bar_arrive(wsa_fv((ntiles - 1) % 2, 0), 256);
+        wga_bar_arrive(wsa_fv((ntiles - 1) % 2, 1), 256);
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WSA_CREG));
+    const int wrow0 = qt * BR + wg * 64;
+    const int wlast = min(wrow0 + 63, len - 1);
+    const bool active = wrow0 < len;
+    const int pp_mine = wg == 0 ? 13 : 14, pp_other = wg == 0 ? 14 : 13;
+    if (PPW && wg == 1) wga_bar_arrive(13, 256);   /* warpgroup 0 issues first */
+
+    if (!active) {   /* warpgroup 1 past the document: the same barrier sequence, no MMAs */
+        for (int n = 0; n < ntiles; n++) {
+            wga_bar_sync(wsa_fk(n % 2, 1), 256);
+            if (n > 0) wga_bar_sync(wsa_fv((n - 1) % 2, 1), 256);
+            if (PPW) {
+                wga_bar_sync(14, 256);
+                wga_bar_arrive(13, 256);
+            }
+            if (n + 2 < ntiles) wga_bar_arrive(wsa_ek(n % 2), 384);
+            if (n > 0 && n + 1 < ntiles) wga_bar_arrive(wsa_ev((n - 1) % 2), 384);
+        }
+        wga_bar_sync(wsa_fv((ntiles - 1) % 2, 1), 256);
+        if (PPW) wga_bar_sync(14, 256);
+        return;
+    }
+
+    const int ra = wrow0 + warp * 16 + lane / 4, rb = ra + 8;
+    const uint64_t dq = wg_desc_kmajor(wg_smem_u32(sQ) + wg * 64 * 128);
+    const uint32_t uK = wg_smem_u32(sK), uV = wg_smem_u32(sV);
+    float o[HD / 2], s[BC / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, c[2];
+    uint32_t p[PS][4];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < PS; kk++) p[kk][0] = p[kk][1] = p[kk][2] = p[kk][3] = 0u;
+    bool half_prev = false;
+
+    auto softmax = [&](int j) {
+        if (j * BC + BC - 1 > wrow0) wga_softmax<BC, true, LAZY>(s, m, l, c, scale_log2, j * BC, ra, rb, t);
+        else wga_softmax<BC, false, LAZY>(s, m, l, c, scale_log2, j * BC, ra, rb, t);
+    };
+    auto pack_p = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < PS; kk++) {
+            p[kk][0] = mma_pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
+            p[kk][1] = mma_pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+            p[kk][2] = mma_pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+            p[kk][3] = mma_pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+    };
+    auto pv_issue = [&](int buf, bool half) {
+        const uint64_t dv = wg_desc_mnmajor(uV + buf * KB, BC * 128);
+        wga_issue_pv<HD, PS / 2>(o, p, dv);
+        if (!half) wga_issue_pv<HD, PS / 2>(o, p + PS / 2, dv + (uint64_t)((PS / 2 * 2048) >> 4));
+        wg_commit();
+    };
+
+    /* tile 0 (the diagonal one): S, softmax (O is still 0: no rescale), P */
+    {
+        wga_bar_sync(wsa_fk(0, wg), 256);
+        if (PPW) wga_bar_sync(pp_mine, 256);
+        wg_fence();
+        wga_issue_s<HD, BC, BR, BC>(s, dq, wg_desc_kmajor(uK));
+        wg_commit();
+        if (PPW) wga_bar_arrive(pp_other, 256);
+        wg_wait<0>();
+        wg_acc_fence<BC / 2>(s);
+        if (2 < ntiles) wga_bar_arrive(wsa_ek(0), 384);
+        softmax(jlast);
+        pack_p();
+        half_prev = SKIP && jlast * BC + BC / 2 > wlast;
+    }
+    for (int n = 1; n < ntiles; n++) {
+        const int j = jlast - n, st = n % 2;
+        const bool half = SKIP && j * BC + BC / 2 > wlast;
+        wga_bar_sync(wsa_fk(st, wg), 256);
+        wga_bar_sync(wsa_fv(st ^ 1, wg), 256);
+        wg_acc_fence<HD / 2>(o);   /* pin the rescaled O and the packed P before the fence */
+        wg_reg_fence<PS * 4>(&p[0][0]);
+        if (PPW) wga_bar_sync(pp_mine, 256);
+        wg_fence();
+        wga_issue_s<HD, BC, BR, BC>(s, dq, wg_desc_kmajor(uK + st * KB));
+        wg_commit();
+        pv_issue(st ^ 1, half_prev);
+        if (PPW) wga_bar_arrive(pp_other, 256);
+        wg_wait<1>();
+        wg_acc_fence<BC / 2>(s);
+        if (n + 2 < ntiles) wga_bar_arrive(wsa_ek(st), 384);
+        softmax(j);
+        wg_wait<0>();
+        wg_acc_fence<HD / 2>(o);
+        wg_reg_fence<PS * 4>(&p[0][0]);
+        if (n + 1 < ntiles) wga_bar_arrive(wsa_ev(st ^ 1), 384);
+        if (!LAZY || __any_sync(0xffffffffu, c[0] != 1.0f || c[1] != 1.0f)) {
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) {
+                o[4 * i + 0] *= c[0]; o[4 * i + 1] *= c[0];
+                o[4 * i + 2] *= c[1]; o[4 * i + 3] *= c[1];
+            }
+        }
+        pack_p();
+        half_prev = half;
+    }
+    wga_bar_sync(wsa_fv((ntiles - 1) % 2, wg), 256);
+    wg_acc_fence<HD / 2>(o);
+    wg_reg_fence<PS * 4>(&p[0][0]);
+    if (PPW) wga_bar_sync(pp_mine, 256);
+    wg_fence();
+    pv_issue((ntiles - 1) % 2, half_prev);
+    if (PPW && wg == 0) wga_bar_arrive(pp_other, 256);
+    wg_wait<0>();
+    wg_acc_fence<HD / 2>(o);
+
+    wga_store<HD, BR, OST>(out, lse, o, m, l, sQ, s0, len, h, T, NH, wg, warp, lane, ra, rb, wrow0);
+}
+
+/* the warp-specialized kernel's launcher (bench variants 25-27, 29, 31) */
+template <int HD, bool SKIP = true, bool PPW = true, bool OST = false, bool LAZY = false, bool LPT = false>
+static int launch_ws(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
+                     int max_seqlen, int T, int NH, int NKV, float scale, cudaStream_t stream) {
+    constexpr size_t smem = wga_smem_bytes<HD>();
+    static int configured;   /* benign race: every caller sets the same attribute */
+    if (!configured) {
+        cudaError_t e = cudaFuncSetAttribute(attention_ws_kernel<HD, SKIP, PPW, OST, LAZY, LPT>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return kernels_fail("attention_forward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
+        configured = 1;
+    }
+    dim3 grid(NH, ND, (max_seqlen + WGA_BR - 1) / WGA_BR);
+    attention_ws_kernel<HD, SKIP, PPW, OST, LAZY, LPT><<<grid, 384, smem, stream>>>(out, lse, q, k, v, cu, T, NH, NKV,
+                                                                scale * 1.4426950408889634f);
+    KERNELS_CHECK_LAUNCH("attention_forward");
     return 0;
 }
 

@@ -24,19 +24,21 @@
  *   variant 8: kernel set 7, the Hopper wgmma forward and backward (kernels/block_attn_{fwd,bwd}_wg.cu).
  *   variant 7: the library launchers as the environment leaves them (default: set 6 forward, set 5
  *              backward): checks the dispatch itself.
- *   variants 80-86: set 7's backward variants (kernels/block_attn_bwd_wg.cu), each run with its
- *              environment set around the call and restored after it (so variant 7 still sees the
- *              caller's): 80 KV=2 Q=1 (round 1's default), 81 KV=1, 82 KV=2p (dK/dV pipelined across
- *              visits), 83 Q=2 (two blocks per dQ CTA), 84 KV=2p + Q=2 (the default since round 3), 85 KV=2d
- *              (4 stages, loads 3 visits ahead), 86 KV=2p + Q=2 + M=1 (the fast elementwise: branch-free
- *              masks, FFMA + ex2.approx.ftz, lse pre-scaled; bitwise equal to 84 expected). Each is validated,
- *              timed, checked for bitwise repeatability, then timed kernel by kernel (Di, plan, dK/dV, dQ
- *              through ba_wg_backward_timed) with each kernel's useful-FLOP rate, and twice more as
+ *   variants 84, 86: set 7's backward (kernels/block_attn_bwd_wg.cu, fixed at KV=2p + Q=2), each run
+ *              with DFLASH_BA_WG_M set around the call and restored after it (so variant 7 still sees the
+ *              caller's): 84 DFLASH_BA_WG_M=0 (the library's one revert switch, the previous default),
+ *              86 the default (M=1, the fast elementwise: branch-free masks, FFMA + ex2.approx.ftz, lse
+ *              pre-scaled; bitwise equal to 84 expected). Each is validated, timed, checked for bitwise
+ *              repeatability (86 also against 84), then timed kernel by kernel (Di, plan, dK/dV, dQ through
+ *              the bench-only ba_wg_backward_timed) with each kernel's useful-FLOP rate, and twice more as
  *              "probes" (timing only): 1 with every product skipped (loads, scans, barriers: the floor
  *              each kernel keeps with free math), 2 with the products but not the softmax math between
  *              them (exp, masks, dS). The set 7 forward is driven by the caller's environment
  *              (DFLASH_BLOCK_ATTN_WG_FWD).
- * BA_BENCH_VARIANTS=8,80,... runs only the listed variants (variant 3's forward is always validated: it
+ *              History: variants 80 (KV=2 Q=1, round 1's default), 81 (KV=1), 82 (KV=2p Q=1), 83 (KV=2 Q=2),
+ *              85 (KV=2d) were removed with the library's DFLASH_BA_WG_KV / DFLASH_BA_WG_Q knobs in the
+ *              clean-up after git commit b94183e (their code is there); their numbers are in RESULTS.md.
+ * BA_BENCH_VARIANTS=8,84,86 runs only the listed variants (variant 3's forward is always validated: it
  * makes the backward's inputs).
  * Measured 2026-11-29 on the H200 (RESULTS.md): forward 1: 28.4, 2: 141.4, 3: 123.1, 4: 100.4 TFLOP/s;
  * backward 1: 21.1, 3: 66.1, 4: 68.4 TFLOP/s. Later the same day: forward 2: 141.3, 3: 123.3, 5: 143.2;
@@ -169,18 +171,20 @@ static int backward_k(const block_attn_config *c, const bf16 *q, const bf16 *k, 
                          : v3k::ba_backward_select<64>(KID, c, q, k, v, a, doc, out, dout, lse, dq, dk, dv, st);
 }
 
-/* ---------------------------------------------------------------- variants 80-85: set 7 backward variants */
+/* ---------------------------------------------------------------- variants 84, 86: set 7 backward, M=0 / default
+ * (kv, q: the library's fixed configuration, printed only) */
 struct bwd7_cfg {
     int id;
     const char *kv, *q, *m, *what;
 };
-static const bwd7_cfg bwd7_cfgs[] = {{80, "2", "1", "0", "round 1 default: dK/dV 2 warpgroups, dQ 1 block per CTA"},
-                                     {81, "1", "1", "0", "dK/dV 1 warpgroup, 2 CTAs/SM"},
-                                     {82, "2p", "1", "0", "dK/dV pipelined across visits (dK in flight)"},
-                                     {83, "2", "2", "0", "dQ 2 blocks per CTA sharing K/V tiles"},
-                                     {84, "2p", "2", "0", "default: dK/dV pipelined + dQ 2 blocks per CTA"},
-                                     {85, "2d", "1", "0", "dK/dV 4 stages, loads 3 visits ahead"},
-                                     {86, "2p", "2", "1", "84 + fast elementwise (M=1)"}};
+static const bwd7_cfg bwd7_cfgs[] = {{84, "2p", "2", "0", "DFLASH_BA_WG_M=0: the revert switch (previous default)"},
+                                     {86, "2p", "2", "1", "default: 84 + fast elementwise (M=1)"}};
+static const bwd7_cfg &bwd7_find(int id) {
+    for (const bwd7_cfg &c : bwd7_cfgs)
+        if (c.id == id) return c;
+    fprintf(stderr, "block_attn_bench: no set 7 backward variant %d\n", id);
+    exit(1);
+}
 
 /* one line per set 7 backward variant, printed at the end (only the output's tail comes back) */
 struct bwd7_sum {
@@ -190,14 +194,14 @@ struct bwd7_sum {
 };
 static bwd7_sum g_bwd7_sum[8];
 
-/* sets DFLASH_BA_WG_KV / _Q for its lifetime, restores the caller's values after */
+/* sets DFLASH_BA_WG_M for its lifetime, restores the caller's value after */
 struct env_scope {
-    const char *names[3] = {"DFLASH_BA_WG_KV", "DFLASH_BA_WG_Q", "DFLASH_BA_WG_M"};
-    std::string old[3];
-    bool had[3];
+    const char *names[1] = {"DFLASH_BA_WG_M"};
+    std::string old[1];
+    bool had[1];
     explicit env_scope(const bwd7_cfg &c) {
-        const char *vals[3] = {c.kv, c.q, c.m};
-        for (int i = 0; i < 3; i++) {
+        const char *vals[1] = {c.m};
+        for (int i = 0; i < 1; i++) {
             const char *e = getenv(names[i]);
             had[i] = e != NULL;
             if (e) old[i] = e;
@@ -205,7 +209,7 @@ struct env_scope {
         }
     }
     ~env_scope() {
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 1; i++)
             if (had[i]) setenv(names[i], old[i].c_str(), 1);
             else unsetenv(names[i]);
     }
@@ -838,7 +842,7 @@ struct variant {
     fwd_fn fwd;
     bwd_fn bwd;
     bool fwd_ok, bwd_ok;
-    bool time_fwd = true;   /* false: the forward is validated only (variants 80-85 share variant 8's) */
+    bool time_fwd = true;   /* false: the forward is validated only (variants 84, 86 share variant 8's) */
 };
 
 /* max |g - r| and whether every element is within atol + rtol·|r| */
@@ -980,14 +984,9 @@ int main(void) {
                                  {6, forward_k<6>, NULL, false, false},   /* its backward is variant 5's */
                                  {8, forward_k<7>, backward_k<7>, false, false},
                                  {7, block_attn_forward, block_attn_backward, false, false},
-                                 {80, forward_k<7>, backward7<0>, false, false, false},
-                                 {81, forward_k<7>, backward7<1>, false, false, false},
-                                 {82, forward_k<7>, backward7<2>, false, false, false},
-                                 {83, forward_k<7>, backward7<3>, false, false, false},
-                                 {84, forward_k<7>, backward7<4>, false, false, false},
-                                 {85, forward_k<7>, backward7<5>, false, false, false},
-                                 {86, forward_k<7>, backward7<6>, false, false, false}};
-    {   /* BA_BENCH_VARIANTS=8,80,82 (optional): run only these variants, so that a new variant that faults
+                                 {84, forward_k<7>, backward7<0>, false, false, false},
+                                 {86, forward_k<7>, backward7<1>, false, false, false}};
+    {   /* BA_BENCH_VARIANTS=8,84,86 (optional): run only these variants, so that a new variant that faults
          * cannot take the others' measurements with it */
         const char *sel = getenv("BA_BENCH_VARIANTS");
         if (sel && sel[0]) {
@@ -1010,7 +1009,7 @@ int main(void) {
             vars = keep;
         }
     }
-    /* set 7's backward variants (80-85) run as a second phase, after every other variant is validated and
+    /* set 7's backward variants (84, 86) run as a second phase, after every other variant is validated and
      * timed, so that a fault in a new variant cannot hide the other measurements */
     std::vector<variant> vars2;
     for (auto it = vars.begin(); it != vars.end();)
@@ -1045,7 +1044,7 @@ int main(void) {
         std::vector<variant> &vs = phase ? vars2 : vars;
         if (phase) {
             if (vs.empty()) break;
-            printf("set 7 backward variants (kernels/block_attn_bwd_wg.cu, DFLASH_BA_WG_KV / DFLASH_BA_WG_Q):\n");
+            printf("set 7 backward (kernels/block_attn_bwd_wg.cu, KV=2p Q=2; 84: DFLASH_BA_WG_M=0, 86: default):\n");
             validate(c, q, k, v, anchors, doc, vs);
         }
         for (variant &var : vs)
@@ -1094,24 +1093,21 @@ int main(void) {
                                 !memcmp(v1.data(), v2.data(), nk * 4);
                     printf("variant %d backward repeat at full size: %s\n", var.id, same ? "bitwise equal" : "DIFFERS");
                     if (var.id >= 80) g_bwd7_sum[var.id - 80].repeat = same;
-                    /* set 7's variants that only change the schedule: the same sums in the same order as the
-                     * variant they change (81, 82, 85 of 80; 84 of 83): bitwise equal expected */
-                    static std::vector<float> ref_k[2], ref_v[2], ref_q[2];
-                    if (var.id == 80 || var.id == 83 || (var.id == 84 && ref_k[1].empty())) {   /* 84: 86's reference without 83 */
-                        const int r = var.id != 80;
-                        ref_k[r] = a2, ref_v[r] = v2, ref_q[r] = q2;
-                    } else if ((var.id == 81 || var.id == 82 || var.id == 84 || var.id == 85 || var.id == 86) &&
-                               !ref_k[var.id == 84 || var.id == 86].empty()) {
-                        const int r = var.id == 84 || var.id == 86;   /* 86: the same values as 84 (= 83) */
-                        bool eq = !memcmp(a2.data(), ref_k[r].data(), nk * 4) && !memcmp(v2.data(), ref_v[r].data(), nk * 4) &&
-                                  !memcmp(q2.data(), ref_q[r].data(), nq * 4);
+                    /* set 7's default (86) computes the same values as M=0 (84): bitwise equal expected
+                     * (P below 2^-126 flushes to 0 in 86 only; none at this shape so far) */
+                    static std::vector<float> ref_k, ref_v, ref_q;
+                    if (var.id == 84) {
+                        ref_k = a2, ref_v = v2, ref_q = q2;
+                    } else if (var.id == 86 && !ref_k.empty()) {
+                        bool eq = !memcmp(a2.data(), ref_k.data(), nk * 4) && !memcmp(v2.data(), ref_v.data(), nk * 4) &&
+                                  !memcmp(q2.data(), ref_q.data(), nq * 4);
                         g_bwd7_sum[var.id - 80].cmp_done = true, g_bwd7_sum[var.id - 80].cmp_eq = eq;
-                        printf("variant %d backward vs variant %d: %s\n", var.id, r ? (var.id == 86 ? 84 : 83) : 80,
+                        printf("variant %d backward vs variant 84: %s\n", var.id,
                                eq ? "bitwise equal (as expected)" : "DIFFERS (expected bitwise equal)");
                     }
                 }
                 if (bwd && var.id >= 80) {   /* set 7 kernel by kernel, then the probe (after the repeat check) */
-                    const bwd7_cfg &cfg = bwd7_cfgs[var.id - 80];
+                    const bwd7_cfg &cfg = bwd7_find(var.id);
                     static const char *const probe_name[3] = {
                         "by kernel", "PROBE 1, products skipped (loads, scans, barriers)",
                         "PROBE 2, softmax math skipped (products, loads, barriers)"};
@@ -1136,7 +1132,7 @@ int main(void) {
         for (const variant &var : vars2) {
             if (var.id < 80) continue;
             const bwd7_sum &S = g_bwd7_sum[var.id - 80];
-            const bwd7_cfg &cfg = bwd7_cfgs[var.id - 80];
+            const bwd7_cfg &cfg = bwd7_find(var.id);
             if (!any) printf("SUMMARY set 7 backward (ms; kv/q = dK/dV and dQ kernels; p1 no products, p2 no softmax math):\n");
             any = true;
             printf("SUMMARY %d KV=%s Q=%s M=%s valid %s %.3f ms %.1f TF repeat %s%s kv %.3f q %.3f p1 %.3f/%.3f p2 %.3f/%.3f\n",

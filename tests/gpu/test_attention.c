@@ -13,16 +13,16 @@
  * HD 128, documents of 64–3000 tokens) checked on 3 heads; short documents packed with one long one
  * (the longest-first tile order of the default kernel leaves most grid slots of short documents
  * empty); an attention sink with scaled logits near 100 (an online max that falls below the true
- * one overflows there). Every case but the preconditions runs on the default (the wgmma kernel
- * with the ping-pong issue order, bench variant 20 since WA3: 128-row query tiles, 128-key tiles, so
- * the lengths above also cover a last tile whose second warpgroup has no rows, 1025, and one with a
- * few, 97, 200), again on
- * DFLASH_ATTENTION_KERNEL=6 (the mma.sync kernel that was the default before) and on
- * DFLASH_ATTENTION_KERNEL=4 (variant 6 with exact exp2f instead of the fast exponent), and on each
- * WA2/WA3 candidate and on variant 18, the default before WA3 (DFLASH_ATTENTION_KERNEL=18, 20..39,
- * with the tile edges too; DFLASH_ATTENTION_CANDIDATES=18,33 restricts them). The variants that
- * lost on the H200 live in kernels/bench/attention_variants.cuh; attention_bench validates each of
- * them against the CPU reference before timing it.
+ * one overflows there); documents whose lengths sit at the 64/128-row and 64/128-key tile edges.
+ * Every case but the preconditions runs on the default (bench variant 34: the wgmma kernel, 128-row
+ * query tiles of two 64-row warpgroups with a ping-pong issue order, 128-key tiles, staged stores,
+ * lazy rescaling, longest-first tile order; so the lengths above also cover a last tile whose second
+ * warpgroup has no rows, 1025, and one with a few, 97, 200), again on DFLASH_ATTENTION_KERNEL=6
+ * (the mma.sync kernel, the revert switch) and on DFLASH_ATTENTION_KERNEL=4 (variant 6 with exact
+ * exp2f instead of the fast exponent). Any other value of the variable must make attention_forward
+ * fail with an error naming the accepted values. The variants that lost on the H200 are bench-only
+ * (kernels/bench/attention_bench.cu, attention_variants.cuh); the bench validates each of them
+ * against the CPU reference before timing it.
  */
 #include "kernels/attention.h"
 #include "k1util.h"
@@ -170,10 +170,20 @@ START_TEST(attention_gpu_preconditions) {
 }
 END_TEST
 
-/* Every case above but the preconditions on the path that DFLASH_ATTENTION_KERNEL=variant picks;
- * the production batch is checked on heads 0, 13, 31 (nprod 3) or on head 31 alone (nprod 1, for
- * the many WA2 candidates: the double-precision reference of that batch dominates the run time). */
-static void run_variant_cases_n(const char *variant, int nprod) {
+/* Documents whose lengths sit at and around the 128-row tiles, 64-row warpgroups and 64/128-key
+ * tiles: 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257 and 2049 tokens. */
+static void run_tile_edges(void) {
+    const int lens[13] = {63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 2049};
+    int32_t cu[14];
+    cu[0] = 0;
+    for (int d = 0; d < 13; d++) cu[d + 1] = cu[d] + lens[d];
+    run(cu, 13, cu[13] + 7, 4, 2, 128, all8, 4, 21);
+    run(cu, 13, cu[13], 2, 1, 64, all8, 2, 22);
+}
+
+/* Every case above but the preconditions, and the tile edges, on the path that
+ * DFLASH_ATTENTION_KERNEL=variant picks (the production batch on heads 0, 13, 31). */
+static void run_variant_cases(const char *variant) {
     setenv("DFLASH_ATTENTION_KERNEL", variant, 1);
     const int32_t cu[] = {0, 1, 6, 6, 23, 87, 184, 384, 1409};
     run(cu, 8, 1412, 8, 2, 64, all8, 8, 1);
@@ -184,6 +194,10 @@ static void run_variant_cases_n(const char *variant, int nprod) {
     shorts[0] = 0;
     for (int d = 0; d < 300; d++) shorts[d + 1] = shorts[d] + 1 + (int)(test_rng_next(&seed) % 8);
     run(shorts, 300, shorts[300] + 5, 4, 2, 128, all8, 4, 4);
+    const int32_t one[] = {0, 1000};
+    run(one, 1, 1000, 2, 1, 64, all8, 2, 5);
+    const int32_t single[] = {0, 1};
+    run(single, 1, 1, 2, 2, 128, all8, 2, 6);
     int32_t mix[162];
     mix[0] = 0;
     for (int d = 0; d < 161; d++) mix[d + 1] = mix[d] + (d == 120 ? 1700 : 1 + (int)(test_rng_next(&seed) % 150));
@@ -199,11 +213,10 @@ static void run_variant_cases_n(const char *variant, int nprod) {
     prod[0] = 0;
     for (int d = 0; d < 7; d++) prod[d + 1] = prod[d] + lens[d];
     const int heads[3] = {0, 13, 31};
-    run(prod, 7, 8192, 32, 8, 128, heads + 3 - nprod, nprod, 7);
+    run(prod, 7, 8192, 32, 8, 128, heads, 3, 7);
+    run_tile_edges();
     unsetenv("DFLASH_ATTENTION_KERNEL");
 }
-
-static void run_variant_cases(const char *variant) { run_variant_cases_n(variant, 3); }
 
 START_TEST(attention_gpu_exact_exp) { run_variant_cases("4"); }
 END_TEST
@@ -211,87 +224,27 @@ END_TEST
 START_TEST(attention_gpu_mma_sync) { run_variant_cases("6"); }
 END_TEST
 
-/* Documents whose lengths sit at and around the wgmma kernels' 128-row tiles, 64-row warpgroups
- * and 64-key tiles: 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257 and 2049 tokens. */
-static void run_tile_edges(void) {
-    const int lens[13] = {63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 2049};
-    int32_t cu[14];
-    cu[0] = 0;
-    for (int d = 0; d < 13; d++) cu[d + 1] = cu[d] + lens[d];
-    run(cu, 13, cu[13] + 7, 4, 2, 128, all8, 4, 21);
-    run(cu, 13, cu[13], 2, 1, 64, all8, 2, 22);
-}
-
 /* The default (wgmma) kernel on the tile edges */
 START_TEST(attention_gpu_tile_edges) { run_tile_edges(); }
 END_TEST
 
-/* The WA2 candidates (bench variants 20-32, each a possible default): every case above and the
- * tile edges under DFLASH_ATTENTION_KERNEL=N — 20/21 the ping-pong issue orders (named barriers),
- * 22 staged output stores, 23/24 one warpgroup × 64-key tiles at two blocks per SM (24 with staged
- * stores), 25 the warp-specialized kernel (producer warpgroup, named-barrier pipeline, ping-pong
- * consumers), 26 without the ping-pong, 27 with staged stores, 28/29 = 18/25 with lazy rescaling,
- * 30 = 18 with a longest-first tile order across documents, 31/32 = 25/18 with staged stores, lazy
- * rescaling and that order; WA3: 18 (the default before WA3), 33 = 20 with staged stores, 34 = 20
- * with staged stores, lazy rescaling and LPT, 35/36 = 33/34 at HD 128 and 24 at HD 64, 37 = 20 with
- * staged stores and LPT, 38 = 33 made persistent (a per-block work list built from cu_seqlens,
- * next item's loads under the current one's tail), 39 = 38 without staged stores. */
-static void run_candidate(const char *variant) {
-    /* DFLASH_ATTENTION_CANDIDATES=25,28 (say) restricts the run to those candidates */
-    const char *only = getenv("DFLASH_ATTENTION_CANDIDATES");
-    if (only && *only) {
-        int listed = 0;
-        for (const char *p = only; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
-            listed |= atoi(p) == atoi(variant);
-        if (!listed) return;
+/* DFLASH_ATTENTION_KERNEL: 34 names the default (accepted); a removed variant number, a number with
+ * trailing text or a word fails the call before any launch, and the error names the accepted values */
+START_TEST(attention_gpu_kernel_switch) {
+    bf16 *x = k1_malloc(4096);
+    setenv("DFLASH_ATTENTION_KERNEL", "34", 1);
+    ck_assert_int_eq(attention_forward(x, NULL, x, x, x, NULL, 0, 0, 4, 2, 2, 64, 0.125f, 0), 0);
+    const char *bad[] = {"20", "18", "38", "39", "25", "6x", "fast"};
+    for (int i = 0; i < 7; i++) {
+        setenv("DFLASH_ATTENTION_KERNEL", bad[i], 1);
+        ck_assert_int_eq(attention_forward(x, NULL, x, x, x, NULL, 0, 0, 4, 2, 2, 64, 0.125f, 0), -1);
+        ck_assert_ptr_nonnull(strstr(kernels_error(), "DFLASH_ATTENTION_KERNEL"));
+        ck_assert_ptr_nonnull(strstr(kernels_error(), "accepted: unset or 34 (default), 6 (mma.sync), 4"));
     }
-    run_variant_cases_n(variant, 1);
-    setenv("DFLASH_ATTENTION_KERNEL", variant, 1);
-    run_tile_edges();
     unsetenv("DFLASH_ATTENTION_KERNEL");
+    ck_assert_int_eq(attention_forward(x, NULL, x, x, x, NULL, 0, 0, 4, 2, 2, 64, 0.125f, 0), 0);
+    cudaFree(x);
 }
-
-START_TEST(attention_gpu_v20) { run_candidate("20"); }
-END_TEST
-START_TEST(attention_gpu_v21) { run_candidate("21"); }
-END_TEST
-START_TEST(attention_gpu_v22) { run_candidate("22"); }
-END_TEST
-START_TEST(attention_gpu_v23) { run_candidate("23"); }
-END_TEST
-START_TEST(attention_gpu_v24) { run_candidate("24"); }
-END_TEST
-START_TEST(attention_gpu_v25) { run_candidate("25"); }
-END_TEST
-START_TEST(attention_gpu_v26) { run_candidate("26"); }
-END_TEST
-START_TEST(attention_gpu_v27) { run_candidate("27"); }
-END_TEST
-START_TEST(attention_gpu_v28) { run_candidate("28"); }
-END_TEST
-START_TEST(attention_gpu_v29) { run_candidate("29"); }
-END_TEST
-START_TEST(attention_gpu_v30) { run_candidate("30"); }
-END_TEST
-START_TEST(attention_gpu_v31) { run_candidate("31"); }
-END_TEST
-START_TEST(attention_gpu_v32) { run_candidate("32"); }
-END_TEST
-START_TEST(attention_gpu_v18) { run_candidate("18"); }
-END_TEST
-START_TEST(attention_gpu_v33) { run_candidate("33"); }
-END_TEST
-START_TEST(attention_gpu_v34) { run_candidate("34"); }
-END_TEST
-START_TEST(attention_gpu_v35) { run_candidate("35"); }
-END_TEST
-START_TEST(attention_gpu_v36) { run_candidate("36"); }
-END_TEST
-START_TEST(attention_gpu_v37) { run_candidate("37"); }
-END_TEST
-START_TEST(attention_gpu_v38) { run_candidate("38"); }
-END_TEST
-START_TEST(attention_gpu_v39) { run_candidate("39"); }
 END_TEST
 
 int main(void) {
@@ -306,32 +259,7 @@ int main(void) {
     tcase_add_test(tc, attention_gpu_exact_exp);
     tcase_add_test(tc, attention_gpu_mma_sync);
     tcase_add_test(tc, attention_gpu_tile_edges);
-    suite_add_tcase(s, tc);
-    /* the WA2 candidates in their own case: CK_RUN_CASE=candidates runs only them,
-     * CK_RUN_CASE=gpu_attention only the cases above */
-    tc = tcase_create("candidates");
-    tcase_set_timeout(tc, 200);
-    tcase_add_test(tc, attention_gpu_v20);
-    tcase_add_test(tc, attention_gpu_v21);
-    tcase_add_test(tc, attention_gpu_v22);
-    tcase_add_test(tc, attention_gpu_v23);
-    tcase_add_test(tc, attention_gpu_v24);
-    tcase_add_test(tc, attention_gpu_v25);
-    tcase_add_test(tc, attention_gpu_v26);
-    tcase_add_test(tc, attention_gpu_v27);
-    tcase_add_test(tc, attention_gpu_v28);
-    tcase_add_test(tc, attention_gpu_v29);
-    tcase_add_test(tc, attention_gpu_v30);
-    tcase_add_test(tc, attention_gpu_v31);
-    tcase_add_test(tc, attention_gpu_v32);
-    tcase_add_test(tc, attention_gpu_v18);
-    tcase_add_test(tc, attention_gpu_v33);
-    tcase_add_test(tc, attention_gpu_v34);
-    tcase_add_test(tc, attention_gpu_v35);
-    tcase_add_test(tc, attention_gpu_v36);
-    tcase_add_test(tc, attention_gpu_v37);
-    tcase_add_test(tc, attention_gpu_v38);
-    tcase_add_test(tc, attention_gpu_v39);
+    tcase_add_test(tc, attention_gpu_kernel_switch);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

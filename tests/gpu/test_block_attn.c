@@ -12,8 +12,9 @@
  * tensor's largest magnitude (+1e-5) plus 5% relative — several times the observed error, far below the
  * O(1) errors of a wrong mask or a missing tile. The backward must also be bitwise repeatable.
  * Every case runs each kernel set of the launcher: the default (the wgmma set 7) and the verified sets it
- * can be reverted to with DFLASH_BLOCK_ATTN_KERNEL=6, 5 or 3; then set 7's forward once per variant
- * of DFLASH_BLOCK_ATTN_WG_FWD (forward only).
+ * can be reverted to with DFLASH_BLOCK_ATTN_KERNEL=6, 5 or 3; then set 7's forward under its default and
+ * its one revert switch, DFLASH_BLOCK_ATTN_WG_FWD=3 (forward only); the rejects case checks that any
+ * other value of that variable fails.
  */
 #include <cuda_runtime_api.h>
 
@@ -110,17 +111,17 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
         ck_assert(test_allclose("dk", dkg, dk, nk, 0.03 * k1_max_abs(dk, nk) + 1e-5, 0.05));
         ck_assert(test_allclose("dv", dvg, dv, nk, 0.03 * k1_max_abs(dv, nk) + 1e-5, 0.05));
     }
-    /* every forward variant of set 7 (DFLASH_BLOCK_ATTN_WG_FWD, kernels/block_attn_fwd_wg.cu), forward
-     * only, same bounds; the variable's own value, if any, is restored after */
+    /* set 7's forward (kernels/block_attn_fwd_wg.cu) under the default (DFLASH_BLOCK_ATTN_WG_FWD unset, "3x")
+     * and the one revert switch ("3"), forward only, same bounds; the variable's own value, if any, is
+     * restored after */
     {
-        static const char *const fwd[] = {"3",  "2",   "3p",  "2p",  "3o",   "2o",  "3ol", "2ol",  "3l",
-                                          "3po", "2po", "3of", "3olf", "3od", "3olfd", "2k", "2ok", "2olk",
-                                          "3x", "3ox", "3olx", "3xe", "3oxe", "3olxe"};   /* not the probes */
+        static const char *const fwd[] = {"", "3"};
         const char *was = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
         char *saved = was ? strdup(was) : NULL;
         ck_assert(setenv("DFLASH_BLOCK_ATTN_KERNEL", "7", 1) == 0);
         for (size_t vi = 0; vi < sizeof fwd / sizeof fwd[0]; vi++) {
-            ck_assert(setenv("DFLASH_BLOCK_ATTN_WG_FWD", fwd[vi], 1) == 0);
+            if (fwd[vi][0]) ck_assert(setenv("DFLASH_BLOCK_ATTN_WG_FWD", fwd[vi], 1) == 0);
+            else ck_assert(unsetenv("DFLASH_BLOCK_ATTN_WG_FWD") == 0);
             K1_CUDA(cudaMemset(d_o, 0xff, 2 * nq));   /* poison: NaN */
             K1_CUDA(cudaMemset(d_l, 0xff, 4 * nl));
             ck_assert_msg(block_attn_forward(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_l, 0) == 0, "%s", kernels_error());
@@ -129,11 +130,12 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
             floats_from_bf16(og, ob, nq);
             K1_CUDA(cudaMemcpy(lg, d_l, 4 * nl, cudaMemcpyDeviceToHost));
             double err_gpu = k1_max_abs_diff(og, o32, nq), err_base = k1_max_abs_diff(obf, o32, nq);
-            fprintf(stderr, "  set 7 forward %-5s: out err %.3g (bf16 ref %.3g), lse err %.3g\n", fwd[vi], err_gpu, err_base,
+            const char *name = fwd[vi][0] ? fwd[vi] : "default";
+            fprintf(stderr, "  set 7 forward %-7s: out err %.3g (bf16 ref %.3g), lse err %.3g\n", name, err_gpu, err_base,
                     k1_max_abs_diff(lg, l32, nl));
             ck_assert_msg(err_gpu <= 2 * err_base + 1e-6, "out (set 7, forward %s): kernel err %.4g > 2 x bf16-reference err %.4g",
-                          fwd[vi], err_gpu, err_base);
-            ck_assert_msg(test_allclose("lse", lg, l32, nl, 1e-3, 0), "lse (set 7, forward %s)", fwd[vi]);
+                          name, err_gpu, err_base);
+            ck_assert_msg(test_allclose("lse", lg, l32, nl, 1e-3, 0), "lse (set 7, forward %s)", name);
         }
         if (saved) {
             ck_assert(setenv("DFLASH_BLOCK_ATTN_WG_FWD", saved, 1) == 0);
@@ -184,6 +186,16 @@ START_TEST(block_attn_gpu_rejects) {
     ck_assert_ptr_nonnull(strstr(kernels_error(), "expected 3, 5, 6 or 7"));
     ck_assert_int_eq(block_attn_backward(&c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0), -1);
     ck_assert_ptr_nonnull(strstr(kernels_error(), "DFLASH_BLOCK_ATTN_KERNEL=9"));
+    /* set 7's forward takes only its default (unset) and the revert switch 3: a retired variant or a probe
+     * name fails before any launch */
+    ck_assert_int_eq(setenv("DFLASH_BLOCK_ATTN_KERNEL", "7", 1), 0);
+    static const char *const retired[] = {"3n", "3ol", "2", "3x"};
+    for (size_t i = 0; i < sizeof retired / sizeof retired[0]; i++) {
+        ck_assert_int_eq(setenv("DFLASH_BLOCK_ATTN_WG_FWD", retired[i], 1), 0);
+        ck_assert_int_eq(block_attn_forward(&c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0), -1);
+        ck_assert_ptr_nonnull(strstr(kernels_error(), "expected 3 (the previous default)"));
+    }
+    unsetenv("DFLASH_BLOCK_ATTN_WG_FWD");
     unsetenv("DFLASH_BLOCK_ATTN_KERNEL");
 }
 END_TEST
