@@ -1062,10 +1062,14 @@ extern "C" size_t rmsnorm_backward_scratch_floats(int N, int C) {
  * with its shared-memory dw sums but writes no partials and sums nothing; 2 the walk and the
  * partials without the cross-block sum; 3 the cross-block sum kernel alone (PDL kernel; over
  * whatever the scratch holds). dw is wrong under pieces 1-3: for timing the parts, never for use.
- * 4 is the whole backward with the sum kernel (where one runs) launched without PDL: correct. */
+ * 4 is the whole backward with the sum kernel (where one runs) launched without PDL: correct.
+ * Pieces 1-3 act only when DFLASH_KERNELS_BENCH=1 is set too (rmsnorm_bench sets it), so a stray
+ * variable in a training run can never produce a wrong dw. */
 static int rms_dw_piece(void) {
     const char *e = getenv("DFLASH_RMSNORM_DW_PIECE");
-    return e && e[0] >= '1' && e[0] <= '4' && e[1] == 0 ? e[0] - '0' : 0;
+    const int piece = e && e[0] >= '1' && e[0] <= '4' && e[1] == 0 ? e[0] - '0' : 0;
+    const char *b = getenv("DFLASH_KERNELS_BENCH");
+    return piece == 4 || (piece && b && !strcmp(b, "1")) ? piece : 0;
 }
 
 /* DFLASH_RMSNORM_CARVEOUT (bench only, read per call): the preferred shared-memory carveout, in percent
