@@ -155,17 +155,9 @@ __device__ __forceinline__ void wb_kv_visit(uint32_t uK, uint32_t uV, uint32_t u
     wg_acc_fence<HD / 2>(dk);   /* materialise the accumulators before the fence (no injected arrive) */
     wg_acc_fence<HD / 2>(dv);
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {
-        const uint32_t off = (uint32_t)((kk >> 2) * WB_PANEL + (kk & 3) * 32);
-        wg_mma_ss<64, 0, 0>(s, wg_desc_kmajor(uK + off), wg_desc_kmajor(uQ + off), kk > 0);
-    }
+    wg_mma_ss_kk<64, HD>(s, uK, WB_PANEL, uQ, WB_PANEL, false);
     wg_commit();   /* group 1: Sᵀ */
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {
-        const uint32_t off = (uint32_t)((kk >> 2) * WB_PANEL + (kk & 3) * 32);
-        wg_mma_ss<64, 0, 0>(dp, wg_desc_kmajor(uV + off), wg_desc_kmajor(udO + off), kk > 0);
-    }
+    wg_mma_ss_kk<64, HD>(dp, uV, WB_PANEL, udO, WB_PANEL, false);
     wg_commit();   /* group 2: dPᵀ */
     wg_wait<1>();  /* Sᵀ done; dPᵀ may still run while Pᵀ is computed */
     wg_acc_fence<32>(s);
@@ -247,17 +239,9 @@ __device__ __forceinline__ void wb_kv_visit_p(uint32_t uK, uint32_t uV, uint32_t
     const int lane = threadIdx.x & 31, t4 = lane & 3;
     float s[32], dp[32];
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {
-        const uint32_t off = (uint32_t)((kk >> 2) * WB_PANEL + (kk & 3) * 32);
-        wg_mma_ss<64, 0, 0>(s, wg_desc_kmajor(uK + off), wg_desc_kmajor(uQ + off), kk > 0);
-    }
+    wg_mma_ss_kk<64, HD>(s, uK, WB_PANEL, uQ, WB_PANEL, false);
     wg_commit();   /* Sᵀ */
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {
-        const uint32_t off = (uint32_t)((kk >> 2) * WB_PANEL + (kk & 3) * 32);
-        wg_mma_ss<64, 0, 0>(dp, wg_desc_kmajor(uV + off), wg_desc_kmajor(udO + off), kk > 0);
-    }
+    wg_mma_ss_kk<64, HD>(dp, uV, WB_PANEL, udO, WB_PANEL, false);
     wg_commit();   /* dPᵀ */
     wg_wait<1>();  /* the previous visit's dK and this Sᵀ done */
     wg_acc_fence<32>(s);
@@ -543,17 +527,9 @@ __device__ __forceinline__ void wb_dq_tile(float *dqa, uint32_t uQ, uint32_t udO
     float s[NKEY / 2], dp[NKEY / 2];   /* overwritten by the first k-step (scale-d 0) */
     wg_acc_fence<HD / 2>(dqa);
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {
-        const uint32_t off = (uint32_t)((kk >> 2) * WB_PANEL + (kk & 3) * 32);
-        wg_mma_ss<NKEY, 0, 0>(s, wg_desc_kmajor(uQ + off), wg_desc_kmajor(uK + off), kk > 0);
-    }
+    wg_mma_ss_kk<NKEY, HD>(s, uQ, WB_PANEL, uK, WB_PANEL, false);
     wg_commit();   /* group 1: S */
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {
-        const uint32_t off = (uint32_t)((kk >> 2) * WB_PANEL + (kk & 3) * 32);
-        wg_mma_ss<NKEY, 0, 0>(dp, wg_desc_kmajor(udO + off), wg_desc_kmajor(uV + off), kk > 0);
-    }
+    wg_mma_ss_kk<NKEY, HD>(dp, udO, WB_PANEL, uV, WB_PANEL, false);
     wg_commit();   /* group 2: dP */
     wg_wait<1>();  /* S done; P is computed while dP runs */
     wg_acc_fence<NKEY / 2>(s);
@@ -604,17 +580,9 @@ __device__ __forceinline__ void wb_dq_tile_f(float *dqa, uint32_t uQ, uint32_t u
     float s[NKEY / 2], dp[NKEY / 2];
     wg_acc_fence<HD / 2>(dqa);
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {
-        const uint32_t off = (uint32_t)((kk >> 2) * WB_PANEL + (kk & 3) * 32);
-        wg_mma_ss<NKEY, 0, 0>(s, wg_desc_kmajor(uQ + off), wg_desc_kmajor(uK + off), kk > 0);
-    }
+    wg_mma_ss_kk<NKEY, HD>(s, uQ, WB_PANEL, uK, WB_PANEL, false);
     wg_commit();   /* group 1: S */
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {
-        const uint32_t off = (uint32_t)((kk >> 2) * WB_PANEL + (kk & 3) * 32);
-        wg_mma_ss<NKEY, 0, 0>(dp, wg_desc_kmajor(udO + off), wg_desc_kmajor(uV + off), kk > 0);
-    }
+    wg_mma_ss_kk<NKEY, HD>(dp, udO, WB_PANEL, uV, WB_PANEL, false);
     wg_commit();   /* group 2: dP */
     wg_wait<1>();
     wg_acc_fence<NKEY / 2>(s);

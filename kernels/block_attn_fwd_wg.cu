@@ -92,10 +92,7 @@ __device__ __forceinline__ void wf_issue_s(float *s, uint32_t q_s, uint32_t k_s)
 #pragma unroll
     for (int i = 0; i < NK / 2; i++) s[i] = 0.f;
     wg_fence();
-#pragma unroll
-    for (int kc = 0; kc < HD / 16; kc++)
-        wg_mma_ss<NK, 0, 0>(s, wg_desc_kmajor(q_s + (kc / 4) * WF_PANEL + (kc % 4) * 32),
-                            wg_desc_kmajor(k_s + (kc / 4) * KPANEL + (kc % 4) * 32), 1);
+    wg_mma_ss_kk<NK, HD>(s, q_s, WF_PANEL, k_s, KPANEL, true);
 }
 
 /* Online softmax of a completed S (s, NK keys): masks by vis(key, half) when need_mask, updates the
