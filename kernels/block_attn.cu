@@ -32,9 +32,8 @@
  * Kernel 3 overwrites dq (including the scratch) after kernel 2 has read it.
  * dS = P ⊙ (dP - Di) · scale with P recomputed from lse; P and dS are rounded to bf16 for the matmuls.
  * Measured on the H200 at the standard shape (RESULTS.md, 2026-11-29): set 3 forward 123 TFLOP/s,
- * backward 66; set 5 143 and 71.5 (visible pairs). Set 6 was written without a GPU at hand (K2c): its
- * tile walk and masks were checked against the reference visibility by a host emulation only, so the
- * GPU tests run every set, and BA_DEFAULT_KERNEL 5 (or DFLASH_BLOCK_ATTN_KERNEL=5) reverts to set 5.
+ * backward 66; set 5 143 and 71.5; set 6 forward 164; set 7 (the wgmma default) forward 230, backward
+ * 158 (visible pairs). The GPU tests run every set, so each stays a verified revert path.
  * The compile-time knobs BA_FWD_MIN_CTAS and BA_VQ exist so the benchmark can measure alternatives
  * from this same source.
  */
