@@ -49,6 +49,31 @@
  * 168 at 3 warpgroups).
  * Shared memory: 3 Q tiles of 64 × d_h + 2·NST K/V tiles of 64 × d_h bf16 + 1 KB: 177 KB at d_h 128
  * — one CTA per SM, which registers impose anyway.
+ *
+ * Session 3 candidates (helper BF; template flags, selected by DFLASH_BLOCK_ATTN_WG_FWD = 10 .. 18, see
+ * ba_wg_forward; none is the default yet; notes in .helpers/notes-bf.md). All keep the per-row arithmetic and
+ * its order, so out and lse are bitwise equal to the default's (the bench's BA_FWD_TRACE=1 report checks it
+ * at full size and on 11 small shapes):
+ *   EPI:  the epilogue staged in the warpgroup's own Q tile (free once its last wgmma is waited; same
+ *         swizzled layout, conflict-free 4-byte writes), a named barrier per warpgroup, then 16-byte stores
+ *         (16 threads per 256-byte output row) instead of 4-byte stores in half-sector pieces.
+ *   MBAR: per-stage mbarriers instead of the CTA-wide __syncthreads per tile, so warpgroups drift up to a
+ *         tile apart and their S / softmax / P·V phases interleave. empty[s] (12 arrivals: lane 0 of each warp
+ *         after the wait that retires its P·V of the stage's tile) gates the refill of tile u = t + 2 (it
+ *         waits the release of tile u - 4, parity (u/4 - 1) & 1); full[s] (384 arrivals) gates the read of
+ *         tile t (parity (t/4) & 1). MBAR 1: cp.async.mbarrier.arrive.noinc right after the loads, consumer-
+ *         side fence.proxy.async after the wait (relies on the proxy fence being cumulative over the acquire);
+ *         MBAR 2: each thread waits its own part of tile t + 1 at step t, fences (writer side, the verified
+ *         wgmma.cuh protocol) and arrives plainly: one step less prefetch slack. Both protocols were emulated
+ *         on the host (random interleavings, asynchronous completion, 1..100 tiles): no deadlock, no read
+ *         before a tile landed, no refill while any warp may still read the stage.
+ *   H2:   one CTA walks the same 3 blocks for 2 kv heads (grid y = ceil(n_kv / 2)): set-up once, both heads'
+ *         Q loaded at entry (the second Q set takes 48 KB more: 225 KB + 1.6 KB static <= 227 KB at d_h 128),
+ *         one stream of 2·n_tiles tiles, so the second head's first K/V tiles are prefetched under the first
+ *         head's last ones; at the switch each warpgroup waits its P·V, writes out / lse of the first head and
+ *         resets o, m, l.
+ *   TRACE (bench only, ba_wg_forward_traced): %globaltimer / clock64 stamps per CTA (layout in block_attn_wg.h).
+ * ptxas, d_h 128: default 159 registers, "3" 158 (unchanged); candidates 162-168, no spills, no C7510/C7511.
  */
 #include "kernels/block_attn_wg.h"
 #include "kernels/mma.cuh"
@@ -85,6 +110,35 @@ __device__ __forceinline__ void wf_cp4(uint32_t saddr, const void *g, bool ok) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(saddr), "l"(g), "r"(ok ? 4 : 0)
                  : "memory");
 }
+
+/* mbarrier helpers (candidate MBAR, DFLASH_BLOCK_ATTN_WG_FWD=11/12) and the trace clock */
+__device__ __forceinline__ void wf_mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* the executing thread's earlier cp.async ops arrive on bar when they complete (count pre-set, no increment) */
+__device__ __forceinline__ void wf_mbar_cp_arrive(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void wf_mbar_arrive(uint32_t bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+/* blocks until the phase of parity `parity` of bar has completed (acquire, CTA scope) */
+__device__ __forceinline__ void wf_mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nWF_WAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WF_WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ unsigned long long wf_gtime() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ unsigned wf_smid() {
+    unsigned s;
+    asm volatile("mov.u32 %0, %smid;" : "=r"(s));
+    return s;
+}
+constexpr int WF_TRACE_SLOTS = 16;   /* u64 per CTA in the trace buffer (layout at ba_wg_forward_traced) */
 
 /* Issues S = Q·Kᵀ over NK keys (k_s: the tile's first key row) into s (the caller commits). */
 template <int HD, int NK, int KPANEL = WF_PANEL>
@@ -322,11 +376,11 @@ __device__ __forceinline__ int wf_setup(const int32_t *anchors, const int32_t *d
     return d;
 }
 
-template <int HD, int NWG, bool FAST>
+template <int HD, int NWG, bool FAST, bool EPI, int MBAR, bool H2, bool TRACE>
 __global__ void __launch_bounds__(NWG * 128, 1)
 ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
                      const int32_t *doc_ids, __nv_bfloat16 *out, float *lse, int T, int N, int B, int n_h, int n_kv,
-                     int window, int causal, float sl2) {
+                     int window, int causal, float sl2, unsigned long long *trace) {
     using C = wf_cfg<HD, NWG>;
     constexpr int CH = HD / 8, THREADS = C::THREADS, TILE = C::TILE, NST = C::NST, QTILE = C::QTILE;
     constexpr int KPANEL = C::KPANEL, KT = C::KT;
@@ -336,21 +390,39 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     __shared__ int sLo[NWG], sHi[NWG];    /* narrowed context range of each block: [lo, hi) */
     __shared__ int sSeg[NWG][3];          /* merged segments: first key, end key, first tile */
     __shared__ int sNSeg, sNCtx, sCont;
+    __shared__ __align__(8) unsigned long long sFull[NST], sEmpty[NST];   /* MBAR only */
+    unsigned long long tr_t0 = 0, tr_c0 = 0, tr_t1 = 0, tr_wait = 0;
+    if (TRACE) {
+        tr_t0 = wf_gtime();
+        tr_c0 = clock64();
+    }
 
     const uint32_t sbase = (wg_smem_u32(wf_raw) + 1023u) & ~1023u;
-    const uint32_t sQ = sbase;                    /* NWG tiles, one per warpgroup */
-    const uint32_t sKV = sbase + NWG * QTILE;     /* stage st: K at sKV + 2·st·TILE, V right after */
+    const uint32_t sQ = sbase;                    /* NWG tiles, one per warpgroup (H2: then the second head's) */
+    const uint32_t sKV = sbase + (H2 ? 2 : 1) * NWG * QTILE;   /* stage st: K at sKV + 2·st·TILE, V right after */
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
-    const int b0 = blockIdx.x * NWG, nb = min(NWG, N - b0), g = blockIdx.y, G = n_h / n_kv, used = G * B;
+    const int b0 = blockIdx.x * NWG, nb = min(NWG, N - b0), G = n_h / n_kv, used = G * B;
+    const int g0 = blockIdx.y * (H2 ? 2 : 1), nh = H2 ? min(2, n_kv - g0) : 1;   /* kv heads g0 .. g0 + nh - 1 */
     const bool live = wg < nb;
+    if (MBAR && tid == 0) {
+        /* full[st]: every thread's part of the tile in stage st (MBAR 1: async arrive, no increment; 2: plain
+         * arrive after its own cp.async wait and proxy fence);
+         * empty[st]: every warp once the stage's last reader (its P·V) is done */
+        for (int s = 0; s < NST; s++) {
+            wf_mbar_init(wg_smem_u32(&sFull[s]), THREADS);
+            wf_mbar_init(wg_smem_u32(&sEmpty[s]), THREADS / 32);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }   /* visible to all after wf_setup's barriers */
 
-    /* this warpgroup's query tile */
-    for (int i = wtid; i < WF_KT * CH; i += 128) {
-        const int r = i / CH, c = i % CH;
-        const bool ok = live && r < used;
-        const size_t row = ok ? ((size_t)((b0 + wg) * B + r % B) * n_h + g * G + r / B) : 0;
-        wf_cp16(sQ + wg * QTILE + (c / 8) * WF_PANEL + wg_sw128(r, c % 8), q + row * HD + c * 8, ok);
-    }
+    /* this warpgroup's query tile (H2: both heads') */
+    for (int hh = 0; hh < nh; hh++)
+        for (int i = wtid; i < WF_KT * CH; i += 128) {
+            const int r = i / CH, c = i % CH;
+            const bool ok = live && r < used;
+            const size_t row = ok ? ((size_t)((b0 + wg) * B + r % B) * n_h + (g0 + hh) * G + r / B) : 0;
+            wf_cp16(sQ + (hh * NWG + wg) * QTILE + (c / 8) * WF_PANEL + wg_sw128(r, c % 8), q + row * HD + c * 8, ok);
+        }
     mma_commit();
 
     const int d = wf_setup<NWG>(anchors, doc_ids, b0, nb, window, sPart, sLo, sHi, sSeg, sNSeg, sNCtx, sCont);
@@ -359,7 +431,8 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     /* FAST: a context key is visible iff it lies in [my_lo, my_hi) (every block's document contiguous) */
     const bool by_range = FAST && sCont != 0;
     const int BP = B <= 16 ? 16 : B <= 32 ? 32 : 64, per = KT / BP;   /* block keys: rows per block, blocks per tile */
-    const int n_tiles = n_ctx + (nb + per - 1) / per;
+    const int n_tiles = n_ctx + (nb + per - 1) / per;   /* per head */
+    const int n_all = n_tiles * nh;                      /* H2: head g0's tiles, then head g0 + 1's */
 
     /* first key of context tile t (< n_ctx) and its segment's end */
     auto ctx_tile = [&](int t, int *kb, int *ke) {
@@ -370,6 +443,11 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     };
     auto load = [&](int t, int st) {
         const uint32_t dK = sKV + 2 * st * TILE, dV = dK + TILE;
+        int g = g0;
+        if (H2 && t >= n_tiles) {
+            t -= n_tiles;
+            g++;
+        }
         if (t < n_ctx) {
             int kb, ke;
             ctx_tile(t, &kb, &ke);
@@ -403,21 +481,134 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
     const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;   /* this thread's rows in its warpgroup's tile */
     const int j0 = r0 % B, j1 = r1 % B;
-    const uint32_t myQ = sQ + wg * QTILE;
+    uint32_t myQ = sQ + wg * QTILE;
+    /* out and lse of head gh (the warpgroup's accumulators, all its wgmma done); EPI stages in buf, a Q tile
+     * of this warpgroup that no wgmma reads any more */
+    auto epilogue = [&](int gh, uint32_t buf) {
+        if (!live) return;
+        const int R = N * B, t4 = lane & 3;
+    #pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int r = half ? r1 : r0;
+            float lv = l[half];
+            lv += __shfl_xor_sync(0xffffffffu, lv, 1);
+            lv += __shfl_xor_sync(0xffffffffu, lv, 2);
+            const float inv = 1.f / lv;
+            if (EPI) {   /* stage the bf16 row in this warpgroup's Q tile (its wgmma reads are done), same layout */
+    #pragma unroll
+                for (int i = 0; i < HD / 8; i++) {
+                    const __nv_bfloat162 x = __floats2bfloat162_rn(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(buf + (i / 8) * WF_PANEL + wg_sw128(r, i % 8) + 4 * t4),
+                                 "r"(*(const uint32_t *)&x)
+                                 : "memory");
+                }
+            }
+            if (r < used) {   /* every live row sees its own block's first key, so lv > 0 */
+                const int h = gh * G + r / B;
+                const size_t row = (size_t)(b0 + wg) * B + r % B;
+                if (!EPI) {
+                    __nv_bfloat162 *dst = (__nv_bfloat162 *)(out + (row * n_h + h) * HD) + t4;
+    #pragma unroll
+                    for (int i = 0; i < HD / 8; i++)
+                        dst[4 * i] = __floats2bfloat162_rn(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
+                }
+                if (t4 == 0) lse[(size_t)h * R + row] = (m[half] + log2f(lv)) / WF_LOG2E;
+            }
+        }
+        if (EPI) {   /* 16-byte stores, 16 (d_h 128) consecutive threads per 256-byte output row */
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+    #pragma unroll
+            for (int it = 0; it < WF_KT * CH / 128; it++) {
+                const int idx = it * 128 + wtid, r = idx / CH, c = idx % CH;
+                if (r < used) {
+                    uint32_t x0, x1, x2, x3;
+                    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
+                                 : "r"(buf + (c / 8) * WF_PANEL + wg_sw128(r, c % 8))
+                                 : "memory");
+                    const size_t row = (size_t)(b0 + wg) * B + r % B;
+                    uint4 *dst = (uint4 *)(out + (row * n_h + gh * G + r / B) * HD + c * 8);
+                    *dst = make_uint4(x0, x1, x2, x3);
+                }
+            }
+        }
+    };
 
     {   /* the tile walk: context tiles, then the blocks' own keys */
+        if (MBAR == 1) {
 #pragma unroll
-        for (int s = 0; s < NST - 2; s++) {
-            if (s < n_tiles) load(s, s);
-            mma_commit();
-        }
-        for (int t = 0; t < n_tiles; t++) {
-            mma_wait<NST - 3>();   /* Q and tile t have landed */
+            for (int s = 0; s < NST - 2; s++)
+                if (s < n_all) {
+                    load(s, s);
+                    wf_mbar_cp_arrive(wg_smem_u32(&sFull[s]));
+                }
+            mma_wait<0>();   /* the Q group only (the tiles' cp.async are not committed: the mbarriers track them) */
             wg_fence_async_smem();
-            __syncthreads();          /* ... for everyone; and stage (t - 2) % NST is no longer read */
-            if (t + NST - 2 < n_tiles) load(t + NST - 2, (t + NST - 2) % NST);
-            mma_commit();
-            const int st = t % NST;
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");   /* this warpgroup's Q, its own loads */
+        } else if (MBAR == 2) {
+#pragma unroll
+            for (int s = 0; s < NST - 2; s++) {
+                if (s < n_all) load(s, s);
+                mma_commit();
+            }
+            mma_wait<NST - 3>();   /* Q and tile 0 (this thread's part) */
+            wg_fence_async_smem();
+            wf_mbar_arrive(wg_smem_u32(&sFull[0]));   /* release: every thread's Q and tile 0 part, fenced */
+        } else {
+#pragma unroll
+            for (int s = 0; s < NST - 2; s++) {
+                if (s < n_all) load(s, s);
+                mma_commit();
+            }
+        }
+        if (TRACE && tid == 0) trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + 2] = wf_gtime();
+        for (int ta = 0; ta < n_all; ta++) {
+            int t = ta;   /* H2: the tile within its head */
+            if (H2 && ta >= n_tiles) {
+                t = ta - n_tiles;
+                if (t == 0) {   /* head g0 done (its last P·V waited here): out, lse, then start head g0 + 1 */
+                    wg_wait<0>();
+                    wg_acc_fence<HD / 2>(o);
+                    epilogue(g0, myQ);
+#pragma unroll
+                    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
+                    m[0] = m[1] = -INFINITY;
+                    l[0] = l[1] = 0.f;
+                    myQ += NWG * QTILE;
+                }
+            }
+            const long long tw0 = TRACE ? clock64() : 0;
+            if (MBAR == 2) {   /* writer-side fence: the verified wgmma.cuh protocol, a barrier split in two */
+                const int u = ta + NST - 2;
+                if (u < n_all) {
+                    if (u >= NST) wf_mbar_wait(wg_smem_u32(&sEmpty[u % NST]), (uint32_t)((u / NST - 1) & 1));
+                    load(u, u % NST);
+                }
+                mma_commit();
+                if (ta + 1 < n_all) {   /* this thread's part of tile ta + 1 (issued one step ago): landed, fenced */
+                    mma_wait<NST - 3>();
+                    wg_fence_async_smem();
+                    wf_mbar_arrive(wg_smem_u32(&sFull[(ta + 1) % NST]));
+                }
+                wf_mbar_wait(wg_smem_u32(&sFull[ta % NST]), (uint32_t)((ta / NST) & 1));   /* everyone's part of tile ta */
+            } else if (MBAR) {
+                const int u = ta + NST - 2;   /* the tile this thread loads now, into the stage of tile u - NST */
+                if (u < n_all) {
+                    if (u >= NST) wf_mbar_wait(wg_smem_u32(&sEmpty[u % NST]), (uint32_t)((u / NST - 1) & 1));
+                    load(u, u % NST);
+                    wf_mbar_cp_arrive(wg_smem_u32(&sFull[u % NST]));
+                }
+                wf_mbar_wait(wg_smem_u32(&sFull[ta % NST]), (uint32_t)((ta / NST) & 1));   /* tile ta has landed */
+                wg_fence_async_smem();   /* the cp.async (generic proxy) writes, before wgmma reads them */
+            } else {
+                mma_wait<NST - 3>();   /* Q and tile t have landed */
+                wg_fence_async_smem();
+                __syncthreads();          /* ... for everyone; and stage (t - 2) % NST is no longer read */
+                if (ta + NST - 2 < n_all) load(ta + NST - 2, (ta + NST - 2) % NST);
+                mma_commit();
+            }
+            if (TRACE) tr_wait += clock64() - tw0;
+            const int st = ta % NST;
             const uint32_t tK = sKV + 2 * st * TILE, tV = tK + TILE;
             bool ran = false;
             if (t < n_ctx) {
@@ -452,72 +643,134 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
                 ran = true;
             }
             if (!ran) wg_wait<0>();   /* the last P·V read stage (t - 1) % NST or older: done before it is refilled */
+            /* MBAR: this warpgroup's reads of tile t - 1 (its P·V, waited just above or inside wf_step) are
+             * done: release the stage, one arrival per warp (wgmma.wait_group is warp-synchronous) */
+            if (MBAR && ta > 0 && lane == 0) wf_mbar_arrive(wg_smem_u32(&sEmpty[(ta - 1) % NST]));
         }
     }
     wg_wait<0>();
     wg_acc_fence<HD / 2>(o);
-    mma_wait<0>();   /* no cp.async in flight at exit */
-
-    if (!live) return;
-    const int R = N * B, t4 = lane & 3;
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int r = half ? r1 : r0;
-        float lv = l[half];
-        lv += __shfl_xor_sync(0xffffffffu, lv, 1);
-        lv += __shfl_xor_sync(0xffffffffu, lv, 2);
-        if (r < used) {   /* every live row sees its own block's first key, so lv > 0 */
-            const int h = g * G + r / B;
-            const size_t row = (size_t)(b0 + wg) * B + r % B;
-            __nv_bfloat162 *dst = (__nv_bfloat162 *)(out + (row * n_h + h) * HD) + t4;
-            const float inv = 1.f / lv;
-#pragma unroll
-            for (int i = 0; i < HD / 8; i++)
-                dst[4 * i] = __floats2bfloat162_rn(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
-            if (t4 == 0) lse[(size_t)h * R + row] = (m[half] + log2f(lv)) / WF_LOG2E;
+    if (MBAR == 1) asm volatile("cp.async.wait_all;\n" ::: "memory");   /* no cp.async in flight at exit */
+    else mma_wait<0>();
+    if (TRACE) tr_t1 = wf_gtime();
+    if (TRACE && wtid == 0) {
+        unsigned long long *tr = trace + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS;
+        tr[8 + wg] = tr_wait;
+        if (wg == 0) {
+            tr[0] = wf_smid();
+            tr[1] = tr_t0;
+            tr[3] = tr_t1;
+            tr[5] = tr_c0;
+            tr[7] = (unsigned long long)n_all;
         }
     }
+
+    if (!live) return;
+    epilogue(g0 + nh - 1, myQ);
+    if (TRACE && wtid == 0)
+        trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + (wg == 0 ? 4 : 11 + wg)] = wf_gtime();
+    if (TRACE && tid == 0) trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + 6] = clock64();
 }
 
-template <int HD, int NWG, bool FAST>
+/* kernel options picked by DFLASH_BLOCK_ATTN_WG_FWD (see ba_wg_forward) */
+struct wf_opt {
+    bool fast, epi;
+    int mbar;   /* 0: __syncthreads per tile; 1: async-arrive mbarriers; 2: writer-fenced mbarriers */
+    bool h2;
+};
+
+template <int HD, int NWG, bool FAST, bool EPI, int MBAR, bool H2, bool TRACE>
 int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
-              const int32_t *doc_ids, bf16 *out, float *lse, cudaStream_t stream) {
+              const int32_t *doc_ids, bf16 *out, float *lse, unsigned long long *trace, cudaStream_t stream) {
     using C = wf_cfg<HD, NWG>;
-    cudaError_t e = cudaFuncSetAttribute(ba_wg_forward_kernel<HD, NWG, FAST>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::smem);
-    if (e != cudaSuccess) return kernels_fail("ba_wg_forward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
-    ba_wg_forward_kernel<HD, NWG, FAST><<<dim3((c->N + NWG - 1) / NWG, c->n_kv), C::THREADS, C::smem, stream>>>(
+    const size_t smem = C::smem + (H2 ? (size_t)NWG * C::QTILE : 0);   /* H2: the second head's Q tiles */
+    auto kern = ba_wg_forward_kernel<HD, NWG, FAST, EPI, MBAR, H2, TRACE>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return kernels_fail("ba_wg_forward: cudaFuncSetAttribute(%zu bytes): %s", smem, cudaGetErrorString(e));
+    kern<<<dim3((c->N + NWG - 1) / NWG, H2 ? (c->n_kv + 1) / 2 : c->n_kv), C::THREADS, smem, stream>>>(
         (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
-        (__nv_bfloat16 *)out, lse, c->T, c->N, c->B, c->n_h, c->n_kv, c->window, c->causal, c->scale * WF_LOG2E);
+        (__nv_bfloat16 *)out, lse, c->T, c->N, c->B, c->n_h, c->n_kv, c->window, c->causal, c->scale * WF_LOG2E, trace);
     KERNELS_CHECK_LAUNCH("ba_wg_forward_kernel");
     return 0;
 }
 
-template <int HD>
-int wf_select(bool fast, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
-              const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, cudaStream_t stream) {
-    if (fast) return wf_launch<HD, 3, true>(c, q, k, v, anchors, doc_ids, out, lse, stream);
-    return wf_launch<HD, 3, false>(c, q, k, v, anchors, doc_ids, out, lse, stream);
+template <int HD, bool TRACE>
+int wf_select(wf_opt op, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
+              const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, unsigned long long *trace,
+              cudaStream_t stream) {
+#define WF_GO(F, E, M, H) wf_launch<HD, 3, F, E, M, H, TRACE>(c, q, k, v, anchors, doc_ids, out, lse, trace, stream)
+    if (!op.fast) return WF_GO(false, false, 0, false);
+    if (op.h2) {
+        if (op.epi && op.mbar == 1) return WF_GO(true, true, 1, true);
+        if (op.epi && op.mbar == 2) return WF_GO(true, true, 2, true);
+        if (op.epi) return WF_GO(true, true, 0, true);
+        return WF_GO(true, false, 0, true);
+    }
+    if (op.epi && op.mbar == 1) return WF_GO(true, true, 1, false);
+    if (op.epi && op.mbar == 2) return WF_GO(true, true, 2, false);
+    if (op.epi) return WF_GO(true, true, 0, false);
+    if (op.mbar == 1) return WF_GO(true, false, 1, false);
+    if (op.mbar == 2) return WF_GO(true, false, 2, false);
+    return WF_GO(true, false, 0, false);
+#undef WF_GO
+}
+
+/* DFLASH_BLOCK_ATTN_WG_FWD -> options; -1 with kernels_fail on an unknown value */
+int wf_parse(wf_opt *op) {
+    const char *e = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
+    *op = {true, false, 0, false};   /* "3x", H200 2026-11-29: 231.7 TFLOP/s ("3" 228.9), tested */
+    if (!e || !e[0]) return 0;
+    if (!strcmp(e, "3")) op->fast = false;
+    else if (!strcmp(e, "10")) op->epi = true;
+    else if (!strcmp(e, "11")) op->mbar = 1;
+    else if (!strcmp(e, "12")) op->epi = true, op->mbar = 1;
+    else if (!strcmp(e, "13")) op->h2 = true;
+    else if (!strcmp(e, "14")) op->h2 = op->epi = true;
+    else if (!strcmp(e, "15")) op->h2 = op->epi = true, op->mbar = 1;
+    else if (!strcmp(e, "16")) op->mbar = 2;
+    else if (!strcmp(e, "17")) op->epi = true, op->mbar = 2;
+    else if (!strcmp(e, "18")) op->h2 = op->epi = true, op->mbar = 2;
+    else
+        return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3 (the previous default), "
+                            "10 .. 18 (candidates) or unset (the default, 3x)", e);
+    return 0;
+}
+
+int wf_n_cta(const block_attn_config *c) {
+    wf_opt op;
+    const bool h2 = !wf_parse(&op) && op.h2;
+    return (c->N + 2) / 3 * (h2 ? (c->n_kv + 1) / 2 : c->n_kv);
 }
 
 }  // namespace
 
 /* DFLASH_BLOCK_ATTN_WG_FWD (read per call): unset or empty = "3x", the default (3 blocks per CTA, context
  * masks from the key range where every block's document is contiguous, FAST); "3" = the previous default
- * (doc-id ballots on every context tile), kept as the one revert switch. Any other value fails with
- * kernels_fail naming the accepted values, before any launch. */
+ * (doc-id ballots on every context tile), kept as the one revert switch. Candidates of session 3 (all "3x"
+ * plus): "10" = epilogue staged through shared memory, 16-byte stores; "11" = per-stage mbarriers instead
+ * of the per-tile __syncthreads; "12" = both; "13" = two kv heads per CTA (set-up once, one tile stream);
+ * "14" = 13 + 10; "15" = 13 + 10 + 11; "16" = 11 with the writer-side proxy fence (each thread waits its own
+ * part of tile t + 1 at step t, fences, arrives: the verified protocol, one step less prefetch slack);
+ * "17" = 16 + 10; "18" = 16 + 10 + 13. Any other value fails with kernels_fail naming the accepted
+ * values, before any launch. */
 extern "C" int ba_wg_forward(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
                              const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse,
                              cudaStream_t stream) {
-    const char *e = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
-    bool fast = true;   /* "3x", H200 2026-11-29: 231.7 TFLOP/s ("3" 228.9), tested */
-    if (e && e[0]) {
-        if (strcmp(e, "3"))
-            return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3 (the previous default) "
-                                "or unset (the default, 3x)", e);
-        fast = false;
-    }
-    if (c->d_h == 128) return wf_select<128>(fast, c, q, k, v, anchors, doc_ids, out, lse, stream);
-    if (c->d_h == 64) return wf_select<64>(fast, c, q, k, v, anchors, doc_ids, out, lse, stream);
+    wf_opt op;
+    if (wf_parse(&op)) return -1;
+    if (c->d_h == 128) return wf_select<128, false>(op, c, q, k, v, anchors, doc_ids, out, lse, NULL, stream);
+    if (c->d_h == 64) return wf_select<64, false>(op, c, q, k, v, anchors, doc_ids, out, lse, NULL, stream);
     return kernels_fail("ba_wg_forward: d_h=%d, expected 64 or 128", c->d_h);
+}
+
+/* Bench-only (kernels/bench/ba_fwd_trace.cuh): ba_wg_forward with the per-CTA phase trace, d_h 128 only. */
+extern "C" int ba_wg_forward_traced(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
+                                    const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse,
+                                    unsigned long long *trace, int *n_cta, cudaStream_t stream) {
+    *n_cta = wf_n_cta(c);
+    if (!trace) return 0;
+    wf_opt op;
+    if (wf_parse(&op)) return -1;
+    if (c->d_h == 128) return wf_select<128, true>(op, c, q, k, v, anchors, doc_ids, out, lse, trace, stream);
+    return kernels_fail("ba_wg_forward_traced: d_h=%d, only 128 is traced", c->d_h);
 }
