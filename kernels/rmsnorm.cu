@@ -1,57 +1,42 @@
 /*
- * kernels/rmsnorm.cu — RMSNorm forward (plain and fused residual) and backward (kernels/rmsnorm.h).
+ * kernels/rmsnorm.cu — RMSNorm forward (plain, fused residual, the q/k norm's two tensors in one launch)
+ * and backward (kernels/rmsnorm.h).
  *
- * Two kernel paths. For C <= 8192 (the default) the register-resident kernels below hold each row
- * in registers (one read of every input byte from DRAM, all of a thread's 16-byte loads in flight
- * at once) and fuse dw into the dx pass; they are described at their section. For C > 8192, or
- * when the environment sets DFLASH_RMSNORM_KERNEL=1 (the revert switch, read at every call), the
- * first version's two-pass kernels run:
+ * Paths (a size path each, no variants; numbered variants live only in kernels/bench):
+ * - C <= 8192: register-resident kernels (each row held in registers, one DRAM read of every input
+ *   byte, all of a thread's 16-byte loads in flight). Forward: K1c's (two rows per row group of
+ *   <= 32 lanes when the grid exceeds a wave). Backward (the default since round 5; round 4's
+ *   "variant 10"): dw's column sums in fp32 registers of the threads that own the columns, R rows per
+ *   step, 512 threads and 1 CTA per SM (256 and 2 when dw is NULL), one partial row per CTA, then the
+ *   cross-CTA sum by the last CTA to finish (C <= 256, ticket) or the many-slice kernel
+ *   rmsnorm_backward_dw_final2_kernel<4, 256> with PDL. See rmsnorm_backward10_kernel.
+ * - C > 8192: the first version's two-pass kernels (dx in two passes over the row, dw by chunked column
+ *   sums and an in-order reduce).
+ * - q/k norm (rmsnorm_qk_forward / rmsnorm_qk_backward): both tensors in one launch, CTAs split
+ *   between q rows and k rows (none straddles), the single-tensor kernels' per-row code (same bits
+ *   for y, rstd, dx); the backward for C <= 256 (q/k head dims), else two single calls.
  *
- * Forward and dx: a group of G lanes (8, 16 or 32, chosen so short rows such as HD = 128 of the
- * q/k norm do not idle a warp) owns one row; pass 1 reduces the row's statistic with 16-byte loads
- * and shuffles, pass 2 re-reads the row (an L1/L2 hit: DRAM sees one read and one write) and
- * writes. Groups past the last row still run the shuffles, so every full-warp shuffle is legal.
- * dw: a column reduction, deterministic — each block sums a fixed chunk of rows for 64 columns in
- * a fixed order into scratch [chunks, C], and a second kernel adds the chunks in order into dw.
+ * Revert switch: DFLASH_RMSNORM_KERNEL=4 (read at every call) runs variant 4's backward (K1e, the
+ * default until round 5: dw sums in shared memory, 3 blocks per SM, last-block or 1024-thread PDL sum;
+ * rmsnorm_backward4_kernel), the q/k backward as two such calls. Unset: the default. Any other value:
+ * every entry point fails with a one-line error. The forward is the same under both.
+ * Bench-only switches (act only with DFLASH_KERNELS_BENCH=1, except piece 4 which is a correct
+ * backward): DFLASH_RMSNORM_DW_PIECE (time dw's pieces), DFLASH_RMSNORM_V10=1 (the default backward's
+ * 256-thread, 2-per-SM shape with dw: round 4's shape 1).
  *
- * K1c (the default; DFLASH_RMSNORM_KERNEL=2 selects K1b's register-resident path unchanged): for
- * short rows (row groups of <= 32 lanes, e.g. the q/k norm at C = 128) on grids of more than one
- * wave, the forward gives each row group two rows whose loads are all issued before either row is
- * reduced (half the blocks, twice the bytes in flight per thread, the weight loaded once per
- * thread); and the backward's dw sum kernel is launched with programmatic dependent launch (PDL,
- * sm_90): it is scheduled while the dx kernel runs and waits in griddepcontrol.wait until that
- * grid has completed and its partials are visible, which hides one launch gap.
+ * Removed in round 5 (code in git commit a149d55, numbers in kernels/bench/RESULTS.md): variants 1-3
+ * (two-pass everywhere, K1b, K1c backward), 5-8 (clusters adding dw through distributed shared memory,
+ * the cooperative grid-barrier sum), 9 (occupancy-sized two-row forward; its many-slice sum kernel
+ * stays, used by the default), round 4's shapes 3-4, the carveout and FIN_NQ bench switches.
  *
- * K1e (variant 4, the default backward for C <= 8192; DFLASH_RMSNORM_KERNEL=3 selects K1c's): dw
- * sums in shared memory instead of registers (3 blocks per SM), a balanced row-step grid, and the
- * cross-block dw sum by the last block to finish (C <= 256) or a wide PDL kernel; see its section.
- * Scratch: [0, RMS_SCR_HDR) is a header whose first word is K1e's ticket counter (zero between
- * calls, so the caller zeroes it once); every variant's partials start after it.
- *
- * Round 2 (variants 5-8, candidates for variant 4's backward with dw; see rmsnorm_backward4_kernel
- * and backward4_launch): 5/6 launch the row walk in clusters of 4/8 CTAs that add their shared-memory
- * dw sums through distributed shared memory (one partial row per cluster: 4/8x fewer partial bytes
- * to store and read back); 7 replaces the second kernel (and the last-block sum) by a grid barrier
- * of a cooperative launch, after which every block sums a slice of columns; 8 = 5 + 7. The bench-only
- * DFLASH_RMSNORM_DW_PIECE switch times the pieces of dw's cost separately (rms_dw_piece).
- *
- * Round 3 (variant 9, a candidate: 4 with two changes). The cross-block dw sum for C > 256 by
- * rmsnorm_backward_dw_final2_kernel (NQ float4 columns x 256 slices per CTA, 1-4 independent loads per
- * thread, shuffle trees: the whole GPU's threads on the 6.4 MB of partials at 8192 x 4096, where
- * variant 4's kernel measured 7-8.7 µs); DFLASH_RMSNORM_FIN_NQ (bench only) picks NQ = 2, 4, 8. And
- * the forward's two-row choice against the one-row kernel's queried occupancy (cached per kernel)
- * instead of 8 blocks per SM, with the two-row kernels of V <= 2 held to 4 blocks per SM (the fused
- * k norm's took 80 registers: 3 per SM); same per-row arithmetic, so y, rstd, h are bitwise 4's.
- * The library itself always launches its sum kernels with PDL; the no-PDL path (griddepcontrol.wait
- * a no-op) exists only through the bench switch DFLASH_RMSNORM_DW_PIECE=4, and is tested.
+ * Scratch: [0, RMS_SCR_HDR) is a header whose words 0 (and 1 for the q/k backward's k tensor) are
+ * ticket counters (zero between calls, so the caller zeroes the scratch once); partials follow.
  */
 #include "kernels/rmsnorm.h"
 #include "kernels/vec.cuh"
 
-#include <cooperative_groups.h>
 #include <stdlib.h>
-
-namespace cg = cooperative_groups;
+#include <string.h>
 
 #define RMS_THREADS 256
 
@@ -270,12 +255,12 @@ __global__ void __launch_bounds__(RMS_THREADS) rmsnorm_forward_kernel(bf16 *y, b
  * every load of the RR rows is issued before the first reduction. y may alias x: a thread reads
  * every element it writes before writing it, and no other thread touches that element. */
 template <int G, int V, bool RESID, int RR>
-static __device__ __forceinline__ void rms_forward_rows(bf16 *y, bf16 *resid, float *rstd, const bf16 *x,
+static __device__ __forceinline__ void rms_forward_rows(int blk, bf16 *y, bf16 *resid, float *rstd, const bf16 *x,
                                                         const float *w, int N, int C, float eps) {
     static_assert(G <= 32, "row groups of at most a warp: the group sum is shuffles only");
     constexpr int R = RMS_THREADS / G;
     const int grp = threadIdx.x / G, lane = threadIdx.x % G, C8 = C / 8;
-    const int row0 = blockIdx.x * (R * RR) + grp;
+    const int row0 = blk * (R * RR) + grp;
     uint4 v[RR][V], r[RR][V];
 #pragma unroll
     for (int i = 0; i < RR; i++) {
@@ -345,162 +330,27 @@ template <int G, int V, bool RESID, int RR>
 __global__ void __launch_bounds__(RMS_THREADS) rmsnorm_forward_rows_kernel(bf16 *y, bf16 *resid, float *rstd,
                                                                           const bf16 *x, const float *w, int N,
                                                                           int C, float eps) {
-    rms_forward_rows<G, V, RESID, RR>(y, resid, rstd, x, w, N, C, eps);
-}
-/* Variant 9 (round 3): the same rows held to MINB blocks per SM (the k norm's 80-register fused
- * form ran 3 per SM; its wave of 396 blocks left a 60% last wave at 1024 blocks). Same source, so
- * y, rstd and h should be bitwise those of the kernel above (tests/gpu/test_rmsnorm.c checks it). */
-template <int G, int V, bool RESID, int RR, int MINB>
-__global__ void __launch_bounds__(RMS_THREADS, MINB) rmsnorm_forward_rows_occ_kernel(bf16 *y, bf16 *resid, float *rstd,
-                                                                                    const bf16 *x, const float *w, int N,
-                                                                                    int C, float eps) {
-    rms_forward_rows<G, V, RESID, RR>(y, resid, rstd, x, w, N, C, eps);
+    rms_forward_rows<G, V, RESID, RR>(blockIdx.x, y, resid, rstd, x, w, N, C, eps);
 }
 
-/* partial [gridDim.x, C] (only when DW): this block's Σ over its rows of dy·x̂, per column. */
-template <int G, int V, bool DW>
-__global__ void __launch_bounds__(RMS_THREADS, 2) rmsnorm_backward_kernel(bf16 *dx, float *partial, const bf16 *dy,
-                                                                      const bf16 *x, const float *w, const float *rstd,
-                                                                      int N, int C, int accumulate) {
-    extern __shared__ float rms_sacc[];   /* [RMS_THREADS/G, C] when DW */
-    __shared__ float red[2][RMS_THREADS / 32];
-    constexpr int R = RMS_THREADS / G;
-    /* K1c: let a PDL-launched dw sum kernel be scheduled now (it waits for this grid's completion
-     * before reading; a no-op when the next kernel is launched normally, as on the K1b path) */
-    if constexpr (DW) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    int grp = threadIdx.x / G, lane = threadIdx.x % G, C8 = C / 8, steps = (N + R - 1) / R;
-    float acc[DW ? V : 1][8];
-#pragma unroll
-    for (int k = 0; k < (DW ? V : 1); k++)
-#pragma unroll
-        for (int j = 0; j < 8; j++) acc[k][j] = 0.0f;
-    uint4 xv[V], gv[V];
-    float rs = 0.0f;
-    /* the loads of row step s into xv, gv, rs (zeros past the end) */
-    auto load = [&](int s, uint4 *xo, uint4 *go, float &ro) {
-        int row = s * R + grp;
-        bool live = s < steps && row < N;
-        const uint4 *xr = (const uint4 *)(x + (size_t)row * C), *dyr = (const uint4 *)(dy + (size_t)row * C);
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            int c = lane + k * G;
-            xo[k] = go[k] = make_uint4(0, 0, 0, 0);
-            if (live && c < C8) {
-                xo[k] = __ldg(xr + c);
-                go[k] = __ldg(dyr + c);
-            }
-        }
-        ro = live ? __ldg(rstd + row) : 0.0f;
-    };
-    load(blockIdx.x, xv, gv, rs);
-    int p = 0;
-    for (int s = blockIdx.x; s < steps; s += gridDim.x) {   /* uniform trip count across the block */
-        uint4 xn[V], gn[V];
-        float rn;
-        load(s + gridDim.x, xn, gn, rn);
-        int row = s * R + grp;
-        bool live = row < N;
-        float m = 0.0f;
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            int c = lane + k * G;
-            if (c < C8) {
-                float xf[8], g[8], ww[8];
-                vec_unpack8(xv[k], xf);
-                vec_unpack8(gv[k], g);
-                rms_load_w8(w, c, ww);
-#pragma unroll
-                for (int j = 0; j < 8; j++) m += ww[j] * g[j] * xf[j];
-            }
-        }
-        m = rms_group_sum<G>(m, red[p]) * rs / (float)C;   /* mean_c(w·dy·x̂) */
-        p ^= 1;
-        uint4 *dxr = (uint4 *)(dx + (size_t)row * C);
-        uint4 old[V];
-        if (accumulate)
-#pragma unroll
-            for (int k = 0; k < V; k++)
-                if (live && lane + k * G < C8) old[k] = dxr[lane + k * G];
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            int c = lane + k * G;
-            if (c < C8) {
-                float xf[8], g[8], ww[8], o[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                vec_unpack8(xv[k], xf);
-                vec_unpack8(gv[k], g);
-                rms_load_w8(w, c, ww);
-                if (accumulate && live) vec_unpack8(old[k], o);
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    float xh = xf[j] * rs, v = rs * ww[j] * g[j] - xh * rs * m;
-                    o[j] = accumulate ? o[j] + v : v;
-                    if (DW) acc[DW ? k : 0][j] += g[j] * xh;   /* dead rows add 0: x, dy are zero */
-                }
-                if (live) dxr[c] = vec_pack8(o);
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            xv[k] = xn[k];
-            gv[k] = gn[k];
-        }
-        rs = rn;
-    }
-    if constexpr (DW) {
-        /* block reduction of the R row groups' column sums, fixed order */
-    #pragma unroll
-        for (int k = 0; k < V; k++) {
-            int c = lane + k * G;
-            if (c < C8)
-    #pragma unroll
-                for (int j = 0; j < 8; j++) rms_sacc[(size_t)grp * C + 8 * c + j] = acc[DW ? k : 0][j];
-        }
-        __syncthreads();
-        for (int c = threadIdx.x; c < C; c += RMS_THREADS) {
-            float s = 0.0f;
-            for (int g = 0; g < R; g++) s += rms_sacc[(size_t)g * C + c];
-            partial[(size_t)blockIdx.x * C + c] = s;
-        }
-    }
+/* The q/k norm's two tensors in one launch (rmsnorm_qk_forward): blocks [0, nb[0]) normalise tensor 0
+ * (q) as a grid of nb[0] blocks of rmsnorm_forward_rows_kernel would, the rest tensor 1 (k). */
+#define RMS_SEL(f) (t ? a.f[1] : a.f[0])   /* field f of tensor t of a two-tensor launch's arguments */
+struct rms_qk_fwd_args {
+    bf16 *y[2];
+    float *rstd[2];
+    const bf16 *x[2];
+    const float *w[2];
+    int N[2], nb[2];
+};
+template <int G, int V, int RR>
+__global__ void __launch_bounds__(RMS_THREADS) rmsnorm_qk_forward_kernel(const rms_qk_fwd_args a, int C, float eps) {
+    const bool t = (int)blockIdx.x >= a.nb[0];
+    rms_forward_rows<G, V, false, RR>((int)blockIdx.x - (t ? a.nb[0] : 0), RMS_SEL(y), NULL, RMS_SEL(rstd), RMS_SEL(x),
+                                      RMS_SEL(w), RMS_SEL(N), C, eps);
 }
 
-/* dw [C] += Σ_b partial [b, c] over the nb blocks, in a fixed order. Block (32, 8): 32 columns. */
-__global__ void rmsnorm_backward_dw_sum_kernel(float *dw, const float *partial, int nb, int C) {
-    __shared__ float red[8][33];
-    int c = blockIdx.x * 32 + threadIdx.x;
-    float s = 0.0f;
-    if (c < C)
-        for (int b = threadIdx.y; b < nb; b += 8) s += partial[(size_t)b * C + c];
-    red[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        float t = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; i++) t += red[i][threadIdx.x];
-        dw[c] += t;
-    }
-}
-
-/* rmsnorm_backward_dw_sum_kernel for a programmatic dependent launch (K1c): waits until the
- * backward grid before it has completed and flushed its partials, then sums them the same way. */
-__global__ void rmsnorm_backward_dw_sum_pdl_kernel(float *dw, const float *partial, int nb, int C) {
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    __shared__ float red[8][33];
-    int c = blockIdx.x * 32 + threadIdx.x;
-    float s = 0.0f;
-    if (c < C)
-        for (int b = threadIdx.y; b < nb; b += 8) s += partial[(size_t)b * C + c];
-    red[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        float t = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; i++) t += red[i][threadIdx.x];
-        dw[c] += t;
-    }
-}
-
-/* ---------------------------------------------------------------- variant 4 backward (K1e, the default for C <= 8192)
+/* ---------------------------------------------------------------- variant 4 backward (K1e; DFLASH_RMSNORM_KERNEL=4, the revert)
  *
  * Why variant 3's dw cost 15 points (H200: dx 86% but dx+dw 70% at 8192×4096; 88 -> 77% at C = 128):
  * - registers: the per-thread fp32 dw sums (8·V floats) took the kernel from 80 to 108 registers,
@@ -599,8 +449,8 @@ __global__ void __launch_bounds__(1024) rmsnorm_backward_dw_final_kernel(float *
     rms_dw_final<1024>(dw, d, partial, nb, C, q0, nq, red);
 }
 
-/* Round 3 (variant 9): the cross-block dw sum with many threads per column and no shared-memory
- * runs. CTA b owns the NQ float4 columns q0 = NQ·b .. +NQ−1 with S slices each (NQ·S threads;
+/* The many-slice cross-block dw sum (round 3; the default backward launches <4, 256> for C > 256),
+ * many threads per column and no shared-memory runs. CTA b owns the NQ float4 columns q0 = NQ·b .. +NQ−1 with S slices each (NQ·S threads;
  * thread t: column t % NQ, slice j = t / NQ). Slice j adds the partials of blocks j, j + S, j + 2S,
  * ... in that order, 4 loads in flight per round (nb <= 396, S = 128 or 256: 1 to 4 loads per thread,
  * all issued before the first add; C = 4096 with NQ = 4: 256 CTAs of 1024 threads, 2 per SM at <= 32
@@ -668,19 +518,14 @@ __global__ void __launch_bounds__(NQ * S, 2048 / (NQ * S))
     }
 }
 
-/* How a variant 4-8 row walk ends when DW (the fin argument). */
+/* How a variant 4 or default row walk ends when DW (the fin argument). */
 #define RMS_FIN_PDL 0    /* write the partials; the PDL kernel rmsnorm_backward_dw_final_kernel sums them */
 #define RMS_FIN_LAST 1   /* write the partials; the last block to finish (ticket) sums them */
-#define RMS_FIN_GRID 2   /* write the partials; grid barrier (cooperative launch), then every block sums a column slice */
 #define RMS_FIN_WALK 3   /* bench piece: the row walk with its shared-memory dw sums only (dw wrong) */
 
-/* Variant 4 row walk (variants 5-8: CL > 1 and/or fin = RMS_FIN_GRID). DW: partial [gridDim.x / CL, C]
- * gets this block's (CL > 1: this cluster's) Σ over its rows of dy·x̂; then fin (above). CL > 1: the
- * kernel is launched with clusters of CL consecutive blocks (gridDim.x % CL == 0); the cluster adds
- * its CTAs' shared-memory column sums through distributed shared memory, CTA rank r the column slice
- * [r·C/CL, (r+1)·C/CL), ranks in order: one partial per cluster, CL times fewer bytes to write and
- * to read back, and the same fixed order for given (N, C). */
-template <int G, int V, bool DW, int MINB, int CL = 1>
+/* Variant 4 row walk (DFLASH_RMSNORM_KERNEL=4, the revert of the backward). DW: partial [gridDim.x, C]
+ * gets this block's Σ over its rows of dy·x̂; then fin (above). */
+template <int G, int V, bool DW, int MINB>
 __global__ void __launch_bounds__(RMS_THREADS, MINB)
     rmsnorm_backward4_kernel(bf16 *dx, float *dw, float *partial, unsigned *ticket, const bf16 *dy, const bf16 *x,
                              const float *w, const float *rstd, int N, int C, int accumulate, int fin) {
@@ -779,9 +624,9 @@ __global__ void __launch_bounds__(RMS_THREADS, MINB)
         __shared__ float4 fred[RMS_THREADS];
         __shared__ unsigned last;
         __syncthreads();
-        if (fin == RMS_FIN_WALK) return;   /* uniform: every CTA of a cluster returns here together */
-        int nparts = gridDim.x;
-        if constexpr (CL == 1) {
+        if (fin == RMS_FIN_WALK) return;   /* bench piece: the walk with its shared-memory sums only */
+        const int nparts = gridDim.x;
+        {
             const float *f = (const float *)rms_sacc4;
             for (int c = threadIdx.x; c < C; c += RMS_THREADS) {   /* the R row groups, fixed order */
                 const size_t at = ((size_t)((c >> 2) & 1) * C8 + (c >> 3)) * 4 + (c & 3);
@@ -789,53 +634,8 @@ __global__ void __launch_bounds__(RMS_THREADS, MINB)
                 for (int g = 0; g < R; g++) s += f[(size_t)g * 2 * C8 * 4 + at];
                 partial[(size_t)blockIdx.x * C + c] = s;
             }
-        } else {
-            /* float4 column q4 (floats 4·q4 .. +3) of row group g sits at float4 slot g·2·C8 + at4(q4) */
-            const int C4 = C / 4;
-            for (int q4 = threadIdx.x; q4 < C4; q4 += RMS_THREADS) {   /* the R row groups, fixed order, into group 0's slot */
-                const int at4 = (q4 & 1) * C8 + (q4 >> 1);
-                float4 s = rms_sacc4[at4];
-                for (int g = 1; g < R; g++) {
-                    const float4 v = rms_sacc4[(size_t)g * 2 * C8 + at4];
-                    s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
-                }
-                rms_sacc4[at4] = s;
-            }
-            cg::cluster_group cl = cg::this_cluster();
-            cl.sync();   /* every CTA's block sums are in its shared memory and visible to the cluster */
-            const int rank = (int)cl.block_rank();
-            const int q0 = (int)((long long)rank * C4 / CL), q1 = (int)((long long)(rank + 1) * C4 / CL);
-            float4 *out = (float4 *)(partial + (size_t)(blockIdx.x / CL) * C);
-            for (int q4 = q0 + (int)threadIdx.x; q4 < q1; q4 += RMS_THREADS) {
-                const int at4 = (q4 & 1) * C8 + (q4 >> 1);
-                float4 v[CL];
-#pragma unroll
-                for (int r = 0; r < CL; r++) v[r] = cl.map_shared_rank(rms_sacc4, r)[at4];   /* all loads in flight */
-                float4 s = v[0];
-#pragma unroll
-                for (int r = 1; r < CL; r++) {   /* ranks in order */
-                    s.x += v[r].x; s.y += v[r].y; s.z += v[r].z; s.w += v[r].w;
-                }
-                out[q4] = s;
-            }
-            cl.sync();   /* no CTA exits (its shared memory goes) while another still reads it */
-            nparts = gridDim.x / CL;
         }
         if (fin == RMS_FIN_PDL) return;
-        if (fin == RMS_FIN_GRID) {
-            /* every block's partial slice is written; a grid barrier (cooperative launch: all blocks
-             * resident), then block b sums the float4 columns RMS_FIN_Q·b' .. for b' = b, b + grid, ... */
-            __threadfence();
-            cg::this_grid().sync();
-            const int nqb = (C / 4 + RMS_FIN_Q - 1) / RMS_FIN_Q;
-            for (int qb = blockIdx.x; qb < nqb; qb += gridDim.x) {   /* uniform per block */
-                const int q0 = qb * RMS_FIN_Q, nq = min(RMS_FIN_Q, C / 4 - q0);
-                const float4 d = rms_dw_old(dw, q0, nq);
-                rms_dw_final<RMS_THREADS>(dw, d, partial, nparts, C, q0, nq, fred);
-                __syncthreads();   /* fred is reused by the next slice */
-            }
-            return;
-        }
         /* RMS_FIN_LAST */
         const float4 d = rms_dw_old(dw, 0, C / 4);   /* in flight during the ticket; used by the last block */
         __threadfence();   /* this block's partial is visible device-wide before its ticket is taken */
@@ -849,28 +649,295 @@ __global__ void __launch_bounds__(RMS_THREADS, MINB)
     }
 }
 
+/* ---------------------------------------------------------------- the default backward (round 4's variant 10)
+ *
+ * Why: variant 4's dw costs ~14 µs over dx alone at 8192 × 4096 (H200: dx 86%, dx+dw 69-73%): ~6 µs of
+ * shared-memory read-modify-writes of the column sums in the row loop, ~1 µs storing 391 partial rows
+ * (6.4 MB), 7-9 µs summing them. Variant 10 makes dw nearly free in the loop and shrinks the partials:
+ * - each thread owns fixed columns (v4's row-group shape: group of G threads per row, lane l the 16-byte
+ *   vectors c = l + k·G, k < V, from reg_shape(C/8, 2)) for every row its CTA walks, and keeps Σ dy·x̂
+ *   of those columns in fp32 registers (8·V floats); the weight of its columns sits in registers too
+ *   when WREG (no shape uses it now: with it the V = 2 kernels spilled at 128 registers; w is re-read from
+ *   L1 as variant 4 does);
+ * - a CTA of T threads holds NG = T/G row groups and takes R rows per group per row step (RS = NG·R rows:
+ *   row = s·RS + i·NG + g), every load of the step issued before the first reduction; the R row sums are
+ *   reduced together (shuffles for G <= 32; G > 32: one barrier per step for all R rows); PF: the next
+ *   step's loads are issued before this step is reduced (as variant 4);
+ * - ~1-2 CTAs per SM, a balanced grid (every CTA the same number of steps ±1): one partial row per CTA
+ *   (C = 4096: 264 or 132 partials, 4.3 or 2.1 MB, against 391 / 6.4 MB); the CTA's NG row groups are
+ *   summed once at the end through shared memory in a fixed order (a two-level fixed tree when C < T);
+ * - the cross-CTA sum: C <= RMS_LAST_MAX_C the last CTA to finish (ticket, rms_dw_final, as variant 4);
+ *   larger C the many-slice kernel rmsnorm_backward_dw_final2_kernel<4, 256>, launched with PDL.
+ * dx: the same row-group shape, the same per-thread products in the same order (k, then j), the same
+ * shuffle tree and, for G > 32, the same in-order sum of the group's warp sums, the same dx expression:
+ * dx is bitwise variant 4's (measured on the H200 in round 4 for dx and dx +=; the GPU test asserts it).
+ * dw: Σ over the thread's rows in row order, then the row groups in order, then the CTAs in
+ * final2's order — a function of (N, C) only: bitwise repeatable, not variant 4's order.
+ * Shape (H200, round 4, dx+dw µs single/stream; round 4's shapes 3-4, R 3 without prefetch, lost and
+ * are gone): 2 = T 512, 1 CTA/SM, R 2, PF, the default with dw (8192x4096 61.1/57.4 against shape 1's
+ * 61.9/58.7; 262144x128 60.9/57.7 vs 62.2/59.3; 65536x128 23.3/21.6 vs 24.2/22.7); 1 = T 256, 2/SM,
+ * R 2, PF: dx alone (dw NULL, no dw registers; its dx is the measured bitwise-v4 one), and with dw only
+ * through the bench (rms_v10_cfg). V = 4 (C > 4096): always T 512, 1/SM, R 1, PF (its 32 dw floats per
+ * thread leave no room for more rows; ptxas: 128 registers, 44 bytes of spill). ptxas (sm_90a): the
+ * V <= 2 shapes use <= 128 registers, no spill.
+ * The grid depends on (N, C, shape) only, never on the device: nb <= min(steps, 132 × CTAs/SM) <=
+ * variant 4's grid bound, so rmsnorm_backward_scratch_floats covers it (RS >= 256/G).
+ * rms_backward10 is the body: CTA blk of nblk walking one tensor (the single kernel passes
+ * blockIdx/gridDim, the q/k kernel its share of the grid). WREG: w in registers (unused: spilled). */
+template <int G, int V, int R, int T, bool PF, bool WREG, bool DW>
+static __device__ __forceinline__ void rms_backward10(int blk, int nblk, bf16 *dx, float *dw, float *partial,
+                                                      unsigned *ticket, const bf16 *dy, const bf16 *x, const float *w,
+                                                      const float *rstd, int N, int C, int accumulate, int fin) {
+    static_assert(T % G == 0 && T % 32 == 0 && (G <= 32 || G % 32 == 0), "whole row groups; groups > 32 lanes are whole warps");
+    constexpr int NG = T / G, RS = NG * R, NW = T / 32;
+    extern __shared__ float rms10_sacc[];   /* DW and NG > 1: [NG][C], the row groups' column sums */
+    __shared__ float red[2][R][NW];
+    if constexpr (DW)
+        if (fin == RMS_FIN_PDL) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    const int grp = threadIdx.x / G, lane = threadIdx.x % G, C8 = C / 8, steps = (N + RS - 1) / RS;
+    float ww[WREG ? V : 1][8];
+    if constexpr (WREG)
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const int c = lane + k * G;
+            if (c < C8) rms_load_w8(w, c, ww[k]);
+            else
+#pragma unroll
+                for (int j = 0; j < 8; j++) ww[k][j] = 0.0f;
+        }
+    float acc[DW ? V : 1][8];
+#pragma unroll
+    for (int k = 0; k < (DW ? V : 1); k++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[k][j] = 0.0f;
+    uint4 xv[R][V], gv[R][V];
+    float rs[R];
+    /* the loads of row step s (zeros past the end) */
+    auto load = [&](int s, uint4 (&xo)[R][V], uint4 (&go)[R][V], float (&ro)[R]) {
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const int row = s * RS + i * NG + grp;
+            const bool live = s < steps && row < N;
+            const uint4 *xr = (const uint4 *)(x + (size_t)row * C), *dyr = (const uint4 *)(dy + (size_t)row * C);
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                const int c = lane + k * G;
+                xo[i][k] = go[i][k] = make_uint4(0, 0, 0, 0);
+                if (live && c < C8) {
+                    xo[i][k] = __ldg(xr + c);
+                    go[i][k] = __ldg(dyr + c);
+                }
+            }
+            ro[i] = live ? __ldg(rstd + row) : 0.0f;
+        }
+    };
+    if constexpr (PF) load(blk, xv, gv, rs);
+    int p = 0;
+    for (int s = blk; s < steps; s += nblk) {   /* uniform trip count across the CTA */
+        uint4 xn[R][V], gn[R][V];
+        float rn[R];
+        if constexpr (PF) load(s + nblk, xn, gn, rn);
+        else load(s, xv, gv, rs);
+        uint4 old[R][V];
+#pragma unroll
+        for (int i = 0; i < R; i++) {   /* dx +=: in flight while the statistics are reduced */
+            const int row = s * RS + i * NG + grp;
+            const uint4 *dxr = (const uint4 *)(dx + (size_t)row * C);
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                old[i][k] = make_uint4(0, 0, 0, 0);
+                if (accumulate && row < N && lane + k * G < C8) old[i][k] = dxr[lane + k * G];
+            }
+        }
+        float m[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            m[i] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                const int c = lane + k * G;
+                if (c < C8) {
+                    float xf[8], g[8], wl[8];
+                    vec_unpack8(xv[i][k], xf);
+                    vec_unpack8(gv[i][k], g);
+                    if constexpr (WREG) {
+#pragma unroll
+                        for (int j = 0; j < 8; j++) wl[j] = ww[WREG ? k : 0][j];
+                    } else
+                        rms_load_w8(w, c, wl);
+#pragma unroll
+                    for (int j = 0; j < 8; j++) m[i] += wl[j] * g[j] * xf[j];   /* variant 4's order */
+                }
+            }
+        }
+        /* mean_c(w·dy·x̂) of the R rows: rms_group_sum's tree, one barrier for all R rows */
+        if constexpr (G <= 32) {
+#pragma unroll
+            for (int i = 0; i < R; i++) m[i] = group_sum<G>(m[i]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < R; i++) m[i] = group_sum<32>(m[i]);
+            if (threadIdx.x % 32 == 0)
+#pragma unroll
+                for (int i = 0; i < R; i++) red[p][i][threadIdx.x / 32] = m[i];
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const float *gs = red[p][i] + grp * (G / 32);
+                float t = 0.0f;
+#pragma unroll
+                for (int u = 0; u < G / 32; u++) t += gs[u];   /* fixed order, as rms_group_sum */
+                m[i] = t;
+            }
+            p ^= 1;   /* red[p] is rewritten two steps on: the barrier between guards the readers */
+        }
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const int row = s * RS + i * NG + grp;
+            const bool live = row < N;
+            const float mi = m[i] * rs[i] / (float)C, ri = rs[i];
+            uint4 *dxr = (uint4 *)(dx + (size_t)row * C);
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                const int c = lane + k * G;
+                if (c < C8 && live) {
+                    float xf[8], g[8], wl[8], o[8];
+                    vec_unpack8(xv[i][k], xf);
+                    vec_unpack8(gv[i][k], g);
+                    if constexpr (WREG) {
+#pragma unroll
+                        for (int j = 0; j < 8; j++) wl[j] = ww[WREG ? k : 0][j];
+                    } else
+                        rms_load_w8(w, c, wl);
+                    vec_unpack8(old[i][k], o);   /* zeros unless accumulating */
+#pragma unroll
+                    for (int j = 0; j < 8; j++) {
+                        xf[j] *= ri;   /* x̂ */
+                        o[j] += ri * wl[j] * g[j] - xf[j] * ri * mi;   /* variant 4's expression */
+                    }
+                    dxr[c] = vec_pack8(o);
+                    if constexpr (DW)
+#pragma unroll
+                        for (int j = 0; j < 8; j++) acc[DW ? k : 0][j] += g[j] * xf[j];   /* registers, row order */
+                }
+            }
+        }
+        if constexpr (PF) {
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+#pragma unroll
+                for (int k = 0; k < V; k++) {
+                    xv[i][k] = xn[i][k];
+                    gv[i][k] = gn[i][k];
+                }
+                rs[i] = rn[i];
+            }
+        }
+    }
+    if constexpr (DW) {
+        __shared__ float4 fred[T];
+        __shared__ unsigned last;
+        if (fin == RMS_FIN_WALK) return;   /* bench piece: the walk with its register sums only */
+        float *out = partial + (size_t)blk * C;
+        if constexpr (NG == 1) {   /* the thread's columns are the CTA's: straight to the partial row */
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                const int c = lane + k * G;
+                if (c < C8) {
+                    float4 *o = (float4 *)(out + 8 * (size_t)c);
+                    o[0] = make_float4(acc[k][0], acc[k][1], acc[k][2], acc[k][3]);
+                    o[1] = make_float4(acc[k][4], acc[k][5], acc[k][6], acc[k][7]);
+                }
+            }
+        } else {
+            float *sg = rms10_sacc + (size_t)grp * C;
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                const int c = lane + k * G;
+                if (c < C8) {
+                    float4 *o = (float4 *)(sg + 8 * c);
+                    o[0] = make_float4(acc[k][0], acc[k][1], acc[k][2], acc[k][3]);
+                    o[1] = make_float4(acc[k][4], acc[k][5], acc[k][6], acc[k][7]);
+                }
+            }
+            __syncthreads();
+            if (C < T) {
+                /* two levels, fixed order: thread (col, part) adds groups part, part + P, ... into group
+                 * part's slot (only it reads those slots), then thread col adds the P slots in order */
+                const int P = min(T / C, NG), col = threadIdx.x % C, part = threadIdx.x / C;
+                if (part < P) {
+                    float t = 0.0f;
+                    for (int g = part; g < NG; g += P) t += rms10_sacc[(size_t)g * C + col];
+                    rms10_sacc[(size_t)part * C + col] = t;
+                }
+                __syncthreads();
+                if ((int)threadIdx.x < C) {
+                    float t = 0.0f;
+                    for (int q = 0; q < P; q++) t += rms10_sacc[(size_t)q * C + threadIdx.x];
+                    out[threadIdx.x] = t;
+                }
+            } else
+                for (int c = threadIdx.x; c < C; c += T) {
+                    float t = 0.0f;
+                    for (int g = 0; g < NG; g++) t += rms10_sacc[(size_t)g * C + c];   /* groups in order */
+                    out[c] = t;
+                }
+        }
+        if (fin != RMS_FIN_LAST) return;   /* RMS_FIN_PDL: rmsnorm_backward_dw_final2_kernel sums them */
+        const float4 d = rms_dw_old(dw, 0, C / 4);   /* in flight during the ticket; used by the last CTA */
+        __threadfence();   /* this CTA's partial is visible device-wide before its ticket is taken */
+        __syncthreads();
+        if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == nblk - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        rms_dw_final<T>(dw, d, partial, nblk, C, 0, C / 4, fred);
+        if (threadIdx.x == 0) *ticket = 0u;   /* ready for the next call */
+    }
+}
+
+/* The single-tensor kernel: CTA b of the grid walks the tensor's rows. */
+template <int G, int V, int R, int T, int MINB, bool PF, bool WREG, bool DW>
+__global__ void __launch_bounds__(T, MINB)
+    rmsnorm_backward10_kernel(bf16 *dx, float *dw, float *partial, unsigned *ticket, const bf16 *dy, const bf16 *x,
+                              const float *w, const float *rstd, int N, int C, int accumulate, int fin) {
+    rms_backward10<G, V, R, T, PF, WREG, DW>(blockIdx.x, gridDim.x, dx, dw, partial, ticket, dy, x, w, rstd, N, C,
+                                             accumulate, fin);
+}
+
+/* The q/k norm's two tensors in one launch (rmsnorm_qk_backward): CTAs [0, nb[0]) walk tensor 0 (q) as
+ * a grid of nb[0] CTAs would, CTAs [nb[0], nb[0] + nb[1]) tensor 1 (k); no CTA straddles, each tensor has
+ * its own partials, ticket and last CTA (fin = RMS_FIN_LAST only: C <= RMS_LAST_MAX_C). The pointers
+ * are picked before the one inlined body, so the registers are the single kernel's. */
+struct rms_qk_bwd_args {
+    bf16 *dx[2];
+    float *dw[2], *partial[2];
+    unsigned *ticket[2];
+    const bf16 *dy[2], *x[2];
+    const float *w[2], *rstd[2];
+    int N[2], nb[2];
+};
+template <int G, int V, int R, int T, int MINB, bool PF, bool DW>
+__global__ void __launch_bounds__(T, MINB) rmsnorm_qk_backward10_kernel(const rms_qk_bwd_args a, int C,
+                                                                        int accumulate) {
+    const bool t = (int)blockIdx.x >= a.nb[0];
+    rms_backward10<G, V, R, T, PF, false, DW>((int)blockIdx.x - (t ? a.nb[0] : 0), RMS_SEL(nb), RMS_SEL(dx), RMS_SEL(dw),
+                                              RMS_SEL(partial), RMS_SEL(ticket), RMS_SEL(dy), RMS_SEL(x), RMS_SEL(w),
+                                              RMS_SEL(rstd), RMS_SEL(N), C, accumulate, RMS_FIN_LAST);
+}
 /* ---------------------------------------------------------------- launchers */
 
-/* DFLASH_RMSNORM_KERNEL=1 selects the two-pass kernels of the first version for every C (the
- * revert switch); 2: K1b's register-resident kernels for C <= RMS_REG_MAX_C, two-pass above; 3: 2
- * plus the K1c changes (two rows per short-row group in the forward, PDL dw sum); unset or 4: 3
- * with the variant 4 backward (K1e, above). The forward of 4 is that of 3. */
 #define RMS_REG_MAX_C 8192
-#define RMS_BWD_GRID 264   /* row-walking blocks of the backward: 2 per SM of an H200 */
 
+/* DFLASH_RMSNORM_KERNEL (read at every call of every entry point): unset (or empty) = the default,
+ * "4" = variant 4's backward (the previous default; the one revert switch). The forward is the same
+ * under both. Returns 10 or 4; any other value fails the call with a one-line error (-1). */
 static int rms_env(void) {
     const char *e = getenv("DFLASH_RMSNORM_KERNEL");
-    return e && e[0] >= '1' && e[0] <= '9' && e[1] == 0 ? e[0] - '0' : 4;
+    if (!e || !e[0]) return 10;
+    if (!strcmp(e, "4")) return 4;
+    return kernels_fail("rmsnorm: DFLASH_RMSNORM_KERNEL=%.20s is not a choice (unset: the default; 4: the previous backward)", e);
 }
-
-/* DFLASH_RMSNORM_FIN_NQ (bench only, read per call; variant 9): float4 columns per CTA of the round-3
- * dw sum kernel: 2 (512 threads, 256 slices), 4 (the variant's default: 1024 threads, 256 slices) or
- * 8 (1024 threads, 128 slices). Every choice is a correct, deterministic dw (orders differ). */
-static int rms_fin_nq(void) {
-    const char *e = getenv("DFLASH_RMSNORM_FIN_NQ");
-    return e && (e[0] == '2' || e[0] == '8') && e[1] == 0 ? e[0] - '0' : 4;
-}
-static int use_twopass(int C) { return C > RMS_REG_MAX_C || rms_env() == 1; }
 
 /* Resident 256-thread blocks of the forward per wave: 8 per SM (cached per process). */
 static int rms_wave_blocks(void) {
@@ -887,8 +954,7 @@ static int rms_wave_blocks(void) {
 
 /* Row group width G and vectors per lane V for C8 = C/8 16-byte vectors: the narrowest power-of-two
  * group (8..256) with at most vmax vectors per lane, then V rounded up to 1, 2 or 4 (G·V >= C8).
- * The forward takes vmax 4; the backward vmax 2 (its registers hold x, dy, the prefetched next row
- * and the dw sums: 2 blocks of 256 per SM fit in 128 registers). */
+ * The forward takes vmax 4; the backward vmax 2. */
 static void reg_shape(int C8, int vmax, int *G, int *V) {
     int g = 8;
     while (g < 256 && g * vmax < C8) g *= 2;
@@ -908,7 +974,6 @@ static void reg_shape(int C8, int vmax, int *G, int *V) {
     default: return kernels_fail("rmsnorm: no kernel for G=%d V=%d", G_, V_);                                   \
     }
 
-
 static int check_args(const char *name, const void *a, const void *b, const void *c, int N, int C) {
     if (N < 0 || C <= 0 || C % 8 || C > 16384)
         return kernels_fail("%s: C=%d must be a positive multiple of 8 and <= 16384 (N=%d)", name, C, N);
@@ -917,71 +982,19 @@ static int check_args(const char *name, const void *a, const void *b, const void
     return 0;
 }
 
-/* Resident blocks of kern (RMS_THREADS threads, no dynamic shared memory) on the whole device:
- * cudaOccupancyMaxActiveBlocksPerMultiprocessor × SMs, queried once per kernel and cached (the
- * 8 per SM of rms_wave_blocks when the query fails). */
-template <auto kern>
-static int rms_occ_wave(void) {
-    static int wave;
-    if (!wave) {
-        int n = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, RMS_THREADS, 0) != cudaSuccess || n <= 0) {
-            (void)cudaGetLastError();
-            n = 2048 / RMS_THREADS;
-        }
-        wave = n * (rms_wave_blocks() / (2048 / RMS_THREADS));
-    }
-    return wave;
-}
-
-/* One wave of the one-row forward kernel for (G <= 32, V): the grid above which variant 9 takes
- * the two-row kernel. */
-template <bool RESID>
-static int rms_fwd1_wave(int G, int V) {
-    switch (G * 8 + V) {
-    case 8 * 8 + 1: return rms_occ_wave<rmsnorm_forward_kernel<8, 1, RESID>>();
-    case 8 * 8 + 2: return rms_occ_wave<rmsnorm_forward_kernel<8, 2, RESID>>();
-    case 8 * 8 + 4: return rms_occ_wave<rmsnorm_forward_kernel<8, 4, RESID>>();
-    case 16 * 8 + 1: return rms_occ_wave<rmsnorm_forward_kernel<16, 1, RESID>>();
-    case 16 * 8 + 2: return rms_occ_wave<rmsnorm_forward_kernel<16, 2, RESID>>();
-    case 16 * 8 + 4: return rms_occ_wave<rmsnorm_forward_kernel<16, 4, RESID>>();
-    case 32 * 8 + 1: return rms_occ_wave<rmsnorm_forward_kernel<32, 1, RESID>>();
-    case 32 * 8 + 2: return rms_occ_wave<rmsnorm_forward_kernel<32, 2, RESID>>();
-    case 32 * 8 + 4: return rms_occ_wave<rmsnorm_forward_kernel<32, 4, RESID>>();
-    default: return rms_wave_blocks();
-    }
-}
-
 template <bool RESID>
 static int forward_launch(const char *name, bf16 *y, bf16 *resid, float *rstd, const bf16 *x, const float *w,
                           int N, int C, float eps, cudaStream_t stream) {
     if (check_args(name, y, x, resid, N, C)) return -1;
     if (!vec_aligned16(w)) return kernels_fail("%s: w must be 16-byte aligned", name);
+    if (rms_env() < 0) return -1;
     if (N == 0) return 0;
     int C8 = C / 8;
-    if (!use_twopass(C)) {
+    if (C <= RMS_REG_MAX_C) {
         int G, V;
         reg_shape(C8, 4, &G, &V);
         unsigned blocks = (unsigned)((N + RMS_THREADS / G - 1) / (RMS_THREADS / G));
-        if (rms_env() == 9 && G <= 32 && blocks > (unsigned)rms_fwd1_wave<RESID>(G, V)) {
-            /* round 3: the wave is the one-row kernel's queried occupancy (rms_occ_wave, cached), not 8 per SM, and
-             * the two-row kernels of V <= 2 are held to 4 blocks per SM (k norm: 64 and 80 registers
-             * gave 4 and 3); same rows, same arithmetic: y, rstd, h bitwise those of variant 4 */
-            const int rows = 2 * (RMS_THREADS / G);
-            blocks = (unsigned)((N + rows - 1) / rows);
-#define RMS_FWD2M(g, v, m) rmsnorm_forward_rows_occ_kernel<g, v, RESID, 2, m><<<blocks, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps)
-            switch (G * 8 + V) {
-            case 8 * 8 + 1: RMS_FWD2M(8, 1, 4); break;   case 8 * 8 + 2: RMS_FWD2M(8, 2, 4); break;
-            case 16 * 8 + 1: RMS_FWD2M(16, 1, 4); break; case 16 * 8 + 2: RMS_FWD2M(16, 2, 4); break;
-            case 32 * 8 + 1: RMS_FWD2M(32, 1, 4); break; case 32 * 8 + 2: RMS_FWD2M(32, 2, 4); break;
-            /* V = 4 (115-149 registers): variant 4's kernel */
-            case 8 * 8 + 4: rmsnorm_forward_rows_kernel<8, 4, RESID, 2><<<blocks, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps); break;
-            case 16 * 8 + 4: rmsnorm_forward_rows_kernel<16, 4, RESID, 2><<<blocks, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps); break;
-            case 32 * 8 + 4: rmsnorm_forward_rows_kernel<32, 4, RESID, 2><<<blocks, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps); break;
-            default: return kernels_fail("%s: no two-row kernel for G=%d V=%d", name, G, V);
-            }
-#undef RMS_FWD2M
-        } else if (rms_env() >= 3 && rms_env() != 9 && G <= 32 && blocks > (unsigned)rms_wave_blocks()) {   /* K1c: two rows per group */
+        if (G <= 32 && blocks > (unsigned)rms_wave_blocks()) {   /* K1c: two rows per group */
             const int rows = 2 * (RMS_THREADS / G);
             blocks = (unsigned)((N + rows - 1) / rows);
 #define RMS_FWD2(g, v) rmsnorm_forward_rows_kernel<g, v, RESID, 2><<<blocks, RMS_THREADS, 0, stream>>>(y, resid, rstd, x, w, N, C, eps)
@@ -1018,22 +1031,43 @@ extern "C" int rmsnorm_residual_forward(bf16 *y, bf16 *resid, float *rstd, const
     return forward_launch<true>("rmsnorm_residual_forward", y, resid, rstd, x, w, N, C, eps, stream);
 }
 
+/* The q/k norm forward in one launch for C <= 1024 (row groups of <= 32 lanes: the two-row kernel's
+ * per-row arithmetic, so y and rstd are bitwise those of two rmsnorm_forward calls, which run the same
+ * or the one-row kernel with the same arithmetic); larger C: two rmsnorm_forward calls. */
+extern "C" int rmsnorm_qk_forward(bf16 *yq, float *rstdq, const bf16 *xq, const float *wq, int Nq, bf16 *yk, float *rstdk,
+                                  const bf16 *xk, const float *wk, int Nk, int C, float eps, cudaStream_t stream) {
+    if (check_args("rmsnorm_qk_forward (q)", yq, xq, wq, Nq, C) || check_args("rmsnorm_qk_forward (k)", yk, xk, wk, Nk, C))
+        return -1;
+    if (rms_env() < 0) return -1;
+    int G, V;
+    reg_shape(C / 8, 4, &G, &V);
+    if (C > RMS_REG_MAX_C || G > 32)
+        return rmsnorm_forward(yq, rstdq, xq, wq, Nq, C, eps, stream) || rmsnorm_forward(yk, rstdk, xk, wk, Nk, C, eps, stream)
+                   ? -1 : 0;
+    if (Nq + Nk == 0) return 0;
+    const int rows = 2 * (RMS_THREADS / G);
+    rms_qk_fwd_args a = {{yq, yk}, {rstdq, rstdk}, {xq, xk}, {wq, wk}, {Nq, Nk}, {(Nq + rows - 1) / rows, (Nk + rows - 1) / rows}};
+    const unsigned blocks = (unsigned)(a.nb[0] + a.nb[1]);
+#define RMS_QKF(g, v) rmsnorm_qk_forward_kernel<g, v, 2><<<blocks, RMS_THREADS, 0, stream>>>(a, C, eps)
+    switch (G * 8 + V) {
+    case 8 * 8 + 1: RMS_QKF(8, 1); break;   case 8 * 8 + 2: RMS_QKF(8, 2); break;   case 8 * 8 + 4: RMS_QKF(8, 4); break;
+    case 16 * 8 + 1: RMS_QKF(16, 1); break; case 16 * 8 + 2: RMS_QKF(16, 2); break; case 16 * 8 + 4: RMS_QKF(16, 4); break;
+    case 32 * 8 + 1: RMS_QKF(32, 1); break; case 32 * 8 + 2: RMS_QKF(32, 2); break; case 32 * 8 + 4: RMS_QKF(32, 4); break;
+    default: return kernels_fail("rmsnorm_qk_forward: no kernel for G=%d V=%d", G, V);
+    }
+#undef RMS_QKF
+    KERNELS_CHECK_LAUNCH("rmsnorm_qk_forward");
+    return 0;
+}
+
 static int dw_chunks(int N) {
     int c = (N + 31) / 32;
     return c < 1 ? 1 : c > 256 ? 256 : c;
 }
 
-/* Blocks of the register-resident backward: a fixed function of (N, C), so dw's summation order is too. */
-static int bwd_grid(int N, int C) {
-    int G, V;
-    reg_shape(C / 8, 2, &G, &V);
-    int steps = (N + RMS_THREADS / G - 1) / (RMS_THREADS / G);
-    return steps < 1 ? 1 : steps > RMS_BWD_GRID ? RMS_BWD_GRID : steps;
-}
-
-/* Variant 4: row group width G, vectors per lane V (as variant 3's backward), and the balanced
- * grid: at most 3 blocks per SM (2 when V = 4: 116 registers), every block the same number of row
- * steps (±1). A fixed function of (N, C), so dw's summation order is too. */
+/* Variant 4: row group width G, vectors per lane V, and the balanced grid: at most 3 blocks per SM
+ * (2 when V = 4: 116 registers), every block the same number of row steps (±1). A fixed function of
+ * (N, C), so dw's summation order is too. */
 static void bwd4_shape(int N, int C, int *G, int *V, int *nb) {
     reg_shape(C / 8, 2, G, V);
     int R = RMS_THREADS / *G, steps = (N + R - 1) / R, target = RMS_SMS * (*V <= 2 ? 3 : 2);
@@ -1042,29 +1076,38 @@ static void bwd4_shape(int N, int C, int *G, int *V, int *nb) {
     *nb = (steps + k - 1) / k;
 }
 
-/* Enough for every path (the choice can change at run time through DFLASH_RMSNORM_KERNEL): the
- * ticket header, then [blocks, C] partials. */
-extern "C" size_t rmsnorm_backward_scratch_floats(int N, int C) {
-    if (C <= 0) return 0;
+/* Partial rows [P, C] the scratch of (N, C) holds: enough for every path (the choice can change at
+ * run time through DFLASH_RMSNORM_KERNEL): the two-pass dw chunks; variant 4's nb <= min(steps, cap)
+ * (steps of 256/G rows); the default's nb <= min(its steps, 132 × CTAs per SM) <= that (its row step
+ * is >= 256/G rows, its cap <= 264); the q/k launch's per-tensor grids are smaller still. Monotone in N. */
+static size_t rms_partial_rows(int N, int C) {
     int a = dw_chunks(N), b = 0;
-    if (C <= RMS_REG_MAX_C) {   /* variant 4's nb <= min(steps, 3·RMS_SMS): monotone in N, like the others */
+    if (C <= RMS_REG_MAX_C) {
         int G, V;
         reg_shape(C / 8, 2, &G, &V);
         int steps = (N + RMS_THREADS / G - 1) / (RMS_THREADS / G), cap = RMS_SMS * (V <= 2 ? 3 : 2);
-        int nb4 = steps < 1 ? 1 : steps < cap ? steps : cap;
-        b = bwd_grid(N, C);
-        if (nb4 > b) b = nb4;
+        b = steps < 1 ? 1 : steps < cap ? steps : cap;
     }
-    return RMS_SCR_HDR + (size_t)(a > b ? a : b) * C;
+    return (size_t)(a > b ? a : b);
 }
 
-/* DFLASH_RMSNORM_DW_PIECE (bench only, read per call; variants 4-8 with dw): 1 runs the row walk
- * with its shared-memory dw sums but writes no partials and sums nothing; 2 the walk and the
- * partials without the cross-block sum; 3 the cross-block sum kernel alone (PDL kernel; over
- * whatever the scratch holds). dw is wrong under pieces 1-3: for timing the parts, never for use.
- * 4 is the whole backward with the sum kernel (where one runs) launched without PDL: correct.
- * Pieces 1-3 act only when DFLASH_KERNELS_BENCH=1 is set too (rmsnorm_bench sets it), so a stray
- * variable in a training run can never produce a wrong dw. */
+extern "C" size_t rmsnorm_backward_scratch_floats(int N, int C) {
+    if (C <= 0 || N < 0) return 0;
+    return RMS_SCR_HDR + rms_partial_rows(N, C) * C;
+}
+
+extern "C" size_t rmsnorm_qk_backward_scratch_floats(int Nq, int Nk, int C) {
+    if (C <= 0 || Nq < 0 || Nk < 0) return 0;
+    return RMS_SCR_HDR + (rms_partial_rows(Nq, C) + rms_partial_rows(Nk, C)) * C;
+}
+
+/* DFLASH_RMSNORM_DW_PIECE (bench only, read per call; single-tensor backward with dw): 1 runs the row
+ * walk with its dw sums but writes no partials and sums nothing; 2 the walk and the partials without
+ * the cross-block sum; 3 the cross-block sum kernel alone (over whatever the scratch holds). dw is
+ * wrong under pieces 1-3: for timing the parts, never for use. 4 is the whole backward with the sum
+ * kernel (where one runs) launched without PDL: correct. Pieces 1-3 act only when
+ * DFLASH_KERNELS_BENCH=1 is set too (rmsnorm_bench sets it), so a stray variable in a training run can
+ * never produce a wrong dw. */
 static int rms_dw_piece(void) {
     const char *e = getenv("DFLASH_RMSNORM_DW_PIECE");
     const int piece = e && e[0] >= '1' && e[0] <= '4' && e[1] == 0 ? e[0] - '0' : 0;
@@ -1072,273 +1115,161 @@ static int rms_dw_piece(void) {
     return piece == 4 || (piece && b && !strcmp(b, "1")) ? piece : 0;
 }
 
-/* DFLASH_RMSNORM_CARVEOUT (bench only, read per call): the preferred shared-memory carveout, in percent
- * of the maximum, set on the dw row-walk kernel before its launch (cudaFuncSetAttribute; a hint the
- * driver may round up). Tests whether dw's dynamic shared memory costs L1 capacity for the loads in
- * flight. Once set, a call without the variable puts the kernel back to the default (-1). */
-template <auto kern>
-static void rms_carveout() {
-    static int touched;   /* per kernel (one instantiation per kernel) */
-    const char *e = getenv("DFLASH_RMSNORM_CARVEOUT");
-    if (!e && !touched) return;
-    touched = e != NULL;
-    int pct = e ? atoi(e) : -1;
-    if (pct < -1 || pct > 100) pct = -1;
-    (void)cudaFuncSetAttribute((const void *)kern, cudaFuncAttributePreferredSharedMemoryCarveout, pct);
-    (void)cudaGetLastError();   /* a refused hint is not an error of the launch that follows */
+/* The sum kernel for C > RMS_LAST_MAX_C, launched with PDL behind the row walk (piece 4: without). */
+static int rms_launch_sum(void (*kern)(float *, const float *, int, int), int grid, int threads, int piece, cudaStream_t stream,
+                          float *dw, const float *part, int nb, int C) {
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3((unsigned)grid);
+    lc.blockDim = dim3((unsigned)threads);
+    lc.dynamicSmemBytes = 0;
+    lc.stream = stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    lc.attrs = at;
+    lc.numAttrs = piece == 4 ? 0 : 1;   /* piece 4: a plain launch (griddepcontrol.wait returns at once) */
+    cudaError_t e = cudaLaunchKernelEx(&lc, kern, dw, part, nb, C);
+    if (e != cudaSuccess) return kernels_fail("rmsnorm_backward (dw sum): %s", cudaGetErrorString(e));
+    KERNELS_CHECK_LAUNCH("rmsnorm_backward (dw sum)");
+    return 0;
 }
 
-/* Clusters of CL blocks of kern (smem bytes of dynamic shared memory each) that can be resident at
- * once (cudaOccupancyMaxActiveClusters), 0 when unknown; cached per kernel for the last smem. */
-template <auto kern>
-static int rms_max_clusters(int CL, size_t smem) {
-    static size_t last_smem = (size_t)-1;
-    static int last_n;
-    if (smem != last_smem) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3((unsigned)(CL * 64));
-        cfg.blockDim = dim3(RMS_THREADS);
-        cfg.dynamicSmemBytes = smem;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = (unsigned)CL;
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess || n < 0) {
-            (void)cudaGetLastError();
-            n = 0;
-        }
-        last_n = n;
-        last_smem = smem;
-    }
-    return last_n;
-}
-
-/* Blocks of kern (smem bytes of dynamic shared memory each) resident at once on the device
- * (occupancy × SMs), 0 when unknown; cached per kernel for the last smem. For the cooperative launch. */
-template <auto kern>
-static int rms_max_blocks(size_t smem) {
-    static size_t last_smem = (size_t)-1;
-    static int last_n;
-    if (smem != last_smem) {
-        int n = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, RMS_THREADS, smem) != cudaSuccess || n < 0) {
-            (void)cudaGetLastError();
-            n = 0;
-        }
-        last_n = n * (rms_wave_blocks() / (2048 / RMS_THREADS));
-        last_smem = smem;
-    }
-    return last_n;
-}
-
-/* The variant 4-8 backward (C <= RMS_REG_MAX_C); dw nullable. variant 4: no clusters, the dw sum by
- * the last block (C <= RMS_LAST_MAX_C) or the PDL kernel; 5: 4 with clusters of 4 (one partial per
- * cluster); 6: clusters of 8; 7: 4 with the dw sum after a grid barrier (cooperative launch, no
- * second kernel, every C); 8: 5 and 7. The dx-only kernel is the same for all (no dw: no clusters,
- * no barrier). */
-static int backward4_launch(int variant, bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w,
-                            const float *rstd, float *scratch, int N, int C, int accumulate_dx, cudaStream_t stream) {
+/* Variant 4 (DFLASH_RMSNORM_KERNEL=4; C <= RMS_REG_MAX_C); dw nullable. The row walk, then the dw sum by
+ * the last block (C <= RMS_LAST_MAX_C, ticket) or rmsnorm_backward_dw_final_kernel with PDL. */
+static int backward4_launch(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
+                            unsigned *ticket, float *part, int N, int C, int accumulate_dx, cudaStream_t stream) {
     int G, V, nb;
     bwd4_shape(N, C, &G, &V, &nb);
-    const int CL = !dw ? 1 : variant == 5 || variant == 8 ? 4 : variant == 6 ? 8 : 1;
-    /* CL > 1: variant 4's balanced grid with its cap rounded down to whole clusters and to the clusters
-     * that can be resident at once (maxc, cudaOccupancyMaxActiveClusters: a GPC's SMs need not hold a
-     * whole number of clusters, and a second wave of a few clusters would double the tail), then whole
-     * clusters. nb <= the cap, nb / CL <= steps: the scratch holds the partials. */
-    auto cluster_grid = [&](int maxc) {   /* CL = 1 (variant 7): maxc = resident blocks, for the cooperative launch */
-        int R = RMS_THREADS / G, steps = (N + R - 1) / R, target = RMS_SMS * (V <= 2 ? 3 : 2) / CL * CL;
-        if (maxc > 0 && maxc * CL < target) target = maxc * CL;
-        if (steps < 1) steps = 1;
-        const int k = (steps + target - 1) / target;
-        const int b = (steps + k - 1) / k;
-        return (b + CL - 1) / CL * CL;
-    };
-    if (CL > 1) nb = cluster_grid(0);
-    float *part = dw ? scratch + RMS_SCR_HDR : NULL;
-    unsigned *ticket = dw ? (unsigned *)scratch : NULL;
     const int piece = dw ? rms_dw_piece() : 0;
-    int fin = variant == 7 || variant == 8 ? RMS_FIN_GRID : C <= RMS_LAST_MAX_C ? RMS_FIN_LAST : RMS_FIN_PDL;
+    int fin = C <= RMS_LAST_MAX_C ? RMS_FIN_LAST : RMS_FIN_PDL;
     if (piece == 1) fin = RMS_FIN_WALK;
     if (piece == 2) fin = RMS_FIN_PDL;
     const size_t smem = dw ? (size_t)(RMS_THREADS / G) * C * sizeof(float) : 0;   /* <= 32 KiB: C <= 8·G·V */
     if (piece != 3) {
-        if (!dw) {
-#define RMS_BWD4N(g, v, minb) \
-    rmsnorm_backward4_kernel<g, v, false, minb><<<nb, RMS_THREADS, 0, stream>>>(dx, NULL, NULL, NULL, dy, x, w, rstd, N, C, accumulate_dx, 0)
-            switch (G * 8 + V) {
-            case 8 * 8 + 1: RMS_BWD4N(8, 1, 3); break;
-            case 8 * 8 + 2: RMS_BWD4N(8, 2, 3); break;
-            case 16 * 8 + 2: RMS_BWD4N(16, 2, 3); break;
-            case 32 * 8 + 2: RMS_BWD4N(32, 2, 3); break;
-            case 64 * 8 + 2: RMS_BWD4N(64, 2, 3); break;
-            case 128 * 8 + 2: RMS_BWD4N(128, 2, 3); break;
-            case 256 * 8 + 2: RMS_BWD4N(256, 2, 3); break;
-            case 256 * 8 + 4: RMS_BWD4N(256, 4, 2); break;
-            default: return kernels_fail("rmsnorm_backward: no variant 4 kernel for G=%d V=%d", G, V);
-            }
-#undef RMS_BWD4N
-            KERNELS_CHECK_LAUNCH("rmsnorm_backward (variant 4, dx)");
-            return 0;
-        }
-        if (CL == 1 && fin != RMS_FIN_GRID) {   /* variant 4 exactly: a plain launch */
-#define RMS_BWD4(g, v, minb)                                                                                         \
-    do {                                                                                                             \
-        rms_carveout<rmsnorm_backward4_kernel<g, v, true, minb>>();                                                    \
-        rmsnorm_backward4_kernel<g, v, true, minb><<<nb, RMS_THREADS, smem, stream>>>(dx, dw, part, ticket, dy, x, w, \
-                                                                                     rstd, N, C, accumulate_dx, fin); \
+#define RMS_BWD4(g, v, minb)                                                                                           \
+    do {                                                                                                               \
+        if (dw)                                                                                                        \
+            rmsnorm_backward4_kernel<g, v, true, minb><<<nb, RMS_THREADS, smem, stream>>>(dx, dw, part, ticket, dy, x, w, \
+                                                                                         rstd, N, C, accumulate_dx, fin); \
+        else                                                                                                           \
+            rmsnorm_backward4_kernel<g, v, false, minb><<<nb, RMS_THREADS, 0, stream>>>(dx, NULL, NULL, NULL, dy, x, w,  \
+                                                                                       rstd, N, C, accumulate_dx, 0);  \
     } while (0)
-            switch (G * 8 + V) {
-            case 8 * 8 + 1: RMS_BWD4(8, 1, 3); break;
-            case 8 * 8 + 2: RMS_BWD4(8, 2, 3); break;
-            case 16 * 8 + 2: RMS_BWD4(16, 2, 3); break;
-            case 32 * 8 + 2: RMS_BWD4(32, 2, 3); break;
-            case 64 * 8 + 2: RMS_BWD4(64, 2, 3); break;
-            case 128 * 8 + 2: RMS_BWD4(128, 2, 3); break;
-            case 256 * 8 + 2: RMS_BWD4(256, 2, 3); break;
-            case 256 * 8 + 4: RMS_BWD4(256, 4, 2); break;
-            default: return kernels_fail("rmsnorm_backward: no variant 4 kernel for G=%d V=%d", G, V);
-            }
+        switch (G * 8 + V) {
+        case 8 * 8 + 1: RMS_BWD4(8, 1, 3); break;
+        case 8 * 8 + 2: RMS_BWD4(8, 2, 3); break;
+        case 16 * 8 + 2: RMS_BWD4(16, 2, 3); break;
+        case 32 * 8 + 2: RMS_BWD4(32, 2, 3); break;
+        case 64 * 8 + 2: RMS_BWD4(64, 2, 3); break;
+        case 128 * 8 + 2: RMS_BWD4(128, 2, 3); break;
+        case 256 * 8 + 2: RMS_BWD4(256, 2, 3); break;
+        case 256 * 8 + 4: RMS_BWD4(256, 4, 2); break;
+        default: return kernels_fail("rmsnorm_backward: no variant 4 kernel for G=%d V=%d", G, V);
+        }
 #undef RMS_BWD4
-            KERNELS_CHECK_LAUNCH("rmsnorm_backward (variant 4)");
-        } else {   /* clusters and/or the cooperative grid barrier: cudaLaunchKernelEx */
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3((unsigned)nb);
-            cfg.blockDim = dim3(RMS_THREADS);
-            cfg.dynamicSmemBytes = smem;
-            cfg.stream = stream;
-            cudaLaunchAttribute at[2];
-            int na = 0;
-            if (CL > 1) {
-                at[na].id = cudaLaunchAttributeClusterDimension;
-                at[na].val.clusterDim.x = (unsigned)CL;
-                at[na].val.clusterDim.y = 1;
-                at[na].val.clusterDim.z = 1;
-                na++;
-            }
-            if (fin == RMS_FIN_GRID) {
-                at[na].id = cudaLaunchAttributeCooperative;
-                at[na].val.cooperative = 1;
-                na++;
-            }
-            cfg.attrs = at;
-            cfg.numAttrs = (unsigned)na;
-            cudaError_t e = cudaSuccess;
-#define RMS_BWD5(g, v, minb)                                                                                         \
-    do {                                                                                                             \
-        if (CL == 8) rms_carveout<rmsnorm_backward4_kernel<g, v, true, minb, 8>>();                                   \
-        else if (CL == 4) rms_carveout<rmsnorm_backward4_kernel<g, v, true, minb, 4>>();                              \
-        else rms_carveout<rmsnorm_backward4_kernel<g, v, true, minb, 1>>();                                           \
-        if (CL == 8) nb = cluster_grid(rms_max_clusters<rmsnorm_backward4_kernel<g, v, true, minb, 8>>(8, smem));   \
-        else if (CL == 4) nb = cluster_grid(rms_max_clusters<rmsnorm_backward4_kernel<g, v, true, minb, 4>>(4, smem)); \
-        else nb = cluster_grid(rms_max_blocks<rmsnorm_backward4_kernel<g, v, true, minb, 1>>(smem));                \
-        cfg.gridDim = dim3((unsigned)nb);                                                                            \
-        e = CL == 8 ? cudaLaunchKernelEx(&cfg, rmsnorm_backward4_kernel<g, v, true, minb, 8>, dx, dw, part, ticket, dy, x, w, rstd, N, C, accumulate_dx, fin) \
-          : CL == 4 ? cudaLaunchKernelEx(&cfg, rmsnorm_backward4_kernel<g, v, true, minb, 4>, dx, dw, part, ticket, dy, x, w, rstd, N, C, accumulate_dx, fin) \
-                    : cudaLaunchKernelEx(&cfg, rmsnorm_backward4_kernel<g, v, true, minb, 1>, dx, dw, part, ticket, dy, x, w, rstd, N, C, accumulate_dx, fin); \
-    } while (0)
-            switch (G * 8 + V) {
-            case 8 * 8 + 1: RMS_BWD5(8, 1, 3); break;
-            case 8 * 8 + 2: RMS_BWD5(8, 2, 3); break;
-            case 16 * 8 + 2: RMS_BWD5(16, 2, 3); break;
-            case 32 * 8 + 2: RMS_BWD5(32, 2, 3); break;
-            case 64 * 8 + 2: RMS_BWD5(64, 2, 3); break;
-            case 128 * 8 + 2: RMS_BWD5(128, 2, 3); break;
-            case 256 * 8 + 2: RMS_BWD5(256, 2, 3); break;
-            case 256 * 8 + 4: RMS_BWD5(256, 4, 2); break;
-            default: return kernels_fail("rmsnorm_backward: no variant %d kernel for G=%d V=%d", variant, G, V);
-            }
-#undef RMS_BWD5
-            if (e != cudaSuccess) {
-                (void)cudaGetLastError();   /* a refused launch (e.g. grid too large to be co-resident) is not sticky */
-                return kernels_fail("rmsnorm_backward (variant %d, %d blocks, clusters of %d%s): %s", variant, nb, CL,
-                                    fin == RMS_FIN_GRID ? ", cooperative" : "", cudaGetErrorString(e));
-            }
-            KERNELS_CHECK_LAUNCH("rmsnorm_backward (variant 5-8)");
-        }
+        KERNELS_CHECK_LAUNCH("rmsnorm_backward (variant 4)");
     }
-    if (piece != 3 && (fin != RMS_FIN_PDL || piece == 2)) return 0;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)((C / 4 + RMS_FIN_Q - 1) / RMS_FIN_Q));
-    cfg.blockDim = dim3(1024);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = piece == 4 ? 0 : 1;   /* piece 4: a plain launch (griddepcontrol.wait returns at once) */
-    cudaError_t e;
-    if (variant == 9) {   /* round 3: rmsnorm_backward_dw_final2_kernel, NQ float4 columns per CTA */
-        const int nq = rms_fin_nq();
-        cfg.gridDim = dim3((unsigned)((C / 4 + nq - 1) / nq));
-        cfg.blockDim = dim3(nq == 2 ? 512 : 1024);
-        e = nq == 2   ? cudaLaunchKernelEx(&cfg, rmsnorm_backward_dw_final2_kernel<2, 256>, dw, (const float *)part, nb, C)
-            : nq == 8 ? cudaLaunchKernelEx(&cfg, rmsnorm_backward_dw_final2_kernel<8, 128>, dw, (const float *)part, nb, C)
-                      : cudaLaunchKernelEx(&cfg, rmsnorm_backward_dw_final2_kernel<4, 256>, dw, (const float *)part, nb, C);
-    } else
-        e = cudaLaunchKernelEx(&cfg, rmsnorm_backward_dw_final_kernel, dw, (const float *)part, nb / CL, C);
-    if (e != cudaSuccess) return kernels_fail("rmsnorm_backward (dw sum, variant %d): %s", variant, cudaGetErrorString(e));
-    KERNELS_CHECK_LAUNCH("rmsnorm_backward (dw sum, variant 4-8)");
+    if (!dw || (piece != 3 && (fin != RMS_FIN_PDL || piece == 2))) return 0;
+    return rms_launch_sum(rmsnorm_backward_dw_final_kernel, (C / 4 + RMS_FIN_Q - 1) / RMS_FIN_Q, 1024, piece, stream, dw,
+                          part, nb, C);
+}
+
+/* The default's launch shape with dw (V <= 2): 2 = 512 threads, 1 CTA per SM (the default, measured
+ * best or tied at every H200 shape of round 4); 1 = 256 threads, 2 per SM, only through the bench
+ * (DFLASH_RMSNORM_V10=1 with DFLASH_KERNELS_BENCH=1). Both are correct, deterministic backwards. */
+static int rms_v10_cfg(void) {
+    const char *e = getenv("DFLASH_RMSNORM_V10"), *b = getenv("DFLASH_KERNELS_BENCH");
+    return e && !strcmp(e, "1") && b && !strcmp(b, "1") ? 1 : 2;
+}
+
+/* dw's dynamic shared memory above the 48 KB default (V = 4, T 512, NG 2 at C = 8192: 64 KB), set once per kernel */
+template <auto kern>
+static int rms_smem_optin(size_t smem) {
+    static size_t done;
+    if (smem <= 48 * 1024 || smem <= done) return 0;
+    cudaError_t e = cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kernels_fail("rmsnorm_backward: %zu bytes of shared memory refused: %s", smem, cudaGetErrorString(e));
+    }
+    done = smem;
     return 0;
 }
 
-extern "C" int rmsnorm_backward(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w,
-                                const float *rstd, float *scratch, int N, int C, int accumulate_dx,
-                                cudaStream_t stream) {
-    if (check_args("rmsnorm_backward", dx, dy, x, N, C)) return -1;
-    if (!vec_aligned16(w)) return kernels_fail("rmsnorm_backward: w must be 16-byte aligned");
-    if (dx == dy || dx == x) return kernels_fail("rmsnorm_backward: dx may not alias dy or x");
-    if (dw && !scratch) return kernels_fail("rmsnorm_backward: dw needs a scratch of rmsnorm_backward_scratch_floats() floats");
-    if (dw && !vec_aligned16(scratch)) return kernels_fail("rmsnorm_backward: scratch must be 16-byte aligned");
-    if (N == 0) return 0;
-    int C8 = C / 8;
-    if (!use_twopass(C) && rms_env() >= 4)
-        return backward4_launch(rms_env(), dx, dw, dy, x, w, rstd, scratch, N, C, accumulate_dx, stream);
-    if (dw) scratch += RMS_SCR_HDR;   /* variants 1-3: partials after the ticket header, which they leave alone */
-    if (!use_twopass(C)) {
-        int G, V, nb = bwd_grid(N, C);
-        reg_shape(C8, 2, &G, &V);
-        if (!dw) {   /* no summation order to keep: 3 blocks per SM fit without the dw registers */
-            int steps = (N + RMS_THREADS / G - 1) / (RMS_THREADS / G);
-            nb = steps < 3 * 132 ? steps : 3 * 132;
+/* The default row walk's shape for (C, dw, cfg): threads T, rows per group per step R, CTAs per SM. */
+static void rms10_shape(int C, bool dw, int cfg, int *G, int *V, int *T, int *R, int *per_sm) {
+    reg_shape(C / 8, 2, G, V);
+    *T = *V == 4 ? 512 : dw && cfg == 2 ? 512 : 256;
+    *R = *V == 4 ? 1 : 2;
+    *per_sm = *T == 512 ? 1 : 2;
+}
+
+/* The default backward (C <= RMS_REG_MAX_C); dw nullable. The row walk (one launch), then for dw and
+ * C > RMS_LAST_MAX_C rmsnorm_backward_dw_final2_kernel<4, 256> over the nb partials with PDL. Bench
+ * pieces (rms_dw_piece): 1 the walk alone, 2 walk + partials, 3 the sum kernel alone, 4 no PDL. */
+static int backward10_launch(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
+                             unsigned *ticket, float *part, int N, int C, int accumulate_dx, cudaStream_t stream) {
+    int G, V, T, R, per_sm;
+    const int cfg = dw ? rms_v10_cfg() : 1;
+    rms10_shape(C, dw != NULL, cfg, &G, &V, &T, &R, &per_sm);
+    const int RS = T / G * R;
+    int steps = (N + RS - 1) / RS, target = RMS_SMS * per_sm;
+    if (steps < 1) steps = 1;
+    const int kk = (steps + target - 1) / target, nb = (steps + kk - 1) / kk;
+    const int piece = dw ? rms_dw_piece() : 0;
+    int fin = C <= RMS_LAST_MAX_C ? RMS_FIN_LAST : RMS_FIN_PDL;
+    if (piece == 1) fin = RMS_FIN_WALK;
+    if (piece == 2) fin = RMS_FIN_PDL;
+    const size_t smem = dw && T / G > 1 ? (size_t)(T / G) * C * sizeof(float) : 0;
+    if (piece != 3) {
+#define RMS10_K(g, v, r, t, mb, d) rmsnorm_backward10_kernel<g, v, r, t, mb, true, false, d>
+#define RMS10_L(g, v, r, t, mb, d)                                                                                     \
+    do {                                                                                                               \
+        if (rms_smem_optin<RMS10_K(g, v, r, t, mb, d)>(smem)) return -1;                                               \
+        RMS10_K(g, v, r, t, mb, d)<<<nb, t, smem, stream>>>(dx, dw, part, ticket, dy, x, w, rstd, N, C, accumulate_dx,  \
+                                                          fin);                                                        \
+    } while (0)
+#define RMS10_GV(g, v)                                                                                                 \
+    do {                                                                                                               \
+        if (!dw) RMS10_L(g, v, 2, 256, 2, false);                                                                      \
+        else if (cfg == 1) RMS10_L(g, v, 2, 256, 2, true);                                                             \
+        else RMS10_L(g, v, 2, 512, 1, true);                                                                           \
+    } while (0)
+        switch (G * 8 + V) {
+        case 8 * 8 + 1: RMS10_GV(8, 1); break;
+        case 8 * 8 + 2: RMS10_GV(8, 2); break;
+        case 16 * 8 + 2: RMS10_GV(16, 2); break;
+        case 32 * 8 + 2: RMS10_GV(32, 2); break;
+        case 64 * 8 + 2: RMS10_GV(64, 2); break;
+        case 128 * 8 + 2: RMS10_GV(128, 2); break;
+        case 256 * 8 + 2: RMS10_GV(256, 2); break;
+        case 256 * 8 + 4:   /* V = 4: one shape (T 512, 1/SM, R 1) */
+            if (dw) RMS10_L(256, 4, 1, 512, 1, true);
+            else RMS10_L(256, 4, 1, 512, 1, false);
+            break;
+        default: return kernels_fail("rmsnorm_backward: no kernel for G=%d V=%d", G, V);
         }
-        size_t smem = dw ? (size_t)(RMS_THREADS / G) * C * sizeof(float) : 0;   /* <= 32 KiB: C <= 8·G·V */
-#define RMS_BWD(g, v)                                                                                              \
-        do {                                                                                                       \
-            if (dw)                                                                                                \
-                rmsnorm_backward_kernel<g, v, true><<<nb, RMS_THREADS, smem, stream>>>(dx, scratch, dy, x, w, rstd, \
-                                                                                      N, C, accumulate_dx);        \
-            else                                                                                                   \
-                rmsnorm_backward_kernel<g, v, false><<<nb, RMS_THREADS, 0, stream>>>(dx, NULL, dy, x, w, rstd, N,   \
-                                                                                    C, accumulate_dx);             \
-        } while (0)
-        RMS_DISPATCH(G, V, RMS_BWD)
-#undef RMS_BWD
+#undef RMS10_GV
+#undef RMS10_L
+#undef RMS10_K
         KERNELS_CHECK_LAUNCH("rmsnorm_backward");
-        if (dw && rms_env() == 3) {   /* K1c: programmatic dependent launch of the dw sum */
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3((unsigned)((C + 31) / 32));
-            cfg.blockDim = dim3(32, 8);
-            cfg.dynamicSmemBytes = 0;
-            cfg.stream = stream;
-            cudaLaunchAttribute at[1];
-            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            at[0].val.programmaticStreamSerializationAllowed = 1;
-            cfg.attrs = at;
-            cfg.numAttrs = 1;
-            cudaError_t e = cudaLaunchKernelEx(&cfg, rmsnorm_backward_dw_sum_pdl_kernel, dw, (const float *)scratch, nb, C);
-            if (e != cudaSuccess) return kernels_fail("rmsnorm_backward (dw sum, PDL): %s", cudaGetErrorString(e));
-            KERNELS_CHECK_LAUNCH("rmsnorm_backward (dw sum, PDL)");
-        } else if (dw) {
-            rmsnorm_backward_dw_sum_kernel<<<(C + 31) / 32, dim3(32, 8), 0, stream>>>(dw, scratch, nb, C);
-            KERNELS_CHECK_LAUNCH("rmsnorm_backward (dw sum)");
-        }
-        return 0;
     }
+    if (!dw || (piece != 3 && (fin != RMS_FIN_PDL || piece == 2))) return 0;
+    return rms_launch_sum(rmsnorm_backward_dw_final2_kernel<4, 256>, (C / 4 + 3) / 4, 1024, piece, stream, dw, part, nb, C);
+}
+
+/* One tensor's backward on (ticket, partials) (rmsnorm_backward's scratch layout, or one tensor's half
+ * of rmsnorm_qk_backward's). Arguments checked by the caller. */
+static int backward_impl(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
+                         unsigned *ticket, float *part, int N, int C, int accumulate_dx, cudaStream_t stream) {
+    const int env = rms_env();
+    if (env < 0) return -1;
+    if (N == 0) return 0;
+    if (C <= RMS_REG_MAX_C)
+        return env == 4 ? backward4_launch(dx, dw, dy, x, w, rstd, ticket, part, N, C, accumulate_dx, stream)
+                        : backward10_launch(dx, dw, dy, x, w, rstd, ticket, part, N, C, accumulate_dx, stream);
+    /* C > RMS_REG_MAX_C: the two-pass kernels (a size path; the dw sums chunk by chunk, no ticket) */
+    const int C8 = C / 8;
     if (C8 >= 32)
         rmsnorm_backward_twopass_kernel<32><<<(N + 7) / 8, RMS_THREADS, 0, stream>>>(dx, dy, x, w, rstd, N, C, accumulate_dx);
     else if (C8 >= 16)
@@ -1349,10 +1280,82 @@ extern "C" int rmsnorm_backward(bf16 *dx, float *dw, const bf16 *dy, const bf16 
     if (dw) {
         int chunks = dw_chunks(N), rows = (N + chunks - 1) / chunks;
         dim3 grid((C8 + 7) / 8, chunks);
-        rmsnorm_backward_dw_kernel<<<grid, 256, 0, stream>>>(scratch, dy, x, rstd, N, C, rows);
+        rmsnorm_backward_dw_kernel<<<grid, 256, 0, stream>>>(part, dy, x, rstd, N, C, rows);
         KERNELS_CHECK_LAUNCH("rmsnorm_backward (dw partials)");
-        rmsnorm_backward_dw_reduce_kernel<<<(C + 255) / 256, 256, 0, stream>>>(dw, scratch, chunks, C);
+        rmsnorm_backward_dw_reduce_kernel<<<(C + 255) / 256, 256, 0, stream>>>(dw, part, chunks, C);
         KERNELS_CHECK_LAUNCH("rmsnorm_backward (dw reduce)");
     }
+    return 0;
+}
+
+static int check_bwd(const char *name, bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w, float *scratch,
+                     int N, int C) {
+    if (check_args(name, dx, dy, x, N, C)) return -1;
+    if (!vec_aligned16(w)) return kernels_fail("%s: w must be 16-byte aligned", name);
+    if (dx == dy || dx == x) return kernels_fail("%s: dx may not alias dy or x", name);
+    if (dw && !scratch) return kernels_fail("%s: dw needs a scratch (rmsnorm.h)", name);
+    if (dw && !vec_aligned16(scratch)) return kernels_fail("%s: scratch must be 16-byte aligned", name);
+    return 0;
+}
+
+extern "C" int rmsnorm_backward(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w,
+                                const float *rstd, float *scratch, int N, int C, int accumulate_dx,
+                                cudaStream_t stream) {
+    if (check_bwd("rmsnorm_backward", dx, dw, dy, x, w, scratch, N, C)) return -1;
+    return backward_impl(dx, dw, dy, x, w, rstd, dw ? (unsigned *)scratch : NULL, dw ? scratch + RMS_SCR_HDR : NULL, N, C,
+                         accumulate_dx, stream);
+}
+
+/* Scratch layout of the q/k backward: header (word 0 q's ticket, word 1 k's), q's partials
+ * [rms_partial_rows(Nq, C), C], then k's: the tickets sit at fixed places whatever Nq, Nk, so one
+ * scratch serves every smaller (Nq, Nk) as rmsnorm_backward's does. */
+extern "C" int rmsnorm_qk_backward(bf16 *dxq, float *dwq, const bf16 *dyq, const bf16 *xq, const float *wq,
+                                   const float *rstdq, int Nq, bf16 *dxk, float *dwk, const bf16 *dyk, const bf16 *xk,
+                                   const float *wk, const float *rstdk, int Nk, float *scratch, int C, int accumulate_dx,
+                                   cudaStream_t stream) {
+    if (check_bwd("rmsnorm_qk_backward (q)", dxq, dwq, dyq, xq, wq, scratch, Nq, C) ||
+        check_bwd("rmsnorm_qk_backward (k)", dxk, dwk, dyk, xk, wk, scratch, Nk, C))
+        return -1;
+    if (!dwq != !dwk) return kernels_fail("rmsnorm_qk_backward: dwq and dwk are both given or both NULL");
+    const int env = rms_env();
+    if (env < 0) return -1;
+    const bool dw = dwq != NULL;
+    unsigned *tq = dw ? (unsigned *)scratch : NULL, *tk = dw ? (unsigned *)scratch + 1 : NULL;
+    float *pq = dw ? scratch + RMS_SCR_HDR : NULL, *pk = dw ? pq + rms_partial_rows(Nq, C) * C : NULL;
+    if (env == 4 || C > RMS_LAST_MAX_C || Nq == 0 || Nk == 0)   /* two launches (each a no-op when its N is 0) */
+        return backward_impl(dxq, dwq, dyq, xq, wq, rstdq, tq, pq, Nq, C, accumulate_dx, stream) ||
+                       backward_impl(dxk, dwk, dyk, xk, wk, rstdk, tk, pk, Nk, C, accumulate_dx, stream)
+                   ? -1 : 0;
+    /* one launch: the default's row walk and shape for each tensor, the CTAs split between them in
+     * proportion to their row steps, every CTA the same number of steps (±1) across both, the total
+     * within one wave (132 × CTAs per SM); a function of (Nq, Nk, C, shape): dw deterministic */
+    int G, V, T, R, per_sm;
+    const int cfg = dw ? rms_v10_cfg() : 1;
+    rms10_shape(C, dw, cfg, &G, &V, &T, &R, &per_sm);
+    const int RS = T / G * R, sq = (Nq + RS - 1) / RS, sk = (Nk + RS - 1) / RS, target = RMS_SMS * per_sm;
+    int kk = (sq + sk + target - 1) / target, nbq, nbk;
+    for (;; kk++) {
+        nbq = (sq + kk - 1) / kk;
+        nbk = (sk + kk - 1) / kk;
+        if (nbq + nbk <= target) break;
+    }
+    rms_qk_bwd_args a = {{dxq, dxk}, {dwq, dwk}, {pq, pk}, {tq, tk}, {dyq, dyk}, {xq, xk}, {wq, wk}, {rstdq, rstdk}, {Nq, Nk},
+                         {nbq, nbk}};
+    const unsigned blocks = (unsigned)(nbq + nbk);
+    const size_t smem = dw && T / G > 1 ? (size_t)(T / G) * C * sizeof(float) : 0;   /* <= 32 KB at C <= 256 */
+#define RMS_QKB(g, v)                                                                                                  \
+    do {                                                                                                               \
+        if (!dw) rmsnorm_qk_backward10_kernel<g, v, 2, 256, 2, true, false><<<blocks, 256, 0, stream>>>(a, C, accumulate_dx); \
+        else if (cfg == 1) rmsnorm_qk_backward10_kernel<g, v, 2, 256, 2, true, true><<<blocks, 256, smem, stream>>>(a, C, accumulate_dx); \
+        else rmsnorm_qk_backward10_kernel<g, v, 2, 512, 1, true, true><<<blocks, 512, smem, stream>>>(a, C, accumulate_dx); \
+    } while (0)
+    switch (G * 8 + V) {   /* C <= RMS_LAST_MAX_C = 256: C/8 <= 32, G <= 16 */
+    case 8 * 8 + 1: RMS_QKB(8, 1); break;
+    case 8 * 8 + 2: RMS_QKB(8, 2); break;
+    case 16 * 8 + 2: RMS_QKB(16, 2); break;
+    default: return kernels_fail("rmsnorm_qk_backward: no kernel for G=%d V=%d", G, V);
+    }
+#undef RMS_QKB
+    KERNELS_CHECK_LAUNCH("rmsnorm_qk_backward");
     return 0;
 }

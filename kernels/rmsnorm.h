@@ -45,18 +45,10 @@ void rmsnorm_backward_ref(float *dx, float *dw, const float *dy, const float *x,
 
 /* y [N,C] bf16 (may alias x), rstd [N] fp32 or NULL, x [N,C] bf16, w [C] fp32.
  * C % 8 == 0 and C <= 16384, 16-byte aligned pointers; checked. Asynchronous; 0 or -1.
- * DFLASH_RMSNORM_KERNEL in the environment (read per call, every function here) reverts: 1 selects
- * the first, two-pass kernels, 2 K1b's register-resident kernels without K1c's two-row forward and
- * PDL dw sum, 3 K1c's kernels; unset or 4 (the default) is 3 with K1e's backward (shared-memory dw
- * sums, balanced grid, in-kernel dw sum for C <= 256); 5-8 are candidates for 4's backward with dw
- * (5: clusters of 4 CTAs add their dw sums in distributed shared memory, one partial per cluster;
- * 6: clusters of 8; 7: the cross-block dw sum after a grid barrier of a cooperative launch instead
- * of a second kernel or the last block; 8: 5 and 7), same results up to summation order, still
- * deterministic (5/6 size the grid by the clusters the device can hold at once, so the order is
- * fixed per (N, C, device)); 9 (round 3) is 4 with a many-slice dw sum kernel for C > 256 (its own fixed
- * order: deterministic, not bitwise 4's dw) and a forward whose two-row choice uses the kernels' queried
- * occupancy (y, rstd, h bitwise 4's); kernels/rmsnorm.cu. DFLASH_RMSNORM_DW_PIECE, DFLASH_RMSNORM_CARVEOUT
- * and DFLASH_RMSNORM_FIN_NQ are bench-only switches (rmsnorm.cu); pieces 1-3 give a wrong dw. */
+ * DFLASH_RMSNORM_KERNEL in the environment (read per call, by every function here): unset = the
+ * default kernels; 4 = the previous default backward (variant 4, the one revert switch; the forward
+ * does not change); any other value makes every call fail with a one-line error. DFLASH_RMSNORM_DW_PIECE
+ * and DFLASH_RMSNORM_V10 are bench-only switches (kernels/rmsnorm.cu). */
 int rmsnorm_forward(bf16 *y, float *rstd, const bf16 *x, const float *w, int N, int C, float eps,
                     cudaStream_t stream);
 
@@ -81,6 +73,27 @@ size_t rmsnorm_backward_scratch_floats(int N, int C);
 int rmsnorm_backward(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w,
                      const float *rstd, float *scratch, int N, int C, int accumulate_dx,
                      cudaStream_t stream);
+
+/* The per-head q/k norm of both tensors in one launch: q [Nq, C] (Nq = T·NH) and k [Nk, C] (Nk = T·NKV),
+ * each with its own weight [C] and rstd; same arguments and preconditions, per tensor, as
+ * rmsnorm_forward. y, rstd are bitwise those of two rmsnorm_forward calls. One launch for C <= 1024,
+ * else two. Asynchronous; 0 or -1. */
+int rmsnorm_qk_forward(bf16 *yq, float *rstdq, const bf16 *xq, const float *wq, int Nq, bf16 *yk, float *rstdk,
+                       const bf16 *xk, const float *wk, int Nk, int C, float eps, cudaStream_t stream);
+
+/* Floats of scratch rmsnorm_qk_backward needs for (Nq, Nk, C); serves every smaller Nq and Nk at that C.
+ * Zeroed once after allocation, as rmsnorm_backward's (its header holds both tensors' tickets). */
+size_t rmsnorm_qk_backward_scratch_floats(int Nq, int Nk, int C);
+
+/* Both tensors' backward in one launch (C <= 256 under the default; else, or under
+ * DFLASH_RMSNORM_KERNEL=4, two rmsnorm_backward launches on the same scratch): per tensor the arguments
+ * of rmsnorm_backward; dwq and dwk (+=) both given or both NULL; one scratch of
+ * rmsnorm_qk_backward_scratch_floats(Nq, Nk, C) floats. dx is bitwise that of two rmsnorm_backward
+ * calls; dw is deterministic (a function of Nq, Nk, C), not bitwise the separate calls' (the CTAs
+ * are shared out differently). Asynchronous; 0 or -1; calls sharing a scratch must be ordered. */
+int rmsnorm_qk_backward(bf16 *dxq, float *dwq, const bf16 *dyq, const bf16 *xq, const float *wq, const float *rstdq,
+                        int Nq, bf16 *dxk, float *dwk, const bf16 *dyk, const bf16 *xk, const float *wk,
+                        const float *rstdk, int Nk, float *scratch, int C, int accumulate_dx, cudaStream_t stream);
 #endif
 
 #ifdef __cplusplus

@@ -1,61 +1,35 @@
 /*
- * kernels/bench/rmsnorm_bench.cu — RMSNorm forward, fused residual forward, backward (kernels/rmsnorm.h).
+ * kernels/bench/rmsnorm_bench.cu — RMSNorm forward, fused residual forward, backward, and the q/k norm's
+ * one-launch pair (kernels/rmsnorm.h).
  *
  * Build: make BUILD=build-rn build-rn/bench/rmsnorm_bench   Run: build-rn/bench/rmsnorm_bench
- * The variants are the library's two kernel paths, picked through DFLASH_RMSNORM_KERNEL (read by the
- * launchers at every call):
- * Variant 1: two passes (row group of 8/16/32 lanes, the second pass re-reads the row from L1/L2;
- *            dw by a separate column-reduction kernel over dy and x, 256 row chunks). Measured on the
- *            H200 (K1): forward 58%, fused 73%, dx 55%, dx+dw 34%, q-norm dx+dw 47% at C=4096/128.
- * Variant 2: register-resident (the default for C <= 8192): a group of G = 8..256 threads holds its
- *            row in registers (V <= 4 16-byte vectors per thread, all loads in flight at once); the
- *            backward walks rows with a fixed grid of 264 blocks, prefetches the next row, and sums
- *            dw per thread in fp32, then per block (fixed order) and across blocks (fixed order).
- * Variant 3 (K1c; DFLASH_RMSNORM_KERNEL=3): variant 2, plus two rows per row group in the forward
- *            when groups are <= 32 lanes and the grid exceeds one wave (C = 128: 64 rows per block
- *            instead of 32), plus the dw sum kernel launched with programmatic dependent launch
- *            (PDL) behind the dx kernel. H200: 8192x4096 dx+dw 70.1%, q norm 77.1%, k norm 50.4%.
- * Variant 4 (K1e, the default; forward = variant 3): backward with the dw column sums in shared
- *            memory (80 registers: 3 blocks per SM, not 2 at 108), a balanced grid (every block the
- *            same number of row steps), the old dx of dx += loaded before the row reduction, and
- *            the cross-block dw sum done by the last block to finish (ticket in scratch, C <= 256)
- *            or by a 1024-thread PDL kernel with 16 loads in flight per thread (C > 256).
- * Variants 5-8 (round 2, candidates behind DFLASH_RMSNORM_KERNEL; forward = variant 4's, so only the
- *            backward is timed): 5 = 4 with clusters of 4 CTAs that add their shared-memory dw sums
- *            through distributed shared memory (one partial per cluster: 4x fewer partial bytes); 6 =
- *            clusters of 8; 7 = 4 with the cross-block dw sum after a grid barrier in the same kernel
- *            (cooperative launch, no second kernel, every C); 8 = 5 + 7.
- * Variant 9 (round 3): 4 with (a) the cross-block dw sum (C > 256) by rmsnorm_backward_dw_final2_kernel:
- *            CTAs of NQ float4 columns x 256 (or 128) slices, 1-4 loads per thread, shuffle trees;
- *            DFLASH_RMSNORM_FIN_NQ = 2 / 4 (default) / 8 timed side by side; its dw order differs from
- *            4's (deterministic, not bitwise 4's); (b) the forward's two-row choice against the one-row
- *            kernel's queried occupancy, and two-row kernels held to 4 blocks per SM: y, rstd, h must be
- *            bitwise 4's (checked, "v9 forward+resid bitwise = v4").
- * Round 3 fix: the fused forward's timing loop rewrites rstd (with the rstd of x + k·r); the "dw (no
- * PDL)" validation after it ran on that rstd and FAILED on every shape (a bench bug, not the library's:
- * the library never launches the sum kernel without PDL). rstd is now restored after the forward timings.
- * The output ends with every FAILED validation repeated (or "all validations ok").
- * dw pieces (variants 4-9, DFLASH_RMSNORM_DW_PIECE, timing only, dw wrong): "walk" = the row walk with
- * its shared-memory dw sums but no partial store, "walk+part" = plus the partial store, "final" = the
- * PDL sum kernel alone, "no PDL" = the full dx+dw with that kernel launched plainly (validated); with
- * "dx only" and the full dx+dw they split dw's cost into the shared-memory sums in the loop, the
- * partial store, and the cross-block sum with its launch/wait. "empty" is an
- * empty kernel launch timed the same way (L2 flush, events): the floor of any one launch; "empty x2"
- * two launches in a row. "cv 28/44/100%" = dx+dw with DFLASH_RMSNORM_CARVEOUT (the dw kernel's preferred
- * shared-memory carveout; 28% ~ the 64 KB that 3 blocks need, 100% = all shared memory, least L1):
- * whether dw's dynamic shared memory costs L1 room for the loads in flight.
- * Every variant is validated against the CPU reference (y, h, rstd, dx, dw) before it is timed; a
- * variant that fails is reported, not timed, and the bench exits 1 at the end. The hidden norm
- * (8192 x 4096) runs last and a summary table closes the output (the tail is what gets read).
+ * Variants (DFLASH_RMSNORM_KERNEL, read by the launchers at every call): "def" = unset, the library's
+ * default since round 5 (the backward with dw column sums in registers, round 4's "variant 10", shape 2:
+ * 512 threads, 1 CTA/SM); "v4" = DFLASH_RMSNORM_KERNEL=4, the previous default backward (K1e: dw sums in
+ * shared memory, 3 blocks/SM), the one revert. The forward is the same under both (timed once). Earlier
+ * variants (1-3, 5-9, round 4's shapes 3-4) left the library in round 5: code in git a149d55, numbers in
+ * RESULTS.md (runs 1-9). "def shape 1" (bench-only DFLASH_RMSNORM_V10=1: 256 threads, 2/SM) is validated
+ * (dw, dx bitwise the default's) and timed beside the default.
+ * Each variant is validated against the CPU reference (y, h, rstd, dx, dx+=, dw, dw bitwise repeatable,
+ * ticket reset) before it is timed; the default's dx and dx+= are compared bit for bit with v4's
+ * ("dx=v4"). Timing: single = one launch after an L2 flush, event-bracketed (bench_ms); stream = NSTREAM
+ * = 20 launches back to back on one stream over rotating buffer sets (> 160 MB between two uses of a set,
+ * so every launch reads from DRAM), time / 20: the rate inside a training step without the ~3 µs floor of
+ * a lone launch. dw pieces (DFLASH_RMSNORM_DW_PIECE, timing only, dw wrong): walk / walk+part / final /
+ * no PDL (validated), with dx only and dx+dw: where dw's cost goes. "empty" = one empty launch.
+ * The q/k norm (rmsnorm_qk_forward / rmsnorm_qk_backward, q 262144x128 + k 65536x128): y, rstd, dx, dx+=
+ * must be bitwise two separate calls'; dw against the reference and repeatable; both tickets reset; then
+ * two calls vs one launch, single and stream, for fwd, dx+dw, dx+=,dw, dx only.
  * Bytes counted (bf16 tensors of N·C): forward read x + write y = 2; fused read x, r + write r, y = 4;
- * backward read dy, x + write dx = 3 (dx+dw also 3: a fused dw reads nothing more; variant 1 reads
- * dy, x twice, so its "3 of 5"). Ceiling ~4.1 TB/s; target >= 80%.
+ * backward read dy, x + write dx = 3 (dx+= 4). Ceiling ~4.1 TB/s; target >= 80%. The SUMMARY lines
+ * close the output (the tail is what gets read), then every FAILED validation (or "all validations ok").
  */
 #include "kernels/rmsnorm.h"
 #include "k1bench.cuh"
 
 #include <math.h>
 #include <string.h>
+#include <vector>
 
 /* max over i of |got - ref| / (atol + rtol·|ref|): <= 1 passes. */
 static double worst(const float *got, const float *ref, size_t n, double atol, double rtol) {
@@ -78,22 +52,58 @@ static double rms(const float *a, size_t n) {
     return sqrt(s / (n ? n : 1));
 }
 
-#define NVAR 9
+#define NSTREAM 20   /* launches per stream timing */
 #define NMEAS 5
 #define NPIECE 6
-static const char *meas_names[NMEAS] = {"fwd", "resid", "dx", "dx+dw", "dx+=,dw"};
 static const char *piece_names[NPIECE] = {"dx only", "walk", "walk+part", "dx+dw", "final", "no PDL"};
+static const char *var_names[2] = {"def", "v4"};   /* DFLASH_RMSNORM_KERNEL unset / 4 */
 struct shape_result {
-    int N, C, ok[NVAR + 1];
-    double gbs[NVAR + 1][NMEAS];   /* 0: not timed */
-    double us[NVAR + 1][NPIECE];   /* dw pieces, microseconds (variants 4-8) */
-    double empty_us, empty2_us;
-    double cv[NVAR + 1][3];        /* dx+dw microseconds under DFLASH_RMSNORM_CARVEOUT = 28, 44, 100 */
-    double nq_us[3][2];            /* variant 9, DFLASH_RMSNORM_FIN_NQ = 2, 4, 8: dx+dw, final alone (µs; 0 = n/a, -1 failed) */
-    int fwd_same;                  /* variant 9's forward y, rstd, h bitwise variant 4's: 1, 0, or -1 (not compared) */
+    int N, C, ok[2];
+    double gbs[2][NMEAS];    /* single launch after an L2 flush, GB/s; 0: not timed */
+    double sgbs[2][NMEAS];   /* stream timing (NSTREAM launches back to back over rotating sets), GB/s */
+    double us[2][NPIECE];    /* dw pieces, microseconds */
+    double s1us[2];          /* the default's bench-only shape 1 (DFLASH_RMSNORM_V10=1), dx+dw µs single / stream; -1 failed */
+    double empty_us;
+    int nsets;
+    int dx_same[2];          /* the default's dx (=, +=) bitwise variant 4's: 1, 0, -1 (not compared) */
 };
+
+/* Buffer sets for the stream timing: the op's tensors NSTREAM launches rotate over, so that the
+ * launches between two uses of a set touch well over the 50 MB L2 and every launch reads from DRAM. */
+struct stream_sets {
+    int n;
+    bf16 *x[64], *dy[64], *dx[64], *r[64], *y[64];
+    float *rstd[64];
+};
+
+/* Median over reps of (NSTREAM launches back to back on stream 0, fn(k % nsets) for k < NSTREAM,
+ * one L2 flush before them, event-bracketed) / NSTREAM, in ms: the op's rate inside a training
+ * step, without the per-launch floor of a lone launch. */
+template <typename F>
+static double stream_ms(F fn, int nsets, int reps = 5) {
+    cudaEvent_t a, b;
+    BENCH_CUDA(cudaEventCreate(&a));
+    BENCH_CUDA(cudaEventCreate(&b));
+    for (int i = 0; i < nsets; i++) fn(i);
+    BENCH_CUDA(cudaDeviceSynchronize());
+    std::vector<float> t;
+    for (int i = 0; i < reps; i++) {
+        bench_flush_l2();
+        BENCH_CUDA(cudaEventRecord(a, 0));
+        for (int k = 0; k < NSTREAM; k++) fn(k % nsets);
+        BENCH_CUDA(cudaEventRecord(b, 0));
+        BENCH_CUDA(cudaEventSynchronize(b));
+        float ms;
+        BENCH_CUDA(cudaEventElapsedTime(&ms, a, b));
+        t.push_back(ms / NSTREAM);
+    }
+    BENCH_CUDA(cudaGetLastError());
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
 static char failed_list[4096];   /* every FAILED validation, repeated at the end of the output */
-static const char *cv_names[3] = {"28", "44", "100"};
 static int bench_failed;
 
 __global__ void bench_empty_kernel(int) {}
@@ -126,6 +136,11 @@ static double timed(const char *name, const char *shp, double bytes, double ms) 
     return bytes / (ms * 1e-3) / 1e9;
 }
 
+static void set_variant(int v) {
+    if (v) setenv("DFLASH_RMSNORM_KERNEL", "4", 1);
+    else unsetenv("DFLASH_RMSNORM_KERNEL");
+}
+
 static void one(int N, int C, struct shape_result *res) {
     size_t n = (size_t)N * C;
     float *hx, *hr, *hdy, *hw = (float *)malloc(4 * C);
@@ -143,29 +158,44 @@ static void one(int N, int C, struct shape_result *res) {
     BENCH_CUDA(cudaMemset(scr, 0, 4 * rmsnorm_backward_scratch_floats(N, C)));   /* once (rmsnorm.h) */
     BENCH_CUDA(cudaMemcpy(w, hw, 4 * C, cudaMemcpyHostToDevice));
 
-    /* references: y = norm(x); h = bf16(x + r), yh = norm(h); dx, dw of norm(x) */
     float *ref = (float *)malloc(4 * n), *refh = (float *)malloc(4 * n), *refyh = (float *)malloc(4 * n);
-    float *refrs = (float *)malloc(4 * (size_t)N), *refdx = (float *)malloc(4 * n), *refdw = (float *)calloc(C, 4);
+    float *refrs = (float *)malloc(4 * (size_t)N);
     float *got = (float *)malloc(4 * n), *grs = (float *)malloc(4 * (size_t)N), *gdw = (float *)malloc(4 * C);
     float *gdw1 = (float *)malloc(4 * C);
-    /* variant 4's forward outputs, raw bits (y, rstd, h, y of the fused form): variant 9's must equal them */
-    unsigned short *f4y = (unsigned short *)malloc(2 * n), *f4h = (unsigned short *)malloc(2 * n), *f4yh = (unsigned short *)malloc(2 * n);
-    unsigned short *f9 = (unsigned short *)malloc(2 * n);
-    float *f4rs = (float *)malloc(4 * (size_t)N);
-    res->fwd_same = -1;
+    unsigned short *bits = (unsigned short *)malloc(2 * n), *v4dx = (unsigned short *)malloc(2 * n),
+                   *v4dxa = (unsigned short *)malloc(2 * n), *ddx = (unsigned short *)malloc(2 * n),
+                   *ddxa = (unsigned short *)malloc(2 * n);
+    res->dx_same[0] = res->dx_same[1] = -1;
+    struct stream_sets ss;
+    {
+        double per = 6.0 * (double)n;   /* bytes one backward touches: dy, x read, dx written */
+        int k = 1 + (int)ceil(160e6 / per);
+        ss.n = k < 2 ? 2 : k > 64 ? 64 : k;
+        res->nsets = ss.n;
+        for (int i = 0; i < ss.n; i++) {
+            BENCH_CUDA(cudaMalloc(&ss.x[i], 2 * n));
+            BENCH_CUDA(cudaMalloc(&ss.dy[i], 2 * n));
+            BENCH_CUDA(cudaMalloc(&ss.dx[i], 2 * n));
+            BENCH_CUDA(cudaMalloc(&ss.r[i], 2 * n));
+            BENCH_CUDA(cudaMalloc(&ss.y[i], 2 * n));
+            BENCH_CUDA(cudaMalloc(&ss.rstd[i], 4 * (size_t)N));
+            BENCH_CUDA(cudaMemcpy(ss.x[i], x, 2 * n, cudaMemcpyDeviceToDevice));
+            BENCH_CUDA(cudaMemcpy(ss.dy[i], dy, 2 * n, cudaMemcpyDeviceToDevice));
+            BENCH_CUDA(cudaMemcpy(ss.r[i], r0, 2 * n, cudaMemcpyDeviceToDevice));
+            BENCH_CUDA(cudaMemset(ss.dx[i], 0, 2 * n));
+        }
+    }
     rmsnorm_forward_ref(ref, refrs, hx, hw, N, C, 1e-6f);
     for (size_t i = 0; i < n; i++) refh[i] = bf16_round(hx[i] + hr[i]);
     rmsnorm_forward_ref(refyh, NULL, refh, hw, N, C, 1e-6f);
-    rmsnorm_backward_ref(refdx, refdw, hdy, hx, hw, refrs, N, C, 0);
-    double dx_atol = 1e-2 * rms(refdx, n), dw_atol = 1e-3 * sqrt((double)N);
 
     char shp[64];
     snprintf(shp, sizeof shp, "N=%d C=%d", N, C);
     res->N = N;
     res->C = C;
-    for (int v = 1; v <= NVAR; v++) {
-        char env[2] = {(char)('0' + v), 0};
-        setenv("DFLASH_RMSNORM_KERNEL", env, 1);
+    for (int v = 1; v >= 0; v--) {   /* v4 first: the default's dx is compared with it */
+        set_variant(v);
+        const char *vn = var_names[v];
         char what[96];
         int ok = 1;
         BENCH_CUDA(cudaMemset(y, 0xff, 2 * n));
@@ -173,108 +203,116 @@ static void one(int N, int C, struct shape_result *res) {
         BENCH_CUDA(cudaDeviceSynchronize());
         down_bf16(got, y, n);
         BENCH_CUDA(cudaMemcpy(grs, rstd, 4 * (size_t)N, cudaMemcpyDeviceToHost));
-        snprintf(what, sizeof what, "v%d forward y %s", v, shp);
+        snprintf(what, sizeof what, "%s forward y %s", vn, shp);
         vcheck(&ok, what, worst(got, ref, n, 1e-2, 1.6e-2), 1.0);
-        snprintf(what, sizeof what, "v%d forward rstd %s", v, shp);
+        snprintf(what, sizeof what, "%s forward rstd %s", vn, shp);
         vcheck(&ok, what, worst(grs, refrs, N, 0, 1e-4), 1.0);
-        int same = 1;
-        if (v == 4) {
-            BENCH_CUDA(cudaMemcpy(f4y, y, 2 * n, cudaMemcpyDeviceToHost));
-            memcpy(f4rs, grs, 4 * (size_t)N);
-        } else if (v == 9) {
-            BENCH_CUDA(cudaMemcpy(f9, y, 2 * n, cudaMemcpyDeviceToHost));
-            same &= !memcmp(f9, f4y, 2 * n) && !memcmp(grs, f4rs, 4 * (size_t)N);
-        }
-
         BENCH_CUDA(cudaMemcpy(r, r0, 2 * n, cudaMemcpyDeviceToDevice));
         BENCH_CUDA(cudaMemset(y, 0xff, 2 * n));
         BENCH_OK(rmsnorm_residual_forward(y, r, NULL, x, w, N, C, 1e-6f, 0));
         BENCH_CUDA(cudaDeviceSynchronize());
-        if (v == 4) {
-            BENCH_CUDA(cudaMemcpy(f4h, r, 2 * n, cudaMemcpyDeviceToHost));
-            BENCH_CUDA(cudaMemcpy(f4yh, y, 2 * n, cudaMemcpyDeviceToHost));
-        } else if (v == 9) {
-            BENCH_CUDA(cudaMemcpy(f9, r, 2 * n, cudaMemcpyDeviceToHost));
-            same &= !memcmp(f9, f4h, 2 * n);
-            BENCH_CUDA(cudaMemcpy(f9, y, 2 * n, cudaMemcpyDeviceToHost));
-            same &= !memcmp(f9, f4yh, 2 * n);
-            res->fwd_same = same;
-            snprintf(what, sizeof what, "v9 forward+resid bitwise = v4 %s", shp);
-            int okb = 1;   /* reported, and it keeps the flip off; the variant is still timed */
-            vcheck(&okb, what, same ? 0.0 : 2.0, 1.0);
-        }
         down_bf16(got, r, n);
-        snprintf(what, sizeof what, "v%d residual h (exact) %s", v, shp);
+        snprintf(what, sizeof what, "%s residual h (exact) %s", vn, shp);
         vcheck(&ok, what, memcmp(got, refh, 4 * n) ? 2.0 : 0.0, 1.0);
         down_bf16(got, y, n);
-        snprintf(what, sizeof what, "v%d residual y %s", v, shp);
+        snprintf(what, sizeof what, "%s residual y %s", vn, shp);
         vcheck(&ok, what, worst(got, refyh, n, 1e-2, 1.6e-2), 1.0);
 
         /* backward against the reference fed the GPU's rstd (as tests/gpu/test_rmsnorm.c does) */
         float *rdx = (float *)malloc(4 * n), *rdw = (float *)calloc(C, 4);
         rmsnorm_backward_ref(rdx, rdw, hdy, hx, hw, grs, N, C, 0);
+        double dx_atol = 1e-2 * rms(rdx, n), dw_atol = 1e-3 * sqrt((double)N);
         BENCH_CUDA(cudaMemset(dx, 0xff, 2 * n));
         BENCH_CUDA(cudaMemset(dw, 0, 4 * C));
-        snprintf(what, sizeof what, "v%d backward %s", v, shp);
+        snprintf(what, sizeof what, "%s backward %s", vn, shp);
         if (!call_ok(&ok, what, rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0))) {
             free(rdx); free(rdw);
             res->ok[v] = 0;
-            printf("v%d %s: FAILED validation, not timed\n", v, shp);
             continue;
         }
         BENCH_CUDA(cudaDeviceSynchronize());
+        BENCH_CUDA(cudaMemcpy(v ? v4dx : ddx, dx, 2 * n, cudaMemcpyDeviceToHost));
         down_bf16(got, dx, n);
         BENCH_CUDA(cudaMemcpy(gdw, dw, 4 * C, cudaMemcpyDeviceToHost));
-        snprintf(what, sizeof what, "v%d backward dx %s", v, shp);
+        snprintf(what, sizeof what, "%s backward dx %s", vn, shp);
         vcheck(&ok, what, worst(got, rdx, n, dx_atol, 1.6e-2), 1.0);
-        snprintf(what, sizeof what, "v%d backward dw %s", v, shp);
+        snprintf(what, sizeof what, "%s backward dw %s", vn, shp);
         vcheck(&ok, what, worst(gdw, rdw, C, dw_atol, 1e-3), 1.0);
         BENCH_CUDA(cudaMemset(dw, 0, 4 * C));
         BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0));
         BENCH_CUDA(cudaMemcpy(gdw1, dw, 4 * C, cudaMemcpyDeviceToHost));
-        snprintf(what, sizeof what, "v%d backward dw deterministic %s", v, shp);
+        snprintf(what, sizeof what, "%s backward dw deterministic %s", vn, shp);
         vcheck(&ok, what, memcmp(gdw, gdw1, 4 * C) ? 2.0 : 0.0, 1.0);
         unsigned hdr = 1;
         BENCH_CUDA(cudaMemcpy(&hdr, scr, 4, cudaMemcpyDeviceToHost));
-        snprintf(what, sizeof what, "v%d bwd ticket reset %s", v, shp);
+        snprintf(what, sizeof what, "%s bwd ticket reset %s", vn, shp);
         vcheck(&ok, what, hdr ? 2.0 : 0.0, 1.0);
-        /* dx += onto a known dx: dx0 + dx (the accumulate form that is timed below) */
+        /* dx += onto a known dx */
         BENCH_CUDA(cudaMemcpy(dx, r0, 2 * n, cudaMemcpyDeviceToDevice));
         BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 1, 0));
         BENCH_CUDA(cudaDeviceSynchronize());
+        BENCH_CUDA(cudaMemcpy(v ? v4dxa : ddxa, dx, 2 * n, cudaMemcpyDeviceToHost));
         down_bf16(got, dx, n);
         for (size_t i = 0; i < n; i++) rdx[i] += hr[i];
-        snprintf(what, sizeof what, "v%d backward dx+= %s", v, shp);
+        snprintf(what, sizeof what, "%s backward dx+= %s", vn, shp);
         vcheck(&ok, what, worst(got, rdx, n, dx_atol + 1e-2, 1.6e-2), 1.0);
-        free(rdx); free(rdw);
+        if (v == 0) {
+            res->dx_same[0] = !memcmp(ddx, v4dx, 2 * n);
+            res->dx_same[1] = !memcmp(ddxa, v4dxa, 2 * n);
+            printf("default dx bitwise = v4 %s: dx %s, dx+= %s\n", shp, res->dx_same[0] ? "yes" : "NO", res->dx_same[1] ? "yes" : "NO");
+        }
         res->ok[v] = ok;
         if (!ok) {
-            printf("v%d %s: FAILED validation, not timed\n", v, shp);
+            printf("%s %s: FAILED validation, not timed\n", vn, shp);
+            free(rdx); free(rdw);
             continue;
         }
 
-        double b = 2.0 * n, *g = res->gbs[v];
+        double b = 2.0 * n, *g = res->gbs[v], *sg = res->sgbs[v];
         char name[64];
-        if (v <= 4 || v == 9) {   /* variants 5-8 run variant 4's forward */
-            snprintf(name, sizeof name, "v%d rmsnorm_forward", v);
-            g[0] = timed(name, shp, 2 * b, bench_ms([&]() { BENCH_OK(rmsnorm_forward(y, rstd, x, w, N, C, 1e-6f, 0)); }));
-            snprintf(name, sizeof name, "v%d rmsnorm_residual_forward", v);
-            g[1] = timed(name, shp, 4 * b,
+        if (v == 0) {   /* the forward is the same under both */
+            g[0] = timed("rmsnorm_forward", shp, 2 * b, bench_ms([&]() { BENCH_OK(rmsnorm_forward(y, rstd, x, w, N, C, 1e-6f, 0)); }));
+            g[1] = timed("rmsnorm_residual_forward", shp, 4 * b,
                          bench_ms([&]() { BENCH_OK(rmsnorm_residual_forward(y, r, rstd, x, w, N, C, 1e-6f, 0)); }));
-            /* the fused forward just rewrote rstd with the rstd of h = x + k·r: put x's back, or the
-             * backward validated below (dw without PDL) runs on the wrong rstd (round 3's FAILED lines) */
-            BENCH_CUDA(cudaMemcpy(rstd, grs, 4 * (size_t)N, cudaMemcpyHostToDevice));
+            BENCH_CUDA(cudaMemcpy(rstd, grs, 4 * (size_t)N, cudaMemcpyHostToDevice));   /* the fused form rewrote rstd */
         }
-        snprintf(name, sizeof name, "v%d rmsnorm_backward dx only", v);
-        g[2] = timed(name, shp, 3 * b,
-                     bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, NULL, dy, x, w, rstd, scr, N, C, 0, 0)); }));
-        snprintf(name, sizeof name, "v%d rmsnorm_backward dx+dw (3 B)", v);
-        g[3] = timed(name, shp, 3 * b,
-                     bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0)); }));
-        snprintf(name, sizeof name, "v%d rmsnorm_backward dx+=,dw (4 B)", v);
-        g[4] = timed(name, shp, 4 * b,
-                     bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 1, 0)); }));
-        if (v >= 4 && C <= 8192) {   /* dw pieces (timing only): where dx+dw's extra time over dx goes */
+        snprintf(name, sizeof name, "%s rmsnorm_backward dx only", vn);
+        g[2] = timed(name, shp, 3 * b, bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, NULL, dy, x, w, rstd, scr, N, C, 0, 0)); }));
+        snprintf(name, sizeof name, "%s rmsnorm_backward dx+dw (3 B)", vn);
+        g[3] = timed(name, shp, 3 * b, bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0)); }));
+        snprintf(name, sizeof name, "%s rmsnorm_backward dx+=,dw (4 B)", vn);
+        g[4] = timed(name, shp, 4 * b, bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 1, 0)); }));
+        for (int i = 0; i < ss.n; i++) BENCH_CUDA(cudaMemcpy(ss.rstd[i], grs, 4 * (size_t)N, cudaMemcpyHostToDevice));
+        if (v == 0) {
+            sg[0] = 2 * b / (stream_ms([&](int i) { BENCH_OK(rmsnorm_forward(ss.y[i], ss.rstd[i], ss.x[i], w, N, C, 1e-6f, 0)); }, ss.n) * 1e-3) / 1e9;
+            sg[1] = 4 * b / (stream_ms([&](int i) { BENCH_OK(rmsnorm_residual_forward(ss.y[i], ss.r[i], ss.rstd[i], ss.x[i], w, N, C, 1e-6f, 0)); }, ss.n) * 1e-3) / 1e9;
+            for (int i = 0; i < ss.n; i++) BENCH_CUDA(cudaMemcpy(ss.rstd[i], grs, 4 * (size_t)N, cudaMemcpyHostToDevice));
+        }
+        sg[2] = 3 * b / (stream_ms([&](int i) { BENCH_OK(rmsnorm_backward(ss.dx[i], NULL, ss.dy[i], ss.x[i], w, ss.rstd[i], scr, N, C, 0, 0)); }, ss.n) * 1e-3) / 1e9;
+        sg[3] = 3 * b / (stream_ms([&](int i) { BENCH_OK(rmsnorm_backward(ss.dx[i], dw, ss.dy[i], ss.x[i], w, ss.rstd[i], scr, N, C, 0, 0)); }, ss.n) * 1e-3) / 1e9;
+        sg[4] = 4 * b / (stream_ms([&](int i) { BENCH_OK(rmsnorm_backward(ss.dx[i], dw, ss.dy[i], ss.x[i], w, ss.rstd[i], scr, N, C, 1, 0)); }, ss.n) * 1e-3) / 1e9;
+        printf("%s stream (%d launches, %d sets) %s: fwd %.1f resid %.1f dx %.1f dx+dw %.1f dx+=,dw %.1f GB/s\n", vn, NSTREAM, ss.n,
+               shp, sg[0], sg[1], sg[2], sg[3], sg[4]);
+        if (v == 0 && C <= 8192) {   /* the bench-only shape 1 (256 threads, 2/SM) against the default shape 2 */
+            setenv("DFLASH_RMSNORM_V10", "1", 1);
+            int okc = 1;
+            BENCH_CUDA(cudaMemset(dw, 0, 4 * C));
+            BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0));
+            BENCH_CUDA(cudaMemcpy(gdw, dw, 4 * C, cudaMemcpyDeviceToHost));
+            snprintf(what, sizeof what, "def shape 1 dw %s", shp);
+            vcheck(&okc, what, worst(gdw, rdw, C, dw_atol, 1e-3), 1.0);
+            BENCH_CUDA(cudaMemcpy(bits, dx, 2 * n, cudaMemcpyDeviceToHost));
+            snprintf(what, sizeof what, "def shape 1 dx bitwise %s", shp);
+            vcheck(&okc, what, memcmp(bits, ddx, 2 * n) ? 2.0 : 0.0, 1.0);
+            if (okc) {
+                res->s1us[0] = 1e3 * bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0)); });
+                res->s1us[1] = 1e3 * stream_ms([&](int k) { BENCH_OK(rmsnorm_backward(ss.dx[k], dw, ss.dy[k], ss.x[k], w, ss.rstd[k], scr, N, C, 0, 0)); }, ss.n);
+                printf("def shape 1 %s: dx+dw %.2f us single, %.2f us stream\n", shp, res->s1us[0], res->s1us[1]);
+            } else
+                res->s1us[0] = res->s1us[1] = -1;
+            unsetenv("DFLASH_RMSNORM_V10");
+        }
+        if (C <= 8192) {   /* dw pieces (timing only): where dx+dw's extra time over dx goes */
             double *u = res->us[v];
             u[0] = 3 * b / (g[2] * 1e9) * 1e6;
             u[3] = 3 * b / (g[3] * 1e9) * 1e6;
@@ -282,144 +320,285 @@ static void one(int N, int C, struct shape_result *res) {
             const int slot[4] = {1, 2, 4, 5};
             for (int i = 0; i < 4; i++) {
                 setenv("DFLASH_RMSNORM_DW_PIECE", pc[i], 1);
-                snprintf(name, sizeof name, "v%d dw piece: %s", v, piece_names[slot[i]]);
+                snprintf(name, sizeof name, "%s dw piece: %s", vn, piece_names[slot[i]]);
                 double ms = bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0)); });
                 printf("%-34s %-34s %9.4f ms\n", name, shp, ms);
                 u[slot[i]] = ms * 1e3;
             }
             unsetenv("DFLASH_RMSNORM_DW_PIECE");
             /* piece 4 (the sum kernel without PDL) is a correct backward: validate it too */
-            {
-                float *rdw2 = (float *)calloc(C, 4);
-                rmsnorm_backward_ref(got, rdw2, hdy, hx, hw, grs, N, C, 0);
-                BENCH_CUDA(cudaMemset(dw, 0, 4 * C));
-                setenv("DFLASH_RMSNORM_DW_PIECE", "4", 1);
-                BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0));
-                unsetenv("DFLASH_RMSNORM_DW_PIECE");
-                BENCH_CUDA(cudaMemcpy(gdw, dw, 4 * C, cudaMemcpyDeviceToHost));
-                snprintf(what, sizeof what, "v%d backward dw (no PDL) %s", v, shp);
-                int ok4 = 1;
-                vcheck(&ok4, what, worst(gdw, rdw2, C, dw_atol, 1e-3), 1.0);
-                free(rdw2);
-            }
-            /* the shared-memory carveout hint (same kernels, same results: a timing question only) */
-            for (int i = 0; i < 3; i++) {
-                setenv("DFLASH_RMSNORM_CARVEOUT", cv_names[i], 1);
-                snprintf(name, sizeof name, "v%d dx+dw carveout %s%%", v, cv_names[i]);
-                if (rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0)) {   /* e.g. a cooperative grid no longer resident */
-                    printf("%-34s %-34s launch refused: %s\n", name, shp, kernels_error());
-                    res->cv[v][i] = -1;
-                    continue;
-                }
-                double ms = bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0)); });
-                printf("%-34s %-34s %9.4f ms\n", name, shp, ms);
-                res->cv[v][i] = ms * 1e3;
-            }
-            unsetenv("DFLASH_RMSNORM_CARVEOUT");
-            BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0));   /* puts the hint back to the default */
-            if (v == 9 && C > 256) {   /* the round-3 dw sum kernel's shapes (C <= 256: the last block sums, as v4) */
-                const char *nqs[3] = {"2", "4", "8"};
-                float *rdw3 = (float *)calloc(C, 4);
-                rmsnorm_backward_ref(got, rdw3, hdy, hx, hw, grs, N, C, 0);
-                for (int i = 0; i < 3; i++) {
-                    setenv("DFLASH_RMSNORM_FIN_NQ", nqs[i], 1);
-                    int okq = 1;
-                    BENCH_CUDA(cudaMemset(dw, 0, 4 * C));
-                    BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0));
-                    BENCH_CUDA(cudaMemcpy(gdw, dw, 4 * C, cudaMemcpyDeviceToHost));
-                    snprintf(what, sizeof what, "v9 dw, dw sum NQ=%s %s", nqs[i], shp);
-                    vcheck(&okq, what, worst(gdw, rdw3, C, dw_atol, 1e-3), 1.0);
-                    BENCH_CUDA(cudaMemset(dw, 0, 4 * C));
-                    BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0));
-                    BENCH_CUDA(cudaMemcpy(gdw1, dw, 4 * C, cudaMemcpyDeviceToHost));
-                    snprintf(what, sizeof what, "v9 dw deterministic NQ=%s %s", nqs[i], shp);
-                    vcheck(&okq, what, memcmp(gdw, gdw1, 4 * C) ? 2.0 : 0.0, 1.0);
-                    if (!okq) { res->nq_us[i][0] = res->nq_us[i][1] = -1; continue; }
-                    res->nq_us[i][0] = 1e3 * bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0)); });
-                    setenv("DFLASH_RMSNORM_DW_PIECE", "3", 1);
-                    res->nq_us[i][1] = 1e3 * bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0)); });
-                    unsetenv("DFLASH_RMSNORM_DW_PIECE");
-                    printf("%-34s %-34s dx+dw %8.2f us, final alone %8.2f us\n", what, shp, res->nq_us[i][0], res->nq_us[i][1]);
-                }
-                unsetenv("DFLASH_RMSNORM_FIN_NQ");
-                free(rdw3);
-            }
-            /* the pieces leave the ticket header alone (no ticket taken): check, for the next calls */
+            BENCH_CUDA(cudaMemset(dw, 0, 4 * C));
+            setenv("DFLASH_RMSNORM_DW_PIECE", "4", 1);
+            BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0));
+            unsetenv("DFLASH_RMSNORM_DW_PIECE");
+            BENCH_CUDA(cudaMemcpy(gdw, dw, 4 * C, cudaMemcpyDeviceToHost));
+            snprintf(what, sizeof what, "%s backward dw (no PDL) %s", vn, shp);
+            int ok4 = 1;
+            vcheck(&ok4, what, worst(gdw, rdw, C, dw_atol, 1e-3), 1.0);
             unsigned h2 = 1;
             BENCH_CUDA(cudaMemcpy(&h2, scr, 4, cudaMemcpyDeviceToHost));
-            if (h2) { printf("v%d %s: ticket header %u after the pieces\n", v, shp, h2); bench_failed = 1; }
+            if (h2) { printf("%s %s: ticket header %u after the pieces\n", vn, shp, h2); bench_failed = 1; }
         }
+        free(rdx); free(rdw);
     }
     unsetenv("DFLASH_RMSNORM_KERNEL");
     res->empty_us = 1e3 * bench_ms([&]() { bench_empty_kernel<<<1, 32>>>(0); });
-    res->empty2_us = 1e3 * bench_ms([&]() { bench_empty_kernel<<<1, 32>>>(0); bench_empty_kernel<<<1, 32>>>(1); });
-    printf("%-34s %-34s %9.4f ms (x2: %.4f ms)\n", "empty kernel launch (floor)", shp, res->empty_us * 1e-3,
-           res->empty2_us * 1e-3);
+    printf("%-34s %-34s %9.4f ms\n", "empty kernel launch (floor)", shp, res->empty_us * 1e-3);
     cudaFree(x); cudaFree(r0); cudaFree(r); cudaFree(dy); cudaFree(y); cudaFree(dx); cudaFree(w); cudaFree(dw);
     cudaFree(rstd); cudaFree(scr);
-    free(hx); free(hr); free(hdy); free(hw); free(ref); free(refh); free(refyh); free(refrs); free(refdx); free(refdw);
-    free(got); free(grs); free(gdw); free(gdw1); free(f4y); free(f4h); free(f4yh); free(f9); free(f4rs);
+    for (int i = 0; i < ss.n; i++) {
+        cudaFree(ss.x[i]); cudaFree(ss.dy[i]); cudaFree(ss.dx[i]); cudaFree(ss.r[i]); cudaFree(ss.y[i]); cudaFree(ss.rstd[i]);
+    }
+    free(hx); free(hr); free(hdy); free(hw); free(ref); free(refh); free(refyh); free(refrs);
+    free(got); free(grs); free(gdw); free(gdw1); free(bits); free(v4dx); free(v4dxa); free(ddx); free(ddxa);
+}
+
+/* The q/k norm: q [Nq, C] and k [Nk, C] as two single calls against rmsnorm_qk_forward/_backward (one
+ * launch). Validated (y, rstd, dx, dx+= bitwise the separate calls'; dw against the reference and
+ * deterministic; both tickets reset), then timed single and stream. Bytes: the two tensors' together. */
+struct qk_result {
+    int ok;
+    double us[2][4];   /* [separate, fused][fwd, dx+dw, dx+=,dw, dx only] single-launch µs */
+    double sus[2][4];  /* the same, stream (NSTREAM back to back over rotating sets) */
+};
+static void qk(int Nq, int Nk, int C, struct qk_result *res) {
+    const int Nt[2] = {Nq, Nk};
+    size_t n[2] = {(size_t)Nq * C, (size_t)Nk * C};
+    float *hx[2], *hdy[2], *hw[2], *ref[2], *refrs[2];
+    bf16 *x[2], *dy[2], *y[2], *dx[2];
+    float *w[2], *rstd[2], *dw[2];
+    for (int t = 0; t < 2; t++) {
+        x[t] = bench_rand_bf16(n[t], -2, 2, 11 + t, &hx[t]);
+        dy[t] = bench_rand_bf16(n[t], -1, 1, 13 + t, &hdy[t]);
+        hw[t] = (float *)malloc(4 * C);
+        for (int c = 0; c < C; c++) hw[t][c] = 0.5f + (float)((c * 7 + 3 * t) % C) / C;
+        BENCH_CUDA(cudaMalloc(&y[t], 2 * n[t]));
+        BENCH_CUDA(cudaMalloc(&dx[t], 2 * n[t]));
+        BENCH_CUDA(cudaMalloc(&w[t], 4 * C));
+        BENCH_CUDA(cudaMalloc(&dw[t], 4 * C));
+        BENCH_CUDA(cudaMalloc(&rstd[t], 4 * (size_t)Nt[t]));
+        BENCH_CUDA(cudaMemcpy(w[t], hw[t], 4 * C, cudaMemcpyHostToDevice));
+        ref[t] = (float *)malloc(4 * n[t]);
+        refrs[t] = (float *)malloc(4 * (size_t)Nt[t]);
+        rmsnorm_forward_ref(ref[t], refrs[t], hx[t], hw[t], Nt[t], C, 1e-6f);
+    }
+    const size_t sf = rmsnorm_qk_backward_scratch_floats(Nq, Nk, C);
+    float *scr, *scrq, *scrk;   /* the fused call's scratch; the separate calls' */
+    BENCH_CUDA(cudaMalloc(&scr, 4 * sf));
+    BENCH_CUDA(cudaMemset(scr, 0, 4 * sf));
+    BENCH_CUDA(cudaMalloc(&scrq, 4 * rmsnorm_backward_scratch_floats(Nq, C)));
+    BENCH_CUDA(cudaMemset(scrq, 0, 4 * rmsnorm_backward_scratch_floats(Nq, C)));
+    BENCH_CUDA(cudaMalloc(&scrk, 4 * rmsnorm_backward_scratch_floats(Nk, C)));
+    BENCH_CUDA(cudaMemset(scrk, 0, 4 * rmsnorm_backward_scratch_floats(Nk, C)));
+    char shp[64], what[128];
+    snprintf(shp, sizeof shp, "q %dx%d + k %dx%d", Nq, C, Nk, C);
+    int ok = 1;
+    /* separate calls: the reference bits */
+    unsigned short *sy[2], *sdx[2], *sdxa[2], *fb[2];
+    float *srs[2], *frs[2], *gdw = (float *)malloc(4 * C), *gdw2 = (float *)malloc(4 * C);
+    for (int t = 0; t < 2; t++) {
+        sy[t] = (unsigned short *)malloc(2 * n[t]); sdx[t] = (unsigned short *)malloc(2 * n[t]);
+        sdxa[t] = (unsigned short *)malloc(2 * n[t]); fb[t] = (unsigned short *)malloc(2 * n[t]);
+        srs[t] = (float *)malloc(4 * (size_t)Nt[t]); frs[t] = (float *)malloc(4 * (size_t)Nt[t]);
+    }
+    auto sep_fwd = [&]() {
+        BENCH_OK(rmsnorm_forward(y[0], rstd[0], x[0], w[0], Nq, C, 1e-6f, 0));
+        BENCH_OK(rmsnorm_forward(y[1], rstd[1], x[1], w[1], Nk, C, 1e-6f, 0));
+    };
+    auto qk_fwd = [&]() { BENCH_OK(rmsnorm_qk_forward(y[0], rstd[0], x[0], w[0], Nq, y[1], rstd[1], x[1], w[1], Nk, C, 1e-6f, 0)); };
+    auto sep_bwd = [&](float *dwq, float *dwk, int acc) {
+        BENCH_OK(rmsnorm_backward(dx[0], dwq, dy[0], x[0], w[0], rstd[0], scrq, Nq, C, acc, 0));
+        BENCH_OK(rmsnorm_backward(dx[1], dwk, dy[1], x[1], w[1], rstd[1], scrk, Nk, C, acc, 0));
+    };
+    auto qk_bwd = [&](float *dwq, float *dwk, int acc) {
+        BENCH_OK(rmsnorm_qk_backward(dx[0], dwq, dy[0], x[0], w[0], rstd[0], Nq, dx[1], dwk, dy[1], x[1], w[1], rstd[1], Nk, scr, C,
+                                     acc, 0));
+    };
+    sep_fwd();
+    BENCH_CUDA(cudaDeviceSynchronize());
+    for (int t = 0; t < 2; t++) {
+        BENCH_CUDA(cudaMemcpy(sy[t], y[t], 2 * n[t], cudaMemcpyDeviceToHost));
+        BENCH_CUDA(cudaMemcpy(srs[t], rstd[t], 4 * (size_t)Nt[t], cudaMemcpyDeviceToHost));
+        BENCH_CUDA(cudaMemset(y[t], 0xff, 2 * n[t]));
+        BENCH_CUDA(cudaMemset(rstd[t], 0xff, 4 * (size_t)Nt[t]));
+    }
+    qk_fwd();
+    BENCH_CUDA(cudaDeviceSynchronize());
+    for (int t = 0; t < 2; t++) {
+        BENCH_CUDA(cudaMemcpy(fb[t], y[t], 2 * n[t], cudaMemcpyDeviceToHost));
+        BENCH_CUDA(cudaMemcpy(frs[t], rstd[t], 4 * (size_t)Nt[t], cudaMemcpyDeviceToHost));
+        snprintf(what, sizeof what, "qk forward y, rstd bitwise [%c] %s", "qk"[t], shp);
+        vcheck(&ok, what, memcmp(fb[t], sy[t], 2 * n[t]) || memcmp(frs[t], srs[t], 4 * (size_t)Nt[t]) ? 2.0 : 0.0, 1.0);
+        float *g = (float *)malloc(4 * n[t]);
+        down_bf16(g, y[t], n[t]);
+        snprintf(what, sizeof what, "qk forward y vs reference [%c] %s", "qk"[t], shp);
+        vcheck(&ok, what, worst(g, ref[t], n[t], 1e-2, 1.6e-2), 1.0);
+        free(g);
+    }
+    for (int acc = 0; acc < 2; acc++) {
+        for (int t = 0; t < 2; t++) BENCH_CUDA(cudaMemset(dx[t], 0, 2 * n[t]));
+        sep_bwd(dw[0], dw[1], acc);
+        BENCH_CUDA(cudaDeviceSynchronize());
+        for (int t = 0; t < 2; t++) BENCH_CUDA(cudaMemcpy(acc ? sdxa[t] : sdx[t], dx[t], 2 * n[t], cudaMemcpyDeviceToHost));
+        for (int t = 0; t < 2; t++) BENCH_CUDA(cudaMemset(dx[t], 0, 2 * n[t]));
+        qk_bwd(dw[0], dw[1], acc);
+        BENCH_CUDA(cudaDeviceSynchronize());
+        for (int t = 0; t < 2; t++) {
+            BENCH_CUDA(cudaMemcpy(fb[t], dx[t], 2 * n[t], cudaMemcpyDeviceToHost));
+            snprintf(what, sizeof what, "qk backward dx%s bitwise [%c] %s", acc ? "+=" : "", "qk"[t], shp);
+            vcheck(&ok, what, memcmp(fb[t], acc ? sdxa[t] : sdx[t], 2 * n[t]) ? 2.0 : 0.0, 1.0);
+        }
+    }
+    for (int t = 0; t < 2; t++) {   /* dw against the reference, twice: deterministic */
+        float *rdx = (float *)malloc(4 * n[t]), *rdw = (float *)calloc(C, 4);
+        rmsnorm_backward_ref(rdx, rdw, hdy[t], hx[t], hw[t], frs[t], Nt[t], C, 0);
+        for (int k = 0; k < 2; k++) {
+            BENCH_CUDA(cudaMemset(dw[0], 0, 4 * C));
+            BENCH_CUDA(cudaMemset(dw[1], 0, 4 * C));
+            qk_bwd(dw[0], dw[1], 0);
+            BENCH_CUDA(cudaMemcpy(k ? gdw2 : gdw, dw[t], 4 * C, cudaMemcpyDeviceToHost));
+        }
+        snprintf(what, sizeof what, "qk backward dw [%c] %s", "qk"[t], shp);
+        vcheck(&ok, what, worst(gdw, rdw, C, 1e-3 * sqrt((double)Nt[t]), 1e-3), 1.0);
+        snprintf(what, sizeof what, "qk backward dw deterministic [%c] %s", "qk"[t], shp);
+        vcheck(&ok, what, memcmp(gdw, gdw2, 4 * C) ? 2.0 : 0.0, 1.0);
+        free(rdx); free(rdw);
+    }
+    unsigned hdr[2] = {1, 1};
+    BENCH_CUDA(cudaMemcpy(hdr, scr, 8, cudaMemcpyDeviceToHost));
+    snprintf(what, sizeof what, "qk tickets reset %s", shp);
+    vcheck(&ok, what, hdr[0] || hdr[1] ? 2.0 : 0.0, 1.0);
+    res->ok = ok;
+    if (ok) {
+        /* stream sets: copies of x, dy, dx (and y, rstd) per tensor */
+        const double per = 6.0 * (double)(n[0] + n[1]);
+        int ns = 1 + (int)ceil(160e6 / per);
+        ns = ns < 2 ? 2 : ns > 32 ? 32 : ns;
+        std::vector<bf16 *> sx[2], sdy[2], sdxs[2], sys[2];
+        std::vector<float *> srst[2];
+        for (int t = 0; t < 2; t++)
+            for (int i = 0; i < ns; i++) {
+                bf16 *a, *b2, *c2, *d2;
+                float *e2;
+                BENCH_CUDA(cudaMalloc(&a, 2 * n[t])); BENCH_CUDA(cudaMalloc(&b2, 2 * n[t]));
+                BENCH_CUDA(cudaMalloc(&c2, 2 * n[t])); BENCH_CUDA(cudaMalloc(&d2, 2 * n[t]));
+                BENCH_CUDA(cudaMalloc(&e2, 4 * (size_t)Nt[t]));
+                BENCH_CUDA(cudaMemcpy(a, x[t], 2 * n[t], cudaMemcpyDeviceToDevice));
+                BENCH_CUDA(cudaMemcpy(b2, dy[t], 2 * n[t], cudaMemcpyDeviceToDevice));
+                BENCH_CUDA(cudaMemset(c2, 0, 2 * n[t]));
+                BENCH_CUDA(cudaMemcpy(e2, rstd[t], 4 * (size_t)Nt[t], cudaMemcpyDeviceToDevice));
+                sx[t].push_back(a); sdy[t].push_back(b2); sdxs[t].push_back(c2); sys[t].push_back(d2); srst[t].push_back(e2);
+            }
+        float *rstd_keep[2];
+        for (int t = 0; t < 2; t++) {   /* the forward timings rewrite rstd with the same values: keep a copy anyway */
+            BENCH_CUDA(cudaMalloc(&rstd_keep[t], 4 * (size_t)Nt[t]));
+            BENCH_CUDA(cudaMemcpy(rstd_keep[t], rstd[t], 4 * (size_t)Nt[t], cudaMemcpyDeviceToDevice));
+        }
+        for (int f = 0; f < 2; f++) {
+            double *u = res->us[f], *su = res->sus[f];
+            u[0] = 1e3 * bench_ms([&]() { if (f) qk_fwd(); else sep_fwd(); });
+            u[1] = 1e3 * bench_ms([&]() { if (f) qk_bwd(dw[0], dw[1], 0); else sep_bwd(dw[0], dw[1], 0); });
+            u[2] = 1e3 * bench_ms([&]() { if (f) qk_bwd(dw[0], dw[1], 1); else sep_bwd(dw[0], dw[1], 1); });
+            u[3] = 1e3 * bench_ms([&]() { if (f) qk_bwd(NULL, NULL, 0); else sep_bwd(NULL, NULL, 0); });
+            auto sfwd = [&](int i) {
+                if (f) BENCH_OK(rmsnorm_qk_forward(sys[0][i], srst[0][i], sx[0][i], w[0], Nq, sys[1][i], srst[1][i], sx[1][i], w[1], Nk, C, 1e-6f, 0));
+                else {
+                    BENCH_OK(rmsnorm_forward(sys[0][i], srst[0][i], sx[0][i], w[0], Nq, C, 1e-6f, 0));
+                    BENCH_OK(rmsnorm_forward(sys[1][i], srst[1][i], sx[1][i], w[1], Nk, C, 1e-6f, 0));
+                }
+            };
+            auto sbwd = [&](int i, float *a0, float *a1, int acc) {
+                if (f) BENCH_OK(rmsnorm_qk_backward(sdxs[0][i], a0, sdy[0][i], sx[0][i], w[0], srst[0][i], Nq, sdxs[1][i], a1, sdy[1][i],
+                                                    sx[1][i], w[1], srst[1][i], Nk, scr, C, acc, 0));
+                else {
+                    BENCH_OK(rmsnorm_backward(sdxs[0][i], a0, sdy[0][i], sx[0][i], w[0], srst[0][i], scrq, Nq, C, acc, 0));
+                    BENCH_OK(rmsnorm_backward(sdxs[1][i], a1, sdy[1][i], sx[1][i], w[1], srst[1][i], scrk, Nk, C, acc, 0));
+                }
+            };
+            su[0] = 1e3 * stream_ms(sfwd, ns);
+            su[1] = 1e3 * stream_ms([&](int i) { sbwd(i, dw[0], dw[1], 0); }, ns);
+            su[2] = 1e3 * stream_ms([&](int i) { sbwd(i, dw[0], dw[1], 1); }, ns);
+            su[3] = 1e3 * stream_ms([&](int i) { sbwd(i, NULL, NULL, 0); }, ns);
+            printf("qk %s %s: fwd %.2f dx+dw %.2f dx+=,dw %.2f dx %.2f us single; stream %.2f %.2f %.2f %.2f us (%d sets)\n",
+                   f ? "one launch" : "two calls ", shp, u[0], u[1], u[2], u[3], su[0], su[1], su[2], su[3], ns);
+        }
+        for (int t = 0; t < 2; t++) {
+            cudaFree(rstd_keep[t]);
+            for (int i = 0; i < ns; i++) { cudaFree(sx[t][i]); cudaFree(sdy[t][i]); cudaFree(sdxs[t][i]); cudaFree(sys[t][i]); cudaFree(srst[t][i]); }
+        }
+    }
+    for (int t = 0; t < 2; t++) {
+        cudaFree(x[t]); cudaFree(dy[t]); cudaFree(y[t]); cudaFree(dx[t]); cudaFree(w[t]); cudaFree(dw[t]); cudaFree(rstd[t]);
+        free(hx[t]); free(hdy[t]); free(hw[t]); free(ref[t]); free(refrs[t]);
+        free(sy[t]); free(sdx[t]); free(sdxa[t]); free(fb[t]); free(srs[t]); free(frs[t]);
+    }
+    cudaFree(scr); cudaFree(scrq); cudaFree(scrk);
+    free(gdw); free(gdw2);
 }
 
 int main(void) {
-    setenv("DFLASH_KERNELS_BENCH", "1", 1);   /* enables the timing-only dw pieces (kernels/rmsnorm.cu) */
+    setenv("DFLASH_KERNELS_BENCH", "1", 1);   /* enables the timing-only switches (kernels/rmsnorm.cu) */
+    unsetenv("DFLASH_RMSNORM_KERNEL");
     struct shape_result res[4];
+    struct qk_result qr;
     memset(res, 0, sizeof res);
+    memset(&qr, 0, sizeof qr);
     one(1000, 1032, &res[0]);        /* awkward: C/8 = 129, a tail past a power-of-two group */
     one(8192 * 8, 128, &res[1]);     /* k norm */
     one(8192 * 32, 128, &res[2]);    /* q norm: 8192 tokens × 32 heads */
-    one(8192, 4096, &res[3]);        /* hidden norm of the standard batch: last, so it shows in the tail */
-    printf("\ndw pieces, microseconds (median; walk = row walk with shared-memory dw sums, no partial store; "
-           "walk+part = plus the partial store; final = the PDL cross-block sum kernel alone; no PDL = dx+dw with "
-           "that kernel launched plainly; empty = one empty launch, x2 = two; cv N%% = dx+dw with the dw kernel's "
-           "shared-memory carveout hint at N%%)\n");
-    printf("%-18s %-3s", "shape", "var");
+    qk(8192 * 32, 8192 * 8, 128, &qr);   /* q and k norm together (rmsnorm_qk_*) */
+    one(8192, 4096, &res[3]);        /* hidden norm of the standard batch */
+    printf("\ndw pieces, microseconds (median; walk = row walk with its dw sums, no partial store; walk+part = plus the "
+           "partial store; final = the cross-block sum kernel alone; no PDL = dx+dw with that kernel launched plainly)\n");
+    printf("%-18s %-4s", "shape", "var");
     for (int m = 0; m < NPIECE; m++) printf(" %9s", piece_names[m]);
-    printf(" %9s %9s %9s %9s %9s\n", "empty", "empty x2", "cv 28%", "cv 44%", "cv 100%");
+    printf(" %9s\n", "empty");
     for (int i = 0; i < 4; i++)
-        for (int v = 4; v <= NVAR; v++) {
-            char shp[32];
-            snprintf(shp, sizeof shp, "%dx%d", res[i].N, res[i].C);
-            printf("%-18s v%-2d", shp, v);
+        for (int v = 0; v < 2; v++) {
+            printf("%7dx%-10d %-4s", res[i].N, res[i].C, var_names[v]);
             if (!res[i].ok[v]) { printf(" FAILED validation\n"); continue; }
             for (int m = 0; m < NPIECE; m++) printf(" %9.2f", res[i].us[v][m]);
-            printf(" %9.2f %9.2f %9.2f %9.2f %9.2f\n", res[i].empty_us, res[i].empty2_us, res[i].cv[v][0], res[i].cv[v][1],
-                   res[i].cv[v][2]);
+            printf(" %9.2f\n", res[i].empty_us);
         }
-    printf("\nv9 dw sum kernel by NQ float4 columns per CTA (DFLASH_RMSNORM_FIN_NQ; 4 = v9's default), microseconds: "
-           "dx+dw / the sum kernel alone; compare v4's dx+dw and final above\n");
-    for (int i = 0; i < 4; i++) {
-        if (res[i].C <= 256) continue;
-        printf("%-18s", "");
-        printf("%dx%d", res[i].N, res[i].C);
-        for (int q = 0; q < 3; q++)
-            if (res[i].nq_us[q][0] < 0) printf("   NQ=%c FAILED", "248"[q]);
-            else printf("   NQ=%c %7.2f / %6.2f", "248"[q], res[i].nq_us[q][0], res[i].nq_us[q][1]);
-        printf("   (v4 %7.2f / %6.2f)\n", res[i].us[4][3], res[i].us[4][4]);
-    }
-    printf("v9 forward (y, rstd, h) bitwise = v4:");
+    /* the compact part the lead reads */
+    printf("\nSUMMARY rmsnorm %% of %.0f GB/s, single launch | stream (%d back-to-back launches, rotating sets); cols fwd resid dx "
+           "dx+dw dx+=,dw; def = default (shape 2 with dw), v4 = DFLASH_RMSNORM_KERNEL=4 (fwd = def's)\n", BENCH_PEAK_GBS, NSTREAM);
     for (int i = 0; i < 4; i++)
-        printf("  %dx%d %s", res[i].N, res[i].C, res[i].fwd_same < 0 ? "n/a" : res[i].fwd_same ? "yes" : "NO");
-    printf("\n");
-    printf("\nsummary, %% of %.0f GB/s (v1 two-pass, v2 K1b register-resident, v3 K1c, v4 K1e default; v5-8 "
-           "round-2 backward candidates: 5 clusters of 4, 6 clusters of 8, 7 grid-barrier dw sum, 8 = 5 + 7, "
-           "their forward is v4's; v9 round 3: v4 + the many-slice dw sum kernel (C > 256) + the occupancy-sized "
-           "two-row forward; target 80%%)\n", BENCH_PEAK_GBS);
-    printf("%-18s %-3s", "shape", "var");
-    for (int m = 0; m < NMEAS; m++) printf(" %8s", meas_names[m]);
-    printf("\n");
-    for (int i = 0; i < 4; i++)
-        for (int v = 1; v <= NVAR; v++) {
-            char shp[32];
-            snprintf(shp, sizeof shp, "%dx%d", res[i].N, res[i].C);
-            printf("%-18s v%-2d", shp, v);
+        for (int v = 0; v < 2; v++) {
+            printf("SUMMARY %7dx%-4d %-3s", res[i].N, res[i].C, var_names[v]);
             if (!res[i].ok[v]) { printf(" FAILED validation\n"); continue; }
             for (int m = 0; m < NMEAS; m++)
-                if (res[i].gbs[v][m] > 0) printf(" %7.1f%%", 100 * res[i].gbs[v][m] / BENCH_PEAK_GBS);
-                else printf(" %8s", "-");
+                if (res[i].gbs[v][m] > 0) printf(" %5.1f", 100 * res[i].gbs[v][m] / BENCH_PEAK_GBS);
+                else printf(" %5s", "-");
+            printf(" |");
+            for (int m = 0; m < NMEAS; m++)
+                if (res[i].sgbs[v][m] > 0) printf(" %5.1f", 100 * res[i].sgbs[v][m] / BENCH_PEAK_GBS);
+                else printf(" %5s", "-");
+            if (v == 0)
+                printf("  dx=v4 %s/%s s1 %.1f/%.1fus", res[i].dx_same[0] < 0 ? "n/a" : res[i].dx_same[0] ? "yes" : "NO",
+                       res[i].dx_same[1] < 0 ? "n/a" : res[i].dx_same[1] ? "yes" : "NO", res[i].s1us[0], res[i].s1us[1]);
             printf("\n");
         }
-    printf("%s", failed_list[0] ? "FAILED validations:\n" : "all validations ok\n");
+    printf("SUMMARY us dx-only/dx+dw/walk/walk+part/final: def | v4, empty launch\n");
+    for (int i = 0; i < 4; i++) {
+        const double *a = res[i].us[0], *c = res[i].us[1];
+        printf("SUMMARY %7dx%-4d %.1f/%.1f/%.1f/%.1f/%.1f | %.1f/%.1f/%.1f/%.1f/%.1f e%.1f\n", res[i].N, res[i].C, a[0], a[3], a[1], a[2],
+               a[4], c[0], c[3], c[1], c[2], c[4], res[i].empty_us);
+    }
+    {
+        const double qb = 2.0 * (double)(8192 * 32 + 8192 * 8) * 128;   /* bytes of one bf16 tensor pair */
+        const double mult[4] = {2, 3, 4, 3};
+        printf("SUMMARY qk q262144+k65536 x128, %% of peak single | stream: fwd dx+dw dx+=,dw dx; two calls vs one launch\n");
+        for (int f = 0; f < 2; f++) {
+            printf("SUMMARY qk %-10s", f ? "one launch" : "two calls");
+            if (!qr.ok) { printf(" FAILED validation\n"); continue; }
+            for (int m = 0; m < 4; m++) printf(" %5.1f", 100 * mult[m] * qb / (qr.us[f][m] * 1e-6) / 1e9 / BENCH_PEAK_GBS);
+            printf(" |");
+            for (int m = 0; m < 4; m++) printf(" %5.1f", 100 * mult[m] * qb / (qr.sus[f][m] * 1e-6) / 1e9 / BENCH_PEAK_GBS);
+            printf("\n");
+        }
+    }
+    printf("%s", failed_list[0] ? "FAILED validations:\n" : "SUMMARY all validations ok\n");
     printf("%s", failed_list);
     return bench_failed ? 1 : 0;
 }

@@ -566,8 +566,8 @@ static int forward_gpu(struct target *t, const struct target_batch *b, bf16 *sta
         KCALL(blas_linear_forward(qkv, BLAS_BF16, h, ly->w_qkv, NULL, T, QKV, C, s));
         KCALL(target_qkv_split(q, k, v, qkv, T, NH, NKV, HD, s));
         if (c->qk_norm) {
-            KCALL(rmsnorm_forward(q, NULL, q, ly->q_norm, T * NH, HD, eps, s));
-            KCALL(rmsnorm_forward(k, NULL, k, ly->k_norm, T * NKV, HD, eps, s));
+            /* both per-head norms in one launch (bitwise the two separate calls) */
+            KCALL(rmsnorm_qk_forward(q, NULL, q, ly->q_norm, T * NH, k, NULL, k, ly->k_norm, T * NKV, HD, eps, s));
         }
         KCALL(rope_forward(q, k, t->pos, t->inv_freq, T, NH, NKV, HD, s));
         KCALL(attention_forward(att, NULL, q, k, v, t->cu, b->n_docs, max_seqlen, T, NH, NKV, HD, scale, s));

@@ -1,29 +1,20 @@
 /*
  * tests/gpu/test_rmsnorm.c — GPU RMSNorm (kernels/rmsnorm.h) against the CPU reference on the same
- * bf16-rounded inputs: plain, fused residual, q/k-norm shapes (C = 64, 128), tails of every row-group
- * size (C/8 = 1, 3, 17, 33), N = 1, and the production shape [8192, 4096]; backward dx (plain and
- * accumulate) and dw (deterministic: two runs bit-identical). The register-resident kernels (default
- * for C <= 8192) are covered for every row-group width 8..256 and 1, 2, 4 vectors per lane (C = 1032,
- * 6152, 8192 add the 64/256-wide groups with partial rows), and with more row steps than the
- * backward's 264 blocks (N = 10007, 2001: several steps per block, a partial last step). The first,
- * two-pass kernels (DFLASH_RMSNORM_KERNEL=1, the revert switch; always for C > 8192) run too.
- * K1c's default (two rows per row group of <= 32 lanes when the grid exceeds a wave; the dw sum by
- * programmatic dependent launch) is covered for groups of 8, 16 and 32 lanes, 1, 2 and 4 vectors,
- * partial vectors and a partial last block; K1b's path (DFLASH_RMSNORM_KERNEL=2) runs on the same
- * shapes, so a revert lands on tested code. K1e's backward (variant 4, the default) runs on every
- * shape above: dw summed by the last block (C <= 256) or by the PDL sum kernel (C > 256), with
- * several row steps per block; after each call the scratch's ticket header must be back to zero, and
- * one scratch serves calls of several N in a row (rmsnorm_gpu_scratch_reuse). K1c's backward
- * (DFLASH_RMSNORM_KERNEL=3) keeps its own case. The round-2 backward candidates (DFLASH_RMSNORM_KERNEL=5:
- * clusters of 4 adding their dw sums through distributed shared memory, 6: clusters of 8, 7: the dw sum
- * after a grid barrier of a cooperative launch, 8: 5 + 7) run on shapes that take every dw ending
- * (last block, PDL kernel, grid barrier), V = 1, 2 and 4, grids with idle blocks (fewer row steps than
- * a cluster), several steps per block, and the scratch reuse (rmsnorm_gpu_round2_paths); the bench
- * switches DFLASH_RMSNORM_DW_PIECE=4 (dw sum kernel without PDL) and DFLASH_RMSNORM_CARVEOUT (a
- * shared-memory carveout hint) must give correct results too (rmsnorm_gpu_no_pdl_and_carveout).
- * Round 3's variant 9 (DFLASH_RMSNORM_KERNEL=9: the many-slice dw sum kernel, its NQ = 2 / 4 / 8 forms,
- * launched with and without PDL; the occupancy-sized two-row forward) runs the same checks, and its
- * forward must be bitwise variant 4's (rmsnorm_gpu_v9_*).
+ * bf16-rounded inputs. Every case runs twice: the default (DFLASH_RMSNORM_KERNEL unset) and the revert
+ * (DFLASH_RMSNORM_KERNEL=4, variant 4's backward), so a revert lands on tested code.
+ * Covered: plain and fused residual forward; backward dx (=, +=) and dw (deterministic: two runs
+ * bit-identical; the scratch's ticket header back to zero after every call); every row-group width 8..256
+ * and 1, 2, 4 vectors per lane (C = 8 .. 8192 with odd multiples of 8: 24, 136, 264, 1032, 6152), N = 1,
+ * 3, awkward N, more row steps than CTAs, the two-row forward (grids over a wave), both dw endings (last
+ * CTA at C <= 256, the PDL sum kernel above), the sum kernel without PDL (DFLASH_RMSNORM_DW_PIECE=4),
+ * the production shapes, C > 8192 (the two-pass size path: 12288, 16384), one scratch reused across N.
+ * The default's dx and dx += are asserted bitwise variant 4's (same arithmetic, measured so on the H200
+ * in round 4). The bench-only shape 1 (DFLASH_RMSNORM_V10=1 with DFLASH_KERNELS_BENCH=1) must be a correct
+ * backward too. Any other DFLASH_RMSNORM_KERNEL value fails every entry point with a one-line error.
+ * The q/k norm pair (rmsnorm_qk_forward / rmsnorm_qk_backward): y, rstd, dx, dx += bitwise two separate
+ * calls'; dw against the reference and repeatable; both tickets reset; one tensor empty; C in the
+ * one-launch range (8, 64, 128, 136, 256) and above it (512: two backward launches; 2048: two forward
+ * launches too); one qk scratch reused across (Nq, Nk).
  *
  * Tolerances: y is one bf16 rounding of an fp32 value (≤ 2^-9 relative): rtol 1.6e-2, atol 1e-2.
  * rstd: fp32 sum of squares vs double, rtol 1e-4. dx = rstd·(w·dy − x̂·m) cancels, so its absolute
@@ -99,70 +90,6 @@ static void one(int N, int C, int resid, uint64_t seed) {
     free(x); free(r); free(w); free(dy); free(dx0); free(y); free(rstd); free(got); free(dx); free(dw); free(grstd); free(gdw);
 }
 
-START_TEST(rmsnorm_gpu_shapes) {
-    int shapes[][2] = {{1, 8}, {3, 24}, {37, 136}, {5, 264}, {1000, 128}, {513, 64}, {64, 4096}, {2, 16384}};
-    for (int s = 0; s < 8; s++) {
-        one(shapes[s][0], shapes[s][1], 0, 10 + s);
-        one(shapes[s][0], shapes[s][1], 1, 20 + s);
-    }
-}
-END_TEST
-
-START_TEST(rmsnorm_gpu_register_shapes) {
-    int shapes[][2] = {{7, 1032}, {300, 6152}, {3, 8192}, {10007, 136}, {2001, 4096}, {33, 2048}, {9, 512}};
-    for (int s = 0; s < 7; s++) {
-        one(shapes[s][0], shapes[s][1], 0, 40 + s);
-        one(shapes[s][0], shapes[s][1], 1, 50 + s);
-    }
-}
-END_TEST
-
-START_TEST(rmsnorm_gpu_twopass) {
-    setenv("DFLASH_RMSNORM_KERNEL", "1", 1);
-    int shapes[][2] = {{1, 8}, {37, 136}, {5, 264}, {513, 64}, {64, 4096}, {7, 1032}};
-    for (int s = 0; s < 6; s++) {
-        one(shapes[s][0], shapes[s][1], 0, 60 + s);
-        one(shapes[s][0], shapes[s][1], 1, 70 + s);
-    }
-    unsetenv("DFLASH_RMSNORM_KERNEL");
-}
-END_TEST
-
-START_TEST(rmsnorm_gpu_production) {
-    one(8192, 4096, 0, 30);
-    one(8192, 4096, 1, 31);
-    one(8192 * 32, 128, 0, 32);   /* q norm of 8192 tokens × 32 heads */
-}
-END_TEST
-
-/* more than one wave of 256-thread blocks (8 per SM) at one row per group: the two-row kernel */
-static const int two_row_shapes[][2] = {{40001, 128}, {50003, 64}, {40000, 136}, {36000, 256}, {20001, 512}, {9001, 1024}};
-
-START_TEST(rmsnorm_gpu_two_row_groups) {
-    for (int s = 0; s < 6; s++) {
-        one(two_row_shapes[s][0], two_row_shapes[s][1], 0, 80 + s);
-        one(two_row_shapes[s][0], two_row_shapes[s][1], 1, 90 + s);
-    }
-}
-END_TEST
-
-START_TEST(rmsnorm_gpu_k1b_path) {
-    setenv("DFLASH_RMSNORM_KERNEL", "2", 1);
-    for (int s = 0; s < 6; s++) one(two_row_shapes[s][0], two_row_shapes[s][1], s % 2, 100 + s);
-    one(2001, 4096, 1, 110);
-    unsetenv("DFLASH_RMSNORM_KERNEL");
-}
-END_TEST
-
-START_TEST(rmsnorm_gpu_k1c_path) {
-    setenv("DFLASH_RMSNORM_KERNEL", "3", 1);
-    for (int s = 0; s < 6; s++) one(two_row_shapes[s][0], two_row_shapes[s][1], s % 2, 120 + s);
-    one(2001, 4096, 1, 130);
-    one(3, 8192, 0, 131);
-    unsetenv("DFLASH_RMSNORM_KERNEL");
-}
-END_TEST
-
 /* One scratch, sized for the largest N, serves a sequence of backward calls of different N at one C
  * (the ticket must be reset by every call, the partials region must fit): each dw matches that of a
  * call on a fresh scratch bit for bit. */
@@ -200,125 +127,135 @@ static void reuse(int C, uint64_t seed) {
     free(x); free(w); free(dy); free(a); free(b);
 }
 
-START_TEST(rmsnorm_gpu_scratch_reuse) {
-    reuse(128, 140);    /* dw summed by the last block */
-    reuse(1024, 141);   /* dw summed by the PDL kernel */
-}
-END_TEST
-
-/* variants 5-8 (round 2): every backward ending, V = 1 / 2 / 4, N = 1 and 3 (blocks with no row step),
- * several row steps per block; forward = variant 4's, run again by one() */
-START_TEST(rmsnorm_gpu_round2_paths) {
-    static const int shapes[][2] = {{40001, 128}, {1, 64}, {3, 8192}, {2001, 4096}, {300, 6152}, {10007, 136}, {7, 1032}, {9001, 1024}};
-    static const char *vars[] = {"5", "6", "7", "8"};
-    const int v = _i;   /* one variant per loop iteration: each gets its own timeout */
-    setenv("DFLASH_RMSNORM_KERNEL", vars[v], 1);
-    for (int s = 0; s < 8; s++) one(shapes[s][0], shapes[s][1], (s + v) % 2, 200 + 10 * v + s);
-    reuse(128, 240 + v);
-    reuse(1024, 250 + v);
-    unsetenv("DFLASH_RMSNORM_KERNEL");
-}
-END_TEST
-
-/* DFLASH_RMSNORM_DW_PIECE=4: variant 4 with the dw sum kernel launched without PDL (a correct
- * backward, measured by the bench against the PDL launch); and the carveout hint, which must not
- * change results */
-START_TEST(rmsnorm_gpu_no_pdl_and_carveout) {
-    setenv("DFLASH_RMSNORM_DW_PIECE", "4", 1);
-    one(2001, 4096, 0, 300);
-    one(3, 8192, 1, 301);
-    one(40001, 128, 0, 302);
-    unsetenv("DFLASH_RMSNORM_DW_PIECE");
-    setenv("DFLASH_RMSNORM_CARVEOUT", "28", 1);
-    one(2001, 4096, 1, 303);
-    setenv("DFLASH_RMSNORM_KERNEL", "5", 1);
-    one(2001, 4096, 0, 304);
-    unsetenv("DFLASH_RMSNORM_KERNEL");
-    unsetenv("DFLASH_RMSNORM_CARVEOUT");
-    one(2001, 4096, 0, 305);
-}
-END_TEST
-
-/* Round 3, variant 9 (DFLASH_RMSNORM_KERNEL=9): variant 4 with the many-slice dw sum kernel for
- * C > 256 (DFLASH_RMSNORM_FIN_NQ = 4, its default, and the bench's 2 and 8) and the occupancy-sized
- * two-row forward. Every dw ending (last block at C <= 256, the new sum kernel), V = 1 / 2 / 4, N = 1
- * and 3, several steps per block, nb > 256 slices (8192 x 4096: 391 blocks), the scratch reuse; the
- * sum kernel launched without PDL (DW_PIECE=4, as a device without PDL would) is a correct backward. */
-static const int v9_shapes[][2] = {{40001, 128}, {1, 64}, {3, 8192}, {2001, 4096}, {300, 6152}, {10007, 136},
-                                   {7, 1032}, {9001, 1024}, {20000, 256}, {20001, 136}, {8192, 4096}};
-
-START_TEST(rmsnorm_gpu_v9_paths) {
-    setenv("DFLASH_RMSNORM_KERNEL", "9", 1);
-    for (int s = 0; s < 11; s++) one(v9_shapes[s][0], v9_shapes[s][1], s % 2, 400 + s);
-    reuse(128, 420);
-    reuse(1024, 421);
-    unsetenv("DFLASH_RMSNORM_KERNEL");
-}
-END_TEST
-
-START_TEST(rmsnorm_gpu_v9_nq_and_no_pdl) {
-    static const char *nq[] = {"2", "8"};
-    setenv("DFLASH_RMSNORM_KERNEL", "9", 1);
-    for (int i = 0; i < 2; i++) {
-        setenv("DFLASH_RMSNORM_FIN_NQ", nq[i], 1);
-        one(2001, 4096, i, 430 + i);
-        one(9001, 1024, 1 - i, 432 + i);
-        one(300, 6152, 0, 434 + i);
-        reuse(1024, 436 + i);
-    }
-    unsetenv("DFLASH_RMSNORM_FIN_NQ");
-    setenv("DFLASH_RMSNORM_DW_PIECE", "4", 1);   /* no PDL: griddepcontrol.wait must be a no-op */
-    one(2001, 4096, 0, 440);
-    one(3, 8192, 1, 441);
-    one(8192, 4096, 0, 442);
-    unsetenv("DFLASH_RMSNORM_DW_PIECE");
-    unsetenv("DFLASH_RMSNORM_KERNEL");
-}
-END_TEST
-
-/* Variant 9's forward takes other kernels/grids than variant 4's on some shapes (two-row at 4 blocks
- * per SM; two-row from the queried one-row occupancy: C = 136 / 256 at ~20000 rows) but computes every
- * row the same way: y, rstd and the fused h must be bitwise variant 4's. */
-static void fwd_same(int N, int C, int resid, uint64_t seed) {
+static void dx_same_as_v4(int N, int C, uint64_t seed) {
     size_t n = (size_t)N * C;
-    float *x = k1_randn(&seed, n, -3, 3), *r = k1_randn(&seed, n, -3, 3), *w = k1_randn(&seed, C, 0.5f, 1.5f);
-    bf16 *d_x = k1_upload_bf16(x, n), *d_r0 = k1_upload_bf16(r, n), *d_r = k1_malloc(2 * n), *d_y = k1_malloc(2 * n);
-    float *d_w = k1_upload(w, 4 * (size_t)C), *d_rstd = k1_malloc(4 * (size_t)N);
-    float *y[2], *h[2], *rs[2];
+    float *x = k1_randn(&seed, n, -3, 3), *w = k1_randn(&seed, C, 0.5f, 1.5f), *dy = k1_randn(&seed, n, -1, 1);
+    float *dx0 = k1_randn(&seed, n, -1, 1);
+    bf16 *d_x = k1_upload_bf16(x, n), *d_dy = k1_upload_bf16(dy, n), *d_dx0 = k1_upload_bf16(dx0, n), *d_dx = k1_malloc(2 * n);
+    bf16 *d_y = k1_malloc(2 * n);
+    float *d_w = k1_upload(w, 4 * (size_t)C), *d_rstd = k1_malloc(4 * (size_t)N), *d_dw = k1_malloc(4 * (size_t)C);
+    float *d_scr = k1_malloc(4 * rmsnorm_backward_scratch_floats(N, C));
+    K1_CUDA(cudaMemset(d_scr, 0, 4 * rmsnorm_backward_scratch_floats(N, C)));
+    K1_LAUNCH(rmsnorm_forward(d_y, d_rstd, d_x, d_w, N, C, 1e-6f, 0));
+    unsigned short *bits[2][2];
     for (int v = 0; v < 2; v++) {
-        setenv("DFLASH_RMSNORM_KERNEL", v ? "9" : "4", 1);
-        y[v] = malloc(4 * n);
-        h[v] = malloc(4 * n);
-        rs[v] = malloc(4 * (size_t)N);
-        k1_poison(d_y, 2 * n);
-        k1_poison(d_rstd, 4 * (size_t)N);
-        K1_CUDA(cudaMemcpy(d_r, d_r0, 2 * n, cudaMemcpyDeviceToDevice));
-        if (resid) K1_LAUNCH(rmsnorm_residual_forward(d_y, d_r, d_rstd, d_x, d_w, N, C, 1e-6f, 0));
-        else K1_LAUNCH(rmsnorm_forward(d_y, d_rstd, d_x, d_w, N, C, 1e-6f, 0));
-        K1_CUDA(cudaDeviceSynchronize());
-        k1_download_bf16(y[v], d_y, n);
-        k1_download_bf16(h[v], d_r, n);
-        K1_CUDA(cudaMemcpy(rs[v], d_rstd, 4 * (size_t)N, cudaMemcpyDeviceToHost));
+        if (v) unsetenv("DFLASH_RMSNORM_KERNEL");
+        else setenv("DFLASH_RMSNORM_KERNEL", "4", 1);
+        for (int a = 0; a < 2; a++) {
+            bits[v][a] = malloc(2 * n);
+            K1_CUDA(cudaMemcpy(d_dx, d_dx0, 2 * n, cudaMemcpyDeviceToDevice));
+            K1_CUDA(cudaMemset(d_dw, 0, 4 * (size_t)C));
+            K1_LAUNCH(rmsnorm_backward(d_dx, d_dw, d_dy, d_x, d_w, d_rstd, d_scr, N, C, a, 0));
+            K1_CUDA(cudaMemcpy(bits[v][a], d_dx, 2 * n, cudaMemcpyDeviceToHost));
+        }
     }
     unsetenv("DFLASH_RMSNORM_KERNEL");
-    ck_assert_msg(memcmp(y[0], y[1], 4 * n) == 0, "N=%d C=%d resid=%d: v9 y differs from v4", N, C, resid);
-    ck_assert_msg(memcmp(rs[0], rs[1], 4 * (size_t)N) == 0, "N=%d C=%d resid=%d: v9 rstd differs from v4", N, C, resid);
-    ck_assert_msg(memcmp(h[0], h[1], 4 * n) == 0, "N=%d C=%d resid=%d: v9 h differs from v4", N, C, resid);
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += fabs(y[1][i]);
-    ck_assert_msg(s > 0 && s == s, "N=%d C=%d: y is zero or NaN", N, C);
-    for (int v = 0; v < 2; v++) { free(y[v]); free(h[v]); free(rs[v]); }
-    cudaFree(d_x); cudaFree(d_r0); cudaFree(d_r); cudaFree(d_y); cudaFree(d_w); cudaFree(d_rstd);
-    free(x); free(r); free(w);
+    ck_assert_msg(memcmp(bits[0][0], bits[1][0], 2 * n) == 0, "N=%d C=%d: the default's dx is not bitwise v4's", N, C);
+    ck_assert_msg(memcmp(bits[0][1], bits[1][1], 2 * n) == 0, "N=%d C=%d: the default's dx += is not bitwise v4's", N, C);
+    for (int v = 0; v < 2; v++)
+        for (int a = 0; a < 2; a++) free(bits[v][a]);
+    cudaFree(d_x); cudaFree(d_dy); cudaFree(d_dx0); cudaFree(d_dx); cudaFree(d_y); cudaFree(d_w); cudaFree(d_rstd);
+    cudaFree(d_dw); cudaFree(d_scr);
+    free(x); free(w); free(dy); free(dx0);
 }
 
-START_TEST(rmsnorm_gpu_v9_forward_bitwise) {
-    static const int shapes[][2] = {{65536, 128}, {20000, 256}, {20001, 136}, {40001, 128}, {50003, 64}, {36000, 256},
-                                    {9001, 1024}, {1000, 1032}};
-    for (int s = 0; s < 8; s++) {
-        fwd_same(shapes[s][0], shapes[s][1], 0, 500 + s);
-        fwd_same(shapes[s][0], shapes[s][1], 1, 510 + s);
+/* one() under the default, then under the revert */
+static void both(int N, int C, int resid, uint64_t seed) {
+    unsetenv("DFLASH_RMSNORM_KERNEL");
+    one(N, C, resid, seed);
+    setenv("DFLASH_RMSNORM_KERNEL", "4", 1);
+    one(N, C, resid, seed + 1000);
+    unsetenv("DFLASH_RMSNORM_KERNEL");
+}
+
+START_TEST(rmsnorm_gpu_shapes) {
+    int shapes[][2] = {{1, 8}, {3, 24}, {37, 136}, {5, 264}, {1000, 128}, {513, 64}, {64, 4096}, {2, 16384}, {5, 12288}};
+    for (int s = 0; s < 9; s++) {
+        both(shapes[s][0], shapes[s][1], 0, 10 + s);
+        both(shapes[s][0], shapes[s][1], 1, 20 + s);
     }
+}
+END_TEST
+
+START_TEST(rmsnorm_gpu_register_shapes) {
+    int shapes[][2] = {{7, 1032}, {300, 6152}, {3, 8192}, {10007, 136}, {2001, 4096}, {33, 2048}, {9, 512}, {1000, 8192},
+                       {9001, 1024}, {20000, 256}, {513, 8}, {1, 64}};
+    for (int s = 0; s < 12; s++) both(shapes[s][0], shapes[s][1], s % 2, 40 + s);
+}
+END_TEST
+
+/* one shape per loop iteration (each its own timeout): hidden norm (plain, fused), q norm of 8192 tokens
+ * × 32 heads, k norm of 8 heads */
+START_TEST(rmsnorm_gpu_production) {
+    static const int shapes[][3] = {{8192, 4096, 0}, {8192, 4096, 1}, {8192 * 32, 128, 0}, {8192 * 8, 128, 1}};
+    both(shapes[_i][0], shapes[_i][1], shapes[_i][2], 30 + _i);
+}
+END_TEST
+
+/* more than one wave of 256-thread blocks (8 per SM) at one row per group: the two-row forward */
+START_TEST(rmsnorm_gpu_two_row_groups) {
+    static const int shapes[][2] = {{40001, 128}, {50003, 64}, {40000, 136}, {36000, 256}, {20001, 512}, {9001, 1024}};
+    for (int s = 0; s < 6; s++) both(shapes[s][0], shapes[s][1], s % 2, 80 + s);
+}
+END_TEST
+
+START_TEST(rmsnorm_gpu_scratch_reuse) {
+    for (int v = 0; v < 2; v++) {
+        if (v) setenv("DFLASH_RMSNORM_KERNEL", "4", 1);
+        reuse(128, 140 + v);    /* dw summed by the last CTA */
+        reuse(1032, 142 + v);   /* dw summed by the PDL kernel */
+        unsetenv("DFLASH_RMSNORM_KERNEL");
+    }
+}
+END_TEST
+
+/* DFLASH_RMSNORM_DW_PIECE=4 (the sum kernel launched without PDL: a correct backward, on any device) and
+ * the bench-only shape 1 of the default (acts only with DFLASH_KERNELS_BENCH=1) */
+START_TEST(rmsnorm_gpu_no_pdl_and_shape1) {
+    setenv("DFLASH_RMSNORM_DW_PIECE", "4", 1);
+    both(2001, 4096, 0, 300);
+    both(3, 8192, 1, 301);
+    both(40001, 128, 0, 302);
+    unsetenv("DFLASH_RMSNORM_DW_PIECE");
+    setenv("DFLASH_KERNELS_BENCH", "1", 1);
+    setenv("DFLASH_RMSNORM_V10", "1", 1);
+    static const int shapes[][2] = {{40001, 128}, {1, 64}, {2001, 4096}, {10007, 136}, {7, 1032}, {513, 8}, {3, 8192}};
+    for (int s = 0; s < 7; s++) one(shapes[s][0], shapes[s][1], s % 2, 310 + s);
+    reuse(128, 320);
+    reuse(1032, 321);
+    unsetenv("DFLASH_RMSNORM_V10");
+    unsetenv("DFLASH_KERNELS_BENCH");
+}
+END_TEST
+
+START_TEST(rmsnorm_gpu_dx_bitwise_v4) {
+    dx_same_as_v4(8192, 4096, 710);
+    dx_same_as_v4(65536, 128, 711);
+    dx_same_as_v4(1000, 1032, 712);
+    dx_same_as_v4(1000, 8192, 713);
+    dx_same_as_v4(10007, 136, 714);
+}
+END_TEST
+
+START_TEST(rmsnorm_gpu_env_values) {
+    bf16 *x = k1_malloc(4096), *y = k1_malloc(4096);
+    float *w = k1_malloc(4096), *s = k1_malloc(4096);
+    K1_CUDA(cudaMemset(w, 0, 4096));
+    static const char *bad[] = {"1", "3", "9", "10", "x"};
+    for (int i = 0; i < 5; i++) {
+        setenv("DFLASH_RMSNORM_KERNEL", bad[i], 1);
+        ck_assert_int_eq(rmsnorm_forward(y, NULL, x, w, 4, 64, 1e-6f, 0), -1);
+        ck_assert_ptr_nonnull(strstr(kernels_error(), "DFLASH_RMSNORM_KERNEL"));
+        ck_assert_int_eq(rmsnorm_backward(y, NULL, x, x, w, w, s, 4, 64, 0, 0), -1);
+        ck_assert_int_eq(rmsnorm_qk_forward(y, NULL, x, w, 4, y, NULL, x, w, 4, 64, 1e-6f, 0), -1);
+        ck_assert_ptr_null(strchr(kernels_error(), '\n'));
+    }
+    setenv("DFLASH_RMSNORM_KERNEL", "4", 1);
+    ck_assert_int_eq(rmsnorm_forward(y, NULL, x, w, 4, 64, 1e-6f, 0), 0);
+    unsetenv("DFLASH_RMSNORM_KERNEL");
+    ck_assert_int_eq(rmsnorm_forward(y, NULL, x, w, 4, 64, 1e-6f, 0), 0);
+    K1_CUDA(cudaDeviceSynchronize());
+    cudaFree(x); cudaFree(y); cudaFree(w); cudaFree(s);
 }
 END_TEST
 
@@ -329,28 +266,213 @@ START_TEST(rmsnorm_gpu_preconditions) {
     ck_assert_ptr_nonnull(strstr(kernels_error(), "multiple of 8"));
     ck_assert_int_eq(rmsnorm_backward(x, w, x, x, w, w, NULL, 4, 16, 0, 0), -1);
     ck_assert_ptr_nonnull(strstr(kernels_error(), "alias"));
+    ck_assert_int_eq(rmsnorm_qk_backward(x + 64, w, x, x, w, w, 4, x + 64, NULL, x, x, w, w, 4, w, 16, 0, 0), -1);
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "both"));
     cudaFree(x); cudaFree(w);
 }
 END_TEST
 
+/* ---------------------------------------------------------------- the q/k pair */
+
+/* Two tensors (q: t = 0, k: t = 1) of [Nt, C]: rmsnorm_qk_forward against two rmsnorm_forward calls and the
+ * reference; rmsnorm_qk_backward (dx =, dx +=) against two rmsnorm_backward calls bit for bit, dw against
+ * the reference (on the GPU's rstd) and repeatable; the tickets reset. Under the current environment. */
+static void qk_one(int Nq, int Nk, int C, uint64_t seed) {
+    const int Nt[2] = {Nq, Nk};
+    size_t n[2] = {(size_t)Nq * C, (size_t)Nk * C};
+    float *hx[2], *hdy[2], *hdx0[2], *hw[2];
+    bf16 *x[2], *dy[2], *dx0[2], *dx[2], *y[2];
+    float *w[2], *rstd[2], *dw[2], *scrs[2];
+    for (int t = 0; t < 2; t++) {
+        size_t m = n[t] ? n[t] : 1;
+        hx[t] = k1_randn(&seed, m, -3, 3);
+        hdy[t] = k1_randn(&seed, m, -1, 1);
+        hdx0[t] = k1_randn(&seed, m, -1, 1);
+        hw[t] = k1_randn(&seed, C, 0.5f, 1.5f);
+        x[t] = k1_upload_bf16(hx[t], m);
+        dy[t] = k1_upload_bf16(hdy[t], m);
+        dx0[t] = k1_upload_bf16(hdx0[t], m);
+        dx[t] = k1_malloc(2 * m);
+        y[t] = k1_malloc(2 * m);
+        w[t] = k1_upload(hw[t], 4 * (size_t)C);
+        rstd[t] = k1_malloc(4 * (size_t)(Nt[t] ? Nt[t] : 1));
+        dw[t] = k1_malloc(4 * (size_t)C);
+        scrs[t] = k1_malloc(4 * rmsnorm_backward_scratch_floats(Nt[t], C));
+        K1_CUDA(cudaMemset(scrs[t], 0, 4 * rmsnorm_backward_scratch_floats(Nt[t], C)));
+    }
+    const size_t sf = rmsnorm_qk_backward_scratch_floats(Nq, Nk, C);
+    float *scr = k1_malloc(4 * sf);
+    K1_CUDA(cudaMemset(scr, 0, 4 * sf));
+    char what[96];
+    snprintf(what, sizeof what, "qk Nq=%d Nk=%d C=%d", Nq, Nk, C);
+    /* forward: separate, then the pair */
+    unsigned short *sb[2], *fb[2];
+    float *srs[2], *frs[2];
+    for (int t = 0; t < 2; t++) {
+        K1_LAUNCH(rmsnorm_forward(y[t], rstd[t], x[t], w[t], Nt[t], C, 1e-6f, 0));
+        sb[t] = malloc(2 * n[t] + 2); fb[t] = malloc(2 * n[t] + 2);
+        srs[t] = malloc(4 * (size_t)Nt[t] + 4); frs[t] = malloc(4 * (size_t)Nt[t] + 4);
+    }
+    K1_CUDA(cudaDeviceSynchronize());
+    for (int t = 0; t < 2; t++) {
+        K1_CUDA(cudaMemcpy(sb[t], y[t], 2 * n[t], cudaMemcpyDeviceToHost));
+        K1_CUDA(cudaMemcpy(srs[t], rstd[t], 4 * (size_t)Nt[t], cudaMemcpyDeviceToHost));
+        k1_poison(y[t], 2 * n[t]);
+        k1_poison(rstd[t], 4 * (size_t)Nt[t]);
+    }
+    K1_LAUNCH(rmsnorm_qk_forward(y[0], rstd[0], x[0], w[0], Nq, y[1], rstd[1], x[1], w[1], Nk, C, 1e-6f, 0));
+    K1_CUDA(cudaDeviceSynchronize());
+    for (int t = 0; t < 2; t++) {
+        K1_CUDA(cudaMemcpy(fb[t], y[t], 2 * n[t], cudaMemcpyDeviceToHost));
+        K1_CUDA(cudaMemcpy(frs[t], rstd[t], 4 * (size_t)Nt[t], cudaMemcpyDeviceToHost));
+        ck_assert_msg(memcmp(fb[t], sb[t], 2 * n[t]) == 0, "%s: y[%d] differs from a separate call", what, t);
+        ck_assert_msg(memcmp(frs[t], srs[t], 4 * (size_t)Nt[t]) == 0, "%s: rstd[%d] differs from a separate call", what, t);
+        float *ref = malloc(4 * n[t] + 4), *rrs = malloc(4 * (size_t)Nt[t] + 4), *got = malloc(4 * n[t] + 4);
+        rmsnorm_forward_ref(ref, rrs, hx[t], hw[t], Nt[t], C, 1e-6f);
+        k1_download_bf16(got, y[t], n[t]);
+        ck_assert_msg(test_allclose(what, got, ref, n[t], 1e-2, 1.6e-2), "%s: y[%d]", what, t);
+        ck_assert_msg(test_allclose("rstd", frs[t], rrs, Nt[t], 0, 1e-4), "%s: rstd[%d]", what, t);
+        free(ref); free(rrs); free(got);
+    }
+    /* backward dx (=, +=): separate calls' bits, then the pair's */
+    for (int acc = 0; acc < 2; acc++) {
+        for (int t = 0; t < 2; t++) {
+            K1_CUDA(cudaMemcpy(dx[t], dx0[t], 2 * n[t], cudaMemcpyDeviceToDevice));
+            K1_CUDA(cudaMemset(dw[t], 0, 4 * (size_t)C));
+            K1_LAUNCH(rmsnorm_backward(dx[t], dw[t], dy[t], x[t], w[t], rstd[t], scrs[t], Nt[t], C, acc, 0));
+        }
+        K1_CUDA(cudaDeviceSynchronize());
+        for (int t = 0; t < 2; t++) {
+            K1_CUDA(cudaMemcpy(sb[t], dx[t], 2 * n[t], cudaMemcpyDeviceToHost));
+            K1_CUDA(cudaMemcpy(dx[t], dx0[t], 2 * n[t], cudaMemcpyDeviceToDevice));
+            K1_CUDA(cudaMemset(dw[t], 0, 4 * (size_t)C));
+        }
+        K1_LAUNCH(rmsnorm_qk_backward(dx[0], dw[0], dy[0], x[0], w[0], rstd[0], Nq, dx[1], dw[1], dy[1], x[1], w[1], rstd[1], Nk, scr, C,
+                                      acc, 0));
+        K1_CUDA(cudaDeviceSynchronize());
+        for (int t = 0; t < 2; t++) {
+            K1_CUDA(cudaMemcpy(fb[t], dx[t], 2 * n[t], cudaMemcpyDeviceToHost));
+            ck_assert_msg(memcmp(fb[t], sb[t], 2 * n[t]) == 0, "%s: dx[%d] (acc %d) differs from a separate call", what, t, acc);
+        }
+        unsigned hdr[32];
+        K1_CUDA(cudaMemcpy(hdr, scr, sizeof hdr, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < 32; i++) ck_assert_msg(hdr[i] == 0, "%s: scratch header word %d = %u", what, i, hdr[i]);
+    }
+    /* dw (from the last, acc = 1, call: dw was zeroed before it) against the reference; repeatable;
+     * dx += against the reference too */
+    float *g1 = malloc(4 * (size_t)C), *g2 = malloc(4 * (size_t)C);
+    for (int t = 0; t < 2; t++) {
+        float *rdx = malloc(4 * n[t] + 4), *rdw = calloc(C, 4), *got = malloc(4 * n[t] + 4);
+        memcpy(rdx, hdx0[t], 4 * n[t]);
+        for (size_t i = 0; i < n[t]; i++) rdx[i] = bf16_round(rdx[i]);   /* dx0 as uploaded */
+        rmsnorm_backward_ref(rdx, rdw, hdy[t], hx[t], hw[t], frs[t], Nt[t], C, 1);
+        k1_download_bf16(got, dx[t], n[t]);
+        ck_assert_msg(test_allclose("dx+=", got, rdx, n[t], 1e-2 * k1_rms(rdx, n[t]) + 1e-2, 1.6e-2), "%s: dx+=[%d]", what, t);
+        K1_CUDA(cudaMemcpy(g1, dw[t], 4 * (size_t)C, cudaMemcpyDeviceToHost));
+        ck_assert_msg(test_allclose("dw", g1, rdw, C, 1e-3 * sqrt((double)Nt[t]) + 1e-6, 1e-3), "%s: dw[%d]", what, t);
+        free(rdx); free(rdw); free(got);
+    }
+    K1_CUDA(cudaMemcpy(g1, dw[1], 4 * (size_t)C, cudaMemcpyDeviceToHost));
+    K1_CUDA(cudaMemset(dw[0], 0, 4 * (size_t)C));
+    K1_CUDA(cudaMemset(dw[1], 0, 4 * (size_t)C));
+    K1_LAUNCH(rmsnorm_qk_backward(dx[0], dw[0], dy[0], x[0], w[0], rstd[0], Nq, dx[1], dw[1], dy[1], x[1], w[1], rstd[1], Nk, scr, C, 0, 0));
+    K1_CUDA(cudaMemcpy(g2, dw[1], 4 * (size_t)C, cudaMemcpyDeviceToHost));
+    ck_assert_msg(memcmp(g1, g2, 4 * (size_t)C) == 0, "%s: dw[k] not repeatable", what);
+    /* dx only (dw NULL): dx bitwise the dw run's */
+    for (int t = 0; t < 2; t++) K1_CUDA(cudaMemcpy(sb[t], dx[t], 2 * n[t], cudaMemcpyDeviceToHost));
+    K1_LAUNCH(rmsnorm_qk_backward(dx[0], NULL, dy[0], x[0], w[0], rstd[0], Nq, dx[1], NULL, dy[1], x[1], w[1], rstd[1], Nk, NULL, C, 0, 0));
+    K1_CUDA(cudaDeviceSynchronize());
+    for (int t = 0; t < 2; t++) {
+        K1_CUDA(cudaMemcpy(fb[t], dx[t], 2 * n[t], cudaMemcpyDeviceToHost));
+        ck_assert_msg(memcmp(fb[t], sb[t], 2 * n[t]) == 0, "%s: dx[%d] without dw differs", what, t);
+    }
+    for (int t = 0; t < 2; t++) {
+        cudaFree(x[t]); cudaFree(dy[t]); cudaFree(dx0[t]); cudaFree(dx[t]); cudaFree(y[t]); cudaFree(w[t]); cudaFree(rstd[t]);
+        cudaFree(dw[t]); cudaFree(scrs[t]);
+        free(hx[t]); free(hdy[t]); free(hdx0[t]); free(hw[t]); free(sb[t]); free(fb[t]); free(srs[t]); free(frs[t]);
+    }
+    cudaFree(scr);
+    free(g1); free(g2);
+}
+
+static const int qk_shapes[][3] = {{40001, 10007, 128}, {1000, 250, 64}, {3, 1, 8}, {0, 100, 128}, {100, 0, 128}, {2001, 513, 136},
+                                   {513, 129, 256}, {300, 75, 512}, {20, 5, 2048}, {8192 * 32, 8192 * 8, 128}, {7, 40001, 24}};
+
+START_TEST(rmsnorm_gpu_qk) {   /* _i = 0: the default, 1: DFLASH_RMSNORM_KERNEL=4 (each its own timeout) */
+    if (_i) setenv("DFLASH_RMSNORM_KERNEL", "4", 1);
+    for (int s = 0; s < 11; s++) qk_one(qk_shapes[s][0], qk_shapes[s][1], qk_shapes[s][2], 800 + 20 * _i + s);
+    unsetenv("DFLASH_RMSNORM_KERNEL");
+    if (_i) return;
+    setenv("DFLASH_KERNELS_BENCH", "1", 1);   /* the bench-only shape 1 */
+    setenv("DFLASH_RMSNORM_V10", "1", 1);
+    qk_one(40001, 10007, 128, 850);
+    qk_one(2001, 513, 136, 851);
+    unsetenv("DFLASH_RMSNORM_V10");
+    unsetenv("DFLASH_KERNELS_BENCH");
+}
+END_TEST
+
+/* One qk scratch sized for the largest (Nq, Nk) serves smaller pairs: each dw equals that on a fresh scratch */
+START_TEST(rmsnorm_gpu_qk_scratch_reuse) {
+    const int C = 128, pairs[][2] = {{40001, 10007}, {1000, 4000}, {1, 1}, {40001, 10007}, {12345, 3}};
+    const int NqM = 40001, NkM = 10007;
+    uint64_t seed = 870;
+    size_t fl = rmsnorm_qk_backward_scratch_floats(NqM, NkM, C);
+    for (int i = 0; i < 5; i++) ck_assert(rmsnorm_qk_backward_scratch_floats(pairs[i][0], pairs[i][1], C) <= fl);
+    const int Nt[2] = {NqM, NkM};
+    bf16 *x[2], *dy[2], *dx[2];
+    float *w[2], *rstd[2], *dw[2], *a[2], *b[2];
+    for (int t = 0; t < 2; t++) {
+        size_t n = (size_t)Nt[t] * C;
+        float *hx = k1_randn(&seed, n, -3, 3), *hdy = k1_randn(&seed, n, -1, 1), *hw = k1_randn(&seed, C, 0.5f, 1.5f);
+        x[t] = k1_upload_bf16(hx, n); dy[t] = k1_upload_bf16(hdy, n); dx[t] = k1_malloc(2 * n);
+        w[t] = k1_upload(hw, 4 * (size_t)C); rstd[t] = k1_malloc(4 * (size_t)Nt[t]); dw[t] = k1_malloc(4 * (size_t)C);
+        a[t] = malloc(4 * (size_t)C); b[t] = malloc(4 * (size_t)C);
+        free(hx); free(hdy); free(hw);
+    }
+    K1_LAUNCH(rmsnorm_qk_forward(dx[0], rstd[0], x[0], w[0], NqM, dx[1], rstd[1], x[1], w[1], NkM, C, 1e-6f, 0));
+    float *shared = k1_malloc(4 * fl), *fresh = k1_malloc(4 * fl);
+    K1_CUDA(cudaMemset(shared, 0, 4 * fl));
+    for (int i = 0; i < 5; i++) {
+        const int q = pairs[i][0], k = pairs[i][1];
+        for (int pass = 0; pass < 2; pass++) {
+            float *s = pass ? fresh : shared;
+            if (pass) K1_CUDA(cudaMemset(fresh, 0, 4 * fl));
+            K1_CUDA(cudaMemset(dw[0], 0, 4 * (size_t)C));
+            K1_CUDA(cudaMemset(dw[1], 0, 4 * (size_t)C));
+            K1_LAUNCH(rmsnorm_qk_backward(dx[0], dw[0], dy[0], x[0], w[0], rstd[0], q, dx[1], dw[1], dy[1], x[1], w[1], rstd[1], k, s, C, 0, 0));
+            for (int t = 0; t < 2; t++) K1_CUDA(cudaMemcpy(pass ? b[t] : a[t], dw[t], 4 * (size_t)C, cudaMemcpyDeviceToHost));
+        }
+        for (int t = 0; t < 2; t++) ck_assert_msg(memcmp(a[t], b[t], 4 * (size_t)C) == 0, "pair %d: dw[%d] on a reused scratch differs", i, t);
+    }
+    for (int t = 0; t < 2; t++) {
+        cudaFree(x[t]); cudaFree(dy[t]); cudaFree(dx[t]); cudaFree(w[t]); cudaFree(rstd[t]); cudaFree(dw[t]);
+        free(a[t]); free(b[t]);
+    }
+    cudaFree(shared); cudaFree(fresh);
+}
+END_TEST
+
 int main(void) {
+    unsetenv("DFLASH_RMSNORM_KERNEL");
     Suite *s = suite_create("gpu_rmsnorm");
     TCase *tc = tcase_create("gpu_rmsnorm");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, rmsnorm_gpu_shapes);
     tcase_add_test(tc, rmsnorm_gpu_register_shapes);
-    tcase_add_test(tc, rmsnorm_gpu_twopass);
-    tcase_add_test(tc, rmsnorm_gpu_production);
+    tcase_add_loop_test(tc, rmsnorm_gpu_production, 0, 4);
     tcase_add_test(tc, rmsnorm_gpu_two_row_groups);
-    tcase_add_test(tc, rmsnorm_gpu_k1b_path);
-    tcase_add_test(tc, rmsnorm_gpu_k1c_path);
     tcase_add_test(tc, rmsnorm_gpu_scratch_reuse);
-    tcase_add_loop_test(tc, rmsnorm_gpu_round2_paths, 0, 4);
-    tcase_add_test(tc, rmsnorm_gpu_no_pdl_and_carveout);
-    tcase_add_test(tc, rmsnorm_gpu_v9_paths);
-    tcase_add_test(tc, rmsnorm_gpu_v9_nq_and_no_pdl);
-    tcase_add_test(tc, rmsnorm_gpu_v9_forward_bitwise);
+    tcase_add_test(tc, rmsnorm_gpu_no_pdl_and_shape1);
+    tcase_add_test(tc, rmsnorm_gpu_dx_bitwise_v4);
+    tcase_add_test(tc, rmsnorm_gpu_env_values);
     tcase_add_test(tc, rmsnorm_gpu_preconditions);
     suite_add_tcase(s, tc);
+    /* the q/k pair in its own case: CK_RUN_CASE=gpu_rmsnorm_qk runs it alone */
+    TCase *tq = tcase_create("gpu_rmsnorm_qk");
+    tcase_set_timeout(tq, 120);
+    tcase_add_loop_test(tq, rmsnorm_gpu_qk, 0, 2);
+    tcase_add_test(tq, rmsnorm_gpu_qk_scratch_reuse);
+    suite_add_tcase(s, tq);
     return test_run_suite(s);
 }
