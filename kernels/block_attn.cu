@@ -38,6 +38,7 @@
  * from this same source.
  */
 #include "kernels/block_attn.h"
+#include "kernels/block_attn_common.cuh"
 #include "kernels/block_attn_wg.h"
 #include "kernels/mma.cuh"
 
@@ -112,15 +113,7 @@ __device__ __forceinline__ void ba_ctx_range(const int32_t *doc_ids, int a, int 
     const int lo = window > 0 ? max(0, a - window) : 0, hi = d == -1 ? lo : a;
     if (threadIdx.x == 0) { *sLo = hi; *sHi = lo - 1; }
     __syncthreads();
-    int mn = hi, mx = lo - 1;
-#pragma unroll 4   /* independent loads in flight: this scan sits before the first K/V tile load */
-    for (int p = lo + threadIdx.x; p < hi; p += BA_THREADS)
-        if (doc_ids[p] == d) { mn = min(mn, p); mx = max(mx, p); }
-    for (int o = 16; o; o >>= 1) {
-        mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, o));
-        mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    }
-    if ((threadIdx.x & 31) == 0) { atomicMin(sLo, mn); atomicMax(sHi, mx); }
+    ba_doc_span<BA_THREADS, false>(doc_ids, lo, hi, d, threadIdx.x, (threadIdx.x & 31) == 0, sLo, sHi, nullptr);   /* block_attn_common.cuh */
     __syncthreads();
     *lo_out = *sLo;
     *hi_out = max(*sLo, *sHi + 1);
@@ -545,29 +538,7 @@ block_attn_forward_pair_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, c
 
 /* ---------------------------------------------------------------- backward */
 
-/* Di[h·R + row] = Σ_e dO·O over the head dim; one thread per 8 elements, D/8 lanes per (row, head). */
-template <int HD>
-__global__ void block_attn_di_kernel(const __nv_bfloat16 *out, const __nv_bfloat16 *dout, float *di, int R, int n_h) {
-    constexpr int CH = HD / 8;
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t pair = i / CH;   /* (row, head) in the (R, n_h) layout of out */
-    float s = 0.f;
-    if (pair < (size_t)R * n_h) {
-        uint4 a = *reinterpret_cast<const uint4 *>(out + i * 8), c = *reinterpret_cast<const uint4 *>(dout + i * 8);
-        const __nv_bfloat162 *pa = (const __nv_bfloat162 *)&a, *pc = (const __nv_bfloat162 *)&c;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float2 x = __bfloat1622float2(pa[e]), y = __bfloat1622float2(pc[e]);
-            s += x.x * y.x + x.y * y.y;
-        }
-    }
-#pragma unroll
-    for (int o = CH / 2; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (pair < (size_t)R * n_h && i % CH == 0) {
-        size_t row = pair / n_h, h = pair % n_h;
-        di[h * R + row] = s;
-    }
-}
+/* Di: ba_di_kernel (kernels/block_attn_common.cuh, shared with set 7) */
 
 /* One visit of a 64-row query tile by the warp's 16 keys (rows key_row0.. of sK/sV): dV += Pᵀ·dO,
  * dK += dSᵀ·Q. kok0/kok1: this thread's two keys (lane/4, lane/4 + 8) are visible to the block at all;
@@ -934,9 +905,9 @@ int ba_backward_launch(const block_attn_config *c, const bf16 *q, const bf16 *k,
     const int R = c->N * c->B;
     const size_t di_threads = (size_t)R * c->n_h * (HD / 8);
     float *di = dq;   /* scratch: n_h·R floats, overwritten by kernel 3 */
-    block_attn_di_kernel<HD><<<(unsigned)((di_threads + 255) / 256), 256, 0, stream>>>(
+    ba_di_kernel<HD><<<(unsigned)((di_threads + 255) / 256), 256, 0, stream>>>(
         (const __nv_bfloat16 *)out, (const __nv_bfloat16 *)dout, di, R, c->n_h);
-    KERNELS_CHECK_LAUNCH("block_attn_di_kernel");
+    KERNELS_CHECK_LAUNCH("ba_di_kernel");
     block_attn_backward_kv_kernel<HD><<<dim3((c->T + BA_KT - 1) / BA_KT, c->n_kv), BA_THREADS, smem, stream>>>(
         (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
         (const __nv_bfloat16 *)dout, lse, di, dk, dv, c->T, c->N, c->B, c->n_h, c->n_kv, c->window,

@@ -36,7 +36,23 @@
  *     Di kernel into dq's scratch after the plan), rows past the used ones masked by an exponent of −inf,
  *     lse / Di / slots read as pairs. The same values as M=0 (bitwise, except P below 2^-126, flushed to 0).
  * The one revert switch, read per call: DFLASH_BA_WG_M=0, the previous default (bench 84, KV=2p + Q=2 with
- * the plain elementwise, 1.80 ms); any value other than 0 or 1 is an error. DFLASH_BA_WG_KV / DFLASH_BA_WG_Q
+ * the plain elementwise, 1.80 ms); 2, 3, 4, 5 are this round's candidates (below); any other value is an error.
+ * Candidates (session 3, helper BB, not measured when written; schedule changes only, so bitwise equal to
+ * M=1 expected, and the GPU test asserts it; host emulation of their new index math in .helpers/notes-bb.md):
+ *   M=2 (bench 87), QP: kernel 3 leaves each tile's dQ product in flight (wb_dq_tile_f with PIPE): the
+ *     next tile's S and dP issue behind it instead of the warpgroup waiting for its own dQ before the next barrier
+ *     (probe 2 said 0.15 ms of kernel 3's 0.49 is exposed softmax math). Needs a third rotating context
+ *     K/V buffer (a buffer is refilled two tiles after its use, once every warpgroup's dQ reading it has
+ *     retired) and a fourth for warpgroup 0's block tile: 12 tiles of smem instead of 10 (193 KB at d_h 128).
+ *     A warpgroup skipping a tile (outside its range) drains its product first.
+ *   M=3 (bench 88), LA: kernel 2 issues a visit's cp.async loads (2 visits ahead) after that visit's Sᵀ and
+ *     dPᵀ wgmmas instead of before them, and with the query rows' gmem offsets computed once per thread
+ *     (no division by B per visit): the tensor pipe gets its work ~500 instructions earlier per visit
+ *     (probe 1, loads + barriers alone, is 0.31 of kernel 2's 0.58 ms).
+ *   M=4 (bench 89): both.
+ *   M=5 (bench 90): M=4 + PR: kernel 3 computes its rows' Di (plain global loads of O, dO) after issuing the
+ *     first K/V tile's loads instead of before the range scan, so the two latencies overlap (one CTA per SM:
+ *     nothing else hides a CTA's prologue; ~15 waves of CTAs at the standard shape). DFLASH_BA_WG_KV / DFLASH_BA_WG_Q
  * are gone: accepted only unset, empty or at the fixed value (2p, 2), an error otherwise.
  * History: the losing variants (round 1's KV=2 + Q=1, KV=1 = one warpgroup per CTA, KV=2d = 4 stages
  * loading 3 visits ahead, Q=1 = one block per dQ CTA; bench variants 80-83, 85) were deleted: their code is
@@ -55,6 +71,7 @@
  * bitwise-repeat check, and the benchmark validates before timing.
  */
 #include "kernels/block_attn.h"
+#include "kernels/block_attn_common.cuh"
 #include "kernels/block_attn_wg.h"
 #include "kernels/mma.cuh"
 #include "kernels/wgmma.cuh"
@@ -115,31 +132,7 @@ __device__ __forceinline__ void wb_load_qrows(unsigned char *dst, const __nv_bfl
     }
 }
 
-/* Kernel 1: Di[h·R + row] = Σ dO·O over the head dim (a copy of set 5's). */
-template <int HD>
-__global__ void wb_di_kernel(const __nv_bfloat16 *out, const __nv_bfloat16 *dout, float *di, int R, int n_h,
-                             const float *lse = nullptr, float *lse2 = nullptr) {
-    constexpr int CH = HD / 8;
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t pair = i / CH;
-    float s = 0.f;
-    if (pair < (size_t)R * n_h) {
-        uint4 a = *reinterpret_cast<const uint4 *>(out + i * 8), c = *reinterpret_cast<const uint4 *>(dout + i * 8);
-        const __nv_bfloat162 *pa = (const __nv_bfloat162 *)&a, *pc = (const __nv_bfloat162 *)&c;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float2 x = __bfloat1622float2(pa[e]), y = __bfloat1622float2(pc[e]);
-            s += x.x * y.x + x.y * y.y;
-        }
-    }
-#pragma unroll
-    for (int o = CH / 2; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (pair < (size_t)R * n_h && i % CH == 0) {
-        size_t row = pair / n_h, h = pair % n_h;
-        di[h * R + row] = s;
-        if (lse2) lse2[h * R + row] = lse[h * R + row] * WB_LOG2E;   /* FM: lse·log2(e), as the visits had it */
-    }
-}
+/* Kernel 1: ba_di_kernel<HD, true> (kernels/block_attn_common.cuh, shared with set 5): Di and lse·log2(e). */
 
 /* One visit of a 64-row query tile (uQ, udO) by a warpgroup's 64 keys (uK, uV): dV += Pᵀ·dO, dK += dSᵀ·Q
  * (dK unscaled). All 128 threads of the warpgroup call it. kok0 / kok1: this thread's keys (tile rows
@@ -232,10 +225,14 @@ __device__ __forceinline__ void wb_kv_visit(uint32_t uK, uint32_t uV, uint32_t u
  * visit's wg_wait<1> (which retires the previous dK and this Sᵀ), or after wb_kv_drain. The caller
  * must not refill a Q buffer until every warpgroup has passed the wait that retires the dK reading it.
  * Context keys only (no causal test). */
-template <int HD, int MODE = 0, bool FM = false>
+struct wb_nohook {   /* wb_kv_visit_p's default hook: nothing */
+    __device__ __forceinline__ void operator()() const {}
+};
+
+template <int HD, int MODE = 0, bool FM = false, typename F = wb_nohook>
 __device__ __forceinline__ void wb_kv_visit_p(uint32_t uK, uint32_t uV, uint32_t uQ, uint32_t udO, const float *sLse,
                                               const float *sDi, bool kok0, bool kok1, int used, float scale_log2,
-                                              float *dk, float *dv, uint32_t *da) {
+                                              float *dk, float *dv, uint32_t *da, F after_issue = F()) {
     const int lane = threadIdx.x & 31, t4 = lane & 3;
     float s[32], dp[32];
     wg_fence();
@@ -243,6 +240,7 @@ __device__ __forceinline__ void wb_kv_visit_p(uint32_t uK, uint32_t uV, uint32_t
     wg_commit();   /* Sᵀ */
     wg_mma_ss_kk<64, HD>(dp, uV, WB_PANEL, udO, WB_PANEL, false);
     wg_commit();   /* dPᵀ */
+    after_issue();   /* LA (DFLASH_BA_WG_M=3 / 4): the loads of a later visit, while Sᵀ and dPᵀ run; else nothing */
     wg_wait<1>();  /* the previous visit's dK and this Sᵀ done */
     wg_acc_fence<32>(s);
     wg_reg_fence<16>(da);
@@ -382,7 +380,7 @@ __global__ void __launch_bounds__(128) wb_plan_kernel(const int32_t *anchors, co
 /* Kernel 2: dK, dV of the context keys [NWG·64·tile, +NWG·64) for kv head g; NWG warpgroups (2: one CTA
  * per SM sharing each visit's Q/dO tile; 1: two independent CTAs per SM). (tile, g) = (blockIdx.x,
  * blockIdx.y), or with a plan the tiles longest first, all kv heads of a tile together. */
-template <int HD, int NWG, bool PIPE, int PROBE, bool DEEP = false, bool FM = false>
+template <int HD, int NWG, bool PIPE, int PROBE, bool DEEP = false, bool FM = false, bool LA = false>
 __global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
 wb_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
              const int32_t *doc_ids, const __nv_bfloat16 *dout, const float *lse, const float *di, float *dk, float *dv,
@@ -441,7 +439,38 @@ wb_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
     const int kr0 = wg * 64 + ((tid >> 5) & 3) * 16 + (lane >> 2), kr1 = kr0 + 8;   /* key rows in the 128 */
     const uint32_t uK = wg_smem_u32(sK + wg * TB), uV = wg_smem_u32(sV + wg * TB);
 
+    /* LA: the thread's query rows' gmem offsets without the block's part (b·B·n_h·HD), computed once (no
+     * division by B at each visit); -1: a row past the used ones (zero-filled); roff[NJ]: the lse / Di index
+     * without b·B (threads tid < 64). Not initialised without LA (unused: the default's code unchanged). */
+    constexpr int NJ = LA ? WB_ROWS * CH / NT : 0;
+    int roff[NJ + 1];
+    if constexpr (LA) {
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            const int i = tid + j * NT, r = i / CH, c = i % CH;
+            roff[j] = r < used ? ((r % B) * n_h + g * G + r / B) * HD + c * 8 : -1;
+        }
+        roff[NJ] = tid < WB_ROWS ? (g * G + tid / B) * R + tid % B : 0;
+    }
     auto load_visit = [&](int b, int buf) {
+        if constexpr (LA) {
+            const size_t boff = (size_t)b * B * n_h * HD;
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                const int i = tid + j * NT, r = i / CH, c = i % CH;   /* compile-time shifts (CH, NT powers of 2) */
+                const bool ok = roff[j] >= 0;
+                const size_t off = ok ? boff + (size_t)roff[j] : 0;
+                mma_cp_async16(sQ + buf * TB + wb_off(r, c), q + off, ok ? 16 : 0);
+                mma_cp_async16(sdO + buf * TB + wb_off(r, c), dout + off, ok ? 16 : 0);
+            }
+            if (tid < WB_ROWS) {
+                const bool ok = tid < used;
+                const size_t idx = ok ? (size_t)b * B + (size_t)roff[NJ] : 0;
+                wb_cp_async4(&sLse[buf][tid], lse + idx, ok);
+                wb_cp_async4(&sDi[buf][tid], di + idx, ok);
+            }
+            return;
+        }
         wb_load_qrows<HD, NT>(sQ + buf * TB, q, b, g, B, G, n_h, used);
         wb_load_qrows<HD, NT>(sdO + buf * TB, dout, b, g, B, G, n_h, used);
         if (tid < WB_ROWS) {
@@ -486,23 +515,40 @@ wb_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
             wg_fence_async_smem();
             __syncthreads();      /* visible to both warpgroups; everyone is done with visit i - 1's buffer */
             const int nxt = i + PD;
-            if (nxt < nvis) load_visit(sList[nxt] & 0x0FFFFFFF, nxt % ST);   /* into visit i + PD - ST's buffer */
-            mma_commit();
+            /* into visit i + PD - ST's buffer; LA: issued after this visit's Sᵀ, dPᵀ (or at once when the
+             * warpgroup skips the visit), still before any of this visit's waits on older products */
+            auto issue_loads = [&]() {
+                if (nxt < nvis) load_visit(sList[nxt] & 0x0FFFFFFF, nxt % ST);
+                mma_commit();
+            };
+            if constexpr (!LA) {   /* (as before LA: not through the lambda, same machine code) */
+                if (nxt < nvis) load_visit(sList[nxt] & 0x0FFFFFFF, nxt % ST);
+                mma_commit();
+            }
             const int e = sList[i], a = sVA[i], d = sVD[i];   /* anchor and doc read at the scan */
             if (PROBE == 1) {
                 /* the probe (ba_wg_backward_timed, bench only): loads, scans and barriers, no products */
+                if constexpr (LA) issue_loads();
             } else if ((e >> (28 + wg)) & 1) {   /* uniform per warpgroup: skip when none of its keys is seen */
                 const int lo = window > 0 ? max(0, a - window) : 0;
                 const bool kok0 = kr0 < np_keys && sDoc[kr0] == d && p0 + kr0 < a && p0 + kr0 >= lo;
                 const bool kok1 = kr1 < np_keys && sDoc[kr1] == d && p0 + kr1 < a && p0 + kr1 >= lo;
-                if (PIPE)
+                if (PIPE && LA)
+                    wb_kv_visit_p<HD, PROBE, FM>(uK, uV, wg_smem_u32(sQ + buf * TB), wg_smem_u32(sdO + buf * TB), sLse[buf],
+                                      sDi[buf], kok0, kok1, used, scale_log2, dka, dva, da, issue_loads);
+                else if (PIPE)
                     wb_kv_visit_p<HD, PROBE, FM>(uK, uV, wg_smem_u32(sQ + buf * TB), wg_smem_u32(sdO + buf * TB), sLse[buf],
                                       sDi[buf], kok0, kok1, used, scale_log2, dka, dva, da);
-                else
+                else {
+                    if constexpr (LA) issue_loads();
                     wb_kv_visit<HD, PROBE>(uK, uV, wg_smem_u32(sQ + buf * TB), wg_smem_u32(sdO + buf * TB), sLse[buf],
                                     sDi[buf], kok0, kok1, -1, used, B, scale_log2, dka, dva);
+                }
             } else if (PIPE) {
+                if constexpr (LA) issue_loads();
                 wb_kv_drain<HD>(dka, dva, da);   /* its last dK may read a buffer refilled next visit */
+            } else if (LA) {
+                issue_loads();
             }
             buf = buf + 1 == ST ? 0 : buf + 1;
         }
@@ -571,21 +617,30 @@ __device__ __forceinline__ void wb_dq_tile(float *dqa, uint32_t uQ, uint32_t udO
  * of its document are contiguous: two compares per key, no doc id), 2 as 1 plus the doc id (documents not
  * contiguous: the general mask), 3 the block tile (key < nk, causal: key <= the row's slot). Rows past the
  * used ones come with l20 / l21 = +inf (exp2 gives 0), so no row test. Per element: one FFMA, one
- * MUFU.EX2, at most one select; dS = P·(dP − Di) with Di in registers. */
-template <int HD, int NKEY, int KM>
+ * MUFU.EX2, at most one select; dS = P·(dP − Di) with Di in registers.
+ * PIPE (QP, DFLASH_BA_WG_M=2, 4, 5): the same products, values and order of the dqa sums, but it returns with
+ * this tile's dQ product still in flight (one commit group), so the next tile's S and dP queue behind it on
+ * the tensor pipe instead of the warpgroup idling on its own dQ. dap (16 registers: the dS A-fragments,
+ * NKEY / 4 of them used) lives in the caller and must stay untouched until the product retires: at the next
+ * call's wg_wait<1> (which retires it and this S) or wb_dq_drain. The K buffer read by the product in flight
+ * must not be refilled before every warpgroup has passed that wait (the caller's 3 rotating context buffers:
+ * a buffer is refilled two tiles after its use). Without PIPE: returns with no wgmma in flight (dap unused). */
+template <int HD, int NKEY, int KM, bool PIPE = false>
 __device__ __forceinline__ void wb_dq_tile_f(float *dqa, uint32_t uQ, uint32_t udO, uint32_t uK, uint32_t uV,
                                              const int *sDocTb, int d, int nk, int klo, int j0, int j1, int causal,
-                                             float l20, float l21, float di0, float di1, float scale_log2) {
+                                             float l20, float l21, float di0, float di1, float scale_log2,
+                                             uint32_t *dap = nullptr) {
     const int lane = threadIdx.x & 31;
     float s[NKEY / 2], dp[NKEY / 2];
-    wg_acc_fence<HD / 2>(dqa);
+    if constexpr (!PIPE) wg_acc_fence<HD / 2>(dqa);
     wg_fence();
     wg_mma_ss_kk<NKEY, HD>(s, uQ, WB_PANEL, uK, WB_PANEL, false);
     wg_commit();   /* group 1: S */
     wg_mma_ss_kk<NKEY, HD>(dp, udO, WB_PANEL, uV, WB_PANEL, false);
     wg_commit();   /* group 2: dP */
-    wg_wait<1>();
+    wg_wait<1>();  /* PIPE: also the previous tile's dQ */
     wg_acc_fence<NKEY / 2>(s);
+    if constexpr (PIPE) wg_reg_fence<16>(dap);
 #pragma unroll
     for (int i = 0; i < NKEY / 8; i++)
 #pragma unroll
@@ -600,7 +655,8 @@ __device__ __forceinline__ void wb_dq_tile_f(float *dqa, uint32_t uQ, uint32_t u
         }
     wg_wait<0>();
     wg_acc_fence<NKEY / 2>(dp);
-    uint32_t da[NKEY / 16][4];
+    uint32_t dal[PIPE ? 1 : NKEY / 16][4];
+    uint32_t *da = PIPE ? dap : &dal[0][0];
 #pragma unroll
     for (int i = 0; i < NKEY / 8; i++)
 #pragma unroll
@@ -608,14 +664,25 @@ __device__ __forceinline__ void wb_dq_tile_f(float *dqa, uint32_t uQ, uint32_t u
 #pragma unroll
     for (int kk = 0; kk < NKEY / 16; kk++)
 #pragma unroll
-        for (int j = 0; j < 4; j++) da[kk][j] = mma_pack_bf16x2(dp[8 * kk + 2 * j], dp[8 * kk + 2 * j + 1]);
+        for (int j = 0; j < 4; j++) da[4 * kk + j] = mma_pack_bf16x2(dp[8 * kk + 2 * j], dp[8 * kk + 2 * j + 1]);
+    if constexpr (PIPE) wg_acc_fence<HD / 2>(dqa);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < NKEY / 16; kk++) wg_mma_rs<HD, 1>(dqa, da[kk], wg_desc_mnmajor(uK + kk * 2048, WB_PANEL), 1);
-    wg_commit();   /* group 3: dQ += dS·K */
+    for (int kk = 0; kk < NKEY / 16; kk++) wg_mma_rs<HD, 1>(dqa, da + 4 * kk, wg_desc_mnmajor(uK + kk * 2048, WB_PANEL), 1);
+    wg_commit();   /* group 3: dQ += dS·K (PIPE: left in flight) */
+    if constexpr (!PIPE) {
+        wg_wait<0>();
+        wg_acc_fence<HD / 2>(dqa);
+        wg_reg_fence<NKEY / 4>(da);
+    }
+}
+
+/* retire the warpgroup's dQ product in flight (QP) and fence its registers */
+template <int HD>
+__device__ __forceinline__ void wb_dq_drain(float *dqa, uint32_t *da) {
     wg_wait<0>();
     wg_acc_fence<HD / 2>(dqa);
-    wg_reg_fence<NKEY / 4>(&da[0][0]);
+    wg_reg_fence<16>(da);
 }
 
 /* Kernel 3, two blocks per CTA (round 3's Q=2; the one-block-per-CTA kernel is history, git b94183e):
@@ -623,20 +690,22 @@ __device__ __forceinline__ void wb_dq_tile_f(float *dqa, uint32_t uQ, uint32_t u
  * union of their narrowed ranges (anchors are sorted, so consecutive blocks' ranges mostly coincide) and
  * a warpgroup skips the tiles outside its own range; then each warpgroup's own block tile (buffer 2 for
  * warpgroup 0, the free context buffer for warpgroup 1). One CTA (256 threads) per SM. Deterministic. */
-template <int HD, int PROBE, bool FM = false>
+template <int HD, int PROBE, bool FM = false, bool QP = false, bool PR = false>
 __global__ void __launch_bounds__(2 * WB_Q_THREADS, 1)
 wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
              const int32_t *doc_ids, const __nv_bfloat16 *out, const __nv_bfloat16 *dout, const float *lse, float *dq,
              float *dk, float *dv, int T, int N, int B, int n_h, int n_kv, int window, int causal, float scale_log2,
              float scale) {
     constexpr int CH = HD / 8, TB = wb_tile<HD>::bytes, NT = 2 * WB_Q_THREADS;
+    /* K/V buffers: 2 rotating context buffers + 1 (warpgroup 0's block tile); QP: 3 rotating + 1 */
+    constexpr int NB = QP ? 4 : 3;
     extern __shared__ unsigned char wb_smem_raw[];
     unsigned char *sm = wb_align1024(wb_smem_raw);
     unsigned char *sQ = sm;             /* [2 warpgroups][tile] */
     unsigned char *sdO = sm + 2 * TB;   /* [2 warpgroups][tile] */
-    unsigned char *sK = sm + 4 * TB;    /* [3 buffers][tile] */
-    unsigned char *sV = sm + 7 * TB;    /* [3 buffers][tile] */
-    __shared__ int sDocT[2][WB_KT];
+    unsigned char *sK = sm + 4 * TB;    /* [NB buffers][tile] */
+    unsigned char *sV = sm + (4 + NB) * TB;   /* [NB buffers][tile] */
+    __shared__ int sDocT[QP ? 3 : 2][WB_KT];
     __shared__ __align__(16) float sLse[2][WB_ROWS];   /* FM: read as float2 */
     __shared__ float sDi[2][WB_ROWS];
     __shared__ int sLo[2], sHi[2], sCnt[2];
@@ -652,7 +721,9 @@ wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
     wb_load_qrows<HD, WB_Q_THREADS>(sQ + wg * TB, q, bok ? b : 0, g, B, G, n_h, used, ltid);
     wb_load_qrows<HD, WB_Q_THREADS>(sdO + wg * TB, dout, bok ? b : 0, g, B, G, n_h, used, ltid);
     mma_commit();
-    {   /* lse and Di of the warpgroup's 64 rows: two threads per row */
+    /* lse and Di of the warpgroup's 64 rows: two threads per row (PR: after the first K/V tile's loads are
+     * issued, so that their latencies overlap; sDi / sLse are read after the loop's first barrier) */
+    auto di_rows = [&]() {
         int r = ltid >> 1, half = ltid & 1;
         float s = 0.f;
         size_t row = (size_t)b * B + r % B;
@@ -675,21 +746,14 @@ wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
             sDi[wg][r] = r < used ? s : 0.f;
             sLse[wg][r] = r < used ? lse[(size_t)h * R + row] : 0.f;
         }
-    }
+    };
+    if constexpr (!PR) di_rows();
     {   /* each warpgroup's narrowed context range (set 5's ba_ctx_range per warpgroup) */
         const int lo = window > 0 ? max(0, a - window) : 0, hi = d == -1 ? lo : a;
         if (ltid == 0) { sLo[wg] = hi; sHi[wg] = lo - 1; sCnt[wg] = 0; }
         __syncthreads();
-        int mn = hi, mx = lo - 1, cnt = 0;   /* cnt: keys of the document (FM: is the range all of it?) */
-#pragma unroll 4
-        for (int p = lo + ltid; p < hi; p += WB_Q_THREADS)
-            if (doc_ids[p] == d) { mn = min(mn, p); mx = max(mx, p); cnt++; }
-        for (int o = 16; o; o >>= 1) {
-            mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, o));
-            mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            if (FM) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
-        }
-        if (lane == 0) { atomicMin(&sLo[wg], mn); atomicMax(&sHi[wg], mx); if (FM) atomicAdd(&sCnt[wg], cnt); }
+        /* sCnt (FM): keys of the document (is the range all of it?); block_attn_common.cuh */
+        ba_doc_span<WB_Q_THREADS, FM, int, true>(doc_ids, lo, hi, d, ltid, lane == 0, &sLo[wg], &sHi[wg], &sCnt[wg]);
         __syncthreads();
     }
     const int lo0 = sLo[0], hi0 = max(sLo[0], sHi[0] + 1), lo1 = sLo[1], hi1 = max(sLo[1], sHi[1] + 1);
@@ -701,7 +765,10 @@ wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
     else if (hi0 > lo0) { u_lo = lo0; u_hi = hi0; }
     else if (hi1 > lo1) { u_lo = lo1; u_hi = hi1; }
     const int n_ctx = (u_hi - u_lo + WB_KT - 1) / WB_KT;
-    const int bbuf = wg ? (n_ctx & 1) : 2;   /* this warpgroup's block tile buffer */
+    /* the block tile buffers: warpgroup 0 the extra one (NC), warpgroup 1 the context buffer the last tile
+     * does not use and whose last reader retired before the load (QP: tile n_ctx - 3's, retired by every
+     * warpgroup at its tile n_ctx - 2) */
+    const int bbuf = QP ? (wg ? n_ctx % 3 : 3) : wg ? (n_ctx & 1) : 2;   /* this warpgroup's block tile buffer */
 
     auto load_tile = [&](int t, int buf) {   /* union context tile t, and its doc ids */
         const int nk = min(WB_KT, u_hi - u_lo - t * WB_KT);
@@ -721,7 +788,7 @@ wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
             const int bw = 2 * blockIdx.x + w;
             bool ok = r < B && bw < N;
             size_t off = ((ok ? (size_t)T + (size_t)bw * B + r : 0) * n_kv + g) * HD + c * 8;
-            uint32_t o = (uint32_t)((w ? (n_ctx & 1) : 2) * TB) + wb_off(r, c);
+            uint32_t o = (uint32_t)((QP ? (w ? n_ctx % 3 : 3) : w ? (n_ctx & 1) : 2) * TB) + wb_off(r, c);
             mma_cp_async16(sK + o, k + off, ok ? 16 : 0);
             mma_cp_async16(sV + o, v + off, ok ? 16 : 0);
         }
@@ -729,6 +796,7 @@ wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
     if (n_ctx > 0) load_tile(0, 0);
     else load_blocks();
     mma_commit();
+    if constexpr (PR) di_rows();
 
     float dqa[HD / 2];
 #pragma unroll
@@ -738,19 +806,55 @@ wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
     const bool ok0 = r0 < used, ok1 = r1 < used;
     const uint32_t uQ = wg_smem_u32(sQ + wg * TB), udO = wg_smem_u32(sdO + wg * TB);
     const float *lseW = sLse[wg], *diW = sDi[wg];
+    uint32_t da[QP ? 16 : 1];   /* QP: the dS fragments of the dQ product in flight */
+#pragma unroll
+    for (int i = 0; i < (QP ? 16 : 1); i++) da[i] = 0;
     for (int t = 0; t <= n_ctx; t++) {   /* t == n_ctx: the block tiles */
         mma_wait<0>();
         wg_fence_async_smem();
-        __syncthreads();   /* tile t visible; everyone is done with tile t - 1's buffer */
-        if (t + 1 < n_ctx) load_tile(t + 1, (t + 1) & 1);
+        /* tile t visible; everyone is done with tile t - 1's buffer (QP: with tile t - 2's, whose dQ product
+         * every warpgroup retired at its tile t - 1 or drained) */
+        __syncthreads();
+        if (t + 1 < n_ctx) load_tile(t + 1, QP ? (t + 1) % 3 : (t + 1) & 1);
         else if (t + 1 == n_ctx) load_blocks();
         mma_commit();
         const float l20 = lseW[r0] * WB_LOG2E, l21 = lseW[r1] * WB_LOG2E, di0 = diW[r0], di1 = diW[r1];
         if (PROBE == 1) continue;
+        if constexpr (QP && FM && PROBE == 0) {   /* the fast elementwise, dQ products left in flight */
+            const float f20 = ok0 ? l20 : __int_as_float(0x7f800000), f21 = ok1 ? l21 : __int_as_float(0x7f800000);
+            if (t < n_ctx) {
+                const int buf = t % 3, key0 = u_lo + t * WB_KT;
+                const int nk = min(WB_KT, c_hi - key0), klo = max(0, c_lo - key0);
+                const uint32_t uK = wg_smem_u32(sK + buf * TB), uV = wg_smem_u32(sV + buf * TB);
+                if (nk <= klo)   /* the tile misses this warpgroup's range: retire its product in flight */
+                    wb_dq_drain<HD>(dqa, da);
+                else if (contig && klo == 0 && nk == WB_KT)
+                    wb_dq_tile_f<HD, 64, 0, true>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
+                                             di1, scale_log2, da);
+                else if (contig)
+                    wb_dq_tile_f<HD, 64, 1, true>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
+                                             di1, scale_log2, da);
+                else
+                    wb_dq_tile_f<HD, 64, 2, true>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
+                                             di1, scale_log2, da);
+            } else if (bok) {
+                const uint32_t uK = wg_smem_u32(sK + bbuf * TB), uV = wg_smem_u32(sV + bbuf * TB);
+                if (B > 32)
+                    wb_dq_tile_f<HD, 64, 3, true>(dqa, uQ, udO, uK, uV, sDocT[0], d, B, 0, j0, j1, causal, f20, f21, di0, di1,
+                                             scale_log2, da);
+                else if (B > 16)
+                    wb_dq_tile_f<HD, 32, 3, true>(dqa, uQ, udO, uK, uV, sDocT[0], d, B, 0, j0, j1, causal, f20, f21, di0, di1,
+                                             scale_log2, da);
+                else
+                    wb_dq_tile_f<HD, 16, 3, true>(dqa, uQ, udO, uK, uV, sDocT[0], d, B, 0, j0, j1, causal, f20, f21, di0, di1,
+                                             scale_log2, da);
+            }
+            continue;
+        }
         if (FM && PROBE == 0) {   /* the fast elementwise; rows past used: exponent −inf */
             const float f20 = ok0 ? l20 : __int_as_float(0x7f800000), f21 = ok1 ? l21 : __int_as_float(0x7f800000);
             if (t < n_ctx) {
-                const int buf = t & 1, key0 = u_lo + t * WB_KT;
+                const int buf = QP ? t % 3 : t & 1, key0 = u_lo + t * WB_KT;
                 const int nk = min(WB_KT, c_hi - key0), klo = max(0, c_lo - key0);
                 const uint32_t uK = wg_smem_u32(sK + buf * TB), uV = wg_smem_u32(sV + buf * TB);
                 if (nk <= klo) {
@@ -779,7 +883,7 @@ wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
             continue;
         }
         if (t < n_ctx) {
-            const int buf = t & 1, key0 = u_lo + t * WB_KT;
+            const int buf = QP ? t % 3 : t & 1, key0 = u_lo + t * WB_KT;
             const int nk = min(WB_KT, c_hi - key0), klo = max(0, c_lo - key0);
             if (nk > klo)   /* uniform per warpgroup: the tile meets its range */
                 wb_dq_tile<HD, 64, PROBE>(dqa, uQ, udO, wg_smem_u32(sK + buf * TB), wg_smem_u32(sV + buf * TB), sDocT[buf], d,
@@ -797,6 +901,7 @@ wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
                                    di0, di1, scale_log2);
         }
     }
+    if constexpr (QP) wb_dq_drain<HD>(dqa, da);   /* the last dQ product */
     if (!bok) return;   /* no barrier follows */
     {
         float *q0 = dq + (((size_t)b * B + j0) * n_h + g * G + r0 / B) * HD + (lane & 3) * 2;
@@ -830,6 +935,9 @@ int wb_smem_attr(K kernel, size_t smem) {
 /* the backward's options: the elementwise (DFLASH_BA_WG_M, read per call) and the bench's timing entry */
 struct wb_opts {
     bool fm;            /* the fast elementwise (default); false: DFLASH_BA_WG_M=0, the previous default (84) */
+    bool qp;            /* candidate (DFLASH_BA_WG_M=2 or 4): kernel 3's dQ products left in flight across tiles */
+    bool la;            /* candidate (DFLASH_BA_WG_M=3, 4 or 5): kernel 2's loads issued after each visit's Sᵀ, dPᵀ */
+    bool pr;            /* candidate (DFLASH_BA_WG_M=5, with qp and la): kernel 3's Di after its first tile's loads */
     int probe;          /* bench only (ba_wg_backward_timed, results invalid): 1 the products skipped, 2 the softmax
                          * math skipped; always 0 from ba_wg_backward */
     cudaEvent_t *ev;    /* bench only: 5 events around Di, plan, dK/dV, dQ, or NULL */
@@ -837,15 +945,15 @@ struct wb_opts {
 
 /* kernel 2, fixed at round 3's KV=2p: two warpgroups per CTA, pipelined across visits (the template's
  * NWG=1 / PIPE=false / DEEP knobs are the losing variants 80-82, 85, not instantiated; git b94183e) */
-template <int HD, int PROBE, bool FM = false>
+template <int HD, int PROBE, bool FM = false, bool LA = false>
 int wb_run_kv(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
               const int32_t *doc_ids, const bf16 *dout, const float *lse, const float *di, float *dk, float *dv,
               const int *plan, int n_tiles, cudaStream_t stream) {
     constexpr int NWG = 2;
     constexpr bool PIPE = true, DEEP = false;
     const size_t smem = (2 * NWG + 2 * wb_stages(NWG, PIPE, DEEP)) * (size_t)wb_tile<HD>::bytes + 1024;
-    if (wb_smem_attr(wb_kv_kernel<HD, NWG, PIPE, PROBE, DEEP, FM>, smem)) return -1;
-    wb_kv_kernel<HD, NWG, PIPE, PROBE, DEEP, FM><<<dim3(n_tiles, c->n_kv), NWG * 128, smem, stream>>>(
+    if (wb_smem_attr(wb_kv_kernel<HD, NWG, PIPE, PROBE, DEEP, FM, LA>, smem)) return -1;
+    wb_kv_kernel<HD, NWG, PIPE, PROBE, DEEP, FM, LA><<<dim3(n_tiles, c->n_kv), NWG * 128, smem, stream>>>(
         (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
         (const __nv_bfloat16 *)dout, lse, di, dk, dv, plan, c->T, c->N, c->B, c->n_h, c->n_kv, c->window,
         c->scale * WB_LOG2E, c->scale);
@@ -854,13 +962,13 @@ int wb_run_kv(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
 }
 
 /* kernel 3, fixed at round 3's Q=2: two blocks per CTA (wb_q2_kernel) */
-template <int HD, int PROBE, bool FM = false>
+template <int HD, int PROBE, bool FM = false, bool QP = false, bool PR = false>
 int wb_run_q(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
              const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse, float *dq, float *dk,
              float *dv, cudaStream_t stream) {
     constexpr int QB = 2;
-    const size_t smem = 10 * (size_t)wb_tile<HD>::bytes + 1024;
-    auto kern = wb_q2_kernel<HD, PROBE, FM>;
+    const size_t smem = (QP ? 12 : 10) * (size_t)wb_tile<HD>::bytes + 1024;   /* QP: a third context K/V buffer */
+    auto kern = wb_q2_kernel<HD, PROBE, FM, QP, PR>;
     if (wb_smem_attr(kern, smem)) return -1;
     kern<<<dim3((c->N + QB - 1) / QB, c->n_kv), QB * WB_Q_THREADS, smem, stream>>>(
         (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
@@ -888,7 +996,7 @@ int wb_launch(const wb_opts &o, const block_attn_config *c, const bf16 *q, const
     const size_t nhr = (size_t)c->n_h * R;
     float *lse2 = o.fm && 2 * nhr + WB_PLAN_MAX <= nhr * HD ? dq + nhr + WB_PLAN_MAX : NULL;
     if (wb_record(o, 0, stream)) return -1;
-    wb_di_kernel<HD><<<(unsigned)((di_threads + 255) / 256), 256, 0, stream>>>(
+    ba_di_kernel<HD, true><<<(unsigned)((di_threads + 255) / 256), 256, 0, stream>>>(
         (const __nv_bfloat16 *)out, (const __nv_bfloat16 *)dout, di, R, c->n_h, lse, lse2);
     KERNELS_CHECK_LAUNCH("ba_wg_backward di");
     if (wb_record(o, 1, stream)) return -1;
@@ -901,12 +1009,17 @@ int wb_launch(const wb_opts &o, const block_attn_config *c, const bf16 *q, const
         KERNELS_CHECK_LAUNCH("ba_wg_backward plan");
     }
     if (wb_record(o, 2, stream)) return -1;
-    const int rc = lse2 ? wb_run_kv<HD, PROBE, true>(c, q, k, v, anchors, doc_ids, dout, lse2, di, dk, dv, plan, n_tiles,
+    /* LA needs lse2 (o.la implies o.fm; without lse2 kernel 2 keeps M=0's elementwise, as M=1 does) */
+    const int rc = lse2 && o.la ? wb_run_kv<HD, PROBE, true, true>(c, q, k, v, anchors, doc_ids, dout, lse2, di, dk, dv,
+                                                                   plan, n_tiles, stream)
+                   : lse2 ? wb_run_kv<HD, PROBE, true>(c, q, k, v, anchors, doc_ids, dout, lse2, di, dk, dv, plan, n_tiles,
                                                      stream)
                         : wb_run_kv<HD, PROBE>(c, q, k, v, anchors, doc_ids, dout, lse, di, dk, dv, plan, n_tiles, stream);
     if (rc || wb_record(o, 3, stream)) return -1;
-    if ((o.fm ? wb_run_q<HD, PROBE, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-              : wb_run_q<HD, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)) ||
+    if ((o.pr   ? wb_run_q<HD, PROBE, true, true, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
+         : o.qp ? wb_run_q<HD, PROBE, true, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
+         : o.fm ? wb_run_q<HD, PROBE, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
+                : wb_run_q<HD, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)) ||
         wb_record(o, 4, stream))
         return -1;
     return 0;
@@ -918,11 +1031,18 @@ int wb_launch(const wb_opts &o, const block_attn_config *c, const bf16 *q, const
  * error, so that an old script cannot believe it measures a variant that no longer exists. */
 static int wb_env(wb_opts *o) {
     o->fm = true;
+    o->qp = o->la = o->pr = false;
     const char *e = getenv("DFLASH_BA_WG_M");
     if (e && e[0]) {
         if (!strcmp(e, "0")) o->fm = false;
+        else if (!strcmp(e, "2")) o->qp = true;
+        else if (!strcmp(e, "3")) o->la = true;
+        else if (!strcmp(e, "4")) o->qp = o->la = true;
+        else if (!strcmp(e, "5")) o->qp = o->la = o->pr = true;
         else if (strcmp(e, "1"))
-            return kernels_fail("ba_wg_backward: DFLASH_BA_WG_M=%s, expected 1 (the default) or 0 (the previous default)", e);
+            return kernels_fail("ba_wg_backward: DFLASH_BA_WG_M=%s, expected 1 (the default), 0 (the previous default) or "
+                                "a candidate 2, 3, 4, 5",
+                                e);
     }
     e = getenv("DFLASH_BA_WG_KV");
     if (e && e[0] && strcmp(e, "2p"))

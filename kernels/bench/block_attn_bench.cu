@@ -35,10 +35,14 @@
  *              each kernel keeps with free math), 2 with the products but not the softmax math between
  *              them (exp, masks, dS). The set 7 forward is driven by the caller's environment
  *              (DFLASH_BLOCK_ATTN_WG_FWD).
+ *   variants 87-90: session 3's candidates DFLASH_BA_WG_M=2 (dQ products in flight across tiles), 3 (dK/dV
+ *              loads issued after each visit's S, dP), 4 (both), 5 (4 + the dQ kernel's Di computed after its
+ *              first tile's loads are issued); same checks as 86, compared bitwise with 84
+ *              (equal expected: schedule changes only). See kernels/block_attn_bwd_wg.cu's header.
  *              History: variants 80 (KV=2 Q=1, round 1's default), 81 (KV=1), 82 (KV=2p Q=1), 83 (KV=2 Q=2),
  *              85 (KV=2d) were removed with the library's DFLASH_BA_WG_KV / DFLASH_BA_WG_Q knobs in the
  *              clean-up after git commit b94183e (their code is there); their numbers are in RESULTS.md.
- * BA_BENCH_VARIANTS=8,84,86 runs only the listed variants (variant 3's forward is always validated: it
+ * BA_BENCH_VARIANTS=8,84,86,87,88,89,90 runs only the listed variants (variant 3's forward is always validated: it
  * makes the backward's inputs).
  * Measured 2026-11-29 on the H200 (RESULTS.md): forward 1: 28.4, 2: 141.4, 3: 123.1, 4: 100.4 TFLOP/s;
  * backward 1: 21.1, 3: 66.1, 4: 68.4 TFLOP/s. Later the same day: forward 2: 141.3, 3: 123.3, 5: 143.2;
@@ -66,6 +70,8 @@
 #include "kernels/block_attn_wg.h"   /* before the namespaced copies of block_attn.cu below: C linkage, global */
 #include "kernels/common.h"
 #include "kernels/mma.cuh"
+#include "kernels/block_attn_common.cuh"   /* global, before the namespaced copies of block_attn.cu (include guard) */
+#include "kernels/bench/ba_fwd_trace.cuh"   /* BA_FWD_TRACE=1: the forward's per-CTA phase trace */
 
 #include <cuda_bf16.h>
 #include <mma.h>
@@ -129,7 +135,7 @@ static void split_times(const block_attn_config *c, const bf16 *q, const bf16 *k
     for (int it = 0; it < 13; it++) {
         CK(cudaMemset(flush, it, 256 << 20));
         CK(cudaEventRecord(ev[0]));
-        block_attn_di_kernel<128><<<(unsigned)((di_threads + 255) / 256), 256>>>(O, dO, dq, R, c->n_h);
+        ba_di_kernel<128><<<(unsigned)((di_threads + 255) / 256), 256>>>(O, dO, dq, R, c->n_h);
         CK(cudaEventRecord(ev[1]));
         block_attn_backward_kv_kernel<128><<<dim3((c->T + BA_KT - 1) / BA_KT, c->n_kv), BA_THREADS, smem>>>(
             Q, K, V, a, doc, dO, lse, dq, dk, dv, c->T, c->N, c->B, c->n_h, c->n_kv, c->window, c->scale * BA_LOG2E,
@@ -178,7 +184,11 @@ struct bwd7_cfg {
     const char *kv, *q, *m, *what;
 };
 static const bwd7_cfg bwd7_cfgs[] = {{84, "2p", "2", "0", "DFLASH_BA_WG_M=0: the revert switch (previous default)"},
-                                     {86, "2p", "2", "1", "default: 84 + fast elementwise (M=1)"}};
+                                     {86, "2p", "2", "1", "default: 84 + fast elementwise (M=1)"},
+                                     {87, "2p", "2", "2", "candidate M=2: 86 + dQ products in flight across tiles"},
+                                     {88, "2p", "2", "3", "candidate M=3: 86 + dK/dV loads after each visit's S, dP"},
+                                     {89, "2p", "2", "4", "candidate M=4: M=2 + M=3"},
+                                     {90, "2p", "2", "5", "candidate M=5: M=4 + dQ kernel's Di after its first loads"}};
 static const bwd7_cfg &bwd7_find(int id) {
     for (const bwd7_cfg &c : bwd7_cfgs)
         if (c.id == id) return c;
@@ -192,7 +202,7 @@ struct bwd7_sum {
     bool valid = false, timed = false, repeat = false, cmp_done = false, cmp_eq = false;
     double ms = 0, tflops = 0, kv_ms = 0, q_ms = 0, p1_kv = 0, p1_q = 0, p2_kv = 0, p2_q = 0;
 };
-static bwd7_sum g_bwd7_sum[8];
+static bwd7_sum g_bwd7_sum[16];
 
 /* sets DFLASH_BA_WG_M for its lifetime, restores the caller's value after */
 struct env_scope {
@@ -985,7 +995,11 @@ int main(void) {
                                  {8, forward_k<7>, backward_k<7>, false, false},
                                  {7, block_attn_forward, block_attn_backward, false, false},
                                  {84, forward_k<7>, backward7<0>, false, false, false},
-                                 {86, forward_k<7>, backward7<1>, false, false, false}};
+                                 {86, forward_k<7>, backward7<1>, false, false, false},
+                                 {87, forward_k<7>, backward7<2>, false, false, false},
+                                 {88, forward_k<7>, backward7<3>, false, false, false},
+                                 {89, forward_k<7>, backward7<4>, false, false, false},
+                                 {90, forward_k<7>, backward7<5>, false, false, false}};
     {   /* BA_BENCH_VARIANTS=8,84,86 (optional): run only these variants, so that a new variant that faults
          * cannot take the others' measurements with it */
         const char *sel = getenv("BA_BENCH_VARIANTS");
@@ -1044,7 +1058,7 @@ int main(void) {
         std::vector<variant> &vs = phase ? vars2 : vars;
         if (phase) {
             if (vs.empty()) break;
-            printf("set 7 backward (kernels/block_attn_bwd_wg.cu, KV=2p Q=2; 84: DFLASH_BA_WG_M=0, 86: default):\n");
+            printf("set 7 backward (kernels/block_attn_bwd_wg.cu, KV=2p Q=2; 84: DFLASH_BA_WG_M=0, 86: default, 87-90: M=2-5):\n");
             validate(c, q, k, v, anchors, doc, vs);
         }
         for (variant &var : vs)
@@ -1098,7 +1112,7 @@ int main(void) {
                     static std::vector<float> ref_k, ref_v, ref_q;
                     if (var.id == 84) {
                         ref_k = a2, ref_v = v2, ref_q = q2;
-                    } else if (var.id == 86 && !ref_k.empty()) {
+                    } else if (var.id >= 86 && !ref_k.empty()) {   /* 86 and the candidates 87-90 */
                         bool eq = !memcmp(a2.data(), ref_k.data(), nk * 4) && !memcmp(v2.data(), ref_v.data(), nk * 4) &&
                                   !memcmp(q2.data(), ref_q.data(), nq * 4);
                         g_bwd7_sum[var.id - 80].cmp_done = true, g_bwd7_sum[var.id - 80].cmp_eq = eq;
@@ -1127,6 +1141,8 @@ int main(void) {
                 }
             }
     }
+    if (getenv("BA_FWD_TRACE") && getenv("BA_FWD_TRACE")[0] == '1')   /* set 7 forward, phase by phase */
+        ba_fwd_trace_report(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_l);
     {   /* the compact summary of set 7's backward variants (the last lines of the output) */
         bool any = false;
         for (const variant &var : vars2) {

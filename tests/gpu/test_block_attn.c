@@ -64,12 +64,21 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
     K1_CUDA(cudaMalloc((void **)&d_dk, 4 * nk));
     K1_CUDA(cudaMalloc((void **)&d_dv, 4 * nk));
     /* every kernel set of the launcher: the default (unset), then the verified ones it can be
-     * reverted to (DFLASH_BLOCK_ATTN_KERNEL=5, 3) */
-    static const char *const kernels[] = {"", "6", "5", "3"};
+     * reverted to (DFLASH_BLOCK_ATTN_KERNEL=6, 5, 3); then set 7's backward under DFLASH_BA_WG_M=0 (its
+     * revert switch) and the candidates 2, 3, 4, 5 (kernels/block_attn_bwd_wg.cu), which change only the
+     * schedule: bitwise equal to the default's gradients */
+    static const char *const kernels[] = {"", "6", "5", "3", "7", "7", "7", "7", "7"};
+    static const char *const wg_m[] = {NULL, NULL, NULL, NULL, "0", "2", "3", "4", "5"};
+    const char *m_was = getenv("DFLASH_BA_WG_M");
+    char *m_saved = m_was ? strdup(m_was) : NULL;
+    ck_assert(unsetenv("DFLASH_BA_WG_M") == 0);   /* ki 0: set 7's default backward (M=1) */
     float *og = malloc(4 * nq), *lg = malloc(4 * nl), *dqg = malloc(4 * nq), *dkg = malloc(4 * nk), *dvg = malloc(4 * nk);
-    for (int ki = 0; ki < 4; ki++) {
+    float *dq0 = malloc(4 * nq), *dk0 = malloc(4 * nk), *dv0 = malloc(4 * nk);   /* the default's gradients */
+    for (int ki = 0; ki < 9; ki++) {
         if (kernels[ki][0]) ck_assert(setenv("DFLASH_BLOCK_ATTN_KERNEL", kernels[ki], 1) == 0);
         else ck_assert(unsetenv("DFLASH_BLOCK_ATTN_KERNEL") == 0);
+        if (wg_m[ki]) ck_assert(setenv("DFLASH_BA_WG_M", wg_m[ki], 1) == 0);
+        else ck_assert(unsetenv("DFLASH_BA_WG_M") == 0);
         K1_CUDA(cudaMemset(d_o, 0xff, 2 * nq));   /* poison: NaN */
         K1_CUDA(cudaMemset(d_l, 0xff, 4 * nl));
         K1_CUDA(cudaMemset(d_dq, 0xff, 4 * nq));
@@ -97,8 +106,9 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
             free(dq2); free(dk2); free(dv2);
         }
         double err_gpu = k1_max_abs_diff(og, o32, nq), err_base = k1_max_abs_diff(obf, o32, nq);
-        fprintf(stderr, "kernel %s T=%d N=%d B=%d h=%d/%d d=%d W=%d causal=%d: out err %.3g (bf16 ref %.3g), lse err %.3g, "
-                "dq %.3g/%.3g dk %.3g/%.3g dv %.3g/%.3g (err/max)\n", kernels[ki][0] ? kernels[ki] : "default", T, N, B, n_h, n_kv, d_h, window, causal, err_gpu,
+        fprintf(stderr, "kernel %s%s%s T=%d N=%d B=%d h=%d/%d d=%d W=%d causal=%d: out err %.3g (bf16 ref %.3g), lse err %.3g, "
+                "dq %.3g/%.3g dk %.3g/%.3g dv %.3g/%.3g (err/max)\n", kernels[ki][0] ? kernels[ki] : "default",
+                wg_m[ki] ? " M=" : "", wg_m[ki] ? wg_m[ki] : "", T, N, B, n_h, n_kv, d_h, window, causal, err_gpu,
                 err_base, k1_max_abs_diff(lg, l32, nl), k1_max_abs_diff(dqg, dq, nq), k1_max_abs(dq, nq), k1_max_abs_diff(dkg, dk, nk),
                 k1_max_abs(dk, nk), k1_max_abs_diff(dvg, dv, nk), k1_max_abs(dv, nk));
         ck_assert_msg(err_gpu <= 2 * err_base + 1e-6, "out (kernel set %s): kernel err %.4g > 2 x bf16-reference err %.4g",
@@ -110,7 +120,22 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
         ck_assert(test_allclose("dq", dqg, dq, nq, 0.03 * k1_max_abs(dq, nq) + 1e-5, 0.05));
         ck_assert(test_allclose("dk", dkg, dk, nk, 0.03 * k1_max_abs(dk, nk) + 1e-5, 0.05));
         ck_assert(test_allclose("dv", dvg, dv, nk, 0.03 * k1_max_abs(dv, nk) + 1e-5, 0.05));
+        if (ki == 0) {
+            memcpy(dq0, dqg, 4 * nq);
+            memcpy(dk0, dkg, 4 * nk);
+            memcpy(dv0, dvg, 4 * nk);
+        } else if (wg_m[ki] && strcmp(wg_m[ki], "0")) {   /* a candidate: the default's schedule changed only */
+            ck_assert_msg(!memcmp(dqg, dq0, 4 * nq) && !memcmp(dkg, dk0, 4 * nk) && !memcmp(dvg, dv0, 4 * nk),
+                          "set 7 backward DFLASH_BA_WG_M=%s: not bitwise equal to the default (M=1)", wg_m[ki]);
+        }
     }
+    if (m_saved) {
+        ck_assert(setenv("DFLASH_BA_WG_M", m_saved, 1) == 0);
+        free(m_saved);
+    } else {
+        ck_assert(unsetenv("DFLASH_BA_WG_M") == 0);
+    }
+    free(dq0); free(dk0); free(dv0);
     /* set 7's forward (kernels/block_attn_fwd_wg.cu) under the default (DFLASH_BLOCK_ATTN_WG_FWD unset, "3x")
      * and the one revert switch ("3"), forward only, same bounds; the variable's own value, if any, is
      * restored after */
@@ -196,6 +221,11 @@ START_TEST(block_attn_gpu_rejects) {
         ck_assert_ptr_nonnull(strstr(kernels_error(), "expected 3 (the previous default)"));
     }
     unsetenv("DFLASH_BLOCK_ATTN_WG_FWD");
+    /* set 7's backward takes DFLASH_BA_WG_M unset, 0, 1 or a candidate 2-5: anything else fails before any launch */
+    ck_assert_int_eq(setenv("DFLASH_BA_WG_M", "9", 1), 0);
+    ck_assert_int_eq(block_attn_backward(&c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0), -1);
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "DFLASH_BA_WG_M=9"));
+    unsetenv("DFLASH_BA_WG_M");
     unsetenv("DFLASH_BLOCK_ATTN_KERNEL");
 }
 END_TEST
