@@ -26,34 +26,46 @@
  * Configuration (fixed since the clean-up of b94183e; measured on the H200 2026-11-29, RESULTS.md):
  *   kernel 2 as round 3's KV=2p: pipelined across visits (wb_kv_visit_p): a visit returns with its dK product
  *     in flight, the next visit's Sᵀ, dPᵀ queue behind it (no tensor-pipe drain at each visit's barrier);
- *     4 stages, loads 2 visits ahead;
+ *     4 stages, loads 2 visits ahead, issued after the visit's Sᵀ and dPᵀ wgmmas (wb_kv_visit_p's hook) with
+ *     the query rows' gmem offsets computed once per thread (LA: session 3's candidate M=3, bench 88, 0.897 ms =
+ *     198 TFLOP/s, kernel 2 0.572 -> 0.351 ms);
  *   kernel 3 as round 3's Q=2: two blocks per CTA (wb_q2_kernel), one warpgroup per block, the context K/V
  *     tiles loaded once for both (union of the two ranges);
- *   the fast elementwise (M=1, bench 86, 1.117 ms = 159 TFLOP/s at the standard shape) in kernel 2's visits
- *     and kernel 3's tiles: branch-free masks (a select per element at most, none on full dQ tiles: a block's
- *     visible context keys are one contiguous range when its document is, checked once per block; doc ids
- *     are then not read), exp2 as one FFMA + ex2.approx.ftz with lse·log2(e) precomputed (kernel 2: by the
- *     Di kernel into dq's scratch after the plan), rows past the used ones masked by an exponent of −inf,
- *     lse / Di / slots read as pairs. The same values as M=0 (bitwise, except P below 2^-126, flushed to 0).
- * The one revert switch, read per call: DFLASH_BA_WG_M=0, the previous default (bench 84, KV=2p + Q=2 with
- * the plain elementwise, 1.80 ms); 2, 3, 4, 5 are this round's candidates (below); any other value is an error.
- * Candidates (session 3, helper BB, not measured when written; schedule changes only, so bitwise equal to
- * M=1 expected, and the GPU test asserts it; host emulation of their new index math in .helpers/notes-bb.md):
- *   M=2 (bench 87), QP: kernel 3 leaves each tile's dQ product in flight (wb_dq_tile_f with PIPE): the
- *     next tile's S and dP issue behind it instead of the warpgroup waiting for its own dQ before the next barrier
- *     (probe 2 said 0.15 ms of kernel 3's 0.49 is exposed softmax math). Needs a third rotating context
- *     K/V buffer (a buffer is refilled two tiles after its use, once every warpgroup's dQ reading it has
- *     retired) and a fourth for warpgroup 0's block tile: 12 tiles of smem instead of 10 (193 KB at d_h 128).
- *     A warpgroup skipping a tile (outside its range) drains its product first.
- *   M=3 (bench 88), LA: kernel 2 issues a visit's cp.async loads (2 visits ahead) after that visit's Sᵀ and
- *     dPᵀ wgmmas instead of before them, and with the query rows' gmem offsets computed once per thread
- *     (no division by B per visit): the tensor pipe gets its work ~500 instructions earlier per visit
- *     (probe 1, loads + barriers alone, is 0.31 of kernel 2's 0.58 ms).
- *   M=4 (bench 89): both.
- *   M=5 (bench 90): M=4 + PR: kernel 3 computes its rows' Di (plain global loads of O, dO) after issuing the
- *     first K/V tile's loads instead of before the range scan, so the two latencies overlap (one CTA per SM:
- *     nothing else hides a CTA's prologue; ~15 waves of CTAs at the standard shape). DFLASH_BA_WG_KV / DFLASH_BA_WG_Q
- * are gone: accepted only unset, empty or at the fixed value (2p, 2), an error otherwise.
+ *   the fast elementwise (FM) in kernel 2's visits and kernel 3's tiles: branch-free masks (a select per
+ *     element at most, none on full dQ tiles: a block's visible context keys are one contiguous range when
+ *     its document is, checked once per block; doc ids are then not read), exp2 as one FFMA + ex2.approx.ftz
+ *     with lse·log2(e) precomputed (kernel 2: by the Di kernel into dq's scratch after the plan), rows past
+ *     the used ones masked by an exponent of −inf, lse / Di / slots read as pairs. The same values as M=0
+ *     (bitwise, except P below 2^-126, flushed to 0).
+ * The one revert switch, read per call: DFLASH_BA_WG_M=0, the previous-but-one default (bench 84, KV=2p + Q=2
+ * with the plain elementwise and the loads before the products, 1.81 ms). The previous default (M=1: FM with
+ * kernel 2's loads before the products, bench 86, 1.117 ms) and session 3's losing candidates M=2 (kernel 3's
+ * dQ products in flight across tiles, a third K/V buffer), 4 (2 + 3), 5 (4 + kernel 3's Di after its first
+ * loads) were deleted: their code is in git commit e591095, their numbers in kernels/bench/RESULTS.md.
+ * Values 1-5 are now an error, as is anything but unset, empty, 0 or a candidate 6-9 below.
+ * Candidates (session 3 round 2, helper BB2, not measured when written; schedule changes only, so bitwise
+ * equal to the default expected, and the GPU test asserts it), kernel 3 only (0.487 ms of the 0.897, its floor
+ * without products 0.263):
+ *   M=6 (bench 91), QL: kernel 3 issues tile t + 1's cp.async loads after tile t's S and dP wgmmas (the
+ *     hook of wb_dq_tile_f) instead of before them: M=3's lesson on kernel 2 (-0.22 ms) applied to kernel 3.
+ *     Same buffers (tile t + 1 goes into tile t - 1's buffer, free since the barrier of iteration t), same
+ *     commit groups per iteration; a warpgroup without a product for tile t issues them at once.
+ *   M=7 (bench 92), QR: kernel 3's set-up from a plan: wb_qplan_kernel (between kernels 2 and 3) scans each
+ *     block's anchor window once (not once per kv head: 8x fewer scans at the standard shape) and leaves a
+ *     16-byte record in the block's own dq rows; a kernel 3 CTA reads its two records instead of anchor ->
+ *     doc id -> scan -> two barriers (~4.6 µs of set-up per CTA in the forward's trace, ~15 waves of CTAs).
+ *     The order of CTAs by decreasing work (the tail) cannot come from a table here: every CTA would read it
+ *     from memory that some kernel 3 CTA may already have overwritten (kernel 3 writes all of dq and dk's,
+ *     dv's block rows; kernel 2's rows are final). Hence M=9's cooperative launch (or a workspace, a
+ *     block_attn_backward_ws as the forward has).
+ *   M=8 (bench 93): both.
+ *   M=9 (bench 94), PS: M=7 + a persistent kernel 3 (wb_q2ps_kernel, a cooperative launch, one CTA per SM):
+ *     each CTA copies all records to shared memory, orders the block pairs by decreasing work, grid.sync()s
+ *     (only then may dq be overwritten), and takes items (pair, kv head) longest first in a snake over the
+ *     CTAs: the ~15.5 waves' tail (the forward's trace: 44 µs of 307) and the per-CTA launch cost shrink.
+ *     Same item code as M=7 (wb_q2_item), so the same bits. N > 2048: M=7's kernel (shared-memory table).
+ * Not done: a staged store of dQ / the block's dK, dV: each warp store already writes whole 32-byte sectors
+ * (4 lanes × float2 of one row), so staging through smem would save instructions, not DRAM or L2 traffic.
  * History: the losing variants (round 1's KV=2 + Q=1, KV=1 = one warpgroup per CTA, KV=2d = 4 stages
  * loading 3 visits ahead, Q=1 = one block per dQ CTA; bench variants 80-83, 85) were deleted: their code is
  * in git commit b94183e, their numbers in kernels/bench/RESULTS.md. wb_kv_kernel keeps its NWG / PIPE /
@@ -79,6 +91,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 namespace {
@@ -157,7 +170,7 @@ __device__ __forceinline__ void wb_kv_visit(uint32_t uK, uint32_t uV, uint32_t u
     const int key0 = wl * 16 + (lane >> 2);
     uint32_t pa[4][4], da[4][4];
     if (FM && MODE != 2) {
-        /* FM (DFLASH_BA_WG_M=1), the block keys of kernel 3: sSlot[col] = col % B (a table, no modulo per
+        /* FM (the default), the block keys of kernel 3: sSlot[col] = col % B (a table, no modulo per
          * element), the exponent's lse·log2(e) once per column (+inf past the used rows), branch-free */
 #pragma unroll
         for (int i = 0; i < 8; i++) {
@@ -240,13 +253,13 @@ __device__ __forceinline__ void wb_kv_visit_p(uint32_t uK, uint32_t uV, uint32_t
     wg_commit();   /* Sᵀ */
     wg_mma_ss_kk<64, HD>(dp, uV, WB_PANEL, udO, WB_PANEL, false);
     wg_commit();   /* dPᵀ */
-    after_issue();   /* LA (DFLASH_BA_WG_M=3 / 4): the loads of a later visit, while Sᵀ and dPᵀ run; else nothing */
+    after_issue();   /* LA (the default with FM): the loads of a later visit, while Sᵀ and dPᵀ run; else nothing */
     wg_wait<1>();  /* the previous visit's dK and this Sᵀ done */
     wg_acc_fence<32>(s);
     wg_reg_fence<16>(da);
     uint32_t pa[4][4];
     if (FM && MODE != 2) {
-        /* FM (DFLASH_BA_WG_M=1): sLse holds lse·log2(e) (the Di kernel's lse2). Branch-free: the thread's 16
+        /* FM (the default): sLse holds lse·log2(e) (the Di kernel's lse2). Branch-free: the thread's 16
          * query columns' exponents once per visit (+inf past the used rows: exp2 gives 0), then per element
          * one FFMA, one MUFU.EX2 and one select on the key row's visibility. Same values as below. */
         float l2c[16];
@@ -611,36 +624,32 @@ __device__ __forceinline__ void wb_dq_tile(float *dqa, uint32_t uQ, uint32_t udO
     wg_reg_fence<NKEY / 4>(&da[0][0]);
 }
 
-/* wb_dq_tile's fast elementwise (FM, DFLASH_BA_WG_M=1): the same products and values, branch-free. KM picks
+/* wb_dq_tile's fast elementwise (FM, the default): the same products and values, branch-free. KM picks
  * the key test, decided per tile by the caller (uniform per warpgroup): 0 a full context tile (every key
  * visible: no test), 1 a context tile cut by the row-independent visible range [klo, nk) (the block's keys
  * of its document are contiguous: two compares per key, no doc id), 2 as 1 plus the doc id (documents not
  * contiguous: the general mask), 3 the block tile (key < nk, causal: key <= the row's slot). Rows past the
  * used ones come with l20 / l21 = +inf (exp2 gives 0), so no row test. Per element: one FFMA, one
  * MUFU.EX2, at most one select; dS = P·(dP − Di) with Di in registers.
- * PIPE (QP, DFLASH_BA_WG_M=2, 4, 5): the same products, values and order of the dqa sums, but it returns with
- * this tile's dQ product still in flight (one commit group), so the next tile's S and dP queue behind it on
- * the tensor pipe instead of the warpgroup idling on its own dQ. dap (16 registers: the dS A-fragments,
- * NKEY / 4 of them used) lives in the caller and must stay untouched until the product retires: at the next
- * call's wg_wait<1> (which retires it and this S) or wb_dq_drain. The K buffer read by the product in flight
- * must not be refilled before every warpgroup has passed that wait (the caller's 3 rotating context buffers:
- * a buffer is refilled two tiles after its use). Without PIPE: returns with no wgmma in flight (dap unused). */
-template <int HD, int NKEY, int KM, bool PIPE = false>
+ * F (QL, DFLASH_BA_WG_M=6 / 8): after_issue() runs right after the S and dP wgmmas are issued (the caller's
+ * loads of the next tile: the tensor pipe gets its work before the load issue, as kernel 2's LA); every
+ * thread of the warpgroup calls it once. Returns with no wgmma in flight. */
+template <int HD, int NKEY, int KM, typename F = wb_nohook>
 __device__ __forceinline__ void wb_dq_tile_f(float *dqa, uint32_t uQ, uint32_t udO, uint32_t uK, uint32_t uV,
                                              const int *sDocTb, int d, int nk, int klo, int j0, int j1, int causal,
                                              float l20, float l21, float di0, float di1, float scale_log2,
-                                             uint32_t *dap = nullptr) {
+                                             F after_issue = F()) {
     const int lane = threadIdx.x & 31;
     float s[NKEY / 2], dp[NKEY / 2];
-    if constexpr (!PIPE) wg_acc_fence<HD / 2>(dqa);
+    wg_acc_fence<HD / 2>(dqa);
     wg_fence();
     wg_mma_ss_kk<NKEY, HD>(s, uQ, WB_PANEL, uK, WB_PANEL, false);
     wg_commit();   /* group 1: S */
     wg_mma_ss_kk<NKEY, HD>(dp, udO, WB_PANEL, uV, WB_PANEL, false);
     wg_commit();   /* group 2: dP */
-    wg_wait<1>();  /* PIPE: also the previous tile's dQ */
+    after_issue();
+    wg_wait<1>();
     wg_acc_fence<NKEY / 2>(s);
-    if constexpr (PIPE) wg_reg_fence<16>(dap);
 #pragma unroll
     for (int i = 0; i < NKEY / 8; i++)
 #pragma unroll
@@ -655,8 +664,7 @@ __device__ __forceinline__ void wb_dq_tile_f(float *dqa, uint32_t uQ, uint32_t u
         }
     wg_wait<0>();
     wg_acc_fence<NKEY / 2>(dp);
-    uint32_t dal[PIPE ? 1 : NKEY / 16][4];
-    uint32_t *da = PIPE ? dap : &dal[0][0];
+    uint32_t da[NKEY / 16][4];
 #pragma unroll
     for (int i = 0; i < NKEY / 8; i++)
 #pragma unroll
@@ -664,66 +672,93 @@ __device__ __forceinline__ void wb_dq_tile_f(float *dqa, uint32_t uQ, uint32_t u
 #pragma unroll
     for (int kk = 0; kk < NKEY / 16; kk++)
 #pragma unroll
-        for (int j = 0; j < 4; j++) da[4 * kk + j] = mma_pack_bf16x2(dp[8 * kk + 2 * j], dp[8 * kk + 2 * j + 1]);
-    if constexpr (PIPE) wg_acc_fence<HD / 2>(dqa);
+        for (int j = 0; j < 4; j++) da[kk][j] = mma_pack_bf16x2(dp[8 * kk + 2 * j], dp[8 * kk + 2 * j + 1]);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < NKEY / 16; kk++) wg_mma_rs<HD, 1>(dqa, da + 4 * kk, wg_desc_mnmajor(uK + kk * 2048, WB_PANEL), 1);
-    wg_commit();   /* group 3: dQ += dS·K (PIPE: left in flight) */
-    if constexpr (!PIPE) {
-        wg_wait<0>();
-        wg_acc_fence<HD / 2>(dqa);
-        wg_reg_fence<NKEY / 4>(da);
-    }
-}
-
-/* retire the warpgroup's dQ product in flight (QP) and fence its registers */
-template <int HD>
-__device__ __forceinline__ void wb_dq_drain(float *dqa, uint32_t *da) {
+    for (int kk = 0; kk < NKEY / 16; kk++) wg_mma_rs<HD, 1>(dqa, da[kk], wg_desc_mnmajor(uK + kk * 2048, WB_PANEL), 1);
+    wg_commit();   /* group 3: dQ += dS·K */
     wg_wait<0>();
     wg_acc_fence<HD / 2>(dqa);
-    wg_reg_fence<16>(da);
+    wg_reg_fence<NKEY / 4>(&da[0][0]);
+}
+
+/* Kernel 3's plan (QR, DFLASH_BA_WG_M=7 / 8), launched between kernels 2 and 3: per block b (one CTA of 128
+ * threads) the range scan kernel 3 does otherwise (the same ba_doc_span, so the same values), once per block
+ * instead of once per (block, kv head), written as one int4 record {lo, hi, cnt, d} (the document's visible
+ * context keys [lo, hi), how many of them are of the document, its doc id) into the first 16 bytes of the
+ * block's own dq rows for each kv head g: dq[((b·B)·n_h + g·G)·HD ..]. That spot is written only by kernel 3's
+ * CTA of (b, g), at its end, after its threads read the record at its start (ordered by the CTA's first
+ * barrier): no other CTA can overwrite a record before it is read. Dq's earlier scratch (Di, kernel 2's plan,
+ * lse2) is dead once kernel 2 has finished, hence the launch after it. */
+__global__ void __launch_bounds__(128) wb_qplan_kernel(const int32_t *anchors, const int32_t *doc_ids, int B, int n_h,
+                                                       int n_kv, int HD, int window, float *dq) {
+    __shared__ int sLo, sHi, sCnt;
+    const int b = blockIdx.x, tid = threadIdx.x;
+    const int a = anchors[b], d = doc_ids[a];
+    const int lo = window > 0 ? max(0, a - window) : 0, hi = d == -1 ? lo : a;
+    if (tid == 0) { sLo = hi; sHi = lo - 1; sCnt = 0; }
+    __syncthreads();
+    ba_doc_span<WB_Q_THREADS, true, int, true>(doc_ids, lo, hi, d, tid, (tid & 31) == 0, &sLo, &sHi, &sCnt);
+    __syncthreads();
+    const int G = n_h / n_kv;
+    const int4 rec = make_int4(sLo, max(sLo, sHi + 1), sCnt, d);
+    for (int g = tid; g < n_kv; g += 128)
+        *reinterpret_cast<int4 *>(dq + ((size_t)b * B * n_h + (size_t)g * G) * HD) = rec;
 }
 
 /* Kernel 3, two blocks per CTA (round 3's Q=2; the one-block-per-CTA kernel is history, git b94183e):
  * warpgroup w handles block 2·blockIdx.x + w, the context K/V tiles are loaded once for both over the
  * union of their narrowed ranges (anchors are sorted, so consecutive blocks' ranges mostly coincide) and
  * a warpgroup skips the tiles outside its own range; then each warpgroup's own block tile (buffer 2 for
- * warpgroup 0, the free context buffer for warpgroup 1). One CTA (256 threads) per SM. Deterministic. */
-template <int HD, int PROBE, bool FM = false, bool QP = false, bool PR = false>
-__global__ void __launch_bounds__(2 * WB_Q_THREADS, 1)
-wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
-             const int32_t *doc_ids, const __nv_bfloat16 *out, const __nv_bfloat16 *dout, const float *lse, float *dq,
-             float *dk, float *dv, int T, int N, int B, int n_h, int n_kv, int window, int causal, float scale_log2,
-             float scale) {
+ * warpgroup 0, the free context buffer for warpgroup 1). One CTA (256 threads) per SM. Deterministic.
+ * Candidates (FM only): QL (DFLASH_BA_WG_M=6, 8) issues tile t + 1's loads after tile t's S and dP wgmmas
+ * (wb_dq_tile_f's hook) instead of before them; QR (7, 8) reads the two blocks' ranges from wb_qplan_kernel's
+ * records instead of the anchor -> doc id -> window scan (two dependent loads, a scan, two barriers). */
+/* One work item of kernel 3: blocks 2·bx, 2·bx + 1 and kv head g (the kernel's blockIdx.x, blockIdx.y; PS:
+ * an item of the persistent kernel, records from sRecAll in shared memory). All 256 threads call it. */
+template <int HD, int PROBE, bool FM, bool QL, bool QR, bool PS = false>
+__device__ __forceinline__ void
+wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
+           const int32_t *doc_ids, const __nv_bfloat16 *out, const __nv_bfloat16 *dout, const float *lse, float *dq,
+           float *dk, float *dv, int T, int N, int B, int n_h, int n_kv, int window, int causal, float scale_log2,
+           float scale, const unsigned bx, const int g, const int4 *sRecAll = nullptr) {
     constexpr int CH = HD / 8, TB = wb_tile<HD>::bytes, NT = 2 * WB_Q_THREADS;
-    /* K/V buffers: 2 rotating context buffers + 1 (warpgroup 0's block tile); QP: 3 rotating + 1 */
-    constexpr int NB = QP ? 4 : 3;
+    /* K/V buffers: 2 rotating context buffers + 1 (warpgroup 0's block tile) */
+    constexpr int NB = 3;
     extern __shared__ unsigned char wb_smem_raw[];
     unsigned char *sm = wb_align1024(wb_smem_raw);
     unsigned char *sQ = sm;             /* [2 warpgroups][tile] */
     unsigned char *sdO = sm + 2 * TB;   /* [2 warpgroups][tile] */
     unsigned char *sK = sm + 4 * TB;    /* [NB buffers][tile] */
     unsigned char *sV = sm + (4 + NB) * TB;   /* [NB buffers][tile] */
-    __shared__ int sDocT[QP ? 3 : 2][WB_KT];
+    __shared__ int sDocT[2][WB_KT];
     __shared__ __align__(16) float sLse[2][WB_ROWS];   /* FM: read as float2 */
     __shared__ float sDi[2][WB_ROWS];
     __shared__ int sLo[2], sHi[2], sCnt[2];
     __shared__ __align__(16) int sSlot[WB_ROWS];   /* FM: r % B of a tile row r */
 
-    const int g = blockIdx.y, G = n_h / n_kv, R = N * B;
+    const int G = n_h / n_kv, R = N * B;
     const int tid = threadIdx.x, wg = tid >> 7, ltid = tid & 127, lane = tid & 31, wl = (tid >> 5) & 3;
-    const int b = 2 * blockIdx.x + wg;
+    const int b = 2 * bx + wg;
     const bool bok = b < N;   /* uniform per warpgroup */
     const int used = bok ? G * B : 0;
-    const int a = bok ? anchors[b] : 0, d = bok ? doc_ids[a] : -1;
-    if (FM && tid < WB_ROWS) sSlot[tid] = tid % B;   /* read after the range scan's barriers */
+    /* QR: both blocks' records (wb_qplan_kernel; {0, 0, 0, -1}, an empty range, for a block past N), read
+     * before any barrier, so before this CTA's own dq stores overwrite them */
+    int4 rec0 = make_int4(0, 0, 0, -1), rec1 = make_int4(0, 0, 0, -1);
+    if constexpr (PS) {
+        rec0 = sRecAll[2 * bx];
+        if (2 * bx + 1 < N) rec1 = sRecAll[2 * bx + 1];
+    } else if constexpr (QR) {
+        const size_t roff = (size_t)g * G * HD;
+        rec0 = *reinterpret_cast<const int4 *>(dq + (size_t)(2 * bx) * B * n_h * HD + roff);
+        if (2 * bx + 1 < N) rec1 = *reinterpret_cast<const int4 *>(dq + (size_t)(2 * bx + 1) * B * n_h * HD + roff);
+    }
+    const int a = QR || !bok ? 0 : anchors[b], d = QR ? (wg ? rec1.w : rec0.w) : bok ? doc_ids[a] : -1;
+    if (FM && tid < WB_ROWS) sSlot[tid] = tid % B;   /* read after the loop's first barrier */
     wb_load_qrows<HD, WB_Q_THREADS>(sQ + wg * TB, q, bok ? b : 0, g, B, G, n_h, used, ltid);
     wb_load_qrows<HD, WB_Q_THREADS>(sdO + wg * TB, dout, bok ? b : 0, g, B, G, n_h, used, ltid);
     mma_commit();
-    /* lse and Di of the warpgroup's 64 rows: two threads per row (PR: after the first K/V tile's loads are
-     * issued, so that their latencies overlap; sDi / sLse are read after the loop's first barrier) */
-    auto di_rows = [&]() {
+    {   /* lse and Di of the warpgroup's 64 rows: two threads per row */
         int r = ltid >> 1, half = ltid & 1;
         float s = 0.f;
         size_t row = (size_t)b * B + r % B;
@@ -746,29 +781,30 @@ wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
             sDi[wg][r] = r < used ? s : 0.f;
             sLse[wg][r] = r < used ? lse[(size_t)h * R + row] : 0.f;
         }
-    };
-    if constexpr (!PR) di_rows();
-    {   /* each warpgroup's narrowed context range (set 5's ba_ctx_range per warpgroup) */
+    }
+    int lo0, hi0, lo1, hi1, cnt;
+    if constexpr (QR) {
+        lo0 = rec0.x, hi0 = rec0.y, lo1 = rec1.x, hi1 = rec1.y, cnt = wg ? rec1.z : rec0.z;
+    } else {   /* each warpgroup's narrowed context range (set 5's ba_ctx_range per warpgroup) */
         const int lo = window > 0 ? max(0, a - window) : 0, hi = d == -1 ? lo : a;
         if (ltid == 0) { sLo[wg] = hi; sHi[wg] = lo - 1; sCnt[wg] = 0; }
         __syncthreads();
         /* sCnt (FM): keys of the document (is the range all of it?); block_attn_common.cuh */
         ba_doc_span<WB_Q_THREADS, FM, int, true>(doc_ids, lo, hi, d, ltid, lane == 0, &sLo[wg], &sHi[wg], &sCnt[wg]);
         __syncthreads();
+        lo0 = sLo[0], hi0 = max(sLo[0], sHi[0] + 1), lo1 = sLo[1], hi1 = max(sLo[1], sHi[1] + 1), cnt = sCnt[wg];
     }
-    const int lo0 = sLo[0], hi0 = max(sLo[0], sHi[0] + 1), lo1 = sLo[1], hi1 = max(sLo[1], sHi[1] + 1);
     const int c_lo = wg ? lo1 : lo0, c_hi = wg ? hi1 : hi0;   /* this warpgroup's range */
     /* FM: every key of [c_lo, c_hi) is of the document (contiguous documents): no doc id test needed */
-    const bool contig = FM && sCnt[wg] == c_hi - c_lo;
+    const bool contig = FM && cnt == c_hi - c_lo;
     int u_lo = 0, u_hi = 0;                                    /* the union of the non-empty ones */
     if (hi0 > lo0 && hi1 > lo1) { u_lo = min(lo0, lo1); u_hi = max(hi0, hi1); }
     else if (hi0 > lo0) { u_lo = lo0; u_hi = hi0; }
     else if (hi1 > lo1) { u_lo = lo1; u_hi = hi1; }
     const int n_ctx = (u_hi - u_lo + WB_KT - 1) / WB_KT;
     /* the block tile buffers: warpgroup 0 the extra one (NC), warpgroup 1 the context buffer the last tile
-     * does not use and whose last reader retired before the load (QP: tile n_ctx - 3's, retired by every
-     * warpgroup at its tile n_ctx - 2) */
-    const int bbuf = QP ? (wg ? n_ctx % 3 : 3) : wg ? (n_ctx & 1) : 2;   /* this warpgroup's block tile buffer */
+     * does not use */
+    const int bbuf = wg ? (n_ctx & 1) : 2;   /* this warpgroup's block tile buffer */
 
     auto load_tile = [&](int t, int buf) {   /* union context tile t, and its doc ids */
         const int nk = min(WB_KT, u_hi - u_lo - t * WB_KT);
@@ -785,10 +821,10 @@ wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
     auto load_blocks = [&]() {   /* both warpgroups' block tiles: B keys each, rows past them zero-filled */
         for (int i = tid; i < 2 * WB_KT * CH; i += NT) {
             int w = i / (WB_KT * CH), r = (i / CH) % WB_KT, c = i % CH;
-            const int bw = 2 * blockIdx.x + w;
+            const int bw = 2 * bx + w;
             bool ok = r < B && bw < N;
             size_t off = ((ok ? (size_t)T + (size_t)bw * B + r : 0) * n_kv + g) * HD + c * 8;
-            uint32_t o = (uint32_t)((QP ? (w ? n_ctx % 3 : 3) : w ? (n_ctx & 1) : 2) * TB) + wb_off(r, c);
+            uint32_t o = (uint32_t)((w ? (n_ctx & 1) : 2) * TB) + wb_off(r, c);
             mma_cp_async16(sK + o, k + off, ok ? 16 : 0);
             mma_cp_async16(sV + o, v + off, ok ? 16 : 0);
         }
@@ -796,7 +832,6 @@ wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
     if (n_ctx > 0) load_tile(0, 0);
     else load_blocks();
     mma_commit();
-    if constexpr (PR) di_rows();
 
     float dqa[HD / 2];
 #pragma unroll
@@ -806,84 +841,76 @@ wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
     const bool ok0 = r0 < used, ok1 = r1 < used;
     const uint32_t uQ = wg_smem_u32(sQ + wg * TB), udO = wg_smem_u32(sdO + wg * TB);
     const float *lseW = sLse[wg], *diW = sDi[wg];
-    uint32_t da[QP ? 16 : 1];   /* QP: the dS fragments of the dQ product in flight */
-#pragma unroll
-    for (int i = 0; i < (QP ? 16 : 1); i++) da[i] = 0;
+    /* QL applies to the fast elementwise's real kernel only (the probes keep the loads before the products) */
+    constexpr bool LATE = QL && FM && PROBE == 0;
     for (int t = 0; t <= n_ctx; t++) {   /* t == n_ctx: the block tiles */
         mma_wait<0>();
         wg_fence_async_smem();
-        /* tile t visible; everyone is done with tile t - 1's buffer (QP: with tile t - 2's, whose dQ product
-         * every warpgroup retired at its tile t - 1 or drained) */
-        __syncthreads();
-        if (t + 1 < n_ctx) load_tile(t + 1, QP ? (t + 1) % 3 : (t + 1) & 1);
-        else if (t + 1 == n_ctx) load_blocks();
-        mma_commit();
+        __syncthreads();   /* tile t visible; everyone is done with tile t - 1's buffer */
+        /* the next tile's loads, into tile t - 1's buffer (LATE: from wb_dq_tile_f's hook, after this tile's S
+         * and dP are issued, or at once when the warpgroup has no product for this tile) */
+        auto issue_loads = [&]() {
+            if (t + 1 < n_ctx) load_tile(t + 1, (t + 1) & 1);
+            else if (t + 1 == n_ctx) load_blocks();
+            mma_commit();
+        };
+        if constexpr (!LATE) {   /* (not through the lambda: the default's code as before) */
+            if (t + 1 < n_ctx) load_tile(t + 1, (t + 1) & 1);
+            else if (t + 1 == n_ctx) load_blocks();
+            mma_commit();
+        }
         const float l20 = lseW[r0] * WB_LOG2E, l21 = lseW[r1] * WB_LOG2E, di0 = diW[r0], di1 = diW[r1];
         if (PROBE == 1) continue;
-        if constexpr (QP && FM && PROBE == 0) {   /* the fast elementwise, dQ products left in flight */
-            const float f20 = ok0 ? l20 : __int_as_float(0x7f800000), f21 = ok1 ? l21 : __int_as_float(0x7f800000);
-            if (t < n_ctx) {
-                const int buf = t % 3, key0 = u_lo + t * WB_KT;
-                const int nk = min(WB_KT, c_hi - key0), klo = max(0, c_lo - key0);
-                const uint32_t uK = wg_smem_u32(sK + buf * TB), uV = wg_smem_u32(sV + buf * TB);
-                if (nk <= klo)   /* the tile misses this warpgroup's range: retire its product in flight */
-                    wb_dq_drain<HD>(dqa, da);
-                else if (contig && klo == 0 && nk == WB_KT)
-                    wb_dq_tile_f<HD, 64, 0, true>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
-                                             di1, scale_log2, da);
-                else if (contig)
-                    wb_dq_tile_f<HD, 64, 1, true>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
-                                             di1, scale_log2, da);
-                else
-                    wb_dq_tile_f<HD, 64, 2, true>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
-                                             di1, scale_log2, da);
-            } else if (bok) {
-                const uint32_t uK = wg_smem_u32(sK + bbuf * TB), uV = wg_smem_u32(sV + bbuf * TB);
-                if (B > 32)
-                    wb_dq_tile_f<HD, 64, 3, true>(dqa, uQ, udO, uK, uV, sDocT[0], d, B, 0, j0, j1, causal, f20, f21, di0, di1,
-                                             scale_log2, da);
-                else if (B > 16)
-                    wb_dq_tile_f<HD, 32, 3, true>(dqa, uQ, udO, uK, uV, sDocT[0], d, B, 0, j0, j1, causal, f20, f21, di0, di1,
-                                             scale_log2, da);
-                else
-                    wb_dq_tile_f<HD, 16, 3, true>(dqa, uQ, udO, uK, uV, sDocT[0], d, B, 0, j0, j1, causal, f20, f21, di0, di1,
-                                             scale_log2, da);
-            }
-            continue;
-        }
         if (FM && PROBE == 0) {   /* the fast elementwise; rows past used: exponent −inf */
             const float f20 = ok0 ? l20 : __int_as_float(0x7f800000), f21 = ok1 ? l21 : __int_as_float(0x7f800000);
             if (t < n_ctx) {
-                const int buf = QP ? t % 3 : t & 1, key0 = u_lo + t * WB_KT;
+                const int buf = t & 1, key0 = u_lo + t * WB_KT;
                 const int nk = min(WB_KT, c_hi - key0), klo = max(0, c_lo - key0);
                 const uint32_t uK = wg_smem_u32(sK + buf * TB), uV = wg_smem_u32(sV + buf * TB);
                 if (nk <= klo) {
                     /* the tile misses this warpgroup's range */
-                } else if (contig && klo == 0 && nk == WB_KT)
-                    wb_dq_tile_f<HD, 64, 0>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
-                                            di1, scale_log2);
-                else if (contig)
-                    wb_dq_tile_f<HD, 64, 1>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
-                                            di1, scale_log2);
-                else
-                    wb_dq_tile_f<HD, 64, 2>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
-                                            di1, scale_log2);
-            } else if (bok) {
-                const uint32_t uK = wg_smem_u32(sK + bbuf * TB), uV = wg_smem_u32(sV + bbuf * TB);
-                if (B > 32)
-                    wb_dq_tile_f<HD, 64, 3>(dqa, uQ, udO, uK, uV, sDocT[0], d, B, 0, j0, j1, causal, f20, f21, di0, di1,
-                                            scale_log2);
-                else if (B > 16)
-                    wb_dq_tile_f<HD, 32, 3>(dqa, uQ, udO, uK, uV, sDocT[0], d, B, 0, j0, j1, causal, f20, f21, di0, di1,
-                                            scale_log2);
-                else
-                    wb_dq_tile_f<HD, 16, 3>(dqa, uQ, udO, uK, uV, sDocT[0], d, B, 0, j0, j1, causal, f20, f21, di0, di1,
-                                            scale_log2);
+                    if constexpr (LATE) issue_loads();
+                } else if (contig && klo == 0 && nk == WB_KT) {
+                    if constexpr (LATE)
+                        wb_dq_tile_f<HD, 64, 0>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
+                                                di1, scale_log2, issue_loads);
+                    else
+                        wb_dq_tile_f<HD, 64, 0>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
+                                                di1, scale_log2);
+                } else if (contig) {
+                    if constexpr (LATE)
+                        wb_dq_tile_f<HD, 64, 1>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
+                                                di1, scale_log2, issue_loads);
+                    else
+                        wb_dq_tile_f<HD, 64, 1>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
+                                                di1, scale_log2);
+                } else {
+                    if constexpr (LATE)
+                        wb_dq_tile_f<HD, 64, 2>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
+                                                di1, scale_log2, issue_loads);
+                    else
+                        wb_dq_tile_f<HD, 64, 2>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
+                                                di1, scale_log2);
+                }
+            } else {
+                if constexpr (LATE) issue_loads();   /* nothing left to load: the (empty) commit group only */
+                if (bok) {
+                    const uint32_t uK = wg_smem_u32(sK + bbuf * TB), uV = wg_smem_u32(sV + bbuf * TB);
+                    if (B > 32)
+                        wb_dq_tile_f<HD, 64, 3>(dqa, uQ, udO, uK, uV, sDocT[0], d, B, 0, j0, j1, causal, f20, f21, di0, di1,
+                                                scale_log2);
+                    else if (B > 16)
+                        wb_dq_tile_f<HD, 32, 3>(dqa, uQ, udO, uK, uV, sDocT[0], d, B, 0, j0, j1, causal, f20, f21, di0, di1,
+                                                scale_log2);
+                    else
+                        wb_dq_tile_f<HD, 16, 3>(dqa, uQ, udO, uK, uV, sDocT[0], d, B, 0, j0, j1, causal, f20, f21, di0, di1,
+                                                scale_log2);
+                }
             }
             continue;
         }
         if (t < n_ctx) {
-            const int buf = QP ? t % 3 : t & 1, key0 = u_lo + t * WB_KT;
+            const int buf = t & 1, key0 = u_lo + t * WB_KT;
             const int nk = min(WB_KT, c_hi - key0), klo = max(0, c_lo - key0);
             if (nk > klo)   /* uniform per warpgroup: the tile meets its range */
                 wb_dq_tile<HD, 64, PROBE>(dqa, uQ, udO, wg_smem_u32(sK + buf * TB), wg_smem_u32(sV + buf * TB), sDocT[buf], d,
@@ -901,8 +928,7 @@ wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
                                    di0, di1, scale_log2);
         }
     }
-    if constexpr (QP) wb_dq_drain<HD>(dqa, da);   /* the last dQ product */
-    if (!bok) return;   /* no barrier follows */
+    if (!bok) return;   /* no barrier follows in the item (PS: both warpgroups reach the next item's) */
     {
         float *q0 = dq + (((size_t)b * B + j0) * n_h + g * G + r0 / B) * HD + (lane & 3) * 2;
         float *q1 = dq + (((size_t)b * B + j1) * n_h + g * G + r1 / B) * HD + (lane & 3) * 2;
@@ -926,6 +952,81 @@ wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
     }
 }
 
+template <int HD, int PROBE, bool FM = false, bool QL = false, bool QR = false>
+__global__ void __launch_bounds__(2 * WB_Q_THREADS, 1)
+wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
+             const int32_t *doc_ids, const __nv_bfloat16 *out, const __nv_bfloat16 *dout, const float *lse, float *dq,
+             float *dk, float *dv, int T, int N, int B, int n_h, int n_kv, int window, int causal, float scale_log2,
+             float scale) {
+    wb_q2_item<HD, PROBE, FM, QL, QR>(q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, T, N, B, n_h, n_kv, window,
+                                      causal, scale_log2, scale, blockIdx.x, blockIdx.y);
+}
+
+/* PS (DFLASH_BA_WG_M=9: M=7 + a persistent kernel 3 with its work longest first). A cooperative launch of at
+ * most one CTA per SM (all co-resident); every CTA
+ *   1. copies every block's record (wb_qplan_kernel's, kv head 0's copy) into shared memory, computes each
+ *      pair's work (its union range's context tiles + 1) and the order of the pairs by decreasing work (ties:
+ *      lower pair first: deterministic), the same in every CTA;
+ *   2. grid.sync(): from here on no CTA reads a record from dq, so dq may be overwritten;
+ *   3. takes the items (rank k, kv head g) = k·n_kv + g of that order in a snake: round r, CTA c takes item
+ *      r·C + c (r even) or r·C + C − 1 − c (r odd), C = gridDim.x; each item as wb_q2_kernel's CTA would
+ *      (the same code, so the same bits).
+ * N <= WB_PS_MAXN (the launcher falls back to M=7's kernel above). */
+constexpr int WB_PS_MAXN = 2048;
+template <int HD, int PROBE>
+__global__ void __launch_bounds__(2 * WB_Q_THREADS, 1)
+wb_q2ps_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
+               const int32_t *doc_ids, const __nv_bfloat16 *out, const __nv_bfloat16 *dout, const float *lse, float *dq,
+               float *dk, float *dv, int T, int N, int B, int n_h, int n_kv, int window, int causal, float scale_log2,
+               float scale) {
+    __shared__ int4 sRecAll[WB_PS_MAXN];
+    __shared__ int sWork[WB_PS_MAXN / 2], sOrder[WB_PS_MAXN / 2];
+    const int tid = threadIdx.x, P = (N + 1) / 2;
+    for (int b = tid; b < N; b += 2 * WB_Q_THREADS)
+        sRecAll[b] = *reinterpret_cast<const int4 *>(dq + (size_t)b * B * n_h * HD);
+    __syncthreads();
+    for (int p = tid; p < P; p += 2 * WB_Q_THREADS) {   /* kernel 3's union range and tile count */
+        const int4 r0 = sRecAll[2 * p], r1 = 2 * p + 1 < N ? sRecAll[2 * p + 1] : make_int4(0, 0, 0, -1);
+        int u_lo = 0, u_hi = 0;
+        if (r0.y > r0.x && r1.y > r1.x) { u_lo = min(r0.x, r1.x); u_hi = max(r0.y, r1.y); }
+        else if (r0.y > r0.x) { u_lo = r0.x; u_hi = r0.y; }
+        else if (r1.y > r1.x) { u_lo = r1.x; u_hi = r1.y; }
+        sWork[p] = (u_hi - u_lo + WB_KT - 1) / WB_KT + 1;
+    }
+    __syncthreads();
+    for (int p = tid; p < P; p += 2 * WB_Q_THREADS) {
+        const int w = sWork[p];
+        int rank = 0;
+        for (int i = 0; i < P; i++) {
+            const int wi = sWork[i];
+            rank += wi > w || (wi == w && i < p);
+        }
+        sOrder[rank] = p;
+    }
+    __syncthreads();
+    cooperative_groups::this_grid().sync();   /* every CTA has its records: dq is free to be overwritten */
+    const int C = gridDim.x, items = P * n_kv;
+    for (int r = 0;; r++) {
+        const int it = (r & 1) ? r * C + C - 1 - (int)blockIdx.x : r * C + (int)blockIdx.x;   /* uniform per CTA */
+        if (it >= items) break;
+        if (r) __syncthreads();   /* the previous item's readers of the shared tiles are done */
+        /* the parameters made opaque per item, so that nothing of an item is hoisted out of the loop and kept
+         * live across it (registers: the item alone is at the 255 limit) */
+        int T_ = T, N_ = N, B_ = B, nh_ = n_h, nkv_ = n_kv, w_ = window, c_ = causal;
+        float sl_ = scale_log2, sc_ = scale;
+        asm volatile("" : "+r"(T_), "+r"(N_), "+r"(B_), "+r"(nh_), "+r"(nkv_), "+r"(w_), "+r"(c_), "+f"(sl_), "+f"(sc_));
+        const __nv_bfloat16 *q_ = q, *k_ = k, *v_ = v, *o_ = out, *do_ = dout;
+        const int32_t *an_ = anchors, *di_ = doc_ids;
+        const float *l_ = lse;
+        float *dq_ = dq, *dk_ = dk, *dv_ = dv;
+        asm volatile("" : "+l"(q_), "+l"(k_), "+l"(v_), "+l"(o_), "+l"(do_), "+l"(an_), "+l"(di_), "+l"(l_), "+l"(dq_),
+                     "+l"(dk_), "+l"(dv_));
+        wb_q2_item<HD, PROBE, true, false, true, true>(q_, k_, v_, an_, di_, o_, do_, l_, dq_, dk_, dv_, T_, N_, B_,
+                                                       nh_, nkv_, w_, c_, sl_, sc_, (unsigned)sOrder[it / n_kv],
+                                                       it % n_kv, sRecAll);
+    }
+}
+
 template <typename K>
 int wb_smem_attr(K kernel, size_t smem) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -935,9 +1036,9 @@ int wb_smem_attr(K kernel, size_t smem) {
 /* the backward's options: the elementwise (DFLASH_BA_WG_M, read per call) and the bench's timing entry */
 struct wb_opts {
     bool fm;            /* the fast elementwise (default); false: DFLASH_BA_WG_M=0, the previous default (84) */
-    bool qp;            /* candidate (DFLASH_BA_WG_M=2 or 4): kernel 3's dQ products left in flight across tiles */
-    bool la;            /* candidate (DFLASH_BA_WG_M=3, 4 or 5): kernel 2's loads issued after each visit's Sᵀ, dPᵀ */
-    bool pr;            /* candidate (DFLASH_BA_WG_M=5, with qp and la): kernel 3's Di after its first tile's loads */
+    bool ql;            /* candidate (DFLASH_BA_WG_M=6 or 8): kernel 3's next-tile loads after each tile's S, dP */
+    bool qr;            /* candidate (DFLASH_BA_WG_M=7 or 8): kernel 3's ranges from wb_qplan_kernel's records */
+    bool ps;            /* candidate (DFLASH_BA_WG_M=9): qr + a persistent kernel 3, work longest first */
     int probe;          /* bench only (ba_wg_backward_timed, results invalid): 1 the products skipped, 2 the softmax
                          * math skipped; always 0 from ba_wg_backward */
     cudaEvent_t *ev;    /* bench only: 5 events around Di, plan, dK/dV, dQ, or NULL */
@@ -961,20 +1062,56 @@ int wb_run_kv(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
     return 0;
 }
 
-/* kernel 3, fixed at round 3's Q=2: two blocks per CTA (wb_q2_kernel) */
-template <int HD, int PROBE, bool FM = false, bool QP = false, bool PR = false>
+/* kernel 3, fixed at round 3's Q=2: two blocks per CTA (wb_q2_kernel); QR: wb_qplan_kernel first */
+template <int HD, int PROBE, bool FM = false, bool QL = false, bool QR = false>
 int wb_run_q(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
              const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse, float *dq, float *dk,
              float *dv, cudaStream_t stream) {
     constexpr int QB = 2;
-    const size_t smem = (QP ? 12 : 10) * (size_t)wb_tile<HD>::bytes + 1024;   /* QP: a third context K/V buffer */
-    auto kern = wb_q2_kernel<HD, PROBE, FM, QP, PR>;
+    const size_t smem = 10 * (size_t)wb_tile<HD>::bytes + 1024;
+    auto kern = wb_q2_kernel<HD, PROBE, FM, QL, QR>;
     if (wb_smem_attr(kern, smem)) return -1;
+    if (QR && c->N > 0) {
+        wb_qplan_kernel<<<c->N, WB_Q_THREADS, 0, stream>>>(anchors, doc_ids, c->B, c->n_h, c->n_kv, HD, c->window, dq);
+        KERNELS_CHECK_LAUNCH("ba_wg_backward q plan");
+    }
     kern<<<dim3((c->N + QB - 1) / QB, c->n_kv), QB * WB_Q_THREADS, smem, stream>>>(
         (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
         (const __nv_bfloat16 *)out, (const __nv_bfloat16 *)dout, lse, dq, dk, dv, c->T, c->N, c->B, c->n_h, c->n_kv,
         c->window, c->causal, c->scale * WB_LOG2E, c->scale);
     KERNELS_CHECK_LAUNCH("ba_wg_backward q");
+    return 0;
+}
+
+/* kernel 3 as PS (DFLASH_BA_WG_M=9): wb_qplan_kernel, then wb_q2ps_kernel as a cooperative launch of
+ * min(co-resident CTAs, items) CTAs; N > WB_PS_MAXN: M=7's kernel instead */
+template <int HD, int PROBE>
+int wb_run_q_ps(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
+                const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse, float *dq, float *dk,
+                float *dv, cudaStream_t stream) {
+    if (c->N > WB_PS_MAXN || c->N <= 0)
+        return wb_run_q<HD, PROBE, true, false, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
+    const size_t smem = 10 * (size_t)wb_tile<HD>::bytes + 1024;
+    auto kern = wb_q2ps_kernel<HD, PROBE>;
+    if (wb_smem_attr(kern, smem)) return -1;
+    int dev = 0, n_sm = 0, per_sm = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 2 * WB_Q_THREADS, smem);
+    if (e != cudaSuccess) return kernels_fail("ba_wg_backward: persistent dQ kernel set-up: %s", cudaGetErrorString(e));
+    if (per_sm < 1) return kernels_fail("ba_wg_backward: persistent dQ kernel: no CTA fits on an SM");
+    const long items = (long)((c->N + 1) / 2) * c->n_kv;
+    const int grid = (int)(items < (long)per_sm * n_sm ? items : (long)per_sm * n_sm);
+    wb_qplan_kernel<<<c->N, WB_Q_THREADS, 0, stream>>>(anchors, doc_ids, c->B, c->n_h, c->n_kv, HD, c->window, dq);
+    KERNELS_CHECK_LAUNCH("ba_wg_backward q plan");
+    const __nv_bfloat16 *a_q = (const __nv_bfloat16 *)q, *a_k = (const __nv_bfloat16 *)k, *a_v = (const __nv_bfloat16 *)v,
+                        *a_o = (const __nv_bfloat16 *)out, *a_do = (const __nv_bfloat16 *)dout;
+    int T = c->T, N = c->N, B = c->B, n_h = c->n_h, n_kv = c->n_kv, window = c->window, causal = c->causal;
+    float scale_log2 = c->scale * WB_LOG2E, scale = c->scale;
+    void *args[] = {&a_q, &a_k, &a_v, &anchors, &doc_ids, &a_o, &a_do, &lse, &dq, &dk, &dv, &T, &N, &B, &n_h, &n_kv,
+                    &window, &causal, &scale_log2, &scale};
+    e = cudaLaunchCooperativeKernel((const void *)kern, dim3(grid), dim3(2 * WB_Q_THREADS), args, smem, stream);
+    if (e != cudaSuccess) return kernels_fail("ba_wg_backward q (cooperative, %d CTAs): %s", grid, cudaGetErrorString(e));
     return 0;
 }
 
@@ -1009,39 +1146,41 @@ int wb_launch(const wb_opts &o, const block_attn_config *c, const bf16 *q, const
         KERNELS_CHECK_LAUNCH("ba_wg_backward plan");
     }
     if (wb_record(o, 2, stream)) return -1;
-    /* LA needs lse2 (o.la implies o.fm; without lse2 kernel 2 keeps M=0's elementwise, as M=1 does) */
-    const int rc = lse2 && o.la ? wb_run_kv<HD, PROBE, true, true>(c, q, k, v, anchors, doc_ids, dout, lse2, di, dk, dv,
-                                                                   plan, n_tiles, stream)
-                   : lse2 ? wb_run_kv<HD, PROBE, true>(c, q, k, v, anchors, doc_ids, dout, lse2, di, dk, dv, plan, n_tiles,
-                                                     stream)
+    /* the fast elementwise with the loads after each visit's products (LA) needs lse2; without it (M=0, or
+     * dq too small to hold lse2) kernel 2 keeps M=0's elementwise and load placement */
+    const int rc = lse2 ? wb_run_kv<HD, PROBE, true, true>(c, q, k, v, anchors, doc_ids, dout, lse2, di, dk, dv, plan,
+                                                           n_tiles, stream)
                         : wb_run_kv<HD, PROBE>(c, q, k, v, anchors, doc_ids, dout, lse, di, dk, dv, plan, n_tiles, stream);
     if (rc || wb_record(o, 3, stream)) return -1;
-    if ((o.pr   ? wb_run_q<HD, PROBE, true, true, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-         : o.qp ? wb_run_q<HD, PROBE, true, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-         : o.fm ? wb_run_q<HD, PROBE, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-                : wb_run_q<HD, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)) ||
+    if ((!o.fm           ? wb_run_q<HD, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
+         : o.ps         ? wb_run_q_ps<HD, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
+         : o.ql && o.qr ? wb_run_q<HD, PROBE, true, true, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
+         : o.ql         ? wb_run_q<HD, PROBE, true, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
+         : o.qr ? wb_run_q<HD, PROBE, true, false, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
+                : wb_run_q<HD, PROBE, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)) ||
         wb_record(o, 4, stream))
         return -1;
     return 0;
 }
 
-/* DFLASH_BA_WG_M, read per call: unset, empty or 1 the default (the fast elementwise), 0 the previous
- * default (bench 84, bitwise equal but for P below 2^-126). DFLASH_BA_WG_KV and DFLASH_BA_WG_Q (round 3's
- * variant knobs) are gone: unset, empty or their fixed value (2p, 2) are accepted, anything else is an
- * error, so that an old script cannot believe it measures a variant that no longer exists. */
+/* DFLASH_BA_WG_M, read per call: unset or empty the default, 0 the previous default (bench 84, bitwise equal
+ * but for P below 2^-126), 6, 7, 8 this round's candidates; anything else (the retired 1-5 included) is an
+ * error. DFLASH_BA_WG_KV and DFLASH_BA_WG_Q (round 3's variant knobs) are gone: unset, empty or their fixed
+ * value (2p, 2) are accepted, anything else is an error, so that an old script cannot believe it measures a
+ * variant that no longer exists. */
 static int wb_env(wb_opts *o) {
     o->fm = true;
-    o->qp = o->la = o->pr = false;
+    o->ql = o->qr = o->ps = false;
     const char *e = getenv("DFLASH_BA_WG_M");
     if (e && e[0]) {
         if (!strcmp(e, "0")) o->fm = false;
-        else if (!strcmp(e, "2")) o->qp = true;
-        else if (!strcmp(e, "3")) o->la = true;
-        else if (!strcmp(e, "4")) o->qp = o->la = true;
-        else if (!strcmp(e, "5")) o->qp = o->la = o->pr = true;
-        else if (strcmp(e, "1"))
-            return kernels_fail("ba_wg_backward: DFLASH_BA_WG_M=%s, expected 1 (the default), 0 (the previous default) or "
-                                "a candidate 2, 3, 4, 5",
+        else if (!strcmp(e, "6")) o->ql = true;
+        else if (!strcmp(e, "7")) o->qr = true;
+        else if (!strcmp(e, "8")) o->ql = o->qr = true;
+        else if (!strcmp(e, "9")) o->ps = true;
+        else
+            return kernels_fail("ba_wg_backward: DFLASH_BA_WG_M=%s, expected unset (the default), 0 (the previous "
+                                "default) or a candidate 6, 7, 8, 9 (1-5 are retired: git e591095)",
                                 e);
     }
     e = getenv("DFLASH_BA_WG_KV");

@@ -65,16 +65,16 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
     K1_CUDA(cudaMalloc((void **)&d_dv, 4 * nk));
     /* every kernel set of the launcher: the default (unset), then the verified ones it can be
      * reverted to (DFLASH_BLOCK_ATTN_KERNEL=6, 5, 3); then set 7's backward under DFLASH_BA_WG_M=0 (its
-     * revert switch) and the candidates 2, 3, 4, 5 (kernels/block_attn_bwd_wg.cu), which change only the
+     * revert switch) and the candidates 6-9 (kernels/block_attn_bwd_wg.cu), which change only the
      * schedule: bitwise equal to the default's gradients */
     static const char *const kernels[] = {"", "6", "5", "3", "7", "7", "7", "7", "7"};
-    static const char *const wg_m[] = {NULL, NULL, NULL, NULL, "0", "2", "3", "4", "5"};
+    static const char *const wg_m[] = {NULL, NULL, NULL, NULL, "0", "6", "7", "8", "9"};
     const char *m_was = getenv("DFLASH_BA_WG_M");
     char *m_saved = m_was ? strdup(m_was) : NULL;
-    ck_assert(unsetenv("DFLASH_BA_WG_M") == 0);   /* ki 0: set 7's default backward (M=1) */
+    ck_assert(unsetenv("DFLASH_BA_WG_M") == 0);   /* ki 0: set 7's default backward */
     float *og = malloc(4 * nq), *lg = malloc(4 * nl), *dqg = malloc(4 * nq), *dkg = malloc(4 * nk), *dvg = malloc(4 * nk);
     float *dq0 = malloc(4 * nq), *dk0 = malloc(4 * nk), *dv0 = malloc(4 * nk);   /* the default's gradients */
-    for (int ki = 0; ki < 9; ki++) {
+    for (int ki = 0; ki < (int)(sizeof wg_m / sizeof wg_m[0]); ki++) {
         if (kernels[ki][0]) ck_assert(setenv("DFLASH_BLOCK_ATTN_KERNEL", kernels[ki], 1) == 0);
         else ck_assert(unsetenv("DFLASH_BLOCK_ATTN_KERNEL") == 0);
         if (wg_m[ki]) ck_assert(setenv("DFLASH_BA_WG_M", wg_m[ki], 1) == 0);
@@ -126,7 +126,7 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
             memcpy(dv0, dvg, 4 * nk);
         } else if (wg_m[ki] && strcmp(wg_m[ki], "0")) {   /* a candidate: the default's schedule changed only */
             ck_assert_msg(!memcmp(dqg, dq0, 4 * nq) && !memcmp(dkg, dk0, 4 * nk) && !memcmp(dvg, dv0, 4 * nk),
-                          "set 7 backward DFLASH_BA_WG_M=%s: not bitwise equal to the default (M=1)", wg_m[ki]);
+                          "set 7 backward DFLASH_BA_WG_M=%s: not bitwise equal to the default", wg_m[ki]);
         }
     }
     if (m_saved) {
@@ -221,10 +221,17 @@ START_TEST(block_attn_gpu_rejects) {
         ck_assert_ptr_nonnull(strstr(kernels_error(), "expected 3 (the previous default)"));
     }
     unsetenv("DFLASH_BLOCK_ATTN_WG_FWD");
-    /* set 7's backward takes DFLASH_BA_WG_M unset, 0, 1 or a candidate 2-5: anything else fails before any launch */
-    ck_assert_int_eq(setenv("DFLASH_BA_WG_M", "9", 1), 0);
-    ck_assert_int_eq(block_attn_backward(&c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0), -1);
-    ck_assert_ptr_nonnull(strstr(kernels_error(), "DFLASH_BA_WG_M=9"));
+    /* set 7's backward takes DFLASH_BA_WG_M unset / empty (the default), 0 (its revert switch) or a candidate
+     * 6-9: a retired value (the old default 1, the round-1 candidates 2-5) or anything else fails before any
+     * launch */
+    static const char *const m_bad[] = {"1", "2", "3", "4", "5", "10", "x"};
+    for (size_t i = 0; i < sizeof m_bad / sizeof m_bad[0]; i++) {
+        char want[32];
+        snprintf(want, sizeof want, "DFLASH_BA_WG_M=%s,", m_bad[i]);
+        ck_assert_int_eq(setenv("DFLASH_BA_WG_M", m_bad[i], 1), 0);
+        ck_assert_int_eq(block_attn_backward(&c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0), -1);
+        ck_assert_msg(strstr(kernels_error(), want), "DFLASH_BA_WG_M=%s: %s", m_bad[i], kernels_error());
+    }
     unsetenv("DFLASH_BA_WG_M");
     unsetenv("DFLASH_BLOCK_ATTN_KERNEL");
 }
