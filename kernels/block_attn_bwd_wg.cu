@@ -30,40 +30,41 @@
  *     the query rows' gmem offsets computed once per thread (LA: session 3's candidate M=3, bench 88, 0.897 ms =
  *     198 TFLOP/s, kernel 2 0.572 -> 0.351 ms);
  *   kernel 3 as round 3's Q=2: two blocks per CTA (wb_q2_kernel), one warpgroup per block, the context K/V
- *     tiles loaded once for both (union of the two ranges);
+ *     tiles loaded once for both (union of the two ranges); its set-up from a plan (QR: session 3's candidate
+ *     M=7 of round 2, bench 92, 0.887 ms = 200.5 TFLOP/s, kernel 3 0.491 -> 0.474 ms): wb_qplan_kernel
+ *     (between kernels 2 and 3) scans each block's anchor window once (not once per kv head: 8x fewer scans
+ *     at the standard shape) and leaves a 16-byte record in the block's own dq rows; a kernel 3 CTA reads its
+ *     two records instead of anchor -> doc id -> scan -> two barriers;
  *   the fast elementwise (FM) in kernel 2's visits and kernel 3's tiles: branch-free masks (a select per
  *     element at most, none on full dQ tiles: a block's visible context keys are one contiguous range when
  *     its document is, checked once per block; doc ids are then not read), exp2 as one FFMA + ex2.approx.ftz
  *     with lse·log2(e) precomputed (kernel 2: by the Di kernel into dq's scratch after the plan), rows past
  *     the used ones masked by an exponent of −inf, lse / Di / slots read as pairs. The same values as M=0
  *     (bitwise, except P below 2^-126, flushed to 0).
- * The one revert switch, read per call: DFLASH_BA_WG_M=0, the previous-but-one default (bench 84, KV=2p + Q=2
- * with the plain elementwise and the loads before the products, 1.81 ms). The previous default (M=1: FM with
- * kernel 2's loads before the products, bench 86, 1.117 ms) and session 3's losing candidates M=2 (kernel 3's
- * dQ products in flight across tiles, a third K/V buffer), 4 (2 + 3), 5 (4 + kernel 3's Di after its first
- * loads) were deleted: their code is in git commit e591095, their numbers in kernels/bench/RESULTS.md.
- * Values 1-5 are now an error, as is anything but unset, empty, 0 or a candidate 6-9 below.
- * Candidates (session 3 round 2, helper BB2, not measured when written; schedule changes only, so bitwise
- * equal to the default expected, and the GPU test asserts it), kernel 3 only (0.487 ms of the 0.897, its floor
- * without products 0.263):
- *   M=6 (bench 91), QL: kernel 3 issues tile t + 1's cp.async loads after tile t's S and dP wgmmas (the
- *     hook of wb_dq_tile_f) instead of before them: M=3's lesson on kernel 2 (-0.22 ms) applied to kernel 3.
- *     Same buffers (tile t + 1 goes into tile t - 1's buffer, free since the barrier of iteration t), same
- *     commit groups per iteration; a warpgroup without a product for tile t issues them at once.
- *   M=7 (bench 92), QR: kernel 3's set-up from a plan: wb_qplan_kernel (between kernels 2 and 3) scans each
- *     block's anchor window once (not once per kv head: 8x fewer scans at the standard shape) and leaves a
- *     16-byte record in the block's own dq rows; a kernel 3 CTA reads its two records instead of anchor ->
- *     doc id -> scan -> two barriers (~4.6 µs of set-up per CTA in the forward's trace, ~15 waves of CTAs).
- *     The order of CTAs by decreasing work (the tail) cannot come from a table here: every CTA would read it
- *     from memory that some kernel 3 CTA may already have overwritten (kernel 3 writes all of dq and dk's,
- *     dv's block rows; kernel 2's rows are final). Hence M=9's cooperative launch (or a workspace, a
- *     block_attn_backward_ws as the forward has).
- *   M=8 (bench 93): both.
- *   M=9 (bench 94), PS: M=7 + a persistent kernel 3 (wb_q2ps_kernel, a cooperative launch, one CTA per SM):
- *     each CTA copies all records to shared memory, orders the block pairs by decreasing work, grid.sync()s
- *     (only then may dq be overwritten), and takes items (pair, kv head) longest first in a snake over the
- *     CTAs: the ~15.5 waves' tail (the forward's trace: 44 µs of 307) and the per-CTA launch cost shrink.
- *     Same item code as M=7 (wb_q2_item), so the same bits. N > 2048: M=7's kernel (shared-memory table).
+ * The one revert switch, read per call: DFLASH_BA_WG_M=0 (bench 84, KV=2p + Q=2 with the plain elementwise,
+ * kernel 2's loads before the products and kernel 3's own window scan, 1.81 ms). Retired values (an error
+ * now, as is anything but unset, empty, 0 or a candidate 10, 11 below): the defaults before M=3 and M=7 and
+ * session 3's losing candidates M=1, 2, 4, 5 (code in git e591095) and M=6 (kernel 3's next-tile loads after
+ * each tile's S, dP: 0.908 ms), 8 (6 + 7: 0.900), 9 (7 + a persistent cooperative kernel 3 taking its work
+ * longest first: 0.889) (code in git a239172, whose kernels the default and M=0 keep byte for byte: cuobjdump
+ * -sass compared); their numbers are in kernels/bench/RESULTS.md.
+ * Candidates (session 3 round 3, helper BB3, not measured when written; schedule changes only, so bitwise equal
+ * to the default expected, and the GPU test asserts it), kernel 3 only (0.474 ms of the 0.887; its floor
+ * without products 0.249 vs kernel 2's 0.167, whose loads run 2 visits ahead in a 4-stage pipeline, while
+ * kernel 3 double-buffers its K/V tiles: tile t + 1's load has only tile t's work to hide behind):
+ *   M=10 (bench 95), QP = 1: 3 rotating context K/V buffers (+ warpgroup 0's block tile: 12 tiles of shared
+ *     memory, 193 KB at d_h 128 + 2 KB static), tile t + 2 loaded right after iteration t's barrier into tile
+ *     t − 1's buffer (free: every warpgroup's dQ product reading it retired before that barrier), the wait at
+ *     the top of iteration t lets tile t + 1's group stay in flight (cp.async.wait_group 1; one group per
+ *     thread per iteration on every path, two in the prologue). The block tiles are "tile" n_ctx: warpgroup 0's
+ *     in buffer 3, warpgroup 1's in buffer n_ctx % 3 (its turn in the rotation, free since iteration
+ *     n_ctx − 2's barrier). Host emulation of the buffer schedule (n_ctx 0..199: every read finds its tile
+ *     landed, no buffer overwritten before its last reader's barrier, the block tiles intact for the epilogue).
+ *     Loads placed as the default's (before the tile's products): kernel 3's load issue is 4 loop trips of 2
+ *     cp.async per thread, and moving it behind the products (M=6) lost 0.01-0.02 ms in round 2.
+ *   M=11 (bench 96), QP = 2: M=10 with the loads from wb_dq_tile_f's hook, after tile t's S and dP wgmmas are
+ *     issued (round 2's M=6 placement, which the brief asked for; kept as a second data point with distance 2).
+ *     Probes as M=10. 7976 SASS instructions (M=10: 6168, default 5664).
  * Not done: a staged store of dQ / the block's dK, dV: each warp store already writes whole 32-byte sectors
  * (4 lanes × float2 of one row), so staging through smem would save instructions, not DRAM or L2 traffic.
  * History: the losing variants (round 1's KV=2 + Q=1, KV=1 = one warpgroup per CTA, KV=2d = 4 stages
@@ -91,7 +92,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 namespace {
@@ -631,8 +631,8 @@ __device__ __forceinline__ void wb_dq_tile(float *dqa, uint32_t uQ, uint32_t udO
  * contiguous: the general mask), 3 the block tile (key < nk, causal: key <= the row's slot). Rows past the
  * used ones come with l20 / l21 = +inf (exp2 gives 0), so no row test. Per element: one FFMA, one
  * MUFU.EX2, at most one select; dS = P·(dP − Di) with Di in registers.
- * F (QL, DFLASH_BA_WG_M=6 / 8): after_issue() runs right after the S and dP wgmmas are issued (the caller's
- * loads of the next tile: the tensor pipe gets its work before the load issue, as kernel 2's LA); every
+ * F (QP = 2, DFLASH_BA_WG_M=11): after_issue() runs right after the S and dP wgmmas are issued (the caller's
+ * loads of a later tile: the tensor pipe gets its work before the load issue, as kernel 2's LA); every
  * thread of the warpgroup calls it once. Returns with no wgmma in flight. */
 template <int HD, int NKEY, int KM, typename F = wb_nohook>
 __device__ __forceinline__ void wb_dq_tile_f(float *dqa, uint32_t uQ, uint32_t udO, uint32_t uK, uint32_t uV,
@@ -682,7 +682,7 @@ __device__ __forceinline__ void wb_dq_tile_f(float *dqa, uint32_t uQ, uint32_t u
     wg_reg_fence<NKEY / 4>(&da[0][0]);
 }
 
-/* Kernel 3's plan (QR, DFLASH_BA_WG_M=7 / 8), launched between kernels 2 and 3: per block b (one CTA of 128
+/* Kernel 3's plan (QR, the default), launched between kernels 2 and 3: per block b (one CTA of 128
  * threads) the range scan kernel 3 does otherwise (the same ba_doc_span, so the same values), once per block
  * instead of once per (block, kv head), written as one int4 record {lo, hi, cnt, d} (the document's visible
  * context keys [lo, hi), how many of them are of the document, its doc id) into the first 16 bytes of the
@@ -711,27 +711,33 @@ __global__ void __launch_bounds__(128) wb_qplan_kernel(const int32_t *anchors, c
  * union of their narrowed ranges (anchors are sorted, so consecutive blocks' ranges mostly coincide) and
  * a warpgroup skips the tiles outside its own range; then each warpgroup's own block tile (buffer 2 for
  * warpgroup 0, the free context buffer for warpgroup 1). One CTA (256 threads) per SM. Deterministic.
- * Candidates (FM only): QL (DFLASH_BA_WG_M=6, 8) issues tile t + 1's loads after tile t's S and dP wgmmas
- * (wb_dq_tile_f's hook) instead of before them; QR (7, 8) reads the two blocks' ranges from wb_qplan_kernel's
- * records instead of the anchor -> doc id -> window scan (two dependent loads, a scan, two barriers). */
-/* One work item of kernel 3: blocks 2·bx, 2·bx + 1 and kv head g (the kernel's blockIdx.x, blockIdx.y; PS:
- * an item of the persistent kernel, records from sRecAll in shared memory). All 256 threads call it. */
-template <int HD, int PROBE, bool FM, bool QL, bool QR, bool PS = false>
+ * QR (the default since round 3 of session 3, was candidate M=7) reads the two blocks' ranges from
+ * wb_qplan_kernel's records instead of the anchor -> doc id -> window scan (two dependent loads, a scan, two
+ * barriers); !QR (DFLASH_BA_WG_M=0) scans. */
+/* One work item of kernel 3: blocks 2·bx, 2·bx + 1 and kv head g (the kernel's blockIdx.x, blockIdx.y).
+ * All 256 threads call it. QP (FM only): 0 the default's K/V pipeline (2 context buffers, tile t + 1 loaded
+ * while tile t is used); 1 (DFLASH_BA_WG_M=10) 3 context buffers, tile t + 2 loaded right after iteration
+ * t's barrier into tile t − 1's buffer; 2 (DFLASH_BA_WG_M=11) as 1 with the loads from wb_dq_tile_f's hook,
+ * after tile t's S and dP wgmmas are issued (the probes: as 1). */
+template <int HD, int PROBE, bool FM, bool QR, int QP = 0>
 __device__ __forceinline__ void
 wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
            const int32_t *doc_ids, const __nv_bfloat16 *out, const __nv_bfloat16 *dout, const float *lse, float *dq,
            float *dk, float *dv, int T, int N, int B, int n_h, int n_kv, int window, int causal, float scale_log2,
-           float scale, const unsigned bx, const int g, const int4 *sRecAll = nullptr) {
+           float scale, const unsigned bx, const int g) {
+    static_assert(QP == 0 || FM, "the distance-2 K/V pipeline (QP) is a candidate on the fast elementwise only");
     constexpr int CH = HD / 8, TB = wb_tile<HD>::bytes, NT = 2 * WB_Q_THREADS;
-    /* K/V buffers: 2 rotating context buffers + 1 (warpgroup 0's block tile) */
-    constexpr int NB = 3;
+    /* K/V buffers: NC rotating context buffers + 1 (warpgroup 0's block tile, buffer NC); QP: tiles are loaded
+     * DIST ahead */
+    constexpr int NC = QP ? 3 : 2, DIST = QP ? 2 : 1;
+    constexpr int NB = NC + 1;
     extern __shared__ unsigned char wb_smem_raw[];
     unsigned char *sm = wb_align1024(wb_smem_raw);
     unsigned char *sQ = sm;             /* [2 warpgroups][tile] */
     unsigned char *sdO = sm + 2 * TB;   /* [2 warpgroups][tile] */
     unsigned char *sK = sm + 4 * TB;    /* [NB buffers][tile] */
     unsigned char *sV = sm + (4 + NB) * TB;   /* [NB buffers][tile] */
-    __shared__ int sDocT[2][WB_KT];
+    __shared__ int sDocT[NC][WB_KT];
     __shared__ __align__(16) float sLse[2][WB_ROWS];   /* FM: read as float2 */
     __shared__ float sDi[2][WB_ROWS];
     __shared__ int sLo[2], sHi[2], sCnt[2];
@@ -745,10 +751,7 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
     /* QR: both blocks' records (wb_qplan_kernel; {0, 0, 0, -1}, an empty range, for a block past N), read
      * before any barrier, so before this CTA's own dq stores overwrite them */
     int4 rec0 = make_int4(0, 0, 0, -1), rec1 = make_int4(0, 0, 0, -1);
-    if constexpr (PS) {
-        rec0 = sRecAll[2 * bx];
-        if (2 * bx + 1 < N) rec1 = sRecAll[2 * bx + 1];
-    } else if constexpr (QR) {
+    if constexpr (QR) {
         const size_t roff = (size_t)g * G * HD;
         rec0 = *reinterpret_cast<const int4 *>(dq + (size_t)(2 * bx) * B * n_h * HD + roff);
         if (2 * bx + 1 < N) rec1 = *reinterpret_cast<const int4 *>(dq + (size_t)(2 * bx + 1) * B * n_h * HD + roff);
@@ -803,8 +806,9 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
     else if (hi1 > lo1) { u_lo = lo1; u_hi = hi1; }
     const int n_ctx = (u_hi - u_lo + WB_KT - 1) / WB_KT;
     /* the block tile buffers: warpgroup 0 the extra one (NC), warpgroup 1 the context buffer the last tile
-     * does not use */
-    const int bbuf = wg ? (n_ctx & 1) : 2;   /* this warpgroup's block tile buffer */
+     * does not use (QP: the one of "tile" n_ctx in the rotation, free since tile n_ctx − 3's last reader was
+     * done, DIST = 2 iterations before the loop's last one) */
+    const int bbuf = QP ? (wg ? n_ctx % 3 : 3) : wg ? (n_ctx & 1) : 2;   /* this warpgroup's block tile buffer */
 
     auto load_tile = [&](int t, int buf) {   /* union context tile t, and its doc ids */
         const int nk = min(WB_KT, u_hi - u_lo - t * WB_KT);
@@ -824,7 +828,7 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
             const int bw = 2 * bx + w;
             bool ok = r < B && bw < N;
             size_t off = ((ok ? (size_t)T + (size_t)bw * B + r : 0) * n_kv + g) * HD + c * 8;
-            uint32_t o = (uint32_t)((w ? (n_ctx & 1) : 2) * TB) + wb_off(r, c);
+            uint32_t o = (uint32_t)((QP ? (w ? n_ctx % 3 : 3) : w ? (n_ctx & 1) : 2) * TB) + wb_off(r, c);
             mma_cp_async16(sK + o, k + off, ok ? 16 : 0);
             mma_cp_async16(sV + o, v + off, ok ? 16 : 0);
         }
@@ -832,6 +836,11 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
     if (n_ctx > 0) load_tile(0, 0);
     else load_blocks();
     mma_commit();
+    if constexpr (QP > 0) {   /* the second tile ahead: one commit group per tile, empty past the block tiles */
+        if (1 < n_ctx) load_tile(1, 1);
+        else if (1 == n_ctx) load_blocks();
+        mma_commit();
+    }
 
     float dqa[HD / 2];
 #pragma unroll
@@ -841,22 +850,30 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
     const bool ok0 = r0 < used, ok1 = r1 < used;
     const uint32_t uQ = wg_smem_u32(sQ + wg * TB), udO = wg_smem_u32(sdO + wg * TB);
     const float *lseW = sLse[wg], *diW = sDi[wg];
-    /* QL applies to the fast elementwise's real kernel only (the probes keep the loads before the products) */
-    constexpr bool LATE = QL && FM && PROBE == 0;
+    /* QP = 2's late loads apply to the fast elementwise's real kernel only (the probes: as QP = 1) */
+    constexpr bool LATE = QP == 2 && FM && PROBE == 0;
     for (int t = 0; t <= n_ctx; t++) {   /* t == n_ctx: the block tiles */
-        mma_wait<0>();
+        /* tile t's group done (QP: tile t + 1's, the latest, may still be in flight) */
+        if constexpr (QP > 0) mma_wait<1>();
+        else mma_wait<0>();
         wg_fence_async_smem();
         __syncthreads();   /* tile t visible; everyone is done with tile t - 1's buffer */
-        /* the next tile's loads, into tile t - 1's buffer (LATE: from wb_dq_tile_f's hook, after this tile's S
-         * and dP are issued, or at once when the warpgroup has no product for this tile) */
+        /* the loads of tile t + DIST, into tile t - 1's buffer (LATE: from wb_dq_tile_f's hook, after this
+         * tile's S and dP are issued, or at once when the warpgroup has no product for this tile); every
+         * thread commits exactly one group per iteration */
         auto issue_loads = [&]() {
-            if (t + 1 < n_ctx) load_tile(t + 1, (t + 1) & 1);
-            else if (t + 1 == n_ctx) load_blocks();
+            if (t + DIST < n_ctx) load_tile(t + DIST, (t + DIST) % NC);
+            else if (t + DIST == n_ctx) load_blocks();
             mma_commit();
         };
         if constexpr (!LATE) {   /* (not through the lambda: the default's code as before) */
-            if (t + 1 < n_ctx) load_tile(t + 1, (t + 1) & 1);
-            else if (t + 1 == n_ctx) load_blocks();
+            if constexpr (QP > 0) {
+                if (t + 2 < n_ctx) load_tile(t + 2, (t + 2) % 3);
+                else if (t + 2 == n_ctx) load_blocks();
+            } else {
+                if (t + 1 < n_ctx) load_tile(t + 1, (t + 1) & 1);
+                else if (t + 1 == n_ctx) load_blocks();
+            }
             mma_commit();
         }
         const float l20 = lseW[r0] * WB_LOG2E, l21 = lseW[r1] * WB_LOG2E, di0 = diW[r0], di1 = diW[r1];
@@ -864,7 +881,7 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
         if (FM && PROBE == 0) {   /* the fast elementwise; rows past used: exponent −inf */
             const float f20 = ok0 ? l20 : __int_as_float(0x7f800000), f21 = ok1 ? l21 : __int_as_float(0x7f800000);
             if (t < n_ctx) {
-                const int buf = t & 1, key0 = u_lo + t * WB_KT;
+                const int buf = QP ? t % 3 : t & 1, key0 = u_lo + t * WB_KT;
                 const int nk = min(WB_KT, c_hi - key0), klo = max(0, c_lo - key0);
                 const uint32_t uK = wg_smem_u32(sK + buf * TB), uV = wg_smem_u32(sV + buf * TB);
                 if (nk <= klo) {
@@ -910,7 +927,7 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
             continue;
         }
         if (t < n_ctx) {
-            const int buf = t & 1, key0 = u_lo + t * WB_KT;
+            const int buf = QP ? t % 3 : t & 1, key0 = u_lo + t * WB_KT;
             const int nk = min(WB_KT, c_hi - key0), klo = max(0, c_lo - key0);
             if (nk > klo)   /* uniform per warpgroup: the tile meets its range */
                 wb_dq_tile<HD, 64, PROBE>(dqa, uQ, udO, wg_smem_u32(sK + buf * TB), wg_smem_u32(sV + buf * TB), sDocT[buf], d,
@@ -928,7 +945,7 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
                                    di0, di1, scale_log2);
         }
     }
-    if (!bok) return;   /* no barrier follows in the item (PS: both warpgroups reach the next item's) */
+    if (!bok) return;   /* no barrier follows */
     {
         float *q0 = dq + (((size_t)b * B + j0) * n_h + g * G + r0 / B) * HD + (lane & 3) * 2;
         float *q1 = dq + (((size_t)b * B + j1) * n_h + g * G + r1 / B) * HD + (lane & 3) * 2;
@@ -952,79 +969,14 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
     }
 }
 
-template <int HD, int PROBE, bool FM = false, bool QL = false, bool QR = false>
+template <int HD, int PROBE, bool FM = false, bool QR = false, int QP = 0>
 __global__ void __launch_bounds__(2 * WB_Q_THREADS, 1)
 wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
              const int32_t *doc_ids, const __nv_bfloat16 *out, const __nv_bfloat16 *dout, const float *lse, float *dq,
              float *dk, float *dv, int T, int N, int B, int n_h, int n_kv, int window, int causal, float scale_log2,
              float scale) {
-    wb_q2_item<HD, PROBE, FM, QL, QR>(q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, T, N, B, n_h, n_kv, window,
+    wb_q2_item<HD, PROBE, FM, QR, QP>(q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, T, N, B, n_h, n_kv, window,
                                       causal, scale_log2, scale, blockIdx.x, blockIdx.y);
-}
-
-/* PS (DFLASH_BA_WG_M=9: M=7 + a persistent kernel 3 with its work longest first). A cooperative launch of at
- * most one CTA per SM (all co-resident); every CTA
- *   1. copies every block's record (wb_qplan_kernel's, kv head 0's copy) into shared memory, computes each
- *      pair's work (its union range's context tiles + 1) and the order of the pairs by decreasing work (ties:
- *      lower pair first: deterministic), the same in every CTA;
- *   2. grid.sync(): from here on no CTA reads a record from dq, so dq may be overwritten;
- *   3. takes the items (rank k, kv head g) = k·n_kv + g of that order in a snake: round r, CTA c takes item
- *      r·C + c (r even) or r·C + C − 1 − c (r odd), C = gridDim.x; each item as wb_q2_kernel's CTA would
- *      (the same code, so the same bits).
- * N <= WB_PS_MAXN (the launcher falls back to M=7's kernel above). */
-constexpr int WB_PS_MAXN = 2048;
-template <int HD, int PROBE>
-__global__ void __launch_bounds__(2 * WB_Q_THREADS, 1)
-wb_q2ps_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
-               const int32_t *doc_ids, const __nv_bfloat16 *out, const __nv_bfloat16 *dout, const float *lse, float *dq,
-               float *dk, float *dv, int T, int N, int B, int n_h, int n_kv, int window, int causal, float scale_log2,
-               float scale) {
-    __shared__ int4 sRecAll[WB_PS_MAXN];
-    __shared__ int sWork[WB_PS_MAXN / 2], sOrder[WB_PS_MAXN / 2];
-    const int tid = threadIdx.x, P = (N + 1) / 2;
-    for (int b = tid; b < N; b += 2 * WB_Q_THREADS)
-        sRecAll[b] = *reinterpret_cast<const int4 *>(dq + (size_t)b * B * n_h * HD);
-    __syncthreads();
-    for (int p = tid; p < P; p += 2 * WB_Q_THREADS) {   /* kernel 3's union range and tile count */
-        const int4 r0 = sRecAll[2 * p], r1 = 2 * p + 1 < N ? sRecAll[2 * p + 1] : make_int4(0, 0, 0, -1);
-        int u_lo = 0, u_hi = 0;
-        if (r0.y > r0.x && r1.y > r1.x) { u_lo = min(r0.x, r1.x); u_hi = max(r0.y, r1.y); }
-        else if (r0.y > r0.x) { u_lo = r0.x; u_hi = r0.y; }
-        else if (r1.y > r1.x) { u_lo = r1.x; u_hi = r1.y; }
-        sWork[p] = (u_hi - u_lo + WB_KT - 1) / WB_KT + 1;
-    }
-    __syncthreads();
-    for (int p = tid; p < P; p += 2 * WB_Q_THREADS) {
-        const int w = sWork[p];
-        int rank = 0;
-        for (int i = 0; i < P; i++) {
-            const int wi = sWork[i];
-            rank += wi > w || (wi == w && i < p);
-        }
-        sOrder[rank] = p;
-    }
-    __syncthreads();
-    cooperative_groups::this_grid().sync();   /* every CTA has its records: dq is free to be overwritten */
-    const int C = gridDim.x, items = P * n_kv;
-    for (int r = 0;; r++) {
-        const int it = (r & 1) ? r * C + C - 1 - (int)blockIdx.x : r * C + (int)blockIdx.x;   /* uniform per CTA */
-        if (it >= items) break;
-        if (r) __syncthreads();   /* the previous item's readers of the shared tiles are done */
-        /* the parameters made opaque per item, so that nothing of an item is hoisted out of the loop and kept
-         * live across it (registers: the item alone is at the 255 limit) */
-        int T_ = T, N_ = N, B_ = B, nh_ = n_h, nkv_ = n_kv, w_ = window, c_ = causal;
-        float sl_ = scale_log2, sc_ = scale;
-        asm volatile("" : "+r"(T_), "+r"(N_), "+r"(B_), "+r"(nh_), "+r"(nkv_), "+r"(w_), "+r"(c_), "+f"(sl_), "+f"(sc_));
-        const __nv_bfloat16 *q_ = q, *k_ = k, *v_ = v, *o_ = out, *do_ = dout;
-        const int32_t *an_ = anchors, *di_ = doc_ids;
-        const float *l_ = lse;
-        float *dq_ = dq, *dk_ = dk, *dv_ = dv;
-        asm volatile("" : "+l"(q_), "+l"(k_), "+l"(v_), "+l"(o_), "+l"(do_), "+l"(an_), "+l"(di_), "+l"(l_), "+l"(dq_),
-                     "+l"(dk_), "+l"(dv_));
-        wb_q2_item<HD, PROBE, true, false, true, true>(q_, k_, v_, an_, di_, o_, do_, l_, dq_, dk_, dv_, T_, N_, B_,
-                                                       nh_, nkv_, w_, c_, sl_, sc_, (unsigned)sOrder[it / n_kv],
-                                                       it % n_kv, sRecAll);
-    }
 }
 
 template <typename K>
@@ -1036,9 +988,8 @@ int wb_smem_attr(K kernel, size_t smem) {
 /* the backward's options: the elementwise (DFLASH_BA_WG_M, read per call) and the bench's timing entry */
 struct wb_opts {
     bool fm;            /* the fast elementwise (default); false: DFLASH_BA_WG_M=0, the previous default (84) */
-    bool ql;            /* candidate (DFLASH_BA_WG_M=6 or 8): kernel 3's next-tile loads after each tile's S, dP */
-    bool qr;            /* candidate (DFLASH_BA_WG_M=7 or 8): kernel 3's ranges from wb_qplan_kernel's records */
-    bool ps;            /* candidate (DFLASH_BA_WG_M=9): qr + a persistent kernel 3, work longest first */
+    int qp;             /* kernel 3's K/V pipeline: 0 the default, 1 candidate DFLASH_BA_WG_M=10 (3 context
+                         * buffers, loads 2 tiles ahead), 2 candidate 11 (10 + the loads after each tile's S, dP) */
     int probe;          /* bench only (ba_wg_backward_timed, results invalid): 1 the products skipped, 2 the softmax
                          * math skipped; always 0 from ba_wg_backward */
     cudaEvent_t *ev;    /* bench only: 5 events around Di, plan, dK/dV, dQ, or NULL */
@@ -1062,14 +1013,15 @@ int wb_run_kv(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
     return 0;
 }
 
-/* kernel 3, fixed at round 3's Q=2: two blocks per CTA (wb_q2_kernel); QR: wb_qplan_kernel first */
-template <int HD, int PROBE, bool FM = false, bool QL = false, bool QR = false>
+/* kernel 3, fixed at round 3's Q=2: two blocks per CTA (wb_q2_kernel); QR (the default): wb_qplan_kernel
+ * first; QP > 0 (candidates 10, 11): two more K/V tiles of shared memory (12 tiles: 193 KB at d_h 128) */
+template <int HD, int PROBE, bool FM = false, bool QR = false, int QP = 0>
 int wb_run_q(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
              const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse, float *dq, float *dk,
              float *dv, cudaStream_t stream) {
     constexpr int QB = 2;
-    const size_t smem = 10 * (size_t)wb_tile<HD>::bytes + 1024;
-    auto kern = wb_q2_kernel<HD, PROBE, FM, QL, QR>;
+    const size_t smem = (QP ? 12 : 10) * (size_t)wb_tile<HD>::bytes + 1024;
+    auto kern = wb_q2_kernel<HD, PROBE, FM, QR, QP>;
     if (wb_smem_attr(kern, smem)) return -1;
     if (QR && c->N > 0) {
         wb_qplan_kernel<<<c->N, WB_Q_THREADS, 0, stream>>>(anchors, doc_ids, c->B, c->n_h, c->n_kv, HD, c->window, dq);
@@ -1080,38 +1032,6 @@ int wb_run_q(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf1
         (const __nv_bfloat16 *)out, (const __nv_bfloat16 *)dout, lse, dq, dk, dv, c->T, c->N, c->B, c->n_h, c->n_kv,
         c->window, c->causal, c->scale * WB_LOG2E, c->scale);
     KERNELS_CHECK_LAUNCH("ba_wg_backward q");
-    return 0;
-}
-
-/* kernel 3 as PS (DFLASH_BA_WG_M=9): wb_qplan_kernel, then wb_q2ps_kernel as a cooperative launch of
- * min(co-resident CTAs, items) CTAs; N > WB_PS_MAXN: M=7's kernel instead */
-template <int HD, int PROBE>
-int wb_run_q_ps(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
-                const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse, float *dq, float *dk,
-                float *dv, cudaStream_t stream) {
-    if (c->N > WB_PS_MAXN || c->N <= 0)
-        return wb_run_q<HD, PROBE, true, false, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
-    const size_t smem = 10 * (size_t)wb_tile<HD>::bytes + 1024;
-    auto kern = wb_q2ps_kernel<HD, PROBE>;
-    if (wb_smem_attr(kern, smem)) return -1;
-    int dev = 0, n_sm = 0, per_sm = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 2 * WB_Q_THREADS, smem);
-    if (e != cudaSuccess) return kernels_fail("ba_wg_backward: persistent dQ kernel set-up: %s", cudaGetErrorString(e));
-    if (per_sm < 1) return kernels_fail("ba_wg_backward: persistent dQ kernel: no CTA fits on an SM");
-    const long items = (long)((c->N + 1) / 2) * c->n_kv;
-    const int grid = (int)(items < (long)per_sm * n_sm ? items : (long)per_sm * n_sm);
-    wb_qplan_kernel<<<c->N, WB_Q_THREADS, 0, stream>>>(anchors, doc_ids, c->B, c->n_h, c->n_kv, HD, c->window, dq);
-    KERNELS_CHECK_LAUNCH("ba_wg_backward q plan");
-    const __nv_bfloat16 *a_q = (const __nv_bfloat16 *)q, *a_k = (const __nv_bfloat16 *)k, *a_v = (const __nv_bfloat16 *)v,
-                        *a_o = (const __nv_bfloat16 *)out, *a_do = (const __nv_bfloat16 *)dout;
-    int T = c->T, N = c->N, B = c->B, n_h = c->n_h, n_kv = c->n_kv, window = c->window, causal = c->causal;
-    float scale_log2 = c->scale * WB_LOG2E, scale = c->scale;
-    void *args[] = {&a_q, &a_k, &a_v, &anchors, &doc_ids, &a_o, &a_do, &lse, &dq, &dk, &dv, &T, &N, &B, &n_h, &n_kv,
-                    &window, &causal, &scale_log2, &scale};
-    e = cudaLaunchCooperativeKernel((const void *)kern, dim3(grid), dim3(2 * WB_Q_THREADS), args, smem, stream);
-    if (e != cudaSuccess) return kernels_fail("ba_wg_backward q (cooperative, %d CTAs): %s", grid, cudaGetErrorString(e));
     return 0;
 }
 
@@ -1152,35 +1072,31 @@ int wb_launch(const wb_opts &o, const block_attn_config *c, const bf16 *q, const
                                                            n_tiles, stream)
                         : wb_run_kv<HD, PROBE>(c, q, k, v, anchors, doc_ids, dout, lse, di, dk, dv, plan, n_tiles, stream);
     if (rc || wb_record(o, 3, stream)) return -1;
-    if ((!o.fm           ? wb_run_q<HD, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-         : o.ps         ? wb_run_q_ps<HD, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-         : o.ql && o.qr ? wb_run_q<HD, PROBE, true, true, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-         : o.ql         ? wb_run_q<HD, PROBE, true, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-         : o.qr ? wb_run_q<HD, PROBE, true, false, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-                : wb_run_q<HD, PROBE, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)) ||
+    if ((!o.fm         ? wb_run_q<HD, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
+         : o.qp == 1 ? wb_run_q<HD, PROBE, true, true, 1>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
+         : o.qp == 2 ? wb_run_q<HD, PROBE, true, true, 2>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
+                     : wb_run_q<HD, PROBE, true, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)) ||
         wb_record(o, 4, stream))
         return -1;
     return 0;
 }
 
-/* DFLASH_BA_WG_M, read per call: unset or empty the default, 0 the previous default (bench 84, bitwise equal
- * but for P below 2^-126), 6, 7, 8 this round's candidates; anything else (the retired 1-5 included) is an
- * error. DFLASH_BA_WG_KV and DFLASH_BA_WG_Q (round 3's variant knobs) are gone: unset, empty or their fixed
+/* DFLASH_BA_WG_M, read per call: unset or empty the default, 0 the previous-but-two default (bench 84,
+ * bitwise equal but for P below 2^-126), 10, 11 this round's candidates; anything else (the retired 1-9
+ * included) is an error. DFLASH_BA_WG_KV and DFLASH_BA_WG_Q (round 3's variant knobs) are gone: unset, empty or their fixed
  * value (2p, 2) are accepted, anything else is an error, so that an old script cannot believe it measures a
  * variant that no longer exists. */
 static int wb_env(wb_opts *o) {
     o->fm = true;
-    o->ql = o->qr = o->ps = false;
+    o->qp = 0;
     const char *e = getenv("DFLASH_BA_WG_M");
     if (e && e[0]) {
         if (!strcmp(e, "0")) o->fm = false;
-        else if (!strcmp(e, "6")) o->ql = true;
-        else if (!strcmp(e, "7")) o->qr = true;
-        else if (!strcmp(e, "8")) o->ql = o->qr = true;
-        else if (!strcmp(e, "9")) o->ps = true;
+        else if (!strcmp(e, "10")) o->qp = 1;
+        else if (!strcmp(e, "11")) o->qp = 2;
         else
-            return kernels_fail("ba_wg_backward: DFLASH_BA_WG_M=%s, expected unset (the default), 0 (the previous "
-                                "default) or a candidate 6, 7, 8, 9 (1-5 are retired: git e591095)",
+            return kernels_fail("ba_wg_backward: DFLASH_BA_WG_M=%s, expected unset (the default), 0 (the revert "
+                                "switch) or a candidate 10, 11 (1-5 are retired: git e591095; 6-9: git a239172)",
                                 e);
     }
     e = getenv("DFLASH_BA_WG_KV");

@@ -65,10 +65,10 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
     K1_CUDA(cudaMalloc((void **)&d_dv, 4 * nk));
     /* every kernel set of the launcher: the default (unset), then the verified ones it can be
      * reverted to (DFLASH_BLOCK_ATTN_KERNEL=6, 5, 3); then set 7's backward under DFLASH_BA_WG_M=0 (its
-     * revert switch) and the candidates 6-9 (kernels/block_attn_bwd_wg.cu), which change only the
+     * revert switch) and the candidates 10, 11 (kernels/block_attn_bwd_wg.cu), which change only the
      * schedule: bitwise equal to the default's gradients */
-    static const char *const kernels[] = {"", "6", "5", "3", "7", "7", "7", "7", "7"};
-    static const char *const wg_m[] = {NULL, NULL, NULL, NULL, "0", "6", "7", "8", "9"};
+    static const char *const kernels[] = {"", "6", "5", "3", "7", "7", "7"};
+    static const char *const wg_m[] = {NULL, NULL, NULL, NULL, "0", "10", "11"};
     const char *m_was = getenv("DFLASH_BA_WG_M");
     char *m_saved = m_was ? strdup(m_was) : NULL;
     ck_assert(unsetenv("DFLASH_BA_WG_M") == 0);   /* ki 0: set 7's default backward */
@@ -221,10 +221,10 @@ START_TEST(block_attn_gpu_rejects) {
         ck_assert_ptr_nonnull(strstr(kernels_error(), "expected 3 (the previous default)"));
     }
     unsetenv("DFLASH_BLOCK_ATTN_WG_FWD");
-    /* set 7's backward takes DFLASH_BA_WG_M unset / empty (the default), 0 (its revert switch) or a candidate
-     * 6-9: a retired value (the old default 1, the round-1 candidates 2-5) or anything else fails before any
-     * launch */
-    static const char *const m_bad[] = {"1", "2", "3", "4", "5", "10", "x"};
+    /* set 7's backward takes DFLASH_BA_WG_M unset / empty (the default), 0 (its revert switch) or a
+     * candidate 10, 11: a retired value (1-9: the old defaults and the candidates of rounds 1 and 2) or anything
+     * else fails before any launch */
+    static const char *const m_bad[] = {"1", "2", "3", "4", "5", "6", "7", "8", "9", "12", "x"};
     for (size_t i = 0; i < sizeof m_bad / sizeof m_bad[0]; i++) {
         char want[32];
         snprintf(want, sizeof want, "DFLASH_BA_WG_M=%s,", m_bad[i]);
