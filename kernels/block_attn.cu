@@ -953,8 +953,9 @@ int ba_kernel_choice(const char *who) {
 
 template <int HD>
 int ba_forward_select(int kernel, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
-                      const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, cudaStream_t stream) {
-    if (kernel == 7) return ba_wg_forward(c, q, k, v, anchors, doc_ids, out, lse, stream);
+                      const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, cudaStream_t stream,
+                      void *ws = nullptr) {   /* ws: set 7's plan workspace (block_attn_forward_ws), or NULL */
+    if (kernel == 7) return ba_wg_forward_ws(c, q, k, v, anchors, doc_ids, out, lse, ws, stream);
     if (kernel == 6) return ba_forward_pair_launch<HD>(c, q, k, v, anchors, doc_ids, out, lse, stream);
     if (kernel == 5) return ba_forward_launch<HD, false>(c, q, k, v, anchors, doc_ids, out, lse, stream);
     return ba_forward_launch<HD, true>(c, q, k, v, anchors, doc_ids, out, lse, stream);
@@ -984,6 +985,21 @@ extern "C" int block_attn_forward(const block_attn_config *c, const bf16 *d_q, c
     return c->d_h == 128 ? ba_forward_select<128>(kernel, c, d_q, d_k, d_v, d_anchors, d_doc_ids, d_out, d_lse, stream)
                          : ba_forward_select<64>(kernel, c, d_q, d_k, d_v, d_anchors, d_doc_ids, d_out, d_lse, stream);
 }
+
+#ifndef block_attn_forward   /* kernels/bench/block_attn_bench.cu includes this file in namespaces with the entry
+                                points renamed by macros: the _ws entry (C linkage) exists in the library copy only */
+extern "C" int block_attn_forward_ws(const block_attn_config *c, const bf16 *d_q, const bf16 *d_k, const bf16 *d_v,
+                                     const int32_t *d_anchors, const int32_t *d_doc_ids, bf16 *d_out, float *d_lse,
+                                     void *d_ws, cudaStream_t stream) {
+    const void *ptrs[] = {d_q, d_k, d_v, d_out, d_ws};
+    if (ba_check_device(c, ptrs, d_ws ? 5 : 4, "block_attn_forward_ws")) return -1;
+    const int kernel = ba_kernel_choice("block_attn_forward_ws");
+    if (kernel < 0) return -1;
+    return c->d_h == 128
+               ? ba_forward_select<128>(kernel, c, d_q, d_k, d_v, d_anchors, d_doc_ids, d_out, d_lse, stream, d_ws)
+               : ba_forward_select<64>(kernel, c, d_q, d_k, d_v, d_anchors, d_doc_ids, d_out, d_lse, stream, d_ws);
+}
+#endif
 
 extern "C" int block_attn_backward(const block_attn_config *c, const bf16 *d_q, const bf16 *d_k, const bf16 *d_v,
                                    const int32_t *d_anchors, const int32_t *d_doc_ids, const bf16 *d_out,

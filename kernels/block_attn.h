@@ -66,6 +66,20 @@ int block_attn_backward_ref(const block_attn_config *c, const float *q, const fl
 int block_attn_forward(const block_attn_config *c, const bf16 *d_q, const bf16 *d_k, const bf16 *d_v,
                        const int32_t *d_anchors, const int32_t *d_doc_ids, bf16 *d_out, float *d_lse,
                        cudaStream_t stream);
+/* Bytes of the workspace block_attn_forward_ws takes for config c (a function of c->N only: ~65 bytes per
+ * block, 16-byte multiple); 0 when c is NULL or c->N <= 0. Host only, no CUDA call. */
+size_t block_attn_forward_workspace_bytes(const block_attn_config *c);
+/* block_attn_forward with a workspace: d_ws = block_attn_forward_workspace_bytes(c) bytes of device memory,
+ * 16-byte aligned, owned by the caller (planned memory; nothing is allocated) and not initialised. Kernel set 7
+ * then plans the call on the GPU first (each block group's key ranges once for all kv heads, the groups
+ * ordered longest first) and runs the main kernel on that plan: out and lse are bitwise equal to
+ * block_attn_forward's. The workspace is scratch of this one call: it may be reused by the next call on the
+ * same stream (calls on one stream are ordered) but not by calls in flight on other streams at the same
+ * time. d_ws NULL is block_attn_forward; sets 3, 5 and 6 ignore d_ws. Same preconditions, asynchrony and
+ * errors as block_attn_forward (plus d_ws alignment). */
+int block_attn_forward_ws(const block_attn_config *c, const bf16 *d_q, const bf16 *d_k, const bf16 *d_v,
+                          const int32_t *d_anchors, const int32_t *d_doc_ids, bf16 *d_out, float *d_lse, void *d_ws,
+                          cudaStream_t stream);
 /* Device backward (kernel set from DFLASH_BLOCK_ATTN_KERNEL, as the forward): writes fp32 dq
  * (N·B, n_h, d_h), dk and dv (T + N·B, n_kv, d_h), every element (overwritten, not accumulated). Deterministic: no atomics, dK/dV of a key are summed over the blocks
  * that see it in block order. dq doubles as scratch during the call (its first n_h·N·B floats hold

@@ -23,48 +23,36 @@
  *      them) with kernel 2's visit on the block tile. Di is recomputed here from O and dO, because other
  *      CTAs overwrite the dq scratch. K/V tiles double buffered by cp.async (one barrier per tile); the
  *      block tile's S, dP, dQ products use N = 16 or 32 keys when B fits (wb_dq_tile<HD, NKEY>).
- * Configuration (fixed since the clean-up of b94183e; measured on the H200 2026-11-29, RESULTS.md):
+ * Configuration (fixed since the clean-up of b94183e; the default since git 2693407, measured on the H200
+ * 2026-11-29, RESULTS.md's sixteenth run: 0.885-0.888 ms = 200.4-201.0 TFLOP/s, dK/dV 0.352 ms, dQ 0.475 ms):
  *   kernel 2 as round 3's KV=2p: pipelined across visits (wb_kv_visit_p): a visit returns with its dK product
  *     in flight, the next visit's Sᵀ, dPᵀ queue behind it (no tensor-pipe drain at each visit's barrier);
  *     4 stages, loads 2 visits ahead, issued after the visit's Sᵀ and dPᵀ wgmmas (wb_kv_visit_p's hook) with
- *     the query rows' gmem offsets computed once per thread (LA: session 3's candidate M=3, bench 88, 0.897 ms =
- *     198 TFLOP/s, kernel 2 0.572 -> 0.351 ms);
+ *     the query rows' gmem offsets computed once per thread (LA: session 3's candidate M=3, which took
+ *     kernel 2 from 0.572 to 0.351 ms);
  *   kernel 3 as round 3's Q=2: two blocks per CTA (wb_q2_kernel), one warpgroup per block, the context K/V
- *     tiles loaded once for both (union of the two ranges); its set-up from a plan (QR: session 3's candidate
- *     M=7 of round 2, bench 92, 0.887 ms = 200.5 TFLOP/s, kernel 3 0.491 -> 0.474 ms): wb_qplan_kernel
- *     (between kernels 2 and 3) scans each block's anchor window once (not once per kv head: 8x fewer scans
- *     at the standard shape) and leaves a 16-byte record in the block's own dq rows; a kernel 3 CTA reads its
- *     two records instead of anchor -> doc id -> scan -> two barriers;
+ *     tiles loaded once for both (union of the two ranges), double buffered (tile t + 1 loaded while tile t
+ *     is used); its set-up from a plan (QR: session 3's candidate M=7 of round 2, which took kernel 3 from
+ *     0.491 to 0.474 ms): wb_qplan_kernel (between kernels 2 and 3) scans each block's anchor window once
+ *     (not once per kv head: 8x fewer scans at the standard shape) and leaves a 16-byte record in the block's
+ *     own dq rows; a kernel 3 CTA reads its two records instead of anchor -> doc id -> scan -> two barriers;
  *   the fast elementwise (FM) in kernel 2's visits and kernel 3's tiles: branch-free masks (a select per
  *     element at most, none on full dQ tiles: a block's visible context keys are one contiguous range when
  *     its document is, checked once per block; doc ids are then not read), exp2 as one FFMA + ex2.approx.ftz
  *     with lse·log2(e) precomputed (kernel 2: by the Di kernel into dq's scratch after the plan), rows past
  *     the used ones masked by an exponent of −inf, lse / Di / slots read as pairs. The same values as M=0
  *     (bitwise, except P below 2^-126, flushed to 0).
- * The one revert switch, read per call: DFLASH_BA_WG_M=0 (bench 84, KV=2p + Q=2 with the plain elementwise,
- * kernel 2's loads before the products and kernel 3's own window scan, 1.81 ms). Retired values (an error
- * now, as is anything but unset, empty, 0 or a candidate 10, 11 below): the defaults before M=3 and M=7 and
- * session 3's losing candidates M=1, 2, 4, 5 (code in git e591095) and M=6 (kernel 3's next-tile loads after
- * each tile's S, dP: 0.908 ms), 8 (6 + 7: 0.900), 9 (7 + a persistent cooperative kernel 3 taking its work
- * longest first: 0.889) (code in git a239172, whose kernels the default and M=0 keep byte for byte: cuobjdump
- * -sass compared); their numbers are in kernels/bench/RESULTS.md.
- * Candidates (session 3 round 3, helper BB3, not measured when written; schedule changes only, so bitwise equal
- * to the default expected, and the GPU test asserts it), kernel 3 only (0.474 ms of the 0.887; its floor
- * without products 0.249 vs kernel 2's 0.167, whose loads run 2 visits ahead in a 4-stage pipeline, while
- * kernel 3 double-buffers its K/V tiles: tile t + 1's load has only tile t's work to hide behind):
- *   M=10 (bench 95), QP = 1: 3 rotating context K/V buffers (+ warpgroup 0's block tile: 12 tiles of shared
- *     memory, 193 KB at d_h 128 + 2 KB static), tile t + 2 loaded right after iteration t's barrier into tile
- *     t − 1's buffer (free: every warpgroup's dQ product reading it retired before that barrier), the wait at
- *     the top of iteration t lets tile t + 1's group stay in flight (cp.async.wait_group 1; one group per
- *     thread per iteration on every path, two in the prologue). The block tiles are "tile" n_ctx: warpgroup 0's
- *     in buffer 3, warpgroup 1's in buffer n_ctx % 3 (its turn in the rotation, free since iteration
- *     n_ctx − 2's barrier). Host emulation of the buffer schedule (n_ctx 0..199: every read finds its tile
- *     landed, no buffer overwritten before its last reader's barrier, the block tiles intact for the epilogue).
- *     Loads placed as the default's (before the tile's products): kernel 3's load issue is 4 loop trips of 2
- *     cp.async per thread, and moving it behind the products (M=6) lost 0.01-0.02 ms in round 2.
- *   M=11 (bench 96), QP = 2: M=10 with the loads from wb_dq_tile_f's hook, after tile t's S and dP wgmmas are
- *     issued (round 2's M=6 placement, which the brief asked for; kept as a second data point with distance 2).
- *     Probes as M=10. 7976 SASS instructions (M=10: 6168, default 5664).
+ * The one switch, read per call: DFLASH_BA_WG_M unset or empty (the default) or 0 (the revert switch: bench
+ * 84, KV=2p + Q=2 with the plain elementwise, kernel 2's loads before the products and kernel 3's own window
+ * scan, 1.81-1.82 ms). Every other value is an error, the retired ones included: the defaults before M=3 and
+ * M=7 and session 3's losing candidates M=1, 2, 4, 5 (code in git e591095); M=6 (kernel 3's next-tile loads
+ * after each tile's S, dP: 0.908 ms), 8 (6 + 7: 0.900), 9 (7 + a persistent cooperative kernel 3 taking its
+ * work longest first: 0.889) (code in git a239172); M=10 (kernel 3's K/V tiles in 3 rotating buffers, loaded
+ * 2 tiles ahead: 0.905-0.908 ms, dQ 0.496), 11 (10 with those loads after each tile's S, dP: 0.898-0.901, dQ
+ * 0.488) (code in git 2693407: the deeper pipeline lowered kernel 3's no-product floor from 0.249 to 0.188 ms
+ * but slowed the whole kernel). Their numbers are in kernels/bench/RESULTS.md. At each clean-up the kernels
+ * the default, M=0 and the probes run stayed byte for byte those of the commit before (cuobjdump -sass
+ * compared).
  * Not done: a staged store of dQ / the block's dK, dV: each warp store already writes whole 32-byte sectors
  * (4 lanes × float2 of one row), so staging through smem would save instructions, not DRAM or L2 traffic.
  * History: the losing variants (round 1's KV=2 + Q=1, KV=1 = one warpgroup per CTA, KV=2d = 4 stages
@@ -630,15 +618,11 @@ __device__ __forceinline__ void wb_dq_tile(float *dqa, uint32_t uQ, uint32_t udO
  * of its document are contiguous: two compares per key, no doc id), 2 as 1 plus the doc id (documents not
  * contiguous: the general mask), 3 the block tile (key < nk, causal: key <= the row's slot). Rows past the
  * used ones come with l20 / l21 = +inf (exp2 gives 0), so no row test. Per element: one FFMA, one
- * MUFU.EX2, at most one select; dS = P·(dP − Di) with Di in registers.
- * F (QP = 2, DFLASH_BA_WG_M=11): after_issue() runs right after the S and dP wgmmas are issued (the caller's
- * loads of a later tile: the tensor pipe gets its work before the load issue, as kernel 2's LA); every
- * thread of the warpgroup calls it once. Returns with no wgmma in flight. */
-template <int HD, int NKEY, int KM, typename F = wb_nohook>
+ * MUFU.EX2, at most one select; dS = P·(dP − Di) with Di in registers. Returns with no wgmma in flight. */
+template <int HD, int NKEY, int KM>
 __device__ __forceinline__ void wb_dq_tile_f(float *dqa, uint32_t uQ, uint32_t udO, uint32_t uK, uint32_t uV,
                                              const int *sDocTb, int d, int nk, int klo, int j0, int j1, int causal,
-                                             float l20, float l21, float di0, float di1, float scale_log2,
-                                             F after_issue = F()) {
+                                             float l20, float l21, float di0, float di1, float scale_log2) {
     const int lane = threadIdx.x & 31;
     float s[NKEY / 2], dp[NKEY / 2];
     wg_acc_fence<HD / 2>(dqa);
@@ -647,7 +631,6 @@ __device__ __forceinline__ void wb_dq_tile_f(float *dqa, uint32_t uQ, uint32_t u
     wg_commit();   /* group 1: S */
     wg_mma_ss_kk<NKEY, HD>(dp, udO, WB_PANEL, uV, WB_PANEL, false);
     wg_commit();   /* group 2: dP */
-    after_issue();
     wg_wait<1>();
     wg_acc_fence<NKEY / 2>(s);
 #pragma unroll
@@ -715,29 +698,23 @@ __global__ void __launch_bounds__(128) wb_qplan_kernel(const int32_t *anchors, c
  * wb_qplan_kernel's records instead of the anchor -> doc id -> window scan (two dependent loads, a scan, two
  * barriers); !QR (DFLASH_BA_WG_M=0) scans. */
 /* One work item of kernel 3: blocks 2·bx, 2·bx + 1 and kv head g (the kernel's blockIdx.x, blockIdx.y).
- * All 256 threads call it. QP (FM only): 0 the default's K/V pipeline (2 context buffers, tile t + 1 loaded
- * while tile t is used); 1 (DFLASH_BA_WG_M=10) 3 context buffers, tile t + 2 loaded right after iteration
- * t's barrier into tile t − 1's buffer; 2 (DFLASH_BA_WG_M=11) as 1 with the loads from wb_dq_tile_f's hook,
- * after tile t's S and dP wgmmas are issued (the probes: as 1). */
-template <int HD, int PROBE, bool FM, bool QR, int QP = 0>
+ * All 256 threads call it. K/V tiles double buffered: tile t + 1 loaded while tile t is used (round 3's
+ * distance-2 pipeline, M=10 / 11, lost: git 2693407). */
+template <int HD, int PROBE, bool FM, bool QR>
 __device__ __forceinline__ void
 wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
            const int32_t *doc_ids, const __nv_bfloat16 *out, const __nv_bfloat16 *dout, const float *lse, float *dq,
            float *dk, float *dv, int T, int N, int B, int n_h, int n_kv, int window, int causal, float scale_log2,
            float scale, const unsigned bx, const int g) {
-    static_assert(QP == 0 || FM, "the distance-2 K/V pipeline (QP) is a candidate on the fast elementwise only");
     constexpr int CH = HD / 8, TB = wb_tile<HD>::bytes, NT = 2 * WB_Q_THREADS;
-    /* K/V buffers: NC rotating context buffers + 1 (warpgroup 0's block tile, buffer NC); QP: tiles are loaded
-     * DIST ahead */
-    constexpr int NC = QP ? 3 : 2, DIST = QP ? 2 : 1;
-    constexpr int NB = NC + 1;
+    constexpr int NB = 3;   /* K/V buffers: 2 rotating context buffers + warpgroup 0's block tile (buffer 2) */
     extern __shared__ unsigned char wb_smem_raw[];
     unsigned char *sm = wb_align1024(wb_smem_raw);
     unsigned char *sQ = sm;             /* [2 warpgroups][tile] */
     unsigned char *sdO = sm + 2 * TB;   /* [2 warpgroups][tile] */
     unsigned char *sK = sm + 4 * TB;    /* [NB buffers][tile] */
     unsigned char *sV = sm + (4 + NB) * TB;   /* [NB buffers][tile] */
-    __shared__ int sDocT[NC][WB_KT];
+    __shared__ int sDocT[2][WB_KT];
     __shared__ __align__(16) float sLse[2][WB_ROWS];   /* FM: read as float2 */
     __shared__ float sDi[2][WB_ROWS];
     __shared__ int sLo[2], sHi[2], sCnt[2];
@@ -805,10 +782,7 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
     else if (hi0 > lo0) { u_lo = lo0; u_hi = hi0; }
     else if (hi1 > lo1) { u_lo = lo1; u_hi = hi1; }
     const int n_ctx = (u_hi - u_lo + WB_KT - 1) / WB_KT;
-    /* the block tile buffers: warpgroup 0 the extra one (NC), warpgroup 1 the context buffer the last tile
-     * does not use (QP: the one of "tile" n_ctx in the rotation, free since tile n_ctx − 3's last reader was
-     * done, DIST = 2 iterations before the loop's last one) */
-    const int bbuf = QP ? (wg ? n_ctx % 3 : 3) : wg ? (n_ctx & 1) : 2;   /* this warpgroup's block tile buffer */
+    const int bbuf = wg ? (n_ctx & 1) : 2;   /* this warpgroup's block tile buffer */
 
     auto load_tile = [&](int t, int buf) {   /* union context tile t, and its doc ids */
         const int nk = min(WB_KT, u_hi - u_lo - t * WB_KT);
@@ -828,7 +802,7 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
             const int bw = 2 * bx + w;
             bool ok = r < B && bw < N;
             size_t off = ((ok ? (size_t)T + (size_t)bw * B + r : 0) * n_kv + g) * HD + c * 8;
-            uint32_t o = (uint32_t)((QP ? (w ? n_ctx % 3 : 3) : w ? (n_ctx & 1) : 2) * TB) + wb_off(r, c);
+            uint32_t o = (uint32_t)((w ? (n_ctx & 1) : 2) * TB) + wb_off(r, c);
             mma_cp_async16(sK + o, k + off, ok ? 16 : 0);
             mma_cp_async16(sV + o, v + off, ok ? 16 : 0);
         }
@@ -836,11 +810,6 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
     if (n_ctx > 0) load_tile(0, 0);
     else load_blocks();
     mma_commit();
-    if constexpr (QP > 0) {   /* the second tile ahead: one commit group per tile, empty past the block tiles */
-        if (1 < n_ctx) load_tile(1, 1);
-        else if (1 == n_ctx) load_blocks();
-        mma_commit();
-    }
 
     float dqa[HD / 2];
 #pragma unroll
@@ -850,67 +819,35 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
     const bool ok0 = r0 < used, ok1 = r1 < used;
     const uint32_t uQ = wg_smem_u32(sQ + wg * TB), udO = wg_smem_u32(sdO + wg * TB);
     const float *lseW = sLse[wg], *diW = sDi[wg];
-    /* QP = 2's late loads apply to the fast elementwise's real kernel only (the probes: as QP = 1) */
-    constexpr bool LATE = QP == 2 && FM && PROBE == 0;
     for (int t = 0; t <= n_ctx; t++) {   /* t == n_ctx: the block tiles */
-        /* tile t's group done (QP: tile t + 1's, the latest, may still be in flight) */
-        if constexpr (QP > 0) mma_wait<1>();
-        else mma_wait<0>();
+        mma_wait<0>();   /* tile t's group done */
         wg_fence_async_smem();
         __syncthreads();   /* tile t visible; everyone is done with tile t - 1's buffer */
-        /* the loads of tile t + DIST, into tile t - 1's buffer (LATE: from wb_dq_tile_f's hook, after this
-         * tile's S and dP are issued, or at once when the warpgroup has no product for this tile); every
-         * thread commits exactly one group per iteration */
-        auto issue_loads = [&]() {
-            if (t + DIST < n_ctx) load_tile(t + DIST, (t + DIST) % NC);
-            else if (t + DIST == n_ctx) load_blocks();
-            mma_commit();
-        };
-        if constexpr (!LATE) {   /* (not through the lambda: the default's code as before) */
-            if constexpr (QP > 0) {
-                if (t + 2 < n_ctx) load_tile(t + 2, (t + 2) % 3);
-                else if (t + 2 == n_ctx) load_blocks();
-            } else {
-                if (t + 1 < n_ctx) load_tile(t + 1, (t + 1) & 1);
-                else if (t + 1 == n_ctx) load_blocks();
-            }
-            mma_commit();
-        }
+        /* the loads of tile t + 1, into tile t - 1's buffer */
+        if (t + 1 < n_ctx) load_tile(t + 1, (t + 1) & 1);
+        else if (t + 1 == n_ctx) load_blocks();
+        mma_commit();
         const float l20 = lseW[r0] * WB_LOG2E, l21 = lseW[r1] * WB_LOG2E, di0 = diW[r0], di1 = diW[r1];
         if (PROBE == 1) continue;
         if (FM && PROBE == 0) {   /* the fast elementwise; rows past used: exponent −inf */
             const float f20 = ok0 ? l20 : __int_as_float(0x7f800000), f21 = ok1 ? l21 : __int_as_float(0x7f800000);
             if (t < n_ctx) {
-                const int buf = QP ? t % 3 : t & 1, key0 = u_lo + t * WB_KT;
+                const int buf = t & 1, key0 = u_lo + t * WB_KT;
                 const int nk = min(WB_KT, c_hi - key0), klo = max(0, c_lo - key0);
                 const uint32_t uK = wg_smem_u32(sK + buf * TB), uV = wg_smem_u32(sV + buf * TB);
                 if (nk <= klo) {
                     /* the tile misses this warpgroup's range */
-                    if constexpr (LATE) issue_loads();
                 } else if (contig && klo == 0 && nk == WB_KT) {
-                    if constexpr (LATE)
-                        wb_dq_tile_f<HD, 64, 0>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
-                                                di1, scale_log2, issue_loads);
-                    else
-                        wb_dq_tile_f<HD, 64, 0>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
-                                                di1, scale_log2);
+                    wb_dq_tile_f<HD, 64, 0>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
+                                            di1, scale_log2);
                 } else if (contig) {
-                    if constexpr (LATE)
-                        wb_dq_tile_f<HD, 64, 1>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
-                                                di1, scale_log2, issue_loads);
-                    else
-                        wb_dq_tile_f<HD, 64, 1>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
-                                                di1, scale_log2);
+                    wb_dq_tile_f<HD, 64, 1>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
+                                            di1, scale_log2);
                 } else {
-                    if constexpr (LATE)
-                        wb_dq_tile_f<HD, 64, 2>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
-                                                di1, scale_log2, issue_loads);
-                    else
-                        wb_dq_tile_f<HD, 64, 2>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
-                                                di1, scale_log2);
+                    wb_dq_tile_f<HD, 64, 2>(dqa, uQ, udO, uK, uV, sDocT[buf], d, nk, klo, j0, j1, causal, f20, f21, di0,
+                                            di1, scale_log2);
                 }
             } else {
-                if constexpr (LATE) issue_loads();   /* nothing left to load: the (empty) commit group only */
                 if (bok) {
                     const uint32_t uK = wg_smem_u32(sK + bbuf * TB), uV = wg_smem_u32(sV + bbuf * TB);
                     if (B > 32)
@@ -927,7 +864,7 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
             continue;
         }
         if (t < n_ctx) {
-            const int buf = QP ? t % 3 : t & 1, key0 = u_lo + t * WB_KT;
+            const int buf = t & 1, key0 = u_lo + t * WB_KT;
             const int nk = min(WB_KT, c_hi - key0), klo = max(0, c_lo - key0);
             if (nk > klo)   /* uniform per warpgroup: the tile meets its range */
                 wb_dq_tile<HD, 64, PROBE>(dqa, uQ, udO, wg_smem_u32(sK + buf * TB), wg_smem_u32(sV + buf * TB), sDocT[buf], d,
@@ -969,14 +906,14 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
     }
 }
 
-template <int HD, int PROBE, bool FM = false, bool QR = false, int QP = 0>
+template <int HD, int PROBE, bool FM = false, bool QR = false>
 __global__ void __launch_bounds__(2 * WB_Q_THREADS, 1)
 wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
              const int32_t *doc_ids, const __nv_bfloat16 *out, const __nv_bfloat16 *dout, const float *lse, float *dq,
              float *dk, float *dv, int T, int N, int B, int n_h, int n_kv, int window, int causal, float scale_log2,
              float scale) {
-    wb_q2_item<HD, PROBE, FM, QR, QP>(q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, T, N, B, n_h, n_kv, window,
-                                      causal, scale_log2, scale, blockIdx.x, blockIdx.y);
+    wb_q2_item<HD, PROBE, FM, QR>(q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, T, N, B, n_h, n_kv, window,
+                                  causal, scale_log2, scale, blockIdx.x, blockIdx.y);
 }
 
 template <typename K>
@@ -987,9 +924,7 @@ int wb_smem_attr(K kernel, size_t smem) {
 
 /* the backward's options: the elementwise (DFLASH_BA_WG_M, read per call) and the bench's timing entry */
 struct wb_opts {
-    bool fm;            /* the fast elementwise (default); false: DFLASH_BA_WG_M=0, the previous default (84) */
-    int qp;             /* kernel 3's K/V pipeline: 0 the default, 1 candidate DFLASH_BA_WG_M=10 (3 context
-                         * buffers, loads 2 tiles ahead), 2 candidate 11 (10 + the loads after each tile's S, dP) */
+    bool fm;            /* the default (fast elementwise, LA, QR); false: DFLASH_BA_WG_M=0, the revert switch (84) */
     int probe;          /* bench only (ba_wg_backward_timed, results invalid): 1 the products skipped, 2 the softmax
                          * math skipped; always 0 from ba_wg_backward */
     cudaEvent_t *ev;    /* bench only: 5 events around Di, plan, dK/dV, dQ, or NULL */
@@ -1014,14 +949,14 @@ int wb_run_kv(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
 }
 
 /* kernel 3, fixed at round 3's Q=2: two blocks per CTA (wb_q2_kernel); QR (the default): wb_qplan_kernel
- * first; QP > 0 (candidates 10, 11): two more K/V tiles of shared memory (12 tiles: 193 KB at d_h 128) */
-template <int HD, int PROBE, bool FM = false, bool QR = false, int QP = 0>
+ * first */
+template <int HD, int PROBE, bool FM = false, bool QR = false>
 int wb_run_q(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
              const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse, float *dq, float *dk,
              float *dv, cudaStream_t stream) {
     constexpr int QB = 2;
-    const size_t smem = (QP ? 12 : 10) * (size_t)wb_tile<HD>::bytes + 1024;
-    auto kern = wb_q2_kernel<HD, PROBE, FM, QR, QP>;
+    const size_t smem = 10 * (size_t)wb_tile<HD>::bytes + 1024;
+    auto kern = wb_q2_kernel<HD, PROBE, FM, QR>;
     if (wb_smem_attr(kern, smem)) return -1;
     if (QR && c->N > 0) {
         wb_qplan_kernel<<<c->N, WB_Q_THREADS, 0, stream>>>(anchors, doc_ids, c->B, c->n_h, c->n_kv, HD, c->window, dq);
@@ -1072,31 +1007,25 @@ int wb_launch(const wb_opts &o, const block_attn_config *c, const bf16 *q, const
                                                            n_tiles, stream)
                         : wb_run_kv<HD, PROBE>(c, q, k, v, anchors, doc_ids, dout, lse, di, dk, dv, plan, n_tiles, stream);
     if (rc || wb_record(o, 3, stream)) return -1;
-    if ((!o.fm         ? wb_run_q<HD, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-         : o.qp == 1 ? wb_run_q<HD, PROBE, true, true, 1>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-         : o.qp == 2 ? wb_run_q<HD, PROBE, true, true, 2>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-                     : wb_run_q<HD, PROBE, true, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)) ||
+    if ((o.fm ? wb_run_q<HD, PROBE, true, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
+              : wb_run_q<HD, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)) ||
         wb_record(o, 4, stream))
         return -1;
     return 0;
 }
 
-/* DFLASH_BA_WG_M, read per call: unset or empty the default, 0 the previous-but-two default (bench 84,
- * bitwise equal but for P below 2^-126), 10, 11 this round's candidates; anything else (the retired 1-9
- * included) is an error. DFLASH_BA_WG_KV and DFLASH_BA_WG_Q (round 3's variant knobs) are gone: unset, empty or their fixed
+/* DFLASH_BA_WG_M, read per call: unset or empty the default, 0 the revert switch (bench 84, bitwise equal
+ * but for P below 2^-126); anything else (the retired 1-11 included) is an error. DFLASH_BA_WG_KV and DFLASH_BA_WG_Q (round 3's variant knobs) are gone: unset, empty or their fixed
  * value (2p, 2) are accepted, anything else is an error, so that an old script cannot believe it measures a
  * variant that no longer exists. */
 static int wb_env(wb_opts *o) {
     o->fm = true;
-    o->qp = 0;
     const char *e = getenv("DFLASH_BA_WG_M");
     if (e && e[0]) {
         if (!strcmp(e, "0")) o->fm = false;
-        else if (!strcmp(e, "10")) o->qp = 1;
-        else if (!strcmp(e, "11")) o->qp = 2;
         else
-            return kernels_fail("ba_wg_backward: DFLASH_BA_WG_M=%s, expected unset (the default), 0 (the revert "
-                                "switch) or a candidate 10, 11 (1-5 are retired: git e591095; 6-9: git a239172)",
+            return kernels_fail("ba_wg_backward: DFLASH_BA_WG_M=%s, expected unset or empty (the default) or 0 (the "
+                                "revert switch); retired values: 1-5 git e591095, 6-9 git a239172, 10-11 git 2693407",
                                 e);
     }
     e = getenv("DFLASH_BA_WG_KV");

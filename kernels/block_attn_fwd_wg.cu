@@ -45,35 +45,46 @@
  *
  * Invariants: every wgmma / fence / commit / wait is executed by all 128 threads of a warpgroup
  * (every branch around them is warpgroup-uniform); accumulator arrays have compile-time indices
- * (ptxas, d_h 128: no spills, no serialized-wgmma notes; registers 159 ("3x"), 158 ("3"); the cap is
- * 168 at 3 warpgroups).
+ * (ptxas: no spills, no serialized-wgmma notes; the cap is 168 registers at 3 warpgroups).
  * Shared memory: 3 Q tiles of 64 × d_h + 2·NST K/V tiles of 64 × d_h bf16 + 1 KB: 177 KB at d_h 128
  * — one CTA per SM, which registers impose anyway.
  *
- * Session 3 candidates (helper BF; template flags, selected by DFLASH_BLOCK_ATTN_WG_FWD = 10 .. 18, see
- * ba_wg_forward; none is the default yet; notes in .helpers/notes-bf.md). All keep the per-row arithmetic and
- * its order, so out and lse are bitwise equal to the default's (the bench's BA_FWD_TRACE=1 report checks it
- * at full size and on 11 small shapes):
- *   EPI:  the epilogue staged in the warpgroup's own Q tile (free once its last wgmma is waited; same
- *         swizzled layout, conflict-free 4-byte writes), a named barrier per warpgroup, then 16-byte stores
- *         (16 threads per 256-byte output row) instead of 4-byte stores in half-sector pieces.
- *   MBAR: per-stage mbarriers instead of the CTA-wide __syncthreads per tile, so warpgroups drift up to a
- *         tile apart and their S / softmax / P·V phases interleave. empty[s] (12 arrivals: lane 0 of each warp
- *         after the wait that retires its P·V of the stage's tile) gates the refill of tile u = t + 2 (it
- *         waits the release of tile u - 4, parity (u/4 - 1) & 1); full[s] (384 arrivals) gates the read of
- *         tile t (parity (t/4) & 1). MBAR 1: cp.async.mbarrier.arrive.noinc right after the loads, consumer-
- *         side fence.proxy.async after the wait (relies on the proxy fence being cumulative over the acquire);
- *         MBAR 2: each thread waits its own part of tile t + 1 at step t, fences (writer side, the verified
- *         wgmma.cuh protocol) and arrives plainly: one step less prefetch slack. Both protocols were emulated
- *         on the host (random interleavings, asynchronous completion, 1..100 tiles): no deadlock, no read
- *         before a tile landed, no refill while any warp may still read the stage.
- *   H2:   one CTA walks the same 3 blocks for 2 kv heads (grid y = ceil(n_kv / 2)): set-up once, both heads'
- *         Q loaded at entry (the second Q set takes 48 KB more: 225 KB + 1.6 KB static <= 227 KB at d_h 128),
- *         one stream of 2·n_tiles tiles, so the second head's first K/V tiles are prefetched under the first
- *         head's last ones; at the switch each warpgroup waits its P·V, writes out / lse of the first head and
- *         resets o, m, l.
- *   TRACE (bench only, ba_wg_forward_traced): %globaltimer / clock64 stamps per CTA (layout in block_attn_wg.h).
- * ptxas, d_h 128: default 159 registers, "3" 158 (unchanged); candidates 162-168, no spills, no C7510/C7511.
+ * Epilogue (session 3, round-1 value 10, the default since): out staged in the warpgroup's own Q tile (free
+ * once its last wgmma is waited; same swizzled layout, conflict-free 4-byte writes), a named barrier per
+ * warpgroup, then 16-byte stores (16 threads per 256-byte output row) instead of 4-byte stores in
+ * half-sector pieces. H200: 0.299 ms = 237.8 TFLOP/s against 0.311 ms unstaged. "3" keeps the 4-byte stores.
+ *
+ * Plan path (block_attn_forward_ws, kernels/block_attn.h: d_ws != NULL). The set-up above costs ~4.6 µs per
+ * CTA (~48 µs per SM at the standard shape, ~10 CTAs per SM) and is the same for every kv head of a block
+ * group; CTAs in (group, head) order leave a ~44 µs tail (traced, H200). So: wf_plan_kernel (one CTA of 384
+ * threads per group of 3 blocks: wf_setup itself, the same thread count, so the same record) writes one
+ * 96-byte record per group (sLo, sHi, the merged segments, their count, the context tile count, the
+ * contiguity flag, the blocks' doc ids, the tile count, the group) and the group's tile count;
+ * wf_order_kernel (one CTA, PDL) ranks the groups by decreasing tile count, ties by group index, and copies
+ * each record to its rank's slot; the main kernel (PDL, griddepcontrol.wait first) maps blockIdx.x ->
+ * (rank blockIdx.x / n_kv, kv head blockIdx.x % n_kv), so the hardware's in-order dispatch is a
+ * longest-first list schedule, and its set-up is one 96-byte load and a barrier before the Q and first
+ * K/V loads. Same per-row arithmetic as the in-kernel path: out and lse bitwise equal (the bench's
+ * BA_FWD_TRACE=1 report and the GPU test compare them).
+ *
+ * Candidate 20 (DFLASH_BLOCK_ATTN_WG_FWD=20, plan path only; without a workspace it is the default):
+ * persistent CTAs (grid = #SMs) walking the ranked items in a snake (CTA c: items j·P + c for even j,
+ * j·P + P-1-c for odd j: balances the sorted sizes; python check: every item exactly once, max load ~3%
+ * over the mean against ~1.5% for a dynamic queue). Two Q sets (225 KB + 1.2 KB static at d_h 128) and
+ * two record slots: the next item's record is read into registers at an item's start; after its tile walk
+ * (every wgmma and cp.async drained) one barrier publishes that record, the next item's Q and first two
+ * K/V tiles are issued (the same three cp.async groups as a fresh CTA's prologue), and only then the
+ * item's epilogue runs, so those loads overlap it; no CTA launch or set-up between items. Same arithmetic.
+ *
+ * History: session 3's round-1 candidates (DFLASH_BLOCK_ATTN_WG_FWD 11-18: per-stage mbarriers instead of
+ * the per-tile __syncthreads in two protocols, two kv heads per CTA, their combinations with the staged
+ * epilogue) lost on the H200 (0.309-0.347 ms against 0.299 for the staged epilogue alone) and were deleted
+ * from this file: their code is in git commit 4dc63f4 (with the phase trace and value 10), their numbers in
+ * kernels/bench/RESULTS.md.
+ *
+ * TRACE (bench only, ba_wg_forward_traced): %globaltimer / clock64 stamps per CTA (layout in block_attn_wg.h).
+ * ptxas, d_h 128: default 164 registers (plan path 163), "3" 159 (161), 20 166; plan kernels 56 and 34; no
+ * spills, no C7510/C7511.
  */
 #include "kernels/block_attn_wg.h"
 #include "kernels/mma.cuh"
@@ -111,23 +122,6 @@ __device__ __forceinline__ void wf_cp4(uint32_t saddr, const void *g, bool ok) {
                  : "memory");
 }
 
-/* mbarrier helpers (candidate MBAR, DFLASH_BLOCK_ATTN_WG_FWD=11/12) and the trace clock */
-__device__ __forceinline__ void wf_mbar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-/* the executing thread's earlier cp.async ops arrive on bar when they complete (count pre-set, no increment) */
-__device__ __forceinline__ void wf_mbar_cp_arrive(uint32_t bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void wf_mbar_arrive(uint32_t bar) {
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-/* blocks until the phase of parity `parity` of bar has completed (acquire, CTA scope) */
-__device__ __forceinline__ void wf_mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile("{\n.reg .pred p;\nWF_WAIT_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WF_WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-}
 __device__ __forceinline__ unsigned long long wf_gtime() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
@@ -376,21 +370,106 @@ __device__ __forceinline__ int wf_setup(const int32_t *anchors, const int32_t *d
     return d;
 }
 
-template <int HD, int NWG, bool FAST, bool EPI, int MBAR, bool H2, bool TRACE>
+/* The plan record of one block group (the CTA's NWG = 3 blocks), as wf_setup leaves it in shared memory,
+ * plus the group's tile count and index: ints, WF_REC per group (96 bytes, 16-byte aligned: int4 copies). */
+constexpr int WR_LO = 0, WR_HI = 3, WR_SEG = 6, WR_NSEG = 15, WR_NCTX = 16, WR_CONT = 17, WR_D = 18, WR_NT = 21,
+              WR_GRP = 22;
+constexpr int WF_REC = 24;
+constexpr int WF_GROUP = 3;   /* blocks per CTA (NWG of every launch) */
+
+/* Workspace layout (block_attn_forward_workspace_bytes), ints: the records by group (n_grp × WF_REC, pass 1),
+ * the groups' tile counts (n_grp, rounded up to 4), the records by rank, longest group first (n_grp × WF_REC,
+ * pass 2; what the main kernel reads). */
+inline size_t wf_ws_ints(int n_grp) { return 2 * (size_t)n_grp * WF_REC + (((size_t)n_grp + 3) & ~(size_t)3); }
+
+/* Plan, pass 1: one CTA of NWG·128 threads per block group runs wf_setup (the same function, the same
+ * thread count as the main kernel's in-kernel set-up, so the record is what the main kernel would compute)
+ * and writes its record and its tile count (context tiles + block tiles: the CTA's work). */
+template <int NWG>
+__global__ void __launch_bounds__(NWG * 128)
+wf_plan_kernel(const int32_t *anchors, const int32_t *doc_ids, int N, int B, int window, int *rec, int *ntiles) {
+    __shared__ int sPart[NWG * 4][NWG][3];
+    __shared__ __align__(16) int sRec[WF_REC];
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");   /* the order kernel waits for our end */
+    const int tid = threadIdx.x, grp = blockIdx.x;
+    const int b0 = grp * NWG, nb = min(NWG, N - b0);
+    if (tid < WF_REC) sRec[tid] = 0;   /* ordered before warp 0's writes by wf_setup's first barrier */
+    const int d = wf_setup<NWG>(anchors, doc_ids, b0, nb, window, sPart, sRec + WR_LO, sRec + WR_HI,
+                                (int(*)[3])(sRec + WR_SEG), sRec[WR_NSEG], sRec[WR_NCTX], sRec[WR_CONT]);
+    if ((tid & 127) == 0) sRec[WR_D + (tid >> 7)] = d;
+    if (tid == 0) {
+        const int BP = B <= 16 ? 16 : B <= 32 ? 32 : 64, per = WF_KT / BP;   /* as the main kernel */
+        sRec[WR_NT] = sRec[WR_NCTX] + (nb + per - 1) / per;
+        sRec[WR_GRP] = grp;
+        ntiles[grp] = sRec[WR_NT];
+    }
+    __syncthreads();
+    if (tid < WF_REC / 4) ((int4 *)(rec + (size_t)grp * WF_REC))[tid] = ((const int4 *)sRec)[tid];
+}
+
+/* Plan, pass 2 (one CTA, launched with PDL behind pass 1): the rank of every group by decreasing tile count,
+ * ties by group index (a strict total order, so the ranks are a permutation; deterministic), and its record
+ * copied to srec[rank]. */
+constexpr int WF_ORD_THREADS = 1024, WF_ORD_CHUNK = 4096;
+__global__ void __launch_bounds__(WF_ORD_THREADS)
+wf_order_kernel(const int *rec, const int *ntiles, int n, int *srec) {
+    __shared__ int sK[WF_ORD_CHUNK];
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");   /* the main kernel waits for our end */
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");               /* pass 1 complete, its writes visible */
+    for (int gb = 0; gb < n; gb += WF_ORD_THREADS) {
+        const int g = gb + (int)threadIdx.x;
+        const int key = g < n ? __ldcg(ntiles + g) : 0;   /* L2 (.cg): written by pass 1 */
+        int rank = 0;
+        for (int c0 = 0; c0 < n; c0 += WF_ORD_CHUNK) {
+            const int cn = min(WF_ORD_CHUNK, n - c0);
+            __syncthreads();
+            for (int i = threadIdx.x; i < cn; i += WF_ORD_THREADS) sK[i] = __ldcg(ntiles + c0 + i);
+            __syncthreads();
+            if (g < n)
+                for (int j = 0; j < cn; j++) {
+                    const int kj = sK[j];
+                    rank += kj > key || (kj == key && c0 + j < g);
+                }
+        }
+        if (g < n)
+#pragma unroll
+            for (int i = 0; i < WF_REC / 4; i++)
+                ((int4 *)(srec + (size_t)rank * WF_REC))[i] = __ldcg((const int4 *)(rec + (size_t)g * WF_REC) + i);
+    }
+}
+
+/* One work item of the main kernel: a block group's set-up (in shared memory) for one kv head. */
+struct wf_item {
+    int b0, nb, g0, n_ctx, n_seg;
+    bool by_range;        /* FAST and every block's document contiguous: no doc ids loaded */
+    const int (*seg)[3];  /* merged segments (shared memory): first key, end key, first tile */
+};
+
+/* The main kernel. Without PLAN: grid (groups, n_kv), wf_setup in the kernel. PLAN: launched with PDL behind
+ * the plan (plan = the records by rank); blockIdx.x = rank · n_kv + kv head, so the CTAs start longest
+ * group first; the set-up is one 96-byte record load. PERS (with PLAN; value 20): grid = min(#SMs, items),
+ * CTA c walks items j·P + (j even ? c : P - 1 - c) (P = gridDim.x; a snake over the ranks, which balances
+ * the sorted sizes); at the end of an item's tile walk it loads the next item's record (read at the item's
+ * start into registers), issues the next item's Q (second Q set) and first two K/V tiles, and only then
+ * writes the item's out / lse, so those loads overlap the epilogue. Same per-row arithmetic in every mode. */
+template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool PERS, bool TRACE>
 __global__ void __launch_bounds__(NWG * 128, 1)
 ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
                      const int32_t *doc_ids, __nv_bfloat16 *out, float *lse, int T, int N, int B, int n_h, int n_kv,
-                     int window, int causal, float sl2, unsigned long long *trace) {
+                     int window, int causal, float sl2, const int *plan, unsigned long long *trace) {
     using C = wf_cfg<HD, NWG>;
     constexpr int CH = HD / 8, THREADS = C::THREADS, TILE = C::TILE, NST = C::NST, QTILE = C::QTILE;
     constexpr int KPANEL = C::KPANEL, KT = C::KT;
+    constexpr int NQ = PERS ? 2 : 1;   /* Q sets (PERS: the next item's Q lands during this item's epilogue) */
+    static_assert(!PLAN || NWG == WF_GROUP, "the plan's groups are WF_GROUP blocks");
+    static_assert(!PERS || (PLAN && !TRACE), "the persistent kernel runs on the plan, untraced");
     extern __shared__ unsigned char wf_raw[];
     __shared__ int sDoc[NST][KT];   /* doc id of each key of a context tile's stage */
-    __shared__ int sPart[NWG * 4][NWG][3]; /* per warp and block: first, last key of the document, count */
-    __shared__ int sLo[NWG], sHi[NWG];    /* narrowed context range of each block: [lo, hi) */
-    __shared__ int sSeg[NWG][3];          /* merged segments: first key, end key, first tile */
-    __shared__ int sNSeg, sNCtx, sCont;
-    __shared__ __align__(8) unsigned long long sFull[NST], sEmpty[NST];   /* MBAR only */
+    __shared__ int sPart[PLAN ? 1 : NWG * 4][NWG][3]; /* per warp and block: first, last key of the document, count */
+    /* the set-up's result (the plan record's layout): narrowed context range of each block [lo, hi), merged
+     * segments (first key, end key, first tile), their count, the context tile count, the contiguity flag,
+     * the blocks' doc ids (PLAN); PERS: one per Q set */
+    __shared__ __align__(16) int sRecs[NQ][WF_REC];
     unsigned long long tr_t0 = 0, tr_c0 = 0, tr_t1 = 0, tr_wait = 0;
     if (TRACE) {
         tr_t0 = wf_gtime();
@@ -398,59 +477,47 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     }
 
     const uint32_t sbase = (wg_smem_u32(wf_raw) + 1023u) & ~1023u;
-    const uint32_t sQ = sbase;                    /* NWG tiles, one per warpgroup (H2: then the second head's) */
-    const uint32_t sKV = sbase + (H2 ? 2 : 1) * NWG * QTILE;   /* stage st: K at sKV + 2·st·TILE, V right after */
+    const uint32_t sQ = sbase;                       /* NQ sets of NWG tiles, one per warpgroup */
+    const uint32_t sKV = sbase + NQ * NWG * QTILE;   /* stage st: K at sKV + 2·st·TILE, V right after */
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
-    const int b0 = blockIdx.x * NWG, nb = min(NWG, N - b0), G = n_h / n_kv, used = G * B;
-    const int g0 = blockIdx.y * (H2 ? 2 : 1), nh = H2 ? min(2, n_kv - g0) : 1;   /* kv heads g0 .. g0 + nh - 1 */
-    const bool live = wg < nb;
-    if (MBAR && tid == 0) {
-        /* full[st]: every thread's part of the tile in stage st (MBAR 1: async arrive, no increment; 2: plain
-         * arrive after its own cp.async wait and proxy fence);
-         * empty[st]: every warp once the stage's last reader (its P·V) is done */
-        for (int s = 0; s < NST; s++) {
-            wf_mbar_init(wg_smem_u32(&sFull[s]), THREADS);
-            wf_mbar_init(wg_smem_u32(&sEmpty[s]), THREADS / 32);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }   /* visible to all after wf_setup's barriers */
+    const int G = n_h / n_kv, used = G * B;
+    const int BP = B <= 16 ? 16 : B <= 32 ? 32 : 64, per = KT / BP;   /* block keys: rows per block, blocks per tile */
+    const int n_items = (N + NWG - 1) / NWG * n_kv;
+    auto pers_item = [&](int j) {   /* PERS: the CTA's item of round j (snake order) */
+        const int P = gridDim.x, c = blockIdx.x;
+        return j * P + ((j & 1) ? P - 1 - c : c);
+    };
+    int item = PERS ? pers_item(0) : blockIdx.x;   /* PLAN: rank · n_kv + kv head */
+    int4 recv = make_int4(0, 0, 0, 0);
+    if (PLAN) {
+        asm volatile("griddepcontrol.wait;\n" ::: "memory");   /* the plan is complete and visible */
+        if (tid < WF_REC / 4) recv = __ldcg((const int4 *)(plan + (size_t)(item / n_kv) * WF_REC) + tid);
+    }
 
-    /* this warpgroup's query tile (H2: both heads') */
-    for (int hh = 0; hh < nh; hh++)
+    /* this item's Q tile of warpgroup wg, into the Q set at qset */
+    auto load_q = [&](const wf_item &it, uint32_t qset) {
+        const bool lv = wg < it.nb;
         for (int i = wtid; i < WF_KT * CH; i += 128) {
             const int r = i / CH, c = i % CH;
-            const bool ok = live && r < used;
-            const size_t row = ok ? ((size_t)((b0 + wg) * B + r % B) * n_h + (g0 + hh) * G + r / B) : 0;
-            wf_cp16(sQ + (hh * NWG + wg) * QTILE + (c / 8) * WF_PANEL + wg_sw128(r, c % 8), q + row * HD + c * 8, ok);
+            const bool ok = lv && r < used;
+            const size_t row = ok ? ((size_t)((it.b0 + wg) * B + r % B) * n_h + it.g0 * G + r / B) : 0;
+            wf_cp16(qset + wg * QTILE + (c / 8) * WF_PANEL + wg_sw128(r, c % 8), q + row * HD + c * 8, ok);
         }
-    mma_commit();
-
-    const int d = wf_setup<NWG>(anchors, doc_ids, b0, nb, window, sPart, sLo, sHi, sSeg, sNSeg, sNCtx, sCont);
-    const int my_lo = sLo[wg], my_hi = sHi[wg];   /* [lo, hi), empty when hi <= lo */
-    const int n_seg = sNSeg, n_ctx = sNCtx;
-    /* FAST: a context key is visible iff it lies in [my_lo, my_hi) (every block's document contiguous) */
-    const bool by_range = FAST && sCont != 0;
-    const int BP = B <= 16 ? 16 : B <= 32 ? 32 : 64, per = KT / BP;   /* block keys: rows per block, blocks per tile */
-    const int n_tiles = n_ctx + (nb + per - 1) / per;   /* per head */
-    const int n_all = n_tiles * nh;                      /* H2: head g0's tiles, then head g0 + 1's */
-
-    /* first key of context tile t (< n_ctx) and its segment's end */
-    auto ctx_tile = [&](int t, int *kb, int *ke) {
-        int s = 0;
-        while (s + 1 < n_seg && t >= sSeg[s + 1][2]) s++;
-        *kb = sSeg[s][0] + (t - sSeg[s][2]) * KT;
-        *ke = sSeg[s][1];
     };
-    auto load = [&](int t, int st) {
+    /* first key of context tile t (< n_ctx) and its segment's end */
+    auto ctx_tile = [&](const wf_item &it, int t, int *kb, int *ke) {
+        int s = 0;
+        while (s + 1 < it.n_seg && t >= it.seg[s + 1][2]) s++;
+        *kb = it.seg[s][0] + (t - it.seg[s][2]) * KT;
+        *ke = it.seg[s][1];
+    };
+    /* K/V tile t of item it into stage st (rows past the segment or the blocks zero-filled) */
+    auto load = [&](const wf_item &it, int t, int st) {
         const uint32_t dK = sKV + 2 * st * TILE, dV = dK + TILE;
-        int g = g0;
-        if (H2 && t >= n_tiles) {
-            t -= n_tiles;
-            g++;
-        }
-        if (t < n_ctx) {
+        const int g = it.g0;
+        if (t < it.n_ctx) {
             int kb, ke;
-            ctx_tile(t, &kb, &ke);
+            ctx_tile(it, t, &kb, &ke);
             const int nk = min(KT, ke - kb);
             for (int i = tid; i < KT * CH; i += THREADS) {
                 const int r = i / CH, c = i % CH;
@@ -461,13 +528,14 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
                 wf_cp16(dV + dst, v + off, ok);
             }
             static_assert(THREADS >= KT, "one thread per key's doc id");
-            if (!by_range && tid < KT) wf_cp4(wg_smem_u32(&sDoc[st][tid]), doc_ids + (tid < nk ? kb + tid : 0), tid < nk);
+            if (!it.by_range && tid < KT)
+                wf_cp4(wg_smem_u32(&sDoc[st][tid]), doc_ids + (tid < nk ? kb + tid : 0), tid < nk);
         } else {
-            const int j = t - n_ctx;
+            const int j = t - it.n_ctx;
             for (int i = tid; i < KT * CH; i += THREADS) {
                 const int r = i / CH, c = i % CH, w2 = j * per + r / BP, kk = r % BP;
-                const bool ok = w2 < nb && kk < B;
-                const size_t row = ok ? (size_t)T + (size_t)(b0 + w2) * B + kk : 0;
+                const bool ok = w2 < it.nb && kk < B;
+                const size_t row = ok ? (size_t)T + (size_t)(it.b0 + w2) * B + kk : 0;
                 const size_t off = (row * n_kv + g) * HD + c * 8;
                 const uint32_t dst = (c / 8) * KPANEL + wg_sw128(r, c % 8);
                 wf_cp16(dK + dst, k + off, ok);
@@ -475,302 +543,345 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
             }
         }
     };
-
-    float o[HD / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    /* the item whose set-up is in rec (PLAN: the record; else grp = blockIdx.x, kv head blockIdx.y) */
+    auto make_item = [&](const int *rec, int it_index) {
+        wf_item it;
+        const int grp = PLAN ? rec[WR_GRP] : (int)blockIdx.x;
+        it.b0 = grp * NWG;
+        it.nb = min(NWG, N - it.b0);
+        it.g0 = PLAN ? it_index % n_kv : (int)blockIdx.y;
+        it.n_ctx = rec[WR_NCTX];
+        it.n_seg = rec[WR_NSEG];
+        it.by_range = FAST && rec[WR_CONT] != 0;
+        it.seg = (const int(*)[3])(rec + WR_SEG);
+        return it;
+    };
+    /* Q, then the first NST - 2 K/V tiles, one cp.async group each (the tile walk's group accounting) */
+    auto prologue = [&](const wf_item &it, uint32_t qset) {
+        load_q(it, qset);
+        mma_commit();
+        const int nt = it.n_ctx + (it.nb + per - 1) / per;
 #pragma unroll
-    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
-    const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;   /* this thread's rows in its warpgroup's tile */
-    const int j0 = r0 % B, j1 = r1 % B;
-    uint32_t myQ = sQ + wg * QTILE;
-    /* out and lse of head gh (the warpgroup's accumulators, all its wgmma done); EPI stages in buf, a Q tile
-     * of this warpgroup that no wgmma reads any more */
-    auto epilogue = [&](int gh, uint32_t buf) {
-        if (!live) return;
-        const int R = N * B, t4 = lane & 3;
-    #pragma unroll
-        for (int half = 0; half < 2; half++) {
-            const int r = half ? r1 : r0;
-            float lv = l[half];
-            lv += __shfl_xor_sync(0xffffffffu, lv, 1);
-            lv += __shfl_xor_sync(0xffffffffu, lv, 2);
-            const float inv = 1.f / lv;
-            if (EPI) {   /* stage the bf16 row in this warpgroup's Q tile (its wgmma reads are done), same layout */
-    #pragma unroll
-                for (int i = 0; i < HD / 8; i++) {
-                    const __nv_bfloat162 x = __floats2bfloat162_rn(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(buf + (i / 8) * WF_PANEL + wg_sw128(r, i % 8) + 4 * t4),
-                                 "r"(*(const uint32_t *)&x)
-                                 : "memory");
-                }
-            }
-            if (r < used) {   /* every live row sees its own block's first key, so lv > 0 */
-                const int h = gh * G + r / B;
-                const size_t row = (size_t)(b0 + wg) * B + r % B;
-                if (!EPI) {
-                    __nv_bfloat162 *dst = (__nv_bfloat162 *)(out + (row * n_h + h) * HD) + t4;
-    #pragma unroll
-                    for (int i = 0; i < HD / 8; i++)
-                        dst[4 * i] = __floats2bfloat162_rn(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
-                }
-                if (t4 == 0) lse[(size_t)h * R + row] = (m[half] + log2f(lv)) / WF_LOG2E;
-            }
-        }
-        if (EPI) {   /* 16-byte stores, 16 (d_h 128) consecutive threads per 256-byte output row */
-            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-    #pragma unroll
-            for (int it = 0; it < WF_KT * CH / 128; it++) {
-                const int idx = it * 128 + wtid, r = idx / CH, c = idx % CH;
-                if (r < used) {
-                    uint32_t x0, x1, x2, x3;
-                    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                                 : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
-                                 : "r"(buf + (c / 8) * WF_PANEL + wg_sw128(r, c % 8))
-                                 : "memory");
-                    const size_t row = (size_t)(b0 + wg) * B + r % B;
-                    uint4 *dst = (uint4 *)(out + (row * n_h + gh * G + r / B) * HD + c * 8);
-                    *dst = make_uint4(x0, x1, x2, x3);
-                }
-            }
+        for (int s = 0; s < NST - 2; s++) {
+            if (s < nt) load(it, s, s);
+            mma_commit();
         }
     };
 
-    {   /* the tile walk: context tiles, then the blocks' own keys */
-        if (MBAR == 1) {
-#pragma unroll
-            for (int s = 0; s < NST - 2; s++)
-                if (s < n_all) {
-                    load(s, s);
-                    wf_mbar_cp_arrive(wg_smem_u32(&sFull[s]));
-                }
-            mma_wait<0>();   /* the Q group only (the tiles' cp.async are not committed: the mbarriers track them) */
-            wg_fence_async_smem();
-            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");   /* this warpgroup's Q, its own loads */
-        } else if (MBAR == 2) {
-#pragma unroll
-            for (int s = 0; s < NST - 2; s++) {
-                if (s < n_all) load(s, s);
-                mma_commit();
+    bool pre = false;   /* PERS: this item's record, Q and first tiles were issued at the end of the previous one */
+    for (int j = 0;; j++) {
+        const int par = PERS ? (j & 1) : 0;
+        int *const sRec = sRecs[par];
+        const uint32_t qset = sQ + par * NWG * QTILE;
+        int4 recv_nx = make_int4(0, 0, 0, 0);
+        const int next = PERS ? pers_item(j + 1) : n_items;
+        if (PERS && next < n_items && tid < WF_REC / 4)   /* used at the end of this item */
+            recv_nx = __ldcg((const int4 *)(plan + (size_t)(next / n_kv) * WF_REC) + tid);
+        int d;
+        wf_item cur;
+        if (PLAN) {
+            if (!pre) {
+                if (tid < WF_REC / 4) ((int4 *)sRec)[tid] = recv;
+                __syncthreads();
             }
-            mma_wait<NST - 3>();   /* Q and tile 0 (this thread's part) */
-            wg_fence_async_smem();
-            wf_mbar_arrive(wg_smem_u32(&sFull[0]));   /* release: every thread's Q and tile 0 part, fenced */
+            cur = make_item(sRec, item);
+            if (!pre) prologue(cur, qset);
+            d = sRec[WR_D + wg];
         } else {
+            const int b0 = blockIdx.x * NWG, nb = min(NWG, N - b0);
+            wf_item q0;   /* only b0, nb, g0 for the Q load, issued before the set-up */
+            q0.b0 = b0;
+            q0.nb = nb;
+            q0.g0 = blockIdx.y;
+            load_q(q0, qset);
+            mma_commit();
+            d = wf_setup<NWG>(anchors, doc_ids, b0, nb, window, sPart, sRec + WR_LO, sRec + WR_HI,
+                              (int(*)[3])(sRec + WR_SEG), sRec[WR_NSEG], sRec[WR_NCTX], sRec[WR_CONT]);
+            cur = make_item(sRec, item);
+            const int nt = cur.n_ctx + (cur.nb + per - 1) / per;
 #pragma unroll
             for (int s = 0; s < NST - 2; s++) {
-                if (s < n_all) load(s, s);
+                if (s < nt) load(cur, s, s);
                 mma_commit();
             }
         }
-        if (TRACE && tid == 0) trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + 2] = wf_gtime();
-        for (int ta = 0; ta < n_all; ta++) {
-            int t = ta;   /* H2: the tile within its head */
-            if (H2 && ta >= n_tiles) {
-                t = ta - n_tiles;
-                if (t == 0) {   /* head g0 done (its last P·V waited here): out, lse, then start head g0 + 1 */
-                    wg_wait<0>();
-                    wg_acc_fence<HD / 2>(o);
-                    epilogue(g0, myQ);
+        const bool live = wg < cur.nb;
+        const int b0 = cur.b0, g0 = cur.g0, n_ctx = cur.n_ctx;
+        const int my_lo = sRec[WR_LO + wg], my_hi = sRec[WR_HI + wg];   /* [lo, hi), empty when hi <= lo */
+        /* FAST: a context key is visible iff it lies in [my_lo, my_hi) (every block's document contiguous) */
+        const bool by_range = cur.by_range;
+        const int n_tiles = n_ctx + (cur.nb + per - 1) / per;
+
+        float o[HD / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
-                    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
-                    m[0] = m[1] = -INFINITY;
-                    l[0] = l[1] = 0.f;
-                    myQ += NWG * QTILE;
+        for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
+        const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;   /* this thread's rows in its warpgroup's tile */
+        const int j0 = r0 % B, j1 = r1 % B;
+        const uint32_t myQ = qset + wg * QTILE;
+        /* out and lse of head gh (the warpgroup's accumulators, all its wgmma done); EPI stages in buf, a Q tile
+         * of this warpgroup that no wgmma reads any more */
+        auto epilogue = [&](int gh, uint32_t buf) {
+            if (!live) return;
+            const int R = N * B, t4 = lane & 3;
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int r = half ? r1 : r0;
+                float lv = l[half];
+                lv += __shfl_xor_sync(0xffffffffu, lv, 1);
+                lv += __shfl_xor_sync(0xffffffffu, lv, 2);
+                const float inv = 1.f / lv;
+                if (EPI) {   /* stage the bf16 row in this warpgroup's Q tile (its wgmma reads are done), same layout */
+#pragma unroll
+                    for (int i = 0; i < HD / 8; i++) {
+                        const __nv_bfloat162 x = __floats2bfloat162_rn(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
+                        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(buf + (i / 8) * WF_PANEL + wg_sw128(r, i % 8) + 4 * t4),
+                                     "r"(*(const uint32_t *)&x)
+                                     : "memory");
+                    }
+                }
+                if (r < used) {   /* every live row sees its own block's first key, so lv > 0 */
+                    const int h = gh * G + r / B;
+                    const size_t row = (size_t)(b0 + wg) * B + r % B;
+                    if (!EPI) {
+                        __nv_bfloat162 *dst = (__nv_bfloat162 *)(out + (row * n_h + h) * HD) + t4;
+#pragma unroll
+                        for (int i = 0; i < HD / 8; i++)
+                            dst[4 * i] = __floats2bfloat162_rn(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
+                    }
+                    if (t4 == 0) lse[(size_t)h * R + row] = (m[half] + log2f(lv)) / WF_LOG2E;
                 }
             }
-            const long long tw0 = TRACE ? clock64() : 0;
-            if (MBAR == 2) {   /* writer-side fence: the verified wgmma.cuh protocol, a barrier split in two */
-                const int u = ta + NST - 2;
-                if (u < n_all) {
-                    if (u >= NST) wf_mbar_wait(wg_smem_u32(&sEmpty[u % NST]), (uint32_t)((u / NST - 1) & 1));
-                    load(u, u % NST);
+            if (EPI) {   /* 16-byte stores, 16 (d_h 128) consecutive threads per 256-byte output row */
+                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+#pragma unroll
+                for (int it = 0; it < WF_KT * CH / 128; it++) {
+                    const int idx = it * 128 + wtid, r = idx / CH, c = idx % CH;
+                    if (r < used) {
+                        uint32_t x0, x1, x2, x3;
+                        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                                     : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
+                                     : "r"(buf + (c / 8) * WF_PANEL + wg_sw128(r, c % 8))
+                                     : "memory");
+                        const size_t row = (size_t)(b0 + wg) * B + r % B;
+                        uint4 *dst = (uint4 *)(out + (row * n_h + gh * G + r / B) * HD + c * 8);
+                        *dst = make_uint4(x0, x1, x2, x3);
+                    }
                 }
-                mma_commit();
-                if (ta + 1 < n_all) {   /* this thread's part of tile ta + 1 (issued one step ago): landed, fenced */
-                    mma_wait<NST - 3>();
-                    wg_fence_async_smem();
-                    wf_mbar_arrive(wg_smem_u32(&sFull[(ta + 1) % NST]));
-                }
-                wf_mbar_wait(wg_smem_u32(&sFull[ta % NST]), (uint32_t)((ta / NST) & 1));   /* everyone's part of tile ta */
-            } else if (MBAR) {
-                const int u = ta + NST - 2;   /* the tile this thread loads now, into the stage of tile u - NST */
-                if (u < n_all) {
-                    if (u >= NST) wf_mbar_wait(wg_smem_u32(&sEmpty[u % NST]), (uint32_t)((u / NST - 1) & 1));
-                    load(u, u % NST);
-                    wf_mbar_cp_arrive(wg_smem_u32(&sFull[u % NST]));
-                }
-                wf_mbar_wait(wg_smem_u32(&sFull[ta % NST]), (uint32_t)((ta / NST) & 1));   /* tile ta has landed */
-                wg_fence_async_smem();   /* the cp.async (generic proxy) writes, before wgmma reads them */
-            } else {
+            }
+        };
+
+        {   /* the tile walk: context tiles, then the blocks' own keys (tiles 0 .. NST - 3 issued above) */
+            if (TRACE && tid == 0) trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + 2] = wf_gtime();
+            for (int t = 0; t < n_tiles; t++) {
+                const long long tw0 = TRACE ? clock64() : 0;
                 mma_wait<NST - 3>();   /* Q and tile t have landed */
                 wg_fence_async_smem();
                 __syncthreads();          /* ... for everyone; and stage (t - 2) % NST is no longer read */
-                if (ta + NST - 2 < n_all) load(ta + NST - 2, (ta + NST - 2) % NST);
+                if (t + NST - 2 < n_tiles) load(cur, t + NST - 2, (t + NST - 2) % NST);
                 mma_commit();
-            }
-            if (TRACE) tr_wait += clock64() - tw0;
-            const int st = ta % NST;
-            const uint32_t tK = sKV + 2 * st * TILE, tV = tK + TILE;
-            bool ran = false;
-            if (t < n_ctx) {
-                int kb, ke;
-                ctx_tile(t, &kb, &ke);
-                if (by_range) {   /* CTA-uniform: at most two compares per element */
-                    const int lo = my_lo - kb, hi = my_hi - kb;   /* this tile's visible keys: [lo, hi) */
-                    if (lo < KT && hi > 0 && hi > lo) {
-                        const int t2 = 2 * (lane & 3), lo2 = lo - t2, hi2 = hi - t2;   /* key = 8i + e1 + t2 */
-                        wf_step<HD, KT>(o, m, l, myQ, tK, tV, sl2, lo > 0 || hi < KT,
-                                        [&](int key, int) { return key - t2 >= lo2 && key - t2 < hi2; });
-                        ran = true;
+                if (TRACE) tr_wait += clock64() - tw0;
+                const int st = t % NST;
+                const uint32_t tK = sKV + 2 * st * TILE, tV = tK + TILE;
+                bool ran = false;
+                if (t < n_ctx) {
+                    int kb, ke;
+                    ctx_tile(cur, t, &kb, &ke);
+                    if (by_range) {   /* CTA-uniform: at most two compares per element */
+                        const int lo = my_lo - kb, hi = my_hi - kb;   /* this tile's visible keys: [lo, hi) */
+                        if (lo < KT && hi > 0 && hi > lo) {
+                            const int t2 = 2 * (lane & 3), lo2 = lo - t2, hi2 = hi - t2;   /* key = 8i + e1 + t2 */
+                            wf_step<HD, KT>(o, m, l, myQ, tK, tV, sl2, lo > 0 || hi < KT,
+                                            [&](int key, int) { return key - t2 >= lo2 && key - t2 < hi2; });
+                            ran = true;
+                        }
+                    } else {
+                        const int p0 = kb + lane, p1 = p0 + 32;
+                        const bool v0 = p0 >= my_lo && p0 < my_hi && sDoc[st][lane] == d;
+                        const bool v1 = p1 >= my_lo && p1 < my_hi && sDoc[st][lane + 32] == d;
+                        const uint32_t mlo = __ballot_sync(0xffffffffu, v0), mhi = __ballot_sync(0xffffffffu, v1);
+                        if (mlo | mhi) {   /* identical in every warp of the warpgroup */
+                            wf_step<HD, KT>(
+                                o, m, l, myQ, tK, tV, sl2, (mlo & mhi) != 0xffffffffu,
+                                [&](int key, int) { return ((key < 32 ? mlo >> key : mhi >> (key - 32)) & 1u) != 0; });
+                            ran = true;
+                        }
                     }
-                } else {
-                    const int p0 = kb + lane, p1 = p0 + 32;
-                    const bool v0 = p0 >= my_lo && p0 < my_hi && sDoc[st][lane] == d;
-                    const bool v1 = p1 >= my_lo && p1 < my_hi && sDoc[st][lane + 32] == d;
-                    const uint32_t mlo = __ballot_sync(0xffffffffu, v0), mhi = __ballot_sync(0xffffffffu, v1);
-                    if (mlo | mhi) {   /* identical in every warp of the warpgroup */
-                        wf_step<HD, KT>(
-                            o, m, l, myQ, tK, tV, sl2, (mlo & mhi) != 0xffffffffu,
-                            [&](int key, int) { return ((key < 32 ? mlo >> key : mhi >> (key - 32)) & 1u) != 0; });
-                        ran = true;
-                    }
+                } else if (live && wg / per == t - n_ctx) {
+                    const uint32_t koff = (uint32_t)((wg % per) * BP) * 128u;
+                    auto vis = [&](int key, int half) { return key < B && !(causal && key > (half ? j1 : j0)); };
+                    if (BP == 16) wf_step<HD, 16>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
+                    else if (BP == 32) wf_step<HD, 32>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
+                    else wf_step<HD, 64>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
+                    ran = true;
                 }
-            } else if (live && wg / per == t - n_ctx) {
-                const uint32_t koff = (uint32_t)((wg % per) * BP) * 128u;
-                auto vis = [&](int key, int half) { return key < B && !(causal && key > (half ? j1 : j0)); };
-                if (BP == 16) wf_step<HD, 16>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
-                else if (BP == 32) wf_step<HD, 32>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
-                else wf_step<HD, 64>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
-                ran = true;
+                if (!ran) wg_wait<0>();   /* the last P·V read stage (t - 1) % NST or older: done before it is refilled */
             }
-            if (!ran) wg_wait<0>();   /* the last P·V read stage (t - 1) % NST or older: done before it is refilled */
-            /* MBAR: this warpgroup's reads of tile t - 1 (its P·V, waited just above or inside wf_step) are
-             * done: release the stage, one arrival per warp (wgmma.wait_group is warp-synchronous) */
-            if (MBAR && ta > 0 && lane == 0) wf_mbar_arrive(wg_smem_u32(&sEmpty[(ta - 1) % NST]));
         }
-    }
-    wg_wait<0>();
-    wg_acc_fence<HD / 2>(o);
-    if (MBAR == 1) asm volatile("cp.async.wait_all;\n" ::: "memory");   /* no cp.async in flight at exit */
-    else mma_wait<0>();
-    if (TRACE) tr_t1 = wf_gtime();
-    if (TRACE && wtid == 0) {
-        unsigned long long *tr = trace + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS;
-        tr[8 + wg] = tr_wait;
-        if (wg == 0) {
-            tr[0] = wf_smid();
-            tr[1] = tr_t0;
-            tr[3] = tr_t1;
-            tr[5] = tr_c0;
-            tr[7] = (unsigned long long)n_all;
+        wg_wait<0>();
+        wg_acc_fence<HD / 2>(o);
+        mma_wait<0>();
+        if (TRACE) tr_t1 = wf_gtime();
+        if (TRACE && wtid == 0) {
+            unsigned long long *tr = trace + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS;
+            tr[8 + wg] = tr_wait;
+            if (wg == 0) {
+                tr[0] = wf_smid();
+                tr[1] = tr_t0;
+                tr[3] = tr_t1;
+                tr[5] = tr_c0;
+                tr[7] = (unsigned long long)n_tiles;
+            }
         }
-    }
 
-    if (!live) return;
-    epilogue(g0 + nh - 1, myQ);
-    if (TRACE && wtid == 0)
-        trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + (wg == 0 ? 4 : 11 + wg)] = wf_gtime();
-    if (TRACE && tid == 0) trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + 6] = clock64();
+        if (PERS && next < n_items) {   /* the next item: record, Q (the other set) and first tiles, now */
+            if (tid < WF_REC / 4) ((int4 *)sRecs[par ^ 1])[tid] = recv_nx;
+            __syncthreads();   /* the record visible; every warpgroup's reads of the K/V stages done */
+            prologue(make_item(sRecs[par ^ 1], next), sQ + (par ^ 1) * NWG * QTILE);
+        }
+        if (TRACE && !live) return;
+        epilogue(g0, myQ);   /* nothing when !live */
+        if (TRACE && wtid == 0)
+            trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + (wg == 0 ? 4 : 11 + wg)] = wf_gtime();
+        if (TRACE && tid == 0) trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + 6] = clock64();
+        if (!PERS || next >= n_items) break;
+        item = next;
+        pre = true;
+    }
 }
 
 /* kernel options picked by DFLASH_BLOCK_ATTN_WG_FWD (see ba_wg_forward) */
 struct wf_opt {
-    bool fast, epi;
-    int mbar;   /* 0: __syncthreads per tile; 1: async-arrive mbarriers; 2: writer-fenced mbarriers */
-    bool h2;
+    bool fast;   /* default: range masks where documents are contiguous, staged epilogue; false: "3" */
+    bool pers;   /* candidate 20: the persistent kernel on the plan (only with a workspace) */
 };
 
-template <int HD, int NWG, bool FAST, bool EPI, int MBAR, bool H2, bool TRACE>
+/* PDL launch (cudaLaunchAttributeProgrammaticStreamSerialization) of kern on stream: it may start before
+ * the previous kernel on the stream ends and must griddepcontrol.wait before reading that kernel's output. */
+template <typename... Exp, typename... Act>
+cudaError_t wf_launch_pdl(void (*kern)(Exp...), dim3 grid, int threads, size_t smem, cudaStream_t stream, Act... args) {
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = grid;
+    lc.blockDim = dim3((unsigned)threads);
+    lc.dynamicSmemBytes = smem;
+    lc.stream = stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    lc.attrs = at;
+    lc.numAttrs = 1;
+    return cudaLaunchKernelEx(&lc, kern, args...);
+}
+
+template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool PERS, bool TRACE>
 int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
-              const int32_t *doc_ids, bf16 *out, float *lse, unsigned long long *trace, cudaStream_t stream) {
+              const int32_t *doc_ids, bf16 *out, float *lse, void *ws, unsigned long long *trace, cudaStream_t stream) {
     using C = wf_cfg<HD, NWG>;
-    const size_t smem = C::smem + (H2 ? (size_t)NWG * C::QTILE : 0);   /* H2: the second head's Q tiles */
-    auto kern = ba_wg_forward_kernel<HD, NWG, FAST, EPI, MBAR, H2, TRACE>;
+    const size_t smem = C::smem + (PERS ? (size_t)NWG * C::QTILE : 0);   /* PERS: the second Q set */
+    auto kern = ba_wg_forward_kernel<HD, NWG, FAST, EPI, PLAN, PERS, TRACE>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return kernels_fail("ba_wg_forward: cudaFuncSetAttribute(%zu bytes): %s", smem, cudaGetErrorString(e));
-    kern<<<dim3((c->N + NWG - 1) / NWG, H2 ? (c->n_kv + 1) / 2 : c->n_kv), C::THREADS, smem, stream>>>(
-        (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
-        (__nv_bfloat16 *)out, lse, c->T, c->N, c->B, c->n_h, c->n_kv, c->window, c->causal, c->scale * WF_LOG2E, trace);
-    KERNELS_CHECK_LAUNCH("ba_wg_forward_kernel");
+    const int n_grp = (c->N + NWG - 1) / NWG;
+    const __nv_bfloat16 *Q = (const __nv_bfloat16 *)q, *K = (const __nv_bfloat16 *)k, *V = (const __nv_bfloat16 *)v;
+    __nv_bfloat16 *O = (__nv_bfloat16 *)out;
+    const float sl2 = c->scale * WF_LOG2E;
+    if (!PLAN) {
+        kern<<<dim3(n_grp, c->n_kv), C::THREADS, smem, stream>>>(Q, K, V, anchors, doc_ids, O, lse, c->T, c->N, c->B,
+                                                                  c->n_h, c->n_kv, c->window, c->causal, sl2, nullptr,
+                                                                  trace);
+        KERNELS_CHECK_LAUNCH("ba_wg_forward_kernel");
+        return 0;
+    }
+    /* the plan (two small kernels), then the main kernel with PDL; workspace layout at wf_ws_ints */
+    int *rec = (int *)ws, *ntiles = rec + (size_t)n_grp * WF_REC, *srec = ntiles + ((n_grp + 3) & ~3);
+    wf_plan_kernel<NWG><<<n_grp, C::THREADS, 0, stream>>>(anchors, doc_ids, c->N, c->B, c->window, rec, ntiles);
+    KERNELS_CHECK_LAUNCH("ba_wg_forward (plan)");
+    e = wf_launch_pdl(wf_order_kernel, dim3(1), WF_ORD_THREADS, 0, stream, (const int *)rec, (const int *)ntiles,
+                      n_grp, srec);
+    if (e != cudaSuccess) return kernels_fail("ba_wg_forward (order): %s", cudaGetErrorString(e));
+    KERNELS_CHECK_LAUNCH("ba_wg_forward (order)");
+    int grid = n_grp * c->n_kv;
+    if (PERS) {   /* one CTA per SM (177 + 48 KB of shared memory, 384 threads of ~165 registers) */
+        int dev = 0, n_sm = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n_sm <= 0)
+            return kernels_fail("ba_wg_forward: cannot read the SM count");
+        grid = grid < n_sm ? grid : n_sm;
+    }
+    e = wf_launch_pdl(kern, dim3((unsigned)grid), C::THREADS, smem, stream, Q, K, V, anchors, doc_ids, O, lse, c->T, c->N,
+                      c->B, c->n_h, c->n_kv, c->window, c->causal, sl2, (const int *)srec, trace);
+    if (e != cudaSuccess) return kernels_fail("ba_wg_forward (main, PDL): %s", cudaGetErrorString(e));
+    KERNELS_CHECK_LAUNCH("ba_wg_forward_kernel (plan)");
     return 0;
 }
 
 template <int HD, bool TRACE>
 int wf_select(wf_opt op, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
-              const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, unsigned long long *trace,
-              cudaStream_t stream) {
-#define WF_GO(F, E, M, H) wf_launch<HD, 3, F, E, M, H, TRACE>(c, q, k, v, anchors, doc_ids, out, lse, trace, stream)
-    if (!op.fast) return WF_GO(false, false, 0, false);
-    if (op.h2) {
-        if (op.epi && op.mbar == 1) return WF_GO(true, true, 1, true);
-        if (op.epi && op.mbar == 2) return WF_GO(true, true, 2, true);
-        if (op.epi) return WF_GO(true, true, 0, true);
-        return WF_GO(true, false, 0, true);
+              const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,
+              unsigned long long *trace, cudaStream_t stream) {
+#define WF_GO(F, P, S) wf_launch<HD, WF_GROUP, F, F, P, S, TRACE>(c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream)
+    if (ws && op.pers) {
+        if (TRACE) return kernels_fail("ba_wg_forward_traced: the persistent kernel (20) is not traced");
+        return WF_GO(true, true, !TRACE);
     }
-    if (op.epi && op.mbar == 1) return WF_GO(true, true, 1, false);
-    if (op.epi && op.mbar == 2) return WF_GO(true, true, 2, false);
-    if (op.epi) return WF_GO(true, true, 0, false);
-    if (op.mbar == 1) return WF_GO(true, false, 1, false);
-    if (op.mbar == 2) return WF_GO(true, false, 2, false);
-    return WF_GO(true, false, 0, false);
+    if (ws) return op.fast ? WF_GO(true, true, false) : WF_GO(false, true, false);
+    return op.fast ? WF_GO(true, false, false) : WF_GO(false, false, false);
 #undef WF_GO
 }
 
 /* DFLASH_BLOCK_ATTN_WG_FWD -> options; -1 with kernels_fail on an unknown value */
 int wf_parse(wf_opt *op) {
     const char *e = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
-    *op = {true, false, 0, false};   /* "3x", H200 2026-11-29: 231.7 TFLOP/s ("3" 228.9), tested */
+    op->fast = true;   /* "3x" + staged epilogue (round-1 value 10), H200 2026-11-29: 237.8 TFLOP/s ("3" 228.9) */
+    op->pers = false;
     if (!e || !e[0]) return 0;
     if (!strcmp(e, "3")) op->fast = false;
-    else if (!strcmp(e, "10")) op->epi = true;
-    else if (!strcmp(e, "11")) op->mbar = 1;
-    else if (!strcmp(e, "12")) op->epi = true, op->mbar = 1;
-    else if (!strcmp(e, "13")) op->h2 = true;
-    else if (!strcmp(e, "14")) op->h2 = op->epi = true;
-    else if (!strcmp(e, "15")) op->h2 = op->epi = true, op->mbar = 1;
-    else if (!strcmp(e, "16")) op->mbar = 2;
-    else if (!strcmp(e, "17")) op->epi = true, op->mbar = 2;
-    else if (!strcmp(e, "18")) op->h2 = op->epi = true, op->mbar = 2;
+    else if (!strcmp(e, "20")) op->pers = true;
     else
-        return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3 (the previous default), "
-                            "10 .. 18 (candidates) or unset (the default, 3x)", e);
+        return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3 (the previous default), 20 (the "
+                            "persistent candidate) or unset (the default)", e);
     return 0;
-}
-
-int wf_n_cta(const block_attn_config *c) {
-    wf_opt op;
-    const bool h2 = !wf_parse(&op) && op.h2;
-    return (c->N + 2) / 3 * (h2 ? (c->n_kv + 1) / 2 : c->n_kv);
 }
 
 }  // namespace
 
-/* DFLASH_BLOCK_ATTN_WG_FWD (read per call): unset or empty = "3x", the default (3 blocks per CTA, context
- * masks from the key range where every block's document is contiguous, FAST); "3" = the previous default
- * (doc-id ballots on every context tile), kept as the one revert switch. Candidates of session 3 (all "3x"
- * plus): "10" = epilogue staged through shared memory, 16-byte stores; "11" = per-stage mbarriers instead
- * of the per-tile __syncthreads; "12" = both; "13" = two kv heads per CTA (set-up once, one tile stream);
- * "14" = 13 + 10; "15" = 13 + 10 + 11; "16" = 11 with the writer-side proxy fence (each thread waits its own
- * part of tile t + 1 at step t, fences, arrives: the verified protocol, one step less prefetch slack);
- * "17" = 16 + 10; "18" = 16 + 10 + 13. Any other value fails with kernels_fail naming the accepted
- * values, before any launch. */
-extern "C" int ba_wg_forward(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
-                             const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse,
-                             cudaStream_t stream) {
+/* Workspace of block_attn_forward_ws (kernels/block_attn.h): the plan of set 7, laid out at wf_ws_ints. */
+extern "C" size_t block_attn_forward_workspace_bytes(const block_attn_config *c) {
+    if (!c || c->N <= 0) return 0;
+    return wf_ws_ints((c->N + WF_GROUP - 1) / WF_GROUP) * sizeof(int);
+}
+
+/* DFLASH_BLOCK_ATTN_WG_FWD (read per call): unset or empty = the default (3 blocks per CTA, context masks
+ * from the key range where every block's document is contiguous, the epilogue staged through shared memory);
+ * "3" = the previous default of session 2 (doc-id ballots on every context tile, 4-byte stores), kept as the
+ * one revert switch; "20" = the persistent candidate on the plan path (the default without a workspace). Any
+ * other value fails with kernels_fail naming the accepted values, before any launch.
+ * ws != NULL: the plan path (workspace of block_attn_forward_workspace_bytes bytes, 16-byte aligned). */
+extern "C" int ba_wg_forward_ws(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
+                                const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,
+                                cudaStream_t stream) {
     wf_opt op;
     if (wf_parse(&op)) return -1;
-    if (c->d_h == 128) return wf_select<128, false>(op, c, q, k, v, anchors, doc_ids, out, lse, NULL, stream);
-    if (c->d_h == 64) return wf_select<64, false>(op, c, q, k, v, anchors, doc_ids, out, lse, NULL, stream);
+    if (ws && (uintptr_t)ws % 16) return kernels_fail("ba_wg_forward: the workspace is not 16-byte aligned");
+    if (c->d_h == 128) return wf_select<128, false>(op, c, q, k, v, anchors, doc_ids, out, lse, ws, NULL, stream);
+    if (c->d_h == 64) return wf_select<64, false>(op, c, q, k, v, anchors, doc_ids, out, lse, ws, NULL, stream);
     return kernels_fail("ba_wg_forward: d_h=%d, expected 64 or 128", c->d_h);
 }
 
-/* Bench-only (kernels/bench/ba_fwd_trace.cuh): ba_wg_forward with the per-CTA phase trace, d_h 128 only. */
+extern "C" int ba_wg_forward(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
+                             const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse,
+                             cudaStream_t stream) {
+    return ba_wg_forward_ws(c, q, k, v, anchors, doc_ids, out, lse, NULL, stream);
+}
+
+/* Bench-only (kernels/bench/ba_fwd_trace.cuh): ba_wg_forward_ws with the per-CTA phase trace, d_h 128 only. */
 extern "C" int ba_wg_forward_traced(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
-                                    const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse,
+                                    const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,
                                     unsigned long long *trace, int *n_cta, cudaStream_t stream) {
-    *n_cta = wf_n_cta(c);
+    *n_cta = (c->N + WF_GROUP - 1) / WF_GROUP * c->n_kv;
     if (!trace) return 0;
     wf_opt op;
     if (wf_parse(&op)) return -1;
-    if (c->d_h == 128) return wf_select<128, true>(op, c, q, k, v, anchors, doc_ids, out, lse, trace, stream);
+    if (ws && (uintptr_t)ws % 16) return kernels_fail("ba_wg_forward_traced: the workspace is not 16-byte aligned");
+    if (c->d_h == 128) return wf_select<128, true>(op, c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream);
     return kernels_fail("ba_wg_forward_traced: d_h=%d, only 128 is traced", c->d_h);
 }

@@ -20,6 +20,11 @@ extern "C" {
 #endif
 int ba_wg_forward(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
                   const int32_t *doc_ids, bf16 *out, float *lse, cudaStream_t stream);
+/* ba_wg_forward with the plan path when ws != NULL (block_attn_forward_ws's contract, kernels/block_attn.h:
+ * block_attn_forward_workspace_bytes(c) bytes of device memory, 16-byte aligned, owned by the caller); ws NULL
+ * is ba_wg_forward. */
+int ba_wg_forward_ws(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
+                     const int32_t *doc_ids, bf16 *out, float *lse, void *ws, cudaStream_t stream);
 int ba_wg_backward(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
                    const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse, float *dq, float *dk,
                    float *dv, cudaStream_t stream);
@@ -31,14 +36,15 @@ int ba_wg_backward_timed(const block_attn_config *c, const bf16 *q, const bf16 *
                          const int32_t *anchors, const int32_t *doc_ids, const bf16 *out, const bf16 *dout,
                          const float *lse, float *dq, float *dk, float *dv, int probe, cudaEvent_t ev[5],
                          cudaStream_t stream);
-/* Benchmark-only entry (kernels/bench/ba_fwd_trace.cuh; no library code calls it): ba_wg_forward as
- * DFLASH_BLOCK_ATTN_WG_FWD picks it, built with the per-CTA phase trace (d_h 128 only). *n_cta gets the grid
+/* Benchmark-only entry (kernels/bench/ba_fwd_trace.cuh; no library code calls it): ba_wg_forward_ws (ws NULL:
+ * the in-kernel set-up; else the plan path) as DFLASH_BLOCK_ATTN_WG_FWD picks it, built with the per-CTA phase
+ * trace (d_h 128 only). *n_cta gets the grid
  * size; trace (device, n_cta × 16 u64, or NULL to ask only n_cta) gets per CTA: [0] smid, [1] entry, [2] Q and
  * set-up done, [3] loop end, [4] warpgroup 0's epilogue end (%globaltimer ns), [5] / [6] clock64 at entry / end
  * (thread 0), [7] tiles walked, [8 + w] clock cycles warpgroup w's thread 0 spent at the per-tile wait
  * (+ barrier), [12], [13] warpgroups 1, 2's epilogue end (0 when not live). Asynchronous on stream. */
 int ba_wg_forward_traced(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
-                         const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse,
+                         const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,
                          unsigned long long *trace, int *n_cta, cudaStream_t stream);
 #ifdef __cplusplus
 }

@@ -1,20 +1,29 @@
 /*
- * kernels/bench/ba_fwd_trace.cuh — the set 7 forward's per-CTA phase trace (bench only), included by
- * kernels/bench/block_attn_bench.cu, which calls ba_fwd_trace_report() at the end of main when BA_FWD_TRACE=1.
+ * kernels/bench/ba_fwd_trace.cuh — the set 7 forward's per-CTA phase trace and its plan path's numbers (bench
+ * only), included by kernels/bench/block_attn_bench.cu, which calls ba_fwd_trace_report() at the end of main when
+ * BA_FWD_TRACE=1.
  *
  * Runs ba_wg_forward_traced (kernels/block_attn_wg.h: the kernel DFLASH_BLOCK_ATTN_WG_FWD picks, built with
- * %globaltimer / clock64 stamps per CTA) once after two untraced warm-ups, and prints lines starting with
- * "TRACE": per-CTA phase times (set-up = entry to Q + set-up done, loop, epilogue; mean / median), the
- * per-tile wait (cp.async wait + barrier, or the mbarrier waits; clock64 cycles converted with each CTA's own
- * cycles-per-ns), the SMs' busy fraction (sum of CTA durations / (#SMs × kernel span)), the gaps between
- * consecutive CTAs on one SM, and the tail (kernel end minus the median SM's last CTA end). The stamps add a
- * few instructions per tile, so the traced kernel is slightly slower than the timed one (span printed).
+ * %globaltimer / clock64 stamps per CTA) once after two untraced warm-ups, without and with the plan workspace
+ * (block_attn_forward_ws; name suffix "+ws"), and prints lines starting with "TRACE": per-CTA phase times
+ * (set-up = entry to Q + set-up done, loop, epilogue; mean / median), the per-tile wait (cp.async wait +
+ * barrier; clock64 cycles converted with each CTA's own cycles-per-ns), the SMs' busy fraction (sum of CTA
+ * durations / (#SMs × kernel span)), the gaps between consecutive CTAs on one SM, and the tail (kernel end
+ * minus the median SM's last CTA end). The stamps add a few instructions per tile, so the traced kernel is
+ * slightly slower than the timed one (span printed). With the plan, the first CTAs start (PDL) before the plan
+ * ends: their set-up includes that wait, and the span does not include the plan kernels.
  *
- * Then a full-size check (all N blocks, not only the 32 anchors the bench validates): the selected kernel's
- * out and lse against the default's ("3x", the variable unset for that call), bitwise, and the same on 11
- * small / awkward shapes (bft_shape_check: odd n_kv, B 1..64, d_h 64, windows, padding anchors, interleaved
- * documents). Candidates 10 .. 15 do the same per-row arithmetic in the same order, so bitwise equality is
- * expected; the default itself is validated against the CPU reference by the GPU test. Overwrites out / lse.
+ * "TRACE ws": block_attn_forward and block_attn_forward_ws (the public entries, whole calls: plan kernels
+ * included) timed alternately, L2 flushed before each, medians of 10 after 3 warm-ups each, TFLOP/s on the
+ * visible pairs as the bench counts them.
+ *
+ * Then bitwise checks (all N blocks, not only the 32 anchors the bench validates): the selected value without
+ * and with the workspace and the default with the workspace, each against the default without it (the
+ * variable unset, no workspace), out and lse; the same on 11 small / awkward shapes (bft_shape_check: odd n_kv,
+ * B 1..64, d_h 64, windows, padding anchors, interleaved documents). Every path does the same per-row arithmetic
+ * in the same order ("3" differs from the default only in how masks are computed), so bitwise equality is
+ * expected; the default itself is validated against the CPU reference by the bench and the GPU test.
+ * Overwrites out / lse.
  */
 #ifndef KERNELS_BENCH_BA_FWD_TRACE_CUH
 #define KERNELS_BENCH_BA_FWD_TRACE_CUH
@@ -42,7 +51,8 @@ static double bft_mean(const std::vector<double> &v) {
     return v.empty() ? 0 : s / v.size();
 }
 
-/* The selected kernel against the default ("3x") on small and awkward shapes (odd n_kv, B up to 64, d_h 64,
+/* The selected kernel, without and with the plan workspace, and the default with it, against the default
+ * without it, on small and awkward shapes (odd n_kv, B up to 64, d_h 64,
  * windows, interleaved documents that take the doc-id path, padding anchors), bitwise, random data. Prints
  * one TRACE line; returns the number of shapes that differ or fail. */
 static int bft_shape_check(const std::string &name) {
@@ -93,15 +103,21 @@ static int bft_shape_check(const std::string &name) {
         cudaMemcpy(dv, hv.data(), nk * 2, cudaMemcpyHostToDevice);
         cudaMemcpy(da, anc.data(), 4 * (size_t)c.N, cudaMemcpyHostToDevice);
         cudaMemcpy(dd, doc.data(), 4 * (size_t)c.T, cudaMemcpyHostToDevice);
-        std::vector<bf16> o[2];
-        std::vector<float> l[2];
+        const size_t wsb = block_attn_forward_workspace_bytes(&c);
+        void *ws = NULL;
+        cudaMalloc(&ws, wsb);
+        cudaMemset(ws, 0xab, wsb);   /* garbage: the plan must write everything it reads */
+        std::vector<bf16> o[4];
+        std::vector<float> l[4];
         bool ok = true;
-        for (int run = 0; run < 2 && ok; run++) {   /* run 0: the default, 1: the selected value */
-            if (run == 0) unsetenv("DFLASH_BLOCK_ATTN_WG_FWD");
+        /* run 0: the default, 1: the selected value, 2: the selected value with the workspace, 3: the default
+         * with the workspace */
+        for (int run = 0; run < 4 && ok; run++) {
+            if (run == 0 || run == 3) unsetenv("DFLASH_BLOCK_ATTN_WG_FWD");
             else if (sel) setenv("DFLASH_BLOCK_ATTN_WG_FWD", keep.c_str(), 1);
             cudaMemset(dout, 0xff, nq * 2);
             cudaMemset(dl, 0xff, nl * 4);
-            const int rc = ba_wg_forward(&c, dq, dk, dv, da, dd, dout, dl, 0);
+            const int rc = ba_wg_forward_ws(&c, dq, dk, dv, da, dd, dout, dl, run >= 2 ? ws : NULL, 0);
             const cudaError_t e = cudaDeviceSynchronize();
             if (rc || e != cudaSuccess) {
                 printf("TRACE %s shape %d: run %d failed: %s\n", name.c_str(), si, run,
@@ -115,42 +131,43 @@ static int bft_shape_check(const std::string &name) {
             cudaMemcpy(l[run].data(), dl, nl * 4, cudaMemcpyDeviceToHost);
         }
         if (sel) setenv("DFLASH_BLOCK_ATTN_WG_FWD", keep.c_str(), 1);
-        if (ok) ok = !memcmp(o[0].data(), o[1].data(), nq * 2) && !memcmp(l[0].data(), l[1].data(), nl * 4);
+        for (int run = 1; run < 4 && ok; run++)
+            ok = !memcmp(o[0].data(), o[run].data(), nq * 2) && !memcmp(l[0].data(), l[run].data(), nl * 4);
         if (!ok) {
             bad++;
             which += " " + std::to_string(si);
         }
-        cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(dl); cudaFree(da); cudaFree(dd);
+        cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dout); cudaFree(dl); cudaFree(da); cudaFree(dd); cudaFree(ws);
     }
-    printf("TRACE %s shape check vs default (%d shapes, bitwise): %s%s\n", name.c_str(), ns,
-           bad ? "DIFFERS in" : "all equal", which.c_str());
+    printf("TRACE %s shape check vs default (%d shapes x {value, value+ws, default+ws}, bitwise): %s%s\n", name.c_str(),
+           ns, bad ? "DIFFERS in" : "all equal", which.c_str());
     return bad;
 }
 
-static void ba_fwd_trace_report(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
-                                const int32_t *a, const int32_t *doc, bf16 *o, float *l) {
-    const char *sel = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
-    const std::string name = sel && sel[0] ? sel : "3x(default)";
+/* One traced run (after two warm-ups) of the selected kernel, ws NULL or the plan workspace; prints the TRACE
+ * phase lines under name and returns the compact summary ("" and a TRACE line on failure). */
+static std::string bft_trace(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *a,
+                             const int32_t *doc, bf16 *o, float *l, void *ws, const std::string &name) {
     int n_cta = 0;
-    if (ba_wg_forward_traced(c, q, k, v, a, doc, o, l, NULL, &n_cta, 0)) {
-        printf("TRACE SUMMARY %s: %s\n", name.c_str(), kernels_error());
-        return;
+    if (ba_wg_forward_traced(c, q, k, v, a, doc, o, l, ws, NULL, &n_cta, 0)) {
+        printf("TRACE %s: %s\n", name.c_str(), kernels_error());
+        return "";
     }
     const int S = 16;
     unsigned long long *d_tr = NULL;
     if (cudaMalloc(&d_tr, (size_t)n_cta * S * 8) != cudaSuccess) {
-        printf("TRACE SUMMARY %s: cudaMalloc failed\n", name.c_str());
-        return;
+        printf("TRACE %s: cudaMalloc failed\n", name.c_str());
+        return "";
     }
     cudaMemset(d_tr, 0, (size_t)n_cta * S * 8);
     int rc = 0;
     for (int it = 0; it < 3 && !rc; it++)   /* two warm-ups, then the traced run (the last one) */
-        rc = ba_wg_forward_traced(c, q, k, v, a, doc, o, l, d_tr, &n_cta, 0);
+        rc = ba_wg_forward_traced(c, q, k, v, a, doc, o, l, ws, d_tr, &n_cta, 0);
     cudaError_t e = cudaDeviceSynchronize();
     if (rc || e != cudaSuccess) {
-        printf("TRACE SUMMARY %s: run failed: %s\n", name.c_str(), rc ? kernels_error() : cudaGetErrorString(e));
+        printf("TRACE %s: run failed: %s\n", name.c_str(), rc ? kernels_error() : cudaGetErrorString(e));
         cudaFree(d_tr);
-        return;
+        return "";
     }
     std::vector<unsigned long long> tr((size_t)n_cta * S);
     cudaMemcpy(tr.data(), d_tr, tr.size() * 8, cudaMemcpyDeviceToHost);
@@ -229,42 +246,119 @@ static void ba_fwd_trace_report(const block_attn_config *c, const bf16 *q, const
              "span %.0fus CTA setup %.2f loop %.2f epi %.2f us, tile %.2f us wait %.0f%%, busy %.0f%%, gap %.2f us, tail %.1f us",
              span, bft_mean(setup), bft_mean(loop), bft_mean(epi), bft_mean(per_tile), 100.0 * bft_mean(wait_frac),
              100.0 * busy * 1e-3 / ((double)n_sm * span), bft_mean(gaps), span - bft_median(last));
-    /* full-size bitwise check against the default */
+    return sum;
+}
+
+/* Visible (query, key) pairs over all query heads, as the bench counts them (FLOPs = 4·d_h per pair). */
+static double bft_pairs(const block_attn_config *c, const int32_t *d_a, const int32_t *d_doc) {
+    std::vector<int32_t> an(c->N), dc(c->T);
+    cudaMemcpy(an.data(), d_a, 4 * (size_t)c->N, cudaMemcpyDeviceToHost);
+    cudaMemcpy(dc.data(), d_doc, 4 * (size_t)c->T, cudaMemcpyDeviceToHost);
+    double pairs = 0;
+    for (int b = 0; b < c->N; b++) {
+        const int a = an[b], d = dc[a];
+        int ctx = 0;
+        for (int p = c->window > 0 ? std::max(0, a - c->window) : 0; p < a && d != -1; p++) ctx += dc[p] == d;
+        for (int j = 0; j < c->B; j++) pairs += ctx + (c->causal ? j + 1 : c->B);
+    }
+    return pairs * c->n_h;
+}
+
+/* out / lse of one call into o_h / l_h (ws NULL: block_attn_forward's path); the selected value, or the default
+ * when dflt. 0 or -1. */
+static int bft_run(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *a,
+                   const int32_t *doc, bf16 *o, float *l, void *ws, bool dflt, std::vector<bf16> &o_h,
+                   std::vector<float> &l_h) {
+    const char *sel = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
+    const std::string keep = sel ? sel : "";
+    if (dflt) unsetenv("DFLASH_BLOCK_ATTN_WG_FWD");
     const size_t R = (size_t)c->N * c->B, nq = R * c->n_h * c->d_h, nl = R * c->n_h;
-    std::vector<bf16> o1(nq), o2(nq);
-    std::vector<float> l1(nl), l2(nl);
-    std::string keep = sel ? sel : "";
-    unsetenv("DFLASH_BLOCK_ATTN_WG_FWD");
     cudaMemset(o, 0xff, nq * 2);
     cudaMemset(l, 0xff, nl * 4);
-    rc = ba_wg_forward(c, q, k, v, a, doc, o, l, 0);
+    const int rc = ba_wg_forward_ws(c, q, k, v, a, doc, o, l, ws, 0);
     if (sel) setenv("DFLASH_BLOCK_ATTN_WG_FWD", keep.c_str(), 1);
-    e = cudaDeviceSynchronize();
-    if (rc || e != cudaSuccess) {
-        printf("TRACE %s full-size check: default run failed\n", name.c_str());
-        printf("TRACE SUMMARY %s: %s, full-size FAILED\n", name.c_str(), sum);
+    const cudaError_t e = cudaDeviceSynchronize();
+    if (rc || e != cudaSuccess) return -1;
+    o_h.resize(nq);
+    l_h.resize(nl);
+    cudaMemcpy(o_h.data(), o, nq * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(l_h.data(), l, nl * 4, cudaMemcpyDeviceToHost);
+    return 0;
+}
+
+static void ba_fwd_trace_report(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
+                                const int32_t *a, const int32_t *doc, bf16 *o, float *l) {
+    const char *sel = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
+    const std::string name = sel && sel[0] ? sel : "default";
+    const size_t wsb = block_attn_forward_workspace_bytes(c);
+    void *ws = NULL, *flush = NULL;
+    if (cudaMalloc(&ws, wsb) != cudaSuccess || cudaMalloc(&flush, 256 << 20) != cudaSuccess) {
+        printf("TRACE SUMMARY %s: cudaMalloc failed\n", name.c_str());
         return;
     }
-    cudaMemcpy(o1.data(), o, nq * 2, cudaMemcpyDeviceToHost);
-    cudaMemcpy(l1.data(), l, nl * 4, cudaMemcpyDeviceToHost);
-    cudaMemset(o, 0xff, nq * 2);
-    cudaMemset(l, 0xff, nl * 4);
-    rc = ba_wg_forward(c, q, k, v, a, doc, o, l, 0);
-    e = cudaDeviceSynchronize();
-    if (rc || e != cudaSuccess) {
-        printf("TRACE %s full-size check: run failed\n", name.c_str());
-        printf("TRACE SUMMARY %s: %s, full-size FAILED\n", name.c_str(), sum);
-        return;
+    cudaMemset(ws, 0xab, wsb);   /* garbage: the plan must write everything it reads */
+    const std::string sum0 = bft_trace(c, q, k, v, a, doc, o, l, NULL, name);
+    const std::string sum1 = bft_trace(c, q, k, v, a, doc, o, l, ws, name + "+ws");
+
+    /* block_attn_forward against block_attn_forward_ws, whole calls, alternately, L2 flushed before each */
+    std::vector<double> ms[2];
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    bool tok = true;
+    for (int it = 0; it < 13 && tok; it++)
+        for (int w = 0; w < 2 && tok; w++) {
+            cudaMemset(flush, it, 256 << 20);
+            cudaEventRecord(e0, 0);
+            const int rc = w ? block_attn_forward_ws(c, q, k, v, a, doc, o, l, ws, 0)
+                             : block_attn_forward(c, q, k, v, a, doc, o, l, 0);
+            cudaEventRecord(e1, 0);
+            tok = !rc && cudaEventSynchronize(e1) == cudaSuccess;
+            float t = 0;
+            cudaEventElapsedTime(&t, e0, e1);
+            if (it >= 3) ms[w].push_back(t);
+        }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    const double pairs = bft_pairs(c, a, doc), fl = pairs * c->d_h * 4.0;
+    char tline[256];
+    if (tok)
+        snprintf(tline, sizeof tline, "block_attn_forward %.3f ms %.1f TFLOP/s, _ws %.3f ms %.1f TFLOP/s (x%.3f)",
+                 bft_median(ms[0]), fl / bft_median(ms[0]) / 1e9, bft_median(ms[1]), fl / bft_median(ms[1]) / 1e9,
+                 bft_median(ms[0]) / bft_median(ms[1]));
+    else
+        snprintf(tline, sizeof tline, "timing FAILED: %s", kernels_error());
+    printf("TRACE ws %s: %s\n", name.c_str(), tline);
+
+    /* full-size bitwise checks against the default without the workspace */
+    std::vector<bf16> o0, o1;
+    std::vector<float> l0, l1;
+    std::string eq;
+    if (bft_run(c, q, k, v, a, doc, o, l, NULL, true, o0, l0)) {
+        eq = "default run FAILED";
+    } else {
+        static const char *const what[3] = {"value", "value+ws", "default+ws"};
+        for (int r = 0; r < 3; r++) {
+            if (bft_run(c, q, k, v, a, doc, o, l, r ? ws : NULL, r == 2, o1, l1)) {
+                eq += std::string(eq.empty() ? "" : ", ") + what[r] + " FAILED";
+                continue;
+            }
+            size_t dO = 0, dL = 0;
+            for (size_t i = 0; i < o0.size(); i++) dO += memcmp(&o0[i], &o1[i], 2) != 0;
+            for (size_t i = 0; i < l0.size(); i++) dL += memcmp(&l0[i], &l1[i], 4) != 0;
+            char b[128];
+            snprintf(b, sizeof b, "%s%s %s", eq.empty() ? "" : ", ", what[r], dO || dL ? "DIFF" : "eq");
+            eq += b;
+            if (dO || dL) printf("TRACE %s full-size: %s differs (out %zu of %zu, lse %zu of %zu)\n", name.c_str(),
+                                 what[r], dO, o0.size(), dL, l0.size());
+        }
     }
-    cudaMemcpy(o2.data(), o, nq * 2, cudaMemcpyDeviceToHost);
-    cudaMemcpy(l2.data(), l, nl * 4, cudaMemcpyDeviceToHost);
-    size_t dO = 0, dL = 0;
-    for (size_t i = 0; i < nq; i++) dO += memcmp(&o1[i], &o2[i], 2) != 0;
-    for (size_t i = 0; i < nl; i++) dL += memcmp(&l1[i], &l2[i], 4) != 0;
-    printf("TRACE %s full-size vs default (all %d blocks): %s (out %zu of %zu differ, lse %zu of %zu)\n", name.c_str(),
-           c->N, dO || dL ? "DIFFERS" : "bitwise equal", dO, nq, dL, nl);
+    printf("TRACE %s full-size vs default (all %d blocks, bitwise): %s\n", name.c_str(), c->N, eq.c_str());
     const int bad = bft_shape_check(name);
-    printf("TRACE SUMMARY %s: %s, full-size %s, shapes %s\n", name.c_str(), sum, dO || dL ? "DIFF" : "eq",
-           bad ? "DIFF" : "eq");
+    cudaFree(ws);
+    cudaFree(flush);
+    printf("TRACE SUMMARY %s: %s\n", name.c_str(), sum0.c_str());
+    printf("TRACE SUMMARY %s+ws: %s\n", name.c_str(), sum1.c_str());
+    printf("TRACE SUMMARY %s ws: %s; full-size %s; shapes %s\n", name.c_str(), tline, eq.c_str(), bad ? "DIFF" : "eq");
 }
 #endif

@@ -36,17 +36,14 @@
  *              each kernel keeps with free math), 2 with the products but not the softmax math between
  *              them (exp, masks, dS). The set 7 forward is driven by the caller's environment
  *              (DFLASH_BLOCK_ATTN_WG_FWD).
- *   variants 95, 96: session 3 round 3's dQ-kernel candidates DFLASH_BA_WG_M=10 (3 context K/V buffers, tiles
- *              loaded 2 ahead, right after each iteration's barrier), 11 (10 with the loads after each tile's S,
- *              dP wgmmas); same checks as 88, compared bitwise with 84 (equal expected: schedule changes only).
- *              See kernels/block_attn_bwd_wg.cu's header. The dQ column ("q") includes the plan kernel of
- *              kernel 3 (wb_qplan_kernel).
+ *              The dQ column ("q") includes the plan kernel of kernel 3 (wb_qplan_kernel).
  *              History: variants 80 (KV=2 Q=1, round 1's default), 81 (KV=1), 82 (KV=2p Q=1), 83 (KV=2 Q=2),
  *              85 (KV=2d) were removed with the library's DFLASH_BA_WG_KV / DFLASH_BA_WG_Q knobs in the
  *              clean-up after git commit b94183e (their code is there); 86 (the previous default, M=1), 87, 89,
  *              90 (M=2, 4, 5) after git commit e591095; 91, 93, 94 (M=6, 8, 9) after git commit a239172, 92
- *              (M=7) became 88. Their numbers are in RESULTS.md.
- * BA_BENCH_VARIANTS=8,84,88,95,96 runs only the listed variants (variant 3's forward is always validated: it
+ *              (M=7) became 88; 95, 96 (M=10, 11: kernel 3's K/V tiles loaded 2 ahead) after git commit 2693407.
+ *              Their numbers are in RESULTS.md.
+ * BA_BENCH_VARIANTS=8,84,88 runs only the listed variants (variant 3's forward is always validated: it
  * makes the backward's inputs).
  * Measured 2026-11-29 on the H200 (RESULTS.md): forward 1: 28.4, 2: 141.4, 3: 123.1, 4: 100.4 TFLOP/s;
  * backward 1: 21.1, 3: 66.1, 4: 68.4 TFLOP/s. Later the same day: forward 2: 141.3, 3: 123.3, 5: 143.2;
@@ -181,16 +178,14 @@ static int backward_k(const block_attn_config *c, const bf16 *q, const bf16 *k, 
                          : v3k::ba_backward_select<64>(KID, c, q, k, v, a, doc, out, dout, lse, dq, dk, dv, st);
 }
 
-/* ---------------------------------------------------------------- variants 84, 88, 95, 96: set 7 backward
+/* ---------------------------------------------------------------- variants 84, 88: set 7 backward
  * (kv, q: the library's fixed configuration, printed only) */
 struct bwd7_cfg {
     int id;
     const char *kv, *q, *m, *what;
 };
 static const bwd7_cfg bwd7_cfgs[] = {{84, "2p", "2", "0", "DFLASH_BA_WG_M=0: the revert switch"},
-                                     {88, "2p", "2", "", "default: fast elementwise, dK/dV loads after S, dP, dQ set-up from a plan"},
-                                     {95, "2p", "2", "10", "candidate M=10: 88 + dQ kernel's K/V tiles loaded 2 ahead"},
-                                     {96, "2p", "2", "11", "candidate M=11: M=10 + those loads after each tile's S, dP"}};
+                                     {88, "2p", "2", "", "default: fast elementwise, dK/dV loads after S, dP, dQ set-up from a plan"}};
 static const bwd7_cfg &bwd7_find(int id) {
     for (const bwd7_cfg &c : bwd7_cfgs)
         if (c.id == id) return c;
@@ -854,7 +849,7 @@ struct variant {
     fwd_fn fwd;
     bwd_fn bwd;
     bool fwd_ok, bwd_ok;
-    bool time_fwd = true;   /* false: the forward is validated only (variants 84, 88, 95, 96 share variant 8's) */
+    bool time_fwd = true;   /* false: the forward is validated only (variants 84, 88 share variant 8's) */
 };
 
 /* max |g - r| and whether every element is within atol + rtol·|r| */
@@ -997,9 +992,7 @@ int main(void) {
                                  {8, forward_k<7>, backward_k<7>, false, false},
                                  {7, block_attn_forward, block_attn_backward, false, false},
                                  {84, forward_k<7>, backward7<0>, false, false, false},
-                                 {88, forward_k<7>, backward7<1>, false, false, false},
-                                 {95, forward_k<7>, backward7<2>, false, false, false},
-                                 {96, forward_k<7>, backward7<3>, false, false, false}};
+                                 {88, forward_k<7>, backward7<1>, false, false, false}};
     {   /* BA_BENCH_VARIANTS=8,84,88 (optional): run only these variants, so that a new variant that faults
          * cannot take the others' measurements with it */
         const char *sel = getenv("BA_BENCH_VARIANTS");
@@ -1023,7 +1016,7 @@ int main(void) {
             vars = keep;
         }
     }
-    /* set 7's backward variants (84, 88, 95, 96) run as a second phase, after every other variant is validated and
+    /* set 7's backward variants (84, 88) run as a second phase, after every other variant is validated and
      * timed, so that a fault in a new variant cannot hide the other measurements */
     std::vector<variant> vars2;
     for (auto it = vars.begin(); it != vars.end();)
@@ -1058,7 +1051,7 @@ int main(void) {
         std::vector<variant> &vs = phase ? vars2 : vars;
         if (phase) {
             if (vs.empty()) break;
-            printf("set 7 backward (kernels/block_attn_bwd_wg.cu, KV=2p Q=2; 84: DFLASH_BA_WG_M=0, 88: default, 95, 96: M=10, 11):\n");
+            printf("set 7 backward (kernels/block_attn_bwd_wg.cu, KV=2p Q=2; 84: DFLASH_BA_WG_M=0, 88: default):\n");
             validate(c, q, k, v, anchors, doc, vs);
         }
         for (variant &var : vs)
@@ -1112,7 +1105,7 @@ int main(void) {
                     static std::vector<float> ref_k, ref_v, ref_q;
                     if (var.id == 84) {
                         ref_k = a2, ref_v = v2, ref_q = q2;
-                    } else if (var.id >= 86 && !ref_k.empty()) {   /* 88 and the candidates 95, 96 */
+                    } else if (var.id >= 86 && !ref_k.empty()) {   /* 88 (and any later candidate) */
                         bool eq = !memcmp(a2.data(), ref_k.data(), nk * 4) && !memcmp(v2.data(), ref_v.data(), nk * 4) &&
                                   !memcmp(q2.data(), ref_q.data(), nq * 4);
                         g_bwd7_sum[var.id - 80].cmp_done = true, g_bwd7_sum[var.id - 80].cmp_eq = eq;

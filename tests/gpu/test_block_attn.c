@@ -14,7 +14,11 @@
  * Every case runs each kernel set of the launcher: the default (the wgmma set 7) and the verified sets it
  * can be reverted to with DFLASH_BLOCK_ATTN_KERNEL=6, 5 or 3; then set 7's forward under its default and
  * its one revert switch, DFLASH_BLOCK_ATTN_WG_FWD=3 (forward only); the rejects case checks that any
- * other value of that variable fails.
+ * other value of that variable fails. block_attn_forward_ws (the plan workspace, poisoned before use) runs
+ * next to block_attn_forward on every case: for sets 3, 5, 6 and the default, and for set 7's forward
+ * under the default, "3" and the candidate "20" (persistent; without a workspace it is the default), twice on
+ * one workspace (reuse); its out and lse must be bitwise equal to block_attn_forward's.
+ * block_attn_gpu_workspace checks the workspace size contract and the alignment check.
  */
 #include <cuda_runtime_api.h>
 
@@ -22,6 +26,24 @@
 #include "kernels/block_attn.h"
 #include "k1util.h"
 
+
+/* block_attn_forward_ws on d_ws, reps times (the workspace reused), against block_attn_forward's output ob / lg
+ * (bf16 out as stored, lse): every bit equal, each time (out / lse poisoned before each call). */
+static void fwd_ws_same(const block_attn_config *c, const bf16 *d_q, const bf16 *d_k, const bf16 *d_v,
+                        const int32_t *d_a, const int32_t *d_doc, bf16 *d_o, float *d_l, void *d_ws, const bf16 *ob,
+                        const float *lg, bf16 *ob_ws, float *lg_ws, size_t nq, size_t nl, const char *name, int reps) {
+    for (int rep = 0; rep < reps; rep++) {
+        K1_CUDA(cudaMemset(d_o, 0xff, 2 * nq));   /* poison: NaN */
+        K1_CUDA(cudaMemset(d_l, 0xff, 4 * nl));
+        ck_assert_msg(block_attn_forward_ws(c, d_q, d_k, d_v, d_a, d_doc, d_o, d_l, d_ws, 0) == 0, "%s", kernels_error());
+        K1_CUDA(cudaDeviceSynchronize());
+        K1_CUDA(cudaMemcpy(ob_ws, d_o, 2 * nq, cudaMemcpyDeviceToHost));
+        K1_CUDA(cudaMemcpy(lg_ws, d_l, 4 * nl, cudaMemcpyDeviceToHost));
+        ck_assert_msg(!memcmp(ob_ws, ob, 2 * nq) && !memcmp(lg_ws, lg, 4 * nl),
+                      "block_attn_forward_ws (%s, call %d): out / lse not bitwise equal to block_attn_forward's", name,
+                      rep + 1);
+    }
+}
 
 static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int causal, int doc_len, uint64_t seed) {
     block_attn_config c = {T, N, B, n_h, n_kv, d_h, window, causal, 1.0f / sqrtf((float)d_h)};
@@ -63,12 +85,20 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
     K1_CUDA(cudaMalloc((void **)&d_dq, 4 * nq));
     K1_CUDA(cudaMalloc((void **)&d_dk, 4 * nk));
     K1_CUDA(cudaMalloc((void **)&d_dv, 4 * nk));
+    /* the forward's plan workspace (block_attn_forward_ws): caller-owned, not initialised (poisoned here) */
+    const size_t ws_bytes = block_attn_forward_workspace_bytes(&c);
+    ck_assert(ws_bytes > 0 && ws_bytes % 16 == 0);
+    void *d_ws;
+    K1_CUDA(cudaMalloc(&d_ws, ws_bytes));
+    K1_CUDA(cudaMemset(d_ws, 0xab, ws_bytes));
+    bf16 *ob_ws = malloc(2 * nq);
+    float *lg_ws = malloc(4 * nl);
     /* every kernel set of the launcher: the default (unset), then the verified ones it can be
      * reverted to (DFLASH_BLOCK_ATTN_KERNEL=6, 5, 3); then set 7's backward under DFLASH_BA_WG_M=0 (its
-     * revert switch) and the candidates 10, 11 (kernels/block_attn_bwd_wg.cu), which change only the
-     * schedule: bitwise equal to the default's gradients */
-    static const char *const kernels[] = {"", "6", "5", "3", "7", "7", "7"};
-    static const char *const wg_m[] = {NULL, NULL, NULL, NULL, "0", "10", "11"};
+     * revert switch; kernels/block_attn_bwd_wg.cu). A future schedule candidate goes in as another "7" entry
+     * with its DFLASH_BA_WG_M value: the loop then also asserts its gradients bitwise equal to the default's */
+    static const char *const kernels[] = {"", "6", "5", "3", "7"};
+    static const char *const wg_m[] = {NULL, NULL, NULL, NULL, "0"};
     const char *m_was = getenv("DFLASH_BA_WG_M");
     char *m_saved = m_was ? strdup(m_was) : NULL;
     ck_assert(unsetenv("DFLASH_BA_WG_M") == 0);   /* ki 0: set 7's default backward */
@@ -92,6 +122,9 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
         K1_CUDA(cudaMemcpy(dqg, d_dq, 4 * nq, cudaMemcpyDeviceToHost));
         K1_CUDA(cudaMemcpy(dkg, d_dk, 4 * nk, cudaMemcpyDeviceToHost));
         K1_CUDA(cudaMemcpy(dvg, d_dv, 4 * nk, cudaMemcpyDeviceToHost));
+        if (ki <= 3)   /* the forward with the workspace (set 7: the plan path; 6, 5, 3 ignore it): same bits */
+            fwd_ws_same(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_l, d_ws, ob, lg, ob_ws, lg_ws, nq, nl,
+                        kernels[ki][0] ? kernels[ki] : "default", 1);
 
         /* the backward is deterministic (no atomics): a second call reproduces every bit */
         {
@@ -136,11 +169,11 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
         ck_assert(unsetenv("DFLASH_BA_WG_M") == 0);
     }
     free(dq0); free(dk0); free(dv0);
-    /* set 7's forward (kernels/block_attn_fwd_wg.cu) under the default (DFLASH_BLOCK_ATTN_WG_FWD unset, "3x")
-     * and the one revert switch ("3"), forward only, same bounds; the variable's own value, if any, is
-     * restored after */
+    /* set 7's forward (kernels/block_attn_fwd_wg.cu) under the default (DFLASH_BLOCK_ATTN_WG_FWD unset), the one
+     * revert switch ("3") and the candidate "20", forward only, same bounds, each also with the workspace; the
+     * variable's own value, if any, is restored after */
     {
-        static const char *const fwd[] = {"", "3"};
+        static const char *const fwd[] = {"", "3", "20"};   /* 20: a candidate (the persistent plan path) */
         const char *was = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
         char *saved = was ? strdup(was) : NULL;
         ck_assert(setenv("DFLASH_BLOCK_ATTN_KERNEL", "7", 1) == 0);
@@ -161,6 +194,8 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
             ck_assert_msg(err_gpu <= 2 * err_base + 1e-6, "out (set 7, forward %s): kernel err %.4g > 2 x bf16-reference err %.4g",
                           name, err_gpu, err_base);
             ck_assert_msg(test_allclose("lse", lg, l32, nl, 1e-3, 0), "lse (set 7, forward %s)", name);
+            /* the plan path, twice on the same workspace: bitwise equal to the in-kernel set-up */
+            fwd_ws_same(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_l, d_ws, ob, lg, ob_ws, lg_ws, nq, nl, name, 2);
         }
         if (saved) {
             ck_assert(setenv("DFLASH_BLOCK_ATTN_WG_FWD", saved, 1) == 0);
@@ -172,7 +207,8 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
     unsetenv("DFLASH_BLOCK_ATTN_KERNEL");
 
     cudaFree(d_q); cudaFree(d_k); cudaFree(d_v); cudaFree(d_go); cudaFree(d_a); cudaFree(d_doc);
-    cudaFree(d_o); cudaFree(d_l); cudaFree(d_dq); cudaFree(d_dk); cudaFree(d_dv);
+    cudaFree(d_o); cudaFree(d_l); cudaFree(d_dq); cudaFree(d_dk); cudaFree(d_dv); cudaFree(d_ws);
+    free(ob_ws); free(lg_ws);
     free(doc); free(mask); free(anchors); free(valid); free(qb); free(kb); free(vb); free(gb); free(ob);
     free(q); free(k); free(v); free(go); free(o32); free(obf); free(l32); free(lbf); free(dq); free(dk); free(dv);
     free(og); free(lg); free(dqg); free(dkg); free(dvg);
@@ -221,10 +257,10 @@ START_TEST(block_attn_gpu_rejects) {
         ck_assert_ptr_nonnull(strstr(kernels_error(), "expected 3 (the previous default)"));
     }
     unsetenv("DFLASH_BLOCK_ATTN_WG_FWD");
-    /* set 7's backward takes DFLASH_BA_WG_M unset / empty (the default), 0 (its revert switch) or a
-     * candidate 10, 11: a retired value (1-9: the old defaults and the candidates of rounds 1 and 2) or anything
-     * else fails before any launch */
-    static const char *const m_bad[] = {"1", "2", "3", "4", "5", "6", "7", "8", "9", "12", "x"};
+    /* set 7's backward takes DFLASH_BA_WG_M unset / empty (the default) or 0 (its revert switch): a
+     * retired value (1-11: the old defaults and the candidates of rounds 1-3) or anything else fails before any
+     * launch */
+    static const char *const m_bad[] = {"1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "x"};
     for (size_t i = 0; i < sizeof m_bad / sizeof m_bad[0]; i++) {
         char want[32];
         snprintf(want, sizeof want, "DFLASH_BA_WG_M=%s,", m_bad[i]);
@@ -237,6 +273,46 @@ START_TEST(block_attn_gpu_rejects) {
 }
 END_TEST
 
+START_TEST(block_attn_gpu_workspace) {
+    /* the size: a function of N only (16-byte multiple, growing with N), 0 for no config; env-independent */
+    block_attn_config c = {2048, 64, 16, 32, 8, 128, 512, 1, 0.1f};
+    ck_assert_uint_eq(block_attn_forward_workspace_bytes(NULL), 0);
+    const size_t w64 = block_attn_forward_workspace_bytes(&c);
+    ck_assert(w64 > 0 && w64 % 16 == 0);
+    ck_assert_int_eq(setenv("DFLASH_BLOCK_ATTN_WG_FWD", "3", 1), 0);
+    ck_assert_uint_eq(block_attn_forward_workspace_bytes(&c), w64);
+    unsetenv("DFLASH_BLOCK_ATTN_WG_FWD");
+    c.B = 1;
+    c.n_kv = 1;
+    c.d_h = 64;
+    c.window = 0;
+    ck_assert_uint_eq(block_attn_forward_workspace_bytes(&c), w64);
+    size_t prev = 0;
+    for (int n = 1; n <= 600; n++) {
+        c.N = n;
+        const size_t w = block_attn_forward_workspace_bytes(&c);
+        ck_assert_msg(w > 0 && w % 16 == 0 && w >= prev, "N=%d: %zu bytes (N-1: %zu)", n, w, prev);
+        ck_assert(w <= 256 + 72 * (size_t)n);   /* ~65 bytes per block */
+        prev = w;
+    }
+    c.N = 0;
+    ck_assert_uint_eq(block_attn_forward_workspace_bytes(&c), 0);
+    /* a misaligned workspace fails before any launch (valid config, 16-byte aligned dummy pointers) */
+    c = (block_attn_config){97, 5, 16, 4, 2, 64, 0, 0, 0.125f};
+    char *p = (char *)(uintptr_t)4096;
+    ck_assert_int_eq(block_attn_forward_ws(&c, (bf16 *)p, (bf16 *)p, (bf16 *)p, (int32_t *)p, (int32_t *)p, (bf16 *)p,
+                                           (float *)p, p + 8, 0), -1);
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "not 16-byte aligned"));
+    /* an unknown set-7 value fails on the _ws path too */
+    ck_assert_int_eq(setenv("DFLASH_BLOCK_ATTN_KERNEL", "7", 1), 0);
+    ck_assert_int_eq(setenv("DFLASH_BLOCK_ATTN_WG_FWD", "10", 1), 0);
+    ck_assert_int_eq(block_attn_forward_ws(&c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0), -1);
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "expected 3 (the previous default)"));
+    unsetenv("DFLASH_BLOCK_ATTN_WG_FWD");
+    unsetenv("DFLASH_BLOCK_ATTN_KERNEL");
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("gpu_block_attn");
     TCase *tc = tcase_create("gpu");
@@ -244,6 +320,7 @@ int main(void) {
     tcase_add_test(tc, block_attn_gpu_small);
     tcase_add_test(tc, block_attn_gpu_production);
     tcase_add_test(tc, block_attn_gpu_rejects);
+    tcase_add_test(tc, block_attn_gpu_workspace);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }
