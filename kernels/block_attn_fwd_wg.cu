@@ -52,7 +52,8 @@
  * Epilogue (session 3, round-1 value 10, the default since): out staged in the warpgroup's own Q tile (free
  * once its last wgmma is waited; same swizzled layout, conflict-free 4-byte writes), a named barrier per
  * warpgroup, then 16-byte stores (16 threads per 256-byte output row) instead of 4-byte stores in
- * half-sector pieces. H200: 0.299 ms = 237.8 TFLOP/s against 0.311 ms unstaged. "3" keeps the 4-byte stores.
+ * half-sector pieces. H200: 0.299-0.301 ms = 236.5-238.1 TFLOP/s against 0.311 ms unstaged. "3" keeps the
+ * 4-byte stores (0.313 ms).
  *
  * Plan path (block_attn_forward_ws, kernels/block_attn.h: d_ws != NULL). The set-up above costs ~4.6 µs per
  * CTA (~48 µs per SM at the standard shape, ~10 CTAs per SM) and is the same for every kv head of a block
@@ -65,16 +66,9 @@
  * (rank blockIdx.x / n_kv, kv head blockIdx.x % n_kv), so the hardware's in-order dispatch is a
  * longest-first list schedule, and its set-up is one 96-byte load and a barrier before the Q and first
  * K/V loads. Same per-row arithmetic as the in-kernel path: out and lse bitwise equal (the bench's
- * BA_FWD_TRACE=1 report and the GPU test compare them).
- *
- * Candidate 20 (DFLASH_BLOCK_ATTN_WG_FWD=20, plan path only; without a workspace it is the default):
- * persistent CTAs (grid = #SMs) walking the ranked items in a snake (CTA c: items j·P + c for even j,
- * j·P + P-1-c for odd j: balances the sorted sizes; python check: every item exactly once, max load ~3%
- * over the mean against ~1.5% for a dynamic queue). Two Q sets (225 KB + 1.2 KB static at d_h 128) and
- * two record slots: the next item's record is read into registers at an item's start; after its tile walk
- * (every wgmma and cp.async drained) one barrier publishes that record, the next item's Q and first two
- * K/V tiles are issued (the same three cp.async groups as a fresh CTA's prologue), and only then the
- * item's epilogue runs, so those loads overlap it; no CTA launch or set-up between items. Same arithmetic.
+ * BA_FWD_TRACE=1 report and the GPU test compare them). H200 (2026-11-29, whole calls, plan kernels
+ * included): 0.265 ms = 268.3 TFLOP/s against 0.299-0.301 ms without the workspace ("3": 0.277 against
+ * 0.313); traced: span 256.5 µs, SMs busy 96%, tail 8.5 µs, set-up 3.74 µs per CTA.
  *
  * History: session 3's round-1 candidates (DFLASH_BLOCK_ATTN_WG_FWD 11-18: per-stage mbarriers instead of
  * the per-tile __syncthreads in two protocols, two kv heads per CTA, their combinations with the staged
@@ -82,8 +76,14 @@
  * from this file: their code is in git commit 4dc63f4 (with the phase trace and value 10), their numbers in
  * kernels/bench/RESULTS.md.
  *
+ * History: session 3's round-2 candidate 20 (DFLASH_BLOCK_ATTN_WG_FWD=20, plan path only: persistent CTAs,
+ * grid = #SMs, walking the ranked items in a snake order, with a second Q set so that the next item's Q and
+ * first K/V tiles load during an item's epilogue) took 0.267 ms with the workspace, no gain over the plan
+ * alone, and was deleted from this file: its code is in git commit aa65d2e, its numbers in
+ * kernels/bench/RESULTS.md (the seventeenth H200 run). The value is now rejected like any unknown one.
+ *
  * TRACE (bench only, ba_wg_forward_traced): %globaltimer / clock64 stamps per CTA (layout in block_attn_wg.h).
- * ptxas, d_h 128: default 164 registers (plan path 163), "3" 159 (161), 20 166; plan kernels 56 and 34; no
+ * ptxas, d_h 128: default 164 registers (plan path 163), "3" 159 (161); plan kernels 56 and 34; no
  * spills, no C7510/C7511.
  */
 #include "kernels/block_attn_wg.h"
@@ -447,12 +447,8 @@ struct wf_item {
 
 /* The main kernel. Without PLAN: grid (groups, n_kv), wf_setup in the kernel. PLAN: launched with PDL behind
  * the plan (plan = the records by rank); blockIdx.x = rank · n_kv + kv head, so the CTAs start longest
- * group first; the set-up is one 96-byte record load. PERS (with PLAN; value 20): grid = min(#SMs, items),
- * CTA c walks items j·P + (j even ? c : P - 1 - c) (P = gridDim.x; a snake over the ranks, which balances
- * the sorted sizes); at the end of an item's tile walk it loads the next item's record (read at the item's
- * start into registers), issues the next item's Q (second Q set) and first two K/V tiles, and only then
- * writes the item's out / lse, so those loads overlap the epilogue. Same per-row arithmetic in every mode. */
-template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool PERS, bool TRACE>
+ * group first; the set-up is one 96-byte record load. Same per-row arithmetic in both modes. */
+template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE>
 __global__ void __launch_bounds__(NWG * 128, 1)
 ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
                      const int32_t *doc_ids, __nv_bfloat16 *out, float *lse, int T, int N, int B, int n_h, int n_kv,
@@ -460,16 +456,14 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     using C = wf_cfg<HD, NWG>;
     constexpr int CH = HD / 8, THREADS = C::THREADS, TILE = C::TILE, NST = C::NST, QTILE = C::QTILE;
     constexpr int KPANEL = C::KPANEL, KT = C::KT;
-    constexpr int NQ = PERS ? 2 : 1;   /* Q sets (PERS: the next item's Q lands during this item's epilogue) */
     static_assert(!PLAN || NWG == WF_GROUP, "the plan's groups are WF_GROUP blocks");
-    static_assert(!PERS || (PLAN && !TRACE), "the persistent kernel runs on the plan, untraced");
     extern __shared__ unsigned char wf_raw[];
     __shared__ int sDoc[NST][KT];   /* doc id of each key of a context tile's stage */
     __shared__ int sPart[PLAN ? 1 : NWG * 4][NWG][3]; /* per warp and block: first, last key of the document, count */
     /* the set-up's result (the plan record's layout): narrowed context range of each block [lo, hi), merged
      * segments (first key, end key, first tile), their count, the context tile count, the contiguity flag,
-     * the blocks' doc ids (PLAN); PERS: one per Q set */
-    __shared__ __align__(16) int sRecs[NQ][WF_REC];
+     * the blocks' doc ids (PLAN) */
+    __shared__ __align__(16) int sRec[WF_REC];
     unsigned long long tr_t0 = 0, tr_c0 = 0, tr_t1 = 0, tr_wait = 0;
     if (TRACE) {
         tr_t0 = wf_gtime();
@@ -477,24 +471,19 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     }
 
     const uint32_t sbase = (wg_smem_u32(wf_raw) + 1023u) & ~1023u;
-    const uint32_t sQ = sbase;                       /* NQ sets of NWG tiles, one per warpgroup */
-    const uint32_t sKV = sbase + NQ * NWG * QTILE;   /* stage st: K at sKV + 2·st·TILE, V right after */
+    const uint32_t sQ = sbase;                  /* NWG tiles, one per warpgroup */
+    const uint32_t sKV = sbase + NWG * QTILE;   /* stage st: K at sKV + 2·st·TILE, V right after */
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
     const int G = n_h / n_kv, used = G * B;
     const int BP = B <= 16 ? 16 : B <= 32 ? 32 : 64, per = KT / BP;   /* block keys: rows per block, blocks per tile */
-    const int n_items = (N + NWG - 1) / NWG * n_kv;
-    auto pers_item = [&](int j) {   /* PERS: the CTA's item of round j (snake order) */
-        const int P = gridDim.x, c = blockIdx.x;
-        return j * P + ((j & 1) ? P - 1 - c : c);
-    };
-    int item = PERS ? pers_item(0) : blockIdx.x;   /* PLAN: rank · n_kv + kv head */
+    const int item = blockIdx.x;   /* PLAN: rank · n_kv + kv head */
     int4 recv = make_int4(0, 0, 0, 0);
     if (PLAN) {
         asm volatile("griddepcontrol.wait;\n" ::: "memory");   /* the plan is complete and visible */
         if (tid < WF_REC / 4) recv = __ldcg((const int4 *)(plan + (size_t)(item / n_kv) * WF_REC) + tid);
     }
 
-    /* this item's Q tile of warpgroup wg, into the Q set at qset */
+    /* this item's Q tile of warpgroup wg, into the NWG Q tiles at qset */
     auto load_q = [&](const wf_item &it, uint32_t qset) {
         const bool lv = wg < it.nb;
         for (int i = wtid; i < WF_KT * CH; i += 128) {
@@ -568,191 +557,170 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         }
     };
 
-    bool pre = false;   /* PERS: this item's record, Q and first tiles were issued at the end of the previous one */
-    for (int j = 0;; j++) {
-        const int par = PERS ? (j & 1) : 0;
-        int *const sRec = sRecs[par];
-        const uint32_t qset = sQ + par * NWG * QTILE;
-        int4 recv_nx = make_int4(0, 0, 0, 0);
-        const int next = PERS ? pers_item(j + 1) : n_items;
-        if (PERS && next < n_items && tid < WF_REC / 4)   /* used at the end of this item */
-            recv_nx = __ldcg((const int4 *)(plan + (size_t)(next / n_kv) * WF_REC) + tid);
-        int d;
-        wf_item cur;
-        if (PLAN) {
-            if (!pre) {
-                if (tid < WF_REC / 4) ((int4 *)sRec)[tid] = recv;
-                __syncthreads();
-            }
-            cur = make_item(sRec, item);
-            if (!pre) prologue(cur, qset);
-            d = sRec[WR_D + wg];
-        } else {
-            const int b0 = blockIdx.x * NWG, nb = min(NWG, N - b0);
-            wf_item q0;   /* only b0, nb, g0 for the Q load, issued before the set-up */
-            q0.b0 = b0;
-            q0.nb = nb;
-            q0.g0 = blockIdx.y;
-            load_q(q0, qset);
+    int d;
+    wf_item cur;
+    if (PLAN) {
+        if (tid < WF_REC / 4) ((int4 *)sRec)[tid] = recv;
+        __syncthreads();
+        cur = make_item(sRec, item);
+        prologue(cur, sQ);
+        d = sRec[WR_D + wg];
+    } else {
+        const int b0 = blockIdx.x * NWG, nb = min(NWG, N - b0);
+        wf_item q0;   /* only b0, nb, g0 for the Q load, issued before the set-up */
+        q0.b0 = b0;
+        q0.nb = nb;
+        q0.g0 = blockIdx.y;
+        load_q(q0, sQ);
+        mma_commit();
+        d = wf_setup<NWG>(anchors, doc_ids, b0, nb, window, sPart, sRec + WR_LO, sRec + WR_HI,
+                          (int(*)[3])(sRec + WR_SEG), sRec[WR_NSEG], sRec[WR_NCTX], sRec[WR_CONT]);
+        cur = make_item(sRec, item);
+        const int nt = cur.n_ctx + (cur.nb + per - 1) / per;
+#pragma unroll
+        for (int s = 0; s < NST - 2; s++) {
+            if (s < nt) load(cur, s, s);
             mma_commit();
-            d = wf_setup<NWG>(anchors, doc_ids, b0, nb, window, sPart, sRec + WR_LO, sRec + WR_HI,
-                              (int(*)[3])(sRec + WR_SEG), sRec[WR_NSEG], sRec[WR_NCTX], sRec[WR_CONT]);
-            cur = make_item(sRec, item);
-            const int nt = cur.n_ctx + (cur.nb + per - 1) / per;
-#pragma unroll
-            for (int s = 0; s < NST - 2; s++) {
-                if (s < nt) load(cur, s, s);
-                mma_commit();
-            }
         }
-        const bool live = wg < cur.nb;
-        const int b0 = cur.b0, g0 = cur.g0, n_ctx = cur.n_ctx;
-        const int my_lo = sRec[WR_LO + wg], my_hi = sRec[WR_HI + wg];   /* [lo, hi), empty when hi <= lo */
-        /* FAST: a context key is visible iff it lies in [my_lo, my_hi) (every block's document contiguous) */
-        const bool by_range = cur.by_range;
-        const int n_tiles = n_ctx + (cur.nb + per - 1) / per;
-
-        float o[HD / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-#pragma unroll
-        for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
-        const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;   /* this thread's rows in its warpgroup's tile */
-        const int j0 = r0 % B, j1 = r1 % B;
-        const uint32_t myQ = qset + wg * QTILE;
-        /* out and lse of head gh (the warpgroup's accumulators, all its wgmma done); EPI stages in buf, a Q tile
-         * of this warpgroup that no wgmma reads any more */
-        auto epilogue = [&](int gh, uint32_t buf) {
-            if (!live) return;
-            const int R = N * B, t4 = lane & 3;
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int r = half ? r1 : r0;
-                float lv = l[half];
-                lv += __shfl_xor_sync(0xffffffffu, lv, 1);
-                lv += __shfl_xor_sync(0xffffffffu, lv, 2);
-                const float inv = 1.f / lv;
-                if (EPI) {   /* stage the bf16 row in this warpgroup's Q tile (its wgmma reads are done), same layout */
-#pragma unroll
-                    for (int i = 0; i < HD / 8; i++) {
-                        const __nv_bfloat162 x = __floats2bfloat162_rn(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
-                        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(buf + (i / 8) * WF_PANEL + wg_sw128(r, i % 8) + 4 * t4),
-                                     "r"(*(const uint32_t *)&x)
-                                     : "memory");
-                    }
-                }
-                if (r < used) {   /* every live row sees its own block's first key, so lv > 0 */
-                    const int h = gh * G + r / B;
-                    const size_t row = (size_t)(b0 + wg) * B + r % B;
-                    if (!EPI) {
-                        __nv_bfloat162 *dst = (__nv_bfloat162 *)(out + (row * n_h + h) * HD) + t4;
-#pragma unroll
-                        for (int i = 0; i < HD / 8; i++)
-                            dst[4 * i] = __floats2bfloat162_rn(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
-                    }
-                    if (t4 == 0) lse[(size_t)h * R + row] = (m[half] + log2f(lv)) / WF_LOG2E;
-                }
-            }
-            if (EPI) {   /* 16-byte stores, 16 (d_h 128) consecutive threads per 256-byte output row */
-                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-#pragma unroll
-                for (int it = 0; it < WF_KT * CH / 128; it++) {
-                    const int idx = it * 128 + wtid, r = idx / CH, c = idx % CH;
-                    if (r < used) {
-                        uint32_t x0, x1, x2, x3;
-                        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                                     : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
-                                     : "r"(buf + (c / 8) * WF_PANEL + wg_sw128(r, c % 8))
-                                     : "memory");
-                        const size_t row = (size_t)(b0 + wg) * B + r % B;
-                        uint4 *dst = (uint4 *)(out + (row * n_h + gh * G + r / B) * HD + c * 8);
-                        *dst = make_uint4(x0, x1, x2, x3);
-                    }
-                }
-            }
-        };
-
-        {   /* the tile walk: context tiles, then the blocks' own keys (tiles 0 .. NST - 3 issued above) */
-            if (TRACE && tid == 0) trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + 2] = wf_gtime();
-            for (int t = 0; t < n_tiles; t++) {
-                const long long tw0 = TRACE ? clock64() : 0;
-                mma_wait<NST - 3>();   /* Q and tile t have landed */
-                wg_fence_async_smem();
-                __syncthreads();          /* ... for everyone; and stage (t - 2) % NST is no longer read */
-                if (t + NST - 2 < n_tiles) load(cur, t + NST - 2, (t + NST - 2) % NST);
-                mma_commit();
-                if (TRACE) tr_wait += clock64() - tw0;
-                const int st = t % NST;
-                const uint32_t tK = sKV + 2 * st * TILE, tV = tK + TILE;
-                bool ran = false;
-                if (t < n_ctx) {
-                    int kb, ke;
-                    ctx_tile(cur, t, &kb, &ke);
-                    if (by_range) {   /* CTA-uniform: at most two compares per element */
-                        const int lo = my_lo - kb, hi = my_hi - kb;   /* this tile's visible keys: [lo, hi) */
-                        if (lo < KT && hi > 0 && hi > lo) {
-                            const int t2 = 2 * (lane & 3), lo2 = lo - t2, hi2 = hi - t2;   /* key = 8i + e1 + t2 */
-                            wf_step<HD, KT>(o, m, l, myQ, tK, tV, sl2, lo > 0 || hi < KT,
-                                            [&](int key, int) { return key - t2 >= lo2 && key - t2 < hi2; });
-                            ran = true;
-                        }
-                    } else {
-                        const int p0 = kb + lane, p1 = p0 + 32;
-                        const bool v0 = p0 >= my_lo && p0 < my_hi && sDoc[st][lane] == d;
-                        const bool v1 = p1 >= my_lo && p1 < my_hi && sDoc[st][lane + 32] == d;
-                        const uint32_t mlo = __ballot_sync(0xffffffffu, v0), mhi = __ballot_sync(0xffffffffu, v1);
-                        if (mlo | mhi) {   /* identical in every warp of the warpgroup */
-                            wf_step<HD, KT>(
-                                o, m, l, myQ, tK, tV, sl2, (mlo & mhi) != 0xffffffffu,
-                                [&](int key, int) { return ((key < 32 ? mlo >> key : mhi >> (key - 32)) & 1u) != 0; });
-                            ran = true;
-                        }
-                    }
-                } else if (live && wg / per == t - n_ctx) {
-                    const uint32_t koff = (uint32_t)((wg % per) * BP) * 128u;
-                    auto vis = [&](int key, int half) { return key < B && !(causal && key > (half ? j1 : j0)); };
-                    if (BP == 16) wf_step<HD, 16>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
-                    else if (BP == 32) wf_step<HD, 32>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
-                    else wf_step<HD, 64>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
-                    ran = true;
-                }
-                if (!ran) wg_wait<0>();   /* the last P·V read stage (t - 1) % NST or older: done before it is refilled */
-            }
-        }
-        wg_wait<0>();
-        wg_acc_fence<HD / 2>(o);
-        mma_wait<0>();
-        if (TRACE) tr_t1 = wf_gtime();
-        if (TRACE && wtid == 0) {
-            unsigned long long *tr = trace + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS;
-            tr[8 + wg] = tr_wait;
-            if (wg == 0) {
-                tr[0] = wf_smid();
-                tr[1] = tr_t0;
-                tr[3] = tr_t1;
-                tr[5] = tr_c0;
-                tr[7] = (unsigned long long)n_tiles;
-            }
-        }
-
-        if (PERS && next < n_items) {   /* the next item: record, Q (the other set) and first tiles, now */
-            if (tid < WF_REC / 4) ((int4 *)sRecs[par ^ 1])[tid] = recv_nx;
-            __syncthreads();   /* the record visible; every warpgroup's reads of the K/V stages done */
-            prologue(make_item(sRecs[par ^ 1], next), sQ + (par ^ 1) * NWG * QTILE);
-        }
-        if (TRACE && !live) return;
-        epilogue(g0, myQ);   /* nothing when !live */
-        if (TRACE && wtid == 0)
-            trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + (wg == 0 ? 4 : 11 + wg)] = wf_gtime();
-        if (TRACE && tid == 0) trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + 6] = clock64();
-        if (!PERS || next >= n_items) break;
-        item = next;
-        pre = true;
     }
+    const bool live = wg < cur.nb;
+    const int b0 = cur.b0, g0 = cur.g0, n_ctx = cur.n_ctx;
+    const int my_lo = sRec[WR_LO + wg], my_hi = sRec[WR_HI + wg];   /* [lo, hi), empty when hi <= lo */
+    /* FAST: a context key is visible iff it lies in [my_lo, my_hi) (every block's document contiguous) */
+    const bool by_range = cur.by_range;
+    const int n_tiles = n_ctx + (cur.nb + per - 1) / per;
+
+    float o[HD / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
+    const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;   /* this thread's rows in its warpgroup's tile */
+    const int j0 = r0 % B, j1 = r1 % B;
+    const uint32_t myQ = sQ + wg * QTILE;
+    /* out and lse of head gh (the warpgroup's accumulators, all its wgmma done); EPI stages in buf, a Q tile
+     * of this warpgroup that no wgmma reads any more */
+    auto epilogue = [&](int gh, uint32_t buf) {
+        if (!live) return;
+        const int R = N * B, t4 = lane & 3;
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int r = half ? r1 : r0;
+            float lv = l[half];
+            lv += __shfl_xor_sync(0xffffffffu, lv, 1);
+            lv += __shfl_xor_sync(0xffffffffu, lv, 2);
+            const float inv = 1.f / lv;
+            if (EPI) {   /* stage the bf16 row in this warpgroup's Q tile (its wgmma reads are done), same layout */
+#pragma unroll
+                for (int i = 0; i < HD / 8; i++) {
+                    const __nv_bfloat162 x = __floats2bfloat162_rn(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(buf + (i / 8) * WF_PANEL + wg_sw128(r, i % 8) + 4 * t4),
+                                 "r"(*(const uint32_t *)&x)
+                                 : "memory");
+                }
+            }
+            if (r < used) {   /* every live row sees its own block's first key, so lv > 0 */
+                const int h = gh * G + r / B;
+                const size_t row = (size_t)(b0 + wg) * B + r % B;
+                if (!EPI) {
+                    __nv_bfloat162 *dst = (__nv_bfloat162 *)(out + (row * n_h + h) * HD) + t4;
+#pragma unroll
+                    for (int i = 0; i < HD / 8; i++)
+                        dst[4 * i] = __floats2bfloat162_rn(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
+                }
+                if (t4 == 0) lse[(size_t)h * R + row] = (m[half] + log2f(lv)) / WF_LOG2E;
+            }
+        }
+        if (EPI) {   /* 16-byte stores, 16 (d_h 128) consecutive threads per 256-byte output row */
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+#pragma unroll
+            for (int it = 0; it < WF_KT * CH / 128; it++) {
+                const int idx = it * 128 + wtid, r = idx / CH, c = idx % CH;
+                if (r < used) {
+                    uint32_t x0, x1, x2, x3;
+                    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
+                                 : "r"(buf + (c / 8) * WF_PANEL + wg_sw128(r, c % 8))
+                                 : "memory");
+                    const size_t row = (size_t)(b0 + wg) * B + r % B;
+                    uint4 *dst = (uint4 *)(out + (row * n_h + gh * G + r / B) * HD + c * 8);
+                    *dst = make_uint4(x0, x1, x2, x3);
+                }
+            }
+        }
+    };
+
+    {   /* the tile walk: context tiles, then the blocks' own keys (tiles 0 .. NST - 3 issued above) */
+        if (TRACE && tid == 0) trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + 2] = wf_gtime();
+        for (int t = 0; t < n_tiles; t++) {
+            const long long tw0 = TRACE ? clock64() : 0;
+            mma_wait<NST - 3>();   /* Q and tile t have landed */
+            wg_fence_async_smem();
+            __syncthreads();          /* ... for everyone; and stage (t - 2) % NST is no longer read */
+            if (t + NST - 2 < n_tiles) load(cur, t + NST - 2, (t + NST - 2) % NST);
+            mma_commit();
+            if (TRACE) tr_wait += clock64() - tw0;
+            const int st = t % NST;
+            const uint32_t tK = sKV + 2 * st * TILE, tV = tK + TILE;
+            bool ran = false;
+            if (t < n_ctx) {
+                int kb, ke;
+                ctx_tile(cur, t, &kb, &ke);
+                if (by_range) {   /* CTA-uniform: at most two compares per element */
+                    const int lo = my_lo - kb, hi = my_hi - kb;   /* this tile's visible keys: [lo, hi) */
+                    if (lo < KT && hi > 0 && hi > lo) {
+                        const int t2 = 2 * (lane & 3), lo2 = lo - t2, hi2 = hi - t2;   /* key = 8i + e1 + t2 */
+                        wf_step<HD, KT>(o, m, l, myQ, tK, tV, sl2, lo > 0 || hi < KT,
+                                        [&](int key, int) { return key - t2 >= lo2 && key - t2 < hi2; });
+                        ran = true;
+                    }
+                } else {
+                    const int p0 = kb + lane, p1 = p0 + 32;
+                    const bool v0 = p0 >= my_lo && p0 < my_hi && sDoc[st][lane] == d;
+                    const bool v1 = p1 >= my_lo && p1 < my_hi && sDoc[st][lane + 32] == d;
+                    const uint32_t mlo = __ballot_sync(0xffffffffu, v0), mhi = __ballot_sync(0xffffffffu, v1);
+                    if (mlo | mhi) {   /* identical in every warp of the warpgroup */
+                        wf_step<HD, KT>(
+                            o, m, l, myQ, tK, tV, sl2, (mlo & mhi) != 0xffffffffu,
+                            [&](int key, int) { return ((key < 32 ? mlo >> key : mhi >> (key - 32)) & 1u) != 0; });
+                        ran = true;
+                    }
+                }
+            } else if (live && wg / per == t - n_ctx) {
+                const uint32_t koff = (uint32_t)((wg % per) * BP) * 128u;
+                auto vis = [&](int key, int half) { return key < B && !(causal && key > (half ? j1 : j0)); };
+                if (BP == 16) wf_step<HD, 16>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
+                else if (BP == 32) wf_step<HD, 32>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
+                else wf_step<HD, 64>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
+                ran = true;
+            }
+            if (!ran) wg_wait<0>();   /* the last P·V read stage (t - 1) % NST or older: done before it is refilled */
+        }
+    }
+    wg_wait<0>();
+    wg_acc_fence<HD / 2>(o);
+    mma_wait<0>();
+    if (TRACE) tr_t1 = wf_gtime();
+    if (TRACE && wtid == 0) {
+        unsigned long long *tr = trace + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS;
+        tr[8 + wg] = tr_wait;
+        if (wg == 0) {
+            tr[0] = wf_smid();
+            tr[1] = tr_t0;
+            tr[3] = tr_t1;
+            tr[5] = tr_c0;
+            tr[7] = (unsigned long long)n_tiles;
+        }
+    }
+
+    if (TRACE && !live) return;
+    epilogue(g0, myQ);   /* nothing when !live */
+    if (TRACE && wtid == 0)
+        trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + (wg == 0 ? 4 : 11 + wg)] = wf_gtime();
+    if (TRACE && tid == 0) trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + 6] = clock64();
 }
 
 /* kernel options picked by DFLASH_BLOCK_ATTN_WG_FWD (see ba_wg_forward) */
 struct wf_opt {
     bool fast;   /* default: range masks where documents are contiguous, staged epilogue; false: "3" */
-    bool pers;   /* candidate 20: the persistent kernel on the plan (only with a workspace) */
 };
 
 /* PDL launch (cudaLaunchAttributeProgrammaticStreamSerialization) of kern on stream: it may start before
@@ -772,12 +740,12 @@ cudaError_t wf_launch_pdl(void (*kern)(Exp...), dim3 grid, int threads, size_t s
     return cudaLaunchKernelEx(&lc, kern, args...);
 }
 
-template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool PERS, bool TRACE>
+template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE>
 int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
               const int32_t *doc_ids, bf16 *out, float *lse, void *ws, unsigned long long *trace, cudaStream_t stream) {
     using C = wf_cfg<HD, NWG>;
-    const size_t smem = C::smem + (PERS ? (size_t)NWG * C::QTILE : 0);   /* PERS: the second Q set */
-    auto kern = ba_wg_forward_kernel<HD, NWG, FAST, EPI, PLAN, PERS, TRACE>;
+    const size_t smem = C::smem;
+    auto kern = ba_wg_forward_kernel<HD, NWG, FAST, EPI, PLAN, TRACE>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return kernels_fail("ba_wg_forward: cudaFuncSetAttribute(%zu bytes): %s", smem, cudaGetErrorString(e));
     const int n_grp = (c->N + NWG - 1) / NWG;
@@ -799,14 +767,7 @@ int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
                       n_grp, srec);
     if (e != cudaSuccess) return kernels_fail("ba_wg_forward (order): %s", cudaGetErrorString(e));
     KERNELS_CHECK_LAUNCH("ba_wg_forward (order)");
-    int grid = n_grp * c->n_kv;
-    if (PERS) {   /* one CTA per SM (177 + 48 KB of shared memory, 384 threads of ~165 registers) */
-        int dev = 0, n_sm = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n_sm <= 0)
-            return kernels_fail("ba_wg_forward: cannot read the SM count");
-        grid = grid < n_sm ? grid : n_sm;
-    }
+    const int grid = n_grp * c->n_kv;
     e = wf_launch_pdl(kern, dim3((unsigned)grid), C::THREADS, smem, stream, Q, K, V, anchors, doc_ids, O, lse, c->T, c->N,
                       c->B, c->n_h, c->n_kv, c->window, c->causal, sl2, (const int *)srec, trace);
     if (e != cudaSuccess) return kernels_fail("ba_wg_forward (main, PDL): %s", cudaGetErrorString(e));
@@ -818,13 +779,9 @@ template <int HD, bool TRACE>
 int wf_select(wf_opt op, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
               const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,
               unsigned long long *trace, cudaStream_t stream) {
-#define WF_GO(F, P, S) wf_launch<HD, WF_GROUP, F, F, P, S, TRACE>(c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream)
-    if (ws && op.pers) {
-        if (TRACE) return kernels_fail("ba_wg_forward_traced: the persistent kernel (20) is not traced");
-        return WF_GO(true, true, !TRACE);
-    }
-    if (ws) return op.fast ? WF_GO(true, true, false) : WF_GO(false, true, false);
-    return op.fast ? WF_GO(true, false, false) : WF_GO(false, false, false);
+#define WF_GO(F, P) wf_launch<HD, WF_GROUP, F, F, P, TRACE>(c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream)
+    if (ws) return op.fast ? WF_GO(true, true) : WF_GO(false, true);
+    return op.fast ? WF_GO(true, false) : WF_GO(false, false);
 #undef WF_GO
 }
 
@@ -832,13 +789,11 @@ int wf_select(wf_opt op, const block_attn_config *c, const bf16 *q, const bf16 *
 int wf_parse(wf_opt *op) {
     const char *e = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
     op->fast = true;   /* "3x" + staged epilogue (round-1 value 10), H200 2026-11-29: 237.8 TFLOP/s ("3" 228.9) */
-    op->pers = false;
     if (!e || !e[0]) return 0;
     if (!strcmp(e, "3")) op->fast = false;
-    else if (!strcmp(e, "20")) op->pers = true;
     else
-        return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3 (the previous default), 20 (the "
-                            "persistent candidate) or unset (the default)", e);
+        return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3 (the previous default) or unset "
+                            "(the default)", e);
     return 0;
 }
 
@@ -853,8 +808,7 @@ extern "C" size_t block_attn_forward_workspace_bytes(const block_attn_config *c)
 /* DFLASH_BLOCK_ATTN_WG_FWD (read per call): unset or empty = the default (3 blocks per CTA, context masks
  * from the key range where every block's document is contiguous, the epilogue staged through shared memory);
  * "3" = the previous default of session 2 (doc-id ballots on every context tile, 4-byte stores), kept as the
- * one revert switch; "20" = the persistent candidate on the plan path (the default without a workspace). Any
- * other value fails with kernels_fail naming the accepted values, before any launch.
+ * one revert switch. Any other value fails with kernels_fail naming the accepted values, before any launch.
  * ws != NULL: the plan path (workspace of block_attn_forward_workspace_bytes bytes, 16-byte aligned). */
 extern "C" int ba_wg_forward_ws(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
                                 const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,

@@ -16,8 +16,8 @@
  * its one revert switch, DFLASH_BLOCK_ATTN_WG_FWD=3 (forward only); the rejects case checks that any
  * other value of that variable fails. block_attn_forward_ws (the plan workspace, poisoned before use) runs
  * next to block_attn_forward on every case: for sets 3, 5, 6 and the default, and for set 7's forward
- * under the default, "3" and the candidate "20" (persistent; without a workspace it is the default), twice on
- * one workspace (reuse); its out and lse must be bitwise equal to block_attn_forward's.
+ * under the default and "3", twice on one workspace (reuse); its out and lse must be bitwise equal to
+ * block_attn_forward's.
  * block_attn_gpu_workspace checks the workspace size contract and the alignment check.
  */
 #include <cuda_runtime_api.h>
@@ -169,11 +169,11 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
         ck_assert(unsetenv("DFLASH_BA_WG_M") == 0);
     }
     free(dq0); free(dk0); free(dv0);
-    /* set 7's forward (kernels/block_attn_fwd_wg.cu) under the default (DFLASH_BLOCK_ATTN_WG_FWD unset), the one
-     * revert switch ("3") and the candidate "20", forward only, same bounds, each also with the workspace; the
-     * variable's own value, if any, is restored after */
+    /* set 7's forward (kernels/block_attn_fwd_wg.cu) under the default (DFLASH_BLOCK_ATTN_WG_FWD unset) and the
+     * one revert switch ("3"), forward only, same bounds, each also with the workspace; the variable's own value,
+     * if any, is restored after */
     {
-        static const char *const fwd[] = {"", "3", "20"};   /* 20: a candidate (the persistent plan path) */
+        static const char *const fwd[] = {"", "3"};
         const char *was = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
         char *saved = was ? strdup(was) : NULL;
         ck_assert(setenv("DFLASH_BLOCK_ATTN_KERNEL", "7", 1) == 0);
@@ -247,10 +247,10 @@ START_TEST(block_attn_gpu_rejects) {
     ck_assert_ptr_nonnull(strstr(kernels_error(), "expected 3, 5, 6 or 7"));
     ck_assert_int_eq(block_attn_backward(&c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0), -1);
     ck_assert_ptr_nonnull(strstr(kernels_error(), "DFLASH_BLOCK_ATTN_KERNEL=9"));
-    /* set 7's forward takes only its default (unset) and the revert switch 3: a retired variant or a probe
-     * name fails before any launch */
+    /* set 7's forward takes only its default (unset) and the revert switch 3: a retired variant or candidate
+     * (20: the persistent plan-path kernel of session 3) or a probe name fails before any launch */
     ck_assert_int_eq(setenv("DFLASH_BLOCK_ATTN_KERNEL", "7", 1), 0);
-    static const char *const retired[] = {"3n", "3ol", "2", "3x"};
+    static const char *const retired[] = {"3n", "3ol", "2", "3x", "10", "20"};
     for (size_t i = 0; i < sizeof retired / sizeof retired[0]; i++) {
         ck_assert_int_eq(setenv("DFLASH_BLOCK_ATTN_WG_FWD", retired[i], 1), 0);
         ck_assert_int_eq(block_attn_forward(&c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0), -1);
@@ -303,9 +303,9 @@ START_TEST(block_attn_gpu_workspace) {
     ck_assert_int_eq(block_attn_forward_ws(&c, (bf16 *)p, (bf16 *)p, (bf16 *)p, (int32_t *)p, (int32_t *)p, (bf16 *)p,
                                            (float *)p, p + 8, 0), -1);
     ck_assert_ptr_nonnull(strstr(kernels_error(), "not 16-byte aligned"));
-    /* an unknown set-7 value fails on the _ws path too */
+    /* an unknown set-7 value fails on the _ws path too (20: the retired persistent plan-path candidate) */
     ck_assert_int_eq(setenv("DFLASH_BLOCK_ATTN_KERNEL", "7", 1), 0);
-    ck_assert_int_eq(setenv("DFLASH_BLOCK_ATTN_WG_FWD", "10", 1), 0);
+    ck_assert_int_eq(setenv("DFLASH_BLOCK_ATTN_WG_FWD", "20", 1), 0);
     ck_assert_int_eq(block_attn_forward_ws(&c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0), -1);
     ck_assert_ptr_nonnull(strstr(kernels_error(), "expected 3 (the previous default)"));
     unsetenv("DFLASH_BLOCK_ATTN_WG_FWD");
