@@ -132,7 +132,7 @@ __device__ __forceinline__ unsigned wf_smid() {
     asm volatile("mov.u32 %0, %smid;" : "=r"(s));
     return s;
 }
-constexpr int WF_TRACE_SLOTS = 16;   /* u64 per CTA in the trace buffer (layout at ba_wg_forward_traced) */
+constexpr int WF_TRACE_SLOTS = 32;   /* u64 per CTA in the trace buffer (layout at ba_wg_forward_traced) */
 
 /* Issues S = Q·Kᵀ over NK keys (k_s: the tile's first key row) into s (the caller commits). */
 template <int HD, int NK, int KPANEL = WF_PANEL>
@@ -217,13 +217,15 @@ __device__ __forceinline__ void wf_issue_pv(float *o, uint32_t (*p)[4], uint32_t
 }
 
 /* One tile step of one warpgroup: S, wait (S and the previous P·V), softmax, P·V in flight. */
-template <int HD, int NK, typename Vis>
+template <int HD, int NK, bool TRACE = false, typename Vis>
 __device__ __forceinline__ void wf_step(float *o, float *m, float *l, uint32_t q_s, uint32_t k_s, uint32_t v_s,
-                                        float sl2, bool need_mask, Vis vis) {
+                                        float sl2, bool need_mask, Vis vis, unsigned long long *tr_mma = nullptr) {
     float s[NK / 2];
     wf_issue_s<HD, NK>(s, q_s, k_s);
     wg_commit();
+    const long long tm0 = TRACE ? clock64() : 0;
     wg_wait<0>();
+    if (TRACE) *tr_mma += clock64() - tm0;   /* TRACE: cycles waiting for S (and the previous P·V) */
     wg_acc_fence<NK / 2>(s);
     wg_acc_fence<HD / 2>(o);
     uint32_t p[NK / 16][4];
@@ -464,7 +466,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
      * segments (first key, end key, first tile), their count, the context tile count, the contiguity flag,
      * the blocks' doc ids (PLAN) */
     __shared__ __align__(16) int sRec[WF_REC];
-    unsigned long long tr_t0 = 0, tr_c0 = 0, tr_t1 = 0, tr_wait = 0;
+    unsigned long long tr_t0 = 0, tr_c0 = 0, tr_t1 = 0, tr_wait = 0, tr_data = 0, tr_bar = 0, tr_mma = 0;
     if (TRACE) {
         tr_t0 = wf_gtime();
         tr_c0 = clock64();
@@ -654,10 +656,17 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
             const long long tw0 = TRACE ? clock64() : 0;
             mma_wait<NST - 3>();   /* Q and tile t have landed */
             wg_fence_async_smem();
+            const long long tw1 = TRACE ? clock64() : 0;
             __syncthreads();          /* ... for everyone; and stage (t - 2) % NST is no longer read */
+            const long long tw2 = TRACE ? clock64() : 0;
             if (t + NST - 2 < n_tiles) load(cur, t + NST - 2, (t + NST - 2) % NST);
             mma_commit();
-            if (TRACE) tr_wait += clock64() - tw0;
+            if (TRACE) {
+                const long long tw3 = clock64();
+                tr_wait += tw3 - tw0;
+                tr_data += tw1 - tw0;
+                tr_bar += tw2 - tw1;
+            }
             const int st = t % NST;
             const uint32_t tK = sKV + 2 * st * TILE, tV = tK + TILE;
             bool ran = false;
@@ -668,8 +677,8 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
                     const int lo = my_lo - kb, hi = my_hi - kb;   /* this tile's visible keys: [lo, hi) */
                     if (lo < KT && hi > 0 && hi > lo) {
                         const int t2 = 2 * (lane & 3), lo2 = lo - t2, hi2 = hi - t2;   /* key = 8i + e1 + t2 */
-                        wf_step<HD, KT>(o, m, l, myQ, tK, tV, sl2, lo > 0 || hi < KT,
-                                        [&](int key, int) { return key - t2 >= lo2 && key - t2 < hi2; });
+                        wf_step<HD, KT, TRACE>(o, m, l, myQ, tK, tV, sl2, lo > 0 || hi < KT,
+                                        [&](int key, int) { return key - t2 >= lo2 && key - t2 < hi2; }, &tr_mma);
                         ran = true;
                     }
                 } else {
@@ -678,18 +687,19 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
                     const bool v1 = p1 >= my_lo && p1 < my_hi && sDoc[st][lane + 32] == d;
                     const uint32_t mlo = __ballot_sync(0xffffffffu, v0), mhi = __ballot_sync(0xffffffffu, v1);
                     if (mlo | mhi) {   /* identical in every warp of the warpgroup */
-                        wf_step<HD, KT>(
+                        wf_step<HD, KT, TRACE>(
                             o, m, l, myQ, tK, tV, sl2, (mlo & mhi) != 0xffffffffu,
-                            [&](int key, int) { return ((key < 32 ? mlo >> key : mhi >> (key - 32)) & 1u) != 0; });
+                            [&](int key, int) { return ((key < 32 ? mlo >> key : mhi >> (key - 32)) & 1u) != 0; },
+                            &tr_mma);
                         ran = true;
                     }
                 }
             } else if (live && wg / per == t - n_ctx) {
                 const uint32_t koff = (uint32_t)((wg % per) * BP) * 128u;
                 auto vis = [&](int key, int half) { return key < B && !(causal && key > (half ? j1 : j0)); };
-                if (BP == 16) wf_step<HD, 16>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
-                else if (BP == 32) wf_step<HD, 32>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
-                else wf_step<HD, 64>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis);
+                if (BP == 16) wf_step<HD, 16, TRACE>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma);
+                else if (BP == 32) wf_step<HD, 32, TRACE>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma);
+                else wf_step<HD, 64, TRACE>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma);
                 ran = true;
             }
             if (!ran) wg_wait<0>();   /* the last P·V read stage (t - 1) % NST or older: done before it is refilled */
@@ -702,6 +712,9 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     if (TRACE && wtid == 0) {
         unsigned long long *tr = trace + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS;
         tr[8 + wg] = tr_wait;
+        tr[16 + wg] = tr_data;   /* the split of tr_wait: cp.async wait + fence, barrier (the rest: load issue) */
+        tr[19 + wg] = tr_bar;
+        tr[22 + wg] = tr_mma;    /* waiting for S (and the previous P·V) inside the tile step */
         if (wg == 0) {
             tr[0] = wf_smid();
             tr[1] = tr_t0;

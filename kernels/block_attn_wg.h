@@ -39,10 +39,12 @@ int ba_wg_backward_timed(const block_attn_config *c, const bf16 *q, const bf16 *
 /* Benchmark-only entry (kernels/bench/ba_fwd_trace.cuh; no library code calls it): ba_wg_forward_ws (ws NULL:
  * the in-kernel set-up; else the plan path) as DFLASH_BLOCK_ATTN_WG_FWD picks it, built with the per-CTA phase
  * trace (d_h 128 only). *n_cta gets the grid
- * size; trace (device, n_cta × 16 u64, or NULL to ask only n_cta) gets per CTA: [0] smid, [1] entry, [2] Q and
+ * size; trace (device, n_cta × 32 u64, or NULL to ask only n_cta) gets per CTA: [0] smid, [1] entry, [2] Q and
  * set-up done, [3] loop end, [4] warpgroup 0's epilogue end (%globaltimer ns), [5] / [6] clock64 at entry / end
  * (thread 0), [7] tiles walked, [8 + w] clock cycles warpgroup w's thread 0 spent at the per-tile wait
- * (+ barrier), [12], [13] warpgroups 1, 2's epilogue end (0 when not live). Asynchronous on stream. */
+ * (+ barrier + the next tile's load issue), [12], [13] warpgroups 1, 2's epilogue end (0 when not live);
+ * [16 + w], [19 + w] the cycles of [8 + w] at the cp.async wait and at the barrier; [22 + w] cycles waiting for S
+ * (and the previous P·V) inside the tile steps. 32 u64 per CTA. Asynchronous on stream. */
 int ba_wg_forward_traced(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
                          const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,
                          unsigned long long *trace, int *n_cta, cudaStream_t stream);

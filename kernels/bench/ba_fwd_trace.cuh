@@ -153,7 +153,7 @@ static std::string bft_trace(const block_attn_config *c, const bf16 *q, const bf
         printf("TRACE %s: %s\n", name.c_str(), kernels_error());
         return "";
     }
-    const int S = 16;
+    const int S = 32;   /* u64 per CTA: the layout of ba_wg_forward_traced (kernels/block_attn_wg.h) */
     unsigned long long *d_tr = NULL;
     if (cudaMalloc(&d_tr, (size_t)n_cta * S * 8) != cudaSuccess) {
         printf("TRACE %s: cudaMalloc failed\n", name.c_str());
@@ -177,6 +177,8 @@ static std::string bft_trace(const block_attn_config *c, const bf16 *q, const bf
 
     unsigned long long t_min = ~0ull, t_max = 0;
     std::vector<double> setup, loop, epi, tot, per_tile, wait_tile, wait_frac, epi_spread, ghz;
+    double wg_part[3][4] = {};   /* per warpgroup, µs per tile summed over CTAs: cp.async wait, barrier, load issue, S wait */
+    double wg_tiles = 0;
     double busy = 0, tiles = 0;
     std::vector<std::vector<std::pair<unsigned long long, unsigned long long>>> per_sm(1024);   /* by %smid (not necessarily dense) */
     for (int i = 0; i < n_cta; i++) {
@@ -202,6 +204,14 @@ static std::string bft_trace(const block_attn_config *c, const bf16 *q, const bf
             if (r[8 + w]) wmean += r[8 + w], nw++;
         wmean = nw ? wmean / nw / cpn * 1e-3 : 0;   /* µs per CTA, mean over its warpgroups */
         if (nt > 0) {
+            for (int w = 0; w < 3; w++) {
+                const double u = 1e-3 / cpn;   /* µs per cycle */
+                wg_part[w][0] += r[16 + w] * u;
+                wg_part[w][1] += r[19 + w] * u;
+                wg_part[w][2] += (r[8 + w] > r[16 + w] + r[19 + w] ? r[8 + w] - r[16 + w] - r[19 + w] : 0) * u;
+                wg_part[w][3] += r[22 + w] * u;
+            }
+            wg_tiles += nt;
             per_tile.push_back((r[3] - r[2]) * 1e-3 / nt);
             wait_tile.push_back(wmean / nt);
             wait_frac.push_back(r[3] > r[2] ? wmean / ((r[3] - r[2]) * 1e-3) : 0);
@@ -234,6 +244,11 @@ static std::string bft_trace(const block_attn_config *c, const bf16 *q, const bf
     printf("TRACE %s per tile (us, mean/median): loop %.3f/%.3f  wait %.3f/%.3f  (wait = %.0f%% of the loop)\n",
            name.c_str(), bft_mean(per_tile), bft_median(per_tile), bft_mean(wait_tile), bft_median(wait_tile),
            100.0 * bft_mean(wait_frac));
+    if (wg_tiles > 0)   /* where each warpgroup's per-tile time goes (thread 0 of each; µs per tile) */
+        for (int w = 0; w < 3; w++)
+            printf("TRACE %s wg%d per tile (us): cp.async wait %.3f  barrier %.3f  load issue %.3f  S wait %.3f\n",
+                   name.c_str(), w, wg_part[w][0] / wg_tiles, wg_part[w][1] / wg_tiles, wg_part[w][2] / wg_tiles,
+                   wg_part[w][3] / wg_tiles);
     printf("TRACE %s SMs busy %.1f%% of #SMs x span; gap between CTAs on an SM (us) mean %.2f median %.2f max %.2f; "
            "SM first start median %.2f max %.2f; SM last end min %.1f median %.1f (tail %.1f us)\n",
            name.c_str(), 100.0 * busy * 1e-3 / ((double)n_sm * span), bft_mean(gaps), bft_median(gaps),
