@@ -82,6 +82,21 @@
  * alone, and was deleted from this file: its code is in git commit aa65d2e, its numbers in
  * kernels/bench/RESULTS.md (the seventeenth H200 run). The value is now rejected like any unknown one.
  *
+ * Candidate "T" (DFLASH_BLOCK_ATTN_WG_FWD=T, template flag TMA; session 3 round 3): the default with the K/V
+ * tiles loaded by TMA instead of 2 048 per-thread 16-byte cp.async per tile (traced on the H200: 0.41-0.48 µs
+ * of the 1.7 µs tile spent issuing them). Host: two CUtensorMap (K, V: bf16, dims {d_h, n_kv, T + N·B}, box
+ * {64, 1, 64} = one 128B-swizzled 64-row panel, OOB zero fill) per launch from cuTensorMapEncodeTiled (the
+ * runtime's driver entry point, no -lcuda), passed as a __grid_constant__ parameter (the other kernels get
+ * the empty wf_none there: their machine code is unchanged). Device: one mbarrier per stage (count 1); tid 0
+ * arrives with expect_tx (2 · d_h/64 · 8 KB) and issues one box per panel of K and of V; every thread waits
+ * on the stage's phase (t / NST) & 1 before the per-tile barrier (which still guarantees that stage
+ * (t - 2) % NST is no longer read when it is refilled). A context tile is 64 rows from its first key: rows
+ * past the segment end are real keys instead of zeros, but outside every block's [lo, hi) (host emulation
+ * /tmp/bt/mask.py: 200 000 random merges, 33 M extra rows, none visible), so P = 0 there. Block tiles by
+ * TMA only when B = BP (16, 32, 64: the blocks' keys are 64 consecutive rows), else the cp.async path (all
+ * TMA tiles precede them, so the phase count stays t / NST). Q and the doc ids (ballot path) keep cp.async.
+ * ptxas d_h 128: 157 registers (plan path 155), trace 166 / 163.
+ *
  * TRACE (bench only, ba_wg_forward_traced): %globaltimer / clock64 stamps per CTA (layout in block_attn_wg.h).
  * ptxas, d_h 128: default 164 registers (plan path 163), "3" 159 (161); plan kernels 56 and 34; no
  * spills, no C7510/C7511.
@@ -94,7 +109,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <cuda.h>
 #include <cuda_bf16.h>
+#include <cudaTypedefs.h>
 
 namespace {
 
@@ -119,6 +136,40 @@ __device__ __forceinline__ void wf_cp16(uint32_t saddr, const void *g, bool ok) 
 }
 __device__ __forceinline__ void wf_cp4(uint32_t saddr, const void *g, bool ok) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(saddr), "l"(g), "r"(ok ? 4 : 0)
+                 : "memory");
+}
+
+/* TMA candidate (DFLASH_BLOCK_ATTN_WG_FWD=T): the K and V tensor maps, a __grid_constant__ kernel parameter of
+ * the TMA instantiations; the others get the empty wf_none in its place (their code is unchanged). */
+struct wf_tmaps {
+    CUtensorMap k, v;
+};
+struct wf_none {};
+template <bool TMA> struct wf_tm { using type = wf_none; };
+template <> struct wf_tm<true> { using type = wf_tmaps; };
+
+__device__ __forceinline__ void wf_bar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* one arrival (the barrier's count is 1) that also expects bytes of TMA data before the phase completes */
+__device__ __forceinline__ void wf_bar_expect(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* spins until the phase of parity `parity` of the barrier has completed */
+__device__ __forceinline__ void wf_bar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+/* one box {64 elements, 1, 64 rows} of a rank-3 tensor map (128B swizzle) into the panel at dst; completes
+ * its bytes on bar */
+__device__ __forceinline__ void wf_tma3(uint32_t dst, const CUtensorMap *map, int x, int y, int z, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 ::"r"(dst), "l"((uint64_t)map), "r"(x), "r"(y), "r"(z), "r"(bar)
                  : "memory");
 }
 
@@ -450,11 +501,12 @@ struct wf_item {
 /* The main kernel. Without PLAN: grid (groups, n_kv), wf_setup in the kernel. PLAN: launched with PDL behind
  * the plan (plan = the records by rank); blockIdx.x = rank · n_kv + kv head, so the CTAs start longest
  * group first; the set-up is one 96-byte record load. Same per-row arithmetic in both modes. */
-template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE>
+template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE, bool TMA>
 __global__ void __launch_bounds__(NWG * 128, 1)
 ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
                      const int32_t *doc_ids, __nv_bfloat16 *out, float *lse, int T, int N, int B, int n_h, int n_kv,
-                     int window, int causal, float sl2, const int *plan, unsigned long long *trace) {
+                     int window, int causal, float sl2, const int *plan, unsigned long long *trace,
+                     const __grid_constant__ typename wf_tm<TMA>::type tm) {
     using C = wf_cfg<HD, NWG>;
     constexpr int CH = HD / 8, THREADS = C::THREADS, TILE = C::TILE, NST = C::NST, QTILE = C::QTILE;
     constexpr int KPANEL = C::KPANEL, KT = C::KT;
@@ -466,6 +518,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
      * segments (first key, end key, first tile), their count, the context tile count, the contiguity flag,
      * the blocks' doc ids (PLAN) */
     __shared__ __align__(16) int sRec[WF_REC];
+    __shared__ __align__(8) unsigned long long sBar[TMA ? NST : 1];   /* TMA: one mbarrier per K/V stage */
     unsigned long long tr_t0 = 0, tr_c0 = 0, tr_t1 = 0, tr_wait = 0, tr_data = 0, tr_bar = 0, tr_mma = 0;
     if (TRACE) {
         tr_t0 = wf_gtime();
@@ -476,6 +529,14 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     const uint32_t sQ = sbase;                  /* NWG tiles, one per warpgroup */
     const uint32_t sKV = sbase + NWG * QTILE;   /* stage st: K at sKV + 2·st·TILE, V right after */
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
+    if constexpr (TMA) {   /* before the first barrier (wf_setup's, or the PLAN record's) */
+        if (tid == 0) {
+#pragma unroll
+            for (int s = 0; s < NST; s++) wf_bar_init(wg_smem_u32(&sBar[s]), 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+            wg_fence_async_smem();
+        }
+    }
     const int G = n_h / n_kv, used = G * B;
     const int BP = B <= 16 ? 16 : B <= 32 ? 32 : 64, per = KT / BP;   /* block keys: rows per block, blocks per tile */
     const int item = blockIdx.x;   /* PLAN: rank · n_kv + kv head */
@@ -510,27 +571,57 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
             int kb, ke;
             ctx_tile(it, t, &kb, &ke);
             const int nk = min(KT, ke - kb);
-            for (int i = tid; i < KT * CH; i += THREADS) {
-                const int r = i / CH, c = i % CH;
-                const bool ok = r < nk;
-                const size_t off = ((size_t)(ok ? kb + r : 0) * n_kv + g) * HD + c * 8;
-                const uint32_t dst = (c / 8) * KPANEL + wg_sw128(r, c % 8);
-                wf_cp16(dK + dst, k + off, ok);
-                wf_cp16(dV + dst, v + off, ok);
+            if constexpr (TMA) {   /* 64 rows from kb: rows past the segment are other keys (masked) or zeros */
+                if (tid == 0) {
+                    const uint32_t bar = wg_smem_u32(&sBar[st]);
+                    wf_bar_expect(bar, 2 * TILE);
+#pragma unroll
+                    for (int p = 0; p < HD / 64; p++) {
+                        wf_tma3(dK + p * KPANEL, &tm.k, 64 * p, g, kb, bar);
+                        wf_tma3(dV + p * KPANEL, &tm.v, 64 * p, g, kb, bar);
+                    }
+                }
+            } else {
+                for (int i = tid; i < KT * CH; i += THREADS) {
+                    const int r = i / CH, c = i % CH;
+                    const bool ok = r < nk;
+                    const size_t off = ((size_t)(ok ? kb + r : 0) * n_kv + g) * HD + c * 8;
+                    const uint32_t dst = (c / 8) * KPANEL + wg_sw128(r, c % 8);
+                    wf_cp16(dK + dst, k + off, ok);
+                    wf_cp16(dV + dst, v + off, ok);
+                }
             }
             static_assert(THREADS >= KT, "one thread per key's doc id");
             if (!it.by_range && tid < KT)
                 wf_cp4(wg_smem_u32(&sDoc[st][tid]), doc_ids + (tid < nk ? kb + tid : 0), tid < nk);
         } else {
             const int j = t - it.n_ctx;
-            for (int i = tid; i < KT * CH; i += THREADS) {
-                const int r = i / CH, c = i % CH, w2 = j * per + r / BP, kk = r % BP;
-                const bool ok = w2 < it.nb && kk < B;
-                const size_t row = ok ? (size_t)T + (size_t)(it.b0 + w2) * B + kk : 0;
-                const size_t off = (row * n_kv + g) * HD + c * 8;
-                const uint32_t dst = (c / 8) * KPANEL + wg_sw128(r, c % 8);
-                wf_cp16(dK + dst, k + off, ok);
-                wf_cp16(dV + dst, v + off, ok);
+            bool tma_done = false;
+            if constexpr (TMA) {   /* B == BP: the tile's blocks are 64 consecutive rows (past nb: never read) */
+                if (B == BP) {
+                    if (tid == 0) {
+                        const uint32_t bar = wg_smem_u32(&sBar[st]);
+                        const int row0 = T + (it.b0 + j * per) * B;
+                        wf_bar_expect(bar, 2 * TILE);
+#pragma unroll
+                        for (int p = 0; p < HD / 64; p++) {
+                            wf_tma3(dK + p * KPANEL, &tm.k, 64 * p, g, row0, bar);
+                            wf_tma3(dV + p * KPANEL, &tm.v, 64 * p, g, row0, bar);
+                        }
+                    }
+                    tma_done = true;
+                }
+            }
+            if (!tma_done) {
+                for (int i = tid; i < KT * CH; i += THREADS) {
+                    const int r = i / CH, c = i % CH, w2 = j * per + r / BP, kk = r % BP;
+                    const bool ok = w2 < it.nb && kk < B;
+                    const size_t row = ok ? (size_t)T + (size_t)(it.b0 + w2) * B + kk : 0;
+                    const size_t off = (row * n_kv + g) * HD + c * 8;
+                    const uint32_t dst = (c / 8) * KPANEL + wg_sw128(r, c % 8);
+                    wf_cp16(dK + dst, k + off, ok);
+                    wf_cp16(dV + dst, v + off, ok);
+                }
             }
         }
     };
@@ -656,6 +747,8 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
             const long long tw0 = TRACE ? clock64() : 0;
             mma_wait<NST - 3>();   /* Q and tile t have landed */
             wg_fence_async_smem();
+            if constexpr (TMA)     /* TMA tiles: the stage's phase (t / NST) & 1 (every stage use before was TMA) */
+                if (t < n_ctx || B == BP) wf_bar_wait(wg_smem_u32(&sBar[t % NST]), (uint32_t)(t / NST) & 1u);
             const long long tw1 = TRACE ? clock64() : 0;
             __syncthreads();          /* ... for everyone; and stage (t - 2) % NST is no longer read */
             const long long tw2 = TRACE ? clock64() : 0;
@@ -734,7 +827,40 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
 /* kernel options picked by DFLASH_BLOCK_ATTN_WG_FWD (see ba_wg_forward) */
 struct wf_opt {
     bool fast;   /* default: range masks where documents are contiguous, staged epilogue; false: "3" */
+    bool tma;    /* "T": the default with the K/V tiles by TMA */
 };
+
+/* cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda); cached after the first call */
+static PFN_cuTensorMapEncodeTiled_v12000 wf_encode_fn() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    if (fn) return fn;
+    void *p = nullptr;
+    cudaDriverEntryPointQueryResult qres = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &qres);
+    if (e != cudaSuccess || qres != cudaDriverEntryPointSuccess || !p) {
+        kernels_fail("ba_wg_forward: cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled): %s (query result %d)",
+                     cudaGetErrorString(e), (int)qres);
+        return nullptr;
+    }
+    fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+    return fn;
+}
+
+/* tensor map of K or V ([T + N·B][n_kv][d_h] bf16): boxes of {64 elements, 1 head, 64 rows} = one 128B-swizzled
+ * 64-row panel (the layout of wg_sw128); rows past the end read as zeros. 0, or -1 with kernels_fail. */
+static int wf_tmap(CUtensorMap *m, const void *base, const block_attn_config *c, const char *what) {
+    PFN_cuTensorMapEncodeTiled_v12000 fn = wf_encode_fn();
+    if (!fn) return -1;
+    if ((uintptr_t)base % 16) return kernels_fail("ba_wg_forward (T): %s is not 16-byte aligned", what);
+    const cuuint64_t dims[3] = {(cuuint64_t)c->d_h, (cuuint64_t)c->n_kv, (cuuint64_t)c->T + (cuuint64_t)c->N * c->B};
+    const cuuint64_t strides[2] = {(cuuint64_t)c->d_h * 2, (cuuint64_t)c->n_kv * c->d_h * 2};
+    const cuuint32_t box[3] = {64, 1, 64}, estr[3] = {1, 1, 1};
+    const CUresult r = fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dims, strides, box, estr,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) return kernels_fail("ba_wg_forward (T): cuTensorMapEncodeTiled(%s) failed: CUresult %d", what, (int)r);
+    return 0;
+}
 
 /* PDL launch (cudaLaunchAttributeProgrammaticStreamSerialization) of kern on stream: it may start before
  * the previous kernel on the stream ends and must griddepcontrol.wait before reading that kernel's output. */
@@ -753,12 +879,16 @@ cudaError_t wf_launch_pdl(void (*kern)(Exp...), dim3 grid, int threads, size_t s
     return cudaLaunchKernelEx(&lc, kern, args...);
 }
 
-template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE>
+template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE, bool TMA>
 int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
               const int32_t *doc_ids, bf16 *out, float *lse, void *ws, unsigned long long *trace, cudaStream_t stream) {
     using C = wf_cfg<HD, NWG>;
     const size_t smem = C::smem;
-    auto kern = ba_wg_forward_kernel<HD, NWG, FAST, EPI, PLAN, TRACE>;
+    auto kern = ba_wg_forward_kernel<HD, NWG, FAST, EPI, PLAN, TRACE, TMA>;
+    typename wf_tm<TMA>::type tm{};
+    if constexpr (TMA) {
+        if (wf_tmap(&tm.k, k, c, "k") || wf_tmap(&tm.v, v, c, "v")) return -1;
+    }
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return kernels_fail("ba_wg_forward: cudaFuncSetAttribute(%zu bytes): %s", smem, cudaGetErrorString(e));
     const int n_grp = (c->N + NWG - 1) / NWG;
@@ -768,7 +898,7 @@ int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
     if (!PLAN) {
         kern<<<dim3(n_grp, c->n_kv), C::THREADS, smem, stream>>>(Q, K, V, anchors, doc_ids, O, lse, c->T, c->N, c->B,
                                                                   c->n_h, c->n_kv, c->window, c->causal, sl2, nullptr,
-                                                                  trace);
+                                                                  trace, tm);
         KERNELS_CHECK_LAUNCH("ba_wg_forward_kernel");
         return 0;
     }
@@ -782,7 +912,7 @@ int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
     KERNELS_CHECK_LAUNCH("ba_wg_forward (order)");
     const int grid = n_grp * c->n_kv;
     e = wf_launch_pdl(kern, dim3((unsigned)grid), C::THREADS, smem, stream, Q, K, V, anchors, doc_ids, O, lse, c->T, c->N,
-                      c->B, c->n_h, c->n_kv, c->window, c->causal, sl2, (const int *)srec, trace);
+                      c->B, c->n_h, c->n_kv, c->window, c->causal, sl2, (const int *)srec, trace, tm);
     if (e != cudaSuccess) return kernels_fail("ba_wg_forward (main, PDL): %s", cudaGetErrorString(e));
     KERNELS_CHECK_LAUNCH("ba_wg_forward_kernel (plan)");
     return 0;
@@ -792,9 +922,9 @@ template <int HD, bool TRACE>
 int wf_select(wf_opt op, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
               const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,
               unsigned long long *trace, cudaStream_t stream) {
-#define WF_GO(F, P) wf_launch<HD, WF_GROUP, F, F, P, TRACE>(c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream)
-    if (ws) return op.fast ? WF_GO(true, true) : WF_GO(false, true);
-    return op.fast ? WF_GO(true, false) : WF_GO(false, false);
+#define WF_GO(F, P, X) wf_launch<HD, WF_GROUP, F, F, P, TRACE, X>(c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream)
+    if (ws) return op.tma ? WF_GO(true, true, true) : op.fast ? WF_GO(true, true, false) : WF_GO(false, true, false);
+    return op.tma ? WF_GO(true, false, true) : op.fast ? WF_GO(true, false, false) : WF_GO(false, false, false);
 #undef WF_GO
 }
 
@@ -802,11 +932,13 @@ int wf_select(wf_opt op, const block_attn_config *c, const bf16 *q, const bf16 *
 int wf_parse(wf_opt *op) {
     const char *e = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
     op->fast = true;   /* "3x" + staged epilogue (round-1 value 10), H200 2026-11-29: 237.8 TFLOP/s ("3" 228.9) */
+    op->tma = false;
     if (!e || !e[0]) return 0;
     if (!strcmp(e, "3")) op->fast = false;
+    else if (!strcmp(e, "T")) op->tma = true;
     else
-        return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3 (the previous default) or unset "
-                            "(the default)", e);
+        return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3 (the previous default), T (the "
+                            "candidate: K/V tiles by TMA) or unset (the default)", e);
     return 0;
 }
 
@@ -821,7 +953,8 @@ extern "C" size_t block_attn_forward_workspace_bytes(const block_attn_config *c)
 /* DFLASH_BLOCK_ATTN_WG_FWD (read per call): unset or empty = the default (3 blocks per CTA, context masks
  * from the key range where every block's document is contiguous, the epilogue staged through shared memory);
  * "3" = the previous default of session 2 (doc-id ballots on every context tile, 4-byte stores), kept as the
- * one revert switch. Any other value fails with kernels_fail naming the accepted values, before any launch.
+ * one revert switch; "T" = the candidate of session 3 round 3 (the default with K/V tiles by TMA, see the
+ * file's header). Any other value fails with kernels_fail naming the accepted values, before any launch.
  * ws != NULL: the plan path (workspace of block_attn_forward_workspace_bytes bytes, 16-byte aligned). */
 extern "C" int ba_wg_forward_ws(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
                                 const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,
