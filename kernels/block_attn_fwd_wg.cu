@@ -82,9 +82,12 @@
  * alone, and was deleted from this file: its code is in git commit aa65d2e, its numbers in
  * kernels/bench/RESULTS.md (the seventeenth H200 run). The value is now rejected like any unknown one.
  *
- * Candidate "T" (DFLASH_BLOCK_ATTN_WG_FWD=T, template flag TMA; session 3 round 3): the default with the K/V
- * tiles loaded by TMA instead of 2 048 per-thread 16-byte cp.async per tile (traced on the H200: 0.41-0.48 µs
- * of the 1.7 µs tile spent issuing them). Host: two CUtensorMap (K, V: bf16, dims {d_h, n_kv, T + N·B}, box
+ * K/V tiles by TMA (template flag TMA; the default since session 3 round 3, first measured as candidate "T"):
+ * instead of 2 048 per-thread 16-byte cp.async per tile (traced on the H200: 0.41-0.48 µs of the 1.7 µs tile
+ * spent issuing them). H200 2026-11-29 (RESULTS.md, twenty-first run): 0.284 ms = 250 TFLOP/s without a
+ * workspace (0.301 with cp.async), 0.252 ms = 282 TFLOP/s with the plan workspace (0.267); bitwise equal to the
+ * cp.async kernel at full size and on 11 shapes. The cp.async default of round 2 is in git 7d07880; "3" (the
+ * revert switch) keeps cp.async. Host: two CUtensorMap (K, V: bf16, dims {d_h, n_kv, T + N·B}, box
  * {64, 1, 64} = one 128B-swizzled 64-row panel, OOB zero fill) per launch from cuTensorMapEncodeTiled (the
  * runtime's driver entry point, no -lcuda), passed as a __grid_constant__ parameter (the other kernels get
  * the empty wf_none there: their machine code is unchanged). Device: one mbarrier per stage (count 1); tid 0
@@ -98,7 +101,7 @@
  * ptxas d_h 128: 157 registers (plan path 155), trace 166 / 163.
  *
  * TRACE (bench only, ba_wg_forward_traced): %globaltimer / clock64 stamps per CTA (layout in block_attn_wg.h).
- * ptxas, d_h 128: default 164 registers (plan path 163), "3" 159 (161); plan kernels 56 and 34; no
+ * ptxas, d_h 128: the cp.async "3x" kernel (now gone) 164 registers (plan path 163), "3" 159 (161); plan kernels 56 and 34; no
  * spills, no C7510/C7511.
  */
 #include "kernels/block_attn_wg.h"
@@ -827,7 +830,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
 /* kernel options picked by DFLASH_BLOCK_ATTN_WG_FWD (see ba_wg_forward) */
 struct wf_opt {
     bool fast;   /* default: range masks where documents are contiguous, staged epilogue; false: "3" */
-    bool tma;    /* "T": the default with the K/V tiles by TMA */
+    bool tma;    /* the default: K/V tiles by TMA ("3": cp.async) */
 };
 
 /* cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda); cached after the first call */
@@ -923,22 +926,21 @@ int wf_select(wf_opt op, const block_attn_config *c, const bf16 *q, const bf16 *
               const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,
               unsigned long long *trace, cudaStream_t stream) {
 #define WF_GO(F, P, X) wf_launch<HD, WF_GROUP, F, F, P, TRACE, X>(c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream)
-    if (ws) return op.tma ? WF_GO(true, true, true) : op.fast ? WF_GO(true, true, false) : WF_GO(false, true, false);
-    return op.tma ? WF_GO(true, false, true) : op.fast ? WF_GO(true, false, false) : WF_GO(false, false, false);
+    if (ws) return op.tma ? WF_GO(true, true, true) : WF_GO(false, true, false);
+    return op.tma ? WF_GO(true, false, true) : WF_GO(false, false, false);
 #undef WF_GO
 }
 
 /* DFLASH_BLOCK_ATTN_WG_FWD -> options; -1 with kernels_fail on an unknown value */
 int wf_parse(wf_opt *op) {
     const char *e = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
-    op->fast = true;   /* "3x" + staged epilogue (round-1 value 10), H200 2026-11-29: 237.8 TFLOP/s ("3" 228.9) */
-    op->tma = false;
+    op->fast = true;   /* "3x" + staged epilogue + K/V by TMA, H200 2026-11-29: 250 TFLOP/s, 282 with the workspace */
+    op->tma = true;
     if (!e || !e[0]) return 0;
-    if (!strcmp(e, "3")) op->fast = false;
-    else if (!strcmp(e, "T")) op->tma = true;
+    if (!strcmp(e, "3")) op->fast = op->tma = false;
     else
-        return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3 (the previous default), T (the "
-                            "candidate: K/V tiles by TMA) or unset (the default)", e);
+        return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3 (the previous default) or unset "
+                            "(the default)", e);
     return 0;
 }
 
@@ -951,10 +953,10 @@ extern "C" size_t block_attn_forward_workspace_bytes(const block_attn_config *c)
 }
 
 /* DFLASH_BLOCK_ATTN_WG_FWD (read per call): unset or empty = the default (3 blocks per CTA, context masks
- * from the key range where every block's document is contiguous, the epilogue staged through shared memory);
- * "3" = the previous default of session 2 (doc-id ballots on every context tile, 4-byte stores), kept as the
- * one revert switch; "T" = the candidate of session 3 round 3 (the default with K/V tiles by TMA, see the
- * file's header). Any other value fails with kernels_fail naming the accepted values, before any launch.
+ * from the key range where every block's document is contiguous, the epilogue staged through shared memory,
+ * the K/V tiles by TMA); "3" = the previous default of session 2 (doc-id ballots on every context tile, 4-byte
+ * stores, cp.async), kept as the one revert switch. Any other value (the retired candidates too, e.g. "T", now
+ * the default) fails with kernels_fail naming the accepted values, before any launch.
  * ws != NULL: the plan path (workspace of block_attn_forward_workspace_bytes bytes, 16-byte aligned). */
 extern "C" int ba_wg_forward_ws(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
                                 const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,

@@ -250,7 +250,7 @@ START_TEST(block_attn_gpu_rejects) {
     /* set 7's forward takes only its default (unset) and the revert switch 3: a retired variant or candidate
      * (20: the persistent plan-path kernel of session 3) or a probe name fails before any launch */
     ck_assert_int_eq(setenv("DFLASH_BLOCK_ATTN_KERNEL", "7", 1), 0);
-    static const char *const retired[] = {"3n", "3ol", "2", "3x", "10", "20"};
+    static const char *const retired[] = {"3n", "3ol", "2", "3x", "10", "20", "T"};
     for (size_t i = 0; i < sizeof retired / sizeof retired[0]; i++) {
         ck_assert_int_eq(setenv("DFLASH_BLOCK_ATTN_WG_FWD", retired[i], 1), 0);
         ck_assert_int_eq(block_attn_forward(&c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0), -1);
