@@ -742,19 +742,8 @@ block_attn_backward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const
         float s = 0.f;
         size_t row = (size_t)b * B + r % B;
         int h = g * G + r / B;
-        if (r < used) {
-            const __nv_bfloat16 *po = out + (row * n_h + h) * HD + half * (HD / 2);
-            const __nv_bfloat16 *pd = dout + (row * n_h + h) * HD + half * (HD / 2);
-            for (int c = 0; c < HD / 2; c += 8) {
-                uint4 x = *reinterpret_cast<const uint4 *>(po + c), y = *reinterpret_cast<const uint4 *>(pd + c);
-                const __nv_bfloat162 *px = (const __nv_bfloat162 *)&x, *py = (const __nv_bfloat162 *)&y;
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float2 fx = __bfloat1622float2(px[e]), fy = __bfloat1622float2(py[e]);
-                    s += fx.x * fy.x + fx.y * fy.y;
-                }
-            }
-        }
+        if (r < used)   /* block_attn_common.cuh */
+            s = ba_di_half<HD>(out + (row * n_h + h) * HD + half * (HD / 2), dout + (row * n_h + h) * HD + half * (HD / 2));
         s += __shfl_xor_sync(0xffffffffu, s, 1);
         if (half == 0) {
             sDi[r] = r < used ? s : 0.f;

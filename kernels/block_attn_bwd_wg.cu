@@ -560,37 +560,25 @@ wb_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
     wb_store_acc<HD>(dv, dva, 1.f, (size_t)(p0 + kr0), kr0 < np_keys, (size_t)(p0 + kr1), kr1 < np_keys, n_kv, g);
 }
 
-/* One key tile of kernel 3 for the warpgroup's 64 query rows: S = Q·Kᵀ, dP = dO·Vᵀ over the tile's first
- * NKEY keys (rows of uK/uV), P from lse, dS = P ⊙ (dP − Di), dqa += dS·K (unscaled). Visibility: klo <= key < nk,
- * and for a context tile its doc id (sDocTb) == d, for the block tile the causal test against the query
- * slots j0 / j1; rows !ok0 / !ok1 are idle. l2x = lse·log2(e), dix = Di of the thread's two rows. All 128
- * threads call it; returns with no wgmma in flight. */
-template <int HD, int NKEY, int MODE = 0>
-__device__ __forceinline__ void wb_dq_tile(float *dqa, uint32_t uQ, uint32_t udO, uint32_t uK, uint32_t uV,
-                                           const int *sDocTb, int d, bool block_tile, int nk, int klo, bool ok0, bool ok1,
-                                           int j0, int j1, int causal, float l20, float l21, float di0, float di1,
-                                           float scale_log2) {
-    const int lane = threadIdx.x & 31;
-    float s[NKEY / 2], dp[NKEY / 2];   /* overwritten by the first k-step (scale-d 0) */
+/* Kernel 3's products around a key tile's elementwise step (wb_dq_tile, wb_dq_tile_f). wb_dq_sdp issues
+ * S = Q·Kᵀ (group 1) and dP = dO·Vᵀ (group 2) over NKEY keys and returns once S is done (dP in flight: P is
+ * computed meanwhile). wb_dq_ds waits for dP, forms dS = P ⊙ (dP − Di) from P in s (DS false: the timing probe
+ * that skips the softmax math leaves dP as it is), rounds it to bf16 A fragments and adds dqa += dS·K (group 3);
+ * it returns with no wgmma in flight. All 128 threads call both. */
+template <int HD, int NKEY>
+__device__ __forceinline__ void wb_dq_sdp(float *dqa, float *s, float *dp, uint32_t uQ, uint32_t udO, uint32_t uK,
+                                          uint32_t uV) {
     wg_acc_fence<HD / 2>(dqa);
     wg_fence();
-    wg_mma_ss_kk<NKEY, HD>(s, uQ, WB_PANEL, uK, WB_PANEL, false);
+    wg_mma_ss_kk<NKEY, HD>(s, uQ, WB_PANEL, uK, WB_PANEL, false);   /* overwritten by the first k-step */
     wg_commit();   /* group 1: S */
     wg_mma_ss_kk<NKEY, HD>(dp, udO, WB_PANEL, uV, WB_PANEL, false);
     wg_commit();   /* group 2: dP */
-    wg_wait<1>();  /* S done; P is computed while dP runs */
+    wg_wait<1>();
     wg_acc_fence<NKEY / 2>(s);
-#pragma unroll
-    for (int i = 0; i < NKEY / 8; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int key = 8 * i + 2 * (lane & 3) + (e & 1);
-            const bool second = e >= 2;
-            const bool vis = key < nk && key >= klo && (block_tile || sDocTb[key] == d) && (second ? ok1 : ok0) &&
-                             !(block_tile && causal && key > (second ? j1 : j0));
-            if (MODE == 2) s[4 * i + e] *= scale_log2;
-            else s[4 * i + e] = vis ? exp2f(s[4 * i + e] * scale_log2 - (second ? l21 : l20)) : 0.f;
-        }
+}
+template <int HD, int NKEY, bool DS = true>
+__device__ __forceinline__ void wb_dq_ds(float *dqa, const float *s, float *dp, float di0, float di1, uint32_t uK) {
     wg_wait<0>();
     wg_acc_fence<NKEY / 2>(dp);
     uint32_t da[NKEY / 16][4];
@@ -598,7 +586,7 @@ __device__ __forceinline__ void wb_dq_tile(float *dqa, uint32_t uQ, uint32_t udO
     for (int i = 0; i < NKEY / 8; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
-            if (MODE != 2) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - (e >= 2 ? di1 : di0));
+            if (DS) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - (e >= 2 ? di1 : di0));
 #pragma unroll
     for (int kk = 0; kk < NKEY / 16; kk++)
 #pragma unroll
@@ -610,6 +598,33 @@ __device__ __forceinline__ void wb_dq_tile(float *dqa, uint32_t uQ, uint32_t udO
     wg_wait<0>();
     wg_acc_fence<HD / 2>(dqa);
     wg_reg_fence<NKEY / 4>(&da[0][0]);
+}
+
+/* One key tile of kernel 3 for the warpgroup's 64 query rows: S = Q·Kᵀ, dP = dO·Vᵀ over the tile's first
+ * NKEY keys (rows of uK/uV), P from lse, dS = P ⊙ (dP − Di), dqa += dS·K (unscaled). Visibility: klo <= key < nk,
+ * and for a context tile its doc id (sDocTb) == d, for the block tile the causal test against the query
+ * slots j0 / j1; rows !ok0 / !ok1 are idle. l2x = lse·log2(e), dix = Di of the thread's two rows. All 128
+ * threads call it; returns with no wgmma in flight. */
+template <int HD, int NKEY, int MODE = 0>
+__device__ __forceinline__ void wb_dq_tile(float *dqa, uint32_t uQ, uint32_t udO, uint32_t uK, uint32_t uV,
+                                           const int *sDocTb, int d, bool block_tile, int nk, int klo, bool ok0, bool ok1,
+                                           int j0, int j1, int causal, float l20, float l21, float di0, float di1,
+                                           float scale_log2) {
+    const int lane = threadIdx.x & 31;
+    float s[NKEY / 2], dp[NKEY / 2];
+    wb_dq_sdp<HD, NKEY>(dqa, s, dp, uQ, udO, uK, uV);
+#pragma unroll
+    for (int i = 0; i < NKEY / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int key = 8 * i + 2 * (lane & 3) + (e & 1);
+            const bool second = e >= 2;
+            const bool vis = key < nk && key >= klo && (block_tile || sDocTb[key] == d) && (second ? ok1 : ok0) &&
+                             !(block_tile && causal && key > (second ? j1 : j0));
+            if (MODE == 2) s[4 * i + e] *= scale_log2;
+            else s[4 * i + e] = vis ? exp2f(s[4 * i + e] * scale_log2 - (second ? l21 : l20)) : 0.f;
+        }
+    wb_dq_ds<HD, NKEY, MODE != 2>(dqa, s, dp, di0, di1, uK);
 }
 
 /* wb_dq_tile's fast elementwise (FM, the default): the same products and values, branch-free. KM picks
@@ -625,14 +640,7 @@ __device__ __forceinline__ void wb_dq_tile_f(float *dqa, uint32_t uQ, uint32_t u
                                              float l20, float l21, float di0, float di1, float scale_log2) {
     const int lane = threadIdx.x & 31;
     float s[NKEY / 2], dp[NKEY / 2];
-    wg_acc_fence<HD / 2>(dqa);
-    wg_fence();
-    wg_mma_ss_kk<NKEY, HD>(s, uQ, WB_PANEL, uK, WB_PANEL, false);
-    wg_commit();   /* group 1: S */
-    wg_mma_ss_kk<NKEY, HD>(dp, udO, WB_PANEL, uV, WB_PANEL, false);
-    wg_commit();   /* group 2: dP */
-    wg_wait<1>();
-    wg_acc_fence<NKEY / 2>(s);
+    wb_dq_sdp<HD, NKEY>(dqa, s, dp, uQ, udO, uK, uV);
 #pragma unroll
     for (int i = 0; i < NKEY / 8; i++)
 #pragma unroll
@@ -645,24 +653,7 @@ __device__ __forceinline__ void wb_dq_tile_f(float *dqa, uint32_t uQ, uint32_t u
             if (KM == 3) vis = key < nk && !(causal && key > (e >= 2 ? j1 : j0));
             s[4 * i + e] = KM == 0 ? p : vis ? p : 0.f;
         }
-    wg_wait<0>();
-    wg_acc_fence<NKEY / 2>(dp);
-    uint32_t da[NKEY / 16][4];
-#pragma unroll
-    for (int i = 0; i < NKEY / 8; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - (e >= 2 ? di1 : di0));
-#pragma unroll
-    for (int kk = 0; kk < NKEY / 16; kk++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) da[kk][j] = mma_pack_bf16x2(dp[8 * kk + 2 * j], dp[8 * kk + 2 * j + 1]);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < NKEY / 16; kk++) wg_mma_rs<HD, 1>(dqa, da[kk], wg_desc_mnmajor(uK + kk * 2048, WB_PANEL), 1);
-    wg_commit();   /* group 3: dQ += dS·K */
-    wg_wait<0>();
-    wg_acc_fence<HD / 2>(dqa);
-    wg_reg_fence<NKEY / 4>(&da[0][0]);
+    wb_dq_ds<HD, NKEY>(dqa, s, dp, di0, di1, uK);
 }
 
 /* Kernel 3's plan (QR, the default), launched between kernels 2 and 3: per block b (one CTA of 128
@@ -743,19 +734,8 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
         float s = 0.f;
         size_t row = (size_t)b * B + r % B;
         int h = g * G + r / B;
-        if (r < used) {
-            const __nv_bfloat16 *po = out + (row * n_h + h) * HD + half * (HD / 2);
-            const __nv_bfloat16 *pd = dout + (row * n_h + h) * HD + half * (HD / 2);
-            for (int c = 0; c < HD / 2; c += 8) {
-                uint4 x = *reinterpret_cast<const uint4 *>(po + c), y = *reinterpret_cast<const uint4 *>(pd + c);
-                const __nv_bfloat162 *px = (const __nv_bfloat162 *)&x, *py = (const __nv_bfloat162 *)&y;
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float2 fx = __bfloat1622float2(px[e]), fy = __bfloat1622float2(py[e]);
-                    s += fx.x * fy.x + fx.y * fy.y;
-                }
-            }
-        }
+        if (r < used)   /* block_attn_common.cuh */
+            s = ba_di_half<HD>(out + (row * n_h + h) * HD + half * (HD / 2), dout + (row * n_h + h) * HD + half * (HD / 2));
         s += __shfl_xor_sync(0xffffffffu, s, 1);
         if (half == 0) {
             sDi[wg][r] = r < used ? s : 0.f;

@@ -1,7 +1,8 @@
 /*
  * kernels/block_attn_common.cuh — internal to kernels/block_attn.cu (sets 3, 5, 6) and kernels/block_attn_bwd_wg.cu
  * (set 7): the one copy of the device code both backward sets share (formerly duplicated in each file).
- *   ba_di_kernel     the backward's first pass, Di = rowsum(dO ⊙ O) per (head, row), optionally lse·log2(e);
+ *   ba_dot8 / ba_di_half  the Di = rowsum(dO ⊙ O) sums (16-byte words; half a row, two threads per row);
+ *   ba_di_kernel     the backward's first pass, Di per (head, row), optionally lse·log2(e);
  *   ba_doc_span      the scan of a block's anchor window for the first / last key of its document.
  * Header only (templates and force-inlined device functions, internal linkage per translation unit); CUDA
  * only. It has an include guard and sits in an anonymous namespace: the benchmark includes block_attn.cu
@@ -18,6 +19,27 @@
 
 namespace {
 
+/* s + Σ a·c over the 8 bf16 pairs of two 16-byte words, in the order every Di sum here uses. */
+__device__ __forceinline__ float ba_dot8(uint4 a, uint4 c, float s) {
+    const __nv_bfloat162 *pa = (const __nv_bfloat162 *)&a, *pc = (const __nv_bfloat162 *)&c;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        float2 x = __bfloat1622float2(pa[e]), y = __bfloat1622float2(pc[e]);
+        s += x.x * y.x + x.y * y.y;
+    }
+    return s;
+}
+
+/* Σ dO·O over HD/2 elements from po / pd (one half of a (row, head) vector: the kernels' two threads per row
+ * each sum a half, then add the halves with one shuffle). */
+template <int HD>
+__device__ __forceinline__ float ba_di_half(const __nv_bfloat16 *po, const __nv_bfloat16 *pd) {
+    float s = 0.f;
+    for (int c = 0; c < HD / 2; c += 8)
+        s = ba_dot8(*reinterpret_cast<const uint4 *>(po + c), *reinterpret_cast<const uint4 *>(pd + c), s);
+    return s;
+}
+
 /* Di[h·R + row] = Σ_e dO·O over the head dim; one thread per 8 elements, HD/8 lanes per (row, head) of
  * out's (R, n_h) layout. LSE2 (set 7): also lse2[h·R + row] = lse·log2(e) when lse2 is not NULL. */
 template <int HD, bool LSE2 = false>
@@ -27,15 +49,8 @@ __global__ void ba_di_kernel(const __nv_bfloat16 *out, const __nv_bfloat16 *dout
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t pair = i / CH;   /* (row, head) in the (R, n_h) layout of out */
     float s = 0.f;
-    if (pair < (size_t)R * n_h) {
-        uint4 a = *reinterpret_cast<const uint4 *>(out + i * 8), c = *reinterpret_cast<const uint4 *>(dout + i * 8);
-        const __nv_bfloat162 *pa = (const __nv_bfloat162 *)&a, *pc = (const __nv_bfloat162 *)&c;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float2 x = __bfloat1622float2(pa[e]), y = __bfloat1622float2(pc[e]);
-            s += x.x * y.x + x.y * y.y;
-        }
-    }
+    if (pair < (size_t)R * n_h)
+        s = ba_dot8(*reinterpret_cast<const uint4 *>(out + i * 8), *reinterpret_cast<const uint4 *>(dout + i * 8), s);
 #pragma unroll
     for (int o = CH / 2; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (pair < (size_t)R * n_h && i % CH == 0) {

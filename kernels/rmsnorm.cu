@@ -731,6 +731,16 @@ static __device__ __forceinline__ void rms_backward10(int blk, int nblk, bf16 *d
             ro[i] = live ? __ldg(rstd + row) : 0.0f;
         }
     };
+    /* row i, chunk k (column chunk c) of the current step as floats: x, dy, and w (registers or L1) */
+    auto unpack = [&](int i, int k, int c, float *xf, float *g, float *wl) {
+        vec_unpack8(xv[i][k], xf);
+        vec_unpack8(gv[i][k], g);
+        if constexpr (WREG) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) wl[j] = ww[WREG ? k : 0][j];
+        } else
+            rms_load_w8(w, c, wl);
+    };
     if constexpr (PF) load(blk, xv, gv, rs);
     int p = 0;
     for (int s = blk; s < steps; s += nblk) {   /* uniform trip count across the CTA */
@@ -758,13 +768,7 @@ static __device__ __forceinline__ void rms_backward10(int blk, int nblk, bf16 *d
                 const int c = lane + k * G;
                 if (c < C8) {
                     float xf[8], g[8], wl[8];
-                    vec_unpack8(xv[i][k], xf);
-                    vec_unpack8(gv[i][k], g);
-                    if constexpr (WREG) {
-#pragma unroll
-                        for (int j = 0; j < 8; j++) wl[j] = ww[WREG ? k : 0][j];
-                    } else
-                        rms_load_w8(w, c, wl);
+                    unpack(i, k, c, xf, g, wl);
 #pragma unroll
                     for (int j = 0; j < 8; j++) m[i] += wl[j] * g[j] * xf[j];   /* variant 4's order */
                 }
@@ -802,13 +806,7 @@ static __device__ __forceinline__ void rms_backward10(int blk, int nblk, bf16 *d
                 const int c = lane + k * G;
                 if (c < C8 && live) {
                     float xf[8], g[8], wl[8], o[8];
-                    vec_unpack8(xv[i][k], xf);
-                    vec_unpack8(gv[i][k], g);
-                    if constexpr (WREG) {
-#pragma unroll
-                        for (int j = 0; j < 8; j++) wl[j] = ww[WREG ? k : 0][j];
-                    } else
-                        rms_load_w8(w, c, wl);
+                    unpack(i, k, c, xf, g, wl);
                     vec_unpack8(old[i][k], o);   /* zeros unless accumulating */
 #pragma unroll
                     for (int j = 0; j < 8; j++) {
