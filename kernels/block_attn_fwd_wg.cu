@@ -271,15 +271,20 @@ __device__ __forceinline__ void wf_issue_pv(float *o, uint32_t (*p)[4], uint32_t
 }
 
 /* One tile step of one warpgroup: S, wait (S and the previous P·V), softmax, P·V in flight. */
-template <int HD, int NK, bool TRACE = false, typename Vis>
+struct wf_nohook {
+    __device__ __forceinline__ void operator()() const {}
+};
+template <int HD, int NK, bool TRACE = false, typename Vis, typename Hook = wf_nohook>
 __device__ __forceinline__ void wf_step(float *o, float *m, float *l, uint32_t q_s, uint32_t k_s, uint32_t v_s,
-                                        float sl2, bool need_mask, Vis vis, unsigned long long *tr_mma = nullptr) {
+                                        float sl2, bool need_mask, Vis vis, unsigned long long *tr_mma = nullptr,
+                                        Hook after_wait = Hook()) {
     float s[NK / 2];
     wf_issue_s<HD, NK>(s, q_s, k_s);
     wg_commit();
     const long long tm0 = TRACE ? clock64() : 0;
     wg_wait<0>();
     if (TRACE) *tr_mma += clock64() - tm0;   /* TRACE: cycles waiting for S (and the previous P·V) */
+    after_wait();   /* W: every read of the previous tile's stage is retired here */
     wg_acc_fence<NK / 2>(s);
     wg_acc_fence<HD / 2>(o);
     uint32_t p[NK / 16][4];
@@ -504,7 +509,7 @@ struct wf_item {
 /* The main kernel. Without PLAN: grid (groups, n_kv), wf_setup in the kernel. PLAN: launched with PDL behind
  * the plan (plan = the records by rank); blockIdx.x = rank · n_kv + kv head, so the CTAs start longest
  * group first; the set-up is one 96-byte record load. Same per-row arithmetic in both modes. */
-template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE, bool TMA>
+template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE, bool TMA, bool FREE>
 __global__ void __launch_bounds__(NWG * 128, 1)
 ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
                      const int32_t *doc_ids, __nv_bfloat16 *out, float *lse, int T, int N, int B, int n_h, int n_kv,
@@ -514,6 +519,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     constexpr int CH = HD / 8, THREADS = C::THREADS, TILE = C::TILE, NST = C::NST, QTILE = C::QTILE;
     constexpr int KPANEL = C::KPANEL, KT = C::KT;
     static_assert(!PLAN || NWG == WF_GROUP, "the plan's groups are WF_GROUP blocks");
+    static_assert(!FREE || (TMA && FAST), "W: TMA loads (the host picks it only when B is 16, 32 or 64)");
     extern __shared__ unsigned char wf_raw[];
     __shared__ int sDoc[NST][KT];   /* doc id of each key of a context tile's stage */
     __shared__ int sPart[PLAN ? 1 : NWG * 4][NWG][3]; /* per warp and block: first, last key of the document, count */
@@ -522,6 +528,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
      * the blocks' doc ids (PLAN) */
     __shared__ __align__(16) int sRec[WF_REC];
     __shared__ __align__(8) unsigned long long sBar[TMA ? NST : 1];   /* TMA: one mbarrier per K/V stage */
+    __shared__ unsigned sRel[FREE ? NST : 1];   /* W: releases of each stage so far (NWG per use) */
     unsigned long long tr_t0 = 0, tr_c0 = 0, tr_t1 = 0, tr_wait = 0, tr_data = 0, tr_bar = 0, tr_mma = 0;
     if (TRACE) {
         tr_t0 = wf_gtime();
@@ -536,6 +543,9 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         if (tid == 0) {
 #pragma unroll
             for (int s = 0; s < NST; s++) wf_bar_init(wg_smem_u32(&sBar[s]), 1);
+            if (FREE)
+#pragma unroll
+                for (int s = 0; s < NST; s++) sRel[s] = 0;
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
             wg_fence_async_smem();
         }
@@ -575,7 +585,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
             ctx_tile(it, t, &kb, &ke);
             const int nk = min(KT, ke - kb);
             if constexpr (TMA) {   /* 64 rows from kb: rows past the segment are other keys (masked) or zeros */
-                if (tid == 0) {
+                if (FREE || tid == 0) {   /* W: only the issuing thread calls load */
                     const uint32_t bar = wg_smem_u32(&sBar[st]);
                     wf_bar_expect(bar, 2 * TILE);
 #pragma unroll
@@ -595,14 +605,14 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
                 }
             }
             static_assert(THREADS >= KT, "one thread per key's doc id");
-            if (!it.by_range && tid < KT)
+            if (!FREE && !it.by_range && tid < KT)   /* W reads the doc ids from global memory */
                 wf_cp4(wg_smem_u32(&sDoc[st][tid]), doc_ids + (tid < nk ? kb + tid : 0), tid < nk);
         } else {
             const int j = t - it.n_ctx;
             bool tma_done = false;
             if constexpr (TMA) {   /* B == BP: the tile's blocks are 64 consecutive rows (past nb: never read) */
-                if (B == BP) {
-                    if (tid == 0) {
+                if (FREE || B == BP) {   /* W: the host guarantees B == BP */
+                    if (FREE || tid == 0) {
                         const uint32_t bar = wg_smem_u32(&sBar[st]);
                         const int row0 = T + (it.b0 + j * per) * B;
                         wf_bar_expect(bar, 2 * TILE);
@@ -646,6 +656,11 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         load_q(it, qset);
         mma_commit();
         const int nt = it.n_ctx + (it.nb + per - 1) / per;
+        if (FREE) {   /* W: tiles 0 .. NST - 1 into every stage, by thread 0 */
+            if (tid == 0)
+                for (int s = 0; s < NST && s < nt; s++) load(it, s, s);
+            return;
+        }
 #pragma unroll
         for (int s = 0; s < NST - 2; s++) {
             if (s < nt) load(it, s, s);
@@ -673,10 +688,15 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
                           (int(*)[3])(sRec + WR_SEG), sRec[WR_NSEG], sRec[WR_NCTX], sRec[WR_CONT]);
         cur = make_item(sRec, item);
         const int nt = cur.n_ctx + (cur.nb + per - 1) / per;
+        if (FREE) {
+            if (tid == 0)
+                for (int s = 0; s < NST && s < nt; s++) load(cur, s, s);
+        } else {
 #pragma unroll
-        for (int s = 0; s < NST - 2; s++) {
-            if (s < nt) load(cur, s, s);
-            mma_commit();
+            for (int s = 0; s < NST - 2; s++) {
+                if (s < nt) load(cur, s, s);
+                mma_commit();
+            }
         }
     }
     const bool live = wg < cur.nb;
@@ -744,25 +764,57 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         }
     };
 
+    /* W: this warpgroup reads tile u's stage no more (its last wgmma on it is retired); the last of the NWG
+     * warpgroups to say so (one thread each, a per-stage count that only grows) refills the stage with tile
+     * u + NST. Every warpgroup waits every tile's full barrier, skipped or not, so the count's uses never
+     * overlap and no TMA is in flight at exit. */
+    auto release = [&](int u) {
+        if (u < 0 || wtid != 0 || u + NST >= n_tiles) return;
+        __threadfence_block();
+        const unsigned old = atomicAdd(&sRel[u % NST], 1u);
+        if (old == (unsigned)(NWG * (u / NST + 1) - 1)) {
+            __threadfence_block();
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            load(cur, u + NST, u % NST);
+        }
+    };
+    if (FREE) {   /* W: this warpgroup's Q tile (its own cp.async group) has landed */
+        mma_wait<0>();
+        wg_fence_async_smem();
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+    }
+
     {   /* the tile walk: context tiles, then the blocks' own keys (tiles 0 .. NST - 3 issued above) */
         if (TRACE && tid == 0) trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + 2] = wf_gtime();
         for (int t = 0; t < n_tiles; t++) {
             const long long tw0 = TRACE ? clock64() : 0;
-            mma_wait<NST - 3>();   /* Q and tile t have landed */
-            wg_fence_async_smem();
-            if constexpr (TMA)     /* TMA tiles: the stage's phase (t / NST) & 1 (every stage use before was TMA) */
-                if (t < n_ctx || B == BP) wf_bar_wait(wg_smem_u32(&sBar[t % NST]), (uint32_t)(t / NST) & 1u);
-            const long long tw1 = TRACE ? clock64() : 0;
-            __syncthreads();          /* ... for everyone; and stage (t - 2) % NST is no longer read */
-            const long long tw2 = TRACE ? clock64() : 0;
-            if (t + NST - 2 < n_tiles) load(cur, t + NST - 2, (t + NST - 2) % NST);
-            mma_commit();
-            if (TRACE) {
-                const long long tw3 = clock64();
-                tr_wait += tw3 - tw0;
-                tr_data += tw1 - tw0;
-                tr_bar += tw2 - tw1;
+            if constexpr (FREE) {   /* W: no CTA barrier, only this tile's full barrier */
+                wf_bar_wait(wg_smem_u32(&sBar[t % NST]), (uint32_t)(t / NST) & 1u);
+                if (TRACE) {
+                    const long long tw1 = clock64();
+                    tr_wait += tw1 - tw0;
+                    tr_data += tw1 - tw0;
+                }
+            } else {
+                mma_wait<NST - 3>();   /* Q and tile t have landed */
+                wg_fence_async_smem();
+                if constexpr (TMA)     /* TMA tiles: the stage's phase (t / NST) & 1 (every stage use before was TMA) */
+                    if (t < n_ctx || B == BP) wf_bar_wait(wg_smem_u32(&sBar[t % NST]), (uint32_t)(t / NST) & 1u);
+                const long long tw1 = TRACE ? clock64() : 0;
+                __syncthreads();          /* ... for everyone; and stage (t - 2) % NST is no longer read */
+                const long long tw2 = TRACE ? clock64() : 0;
+                if (t + NST - 2 < n_tiles) load(cur, t + NST - 2, (t + NST - 2) % NST);
+                mma_commit();
+                if (TRACE) {
+                    const long long tw3 = clock64();
+                    tr_wait += tw3 - tw0;
+                    tr_data += tw1 - tw0;
+                    tr_bar += tw2 - tw1;
+                }
             }
+            auto rel = [&] {   /* W: called once this warpgroup's reads of tile t - 1 are retired */
+                if constexpr (FREE) release(t - 1);
+            };
             const int st = t % NST;
             const uint32_t tK = sKV + 2 * st * TILE, tV = tK + TILE;
             bool ran = false;
@@ -774,31 +826,35 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
                     if (lo < KT && hi > 0 && hi > lo) {
                         const int t2 = 2 * (lane & 3), lo2 = lo - t2, hi2 = hi - t2;   /* key = 8i + e1 + t2 */
                         wf_step<HD, KT, TRACE>(o, m, l, myQ, tK, tV, sl2, lo > 0 || hi < KT,
-                                        [&](int key, int) { return key - t2 >= lo2 && key - t2 < hi2; }, &tr_mma);
+                                        [&](int key, int) { return key - t2 >= lo2 && key - t2 < hi2; }, &tr_mma, rel);
                         ran = true;
                     }
                 } else {
                     const int p0 = kb + lane, p1 = p0 + 32;
-                    const bool v0 = p0 >= my_lo && p0 < my_hi && sDoc[st][lane] == d;
-                    const bool v1 = p1 >= my_lo && p1 < my_hi && sDoc[st][lane + 32] == d;
+                    /* W: the doc ids from global memory (no cp.async group per tile) */
+                    const bool v0 = p0 >= my_lo && p0 < my_hi && (FREE ? __ldg(doc_ids + p0) : sDoc[st][lane]) == d;
+                    const bool v1 = p1 >= my_lo && p1 < my_hi && (FREE ? __ldg(doc_ids + p1) : sDoc[st][lane + 32]) == d;
                     const uint32_t mlo = __ballot_sync(0xffffffffu, v0), mhi = __ballot_sync(0xffffffffu, v1);
                     if (mlo | mhi) {   /* identical in every warp of the warpgroup */
                         wf_step<HD, KT, TRACE>(
                             o, m, l, myQ, tK, tV, sl2, (mlo & mhi) != 0xffffffffu,
                             [&](int key, int) { return ((key < 32 ? mlo >> key : mhi >> (key - 32)) & 1u) != 0; },
-                            &tr_mma);
+                            &tr_mma, rel);
                         ran = true;
                     }
                 }
             } else if (live && wg / per == t - n_ctx) {
                 const uint32_t koff = (uint32_t)((wg % per) * BP) * 128u;
                 auto vis = [&](int key, int half) { return key < B && !(causal && key > (half ? j1 : j0)); };
-                if (BP == 16) wf_step<HD, 16, TRACE>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma);
-                else if (BP == 32) wf_step<HD, 32, TRACE>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma);
-                else wf_step<HD, 64, TRACE>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma);
+                if (BP == 16) wf_step<HD, 16, TRACE>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma, rel);
+                else if (BP == 32) wf_step<HD, 32, TRACE>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma, rel);
+                else wf_step<HD, 64, TRACE>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma, rel);
                 ran = true;
             }
-            if (!ran) wg_wait<0>();   /* the last P·V read stage (t - 1) % NST or older: done before it is refilled */
+            if (!ran) {
+                wg_wait<0>();   /* the last P·V read stage (t - 1) % NST or older: done before it is refilled */
+                rel();
+            }
         }
     }
     wg_wait<0>();
@@ -831,6 +887,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
 struct wf_opt {
     bool fast;   /* default: range masks where documents are contiguous, staged epilogue; false: "3" */
     bool tma;    /* the default: K/V tiles by TMA ("3": cp.async) */
+    bool free_run;   /* candidate W: no per-tile CTA barrier; stages released per warpgroup (B 16, 32, 64) */
 };
 
 /* cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda); cached after the first call */
@@ -882,12 +939,12 @@ cudaError_t wf_launch_pdl(void (*kern)(Exp...), dim3 grid, int threads, size_t s
     return cudaLaunchKernelEx(&lc, kern, args...);
 }
 
-template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE, bool TMA>
+template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE, bool TMA, bool FREE = false>
 int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
               const int32_t *doc_ids, bf16 *out, float *lse, void *ws, unsigned long long *trace, cudaStream_t stream) {
     using C = wf_cfg<HD, NWG>;
     const size_t smem = C::smem;
-    auto kern = ba_wg_forward_kernel<HD, NWG, FAST, EPI, PLAN, TRACE, TMA>;
+    auto kern = ba_wg_forward_kernel<HD, NWG, FAST, EPI, PLAN, TRACE, TMA, FREE>;
     typename wf_tm<TMA>::type tm{};
     if constexpr (TMA) {
         if (wf_tmap(&tm.k, k, c, "k") || wf_tmap(&tm.v, v, c, "v")) return -1;
@@ -926,6 +983,12 @@ int wf_select(wf_opt op, const block_attn_config *c, const bf16 *q, const bf16 *
               const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,
               unsigned long long *trace, cudaStream_t stream) {
 #define WF_GO(F, P, X) wf_launch<HD, WF_GROUP, F, F, P, TRACE, X>(c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream)
+    if (op.free_run && (c->B == 16 || c->B == 32 || c->B == 64)) {   /* W: block tiles by TMA need B = BP */
+        if (ws) return wf_launch<HD, WF_GROUP, true, true, true, TRACE, true, true>(c, q, k, v, anchors, doc_ids, out, lse,
+                                                                                 ws, trace, stream);
+        return wf_launch<HD, WF_GROUP, true, true, false, TRACE, true, true>(c, q, k, v, anchors, doc_ids, out, lse, ws,
+                                                                           trace, stream);
+    }
     if (ws) return op.tma ? WF_GO(true, true, true) : WF_GO(false, true, false);
     return op.tma ? WF_GO(true, false, true) : WF_GO(false, false, false);
 #undef WF_GO
@@ -936,8 +999,10 @@ int wf_parse(wf_opt *op) {
     const char *e = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
     op->fast = true;   /* "3x" + staged epilogue + K/V by TMA, H200 2026-11-29: 250 TFLOP/s, 282 with the workspace */
     op->tma = true;
+    op->free_run = false;
     if (!e || !e[0]) return 0;
     if (!strcmp(e, "3")) op->fast = op->tma = false;
+    else if (!strcmp(e, "W")) op->free_run = true;   /* candidate (session 4): free-running warpgroups */
     else
         return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3 (the previous default) or unset "
                             "(the default)", e);
