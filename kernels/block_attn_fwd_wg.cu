@@ -537,7 +537,7 @@ struct wf_item {
 /* FREE: 0 = the barrier walk; candidates 1 = W (free-running warpgroups), 2 = WL (W + lazy rescale), 3 = W5 (W with
  * 5 stages), 4 = WL5 */
 template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE, bool TMA, int FREE>
-__global__ void __launch_bounds__(NWG * 128, 1)
+__global__ void __launch_bounds__(NWG * 128 + (FREE == 9 ? 128 : 0), 1)
 ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
                      const int32_t *doc_ids, __nv_bfloat16 *out, float *lse, int T, int N, int B, int n_h, int n_kv,
                      int window, int causal, float sl2, const int *plan, unsigned long long *trace,
@@ -558,6 +558,11 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     __shared__ __align__(16) int sRec[WF_REC];
     __shared__ __align__(8) unsigned long long sBar[TMA ? NST : 1];   /* TMA: one mbarrier per K/V stage */
     __shared__ unsigned sRel[FREE ? NST : 1];   /* W: releases of each stage so far (NWG per use) */
+    /* WW (FREE 9, plan path only): a producer warp (warp 4·NWG) issues every K/V tile; the warpgroups release a
+     * stage by one mbarrier arrival each (count NWG), no atomic round trip, no TMA issue on their path */
+    constexpr bool PROD = FREE == 9;
+    static_assert(!PROD || PLAN, "WW: plan path only");
+    __shared__ __align__(8) unsigned long long sEmpty[PROD ? NST : 1];
     unsigned long long tr_t0 = 0, tr_c0 = 0, tr_t1 = 0, tr_wait = 0, tr_data = 0, tr_bar = 0, tr_mma = 0;
     if (TRACE) {
         tr_t0 = wf_gtime();
@@ -575,6 +580,9 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
             if (FREE)
 #pragma unroll
                 for (int s = 0; s < NST; s++) sRel[s] = 0;
+            if (PROD)
+#pragma unroll
+                for (int s = 0; s < NST; s++) wf_bar_init(wg_smem_u32(&sEmpty[s]), NWG);
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
             wg_fence_async_smem();
         }
@@ -686,8 +694,8 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         load_q(it, qset);
         mma_commit();
         const int nt = it.n_ctx + (it.nb + per - 1) / per;
-        if (FREE) {   /* W: tiles 0 .. NST - 1 into every stage, by thread 0 */
-            if (tid == 0)
+        if (FREE) {   /* W: tiles 0 .. NST - 1 into every stage, by thread 0 (WW: by the producer) */
+            if (tid == 0 && !PROD)
                 for (int s = 0; s < NST && s < nt; s++) load(it, s, s);
             return;
         }
@@ -704,6 +712,19 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         if (tid < WF_REC / 4) ((int4 *)sRec)[tid] = recv;
         __syncthreads();
         cur = make_item(sRec, item);
+        if (PROD && tid >= NWG * 128) {   /* WW: the producer warpgroup (24 registers); its thread 0 issues tile u once
+                                           * tile u - NST is released */
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+            if (tid == NWG * 128) {
+                const int nt = cur.n_ctx + (cur.nb + per - 1) / per;
+                for (int u = 0; u < nt; u++) {
+                    if (u >= NST) wf_bar_wait_sleep(wg_smem_u32(&sEmpty[u % NST]), (uint32_t)(u / NST - 1) & 1u);
+                    load(cur, u, u % NST);
+                }
+            }
+            return;
+        }
+        if (PROD) asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n" ::: "memory");   /* 3 x 128 x 160 + 128 x 24 */
         if (H2) {   /* WH: both heads' Q, then the first tiles (below) */
             load_q(cur, sQ);
             if (cur.g0 + 1 < n_kv) {
@@ -827,6 +848,11 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
      * u + NST. Every warpgroup waits every tile's full barrier, skipped or not, so the count's uses never
      * overlap and no TMA is in flight at exit. */
     auto release = [&](int u) {
+        if (PROD) {   /* WW: one arrival per warpgroup and tile (the producer waits for the phase) */
+            if (u >= 0 && wtid == 0)
+                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(wg_smem_u32(&sEmpty[u % NST])) : "memory");
+            return;
+        }
         if (u < 0 || wtid != 0 || u + NST >= n_tiles) return;
         const unsigned old = atomicAdd(&sRel[u % NST], 1u);
         if (old == (unsigned)(NWG * (u / NST + 1) - 1)) {
@@ -881,7 +907,13 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
             }
             auto rel = [&] {   /* W: called once this warpgroup's reads of tile t - 1 are retired */
                 if constexpr (FREE) {
+                    const long long tr0 = TRACE ? clock64() : 0;
                     if (!H2 || lt > 0) release(t - 1);
+                    if (TRACE) {   /* W: the report's "barrier" column = cycles in release (and the next tile's issue) */
+                        const long long d = clock64() - tr0;
+                        tr_bar += d;
+                        tr_wait += d;
+                    }
                 }
             };
             const int st = t % NST;
@@ -1331,7 +1363,7 @@ int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
     if (e != cudaSuccess) return kernels_fail("ba_wg_forward (order): %s", cudaGetErrorString(e));
     KERNELS_CHECK_LAUNCH("ba_wg_forward (order)");
     const int grid = n_grp * n_hp;
-    e = wf_launch_pdl(kern, dim3((unsigned)grid), C::THREADS, smem, stream, Q, K, V, anchors, doc_ids, O, lse, c->T, c->N,
+    e = wf_launch_pdl(kern, dim3((unsigned)grid), C::THREADS + (FREE == 9 ? 128 : 0), smem, stream, Q, K, V, anchors, doc_ids, O, lse, c->T, c->N,
                       c->B, c->n_h, c->n_kv, c->window, c->causal, sl2, (const int *)srec, trace, tm);
     if (e != cudaSuccess) return kernels_fail("ba_wg_forward (main, PDL): %s", cudaGetErrorString(e));
     KERNELS_CHECK_LAUNCH("ba_wg_forward_kernel (plan)");
@@ -1395,6 +1427,10 @@ int wf_select(wf_opt op, const block_attn_config *c, const bf16 *q, const bf16 *
         case 3: return WF_GW(3);
         case 4: return WF_GW(4);
         case 7: return WF_GW(7);
+        case 9:   /* WW: plan path only; W without a workspace */
+            if (ws) return wf_launch<HD, WF_GROUP, true, true, true, TRACE, true, 9>(c, q, k, v, anchors, doc_ids, out, lse,
+                                                                                   ws, trace, stream);
+            return WF_GW(1);
         case 8:   /* WQ: W with the group's Q prefetched into L2 by the plan */
             if (ws) return wf_launch<HD, WF_GROUP, true, true, true, TRACE, true, 1>(c, q, k, v, anchors, doc_ids, out, lse,
                                                                                    ws, trace, stream, true);
@@ -1424,6 +1460,7 @@ int wf_parse(wf_opt *op) {
     else if (!strcmp(e, "WPQ")) op->free_run = 6;
     else if (!strcmp(e, "WQ")) op->free_run = 8;
     else if (!strcmp(e, "WH")) op->free_run = 7;
+    else if (!strcmp(e, "WW")) op->free_run = 9;
     else
         return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3 (the previous default) or unset "
                             "(the default)", e);

@@ -173,7 +173,7 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
      * one revert switch ("3"), forward only, same bounds, each also with the workspace; the variable's own value,
      * if any, is restored after */
     {
-        static const char *const fwd[] = {"", "3", "W", "WH"};   /* W, WH: session 4 candidates */
+        static const char *const fwd[] = {"", "3", "W", "WW"};   /* W, WW: session 4 candidates */
         const char *was = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
         char *saved = was ? strdup(was) : NULL;
         ck_assert(setenv("DFLASH_BLOCK_ATTN_KERNEL", "7", 1) == 0);
