@@ -100,9 +100,34 @@
  * TMA tiles precede them, so the phase count stays t / NST). Q and the doc ids (ballot path) keep cp.async.
  * ptxas d_h 128: 157 registers (plan path 155), trace 166 / 163.
  *
+ * Free-running warpgroups (FREE; the default since session 4 where B is 16, 32 or 64, else the walk above):
+ * the per-tile __syncthreads kept the three warpgroups in lockstep (all S, then all softmax with the tensor
+ * cores idle, then all P·V) and put the next tile's issue on one warpgroup's path. Now no barrier is shared in
+ * the walk: every warpgroup waits each tile's full mbarrier (skipped tiles too), and once its last wgmma on
+ * tile u is retired (the wait inside the next step) it releases u's stage; the stage is refilled with tile
+ * u + NST (prefetch distance NST = 4, not NST - 2) when all NWG warpgroups have released it.
+ *   FREE 1 (W, block_attn_forward): the last of the NWG to release (an atomicAdd per warpgroup and tile on a
+ *   per-stage count that only grows: a warpgroup cannot release a stage's next use before its load was issued,
+ *   because it waits that tile's full barrier first) issues the TMA itself.
+ *   FREE 2 (WW, block_attn_forward_ws): a fourth, producer warpgroup (setmaxnreg: 24 registers; the three
+ *   consumers 160) whose thread 0 waits each stage's empty mbarrier (count NWG; one arrival per warpgroup,
+ *   no return value to wait for) and issues every tile; the consumers issue nothing. Plan path only: the
+ *   in-kernel set-up's scans are sized for NWG·128 threads.
+ * Q keeps its own cp.async group per warpgroup, waited with a named barrier before the walk; in the ballot path
+ * (interleaved documents) the doc ids are read from global memory (no per-tile group). Same per-row arithmetic
+ * as the barrier walk: out and lse bitwise equal (bench: full size and 11 shapes; GPU test on every case).
+ * H200 2026-11-29 (RESULTS.md, runs 24-37): W 0.267-0.269 ms = 264-266 TFLOP/s (barrier walk 0.284), with the
+ * workspace 0.238-0.240 ms (299 TFLOP/s); WW with the workspace 0.226-0.228 ms = 312-315 TFLOP/s. Traced per
+ * tile: 1.40 µs (WW) / 1.47 (W) / 1.66-1.70 (barrier walk); W's release cost 0.27 µs per tile on the
+ * warpgroup that issues, 0.13 on the others, WW's 0.095. Candidates that lost (code in git d62643f, numbers in
+ * RESULTS.md): a lazy O rescale (0.245), 5 stages (0.243), persistent CTAs over the ranked items (0.354: the
+ * issuing warpgroup spent 0.62 µs per tile in the issue, not understood; a variant hung once), Q prefetched to
+ * L2 by the plan (0.244), 2 kv heads per CTA in one tile stream (0.261-0.263).
+ *
  * TRACE (bench only, ba_wg_forward_traced): %globaltimer / clock64 stamps per CTA (layout in block_attn_wg.h).
  * ptxas, d_h 128: the cp.async "3x" kernel (now gone) 164 registers (plan path 163), "3" 159 (161); plan kernels 56 and 34; no
- * spills, no C7510/C7511.
+ * spills, no C7510/C7511. W (FREE 1) 149 registers, WW (FREE 2) 128 at launch, consumers up to 148 of their 160
+ * after setmaxnreg (SASS), the producer 24; no spills.
  */
 #include "kernels/block_attn_wg.h"
 #include "kernels/mma.cuh"
@@ -122,14 +147,14 @@ constexpr int WF_KT = 64;               /* keys per context tile, query rows per
 constexpr int WF_PANEL = 64 * 128;      /* bytes of a 64-row × 64-column bf16 panel */
 constexpr float WF_LOG2E = 1.4426950408889634f;
 
-template <int HD, int NWG, int NST_ = 4> struct wf_cfg {
+template <int HD, int NWG> struct wf_cfg {
     static constexpr int KT = WF_KT;                   /* keys per K/V tile */
     static constexpr int NP = HD / 64;                 /* panels per tile */
     static constexpr int QTILE = NP * WF_PANEL;        /* bytes of one 64-row Q tile */
     static constexpr int KPANEL = KT * 128;            /* bytes of a KT-row × 64-column K or V panel */
     static constexpr int TILE = NP * KPANEL;           /* bytes of one KT-row tile of K or V */
     static constexpr int THREADS = NWG * 128;
-    static constexpr int NST = NST_;                   /* K/V stages (prefetch distance NST - 2; W: NST) */
+    static constexpr int NST = 4;                      /* K/V stages (prefetch distance NST - 2; W and WW: NST) */
     static constexpr size_t smem = (size_t)NWG * QTILE + (size_t)2 * NST * TILE + 1024;   /* + alignment slack */
 };
 
@@ -255,18 +280,14 @@ __device__ __forceinline__ void wf_softmax(float *m, float *l, float *s, float s
 }
 
 /* O rows *= c0 / c1; P (fp32 in s) -> bf16 A fragments p (one per k16 chunk). */
-template <int HD, int NK, bool LAZY = false>
+template <int HD, int NK>
 __device__ __forceinline__ void wf_rescale_pack(float *o, const float *s, float c0, float c1, uint32_t (*p)[4]) {
-    /* LAZY (candidates WL, WL5): skip the multiplications when no row of the warp changed its maximum (c = ex2(0)
-     * = 1 exactly, so the result is bitwise the same) */
-    if (!LAZY || !__all_sync(0xffffffffu, c0 == 1.f && c1 == 1.f)) {
 #pragma unroll
-        for (int i = 0; i < HD / 8; i++) {
-            o[4 * i + 0] *= c0;
-            o[4 * i + 1] *= c0;
-            o[4 * i + 2] *= c1;
-            o[4 * i + 3] *= c1;
-        }
+    for (int i = 0; i < HD / 8; i++) {
+        o[4 * i + 0] *= c0;
+        o[4 * i + 1] *= c0;
+        o[4 * i + 2] *= c1;
+        o[4 * i + 3] *= c1;
     }
 #pragma unroll
     for (int kk = 0; kk < NK / 16; kk++) {
@@ -286,14 +307,11 @@ __device__ __forceinline__ void wf_issue_pv(float *o, uint32_t (*p)[4], uint32_t
         wg_mma_rs<HD, 1>(o, p[kk], wg_desc_mnmajor(v_s + kk * 16 * 128, KPANEL), 1);
 }
 
-/* One tile step of one warpgroup: S, wait (S and the previous P·V), softmax, P·V in flight. */
-struct wf_nohook {
-    __device__ __forceinline__ void operator()() const {}
-};
-template <int HD, int NK, bool TRACE = false, bool LAZY = false, typename Vis, typename Hook = wf_nohook>
+/* One tile step of one warpgroup: S, wait (S and the previous P·V), then after_wait() (W, WW: the release
+ * of the previous tile's stage; a no-op for the barrier walk), softmax, P·V in flight. */
+template <int HD, int NK, bool TRACE, typename Vis, typename Hook>
 __device__ __forceinline__ void wf_step(float *o, float *m, float *l, uint32_t q_s, uint32_t k_s, uint32_t v_s,
-                                        float sl2, bool need_mask, Vis vis, unsigned long long *tr_mma = nullptr,
-                                        Hook after_wait = Hook()) {
+                                        float sl2, bool need_mask, Vis vis, unsigned long long *tr_mma, Hook after_wait) {
     float s[NK / 2];
     wf_issue_s<HD, NK>(s, q_s, k_s);
     wg_commit();
@@ -306,7 +324,7 @@ __device__ __forceinline__ void wf_step(float *o, float *m, float *l, uint32_t q
     uint32_t p[NK / 16][4];
     float c0, c1;
     wf_softmax<NK>(m, l, s, sl2, need_mask, vis, &c0, &c1);
-    wf_rescale_pack<HD, NK, LAZY>(o, s, c0, c1, p);
+    wf_rescale_pack<HD, NK>(o, s, c0, c1, p);
     wf_issue_pv<HD, NK>(o, p, v_s);
     wg_commit();
 }
@@ -464,21 +482,12 @@ inline size_t wf_ws_ints(int n_grp) { return 2 * (size_t)n_grp * WF_REC + (((siz
  * and writes its record and its tile count (context tiles + block tiles: the CTA's work). */
 template <int NWG>
 __global__ void __launch_bounds__(NWG * 128)
-wf_plan_kernel(const int32_t *anchors, const int32_t *doc_ids, int N, int B, int window, int *rec, int *ntiles,
-               const void *qpf, int q_row_bytes) {
+wf_plan_kernel(const int32_t *anchors, const int32_t *doc_ids, int N, int B, int window, int *rec, int *ntiles) {
     __shared__ int sPart[NWG * 4][NWG][3];
     __shared__ __align__(16) int sRec[WF_REC];
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");   /* the order kernel waits for our end */
     const int tid = threadIdx.x, grp = blockIdx.x;
     const int b0 = grp * NWG, nb = min(NWG, N - b0);
-    if (qpf) {   /* WQ: the group's Q rows (tokens b0·B .. (b0 + nb)·B, contiguous) into L2 for the main kernel */
-        const char *src = (const char *)qpf + (size_t)b0 * B * q_row_bytes;
-        const size_t bytes = (size_t)nb * B * q_row_bytes;
-        for (size_t off = (size_t)tid * 4096; off < bytes; off += (size_t)NWG * 128 * 4096) {
-            const uint32_t sz = (uint32_t)(bytes - off < 4096 ? bytes - off : 4096);
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src + off), "r"(sz) : "memory");
-        }
-    }
     if (tid < WF_REC) sRec[tid] = 0;   /* ordered before warp 0's writes by wf_setup's first barrier */
     const int d = wf_setup<NWG>(anchors, doc_ids, b0, nb, window, sPart, sRec + WR_LO, sRec + WR_HI,
                                 (int(*)[3])(sRec + WR_SEG), sRec[WR_NSEG], sRec[WR_NCTX], sRec[WR_CONT]);
@@ -534,17 +543,15 @@ struct wf_item {
 /* The main kernel. Without PLAN: grid (groups, n_kv), wf_setup in the kernel. PLAN: launched with PDL behind
  * the plan (plan = the records by rank); blockIdx.x = rank · n_kv + kv head, so the CTAs start longest
  * group first; the set-up is one 96-byte record load. Same per-row arithmetic in both modes. */
-/* FREE: 0 = the barrier walk; candidates 1 = W (free-running warpgroups), 2 = WL (W + lazy rescale), 3 = W5 (W with
- * 5 stages), 4 = WL5 */
+/* FREE: 0 = the walk with a barrier per tile; 1 = free-running warpgroups (W, the default without a workspace);
+ * 2 = W with a producer warpgroup (WW, the default of the plan path) */
 template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE, bool TMA, int FREE>
-__global__ void __launch_bounds__(NWG * 128 + (FREE == 9 ? 128 : 0), 1)
+__global__ void __launch_bounds__(NWG * 128 + (FREE == 2 ? 128 : 0), 1)
 ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
                      const int32_t *doc_ids, __nv_bfloat16 *out, float *lse, int T, int N, int B, int n_h, int n_kv,
                      int window, int causal, float sl2, const int *plan, unsigned long long *trace,
                      const __grid_constant__ typename wf_tm<TMA>::type tm) {
-    using C = wf_cfg<HD, NWG, FREE == 3 || FREE == 4 ? 5 : 4>;
-    constexpr bool LAZY = FREE == 2 || FREE == 4;
-    constexpr bool H2 = FREE == 7;   /* WH: the CTA walks its block group for 2 kv heads, one K/V tile stream */
+    using C = wf_cfg<HD, NWG>;
     constexpr int CH = HD / 8, THREADS = C::THREADS, TILE = C::TILE, NST = C::NST, QTILE = C::QTILE;
     constexpr int KPANEL = C::KPANEL, KT = C::KT;
     static_assert(!PLAN || NWG == WF_GROUP, "the plan's groups are WF_GROUP blocks");
@@ -560,7 +567,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     __shared__ unsigned sRel[FREE ? NST : 1];   /* W: releases of each stage so far (NWG per use) */
     /* WW (FREE 9, plan path only): a producer warp (warp 4·NWG) issues every K/V tile; the warpgroups release a
      * stage by one mbarrier arrival each (count NWG), no atomic round trip, no TMA issue on their path */
-    constexpr bool PROD = FREE == 9;
+    constexpr bool PROD = FREE == 2;
     static_assert(!PROD || PLAN, "WW: plan path only");
     __shared__ __align__(8) unsigned long long sEmpty[PROD ? NST : 1];
     unsigned long long tr_t0 = 0, tr_c0 = 0, tr_t1 = 0, tr_wait = 0, tr_data = 0, tr_bar = 0, tr_mma = 0;
@@ -571,7 +578,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
 
     const uint32_t sbase = (wg_smem_u32(wf_raw) + 1023u) & ~1023u;
     const uint32_t sQ = sbase;                  /* NWG tiles, one per warpgroup */
-    const uint32_t sKV = sbase + (H2 ? 2 : 1) * NWG * QTILE;   /* stage st: K at sKV + 2·st·TILE, V right after (WH: after 2 Q sets) */
+    const uint32_t sKV = sbase + NWG * QTILE;   /* stage st: K at sKV + 2·st·TILE, V right after */
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
     if constexpr (TMA) {   /* before the first barrier (wf_setup's, or the PLAN record's) */
         if (tid == 0) {
@@ -589,12 +596,11 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     }
     const int G = n_h / n_kv, used = G * B;
     const int BP = B <= 16 ? 16 : B <= 32 ? 32 : 64, per = KT / BP;   /* block keys: rows per block, blocks per tile */
-    const int item = blockIdx.x;   /* PLAN: rank · n_kv + kv head (WH: rank · n_hp + head pair) */
-    const int n_hp = H2 ? (n_kv + 1) / 2 : n_kv;   /* CTAs per block group */
+    const int item = blockIdx.x;   /* PLAN: rank · n_kv + kv head */
     int4 recv = make_int4(0, 0, 0, 0);
     if (PLAN) {
         asm volatile("griddepcontrol.wait;\n" ::: "memory");   /* the plan is complete and visible */
-        if (tid < WF_REC / 4) recv = __ldcg((const int4 *)(plan + (size_t)(item / n_hp) * WF_REC) + tid);
+        if (tid < WF_REC / 4) recv = __ldcg((const int4 *)(plan + (size_t)(item / n_kv) * WF_REC) + tid);
     }
 
     /* this item's Q tile of warpgroup wg, into the NWG Q tiles at qset */
@@ -682,7 +688,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         const int grp = PLAN ? rec[WR_GRP] : (int)blockIdx.x;
         it.b0 = grp * NWG;
         it.nb = min(NWG, N - it.b0);
-        it.g0 = (PLAN ? it_index % n_hp : (int)blockIdx.y) * (H2 ? 2 : 1);
+        it.g0 = PLAN ? it_index % n_kv : (int)blockIdx.y;
         it.n_ctx = rec[WR_NCTX];
         it.n_seg = rec[WR_NSEG];
         it.by_range = FAST && rec[WR_CONT] != 0;
@@ -694,15 +700,15 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         load_q(it, qset);
         mma_commit();
         const int nt = it.n_ctx + (it.nb + per - 1) / per;
-        if (FREE) {   /* W: tiles 0 .. NST - 1 into every stage, by thread 0 (WW: by the producer) */
+        if constexpr (FREE) {   /* W: tiles 0 .. NST - 1 into every stage, by thread 0 (WW: by the producer) */
             if (tid == 0 && !PROD)
                 for (int s = 0; s < NST && s < nt; s++) load(it, s, s);
-            return;
-        }
+        } else {
 #pragma unroll
-        for (int s = 0; s < NST - 2; s++) {
-            if (s < nt) load(it, s, s);
-            mma_commit();
+            for (int s = 0; s < NST - 2; s++) {
+                if (s < nt) load(it, s, s);
+                mma_commit();
+            }
         }
     };
 
@@ -725,36 +731,22 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
             return;
         }
         if (PROD) asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n" ::: "memory");   /* 3 x 128 x 160 + 128 x 24 */
-        if (H2) {   /* WH: both heads' Q, then the first tiles (below) */
-            load_q(cur, sQ);
-            if (cur.g0 + 1 < n_kv) {
-                wf_item c2 = cur;
-                c2.g0++;
-                load_q(c2, sQ + NWG * QTILE);
-            }
-            mma_commit();
-        } else {
-            prologue(cur, sQ);
-        }
+        prologue(cur, sQ);
         d = sRec[WR_D + wg];
     } else {
         const int b0 = blockIdx.x * NWG, nb = min(NWG, N - b0);
         wf_item q0;   /* only b0, nb, g0 for the Q load, issued before the set-up */
         q0.b0 = b0;
         q0.nb = nb;
-        q0.g0 = blockIdx.y * (H2 ? 2 : 1);
+        q0.g0 = blockIdx.y;
         load_q(q0, sQ);
-        if (H2 && q0.g0 + 1 < n_kv) {   /* WH: the second head's Q into the second set */
-            q0.g0++;
-            load_q(q0, sQ + NWG * QTILE);
-        }
         mma_commit();
         d = wf_setup<NWG>(anchors, doc_ids, b0, nb, window, sPart, sRec + WR_LO, sRec + WR_HI,
                           (int(*)[3])(sRec + WR_SEG), sRec[WR_NSEG], sRec[WR_NCTX], sRec[WR_CONT]);
         cur = make_item(sRec, item);
         const int nt = cur.n_ctx + (cur.nb + per - 1) / per;
         if (FREE) {
-            if (tid == 0 && !H2)   /* WH: below */
+            if (tid == 0)
                 for (int s = 0; s < NST && s < nt; s++) load(cur, s, s);
         } else {
 #pragma unroll
@@ -769,28 +761,14 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     const int my_lo = sRec[WR_LO + wg], my_hi = sRec[WR_HI + wg];   /* [lo, hi), empty when hi <= lo */
     /* FAST: a context key is visible iff it lies in [my_lo, my_hi) (every block's document contiguous) */
     const bool by_range = cur.by_range;
-    const int nt1 = n_ctx + (cur.nb + per - 1) / per;   /* tiles per head */
-    const int nh = H2 ? min(2, n_kv - g0) : 1;           /* WH: heads g0, g0 + 1 (the last pair may have one) */
-    const int n_tiles = nh * nt1;                        /* the tile stream (WH: head g0's tiles, then g0 + 1's) */
-    /* tile t of the stream into stage st (WH: head g0 + t / nt1, tile t % nt1 of the group) */
-    auto load_g = [&](int t, int st) {
-        if (H2) {
-            wf_item c2 = cur;
-            c2.g0 += t / nt1;
-            load(c2, t % nt1, st);
-        } else {
-            load(cur, t, st);
-        }
-    };
-    if (H2 && tid == 0)
-        for (int s = 0; s < NST && s < n_tiles; s++) load_g(s, s);
+    const int n_tiles = n_ctx + (cur.nb + per - 1) / per;
 
     float o[HD / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
     const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;   /* this thread's rows in its warpgroup's tile */
     const int j0 = r0 % B, j1 = r1 % B;
-    uint32_t myQ = sQ + wg * QTILE;   /* WH: the second set's after the head switch */
+    const uint32_t myQ = sQ + wg * QTILE;
     /* out and lse of head gh (the warpgroup's accumulators, all its wgmma done); EPI stages in buf, a Q tile
      * of this warpgroup that no wgmma reads any more */
     auto epilogue = [&](int gh, uint32_t buf) {
@@ -856,7 +834,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         if (u < 0 || wtid != 0 || u + NST >= n_tiles) return;
         const unsigned old = atomicAdd(&sRel[u % NST], 1u);
         if (old == (unsigned)(NWG * (u / NST + 1) - 1)) {
-            load_g(u + NST, u % NST);
+            load(cur, u + NST, u % NST);
         }
     };
     if (FREE) {   /* W: this warpgroup's Q tile (its own cp.async group) has landed */
@@ -893,22 +871,10 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
                     tr_bar += tw2 - tw1;
                 }
             }
-            const int lt = H2 ? t % nt1 : t;   /* the tile's index in its head's walk */
-            if (H2 && lt == 0 && t > 0) {   /* WH: head g0 done: its out / lse, then head g0 + 1 from zero */
-                wg_wait<0>();
-                wg_acc_fence<HD / 2>(o);
-                release(t - 1);
-                epilogue(g0, myQ);
-                myQ += NWG * QTILE;
-                m[0] = m[1] = -INFINITY;
-                l[0] = l[1] = 0.f;
-#pragma unroll
-                for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
-            }
             auto rel = [&] {   /* W: called once this warpgroup's reads of tile t - 1 are retired */
                 if constexpr (FREE) {
                     const long long tr0 = TRACE ? clock64() : 0;
-                    if (!H2 || lt > 0) release(t - 1);
+                    release(t - 1);
                     if (TRACE) {   /* W: the report's "barrier" column = cycles in release (and the next tile's issue) */
                         const long long d = clock64() - tr0;
                         tr_bar += d;
@@ -919,14 +885,14 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
             const int st = t % NST;
             const uint32_t tK = sKV + 2 * st * TILE, tV = tK + TILE;
             bool ran = false;
-            if (lt < n_ctx) {
+            if (t < n_ctx) {
                 int kb, ke;
-                ctx_tile(cur, lt, &kb, &ke);
+                ctx_tile(cur, t, &kb, &ke);
                 if (by_range) {   /* CTA-uniform: at most two compares per element */
                     const int lo = my_lo - kb, hi = my_hi - kb;   /* this tile's visible keys: [lo, hi) */
                     if (lo < KT && hi > 0 && hi > lo) {
                         const int t2 = 2 * (lane & 3), lo2 = lo - t2, hi2 = hi - t2;   /* key = 8i + e1 + t2 */
-                        wf_step<HD, KT, TRACE, LAZY>(o, m, l, myQ, tK, tV, sl2, lo > 0 || hi < KT,
+                        wf_step<HD, KT, TRACE>(o, m, l, myQ, tK, tV, sl2, lo > 0 || hi < KT,
                                         [&](int key, int) { return key - t2 >= lo2 && key - t2 < hi2; }, &tr_mma, rel);
                         ran = true;
                     }
@@ -937,19 +903,19 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
                     const bool v1 = p1 >= my_lo && p1 < my_hi && (FREE ? __ldg(doc_ids + p1) : sDoc[st][lane + 32]) == d;
                     const uint32_t mlo = __ballot_sync(0xffffffffu, v0), mhi = __ballot_sync(0xffffffffu, v1);
                     if (mlo | mhi) {   /* identical in every warp of the warpgroup */
-                        wf_step<HD, KT, TRACE, LAZY>(
+                        wf_step<HD, KT, TRACE>(
                             o, m, l, myQ, tK, tV, sl2, (mlo & mhi) != 0xffffffffu,
                             [&](int key, int) { return ((key < 32 ? mlo >> key : mhi >> (key - 32)) & 1u) != 0; },
                             &tr_mma, rel);
                         ran = true;
                     }
                 }
-            } else if (live && wg / per == lt - n_ctx) {
+            } else if (live && wg / per == t - n_ctx) {
                 const uint32_t koff = (uint32_t)((wg % per) * BP) * 128u;
                 auto vis = [&](int key, int half) { return key < B && !(causal && key > (half ? j1 : j0)); };
-                if (BP == 16) wf_step<HD, 16, TRACE, LAZY>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma, rel);
-                else if (BP == 32) wf_step<HD, 32, TRACE, LAZY>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma, rel);
-                else wf_step<HD, 64, TRACE, LAZY>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma, rel);
+                if (BP == 16) wf_step<HD, 16, TRACE>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma, rel);
+                else if (BP == 32) wf_step<HD, 32, TRACE>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma, rel);
+                else wf_step<HD, 64, TRACE>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma, rel);
                 ran = true;
             }
             if (!ran) {
@@ -978,305 +944,17 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     }
 
     if (TRACE && !live) return;
-    epilogue(g0 + nh - 1, myQ);   /* nothing when !live */
+    epilogue(g0, myQ);   /* nothing when !live */
     if (TRACE && wtid == 0)
         trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + (wg == 0 ? 4 : 11 + wg)] = wf_gtime();
     if (TRACE && tid == 0) trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + 6] = clock64();
-}
-
-/* Candidate WP (session 4; plan path only, B 16, 32 or 64): W's free-running warpgroups in persistent CTAs.
- * Grid = min(#SMs, items); CTA c walks items k = 0, 1, .. of the ranked list in snake order (item index
- * k·P + c for even k, k·P + P-1-c for odd k), as ONE stream of K/V tiles: global tile g (the CTA's tiles of all
- * its items in order) uses stage g % NST with parity (g / NST) & 1, so the next item's first tiles are loaded
- * during the current item's last ones and no set-up or prologue sits between items. Records: a ring of WP_RING
- * slots in shared memory, each filled by one 96-byte bulk copy (mbarrier per slot); record k + WP_RING is
- * fetched by the last warpgroup to finish item k (a count per slot, like the stages'). Q: two sets; each
- * warpgroup loads its own Q tile of item k + 1 (cp.async) when it starts item k, into the set that item k - 1
- * used (its epilogue staging is done: a named barrier per warpgroup). The release of a tile (last of the NWG
- * warpgroups) issues tile g + NST, which may belong to a later item: the issuer walks the records' tile counts
- * from the released tile's item. The last tile of an item is released before its epilogue, so a record is never
- * refilled while an issuer may still read it (see wp_release). Same per-row arithmetic as the default: out and
- * lse bitwise equal. */
-constexpr int WP_RING = 8;
-
-__device__ __forceinline__ void wp_bulk(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-
-template <int HD, bool LAZY, bool TRACE, bool QW>
-__global__ void __launch_bounds__(WF_GROUP * 128, 1)
-ba_wp_forward_kernel(const __nv_bfloat16 *q, const int32_t *doc_ids, __nv_bfloat16 *out, float *lse, int T, int N,
-                     int B, int n_h, int n_kv, int causal, float sl2, const int *plan, int n_items,
-                     unsigned long long *trace, const __grid_constant__ wf_tmaps tm) {
-    constexpr int NWG = WF_GROUP;
-    using C = wf_cfg<HD, NWG, 4>;
-    constexpr int CH = HD / 8, TILE = C::TILE, NST = C::NST, QTILE = C::QTILE, KPANEL = C::KPANEL, KT = C::KT;
-    extern __shared__ unsigned char wf_raw[];
-    __shared__ __align__(16) int sRec[WP_RING][WF_REC];
-    __shared__ __align__(8) unsigned long long sBar[NST];         /* K/V stage full */
-    __shared__ __align__(8) unsigned long long sRecBar[WP_RING];  /* record slot full */
-    __shared__ unsigned sRel[NST], sDone[WP_RING];                /* releases per stage, items done per slot */
-
-    const uint32_t sbase = (wg_smem_u32(wf_raw) + 1023u) & ~1023u;
-    const uint32_t sQ = sbase;                      /* Q set s (NWG tiles) at sQ + s·NWG·QTILE */
-    const uint32_t sKV = sbase + 2 * NWG * QTILE;   /* stage st: K at sKV + 2·st·TILE, V right after */
-    const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
-    const int P = (int)gridDim.x, cta = (int)blockIdx.x;
-    const int full = n_items / P, rem = n_items % P;
-    const int K = full + (rem > 0 && ((full & 1) ? P - 1 - cta : cta) < rem ? 1 : 0);   /* this CTA's items */
-    auto item_idx = [&](int kk) { return kk * P + ((kk & 1) ? P - 1 - cta : cta); };
-    const int G = n_h / n_kv, used = G * B;
-    const int BP = B <= 16 ? 16 : B <= 32 ? 32 : 64, per = KT / BP;
-
-    auto rec_load = [&](int kk) {   /* one thread: record of item kk into its slot */
-        const uint32_t bar = wg_smem_u32(&sRecBar[kk % WP_RING]);
-        wf_bar_expect(bar, WF_REC * 4);
-        wp_bulk(wg_smem_u32(sRec[kk % WP_RING]), plan + (size_t)(item_idx(kk) / n_kv) * WF_REC, WF_REC * 4, bar);
-    };
-    auto rec_wait = [&](int kk) { wf_bar_wait_sleep(wg_smem_u32(&sRecBar[kk % WP_RING]), (uint32_t)(kk / WP_RING) & 1u); };
-    auto mk = [&](int kk) {
-        const int *r = sRec[kk % WP_RING];
-        wf_item it;
-        it.b0 = r[WR_GRP] * NWG;
-        it.nb = min(NWG, N - it.b0);
-        it.g0 = item_idx(kk) % n_kv;
-        it.n_ctx = r[WR_NCTX];
-        it.n_seg = r[WR_NSEG];
-        it.by_range = r[WR_CONT] != 0;
-        it.seg = (const int(*)[3])(r + WR_SEG);
-        return it;
-    };
-    auto ctx_tile = [&](const wf_item &it, int t) {   /* first key of context tile t */
-        int s = 0;
-        while (s + 1 < it.n_seg && t >= it.seg[s + 1][2]) s++;
-        return it.seg[s][0] + (t - it.seg[s][2]) * KT;
-    };
-    auto load_kv = [&](const wf_item &it, int t, int st) {   /* one thread: tile t of item it into stage st */
-        const uint32_t dK = sKV + 2 * st * TILE, dV = dK + TILE, bar = wg_smem_u32(&sBar[st]);
-        const int row = t < it.n_ctx ? ctx_tile(it, t) : T + (it.b0 + (t - it.n_ctx) * per) * B;
-        wf_bar_expect(bar, 2 * TILE);
-#pragma unroll
-        for (int p = 0; p < HD / 64; p++) {
-            wf_tma3(dK + p * KPANEL, &tm.k, 64 * p, it.g0, row, bar);
-            wf_tma3(dV + p * KPANEL, &tm.v, 64 * p, it.g0, row, bar);
-        }
-    };
-    /* one thread: the stream's tile at item ki, local tile li (li may run past item ki: walk the tile counts) */
-    unsigned long long tr_iss = 0;   /* TRACE: cycles of the issuing thread in issue() (this item) */
-    auto issue = [&](int ki, int li, int st) {
-        const long long ti0 = TRACE ? clock64() : 0;
-        for (;;) {
-            if (ki >= K) return;
-            rec_wait(ki);
-            const int nt = sRec[ki % WP_RING][WR_NT];
-            if (li < nt) break;
-            li -= nt;
-            ki++;
-        }
-        load_kv(mk(ki), li, st);
-        if (TRACE) tr_iss += clock64() - ti0;
-    };
-    /* this warpgroup reads global tile g (item kr, local lr) no more; the last of the NWG refills its stage with
-     * tile g + NST. The releasing warpgroup is in item kr (an item's last tile is released before its
-     * epilogue), so every warpgroup has finished items < kr: records up to kr + WP_RING - 1 are requested and
-     * kr .. kr + NST are not refilled before this warpgroup finishes kr. */
-    auto release = [&](int g, int kr, int lr) {
-        if (wtid != 0) return;
-        const unsigned old = atomicAdd(&sRel[g % NST], 1u);
-        if (old != (unsigned)(NWG * (g / NST + 1) - 1)) return;
-        issue(kr, lr + NST, g % NST);
-    };
-    auto load_q = [&](const wf_item &it, uint32_t qset) {   /* this warpgroup's Q tile (QW: by warps 1-3 only) */
-        const bool lv = wg < it.nb;
-        for (int i = QW ? wtid - 32 : wtid; i < WF_KT * CH; i += QW ? 96 : 128) {
-            if (QW && i < 0) break;
-            const int r = i / CH, c = i % CH;
-            const bool ok = lv && r < used;
-            const size_t row = ok ? ((size_t)((it.b0 + wg) * B + r % B) * n_h + it.g0 * G + r / B) : 0;
-            wf_cp16(qset + wg * QTILE + (c / 8) * WF_PANEL + wg_sw128(r, c % 8), q + row * HD + c * 8, ok);
-        }
-    };
-
-    if (tid == 0) {
-#pragma unroll
-        for (int s = 0; s < NST; s++) {
-            wf_bar_init(wg_smem_u32(&sBar[s]), 1);
-            sRel[s] = 0;
-        }
-#pragma unroll
-        for (int s = 0; s < WP_RING; s++) {
-            wf_bar_init(wg_smem_u32(&sRecBar[s]), 1);
-            sDone[s] = 0;
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        wg_fence_async_smem();
-    }
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");   /* the plan is complete and visible */
-    __syncthreads();
-    if (K == 0) return;
-    if (tid == 0) {
-        for (int kk = 0; kk < WP_RING && kk < K; kk++) rec_load(kk);
-        for (int s = 0; s < NST; s++) issue(0, s, s);
-    }
-    rec_wait(0);
-    load_q(mk(0), sQ);
-    mma_commit();
-
-    const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;
-    const int j0 = r0 % B, j1 = r1 % B;
-    int base = 0;   /* global tile index of the item's first tile */
-    for (int kk = 0; kk < K; kk++) {
-        /* TRACE: the per-CTA slots of ba_wg_forward_traced, one per item (slot = the item's index) */
-        unsigned long long *tr = TRACE ? trace + (size_t)item_idx(kk) * WF_TRACE_SLOTS : nullptr;
-        unsigned long long tr_wait = 0, tr_mma = 0, tr_rel = 0;
-        tr_iss = 0;
-        if (TRACE && tid == 0) {
-            tr[0] = wf_smid();
-            tr[1] = wf_gtime();
-            tr[5] = clock64();
-        }
-        rec_wait(kk);
-        const wf_item it = mk(kk);
-        const int *rec = sRec[kk % WP_RING];
-        const int nt = rec[WR_NT], n_ctx = it.n_ctx, b0 = it.b0;
-        const bool live = wg < it.nb, by_range = it.by_range;
-        const int my_lo = rec[WR_LO + wg], my_hi = rec[WR_HI + wg], d = rec[WR_D + wg];
-        mma_wait<0>();   /* Q of item kk (issued one item ago) */
-        wg_fence_async_smem();
-        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");   /* also: item kk - 1's staging reads done */
-        if (kk + 1 < K) {
-            rec_wait(kk + 1);
-            load_q(mk(kk + 1), sQ + ((kk + 1) & 1) * NWG * QTILE);
-            mma_commit();
-        }
-        const uint32_t myQ = sQ + (kk & 1) * NWG * QTILE + wg * QTILE;
-        if (TRACE && tid == 0) tr[2] = wf_gtime();
-        float o[HD / 2], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-#pragma unroll
-        for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
-        for (int t = 0; t < nt; t++) {
-            const int g = base + t, st = g % NST;
-            const long long tw0 = TRACE ? clock64() : 0;
-            wf_bar_wait_sleep(wg_smem_u32(&sBar[st]), (uint32_t)(g / NST) & 1u);
-            if (TRACE) tr_wait += clock64() - tw0;
-            auto rel = [&] {
-                const long long tr0 = TRACE ? clock64() : 0;
-                if (t > 0) release(g - 1, kk, t - 1);
-                if (TRACE) tr_rel += clock64() - tr0;
-            };
-            const uint32_t tK = sKV + 2 * st * TILE, tV = tK + TILE;
-            bool ran = false;
-            if (t < n_ctx) {
-                const int kb = ctx_tile(it, t);
-                if (by_range) {
-                    const int lo = my_lo - kb, hi = my_hi - kb;
-                    if (lo < KT && hi > 0 && hi > lo) {
-                        const int t2 = 2 * (lane & 3), lo2 = lo - t2, hi2 = hi - t2;
-                        wf_step<HD, KT, TRACE, LAZY>(o, m, l, myQ, tK, tV, sl2, lo > 0 || hi < KT,
-                                                     [&](int key, int) { return key - t2 >= lo2 && key - t2 < hi2; },
-                                                     &tr_mma, rel);
-                        ran = true;
-                    }
-                } else {
-                    const int p0 = kb + lane, p1 = p0 + 32;
-                    const bool v0 = p0 >= my_lo && p0 < my_hi && __ldg(doc_ids + p0) == d;
-                    const bool v1 = p1 >= my_lo && p1 < my_hi && __ldg(doc_ids + p1) == d;
-                    const uint32_t mlo = __ballot_sync(0xffffffffu, v0), mhi = __ballot_sync(0xffffffffu, v1);
-                    if (mlo | mhi) {
-                        wf_step<HD, KT, TRACE, LAZY>(
-                            o, m, l, myQ, tK, tV, sl2, (mlo & mhi) != 0xffffffffu,
-                            [&](int key, int) { return ((key < 32 ? mlo >> key : mhi >> (key - 32)) & 1u) != 0; },
-                            &tr_mma, rel);
-                        ran = true;
-                    }
-                }
-            } else if (live && wg / per == t - n_ctx) {
-                const uint32_t koff = (uint32_t)((wg % per) * BP) * 128u;
-                auto vis = [&](int key, int half) { return key < B && !(causal && key > (half ? j1 : j0)); };
-                if (BP == 16) wf_step<HD, 16, TRACE, LAZY>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma, rel);
-                else if (BP == 32) wf_step<HD, 32, TRACE, LAZY>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma, rel);
-                else wf_step<HD, 64, TRACE, LAZY>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma, rel);
-                ran = true;
-            }
-            if (!ran) {
-                wg_wait<0>();
-                rel();
-            }
-        }
-        wg_wait<0>();
-        wg_acc_fence<HD / 2>(o);
-        release(base + nt - 1, kk, nt - 1);
-        if (TRACE && wtid == 0) {
-            if (wg == 0) {
-                tr[3] = wf_gtime();
-                tr[7] = (unsigned long long)nt;
-            }
-            tr[8 + wg] = tr_wait + tr_rel;   /* WP: the report's "load issue" column = cycles in issue() */
-            tr[16 + wg] = tr_wait;
-            tr[19 + wg] = tr_rel - tr_iss;   /* WP: cycles in release, less the issue of the next tile */
-            tr[22 + wg] = tr_mma;
-        }
-        if (live) {   /* the default's staged epilogue, in this item's Q tile */
-            const int R = N * B, t4 = lane & 3;
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int r = half ? r1 : r0;
-                float lv = l[half];
-                lv += __shfl_xor_sync(0xffffffffu, lv, 1);
-                lv += __shfl_xor_sync(0xffffffffu, lv, 2);
-                const float inv = 1.f / lv;
-#pragma unroll
-                for (int i = 0; i < HD / 8; i++) {
-                    const __nv_bfloat162 x = __floats2bfloat162_rn(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(myQ + (i / 8) * WF_PANEL + wg_sw128(r, i % 8) + 4 * t4),
-                                 "r"(*(const uint32_t *)&x)
-                                 : "memory");
-                }
-                if (r < used && t4 == 0) {
-                    const int h = it.g0 * G + r / B;
-                    lse[(size_t)h * R + (size_t)(b0 + wg) * B + r % B] = (m[half] + log2f(lv)) / WF_LOG2E;
-                }
-            }
-            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-#pragma unroll
-            for (int i2 = 0; i2 < WF_KT * CH / 128; i2++) {
-                const int idx = i2 * 128 + wtid, r = idx / CH, c = idx % CH;
-                if (r < used) {
-                    uint32_t x0, x1, x2, x3;
-                    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                                 : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
-                                 : "r"(myQ + (c / 8) * WF_PANEL + wg_sw128(r, c % 8))
-                                 : "memory");
-                    const size_t row = (size_t)(b0 + wg) * B + r % B;
-                    uint4 *dst = (uint4 *)(out + (row * n_h + it.g0 * G + r / B) * HD + c * 8);
-                    *dst = make_uint4(x0, x1, x2, x3);
-                }
-            }
-        }
-        if (TRACE && wtid == 0) {
-            tr[wg == 0 ? 4 : 11 + wg] = wf_gtime();
-            if (wg == 0) tr[6] = clock64();
-        }
-        /* every warp of this warpgroup is past item kk (its record reads, its staging reads) */
-        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-        if (wtid == 0) {   /* the last warpgroup to finish item kk refills its record slot with item kk + WP_RING */
-            const unsigned old = atomicAdd(&sDone[kk % WP_RING], 1u);
-            if (old == (unsigned)(NWG * (kk / WP_RING + 1) - 1) && kk + WP_RING < K) {
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                rec_load(kk + WP_RING);
-            }
-        }
-        base += nt;
-    }
 }
 
 /* kernel options picked by DFLASH_BLOCK_ATTN_WG_FWD (see ba_wg_forward) */
 struct wf_opt {
     bool fast;   /* default: range masks where documents are contiguous, staged epilogue; false: "3" */
     bool tma;    /* the default: K/V tiles by TMA ("3": cp.async) */
-    int free_run;   /* candidates W (1), WL (2), W5 (3), WL5 (4): no per-tile CTA barrier (B 16, 32, 64) */
+    bool free_run;   /* the default where B is 16, 32 or 64: free-running warpgroups (W; WW with a workspace) */
 };
 
 /* cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda); cached after the first call */
@@ -1330,11 +1008,9 @@ cudaError_t wf_launch_pdl(void (*kern)(Exp...), dim3 grid, int threads, size_t s
 
 template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE, bool TMA, int FREE = 0>
 int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
-              const int32_t *doc_ids, bf16 *out, float *lse, void *ws, unsigned long long *trace, cudaStream_t stream,
-              bool qpf = false) {
-    using C = wf_cfg<HD, NWG, FREE == 3 || FREE == 4 ? 5 : 4>;
-    const size_t smem = C::smem + (FREE == 7 ? (size_t)NWG * C::QTILE : 0);   /* WH: a second Q set */
-    const int n_hp = FREE == 7 ? (c->n_kv + 1) / 2 : c->n_kv;                   /* CTAs per block group */
+              const int32_t *doc_ids, bf16 *out, float *lse, void *ws, unsigned long long *trace, cudaStream_t stream) {
+    using C = wf_cfg<HD, NWG>;
+    const size_t smem = C::smem;
     auto kern = ba_wg_forward_kernel<HD, NWG, FAST, EPI, PLAN, TRACE, TMA, FREE>;
     typename wf_tm<TMA>::type tm{};
     if constexpr (TMA) {
@@ -1347,7 +1023,7 @@ int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
     __nv_bfloat16 *O = (__nv_bfloat16 *)out;
     const float sl2 = c->scale * WF_LOG2E;
     if (!PLAN) {
-        kern<<<dim3(n_grp, n_hp), C::THREADS, smem, stream>>>(Q, K, V, anchors, doc_ids, O, lse, c->T, c->N, c->B,
+        kern<<<dim3(n_grp, c->n_kv), C::THREADS, smem, stream>>>(Q, K, V, anchors, doc_ids, O, lse, c->T, c->N, c->B,
                                                                   c->n_h, c->n_kv, c->window, c->causal, sl2, nullptr,
                                                                   trace, tm);
         KERNELS_CHECK_LAUNCH("ba_wg_forward_kernel");
@@ -1355,58 +1031,17 @@ int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
     }
     /* the plan (two small kernels), then the main kernel with PDL; workspace layout at wf_ws_ints */
     int *rec = (int *)ws, *ntiles = rec + (size_t)n_grp * WF_REC, *srec = ntiles + ((n_grp + 3) & ~3);
-    wf_plan_kernel<NWG><<<n_grp, C::THREADS, 0, stream>>>(anchors, doc_ids, c->N, c->B, c->window, rec, ntiles,
-                                                          qpf ? (const void *)q : nullptr, c->n_h * c->d_h * 2);
+    wf_plan_kernel<NWG><<<n_grp, C::THREADS, 0, stream>>>(anchors, doc_ids, c->N, c->B, c->window, rec, ntiles);
     KERNELS_CHECK_LAUNCH("ba_wg_forward (plan)");
     e = wf_launch_pdl(wf_order_kernel, dim3(1), WF_ORD_THREADS, 0, stream, (const int *)rec, (const int *)ntiles,
                       n_grp, srec);
     if (e != cudaSuccess) return kernels_fail("ba_wg_forward (order): %s", cudaGetErrorString(e));
     KERNELS_CHECK_LAUNCH("ba_wg_forward (order)");
-    const int grid = n_grp * n_hp;
-    e = wf_launch_pdl(kern, dim3((unsigned)grid), C::THREADS + (FREE == 9 ? 128 : 0), smem, stream, Q, K, V, anchors, doc_ids, O, lse, c->T, c->N,
+    const int grid = n_grp * c->n_kv;
+    e = wf_launch_pdl(kern, dim3((unsigned)grid), C::THREADS + (FREE == 2 ? 128 : 0), smem, stream, Q, K, V, anchors, doc_ids, O, lse, c->T, c->N,
                       c->B, c->n_h, c->n_kv, c->window, c->causal, sl2, (const int *)srec, trace, tm);
     if (e != cudaSuccess) return kernels_fail("ba_wg_forward (main, PDL): %s", cudaGetErrorString(e));
     KERNELS_CHECK_LAUNCH("ba_wg_forward_kernel (plan)");
-    return 0;
-}
-
-/* candidate WP: the plan (as wf_launch's), then the persistent kernel with PDL, grid min(#SMs, items) */
-template <int HD, bool TRACE>
-int wp_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
-              const int32_t *doc_ids, bf16 *out, float *lse, void *ws, unsigned long long *trace, bool op_qw,
-              cudaStream_t stream) {
-    using C = wf_cfg<HD, WF_GROUP, 4>;
-    const size_t smem = (size_t)2 * WF_GROUP * C::QTILE + (size_t)2 * C::NST * C::TILE + 1024;
-    auto kern = op_qw ? ba_wp_forward_kernel<HD, false, TRACE, true> : ba_wp_forward_kernel<HD, false, TRACE, false>;
-    wf_tmaps tm{};
-    if (wf_tmap(&tm.k, k, c, "k") || wf_tmap(&tm.v, v, c, "v")) return -1;
-    static int n_sm = 0;
-    if (!n_sm) {
-        int dev = 0;
-        cudaError_t e = cudaGetDevice(&dev);
-        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
-        if (e != cudaSuccess || n_sm <= 0) {
-            n_sm = 0;
-            return kernels_fail("ba_wg_forward (WP): multiprocessor count: %s", cudaGetErrorString(e));
-        }
-    }
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return kernels_fail("ba_wg_forward (WP): cudaFuncSetAttribute(%zu bytes): %s", smem, cudaGetErrorString(e));
-    const int n_grp = (c->N + WF_GROUP - 1) / WF_GROUP, n_items = n_grp * c->n_kv;
-    int *rec = (int *)ws, *ntiles = rec + (size_t)n_grp * WF_REC, *srec = ntiles + ((n_grp + 3) & ~3);
-    wf_plan_kernel<WF_GROUP><<<n_grp, C::THREADS, 0, stream>>>(anchors, doc_ids, c->N, c->B, c->window, rec, ntiles,
-                                                               nullptr, 0);
-    KERNELS_CHECK_LAUNCH("ba_wg_forward (WP plan)");
-    e = wf_launch_pdl(wf_order_kernel, dim3(1), WF_ORD_THREADS, 0, stream, (const int *)rec, (const int *)ntiles,
-                      n_grp, srec);
-    if (e != cudaSuccess) return kernels_fail("ba_wg_forward (WP order): %s", cudaGetErrorString(e));
-    KERNELS_CHECK_LAUNCH("ba_wg_forward (WP order)");
-    const int grid = n_items < n_sm ? n_items : n_sm;
-    e = wf_launch_pdl(kern, dim3((unsigned)grid), C::THREADS, smem, stream, (const __nv_bfloat16 *)q, doc_ids,
-                      (__nv_bfloat16 *)out, lse, c->T, c->N, c->B, c->n_h, c->n_kv, c->causal,
-                      c->scale * WF_LOG2E, (const int *)srec, n_items, trace, tm);
-    if (e != cudaSuccess) return kernels_fail("ba_wg_forward (WP main, PDL): %s", cudaGetErrorString(e));
-    KERNELS_CHECK_LAUNCH("ba_wp_forward_kernel");
     return 0;
 }
 
@@ -1414,53 +1049,22 @@ template <int HD, bool TRACE>
 int wf_select(wf_opt op, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
               const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,
               unsigned long long *trace, cudaStream_t stream) {
-#define WF_GO(F, P, X) wf_launch<HD, WF_GROUP, F, F, P, TRACE, X>(c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream)
-    if ((op.free_run == 5 || op.free_run == 6) && ws && (c->B == 16 || c->B == 32 || c->B == 64)) {   /* WP: persistent, plan path only */
-        return wp_launch<HD, TRACE>(c, q, k, v, anchors, doc_ids, out, lse, ws, trace, op.free_run == 6, stream);
-    }
-    if (op.free_run && (c->B == 16 || c->B == 32 || c->B == 64)) {   /* W: block tiles by TMA need B = BP */
-#define WF_GW(M) (ws ? wf_launch<HD, WF_GROUP, true, true, true, TRACE, true, M>(c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream) \
-                     : wf_launch<HD, WF_GROUP, true, true, false, TRACE, true, M>(c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream))
-        switch (op.free_run) {
-        case 1: return WF_GW(1);
-        case 2: return WF_GW(2);
-        case 3: return WF_GW(3);
-        case 4: return WF_GW(4);
-        case 7: return WF_GW(7);
-        case 9:   /* WW: plan path only; W without a workspace */
-            if (ws) return wf_launch<HD, WF_GROUP, true, true, true, TRACE, true, 9>(c, q, k, v, anchors, doc_ids, out, lse,
-                                                                                   ws, trace, stream);
-            return WF_GW(1);
-        case 8:   /* WQ: W with the group's Q prefetched into L2 by the plan */
-            if (ws) return wf_launch<HD, WF_GROUP, true, true, true, TRACE, true, 1>(c, q, k, v, anchors, doc_ids, out, lse,
-                                                                                   ws, trace, stream, true);
-            return WF_GW(1);
-        default: return WF_GW(1);   /* WP without a workspace: W */
-        }
-#undef WF_GW
-    }
-    if (ws) return op.tma ? WF_GO(true, true, true) : WF_GO(false, true, false);
-    return op.tma ? WF_GO(true, false, true) : WF_GO(false, false, false);
+#define WF_GO(F, P, X, M) wf_launch<HD, WF_GROUP, F, F, P, TRACE, X, M>(c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream)
+    if (op.free_run && (c->B == 16 || c->B == 32 || c->B == 64))   /* block tiles by TMA need B = BP */
+        return ws ? WF_GO(true, true, true, 2) : WF_GO(true, false, true, 1);
+    if (ws) return op.tma ? WF_GO(true, true, true, 0) : WF_GO(false, true, false, 0);
+    return op.tma ? WF_GO(true, false, true, 0) : WF_GO(false, false, false, 0);
 #undef WF_GO
 }
 
 /* DFLASH_BLOCK_ATTN_WG_FWD -> options; -1 with kernels_fail on an unknown value */
 int wf_parse(wf_opt *op) {
     const char *e = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
-    op->fast = true;   /* "3x" + staged epilogue + K/V by TMA, H200 2026-11-29: 250 TFLOP/s, 282 with the workspace */
-    op->tma = true;
-    op->free_run = 0;
+    /* the default, H200 2026-11-29: free-running warpgroups (B 16, 32, 64; else the walk with a barrier per tile),
+     * 265 TFLOP/s, 313 with the workspace (producer warpgroup) */
+    op->fast = op->tma = op->free_run = true;
     if (!e || !e[0]) return 0;
-    if (!strcmp(e, "3")) op->fast = op->tma = false;
-    else if (!strcmp(e, "W")) op->free_run = 1;   /* candidates (session 4): free-running warpgroups */
-    else if (!strcmp(e, "WL")) op->free_run = 2;
-    else if (!strcmp(e, "W5")) op->free_run = 3;
-    else if (!strcmp(e, "WL5")) op->free_run = 4;
-    else if (!strcmp(e, "WP")) op->free_run = 5;
-    else if (!strcmp(e, "WPQ")) op->free_run = 6;
-    else if (!strcmp(e, "WQ")) op->free_run = 8;
-    else if (!strcmp(e, "WH")) op->free_run = 7;
-    else if (!strcmp(e, "WW")) op->free_run = 9;
+    if (!strcmp(e, "3")) op->fast = op->tma = op->free_run = false;
     else
         return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3 (the previous default) or unset "
                             "(the default)", e);
@@ -1477,7 +1081,8 @@ extern "C" size_t block_attn_forward_workspace_bytes(const block_attn_config *c)
 
 /* DFLASH_BLOCK_ATTN_WG_FWD (read per call): unset or empty = the default (3 blocks per CTA, context masks
  * from the key range where every block's document is contiguous, the epilogue staged through shared memory,
- * the K/V tiles by TMA); "3" = the previous default of session 2 (doc-id ballots on every context tile, 4-byte
+ * the K/V tiles by TMA, and where B is 16, 32 or 64 free-running warpgroups: W, or WW with a workspace);
+ * "3" = the default of session 2 (doc-id ballots on every context tile, 4-byte
  * stores, cp.async), kept as the one revert switch. Any other value (the retired candidates too, e.g. "T", now
  * the default) fails with kernels_fail naming the accepted values, before any launch.
  * ws != NULL: the plan path (workspace of block_attn_forward_workspace_bytes bytes, 16-byte aligned). */
@@ -1502,11 +1107,10 @@ extern "C" int ba_wg_forward(const block_attn_config *c, const bf16 *q, const bf
 extern "C" int ba_wg_forward_traced(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
                                     const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,
                                     unsigned long long *trace, int *n_cta, cudaStream_t stream) {
+    *n_cta = (c->N + WF_GROUP - 1) / WF_GROUP * c->n_kv;
+    if (!trace) return 0;
     wf_opt op;
     if (wf_parse(&op)) return -1;
-    const bool wh = op.free_run == 7 && (c->B == 16 || c->B == 32 || c->B == 64);   /* WH: a CTA per head pair */
-    *n_cta = (c->N + WF_GROUP - 1) / WF_GROUP * (wh ? (c->n_kv + 1) / 2 : c->n_kv);
-    if (!trace) return 0;
     if (ws && (uintptr_t)ws % 16) return kernels_fail("ba_wg_forward_traced: the workspace is not 16-byte aligned");
     if (c->d_h == 128) return wf_select<128, true>(op, c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream);
     return kernels_fail("ba_wg_forward_traced: d_h=%d, only 128 is traced", c->d_h);

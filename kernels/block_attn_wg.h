@@ -43,7 +43,8 @@ int ba_wg_backward_timed(const block_attn_config *c, const bf16 *q, const bf16 *
  * set-up done, [3] loop end, [4] warpgroup 0's epilogue end (%globaltimer ns), [5] / [6] clock64 at entry / end
  * (thread 0), [7] tiles walked, [8 + w] clock cycles warpgroup w's thread 0 spent at the per-tile wait
  * (+ barrier + the next tile's load issue), [12], [13] warpgroups 1, 2's epilogue end (0 when not live);
- * [16 + w], [19 + w] the cycles of [8 + w] at the cp.async wait and at the barrier; [22 + w] cycles waiting for S
+ * [16 + w], [19 + w] the cycles of [8 + w] at the cp.async wait and at the barrier (free-running warpgroups, the
+ * default where B is 16, 32 or 64: at the stage's full mbarrier, and in the stage releases); [22 + w] cycles waiting for S
  * (and the previous P·V) inside the tile steps. 32 u64 per CTA. Asynchronous on stream. */
 int ba_wg_forward_traced(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
                          const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,
