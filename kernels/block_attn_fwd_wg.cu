@@ -334,7 +334,7 @@ __device__ __forceinline__ void wf_step(float *o, float *m, float *l, uint32_t q
  * whole CTA, per-warp partial minima / maxima in sPart), then warp 0 merges them into segments. Called
  * by every thread; ends with a barrier, after which sLo, sHi, sSeg, sNSeg and sNCtx hold the result.
  * Returns the doc id of block b0 + wg (-1 when not live). */
-template <int NWG>
+template <int NWG, bool PRODG = false>   /* PRODG: a producer warpgroup (WW) beyond the NWG takes part in the barriers only */
 __device__ __forceinline__ int wf_setup(const int32_t *anchors, const int32_t *doc_ids, int b0, int nb, int window,
                                         int (*sPart)[NWG][3], int *sLo, int *sHi, int (*sSeg)[3], int &sNSeg,
                                         int &sNCtx, int &sCont) {
@@ -368,7 +368,8 @@ __device__ __forceinline__ int wf_setup(const int32_t *anchors, const int32_t *d
             mx[w] = -1;
             cn[w] = 0;
         }
-        for (int p0 = ulo + tid; p0 < uhi; p0 += 8 * THREADS) {   /* 8 independent loads in flight */
+        for (int p0 = ulo + tid; p0 < uhi && (!PRODG || tid < THREADS); p0 += 8 * THREADS) {   /* 8 loads in flight;
+                                                                                                 * PRODG: not WW's producer */
             int dp[8];
 #pragma unroll
             for (int i = 0; i < 8; i++) dp[i] = p0 + i * THREADS < uhi ? doc_ids[p0 + i * THREADS] : -2;
@@ -391,7 +392,7 @@ __device__ __forceinline__ int wf_setup(const int32_t *anchors, const int32_t *d
                 mx[w] = max(mx[w], __shfl_xor_sync(0xffffffffu, mx[w], o));
                 cn[w] += __shfl_xor_sync(0xffffffffu, cn[w], o);
             }
-            if (lane == 0) {
+            if (lane == 0 && (!PRODG || tid < THREADS)) {
                 sPart[tid >> 5][w][0] = mn[w];
                 sPart[tid >> 5][w][1] = mx[w];
                 sPart[tid >> 5][w][2] = cn[w];
@@ -568,7 +569,6 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     /* WW (FREE 9, plan path only): a producer warp (warp 4·NWG) issues every K/V tile; the warpgroups release a
      * stage by one mbarrier arrival each (count NWG), no atomic round trip, no TMA issue on their path */
     constexpr bool PROD = FREE == 2;
-    static_assert(!PROD || PLAN, "WW: plan path only");
     __shared__ __align__(8) unsigned long long sEmpty[PROD ? NST : 1];
     unsigned long long tr_t0 = 0, tr_c0 = 0, tr_t1 = 0, tr_wait = 0, tr_data = 0, tr_bar = 0, tr_mma = 0;
     if (TRACE) {
@@ -712,22 +712,26 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         }
     };
 
+    /* WW: the producer warpgroup, after the set-up's last barrier: 24 registers; its thread 0 issues tile u once
+     * tile u - NST is released (the stage's empty mbarrier) */
+    auto producer = [&](const wf_item &it) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (tid == NWG * 128) {
+            const int nt = it.n_ctx + (it.nb + per - 1) / per;
+            for (int u = 0; u < nt; u++) {
+                if (u >= NST) wf_bar_wait_sleep(wg_smem_u32(&sEmpty[u % NST]), (uint32_t)(u / NST - 1) & 1u);
+                load(it, u, u % NST);
+            }
+        }
+    };
     int d;
     wf_item cur;
     if (PLAN) {
         if (tid < WF_REC / 4) ((int4 *)sRec)[tid] = recv;
         __syncthreads();
         cur = make_item(sRec, item);
-        if (PROD && tid >= NWG * 128) {   /* WW: the producer warpgroup (24 registers); its thread 0 issues tile u once
-                                           * tile u - NST is released */
-            asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-            if (tid == NWG * 128) {
-                const int nt = cur.n_ctx + (cur.nb + per - 1) / per;
-                for (int u = 0; u < nt; u++) {
-                    if (u >= NST) wf_bar_wait_sleep(wg_smem_u32(&sEmpty[u % NST]), (uint32_t)(u / NST - 1) & 1u);
-                    load(cur, u, u % NST);
-                }
-            }
+        if (PROD && tid >= NWG * 128) {
+            producer(cur);
             return;
         }
         if (PROD) asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n" ::: "memory");   /* 3 x 128 x 160 + 128 x 24 */
@@ -739,14 +743,19 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         q0.b0 = b0;
         q0.nb = nb;
         q0.g0 = blockIdx.y;
-        load_q(q0, sQ);
+        if (!PROD || tid < NWG * 128) load_q(q0, sQ);
         mma_commit();
-        d = wf_setup<NWG>(anchors, doc_ids, b0, nb, window, sPart, sRec + WR_LO, sRec + WR_HI,
-                          (int(*)[3])(sRec + WR_SEG), sRec[WR_NSEG], sRec[WR_NCTX], sRec[WR_CONT]);
+        d = wf_setup<NWG, PROD>(anchors, doc_ids, b0, nb, window, sPart, sRec + WR_LO, sRec + WR_HI,
+                                (int(*)[3])(sRec + WR_SEG), sRec[WR_NSEG], sRec[WR_NCTX], sRec[WR_CONT]);
         cur = make_item(sRec, item);
+        if (PROD && tid >= NWG * 128) {
+            producer(cur);
+            return;
+        }
+        if (PROD) asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n" ::: "memory");   /* 3 x 128 x 160 + 128 x 24 */
         const int nt = cur.n_ctx + (cur.nb + per - 1) / per;
         if (FREE) {
-            if (tid == 0)
+            if (tid == 0 && !PROD)
                 for (int s = 0; s < NST && s < nt; s++) load(cur, s, s);
         } else {
 #pragma unroll
@@ -955,6 +964,7 @@ struct wf_opt {
     bool fast;   /* default: range masks where documents are contiguous, staged epilogue; false: "3" */
     bool tma;    /* the default: K/V tiles by TMA ("3": cp.async) */
     bool free_run;   /* the default where B is 16, 32 or 64: free-running warpgroups (W; WW with a workspace) */
+    bool ww_plain;   /* candidate "WW": WW without a workspace too */
 };
 
 /* cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda); cached after the first call */
@@ -1023,7 +1033,7 @@ int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
     __nv_bfloat16 *O = (__nv_bfloat16 *)out;
     const float sl2 = c->scale * WF_LOG2E;
     if (!PLAN) {
-        kern<<<dim3(n_grp, c->n_kv), C::THREADS, smem, stream>>>(Q, K, V, anchors, doc_ids, O, lse, c->T, c->N, c->B,
+        kern<<<dim3(n_grp, c->n_kv), C::THREADS + (FREE == 2 ? 128 : 0), smem, stream>>>(Q, K, V, anchors, doc_ids, O, lse, c->T, c->N, c->B,
                                                                   c->n_h, c->n_kv, c->window, c->causal, sl2, nullptr,
                                                                   trace, tm);
         KERNELS_CHECK_LAUNCH("ba_wg_forward_kernel");
@@ -1051,7 +1061,7 @@ int wf_select(wf_opt op, const block_attn_config *c, const bf16 *q, const bf16 *
               unsigned long long *trace, cudaStream_t stream) {
 #define WF_GO(F, P, X, M) wf_launch<HD, WF_GROUP, F, F, P, TRACE, X, M>(c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream)
     if (op.free_run && (c->B == 16 || c->B == 32 || c->B == 64))   /* block tiles by TMA need B = BP */
-        return ws ? WF_GO(true, true, true, 2) : WF_GO(true, false, true, 1);
+        return ws ? WF_GO(true, true, true, 2) : op.ww_plain ? WF_GO(true, false, true, 2) : WF_GO(true, false, true, 1);
     if (ws) return op.tma ? WF_GO(true, true, true, 0) : WF_GO(false, true, false, 0);
     return op.tma ? WF_GO(true, false, true, 0) : WF_GO(false, false, false, 0);
 #undef WF_GO
@@ -1063,8 +1073,10 @@ int wf_parse(wf_opt *op) {
     /* the default, H200 2026-11-29: free-running warpgroups (B 16, 32, 64; else the walk with a barrier per tile),
      * 265 TFLOP/s, 313 with the workspace (producer warpgroup) */
     op->fast = op->tma = op->free_run = true;
+    op->ww_plain = false;
     if (!e || !e[0]) return 0;
     if (!strcmp(e, "3")) op->fast = op->tma = op->free_run = false;
+    else if (!strcmp(e, "WW")) op->ww_plain = true;
     else
         return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3 (the previous default) or unset "
                             "(the default)", e);
