@@ -100,34 +100,30 @@
  * TMA tiles precede them, so the phase count stays t / NST). Q and the doc ids (ballot path) keep cp.async.
  * ptxas d_h 128: 157 registers (plan path 155), trace 166 / 163.
  *
- * Free-running warpgroups (FREE; the default since session 4 where B is 16, 32 or 64, else the walk above):
- * the per-tile __syncthreads kept the three warpgroups in lockstep (all S, then all softmax with the tensor
- * cores idle, then all P·V) and put the next tile's issue on one warpgroup's path. Now no barrier is shared in
- * the walk: every warpgroup waits each tile's full mbarrier (skipped tiles too), and once its last wgmma on
- * tile u is retired (the wait inside the next step) it releases u's stage; the stage is refilled with tile
- * u + NST (prefetch distance NST = 4, not NST - 2) when all NWG warpgroups have released it.
- *   FREE 1 (W, block_attn_forward): the last of the NWG to release (an atomicAdd per warpgroup and tile on a
- *   per-stage count that only grows: a warpgroup cannot release a stage's next use before its load was issued,
- *   because it waits that tile's full barrier first) issues the TMA itself.
- *   FREE 2 (WW, block_attn_forward_ws): a fourth, producer warpgroup (setmaxnreg: 24 registers; the three
- *   consumers 160) whose thread 0 waits each stage's empty mbarrier (count NWG; one arrival per warpgroup,
- *   no return value to wait for) and issues every tile; the consumers issue nothing. Plan path only: the
- *   in-kernel set-up's scans are sized for NWG·128 threads.
- * Q keeps its own cp.async group per warpgroup, waited with a named barrier before the walk; in the ballot path
- * (interleaved documents) the doc ids are read from global memory (no per-tile group). Same per-row arithmetic
- * as the barrier walk: out and lse bitwise equal (bench: full size and 11 shapes; GPU test on every case).
- * H200 2026-11-29 (RESULTS.md, runs 24-37): W 0.267-0.269 ms = 264-266 TFLOP/s (barrier walk 0.284), with the
- * workspace 0.238-0.240 ms (299 TFLOP/s); WW with the workspace 0.226-0.228 ms = 312-315 TFLOP/s. Traced per
- * tile: 1.40 µs (WW) / 1.47 (W) / 1.66-1.70 (barrier walk); W's release cost 0.27 µs per tile on the
- * warpgroup that issues, 0.13 on the others, WW's 0.095. Candidates that lost (code in git d62643f, numbers in
- * RESULTS.md): a lazy O rescale (0.245), 5 stages (0.243), persistent CTAs over the ranked items (0.354: the
- * issuing warpgroup spent 0.62 µs per tile in the issue, not understood; a variant hung once), Q prefetched to
- * L2 by the plan (0.244), 2 kv heads per CTA in one tile stream (0.261-0.263).
+ * Free-running warpgroups (template flag FREE; the default since session 4 where B is 16, 32 or 64, else the walk
+ * above): the per-tile __syncthreads kept the three warpgroups in lockstep (all S, then all softmax with the
+ * tensor cores idle, then all P·V) and put the next tile's issue on one warpgroup's path. Now the CTA has a
+ * fourth, producer warpgroup (setmaxnreg: 24 registers; the three consumers 160) and no barrier is shared in the
+ * walk: every consumer waits each tile's full mbarrier (skipped tiles too) and, once its last wgmma on tile u is
+ * retired (the wait inside its next step), arrives on u's stage's empty mbarrier (count NWG, one arrival per
+ * warpgroup, nothing returned to wait for); the producer's thread 0 waits that phase and issues tile u + NST
+ * (prefetch distance NST = 4, not NST - 2). The producer warpgroup takes part in the set-up's barriers only
+ * (wf_setup<NWG, true>: its threads scan nothing). Q keeps one cp.async group per warpgroup, waited with a named
+ * barrier before the walk; in the ballot path (interleaved documents) the doc ids are read from global memory.
+ * Same per-row arithmetic as the barrier walk: out and lse bitwise equal (bench: full size and 11 shapes; GPU
+ * test on every case). H200 2026-11-29 (RESULTS.md, runs 24-41): 0.251-0.253 ms = 281-284 TFLOP/s, 0.224-0.228
+ * ms = 312-318 TFLOP/s with the workspace (barrier walk 0.284 / 0.252); traced per tile 1.38-1.40 µs (barrier walk
+ * 1.66-1.70), the arrival 0.095 µs per tile. Candidates that lost or were superseded (code in git d62643f,
+ * 876e83d, 7d977ad; numbers in RESULTS.md): W, the same without a producer (the last warpgroup to release a stage,
+ * by an atomic count, issued the refill: 0.267 / 0.239 ms; its release cost 0.27 µs per tile on the warpgroup
+ * that issued most); a lazy O rescale (0.245); 5 stages (0.243); persistent CTAs over the ranked items (0.354:
+ * the issuing thread spent 0.62 µs per tile in the issue, not understood; a variant hung once); Q prefetched to
+ * L2 by the plan (0.244); 2 kv heads per CTA in one tile stream (0.261-0.263).
  *
  * TRACE (bench only, ba_wg_forward_traced): %globaltimer / clock64 stamps per CTA (layout in block_attn_wg.h).
  * ptxas, d_h 128: the cp.async "3x" kernel (now gone) 164 registers (plan path 163), "3" 159 (161); plan kernels 56 and 34; no
- * spills, no C7510/C7511. W (FREE 1) 149 registers, WW (FREE 2) 128 at launch, consumers up to 148 of their 160
- * after setmaxnreg (SASS), the producer 24; no spills.
+ * spills, no C7510/C7511. FREE: 128 registers at launch (512 threads), consumers up to 148 of their 160 after
+ * setmaxnreg (SASS), the producer 24; no spills.
  */
 #include "kernels/block_attn_wg.h"
 #include "kernels/mma.cuh"
@@ -154,7 +150,7 @@ template <int HD, int NWG> struct wf_cfg {
     static constexpr int KPANEL = KT * 128;            /* bytes of a KT-row × 64-column K or V panel */
     static constexpr int TILE = NP * KPANEL;           /* bytes of one KT-row tile of K or V */
     static constexpr int THREADS = NWG * 128;
-    static constexpr int NST = 4;                      /* K/V stages (prefetch distance NST - 2; W and WW: NST) */
+    static constexpr int NST = 4;                      /* K/V stages (prefetch distance NST - 2; FREE: NST) */
     static constexpr size_t smem = (size_t)NWG * QTILE + (size_t)2 * NST * TILE + 1024;   /* + alignment slack */
 };
 
@@ -307,7 +303,7 @@ __device__ __forceinline__ void wf_issue_pv(float *o, uint32_t (*p)[4], uint32_t
         wg_mma_rs<HD, 1>(o, p[kk], wg_desc_mnmajor(v_s + kk * 16 * 128, KPANEL), 1);
 }
 
-/* One tile step of one warpgroup: S, wait (S and the previous P·V), then after_wait() (W, WW: the release
+/* One tile step of one warpgroup: S, wait (S and the previous P·V), then after_wait() (FREE: the release
  * of the previous tile's stage; a no-op for the barrier walk), softmax, P·V in flight. */
 template <int HD, int NK, bool TRACE, typename Vis, typename Hook>
 __device__ __forceinline__ void wf_step(float *o, float *m, float *l, uint32_t q_s, uint32_t k_s, uint32_t v_s,
@@ -318,7 +314,7 @@ __device__ __forceinline__ void wf_step(float *o, float *m, float *l, uint32_t q
     const long long tm0 = TRACE ? clock64() : 0;
     wg_wait<0>();
     if (TRACE) *tr_mma += clock64() - tm0;   /* TRACE: cycles waiting for S (and the previous P·V) */
-    after_wait();   /* W: every read of the previous tile's stage is retired here */
+    after_wait();   /* FREE: every read of the previous tile's stage is retired here */
     wg_acc_fence<NK / 2>(s);
     wg_acc_fence<HD / 2>(o);
     uint32_t p[NK / 16][4];
@@ -334,7 +330,7 @@ __device__ __forceinline__ void wf_step(float *o, float *m, float *l, uint32_t q
  * whole CTA, per-warp partial minima / maxima in sPart), then warp 0 merges them into segments. Called
  * by every thread; ends with a barrier, after which sLo, sHi, sSeg, sNSeg and sNCtx hold the result.
  * Returns the doc id of block b0 + wg (-1 when not live). */
-template <int NWG, bool PRODG = false>   /* PRODG: a producer warpgroup (WW) beyond the NWG takes part in the barriers only */
+template <int NWG, bool PRODG = false>   /* PRODG: a producer warpgroup (FREE) beyond the NWG takes part in the barriers only */
 __device__ __forceinline__ int wf_setup(const int32_t *anchors, const int32_t *doc_ids, int b0, int nb, int window,
                                         int (*sPart)[NWG][3], int *sLo, int *sHi, int (*sSeg)[3], int &sNSeg,
                                         int &sNCtx, int &sCont) {
@@ -369,7 +365,7 @@ __device__ __forceinline__ int wf_setup(const int32_t *anchors, const int32_t *d
             cn[w] = 0;
         }
         for (int p0 = ulo + tid; p0 < uhi && (!PRODG || tid < THREADS); p0 += 8 * THREADS) {   /* 8 loads in flight;
-                                                                                                 * PRODG: not WW's producer */
+                                                                                                 * PRODG: not the producer */
             int dp[8];
 #pragma unroll
             for (int i = 0; i < 8; i++) dp[i] = p0 + i * THREADS < uhi ? doc_ids[p0 + i * THREADS] : -2;
@@ -544,10 +540,10 @@ struct wf_item {
 /* The main kernel. Without PLAN: grid (groups, n_kv), wf_setup in the kernel. PLAN: launched with PDL behind
  * the plan (plan = the records by rank); blockIdx.x = rank · n_kv + kv head, so the CTAs start longest
  * group first; the set-up is one 96-byte record load. Same per-row arithmetic in both modes. */
-/* FREE: 0 = the walk with a barrier per tile; 1 = free-running warpgroups (W, the default without a workspace);
- * 2 = W with a producer warpgroup (WW, the default of the plan path) */
-template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE, bool TMA, int FREE>
-__global__ void __launch_bounds__(NWG * 128 + (FREE == 2 ? 128 : 0), 1)
+/* FREE: false = the walk with a barrier per tile; true = free-running warpgroups fed by a producer warpgroup
+ * (NWG + 1 warpgroups; the default where B is 16, 32 or 64) */
+template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE, bool TMA, bool FREE>
+__global__ void __launch_bounds__(NWG * 128 + (FREE ? 128 : 0), 1)
 ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
                      const int32_t *doc_ids, __nv_bfloat16 *out, float *lse, int T, int N, int B, int n_h, int n_kv,
                      int window, int causal, float sl2, const int *plan, unsigned long long *trace,
@@ -556,20 +552,18 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     constexpr int CH = HD / 8, THREADS = C::THREADS, TILE = C::TILE, NST = C::NST, QTILE = C::QTILE;
     constexpr int KPANEL = C::KPANEL, KT = C::KT;
     static_assert(!PLAN || NWG == WF_GROUP, "the plan's groups are WF_GROUP blocks");
-    static_assert(!FREE || (TMA && FAST), "W: TMA loads (the host picks it only when B is 16, 32 or 64)");
+    static_assert(!FREE || (TMA && FAST), "FREE: TMA loads (the host picks it only when B is 16, 32 or 64)");
     extern __shared__ unsigned char wf_raw[];
-    __shared__ int sDoc[FREE ? 1 : NST][KT];   /* doc id of each key of a context tile's stage (not W) */
+    __shared__ int sDoc[FREE ? 1 : NST][KT];   /* doc id of each key of a context tile's stage (not FREE) */
     __shared__ int sPart[PLAN ? 1 : NWG * 4][NWG][3]; /* per warp and block: first, last key of the document, count */
     /* the set-up's result (the plan record's layout): narrowed context range of each block [lo, hi), merged
      * segments (first key, end key, first tile), their count, the context tile count, the contiguity flag,
      * the blocks' doc ids (PLAN) */
     __shared__ __align__(16) int sRec[WF_REC];
     __shared__ __align__(8) unsigned long long sBar[TMA ? NST : 1];   /* TMA: one mbarrier per K/V stage */
-    __shared__ unsigned sRel[FREE ? NST : 1];   /* W: releases of each stage so far (NWG per use) */
-    /* WW (FREE 9, plan path only): a producer warp (warp 4·NWG) issues every K/V tile; the warpgroups release a
-     * stage by one mbarrier arrival each (count NWG), no atomic round trip, no TMA issue on their path */
-    constexpr bool PROD = FREE == 2;
-    __shared__ __align__(8) unsigned long long sEmpty[PROD ? NST : 1];
+    /* FREE: the producer warpgroup (warpgroup NWG) issues every K/V tile; the warpgroups release a stage by one
+     * mbarrier arrival each (count NWG): no atomic round trip, no TMA issue on their path */
+    __shared__ __align__(8) unsigned long long sEmpty[FREE ? NST : 1];
     unsigned long long tr_t0 = 0, tr_c0 = 0, tr_t1 = 0, tr_wait = 0, tr_data = 0, tr_bar = 0, tr_mma = 0;
     if (TRACE) {
         tr_t0 = wf_gtime();
@@ -585,9 +579,6 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
 #pragma unroll
             for (int s = 0; s < NST; s++) wf_bar_init(wg_smem_u32(&sBar[s]), 1);
             if (FREE)
-#pragma unroll
-                for (int s = 0; s < NST; s++) sRel[s] = 0;
-            if (PROD)
 #pragma unroll
                 for (int s = 0; s < NST; s++) wf_bar_init(wg_smem_u32(&sEmpty[s]), NWG);
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -629,7 +620,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
             ctx_tile(it, t, &kb, &ke);
             const int nk = min(KT, ke - kb);
             if constexpr (TMA) {   /* 64 rows from kb: rows past the segment are other keys (masked) or zeros */
-                if (FREE || tid == 0) {   /* W: only the issuing thread calls load */
+                if (FREE || tid == 0) {   /* FREE: only the producer's thread calls load */
                     const uint32_t bar = wg_smem_u32(&sBar[st]);
                     wf_bar_expect(bar, 2 * TILE);
 #pragma unroll
@@ -649,13 +640,13 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
                 }
             }
             static_assert(THREADS >= KT, "one thread per key's doc id");
-            if (!FREE && !it.by_range && tid < KT)   /* W reads the doc ids from global memory */
+            if (!FREE && !it.by_range && tid < KT)   /* FREE reads the doc ids from global memory */
                 wf_cp4(wg_smem_u32(&sDoc[st][tid]), doc_ids + (tid < nk ? kb + tid : 0), tid < nk);
         } else {
             const int j = t - it.n_ctx;
             bool tma_done = false;
             if constexpr (TMA) {   /* B == BP: the tile's blocks are 64 consecutive rows (past nb: never read) */
-                if (FREE || B == BP) {   /* W: the host guarantees B == BP */
+                if (FREE || B == BP) {   /* FREE: the host guarantees B == BP */
                     if (FREE || tid == 0) {
                         const uint32_t bar = wg_smem_u32(&sBar[st]);
                         const int row0 = T + (it.b0 + j * per) * B;
@@ -700,10 +691,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         load_q(it, qset);
         mma_commit();
         const int nt = it.n_ctx + (it.nb + per - 1) / per;
-        if constexpr (FREE) {   /* W: tiles 0 .. NST - 1 into every stage, by thread 0 (WW: by the producer) */
-            if (tid == 0 && !PROD)
-                for (int s = 0; s < NST && s < nt; s++) load(it, s, s);
-        } else {
+        if constexpr (!FREE) {   /* FREE: the producer loads every tile */
 #pragma unroll
             for (int s = 0; s < NST - 2; s++) {
                 if (s < nt) load(it, s, s);
@@ -712,7 +700,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         }
     };
 
-    /* WW: the producer warpgroup, after the set-up's last barrier: 24 registers; its thread 0 issues tile u once
+    /* FREE: the producer warpgroup, after the set-up's last barrier: 24 registers; its thread 0 issues tile u once
      * tile u - NST is released (the stage's empty mbarrier) */
     auto producer = [&](const wf_item &it) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
@@ -730,11 +718,11 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         if (tid < WF_REC / 4) ((int4 *)sRec)[tid] = recv;
         __syncthreads();
         cur = make_item(sRec, item);
-        if (PROD && tid >= NWG * 128) {
+        if (FREE && tid >= NWG * 128) {
             producer(cur);
             return;
         }
-        if (PROD) asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n" ::: "memory");   /* 3 x 128 x 160 + 128 x 24 */
+        if (FREE) asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n" ::: "memory");   /* 3 x 128 x 160 + 128 x 24 */
         prologue(cur, sQ);
         d = sRec[WR_D + wg];
     } else {
@@ -743,21 +731,18 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         q0.b0 = b0;
         q0.nb = nb;
         q0.g0 = blockIdx.y;
-        if (!PROD || tid < NWG * 128) load_q(q0, sQ);
+        if (!FREE || tid < NWG * 128) load_q(q0, sQ);
         mma_commit();
-        d = wf_setup<NWG, PROD>(anchors, doc_ids, b0, nb, window, sPart, sRec + WR_LO, sRec + WR_HI,
+        d = wf_setup<NWG, FREE>(anchors, doc_ids, b0, nb, window, sPart, sRec + WR_LO, sRec + WR_HI,
                                 (int(*)[3])(sRec + WR_SEG), sRec[WR_NSEG], sRec[WR_NCTX], sRec[WR_CONT]);
         cur = make_item(sRec, item);
-        if (PROD && tid >= NWG * 128) {
+        if (FREE && tid >= NWG * 128) {
             producer(cur);
             return;
         }
-        if (PROD) asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n" ::: "memory");   /* 3 x 128 x 160 + 128 x 24 */
+        if (FREE) asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n" ::: "memory");   /* 3 x 128 x 160 + 128 x 24 */
         const int nt = cur.n_ctx + (cur.nb + per - 1) / per;
-        if (FREE) {
-            if (tid == 0 && !PROD)
-                for (int s = 0; s < NST && s < nt; s++) load(cur, s, s);
-        } else {
+        if (!FREE) {
 #pragma unroll
             for (int s = 0; s < NST - 2; s++) {
                 if (s < nt) load(cur, s, s);
@@ -830,23 +815,15 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         }
     };
 
-    /* W: this warpgroup reads tile u's stage no more (its last wgmma on it is retired); the last of the NWG
-     * warpgroups to say so (one thread each, a per-stage count that only grows) refills the stage with tile
-     * u + NST. Every warpgroup waits every tile's full barrier, skipped or not, so the count's uses never
-     * overlap and no TMA is in flight at exit. */
+    /* FREE: this warpgroup reads tile u's stage no more (its last wgmma on it is retired): one arrival on the
+     * stage's empty mbarrier; the producer refills the stage with tile u + NST once all NWG have arrived. Every
+     * warpgroup waits every tile's full barrier, skipped or not, so a stage's phases never run ahead of a
+     * waiter and no TMA is in flight at exit. */
     auto release = [&](int u) {
-        if (PROD) {   /* WW: one arrival per warpgroup and tile (the producer waits for the phase) */
-            if (u >= 0 && wtid == 0)
-                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(wg_smem_u32(&sEmpty[u % NST])) : "memory");
-            return;
-        }
-        if (u < 0 || wtid != 0 || u + NST >= n_tiles) return;
-        const unsigned old = atomicAdd(&sRel[u % NST], 1u);
-        if (old == (unsigned)(NWG * (u / NST + 1) - 1)) {
-            load(cur, u + NST, u % NST);
-        }
+        if (u >= 0 && wtid == 0)
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(wg_smem_u32(&sEmpty[u % NST])) : "memory");
     };
-    if (FREE) {   /* W: this warpgroup's Q tile (its own cp.async group) has landed */
+    if (FREE) {   /* this warpgroup's Q tile (its own cp.async group) has landed */
         mma_wait<0>();
         wg_fence_async_smem();
         asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
@@ -856,7 +833,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         if (TRACE && tid == 0) trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + 2] = wf_gtime();
         for (int t = 0; t < n_tiles; t++) {
             const long long tw0 = TRACE ? clock64() : 0;
-            if constexpr (FREE) {   /* W: no CTA barrier, only this tile's full barrier */
+            if constexpr (FREE) {   /* no CTA barrier, only this tile's full barrier */
                 wf_bar_wait_sleep(wg_smem_u32(&sBar[t % NST]), (uint32_t)(t / NST) & 1u);
                 if (TRACE) {
                     const long long tw1 = clock64();
@@ -880,11 +857,11 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
                     tr_bar += tw2 - tw1;
                 }
             }
-            auto rel = [&] {   /* W: called once this warpgroup's reads of tile t - 1 are retired */
+            auto rel = [&] {   /* FREE: called once this warpgroup's reads of tile t - 1 are retired */
                 if constexpr (FREE) {
                     const long long tr0 = TRACE ? clock64() : 0;
                     release(t - 1);
-                    if (TRACE) {   /* W: the report's "barrier" column = cycles in release (and the next tile's issue) */
+                    if (TRACE) {   /* FREE: the report's "barrier" column = cycles in release */
                         const long long d = clock64() - tr0;
                         tr_bar += d;
                         tr_wait += d;
@@ -907,7 +884,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
                     }
                 } else {
                     const int p0 = kb + lane, p1 = p0 + 32;
-                    /* W: the doc ids from global memory (no cp.async group per tile) */
+                    /* FREE: the doc ids from global memory (no cp.async group per tile) */
                     const bool v0 = p0 >= my_lo && p0 < my_hi && (FREE ? __ldg(doc_ids + p0) : sDoc[st][lane]) == d;
                     const bool v1 = p1 >= my_lo && p1 < my_hi && (FREE ? __ldg(doc_ids + p1) : sDoc[st][lane + 32]) == d;
                     const uint32_t mlo = __ballot_sync(0xffffffffu, v0), mhi = __ballot_sync(0xffffffffu, v1);
@@ -963,8 +940,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
 struct wf_opt {
     bool fast;   /* default: range masks where documents are contiguous, staged epilogue; false: "3" */
     bool tma;    /* the default: K/V tiles by TMA ("3": cp.async) */
-    bool free_run;   /* the default where B is 16, 32 or 64: free-running warpgroups (W; WW with a workspace) */
-    bool ww_plain;   /* candidate "WW": WW without a workspace too */
+    bool free_run;   /* the default where B is 16, 32 or 64: free-running warpgroups and a producer warpgroup */
 };
 
 /* cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda); cached after the first call */
@@ -1016,7 +992,7 @@ cudaError_t wf_launch_pdl(void (*kern)(Exp...), dim3 grid, int threads, size_t s
     return cudaLaunchKernelEx(&lc, kern, args...);
 }
 
-template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE, bool TMA, int FREE = 0>
+template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE, bool TMA, bool FREE>
 int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
               const int32_t *doc_ids, bf16 *out, float *lse, void *ws, unsigned long long *trace, cudaStream_t stream) {
     using C = wf_cfg<HD, NWG>;
@@ -1033,7 +1009,7 @@ int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
     __nv_bfloat16 *O = (__nv_bfloat16 *)out;
     const float sl2 = c->scale * WF_LOG2E;
     if (!PLAN) {
-        kern<<<dim3(n_grp, c->n_kv), C::THREADS + (FREE == 2 ? 128 : 0), smem, stream>>>(Q, K, V, anchors, doc_ids, O, lse, c->T, c->N, c->B,
+        kern<<<dim3(n_grp, c->n_kv), C::THREADS + (FREE ? 128 : 0), smem, stream>>>(Q, K, V, anchors, doc_ids, O, lse, c->T, c->N, c->B,
                                                                   c->n_h, c->n_kv, c->window, c->causal, sl2, nullptr,
                                                                   trace, tm);
         KERNELS_CHECK_LAUNCH("ba_wg_forward_kernel");
@@ -1048,7 +1024,7 @@ int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
     if (e != cudaSuccess) return kernels_fail("ba_wg_forward (order): %s", cudaGetErrorString(e));
     KERNELS_CHECK_LAUNCH("ba_wg_forward (order)");
     const int grid = n_grp * c->n_kv;
-    e = wf_launch_pdl(kern, dim3((unsigned)grid), C::THREADS + (FREE == 2 ? 128 : 0), smem, stream, Q, K, V, anchors, doc_ids, O, lse, c->T, c->N,
+    e = wf_launch_pdl(kern, dim3((unsigned)grid), C::THREADS + (FREE ? 128 : 0), smem, stream, Q, K, V, anchors, doc_ids, O, lse, c->T, c->N,
                       c->B, c->n_h, c->n_kv, c->window, c->causal, sl2, (const int *)srec, trace, tm);
     if (e != cudaSuccess) return kernels_fail("ba_wg_forward (main, PDL): %s", cudaGetErrorString(e));
     KERNELS_CHECK_LAUNCH("ba_wg_forward_kernel (plan)");
@@ -1061,9 +1037,9 @@ int wf_select(wf_opt op, const block_attn_config *c, const bf16 *q, const bf16 *
               unsigned long long *trace, cudaStream_t stream) {
 #define WF_GO(F, P, X, M) wf_launch<HD, WF_GROUP, F, F, P, TRACE, X, M>(c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream)
     if (op.free_run && (c->B == 16 || c->B == 32 || c->B == 64))   /* block tiles by TMA need B = BP */
-        return ws ? WF_GO(true, true, true, 2) : op.ww_plain ? WF_GO(true, false, true, 2) : WF_GO(true, false, true, 1);
-    if (ws) return op.tma ? WF_GO(true, true, true, 0) : WF_GO(false, true, false, 0);
-    return op.tma ? WF_GO(true, false, true, 0) : WF_GO(false, false, false, 0);
+        return ws ? WF_GO(true, true, true, true) : WF_GO(true, false, true, true);
+    if (ws) return op.tma ? WF_GO(true, true, true, false) : WF_GO(false, true, false, false);
+    return op.tma ? WF_GO(true, false, true, false) : WF_GO(false, false, false, false);
 #undef WF_GO
 }
 
@@ -1073,10 +1049,8 @@ int wf_parse(wf_opt *op) {
     /* the default, H200 2026-11-29: free-running warpgroups (B 16, 32, 64; else the walk with a barrier per tile),
      * 265 TFLOP/s, 313 with the workspace (producer warpgroup) */
     op->fast = op->tma = op->free_run = true;
-    op->ww_plain = false;
     if (!e || !e[0]) return 0;
     if (!strcmp(e, "3")) op->fast = op->tma = op->free_run = false;
-    else if (!strcmp(e, "WW")) op->ww_plain = true;
     else
         return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3 (the previous default) or unset "
                             "(the default)", e);
@@ -1093,7 +1067,7 @@ extern "C" size_t block_attn_forward_workspace_bytes(const block_attn_config *c)
 
 /* DFLASH_BLOCK_ATTN_WG_FWD (read per call): unset or empty = the default (3 blocks per CTA, context masks
  * from the key range where every block's document is contiguous, the epilogue staged through shared memory,
- * the K/V tiles by TMA, and where B is 16, 32 or 64 free-running warpgroups: W, or WW with a workspace);
+ * the K/V tiles by TMA, and where B is 16, 32 or 64 free-running warpgroups fed by a producer warpgroup);
  * "3" = the default of session 2 (doc-id ballots on every context tile, 4-byte
  * stores, cp.async), kept as the one revert switch. Any other value (the retired candidates too, e.g. "T", now
  * the default) fails with kernels_fail naming the accepted values, before any launch.

@@ -173,7 +173,7 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
      * one revert switch ("3"), forward only, same bounds, each also with the workspace; the variable's own value,
      * if any, is restored after */
     {
-        static const char *const fwd[] = {"", "3", "WW"};
+        static const char *const fwd[] = {"", "3"};
         const char *was = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
         char *saved = was ? strdup(was) : NULL;
         ck_assert(setenv("DFLASH_BLOCK_ATTN_KERNEL", "7", 1) == 0);
@@ -251,7 +251,7 @@ START_TEST(block_attn_gpu_rejects) {
      * (20: the persistent plan-path kernel of session 3; W, WW, WP, WH, WL, W5: the candidates of session 4, W and
      * WW now the default) or a probe name fails before any launch */
     ck_assert_int_eq(setenv("DFLASH_BLOCK_ATTN_KERNEL", "7", 1), 0);
-    static const char *const retired[] = {"3n", "3ol", "2", "3x", "10", "20", "T", "W", "WP", "WH", "WL", "W5"};
+    static const char *const retired[] = {"3n", "3ol", "2", "3x", "10", "20", "T", "W", "WW", "WP", "WH", "WL", "W5"};
     for (size_t i = 0; i < sizeof retired / sizeof retired[0]; i++) {
         ck_assert_int_eq(setenv("DFLASH_BLOCK_ATTN_WG_FWD", retired[i], 1), 0);
         ck_assert_int_eq(block_attn_forward(&c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0), -1);
