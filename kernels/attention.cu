@@ -519,13 +519,7 @@ attention_wg_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const b
         else wga_softmax<BC, false, LAZY>(s, m, l, c, scale_log2, j * BC, ra, rb, t);
     };
     auto pack_p = [&]() {
-#pragma unroll
-        for (int kk = 0; kk < PS; kk++) {
-            p[kk][0] = mma_pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
-            p[kk][1] = mma_pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
-            p[kk][2] = mma_pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
-            p[kk][3] = mma_pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
-        }
+        mma_pack_frags<PS>(s, &p[0][0]);
     };
     auto pv_issue = [&](int buf, bool half) {
         const uint64_t dv = wg_desc_mnmajor(uV + buf * KB, BC * 128);

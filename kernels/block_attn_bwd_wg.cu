@@ -187,10 +187,7 @@ __device__ __forceinline__ void wb_kv_visit(uint32_t uK, uint32_t uV, uint32_t u
         }
     }
     }
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) pa[kk][j] = mma_pack_bf16x2(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+    mma_pack_frags<4>(s, &pa[0][0]);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) wg_mma_rs<HD, 1>(dv, pa[kk], wg_desc_mnmajor(udO + kk * 2048, WB_PANEL), 1);
@@ -204,10 +201,7 @@ __device__ __forceinline__ void wb_kv_visit(uint32_t uK, uint32_t uV, uint32_t u
             const int col = 8 * i + 2 * t4 + (e & 1);
             if (MODE != 2) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - sDi[col]);
         }
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) da[kk][j] = mma_pack_bf16x2(dp[8 * kk + 2 * j], dp[8 * kk + 2 * j + 1]);
+    mma_pack_frags<4>(dp, &da[0][0]);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) wg_mma_rs<HD, 1>(dk, da[kk], wg_desc_mnmajor(uQ + kk * 2048, WB_PANEL), 1);
@@ -277,10 +271,7 @@ __device__ __forceinline__ void wb_kv_visit_p(uint32_t uK, uint32_t uV, uint32_t
         }
     }
     }
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) pa[kk][j] = mma_pack_bf16x2(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+    mma_pack_frags<4>(s, &pa[0][0]);
     wg_acc_fence<HD / 2>(dv);
     wg_fence();
 #pragma unroll
@@ -304,10 +295,7 @@ __device__ __forceinline__ void wb_kv_visit_p(uint32_t uK, uint32_t uV, uint32_t
             if (MODE != 2) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - sDi[col]);
         }
     }
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) da[4 * kk + j] = mma_pack_bf16x2(dp[8 * kk + 2 * j], dp[8 * kk + 2 * j + 1]);
+    mma_pack_frags<4>(dp, da);
     wg_acc_fence<HD / 2>(dk);
     wg_fence();
 #pragma unroll
@@ -587,10 +575,7 @@ __device__ __forceinline__ void wb_dq_ds(float *dqa, const float *s, float *dp, 
 #pragma unroll
         for (int e = 0; e < 4; e++)
             if (DS) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - (e >= 2 ? di1 : di0));
-#pragma unroll
-    for (int kk = 0; kk < NKEY / 16; kk++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) da[kk][j] = mma_pack_bf16x2(dp[8 * kk + 2 * j], dp[8 * kk + 2 * j + 1]);
+    mma_pack_frags<NKEY / 16>(dp, &da[0][0]);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < NKEY / 16; kk++) wg_mma_rs<HD, 1>(dqa, da[kk], wg_desc_mnmajor(uK + kk * 2048, WB_PANEL), 1);

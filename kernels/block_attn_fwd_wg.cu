@@ -285,13 +285,7 @@ __device__ __forceinline__ void wf_rescale_pack(float *o, const float *s, float 
         o[4 * i + 2] *= c1;
         o[4 * i + 3] *= c1;
     }
-#pragma unroll
-    for (int kk = 0; kk < NK / 16; kk++) {
-        p[kk][0] = mma_pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
-        p[kk][1] = mma_pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
-        p[kk][2] = mma_pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
-        p[kk][3] = mma_pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+    mma_pack_frags<NK / 16>(s, &p[0][0]);
 }
 
 /* Issues O += P·V over NK keys (v_s: the tile's first key row), A = p from registers (the caller commits). */

@@ -45,6 +45,17 @@ static __device__ __forceinline__ uint32_t mma_pack_bf16x2(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&h);
 }
 
+/* An fp32 accumulator over K16·16 columns (mma.sync or wgmma layout: acc[8kk + ...] is k16 chunk kk) as bf16 A
+ * fragments of the next product: a[4kk + j] = pack(acc[8kk + 2j], acc[8kk + 2j + 1]) (P from S, dS from dP).
+ * Compile-time indices only, so both arrays stay in registers. */
+template <int K16>
+static __device__ __forceinline__ void mma_pack_frags(const float *acc, uint32_t *a) {
+#pragma unroll
+    for (int kk = 0; kk < K16; kk++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) a[4 * kk + j] = mma_pack_bf16x2(acc[8 * kk + 2 * j], acc[8 * kk + 2 * j + 1]);
+}
+
 /* 2^x, flush-to-zero (MUFU.EX2 alone); 2^-inf = +0. */
 static __device__ __forceinline__ float mma_ex2_ftz(float x) {
     float y;
