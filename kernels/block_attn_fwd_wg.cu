@@ -179,26 +179,24 @@ __device__ __forceinline__ void wf_bar_init(uint32_t bar, int count) {
 __device__ __forceinline__ void wf_bar_expect(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
-/* spins until the phase of parity `parity` of the barrier has completed */
+/* Waits until the phase of parity `parity` of the barrier has completed. SLEEP (the free-running walk's waits):
+ * with a suspend-time hint (1 ms), so a waiting thread sleeps until the phase completes instead of spinning and
+ * takes no issue slots from the warpgroups it waits for (no measured difference on the H200, RESULTS.md run 28;
+ * kept as measured); without it, the barrier walk's plain try_wait. */
+template <bool SLEEP = false>
 __device__ __forceinline__ void wf_bar_wait(uint32_t bar, uint32_t parity) {
     uint32_t done;
     do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-/* wf_bar_wait with a suspend-time hint (W, WP): a waiting thread sleeps until the phase completes (or the hint,
- * in ns, runs out) instead of spinning, so waiting warpgroups do not take issue slots from the one they wait
- * for */
-__device__ __forceinline__ void wf_bar_wait_sleep(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity), "r"(1000000u)
-                     : "memory");
+        if (SLEEP)
+            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}\n"
+                         : "=r"(done)
+                         : "r"(bar), "r"(parity), "r"(1000000u)
+                         : "memory");
+        else
+            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                         : "=r"(done)
+                         : "r"(bar), "r"(parity)
+                         : "memory");
     } while (!done);
 }
 /* one box {64 elements, 1, 64 rows} of a rank-3 tensor map (128B swizzle) into the panel at dst; completes
@@ -701,7 +699,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         if (tid == NWG * 128) {
             const int nt = it.n_ctx + (it.nb + per - 1) / per;
             for (int u = 0; u < nt; u++) {
-                if (u >= NST) wf_bar_wait_sleep(wg_smem_u32(&sEmpty[u % NST]), (uint32_t)(u / NST - 1) & 1u);
+                if (u >= NST) wf_bar_wait<true>(wg_smem_u32(&sEmpty[u % NST]), (uint32_t)(u / NST - 1) & 1u);
                 load(it, u, u % NST);
             }
         }
@@ -828,7 +826,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         for (int t = 0; t < n_tiles; t++) {
             const long long tw0 = TRACE ? clock64() : 0;
             if constexpr (FREE) {   /* no CTA barrier, only this tile's full barrier */
-                wf_bar_wait_sleep(wg_smem_u32(&sBar[t % NST]), (uint32_t)(t / NST) & 1u);
+                wf_bar_wait<true>(wg_smem_u32(&sBar[t % NST]), (uint32_t)(t / NST) & 1u);
                 if (TRACE) {
                     const long long tw1 = clock64();
                     tr_wait += tw1 - tw0;
