@@ -78,6 +78,21 @@
 #include <mma.h>
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+/* Per-phase timings: after iteration it (the first 3 are warm-ups, not kept) the n intervals between the
+ * consecutive events ev[0..n] into t[0..n-1]; then the medians into ms_out[0..n-1]. */
+static void ba_phases_add(cudaEvent_t *ev, int n, int it, std::vector<float> *t) {
+    for (int i = 0; i < n; i++) {
+        float ms;
+        CK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+        if (it >= 3) t[i].push_back(ms);
+    }
+}
+static void ba_phases_median(std::vector<float> *t, int n, double *ms_out) {
+    for (int i = 0; i < n; i++) {
+        std::sort(t[i].begin(), t[i].end());
+        ms_out[i] = t[i][t[i].size() / 2];
+    }
+}
 #define CKK(x) do { if ((x) != 0) { fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, kernels_error()); exit(1); } } while (0)
 
 /* ---------------------------------------------------------------- variant 4: variant 3's source, other knobs
@@ -148,16 +163,9 @@ static void split_times(const block_attn_config *c, const bf16 *q, const bf16 *k
         CK(cudaEventRecord(ev[3]));
         CK(cudaEventSynchronize(ev[3]));
         CK(cudaGetLastError());
-        for (int i = 0; i < 3; i++) {
-            float ms;
-            CK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
-            if (it >= 3) t[i].push_back(ms);
-        }
+        ba_phases_add(ev, 3, it, t);
     }
-    for (int i = 0; i < 3; i++) {
-        std::sort(t[i].begin(), t[i].end());
-        ms_out[i] = t[i][t[i].size() / 2];
-    }
+    ba_phases_median(t, 3, ms_out);
     for (auto &e : ev) cudaEventDestroy(e);
 }
 }  // namespace v3k
@@ -242,16 +250,9 @@ static void split7(const bwd7_cfg &cfg, int probe, const block_attn_config *c, c
         CK(cudaMemset(flush, it, 256 << 20));
         CKK(ba_wg_backward_timed(c, q, k, v, a, doc, out, dout, lse, dq, dk, dv, probe, ev, 0));
         CK(cudaEventSynchronize(ev[4]));
-        for (int i = 0; i < 4; i++) {
-            float ms;
-            CK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
-            if (it >= 3) t[i].push_back(ms);
-        }
+        ba_phases_add(ev, 4, it, t);
     }
-    for (int i = 0; i < 4; i++) {
-        std::sort(t[i].begin(), t[i].end());
-        ms_out[i] = t[i][t[i].size() / 2];
-    }
+    ba_phases_median(t, 4, ms_out);
     for (auto &e : ev) cudaEventDestroy(e);
 }
 
