@@ -135,6 +135,19 @@ __device__ __forceinline__ void wb_load_qrows(unsigned char *dst, const __nv_bfl
 
 /* Kernel 1: ba_di_kernel<HD, true> (kernels/block_attn_common.cuh, shared with set 5): Di and lse·log2(e). */
 
+/* dSᵀ = P ⊙ (dPᵀ - Di) in place of dp (64 keys × 16 of this thread's columns; MODE 2, the timing probe, skips
+ * it), Di per column from shared memory: the one copy both dK/dV visits use. */
+template <int MODE>
+__device__ __forceinline__ void wb_ds(float *dp, const float *s, const float *sDi, int t4) {
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int col = 8 * i + 2 * t4 + (e & 1);
+            if (MODE != 2) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - sDi[col]);
+        }
+}
+
 /* One visit of a 64-row query tile (uQ, udO) by a warpgroup's 64 keys (uK, uV): dV += Pᵀ·dO, dK += dSᵀ·Q
  * (dK unscaled). All 128 threads of the warpgroup call it. kok0 / kok1: this thread's keys (tile rows
  * 16w + g and + 8) are visible to the block at all; causal >= 0: block keys, key k invisible to the
@@ -194,13 +207,7 @@ __device__ __forceinline__ void wb_kv_visit(uint32_t uK, uint32_t uV, uint32_t u
     wg_commit();   /* group 3: dV += Pᵀ·dO */
     wg_wait<1>();  /* dPᵀ done; dV may still run while dSᵀ is computed */
     wg_acc_fence<32>(dp);
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int col = 8 * i + 2 * t4 + (e & 1);
-            if (MODE != 2) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - sDi[col]);
-        }
+    wb_ds<MODE>(dp, s, sDi, t4);
     mma_pack_frags<4>(dp, &da[0][0]);
     wg_fence();
 #pragma unroll
@@ -287,13 +294,7 @@ __device__ __forceinline__ void wb_kv_visit_p(uint32_t uK, uint32_t uV, uint32_t
             for (int e = 0; e < 4; e++) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? D.y : D.x));
         }
     } else {
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int col = 8 * i + 2 * t4 + (e & 1);
-            if (MODE != 2) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - sDi[col]);
-        }
+        wb_ds<MODE>(dp, s, sDi, t4);
     }
     mma_pack_frags<4>(dp, da);
     wg_acc_fence<HD / 2>(dk);
