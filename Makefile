@@ -11,7 +11,7 @@
 # Files are discovered by path, so adding a module needs no Makefile edit:
 #   shm/*.c                      -> libdflash_shm.a
 #   kernels/*.c, kernels/*.cu    -> libdflash_kernels.a   (.cu only with CUDA)
-#   stages/core/*.c, stages/model/*.c, stages/model/*.cu -> libdflash_core.a
+#   stages/<zone>/*.c, stages/<zone>/*.cu -> libdflash_core.a  (core, model, and one folder per stage)
 #   stages/dflash-*.c            -> $(BUILD)/bin/dflash-*
 #   tests/test_*.c               -> $(BUILD)/tests/test_*      (run by make test)
 #   tests/gpu/test_*.c|.cu       -> $(BUILD)/gpu-tests/test_*  (run on the GPU machine)
@@ -60,13 +60,13 @@ endif
 
 SHM_C    := $(wildcard shm/*.c)
 KERN_C   := $(wildcard kernels/*.c)
-CORE_C   := $(wildcard stages/core/*.c stages/model/*.c)
+CORE_C   := $(wildcard stages/*/*.c)
 MAINS    := $(wildcard stages/dflash-*.c)
 TESTS_C  := $(wildcard tests/test_*.c)
 BENCH_C  := $(wildcard kernels/bench/*_bench.c)
 ifeq ($(CUDA),1)
 KERN_CU  := $(wildcard kernels/*.cu)
-CORE_CU  := $(wildcard stages/model/*.cu)
+CORE_CU  := $(wildcard stages/*/*.cu)
 GTESTS   := $(wildcard tests/gpu/test_*.c tests/gpu/test_*.cu)
 BENCH_CU := $(wildcard kernels/bench/*_bench.cu)
 endif
