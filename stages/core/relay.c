@@ -332,15 +332,16 @@ static void give_back(struct relay *r, struct ring_slot *in, struct ring_slot *o
 static int end_of_stream(struct relay *r, char *err, int err_len) {
     if (r->out && ring_mark_drained(r->out))
         return err_fail(err, err_len, "ring '%s': %s", r->cfg.out_ring, ring_error());
-    log_info("end of stream: %llu %ss in, %llu out, %llu dropped, busy %.1f s, waiting %.1f s",
-             (unsigned long long)r->st.items_in, r->cfg.item_name, (unsigned long long)r->st.items_out,
+    log_info("end of stream: %llu in, %llu out, %llu dropped, busy %.1f s, waiting %.1f s",
+             (unsigned long long)r->st.items_in, (unsigned long long)r->st.items_out,
              (unsigned long long)r->st.dropped, r->st.busy_s, r->st.wait_s);
     return RELAY_DONE;
 }
 
 static int stopped(struct relay *r) {
-    log_info("stopped by %s before end of stream after %llu %ss out (output not marked drained; the run is not "
-             "finished)", sig_name(stage_stop_signal()), (unsigned long long)r->st.items_out, r->cfg.item_name);
+    log_info("stopped by %s before end of stream (%llu in, %llu out; output not marked drained: the run is not "
+             "finished)", sig_name(stage_stop_signal()), (unsigned long long)r->st.items_in,
+             (unsigned long long)r->st.items_out);
     return RELAY_STOPPED;
 }
 
@@ -410,6 +411,7 @@ int relay_run(struct relay *r, char *err, int err_len) {
         }
         if (it.in && ring_release(r->in, &is))
             return err_fail(err, err_len, "ring '%s': %s", r->cfg.in_ring, ring_error());
+        if (r->cfg.published && r->cfg.published(r->cfg.ctx, &it, err, err_len)) return -1;
         it.busy_s = time_mono_s() - b0;
         r->st.busy_s += it.busy_s;
         if (it.out) r->st.items_out++;

@@ -135,6 +135,10 @@ typedef int (*relay_kv_fn)(void *ctx, struct bus_kv *kv, int max);
 /* Optional: the numbers of one kind=metric record for a published (or, for a sink, consumed)
  * item; returns how many (0: no record). */
 typedef int (*relay_metric_fn)(void *ctx, const struct relay_item *it, struct bus_kv *kv, int max);
+/* Optional: called after an item's output was published and its input released (a source saves
+ * its resume cursor here, never before the publish). Returns 0, or -1 with a sentence (relay_run
+ * then returns -1; the item is already downstream). */
+typedef int (*relay_published_fn)(void *ctx, const struct relay_item *it, char *err, int err_len);
 
 struct relay_config {
     const char *run_dir;          /* required: the run whose rings and bus to use */
@@ -154,6 +158,7 @@ struct relay_config {
     relay_at_end_fn at_end;       /* source only, optional */
     relay_kv_fn heartbeat_kv;     /* optional */
     relay_metric_fn metric;       /* optional */
+    relay_published_fn published; /* optional */
 };
 
 /* Counters, readable at any time through relay_stats (cumulative since relay_open). */
