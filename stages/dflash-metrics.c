@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -188,6 +189,9 @@ int main(int argc, char **argv) {
     check_hint("is the run directory writable, and its path short enough for AF_UNIX?");
     NN_CHECK(nn_bind(sock, addr));
     check_hint(NULL);
+    /* The socket file's permissions are set explicitly, not left to the umask: only the owner (and
+     * with --share-group its group) may send metrics into this run. */
+    SYS_CHECK(chmod(path, common.share_group ? 0660 : 0600));
 
     struct msink_opts o = {
         .run_dir = common.run_dir, .csv_stage = csv_stage, .stall_s = stall_s, .progress_s = progress_s,
