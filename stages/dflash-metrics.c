@@ -1,6 +1,6 @@
 /*
  * stages/dflash-metrics.c — the metrics sink (design.md §5): binds NN_PULL at
- * <run>/bus/metrics.sock and hands every message to stages/core/metrics_sink (metrics.jsonl,
+ * <run>/bus/metrics.sock and hands every message to stages/metrics/metrics_sink (metrics.jsonl,
  * metrics.csv, progress, stalls, plots, summary).
  *
  * Restartable: killed with SIGKILL and started again with the same command, it removes the stale
@@ -22,7 +22,7 @@
 #include "core/flags.h"
 #include "core/fsutil.h"
 #include "core/log.h"
-#include "core/metrics_sink.h"
+#include "metrics/metrics_sink.h"
 #include "core/stage.h"
 
 #include <errno.h>

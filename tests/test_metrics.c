@@ -7,7 +7,7 @@
  */
 #include "core/bus.h"
 #include "core/fsutil.h"
-#include "core/metrics_sink.h"
+#include "metrics/metrics_sink.h"
 #include "testutil.h"
 
 #include <errno.h>
