@@ -178,30 +178,24 @@ static unsigned mode_of(const char *path) {
 }
 
 START_TEST(run_dir_private_by_default) {
-    char run[700], sub[800], err[512];
-    snprintf(run, sizeof run, "%s/a/run", test_tmpdir("perm"));
     umask(0);   /* whatever the umask: the modes are set explicitly */
-    ck_assert_msg(run_dir_init(run, err, sizeof err) == 0, "%s", err);
-    ck_assert_uint_eq(mode_of(run), 0700);
-    snprintf(sub, sizeof sub, "%s/logs", run);
-    ck_assert_uint_eq(mode_of(sub), 0700);
-    snprintf(sub, sizeof sub, "%s/state/x", run);
-    ck_assert_int_eq(fs_write_atomic(sub, "hi", 2, err, sizeof err), 0);
-    ck_assert_uint_eq(mode_of(sub), 0600);
-    snprintf(sub, sizeof sub, "%s/logs/t.log", run);
-    ck_assert_int_eq(log_open_file(sub, err, sizeof err), 0);
-    ck_assert_uint_eq(mode_of(sub), 0600);
-    /* --share-group: group-readable */
-    fs_set_share_group(1);
-    char run2[700];
-    snprintf(run2, sizeof run2, "%s/run2", test_tmpdir("perm2"));
-    ck_assert_msg(run_dir_init(run2, err, sizeof err) == 0, "%s", err);
-    ck_assert_uint_eq(mode_of(run2), 0750);
-    snprintf(sub, sizeof sub, "%s/bus", run2);
-    ck_assert_uint_eq(mode_of(sub), 0750);
-    snprintf(sub, sizeof sub, "%s/state/y", run2);
-    ck_assert_int_eq(fs_write_atomic(sub, "hi", 2, err, sizeof err), 0);
-    ck_assert_uint_eq(mode_of(sub), 0640);
+    /* private by default; --share-group: group-readable */
+    static const unsigned dir_mode[2] = {0700, 0750}, file_mode[2] = {0600, 0640};
+    for (int share = 0; share < 2; share++) {
+        char run[700], sub[800], err[512];
+        fs_set_share_group(share);
+        snprintf(run, sizeof run, "%s/a/run", test_tmpdir("perm"));
+        ck_assert_msg(run_dir_init(run, err, sizeof err) == 0, "%s", err);
+        ck_assert_uint_eq(mode_of(run), dir_mode[share]);
+        snprintf(sub, sizeof sub, "%s/logs", run);
+        ck_assert_uint_eq(mode_of(sub), dir_mode[share]);
+        snprintf(sub, sizeof sub, "%s/state/x", run);
+        ck_assert_int_eq(fs_write_atomic(sub, "hi", 2, err, sizeof err), 0);
+        ck_assert_uint_eq(mode_of(sub), file_mode[share]);
+        snprintf(sub, sizeof sub, "%s/logs/t.log", run);
+        ck_assert_int_eq(log_open_file(sub, err, sizeof err), 0);
+        ck_assert_uint_eq(mode_of(sub), file_mode[share]);
+    }
     fs_set_share_group(0);
 }
 END_TEST
