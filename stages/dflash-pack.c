@@ -328,7 +328,7 @@ int main(int argc, char **argv) {
         res = write_files(&ps, out_dir, file_buf, payload_cap, err, sizeof err);
     } else {
         struct relay_config rc = {
-            .run_dir = common.run_dir, .out_ring = ring_name, .cuda_device = -1, .attach_wait_ms = ring_wait_ms,
+            .run_dir = common.run_dir, .out_ring = ring_name, .attach_wait_ms = ring_wait_ms,
             .wait_ms = 1000, .heartbeat_s = 1.0, .use_bus = 1, .item_name = "batch", .ctx = &ps,
             .compute = pack_compute, .at_end = pack_at_end, .heartbeat_kv = pack_kv, .published = pack_published,
         };

@@ -174,9 +174,8 @@ static int copy_compute(void *ctx, struct relay_item *it, char *err, int err_len
 
 static struct relay *open_relay(struct env *e, struct calls *c, const char *in, const char *out, int dedup, int in_order) {
     char err[512];
-    struct relay_config cfg = {.run_dir = e->run, .in_ring = in, .out_ring = out, .cuda_device = -1,
-                               .attach_wait_ms = 1000, .wait_ms = 20, .dedup = dedup, .in_order = in_order,
-                               .ctx = c, .compute = copy_compute};
+    struct relay_config cfg = {.run_dir = e->run, .in_ring = in, .out_ring = out, .attach_wait_ms = 1000,
+                               .wait_ms = 20, .dedup = dedup, .in_order = in_order, .ctx = c, .compute = copy_compute};
     struct relay *r = relay_open(&cfg, err, sizeof err);
     ck_assert_msg(r != NULL, "%s", err);
     c->in = e->c_in;
@@ -322,7 +321,7 @@ START_TEST(closed_ring_and_bad_config) {
     ck_assert_str_eq(err, "ring 'in' was closed (dflash-shm shut down?) before the end of the stream");
     ck_assert_int_eq(ring_is_drained(e.c_out), 0);
     relay_close(r);
-    struct relay_config bad = {.run_dir = e.run, .cuda_device = -1, .compute = copy_compute};
+    struct relay_config bad = {.run_dir = e.run, .compute = copy_compute};
     ck_assert_ptr_null(relay_open(&bad, err, sizeof err));
     ck_assert_str_eq(err, "relay: neither an input nor an output ring");
     bad.in_ring = "in";
@@ -334,6 +333,29 @@ START_TEST(closed_ring_and_bad_config) {
     ck_assert_ptr_null(relay_open(&bad, err, sizeof err));
     ck_assert_msg(strstr(err, "input ring 'nope'") != NULL, "%s", err);
     relay_close(NULL);
+    env_stop(&e);
+}
+END_TEST
+
+/* A seq beyond the seen window is refused before compute runs, and stays READY upstream. */
+START_TEST(seq_beyond_the_window_refused_before_compute) {
+    struct env e;
+    env_start(&e, "relay-win", 4);
+    feed(&e, 100);
+    struct calls c = {.stop_at = -1, .fail_at = -1, .drop_seq = -1, .end_at = -1};
+    char err[512];
+    struct relay_config cfg = {.run_dir = e.run, .in_ring = "in", .attach_wait_ms = 1000,
+                               .wait_ms = 20, .dedup = 1, .seen_window = 64, .ctx = &c, .compute = copy_compute};
+    struct relay *r = relay_open(&cfg, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    ck_assert_int_eq(relay_run(r, err, sizeof err), -1);
+    ck_assert_str_eq(err, "ring 'in': seq 100 is 64 or more ahead of the next expected seq 0 (the seen set holds a window "
+                          "of 64 seqs)");
+    ck_assert_int_eq(c.n, 0);
+    struct ring_status is;
+    ring_get_status(e.c_in, &is);
+    ck_assert_uint_eq(is.n_ready, 1);
+    relay_close(r);
     env_stop(&e);
 }
 END_TEST
@@ -350,6 +372,7 @@ int main(void) {
     tcase_add_test(tc, stop_by_sigterm_is_not_end_of_stream);
     tcase_add_test(tc, compute_error_gives_slots_back);
     tcase_add_test(tc, closed_ring_and_bad_config);
+    tcase_add_test(tc, seq_beyond_the_window_refused_before_compute);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

@@ -163,16 +163,6 @@ struct relay *relay_open(const struct relay_config *cfg, char *err, int err_len)
     if (!r->cfg.item_name) r->cfg.item_name = "item";
     if (r->cfg.in_order) r->cfg.dedup = 1;
     if (relay_seen_init(&r->seen, cfg->seen_window, err, err_len)) { free(r); return NULL; }
-#ifdef DFLASH_CUDA
-    if (cfg->cuda_device >= 0) {
-        cudaError_t e = cudaSetDevice(cfg->cuda_device);
-        if (e != cudaSuccess) {
-            err_fail(err, err_len, "cudaSetDevice(%d): %s", cfg->cuda_device, cudaGetErrorString(e));
-            relay_close(r);
-            return NULL;
-        }
-    }
-#endif
     ring_set_log(ring_log_line, NULL);
     char e2[512];
     if (cfg->in_ring) {
@@ -249,7 +239,8 @@ static void set_waiting(struct relay *r, const char *what) {
 static void note_wait(struct relay *r, const char *what) {
     double now = time_mono_s();
     if (now - r->last_wait_log < 30) return;
-    log_info("waiting: %s (next seq %llu)", what, (unsigned long long)r->seen.next);
+    log_info("waiting: %s (%llu in, %llu out so far)", what, (unsigned long long)r->st.items_in,
+             (unsigned long long)r->st.items_out);
     r->last_wait_log = now;
 }
 
@@ -298,6 +289,13 @@ static int claim_input(struct relay *r, struct ring_slot *s, int *ordered, char 
                      (unsigned long long)r->seen.n_dups);
             if (ring_release(r->in, s)) return err_fail(err, err_len, "ring '%s': %s", r->cfg.in_ring, ring_error());
             continue;
+        }
+        if (r->cfg.dedup && s->seq - r->seen.next >= r->seen.window) {   /* refuse before compute, not after */
+            err_fail(err, err_len, "ring '%s': seq %llu is %u or more ahead of the next expected seq %llu (the seen set "
+                     "holds a window of %u seqs)", r->cfg.in_ring, (unsigned long long)s->seq, r->seen.window,
+                     (unsigned long long)r->seen.next, r->seen.window);
+            if (ring_unread(r->in, s)) log_warn("ring '%s': %s", r->cfg.in_ring, ring_error());
+            return -1;
         }
         return 0;
     }

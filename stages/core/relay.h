@@ -144,7 +144,6 @@ struct relay_config {
     const char *run_dir;          /* required: the run whose rings and bus to use */
     const char *in_ring;          /* input ring name (consumer), NULL for a source */
     const char *out_ring;         /* output ring name (producer), NULL for a sink */
-    int cuda_device;              /* >= 0: cudaSetDevice before attaching (GPU rings' handles open there); -1 none */
     int attach_wait_ms;           /* how long ring_attach waits for the segments (0: once) */
     int wait_ms;                  /* one ring wait, 0 -> RELAY_DEFAULT_WAIT_MS; the stop flag is polled between */
     double heartbeat_s;           /* seconds between heartbeats, 0 -> 1 */
@@ -170,7 +169,8 @@ struct relay_stats {
 struct relay;
 
 /* Attach the rings (in as RING_CONSUMER, out as RING_PRODUCER, each waiting up to
- * attach_wait_ms), route ring log lines to the stage log, set up the seen set, and open the bus
+ * attach_wait_ms; GPU rings open their IPC handles on the calling thread's current CUDA device,
+ * so a GPU stage calls cudaSetDevice first), route ring log lines to the stage log, set up the seen set, and open the bus
  * when use_bus. Blocks only in ring_attach. Returns the relay (caller owns; relay_close), or NULL
  * with a sentence (a missing ring names the segment; bad config says which field). */
 struct relay *relay_open(const struct relay_config *cfg, char *err, int err_len);
