@@ -360,6 +360,34 @@ START_TEST(seq_beyond_the_window_refused_before_compute) {
 }
 END_TEST
 
+/* A sink that wants no more (dflash-record --expect N) ends the stream through at_end. */
+static int enough(void *ctx, char *err, int err_len) {
+    (void)err; (void)err_len;
+    return ((struct calls *)ctx)->n >= 2;
+}
+
+START_TEST(sink_at_end_stops_early) {
+    struct env e;
+    env_start(&e, "relay-expect", 8);
+    for (uint64_t q = 0; q < 5; q++) feed(&e, q);
+    struct calls c = {.stop_at = -1, .fail_at = -1, .drop_seq = -1, .end_at = -1};
+    char err[512];
+    struct relay_config cfg = {.run_dir = e.run, .in_ring = "in", .attach_wait_ms = 1000, .wait_ms = 20,
+                               .ctx = &c, .compute = copy_compute, .at_end = enough};
+    c.in = e.c_in;
+    struct relay *r = relay_open(&cfg, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    ck_assert_int_eq(relay_run(r, err, sizeof err), RELAY_DONE);
+    ck_assert_int_eq(c.n, 2);
+    struct ring_status is;
+    ring_get_status(e.c_in, &is);
+    ck_assert_uint_eq(is.n_ready, 3);   /* the rest is left for whoever comes next */
+    ck_assert_uint_eq(is.n_reading, 0);
+    relay_close(r);
+    env_stop(&e);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("relay");
     TCase *tc = tcase_create("relay");
@@ -373,6 +401,7 @@ int main(void) {
     tcase_add_test(tc, compute_error_gives_slots_back);
     tcase_add_test(tc, closed_ring_and_bad_config);
     tcase_add_test(tc, seq_beyond_the_window_refused_before_compute);
+    tcase_add_test(tc, sink_at_end_stops_early);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

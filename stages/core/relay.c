@@ -154,7 +154,6 @@ struct relay *relay_open(const struct relay_config *cfg, char *err, int err_len)
     if (!cfg->run_dir) { err_fail(err, err_len, "relay: run_dir is required"); return NULL; }
     if (!cfg->compute) { err_fail(err, err_len, "relay: the compute callback is required"); return NULL; }
     if (!cfg->in_ring && !cfg->out_ring) { err_fail(err, err_len, "relay: neither an input nor an output ring"); return NULL; }
-    if (cfg->in_ring && cfg->at_end) { err_fail(err, err_len, "relay: at_end is for sources (no input ring)"); return NULL; }
     struct relay *r = calloc(1, sizeof *r);
     if (!r) { err_fail(err, err_len, "relay: out of memory"); return NULL; }
     r->cfg = *cfg;
@@ -350,6 +349,12 @@ int relay_run(struct relay *r, char *err, int err_len) {
         struct relay_item it;
         memset(&it, 0, sizeof it);
         int rc;
+        if (stage_stopping()) return stopped(r);
+        if (r->cfg.at_end) {
+            rc = r->cfg.at_end(r->cfg.ctx, err, err_len);
+            if (rc < 0) return -1;
+            if (rc) return end_of_stream(r, err, err_len);
+        }
         if (r->in) {
             rc = claim_input(r, &is, &ordered, err, err_len);
             if (rc == RELAY_STOPPED) return stopped(r);
@@ -363,13 +368,7 @@ int relay_run(struct relay *r, char *err, int err_len) {
             it.in = &is;
             it.seq = is.seq;
         } else {
-            if (stage_stopping()) return stopped(r);
             tick(r);
-            if (r->cfg.at_end) {
-                rc = r->cfg.at_end(r->cfg.ctx, err, err_len);
-                if (rc < 0) return -1;
-                if (rc) return end_of_stream(r, err, err_len);
-            }
         }
         if (r->out) {
             rc = claim_output(r, &os, err, err_len);
