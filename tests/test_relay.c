@@ -140,6 +140,9 @@ static int drain_out(struct env *e, uint64_t *got, int max) {
     return n;
 }
 
+/* -1: never (stop_at/fail_at: call number; drop_seq: seq; end_at: source item index). */
+#define CALLS_NONE {.stop_at = -1, .fail_at = -1, .drop_seq = -1, .end_at = -1}
+
 struct calls {
     int n, stop_at, fail_at, drop_seq, end_at;
     uint64_t seqs[64];
@@ -172,14 +175,30 @@ static int copy_compute(void *ctx, struct relay_item *it, char *err, int err_len
     return RELAY_DONE;
 }
 
-static struct relay *open_relay(struct env *e, struct calls *c, const char *in, const char *out, int dedup, int in_order) {
+/* Open a relay over the env's rings with the test's callbacks; cfg supplies the rest (rings,
+ * modes, windows, at_end). */
+static struct relay *open_cfg(struct env *e, struct calls *c, struct relay_config cfg) {
     char err[512];
-    struct relay_config cfg = {.run_dir = e->run, .in_ring = in, .out_ring = out, .attach_wait_ms = 1000,
-                               .wait_ms = 20, .dedup = dedup, .in_order = in_order, .ctx = c, .compute = copy_compute};
+    cfg.run_dir = e->run;
+    cfg.attach_wait_ms = 1000;
+    cfg.wait_ms = 20;
+    cfg.ctx = c;
+    cfg.compute = copy_compute;
     struct relay *r = relay_open(&cfg, err, sizeof err);
     ck_assert_msg(r != NULL, "%s", err);
     c->in = e->c_in;
     return r;
+}
+
+static struct relay *open_relay(struct env *e, struct calls *c, const char *in, const char *out, int dedup, int in_order) {
+    return open_cfg(e, c, (struct relay_config){.in_ring = in, .out_ring = out, .dedup = dedup, .in_order = in_order});
+}
+
+/* relay_run must fail with exactly this sentence. */
+static void run_fails_with(struct relay *r, const char *want) {
+    char err[512] = "";
+    ck_assert_int_eq(relay_run(r, err, sizeof err), -1);
+    ck_assert_str_eq(err, want);
 }
 
 START_TEST(transform_end_of_stream) {
@@ -187,7 +206,8 @@ START_TEST(transform_end_of_stream) {
     env_start(&e, "relay-tr", 8);
     for (uint64_t q = 0; q < 5; q++) feed(&e, q);
     ck_assert_int_eq(ring_mark_drained(e.feed), 0);
-    struct calls c = {.stop_at = -1, .fail_at = -1, .drop_seq = 3, .end_at = -1};
+    struct calls c = CALLS_NONE;
+    c.drop_seq = 3;
     struct relay *r = open_relay(&e, &c, "in", "out", 0, 0);
     char err[512];
     int rc = relay_run(r, err, sizeof err);
@@ -217,7 +237,7 @@ START_TEST(sink_in_order_drops_duplicates_and_resumes) {
     uint64_t order[] = {3, 1, 2, 1, 4, 0, 5};   /* seq 0, 1 below the resume point; 1 twice */
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) feed(&e, order[i]);
     ck_assert_int_eq(ring_mark_drained(e.feed), 0);
-    struct calls c = {.stop_at = -1, .fail_at = -1, .drop_seq = -1, .end_at = -1};
+    struct calls c = CALLS_NONE;
     struct relay *r = open_relay(&e, &c, "in", NULL, 0, 1);
     relay_set_next_seq(r, 2);
     char err[512];
@@ -236,7 +256,8 @@ END_TEST
 START_TEST(source_marks_drained_at_end) {
     struct env e;
     env_start(&e, "relay-src", 8);
-    struct calls c = {.stop_at = -1, .fail_at = -1, .drop_seq = -1, .end_at = 3};
+    struct calls c = CALLS_NONE;
+    c.end_at = 3;
     struct relay *r = open_relay(&e, &c, NULL, "out", 0, 0);
     char err[512];
     int rc = relay_run(r, err, sizeof err);
@@ -262,7 +283,8 @@ START_TEST(stop_by_sigterm_is_not_end_of_stream) {
     struct env e;
     env_start(&e, "relay-stop", 8);
     for (uint64_t q = 0; q < 6; q++) feed(&e, q);   /* not drained: the stream goes on */
-    struct calls c = {.stop_at = 2, .fail_at = -1, .drop_seq = -1, .end_at = -1};
+    struct calls c = CALLS_NONE;
+    c.stop_at = 2;
     struct relay *r = open_relay(&e, &c, "in", "out", 0, 0);
     char err[512];
     int rc = relay_run(r, err, sizeof err);
@@ -288,11 +310,10 @@ START_TEST(compute_error_gives_slots_back) {
     struct env e;
     env_start(&e, "relay-err", 8);
     for (uint64_t q = 0; q < 3; q++) feed(&e, q);
-    struct calls c = {.stop_at = -1, .fail_at = 1, .drop_seq = -1, .end_at = -1};
+    struct calls c = CALLS_NONE;
+    c.fail_at = 1;
     struct relay *r = open_relay(&e, &c, "in", "out", 0, 0);
-    char err[512];
-    ck_assert_int_eq(relay_run(r, err, sizeof err), -1);
-    ck_assert_str_eq(err, "compute failed on purpose at call 1");
+    run_fails_with(r, "compute failed on purpose at call 1");
     ck_assert_int_eq(relay_exit_code(-1), 1);
     struct ring_status is, os;
     ring_get_status(e.c_in, &is);
@@ -313,14 +334,13 @@ START_TEST(closed_ring_and_bad_config) {
     struct env e;
     env_start(&e, "relay-closed", 4);
     feed(&e, 0);
-    struct calls c = {.stop_at = -1, .fail_at = -1, .drop_seq = -1, .end_at = -1};
+    struct calls c = CALLS_NONE;
     struct relay *r = open_relay(&e, &c, "in", "out", 0, 0);
     ring_set_closed(e.c_in);
-    char err[512];
-    ck_assert_int_eq(relay_run(r, err, sizeof err), -1);
-    ck_assert_str_eq(err, "ring 'in' was closed (dflash-shm shut down?) before the end of the stream");
+    run_fails_with(r, "ring 'in' was closed (dflash-shm shut down?) before the end of the stream");
     ck_assert_int_eq(ring_is_drained(e.c_out), 0);
     relay_close(r);
+    char err[512];
     struct relay_config bad = {.run_dir = e.run, .compute = copy_compute};
     ck_assert_ptr_null(relay_open(&bad, err, sizeof err));
     ck_assert_str_eq(err, "relay: neither an input nor an output ring");
@@ -342,15 +362,10 @@ START_TEST(seq_beyond_the_window_refused_before_compute) {
     struct env e;
     env_start(&e, "relay-win", 4);
     feed(&e, 100);
-    struct calls c = {.stop_at = -1, .fail_at = -1, .drop_seq = -1, .end_at = -1};
-    char err[512];
-    struct relay_config cfg = {.run_dir = e.run, .in_ring = "in", .attach_wait_ms = 1000,
-                               .wait_ms = 20, .dedup = 1, .seen_window = 64, .ctx = &c, .compute = copy_compute};
-    struct relay *r = relay_open(&cfg, err, sizeof err);
-    ck_assert_msg(r != NULL, "%s", err);
-    ck_assert_int_eq(relay_run(r, err, sizeof err), -1);
-    ck_assert_str_eq(err, "ring 'in': seq 100 is 64 or more ahead of the next expected seq 0 (the seen set holds a window "
-                          "of 64 seqs)");
+    struct calls c = CALLS_NONE;
+    struct relay *r = open_cfg(&e, &c, (struct relay_config){.in_ring = "in", .dedup = 1, .seen_window = 64});
+    run_fails_with(r, "ring 'in': seq 100 is 64 or more ahead of the next expected seq 0 (the seen set holds a window "
+                      "of 64 seqs)");
     ck_assert_int_eq(c.n, 0);
     struct ring_status is;
     ring_get_status(e.c_in, &is);
@@ -370,13 +385,9 @@ START_TEST(sink_at_end_stops_early) {
     struct env e;
     env_start(&e, "relay-expect", 8);
     for (uint64_t q = 0; q < 5; q++) feed(&e, q);
-    struct calls c = {.stop_at = -1, .fail_at = -1, .drop_seq = -1, .end_at = -1};
+    struct calls c = CALLS_NONE;
     char err[512];
-    struct relay_config cfg = {.run_dir = e.run, .in_ring = "in", .attach_wait_ms = 1000, .wait_ms = 20,
-                               .ctx = &c, .compute = copy_compute, .at_end = enough};
-    c.in = e.c_in;
-    struct relay *r = relay_open(&cfg, err, sizeof err);
-    ck_assert_msg(r != NULL, "%s", err);
+    struct relay *r = open_cfg(&e, &c, (struct relay_config){.in_ring = "in", .at_end = enough});
     ck_assert_int_eq(relay_run(r, err, sizeof err), RELAY_DONE);
     ck_assert_int_eq(c.n, 2);
     struct ring_status is;
