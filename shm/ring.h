@@ -236,11 +236,26 @@ void ring_close(struct ring *r);
  * (ENOENT included). */
 int ring_unlink(const char *run_dir, const char *name, char *err, int err_len);
 
-/* Leftover segments: call fn for every /dev/shm/dflash.* segment, with its name (without '/'),
- * the creator pid read from its header (0 if unreadable) and whether that creator is alive.
- * Returns the count visited, or -1 with a sentence. */
-int ring_scan_segments(void (*fn)(void *ctx, const char *segment, int owner_pid, int owner_alive),
-                       void *ctx, char *err, int err_len);
+/* Leftover segments. One /dev/shm/dflash.* segment as seen by ring_scan_segments. */
+struct ring_segment_info {
+    char segment[256];         /* name without the leading '/' */
+    unsigned uid, mode;        /* owner and permission bits of the segment file */
+    int ours;                  /* owned by this user with mode 0600 (the only ones ever adopted or removed) */
+    uint64_t bytes;
+    int has_header;            /* a dflash ring header (magic) could be read */
+    int owner_pid, owner_alive;/* creator (dflash-shm) from the header; 0 if none */
+    int n_live_attached;       /* attach-table entries of live producers/consumers */
+};
+/* Call fn for every /dev/shm segment whose name starts with prefix (NULL: "dflash."; pass
+ * "dflash.<run-id>." for one run). A segment is stale only when it is ours, its creator is dead
+ * and no live process is attached (dflash-shm --remove-stale removes only those). Returns the
+ * count visited, or -1 with a sentence. */
+int ring_scan_segments(const char *prefix, void (*fn)(void *ctx, const struct ring_segment_info *info), void *ctx,
+                       char *err, int err_len);
+/* The stale rule above, for one scanned segment. */
+static inline int ring_segment_is_stale(const struct ring_segment_info *i) {
+    return i->ours && !i->owner_alive && i->n_live_attached == 0;
+}
 
 /* Process liveness with pid-reuse protection: 1 if pid runs and (start_ticks == 0 or its start
  * time, /proc/<pid>/stat field 22, equals start_ticks), else 0. Zombies count as dead. */
