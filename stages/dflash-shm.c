@@ -295,7 +295,7 @@ int main(int argc, char **argv) {
         {"host-only", FLAG_BOOL, &host_only, "create every ring with host payloads (for --device cpu runs)", 1, 0},
         {"status", FLAG_BOOL, &status, "print the run's rings, occupancy and attached stages, then exit", 1, 0},
         {"json", FLAG_BOOL, &as_json, "with --status: print the JSON reply instead of a table", 1, 0},
-        {"field", FLAG_STRING, &field, "with --status: print one value: pid, source, rings, RING.KEY (e.g. hidden.drained)", 1, 0},
+        {"field", FLAG_STRING, &field, "with --status: print values of one snapshot: pid, source, rings or RING.KEY, comma-separated (e.g. hidden.ready,hidden.drained)", 1, 0},
         {"shutdown", FLAG_BOOL, &shutdown_req, "ask the run's dflash-shm to close and unlink its rings, then exit", 1, 0},
         {"list-stale", FLAG_BOOL, &list_stale, "list /dev/shm/dflash.* segments whose creator is dead, then exit", 1, 0},
         {"remove-stale", FLAG_BOOL, &remove_stale, "remove those segments (ours, creator dead, nothing attached), then exit; with --run only that run's", 1, 0},
@@ -340,13 +340,19 @@ int main(int argc, char **argv) {
             fprintf(stderr, "dflash-shm: %s; reading the segments directly\n", why);
             if (status_from_segments(common.run_dir, &reply.status) != 0) return 1;
         }
-        if (field) {
-            char val[256];
-            if (shm_ctl_field(&reply.status, field, val, sizeof val, err, sizeof err) != 0) {
-                fprintf(stderr, "dflash-shm: %s\n", err);
-                return 2;
+        if (field) {   /* comma-separated paths: the values of one snapshot, space-separated */
+            char list[512], line[4096] = "", val[256];
+            snprintf(list, sizeof list, "%s", field);
+            char *save = NULL;
+            for (char *f = strtok_r(list, ",", &save); f; f = strtok_r(NULL, ",", &save)) {
+                if (shm_ctl_field(&reply.status, f, val, sizeof val, err, sizeof err) != 0) {
+                    fprintf(stderr, "dflash-shm: %s\n", err);
+                    return 2;
+                }
+                size_t at = strlen(line);
+                snprintf(line + at, sizeof line - at, "%s%s", at ? " " : "", val);
             }
-            printf("%s\n", val);
+            printf("%s\n", line);
         } else if (as_json) {
             char *t = shm_ctl_status_json(&reply.status, 2);
             ALLOC_CHECK(t);
