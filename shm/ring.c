@@ -117,6 +117,7 @@ struct ring {
     int dev_opened;                 /* 1: dev_ptrs come from cudaIpcOpenMemHandle */
     double last_recover_s, last_owner_check_s;
     int owner_gone_logged;
+    int left_logged_pid;            /* last producer reported as gone without draining */
     int replaced;                   /* our segment name now points at another segment */
 };
 
@@ -811,6 +812,10 @@ void ring_close(struct ring *r) {
     ring_free_handle(r);
 }
 
+void ring_disown(struct ring *r) {
+    if (r && r->creator) r->creator = 0;
+}
+
 int ring_unlink(const char *run_dir, const char *name, char *err, int err_len) {
     char seg[128];
     if (ring_segment_name(run_dir, name, seg, sizeof seg, err, err_len) != 0) return -1;
@@ -897,6 +902,15 @@ static void wait_housekeeping(struct ring *r) {
         char path[160];
         snprintf(path, sizeof path, "/dev/shm%s", r->segment);
         if (!r->creator && fstat(r->fd, &mine) == 0 && stat(path, &now) == 0 && now.st_ino != mine.st_ino) r->replaced = 1;
+        /* A producer that exited without draining (killed, or stopped before the end of its
+         * stream) keeps the end of stream waiting for its restart: say so once per pid. */
+        for (int i = 0; r->role == RING_CONSUMER && i < RING_MAX_ATTACH; i++) {
+            uint64_t w = atomic_load(&r->h->attach[i]);
+            if (at_state(w) != AT_ACTIVE || at_role(w) != RING_PRODUCER || ctl_pid(w) == r->left_logged_pid || owner_alive(w)) continue;
+            r->left_logged_pid = ctl_pid(w);
+            rlog("ring '%s': producer pid %d exited before the end of its stream (not drained); waiting for its restart",
+                 r->spec.name, ctl_pid(w));
+        }
         if (!r->owner_gone_logged && !ring_pid_alive(r->h->owner_pid, r->h->owner_start)) {
             r->owner_gone_logged = 1;
             rlog("ring '%s': its creator dflash-shm (pid %d) is gone; %s", r->spec.name, r->h->owner_pid,

@@ -232,6 +232,11 @@ void ring_get_status(const struct ring *r, struct ring_status *st);
  * ring_create also: set closed, free the GPU buffers and unlink the segment. Safe with NULL. */
 void ring_close(struct ring *r);
 
+/* Creator only: give up ownership without closing or unlinking; ring_close then only unmaps.
+ * For a dflash-shm stopped before the end of the stream: the stages carry on and a restarted
+ * dflash-shm adopts the segment (host rings). No-op on other handles. */
+void ring_disown(struct ring *r);
+
 /* Remove a run's segment by name without attaching (cleanup, tests). 0, or -1 with a sentence
  * (ENOENT included). */
 int ring_unlink(const char *run_dir, const char *name, char *err, int err_len);

@@ -438,6 +438,36 @@ int main(int argc, char **argv) {
             for (int k = 0; k < n_specs; k++) ring_recover(rings[k]);
         }
     }
+    /* A signal before the end of the stream (some ring not drained, or items still in a slot) must
+     * not close the rings: the stages would take "closed" for the end of their stream. A ring is
+     * in use while an item is in a slot, a producer has not drained (alive, or dead and awaiting
+     * its restart) or a live consumer is attached. Leave the
+     * segments in place for a restart with the same command to adopt, and exit 3
+     * (STAGE_EXIT_STOPPED of stages/core/stage.h) so the supervisor restarts us. A shutdown
+     * request, or a signal once every ring is drained and empty, closes and unlinks as before. */
+    int busy = 0;
+    if (!stop) {
+        struct ring_status *st = malloc(sizeof *st);
+        ALLOC_CHECK(st);
+        for (int k = 0; k < n_specs; k++) {
+            ring_get_status(rings[k], st);
+            int in_use = st->n_ready || st->n_writing || st->n_reading;
+            for (int j = 0; j < st->n_attached; j++) {
+                const struct ring_attached *e = &st->attached[j];
+                if ((e->role == RING_PRODUCER && !e->drained) || (e->role == RING_CONSUMER && e->alive)) in_use = 1;
+            }
+            busy += in_use;
+        }
+        free(st);
+    }
+    if (busy) {
+        log_warn("signal %d before the end of the stream (%d ring(s) still in use): leaving the segments for a restart "
+                 "to adopt; exiting with status 3", stage_stop_signal(), busy);
+        for (int k = 0; k < n_specs; k++) ring_disown(rings[k]);
+        for (int k = 0; k < n_specs; k++) ring_close(rings[k]);   /* unmaps only */
+        nn_close(sock);
+        return 3;   /* STAGE_EXIT_STOPPED (stages/core/stage.h, added by the stage-loop work; literal until then) */
+    }
     if (stage_stopping()) log_info("signal %d: closing rings", stage_stop_signal());
     for (int k = 0; k < n_specs; k++) ring_set_closed(rings[k]);
     for (int k = 0; k < n_specs; k++) ring_close(rings[k]);   /* unlinks the segment, frees GPU buffers */
