@@ -465,6 +465,7 @@ int main(int argc, char **argv) {
                  "to adopt; exiting with status 3", stage_stop_signal(), busy);
         for (int k = 0; k < n_specs; k++) ring_disown(rings[k]);
         for (int k = 0; k < n_specs; k++) ring_close(rings[k]);   /* unmaps only */
+        write_shm_json(common.run_dir, specs, n_specs, "stopped");
         nn_close(sock);
         return 3;   /* STAGE_EXIT_STOPPED (stages/core/stage.h, added by the stage-loop work; literal until then) */
     }
