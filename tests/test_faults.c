@@ -17,9 +17,12 @@
  *   leaves it alone ("foreign").
  * - control_socket_owner_only (item 9): under umask 000 the control socket is 0600, another uid
  *   cannot connect, and a client refuses a socket with group/other bits.
+ * - nan_weight_refused (item 10): a NaN or infinite checkpoint weight fails the conversion with a
+ *   sentence naming file, tensor and element (f32 and bf16 paths).
  * - shm_sigterm_mid_stream (item 2): dflash-shm SIGTERMed with items in a ring exits 3, leaves
  *   the segment, and its restart adopts it with the item intact.
  */
+#include "model/weights.h"
 #include "test_ring_util.h"
 
 #include <grp.h>
@@ -399,6 +402,30 @@ START_TEST(shm_sigterm_mid_stream) {
 }
 END_TEST
 
+START_TEST(nan_weight_refused) {
+    float v[6] = {1, 2, 3, NAN, 5, 6};
+    struct st_tensor t = {.name = "model.norm.weight", .path = "ckpt.safetensors", .dtype = ST_F32, .ndim = 1,
+                          .shape = {6}, .numel = 6, .nbytes = sizeof v, .data = v};
+    float out[6];
+    bf16 outb[6];
+    char err[512];
+    ck_assert_int_eq(weights_convert_f32(&t, 0, 6, out, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "ckpt.safetensors") && strstr(err, "model.norm.weight") && strstr(err, "element 3 is NaN"), "%s", err);
+    ck_assert_int_eq(weights_convert_bf16(&t, 0, 6, outb, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "element 3 is NaN"), "%s", err);
+    ck_assert_int_eq(weights_convert_f32(&t, 0, 3, out, err, sizeof err), 0);   /* the finite part converts */
+    v[3] = INFINITY;
+    ck_assert_int_eq(weights_convert_f32(&t, 2, 4, out, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "element 3 is infinite"), "%s", err);
+    uint16_t h[2] = {0x3f80, 0x7fc0};   /* bf16 1.0 and NaN */
+    struct st_tensor tb = {.name = "w", .path = "b.safetensors", .dtype = ST_BF16, .ndim = 1, .shape = {2}, .numel = 2, .nbytes = 4, .data = h};
+    ck_assert_int_eq(weights_convert_bf16(&tb, 0, 2, outb, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "element 1 is NaN"), "%s", err);
+    ck_assert_int_eq(weights_convert_f32(&tb, 0, 1, out, err, sizeof err), 0);
+    ck_assert(out[0] == 1.0f);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("faults");
     TCase *tc = tcase_create("rings");
@@ -410,6 +437,7 @@ int main(void) {
     tcase_add_test(tc, planted_by_other_user);
     tcase_add_test(tc, control_socket_owner_only);
     tcase_add_test(tc, shm_sigterm_mid_stream);
+    tcase_add_test(tc, nan_weight_refused);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

@@ -549,15 +549,15 @@ int dataset_check_vocab(const struct dataset *ds, int64_t vocab_size, char *err,
 
 int dataset_open(struct dataset *ds, const char *path, const struct dataset_load_opts *o, struct dataset_load_stats *st,
                  int verify, char *err, int err_len) {
-    char magic[8] = {0};
+    char magic[16] = {0};
     FILE *f = fopen(path, "rb");
     if (!f) return err_fail(err, err_len, "%s: cannot open: %s", path, strerror(errno));
-    size_t got = fread(magic, 1, 8, f);
+    size_t got = fread(magic, 1, sizeof magic, f);
     fclose(f);
-    /* An index with a damaged magic ("DFLIDX" prefix, or binary bytes where JSONL has text) goes
+    /* An index with a damaged magic ("DFLIDX" prefix, or a NUL byte in the first 16, where JSONL has text) goes
      * to the index reader, which says "bad magic", not to the JSON parser. */
     int binary = memchr(magic, 0, got) != NULL;
-    if ((got >= 6 && !memcmp(magic, DATASET_INDEX_MAGIC, 6)) || binary || (got == 8 && !memcmp(magic, DATASET_INDEX_MAGIC, 8))) {
+    if ((got >= 6 && !memcmp(magic, DATASET_INDEX_MAGIC, 6)) || binary) {
         if (dataset_open_index(ds, path, verify, err, err_len)) return -1;
         if (st) { memset(st, 0, sizeof *st); st->rows = ds->n_rows; }
         if (o && o->vocab_size > 0 && dataset_check_vocab(ds, o->vocab_size, err, err_len)) {

@@ -22,7 +22,7 @@
  * placement, that offsets are increasing, and every token (0 <= id <= the header's max_token_id)
  * and mask value (0/1) and the `first` table (O(n_tokens), about 1 GB/s): later stages index
  * embeddings with these ids, so these checks never depend on verify; verify adds the data hash.
- * dataset_open sends a file with a damaged magic (a "DFLIDX" prefix, or a NUL byte in its first 8
+ * dataset_open sends a file with a damaged magic (a "DFLIDX" prefix, or a NUL byte in its first 16
  * bytes) to the index reader, which reports "bad magic" rather than malformed JSON. A NUL byte in a
  * JSONL line is malformed JSON ("FILE:LINE:COL: ...").
  * While an index is mapped, a SIGBUS on its pages (the file was truncated under a running stage)
