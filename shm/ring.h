@@ -48,6 +48,14 @@
  *   cudaMemcpyPeerAsync. In a build without CUDA, attaching to a GPU ring fails with a sentence;
  *   dflash-shm can create any ring as host (dev=host) for --device cpu runs.
  *
+ * - Trust. /dev/shm is world-writable and segment names are predictable, so a segment is used
+ *   only if it is owned by this user with mode 0600 (created O_EXCL + fchmod 0600; adopt, attach
+ *   and --remove-stale refuse anything else with a sentence naming owner and mode). The geometry
+ *   (n_slots, sizes, offsets, strides) is read once at attach from one snapshot of the header,
+ *   validated, and never re-read; a slot's desc_len/payload_len are checked against it on every
+ *   delivery (-1 with "corrupt" instead of an out-of-bounds access). Any seq value is valid,
+ *   UINT64_MAX included.
+ *
  * Thread safety: a struct ring may be used by several threads of one process for acquire,
  * publish and release (the shared state is atomic); ring_close must be the last call. A handle
  * belongs to the process that attached: a forked child attaches on its own. Nothing
@@ -154,7 +162,8 @@ int ring_run_id(const char *run_dir, char *out, size_t out_len, char *err, int e
 int ring_segment_name(const char *run_dir, const char *ring, char *out, size_t out_len,
                       char *err, int err_len);
 
-/* dflash-shm only: create the segment of `spec` for the run. If a segment of that name exists:
+/* dflash-shm only: create the segment of `spec` for the run (O_EXCL, mode 0600). If a segment of
+ * that name exists: fails with a sentence when it is not ours (owner uid, mode 0600, see DESIGN);
  * fails when its creator is alive; when the creator is dead, adopts it if it is a host ring with
  * exactly this spec (items and attached stages carry on), else replaces it (stages still
  * attached to the old one get -1 from their next waiting acquire, saying they must restart).
@@ -165,8 +174,9 @@ struct ring *ring_create(const char *run_dir, const struct ring_spec *spec, char
 
 /* Attach to ring `name` of the run as a producer, consumer or observer. Waits up to wait_ms
  * (0: once) for the segment to appear and be initialised, logging through the hook every ~3 s.
- * Validates magic, version, header size and segment size (sentences say expected vs found),
- * runs recovery,
+ * Refuses a segment that is not ours (DESIGN, Trust). Validates magic, version, header size and
+ * segment size on one snapshot of the header (sentences say expected vs found), keeps that
+ * geometry for the life of the handle, runs recovery,
  * registers this process in the attach table (a producer takes over the entry of a dead producer
  * that never drained; an observer is not registered), and for GPU rings opens every slot's IPC
  * handle once on the calling thread's current CUDA device. Returns the handle, or NULL with a
@@ -205,7 +215,8 @@ int ring_mark_drained(struct ring *r);
 
 /* Consumer: claim the lowest READY seq of this consumer's rank, waiting up to timeout_ms.
  * Returns 0 with *slot filled (READING, owned by this process), RING_TIMEOUT, RING_END (drained
- * and nothing READY or WRITING left, or closed), or -1. */
+ * and nothing READY or WRITING left, or closed), or -1 (also when the claimed slot's lengths
+ * exceed the capacities: a corrupt segment; the slot is put back READY). */
 int ring_acquire_read(struct ring *r, int timeout_ms, struct ring_slot *slot);
 /* Consumer, strict order: claim the item with exactly this seq, waiting up to timeout_ms.
  * Returns as ring_acquire_read (RING_END when drained and the seq is not in the ring). */
