@@ -17,6 +17,8 @@
  *   leaves it alone ("foreign").
  * - control_socket_owner_only (item 9): under umask 000 the control socket is 0600, another uid
  *   cannot connect, and a client refuses a socket with group/other bits.
+ * - consumer_learns_producer_left (item 2): a producer that exits 3 without draining: the
+ *   consumer's log says so and its wait times out instead of ending the stream.
  * - nan_weight_refused (item 10): a NaN or infinite checkpoint weight fails the conversion with a
  *   sentence naming file, tensor and element (f32 and bf16 paths).
  * - shm_sigterm_mid_stream (item 2): dflash-shm SIGTERMed with items in a ring exits 3, leaves
@@ -402,6 +404,51 @@ START_TEST(shm_sigterm_mid_stream) {
 }
 END_TEST
 
+static int child_produce_and_leave(void *arg) {
+    const char *run = arg;
+    char err[512];
+    ring_set_log(tr_quiet, NULL);
+    struct ring *r = ring_attach(run, "left", RING_PRODUCER, 3000, err, sizeof err);
+    if (!r) return 10;
+    struct ring_slot s;
+    if (ring_acquire_write(r, 1000, &s) != 0) return 11;
+    item_write(&s, 0);
+    if (ring_publish(r, &s, 0, sizeof(struct item_desc), item_len(0)) != 0) return 12;
+    _exit(3);   /* stopped before the end of its stream: no ring_mark_drained */
+}
+
+static char g_logged[4096];
+static void capture_log(void *ctx, const char *line) {
+    (void)ctx;
+    size_t n = strlen(g_logged);
+    snprintf(g_logged + n, sizeof g_logged - n, "%s\n", line);
+}
+
+/* Item 2: a consumer learns that its producer left without draining (and keeps waiting for the
+ * restart instead of ending the stream). */
+START_TEST(consumer_learns_producer_left) {
+    const char *run = tr_run("fleft");
+    pid_t shm = tr_start_shm(run, "left:slots=2,bytes=1k,desc=256,dev=host", NULL, NULL);
+    ck_assert_int_eq(tr_wait(tr_fork(child_produce_and_leave, (void *)run)), 3);
+    g_logged[0] = 0;
+    ring_set_log(capture_log, NULL);
+    struct ring *c = att(run, "left", RING_CONSUMER);
+    struct ring_slot s;
+    ck_assert_int_eq(ring_acquire_read(c, 1000, &s), 0);
+    ck_assert_int_eq(ring_release(c, &s), 0);
+    ck_assert_int_eq(ring_acquire_read(c, 500, &s), RING_TIMEOUT);   /* not RING_END: the stream is not over */
+    ring_set_log(NULL, NULL);
+    ck_assert_msg(strstr(g_logged, "exited before the end of its stream (not drained); waiting for its restart"), "log: %s", g_logged);
+    ring_close(c);
+    /* a dead producer that never drained keeps the ring in use: SIGTERM gives exit 3, segment kept */
+    ck_assert_int_eq(kill(shm, SIGTERM), 0);
+    ck_assert_int_eq(tr_wait(shm), 3);
+    ck_assert_int_eq(tr_count_segments(run), 1);
+    char err[256];
+    ck_assert_int_eq(ring_unlink(run, "left", err, sizeof err), 0);
+}
+END_TEST
+
 START_TEST(nan_weight_refused) {
     float v[6] = {1, 2, 3, NAN, 5, 6};
     struct st_tensor t = {.name = "model.norm.weight", .path = "ckpt.safetensors", .dtype = ST_F32, .ndim = 1,
@@ -438,6 +485,7 @@ int main(void) {
     tcase_add_test(tc, control_socket_owner_only);
     tcase_add_test(tc, shm_sigterm_mid_stream);
     tcase_add_test(tc, nan_weight_refused);
+    tcase_add_test(tc, consumer_learns_producer_left);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }
