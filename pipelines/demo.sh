@@ -78,6 +78,7 @@ if [ "$FRESH" = 1 ] && [ -e "$RUN" ]; then
 fi
 mkdir -p "$RUN/logs" "$RUN/state"
 RUN=$(cd "$RUN" && pwd)
+lock_run "$RUN"   # a second pipeline on this run directory stops here, naming the holder (lib.sh)
 LOGS=$RUN/logs
 MODEL=$RUN/model
 DATA=$RUN/data.jsonl

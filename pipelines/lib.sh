@@ -4,23 +4,33 @@
 # A pipeline script sets RUN (the run directory) and LOGS (where each stage's stdout/stderr go),
 # enables job control (`set -m`, so every stage started in the background gets its own process
 # group), installs `trap on_exit EXIT` and `trap on_signal INT TERM`, and then:
+#   lock_run RUN                take the run directory's lock ($RUN/lock, flock) for this script's
+#                               lifetime, or exit 1 naming the pid and start time of the run holding
+#                               it (two pipelines on one run directory would kill each other's stages)
 #   start_stage NAME CMD...     start CMD in its own process group; output -> $LOGS/NAME.out; pid in
 #                               $RUN/pids/NAME.pid; remembered so stop_all stops it
-#   supervise NAME...           wait until every named stage exited 0. Any stage (services too)
-#                               killed by a signal (a crash, kill -9; the stages turn SIGTERM into
-#                               an orderly exit 0) is started again with the same command, up to
-#                               $MAX_RESTARTS times per stage (design.md §8: the same command
-#                               continues the run); a stage exiting non-zero, or a service stage
-#                               (start_stage --service: dflash-shm, dflash-metrics) exiting at
-#                               all, fails the run: supervise returns 1 after naming it
+#   supervise NAME...           wait until every named stage ended (exit 0 = its stream ended).
+#                               Any stage (services too) killed by a signal (a crash, kill -9) or
+#                               stopped before the end of its stream (exit 3, STAGE_EXIT_STOPPED of
+#                               stages/core/stage.h: SIGTERM/SIGINT mid-stream) is started again with
+#                               the same command, up to $MAX_RESTARTS times per stage (design.md §8:
+#                               the same command continues the run); any other non-zero exit, or a
+#                               service stage (start_stage --service: dflash-shm, dflash-metrics)
+#                               exiting at all, fails the run: supervise returns 1 after naming it.
+#                               Deaths are found by polling every 0.1 s and collected with `wait PID`
+#                               per stage, so several stages dying at once are each restarted.
 #   stop_stage NAME [SIG] [S]   SIGTERM (or SIG) the stage's process group, wait up to S seconds
 #                               (default 10), then SIGKILL it
 #   stop_all                    stop every started stage that still runs, newest first
 #   wait_for_file PATH S [PAT]  wait up to S seconds for PATH to exist (and contain PAT)
 #   wait_ring_drained RUN RING S  wait until dflash-shm --status says RING is drained and empty
+#   remove_run_segments RUN     remove RUN's ring segments that nothing uses any more (creator dead,
+#                               no live stage attached; dflash-shm --remove-stale --run); stop_all
+#                               calls it, so a dflash-shm that died after the last item leaves none
 # Invariants: every wait has a timeout; no function kills a process it did not start.
 
 : "${MAX_RESTARTS:=3}"
+STAGE_EXIT_STOPPED=3   # stages/core/stage.h STAGE_EXIT_STOPPED: stopped by a signal before end of stream
 declare -gA STAGE_PID=() STAGE_CMD=() STAGE_RESTARTS=() STAGE_SERVICE=()
 declare -ga STAGE_ORDER=()
 
@@ -45,9 +55,26 @@ json_arr() {
   printf '%s]' "$out"
 }
 
+# lock_run RUN: see the header. The lock fd is not inherited by the stages (_launch closes it),
+# so the lock ends with this script, and the next attempt may stop stages it left behind.
+lock_run() {
+  local run=$1 holder
+  mkdir -p "$run"
+  exec {RUN_LOCK_FD}>>"$run/lock" || pdie "cannot open $run/lock"
+  if ! flock -n "$RUN_LOCK_FD"; then
+    holder=$(cat "$run/lock.owner" 2>/dev/null || echo "an unknown process")
+    pdie "run directory $run is in use by another pipeline: $holder (wait for it, or stop it first)"
+  fi
+  printf 'pid %s (%s), started %s on %s\n' "$$" "${0##*/}" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(hostname)" >"$run/lock.owner"
+}
+
 _launch() {
   local name=$1; shift
-  "$@" >>"$LOGS/$name.out" 2>&1 </dev/null &
+  if [ -n "${RUN_LOCK_FD:-}" ]; then
+    "$@" >>"$LOGS/$name.out" 2>&1 </dev/null {RUN_LOCK_FD}>&- &
+  else
+    "$@" >>"$LOGS/$name.out" 2>&1 </dev/null &
+  fi
   STAGE_PID[$name]=$!
   mkdir -p "$RUN/pids"
   echo "${STAGE_PID[$name]}" >"$RUN/pids/$name.pid"
@@ -90,37 +117,54 @@ stop_all() {
     name=${STAGE_ORDER[$i]}
     if _alive "$name"; then plog "stopping $name"; stop_stage "$name"; fi
   done
+  if [ -n "${DFLASH_BIN:-}" ] && [ -n "${RUN:-}" ] && [ -d "$RUN" ]; then remove_run_segments "$RUN"; fi
+}
+
+remove_run_segments() {
+  local out
+  out=$("$DFLASH_BIN/dflash-shm" --remove-stale --run "$1" 2>&1) || plog "dflash-shm --remove-stale --run $1: $out"
+  if printf '%s\n' "$out" | grep -q '^removed'; then plog "$(printf '%s\n' "$out" | grep -c '^removed') leftover segment(s) of $1 removed"; fi
+  return 0
 }
 
 # supervise NAME... : see the header.
 supervise() {
   local -A want=()
-  local n rc pid name found
+  local n rc pid name
   for n in "$@"; do want[$n]=1; done
   while ((${#want[@]})); do
-    local pids=()
-    for n in "${STAGE_ORDER[@]}"; do [ -n "${STAGE_PID[$n]:-}" ] && pids+=("${STAGE_PID[$n]}"); done
-    ((${#pids[@]})) || pdie "supervise: no stage is running"
+    name=""
+    for n in "${STAGE_ORDER[@]}"; do
+      pid=${STAGE_PID[$n]:-}
+      if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then name=$n; break; fi
+    done
+    if [ -z "$name" ]; then
+      for n in "${STAGE_ORDER[@]}"; do [ -n "${STAGE_PID[$n]:-}" ] && break; n=""; done
+      [ -n "$n" ] || pdie "supervise: no stage is running"
+      sleep 0.1
+      continue
+    fi
     rc=0
-    pid=""
-    wait -n -p pid "${pids[@]}" || rc=$?
-    [ -n "${pid:-}" ] || continue   # interrupted by a trapped signal
-    found=""
-    for n in "${STAGE_ORDER[@]}"; do [ "${STAGE_PID[$n]:-}" = "$pid" ] && found=$n; done
-    [ -n "$found" ] || continue
-    name=$found
+    wait "$pid" 2>/dev/null || rc=$?
     STAGE_PID[$name]=""
     rm -f "$RUN/pids/$name.pid"
-    if [ "$rc" -gt 128 ] && [ "${STAGE_RESTARTS[$name]}" -lt "$MAX_RESTARTS" ]; then
+    if { [ "$rc" -gt 128 ] || [ "$rc" -eq "$STAGE_EXIT_STOPPED" ]; } && [ "${STAGE_RESTARTS[$name]}" -lt "$MAX_RESTARTS" ]; then
       STAGE_RESTARTS[$name]=$((STAGE_RESTARTS[$name] + 1))
-      plog "$name died of signal $((rc - 128)); starting it again (restart ${STAGE_RESTARTS[$name]} of at most $MAX_RESTARTS)"
+      if [ "$rc" -gt 128 ]; then
+        plog "$name died of signal $((rc - 128)); starting it again (restart ${STAGE_RESTARTS[$name]} of at most $MAX_RESTARTS)"
+      else
+        plog "$name stopped before the end of its stream (status $rc); starting it again (restart ${STAGE_RESTARTS[$name]} of at most $MAX_RESTARTS)"
+      fi
       eval "_launch $(printf '%q' "$name") ${STAGE_CMD[$name]}"
     elif [ "${STAGE_SERVICE[$name]}" = 1 ]; then
       plog "$name exited (status $rc) while the pipeline still needs it; see $LOGS/$name.out"
       return 1
     elif [ "$rc" -eq 0 ]; then
-      plog "$name finished"
+      plog "$name finished (its stream ended)"
       unset "want[$name]"
+    elif [ "$rc" -eq "$STAGE_EXIT_STOPPED" ]; then
+      plog "$name stopped before the end of its stream (status $rc) and has been restarted $MAX_RESTARTS times; giving up"
+      return 1
     else
       plog "$name failed (status $rc); last lines of $LOGS/$name.out:"
       tail -n 5 "$LOGS/$name.out" | sed 's/^/    /' >&2
@@ -142,11 +186,11 @@ wait_for_file() {
 # wait_ring_drained RUN RING SECS (needs DFLASH_BIN): the ring's producers have all drained and
 # nothing is left in it.
 wait_ring_drained() {
-  local run=$1 ring=$2 secs=$3 i st
+  local run=$1 ring=$2 secs=$3 i
   for ((i = 0; i < secs * 5; i++)); do
-    st=$("$DFLASH_BIN/dflash-shm" --run "$run" --status 2>/dev/null | awk -v r="$ring" '$1 == r {print $6, $7, $8, $9, $13}')
-    # free write ready read drained
-    if [ -n "$st" ] && set -- $st && [ "$2" = 0 ] && [ "$3" = 0 ] && [ "$4" = 0 ] && [ "$5" = yes ]; then return 0; fi
+    # one snapshot: writing ready reading drained
+    if [ "$("$DFLASH_BIN/dflash-shm" --run "$run" --status --timeout-ms 500 \
+          --field "$ring.writing,$ring.ready,$ring.reading,$ring.drained" 2>/dev/null)" = "0 0 0 yes" ]; then return 0; fi
     sleep 0.2
   done
   return 1

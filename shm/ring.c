@@ -98,12 +98,15 @@ struct slot_hdr {
 };
 _Static_assert(sizeof(struct slot_hdr) == SLOT_HDR_BYTES, "slot header must stay 128 bytes");
 
+struct layout { uint64_t slots_offset, slot_stride, payload_offset, payload_stride, segment_bytes; };
+
 struct ring {
     int fd;
     uint8_t *base;
     size_t map_bytes;
     struct ring_header *h;
-    struct ring_spec spec;
+    struct ring_spec spec;          /* n_slots, payload_bytes, desc_bytes: read once, validated */
+    struct layout L;                /* offsets and strides: read once at attach, validated */
     char segment[128];
     int role;                       /* RING_PRODUCER, RING_CONSUMER, or 0 for the creator */
     int creator;
@@ -114,6 +117,7 @@ struct ring {
     int dev_opened;                 /* 1: dev_ptrs come from cudaIpcOpenMemHandle */
     double last_recover_s, last_owner_check_s;
     int owner_gone_logged;
+    int left_logged_pid;            /* last producer reported as gone without draining */
     int replaced;                   /* our segment name now points at another segment */
 };
 
@@ -253,7 +257,7 @@ static inline uint32_t at_gen(uint64_t w) { return (uint32_t)(w >> 46) & 0x3fffu
 static inline int owner_alive(uint64_t c) { return pid_alive_lo(ctl_pid(c), 0, ctl_startlo(c), 1); }
 
 static inline struct slot_hdr *slot_at(const struct ring *r, uint32_t i) {
-    return (struct slot_hdr *)(r->base + r->h->slots_offset + (uint64_t)i * r->h->slot_stride);
+    return (struct slot_hdr *)(r->base + r->L.slots_offset + (uint64_t)i * r->L.slot_stride);
 }
 
 /* ---------------------------------------------------------------- names */
@@ -304,8 +308,6 @@ int ring_segment_name(const char *run_dir, const char *ring, char *out, size_t o
 }
 
 /* ---------------------------------------------------------------- layout computation */
-
-struct layout { uint64_t slots_offset, slot_stride, payload_offset, payload_stride, segment_bytes; };
 
 static int compute_layout(uint32_t n_slots, uint64_t payload_bytes, uint32_t desc_bytes, int device,
                           struct layout *L, char *err, int err_len) {
@@ -442,6 +444,22 @@ static void ring_free_handle(struct ring *r) {
     free(r);
 }
 
+/* A segment is ours only if this user owns it with mode 0600: /dev/shm is world-writable and
+ * segment names are predictable, so anything else may have been planted by another user (who
+ * could then truncate it under us, or rewrite its header at will). Returns 0, or -1 with a
+ * sentence saying why it was refused. */
+static int check_ours(int fd, const char *segment, char *err, int err_len) {
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) { set_err(err, err_len, "fstat(%s) failed: %s", segment, strerror(errno)); return -1; }
+    if (sb.st_uid != geteuid() || (sb.st_mode & 07777) != 0600) {
+        set_err(err, err_len, "refusing segment %s: it is owned by uid %u with mode %04o, expected uid %u (this user) and mode 0600 "
+                "(another user may have planted it; that user or root must remove /dev/shm%s)",
+                segment, (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 07777), (unsigned)geteuid(), segment);
+        return -1;
+    }
+    return 0;
+}
+
 /* Read the creator pid/start of an existing segment without validating more. */
 static int peek_owner(int fd, int *pid, uint64_t *start) {
     struct stat sb;
@@ -473,9 +491,10 @@ struct ring *ring_create(const char *run_dir, const struct ring_spec *spec, char
         r->fd = shm_open(r->segment, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (r->fd >= 0) break;
         if (errno != EEXIST) { set_err(err, err_len, "shm_open(%s) failed: %s", r->segment, strerror(errno)); goto bad; }
-        int fd = shm_open(r->segment, O_RDONLY | O_CLOEXEC, 0);
+        int fd = shm_open(r->segment, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
         int pid = 0;
         uint64_t start = 0;
+        if (fd >= 0 && check_ours(fd, r->segment, err, err_len) != 0) { close(fd); goto bad; }
         if (fd >= 0) { peek_owner(fd, &pid, &start); close(fd); }
         if (pid > 0 && ring_pid_alive(pid, start)) {
             set_err(err, err_len, "ring segment %s already exists and its creator pid %d is alive "
@@ -490,6 +509,12 @@ struct ring *ring_create(const char *run_dir, const struct ring_spec *spec, char
         }
     }
     if (r->fd < 0) { set_err(err, err_len, "shm_open(%s) kept failing with EEXIST", r->segment); goto bad; }
+    /* Mode 0600 whatever the umask (check_ours insists on it when the segment is adopted). */
+    if (fchmod(r->fd, 0600) != 0) {
+        set_err(err, err_len, "fchmod(%s, 0600) failed: %s", r->segment, strerror(errno));
+        shm_unlink(r->segment);
+        goto bad;
+    }
     /* posix_fallocate reserves tmpfs pages now, so a full /dev/shm fails here with a sentence
      * instead of SIGBUS on first touch in some stage later. */
     int fe = posix_fallocate(r->fd, 0, (off_t)L.segment_bytes);
@@ -508,6 +533,7 @@ struct ring *ring_create(const char *run_dir, const struct ring_spec *spec, char
         goto bad;
     }
     struct ring_header *h = r->h = (struct ring_header *)r->base;
+    r->L = L;
     h->version = RING_VERSION;
     h->header_bytes = HEADER_BYTES;
     h->segment_bytes = L.segment_bytes;
@@ -583,19 +609,22 @@ static int validate_header(const char *segment, const struct ring_header *h, uin
 static int try_adopt(struct ring *r, const char *run_dir) {
     (void)run_dir;
     if (r->spec.device >= 0) return 0;
-    int fd = shm_open(r->segment, O_RDWR | O_CLOEXEC, 0);
+    int fd = shm_open(r->segment, O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
     if (fd < 0) return 0;
+    char why[512];
+    if (check_ours(fd, r->segment, why, sizeof why) != 0) { rlog("%s", why); close(fd); return 0; }
     struct stat sb;
     if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size < HEADER_BYTES) { close(fd); return 0; }
     uint8_t *base = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) { close(fd); return 0; }
     struct ring_header *h = (struct ring_header *)base;
-    char why[512];
-    int old_pid = h->owner_pid;
-    if (validate_header(r->segment, h, (uint64_t)sb.st_size, why, sizeof why) != 0 || h->device >= 0 ||
-        h->n_slots != r->spec.n_slots || h->payload_bytes != r->spec.payload_bytes ||
-        h->desc_bytes != r->spec.desc_bytes || h->n_producers != r->spec.n_producers ||
-        strncmp(h->name, r->spec.name, RING_NAME_MAX) != 0 ||
+    struct ring_header hc;   /* one snapshot: what is validated is what is used */
+    memcpy(&hc, h, sizeof hc);
+    int old_pid = hc.owner_pid;
+    if (validate_header(r->segment, &hc, (uint64_t)sb.st_size, why, sizeof why) != 0 || hc.device >= 0 ||
+        hc.n_slots != r->spec.n_slots || hc.payload_bytes != r->spec.payload_bytes ||
+        hc.desc_bytes != r->spec.desc_bytes || hc.n_producers != r->spec.n_producers ||
+        strncmp(hc.name, r->spec.name, RING_NAME_MAX) != 0 ||
         !__atomic_compare_exchange_n(&h->owner_pid, &old_pid, (int32_t)getpid(), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
         munmap(base, (size_t)sb.st_size);
         close(fd);
@@ -607,6 +636,7 @@ static int try_adopt(struct ring *r, const char *run_dir) {
     r->base = base;
     r->map_bytes = (size_t)sb.st_size;
     r->h = h;
+    r->L = (struct layout){hc.slots_offset, hc.slot_stride, hc.payload_offset, hc.payload_stride, hc.segment_bytes};
     rlog("adopted ring '%s' (segment %s) left by dead pid %d: %llu published, %llu consumed so far",
          r->spec.name, r->segment, old_pid, (unsigned long long)atomic_load(&h->published),
          (unsigned long long)atomic_load(&h->consumed));
@@ -653,9 +683,11 @@ struct ring *ring_attach(const char *run_dir, const char *name, int role, int wa
     if (ring_segment_name(run_dir, name, r->segment, sizeof r->segment, err, err_len) != 0) goto bad;
     double t0 = now_s(), next_log = t0 + ATTACH_LOG_EVERY_S;
     const char *what = "does not exist";
+    struct ring_header hc;
     for (;;) {
-        r->fd = shm_open(r->segment, O_RDWR | O_CLOEXEC, 0);
+        r->fd = shm_open(r->segment, O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
         if (r->fd < 0 && errno != ENOENT) { set_err(err, err_len, "shm_open(%s) failed: %s", r->segment, strerror(errno)); goto bad; }
+        if (r->fd >= 0 && check_ours(r->fd, r->segment, err, err_len) != 0) goto bad;
         if (r->fd >= 0) {
             struct stat sb;
             if (fstat(r->fd, &sb) != 0) { set_err(err, err_len, "fstat(%s) failed: %s", r->segment, strerror(errno)); goto bad; }
@@ -668,7 +700,8 @@ struct ring *ring_attach(const char *run_dir, const char *name, int role, int wa
                     goto bad;
                 }
                 r->h = (struct ring_header *)r->base;
-                int v = validate_header(r->segment, r->h, (uint64_t)sb.st_size, err, err_len);
+                memcpy(&hc, r->h, sizeof hc);   /* one snapshot: validated once, then used */
+                int v = validate_header(r->segment, &hc, (uint64_t)sb.st_size, err, err_len);
                 if (v < 0) goto bad;
                 if (v == 0) break;
                 what = "is being initialised";
@@ -694,7 +727,7 @@ struct ring *ring_attach(const char *run_dir, const char *name, int role, int wa
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    struct ring_header *h = r->h;
+    struct ring_header *h = &hc;
     memcpy(r->spec.name, h->name, RING_NAME_MAX);
     r->spec.name[RING_NAME_MAX - 1] = 0;
     r->spec.n_slots = h->n_slots;
@@ -702,6 +735,7 @@ struct ring *ring_attach(const char *run_dir, const char *name, int role, int wa
     r->spec.desc_bytes = h->desc_bytes;
     r->spec.device = h->device;
     r->spec.n_producers = h->n_producers;
+    r->L = (struct layout){h->slots_offset, h->slot_stride, h->payload_offset, h->payload_stride, h->segment_bytes};
     if (strcmp(r->spec.name, name) != 0) {
         set_err(err, err_len, "segment %s names ring '%s', expected '%s'", r->segment, r->spec.name, name);
         goto bad;
@@ -752,7 +786,7 @@ void ring_close(struct ring *r) {
         /* Give back what this process still holds in this role, so a process that detaches and
          * lives on does not pin slots (a dead one is recovered by the others anyway). */
         uint32_t held = r->role == RING_PRODUCER ? ST_WRITING : ST_READING;
-        for (uint32_t i = 0; i < r->h->n_slots; i++) {
+        for (uint32_t i = 0; i < r->spec.n_slots; i++) {
             struct slot_hdr *s = slot_at(r, i);
             uint64_t c = atomic_load(&s->ctl);
             if (ctl_state(c) != held || ctl_pid(c) != (int)r->my_pid || ctl_startlo(c) != r->my_startlo) continue;
@@ -778,6 +812,10 @@ void ring_close(struct ring *r) {
     ring_free_handle(r);
 }
 
+void ring_disown(struct ring *r) {
+    if (r && r->creator) r->creator = 0;
+}
+
 int ring_unlink(const char *run_dir, const char *name, char *err, int err_len) {
     char seg[128];
     if (ring_segment_name(run_dir, name, seg, sizeof seg, err, err_len) != 0) return -1;
@@ -790,7 +828,7 @@ int ring_unlink(const char *run_dir, const char *name, char *err, int err_len) {
 int ring_recover(struct ring *r) {
     struct ring_header *h = r->h;
     int n = 0;
-    for (uint32_t i = 0; i < h->n_slots; i++) {
+    for (uint32_t i = 0; i < r->spec.n_slots; i++) {
         struct slot_hdr *s = slot_at(r, i);
         uint64_t c = atomic_load(&s->ctl);
         uint32_t st = ctl_state(c);
@@ -864,6 +902,15 @@ static void wait_housekeeping(struct ring *r) {
         char path[160];
         snprintf(path, sizeof path, "/dev/shm%s", r->segment);
         if (!r->creator && fstat(r->fd, &mine) == 0 && stat(path, &now) == 0 && now.st_ino != mine.st_ino) r->replaced = 1;
+        /* A producer that exited without draining (killed, or stopped before the end of its
+         * stream) keeps the end of stream waiting for its restart: say so once per pid. */
+        for (int i = 0; r->role == RING_CONSUMER && i < RING_MAX_ATTACH; i++) {
+            uint64_t w = atomic_load(&r->h->attach[i]);
+            if (at_state(w) != AT_ACTIVE || at_role(w) != RING_PRODUCER || ctl_pid(w) == r->left_logged_pid || owner_alive(w)) continue;
+            r->left_logged_pid = ctl_pid(w);
+            rlog("ring '%s': producer pid %d exited before the end of its stream (not drained); waiting for its restart",
+                 r->spec.name, ctl_pid(w));
+        }
         if (!r->owner_gone_logged && !ring_pid_alive(r->h->owner_pid, r->h->owner_start)) {
             r->owner_gone_logged = 1;
             rlog("ring '%s': its creator dflash-shm (pid %d) is gone; %s", r->spec.name, r->h->owner_pid,
@@ -894,22 +941,21 @@ static void fill_slot(const struct ring *r, uint32_t i, uint64_t ctl, struct rin
     out->index = i;
     out->ctl_ = ctl;
     out->desc = (uint8_t *)s + SLOT_HDR_BYTES;
-    out->desc_cap = r->h->desc_bytes;
-    out->payload_cap = r->h->payload_bytes;
+    out->desc_cap = r->spec.desc_bytes;
+    out->payload_cap = r->spec.payload_bytes;
     out->device = r->spec.device;
     if (r->spec.device >= 0) {
         out->on_device = 1;
         out->payload = r->dev_ptrs ? r->dev_ptrs[i] : NULL;
     } else {
-        out->payload = r->h->payload_stride ? r->base + r->h->payload_offset + (uint64_t)i * r->h->payload_stride : NULL;
+        out->payload = r->L.payload_stride ? r->base + r->L.payload_offset + (uint64_t)i * r->L.payload_stride : NULL;
     }
 }
 
 /* ---------------------------------------------------------------- producer */
 
 static int try_write(struct ring *r, struct ring_slot *slot) {
-    struct ring_header *h = r->h;
-    for (uint32_t i = 0; i < h->n_slots; i++) {
+    for (uint32_t i = 0; i < r->spec.n_slots; i++) {
         struct slot_hdr *s = slot_at(r, i);
         uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
         if (ctl_state(c) != ST_FREE) continue;
@@ -942,7 +988,7 @@ int ring_acquire_write(struct ring *r, int timeout_ms, struct ring_slot *slot) {
 static int own_transition(struct ring *r, struct ring_slot *slot, uint32_t from, uint32_t to, const char *what) {
     struct slot_hdr *s = slot_at(r, slot->index);
     uint64_t c = slot->ctl_;
-    if (slot->index >= r->h->n_slots || ctl_state(c) != from)
+    if (slot->index >= r->spec.n_slots || ctl_state(c) != from)
         return fail("%s on ring '%s': slot %u is not held by this process in the right state", what, r->spec.name, slot->index);
     if (!atomic_compare_exchange_strong_explicit(&s->ctl, &c, ctl_next(c, to, 0, 0), memory_order_acq_rel, memory_order_relaxed))
         return fail("%s on ring '%s': slot %u is no longer ours (it was recovered as if this process were dead; "
@@ -952,12 +998,12 @@ static int own_transition(struct ring *r, struct ring_slot *slot, uint32_t from,
 }
 
 int ring_publish(struct ring *r, struct ring_slot *slot, uint64_t seq, uint32_t desc_len, uint64_t payload_len) {
-    if (desc_len > r->h->desc_bytes || payload_len > r->h->payload_bytes)
+    if (desc_len > r->spec.desc_bytes || payload_len > r->spec.payload_bytes)
         return fail("ring_publish on ring '%s': desc_len %u / payload_len %llu exceed the capacities %u / %llu",
-                    r->spec.name, desc_len, (unsigned long long)payload_len, r->h->desc_bytes,
-                    (unsigned long long)r->h->payload_bytes);
+                    r->spec.name, desc_len, (unsigned long long)payload_len, r->spec.desc_bytes,
+                    (unsigned long long)r->spec.payload_bytes);
     struct slot_hdr *s = slot_at(r, slot->index);
-    if (slot->index < r->h->n_slots) {
+    if (slot->index < r->spec.n_slots) {
         atomic_store_explicit(&s->seq, seq, memory_order_relaxed);
         atomic_store_explicit(&s->desc_len, desc_len, memory_order_relaxed);
         atomic_store_explicit(&s->payload_len, payload_len, memory_order_relaxed);
@@ -982,11 +1028,10 @@ int ring_abandon(struct ring *r, struct ring_slot *slot) {
 /* The lowest READY seq this consumer may take: returns its slot index (UINT32_MAX if none)
  * with *seq_out and *ctl_out; *pending says whether some slot is WRITING. */
 static uint32_t scan_lowest(const struct ring *r, int strict, uint64_t want, uint64_t *seq_out, uint64_t *ctl_out, int *pending) {
-    const struct ring_header *h = r->h;
-    uint32_t best = UINT32_MAX;
+    uint32_t best = UINT32_MAX;   /* found <=> best != UINT32_MAX: every seq value is valid, UINT64_MAX too */
     uint64_t best_seq = UINT64_MAX, best_c = 0;
     *pending = 0;
-    for (uint32_t i = 0; i < h->n_slots; i++) {
+    for (uint32_t i = 0; i < r->spec.n_slots; i++) {
         struct slot_hdr *s = slot_at(r, i);
         uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
         uint32_t st = ctl_state(c);
@@ -994,7 +1039,7 @@ static uint32_t scan_lowest(const struct ring *r, int strict, uint64_t want, uin
         if (st != ST_READY) continue;
         uint64_t q = atomic_load_explicit(&s->seq, memory_order_relaxed);
         if (strict ? q != want : (r->n_ranks > 1 && q % r->n_ranks != r->rank)) continue;
-        if (q < best_seq) { best_seq = q; best = i; best_c = c; }
+        if (best == UINT32_MAX || q < best_seq) { best_seq = q; best = i; best_c = c; }
         if (strict) break;
     }
     *seq_out = best_seq;
@@ -1003,7 +1048,8 @@ static uint32_t scan_lowest(const struct ring *r, int strict, uint64_t want, uin
 }
 
 /* Claim one item. Returns 1 with *slot claimed; else 0 and *pending = whether some slot is
- * WRITING (something may still become ours). */
+ * WRITING (something may still become ours); -1 with a sentence if the claimed slot's lengths
+ * exceed the capacities read at attach (a corrupt segment: the slot is put back READY). */
 static int try_read(struct ring *r, int strict, uint64_t want, struct ring_slot *slot, int *pending) {
     struct ring_header *h = r->h;
     for (;;) {
@@ -1032,6 +1078,17 @@ static int try_read(struct ring *r, int strict, uint64_t want, struct ring_slot 
         }
         slot->desc_len = atomic_load_explicit(&s->desc_len, memory_order_relaxed);
         slot->payload_len = atomic_load_explicit(&s->payload_len, memory_order_relaxed);
+        if (slot->desc_len > r->spec.desc_bytes || slot->payload_len > r->spec.payload_bytes) {
+            uint32_t dl = slot->desc_len;
+            uint64_t pl = slot->payload_len;
+            atomic_store_explicit(&s->ctl, ctl_next(nc, ST_READY, 0, 0), memory_order_release);
+            wake_all(&h->ev_ready, &h->waiters_ready);
+            memset(slot, 0, sizeof *slot);
+            return fail("ring '%s' (segment %s): slot %u seq %llu has desc_len %u and payload_len %llu, but the capacities are "
+                        "%u and %llu bytes: the segment is corrupt (restart the run)", r->spec.name, r->segment, best,
+                        (unsigned long long)seq1, dl, (unsigned long long)pl, r->spec.desc_bytes,
+                        (unsigned long long)r->spec.payload_bytes);
+        }
         slot->deliveries = atomic_fetch_add_explicit(&s->deliveries, 1, memory_order_relaxed) + 1;
         return 1;
     }
@@ -1048,7 +1105,9 @@ static int acquire_read(struct ring *r, int strict, uint64_t want, int timeout_m
          * then seen by the scan, so RING_END never skips one. */
         int drained = drained_now(h);
         int pending = 0;
-        if (try_read(r, strict, want, slot, &pending)) return 0;
+        int got = try_read(r, strict, want, slot, &pending);
+        if (got < 0) return -1;
+        if (got) return 0;
         /* Before ending, give back items a dead consumer still held: they are ours to finish. */
         if (drained && !pending && ring_recover(r) == 0) return RING_END;
         if (drained && !pending) continue;
@@ -1088,17 +1147,17 @@ void ring_get_status(const struct ring *r, struct ring_status *st) {
     memset(st, 0, sizeof *st);
     memcpy(st->name, r->spec.name, RING_NAME_MAX);
     snprintf(st->segment, sizeof st->segment, "%s", r->segment);
-    st->n_slots = h->n_slots;
-    st->desc_bytes = h->desc_bytes;
-    st->n_producers = h->n_producers;
-    st->payload_bytes = h->payload_bytes;
-    st->device = h->device;
+    st->n_slots = r->spec.n_slots;
+    st->desc_bytes = r->spec.desc_bytes;
+    st->n_producers = r->spec.n_producers;
+    st->payload_bytes = r->spec.payload_bytes;
+    st->device = r->spec.device;
     st->closed = (int)atomic_load(&h->closed);
     st->drained = drained_now(h);
     st->owner_pid = h->owner_pid;
     st->owner_alive = ring_pid_alive(h->owner_pid, h->owner_start);
     st->lowest_ready_seq = UINT64_MAX;
-    for (uint32_t i = 0; i < h->n_slots; i++) {
+    for (uint32_t i = 0; i < r->spec.n_slots; i++) {
         struct slot_hdr *s = slot_at(r, i);
         uint64_t c = atomic_load(&s->ctl);
         switch (ctl_state(c)) {
@@ -1129,21 +1188,46 @@ void ring_get_status(const struct ring *r, struct ring_status *st) {
 
 /* ---------------------------------------------------------------- stale segments */
 
-int ring_scan_segments(void (*fn)(void *ctx, const char *segment, int owner_pid, int owner_alive),
-                       void *ctx, char *err, int err_len) {
+/* Fill *info from an open segment: owner uid/mode, creator, live attached stages. */
+static void peek_segment(int fd, struct ring_segment_info *info) {
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) return;
+    info->uid = (unsigned)sb.st_uid;
+    info->mode = (unsigned)(sb.st_mode & 07777);
+    info->ours = sb.st_uid == geteuid() && info->mode == 0600;
+    info->bytes = (uint64_t)sb.st_size;
+    if ((uint64_t)sb.st_size < HEADER_BYTES) return;
+    struct ring_header *h = mmap(NULL, HEADER_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+    if (h == MAP_FAILED) return;
+    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == RING_MAGIC) {
+        info->has_header = 1;
+        info->owner_pid = h->owner_pid;
+        info->owner_alive = info->owner_pid > 0 && ring_pid_alive(info->owner_pid, h->owner_start);
+        for (int i = 0; i < RING_MAX_ATTACH; i++) {
+            uint64_t w = atomic_load(&h->attach[i]);
+            if (at_state(w) == AT_ACTIVE && owner_alive(w)) info->n_live_attached++;
+        }
+    }
+    munmap(h, HEADER_BYTES);
+}
+
+int ring_scan_segments(const char *prefix, void (*fn)(void *ctx, const struct ring_segment_info *info), void *ctx,
+                       char *err, int err_len) {
     DIR *d = opendir("/dev/shm");
     if (!d) { set_err(err, err_len, "opendir(/dev/shm) failed: %s", strerror(errno)); return -1; }
+    const char *want = prefix ? prefix : "dflash.";
     int n = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        if (strncmp(e->d_name, "dflash.", 7) != 0) continue;
+        if (strncmp(e->d_name, "dflash.", 7) != 0 || strncmp(e->d_name, want, strlen(want)) != 0) continue;
+        struct ring_segment_info info;
+        memset(&info, 0, sizeof info);
+        snprintf(info.segment, sizeof info.segment, "%s", e->d_name);
         char seg[300];
         snprintf(seg, sizeof seg, "/%s", e->d_name);
-        int fd = shm_open(seg, O_RDONLY | O_CLOEXEC, 0);
-        int pid = 0;
-        uint64_t start = 0;
-        if (fd >= 0) { peek_owner(fd, &pid, &start); close(fd); }
-        fn(ctx, e->d_name, pid, pid > 0 && ring_pid_alive(pid, start));
+        int fd = shm_open(seg, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+        if (fd >= 0) { peek_segment(fd, &info); close(fd); }
+        fn(ctx, &info);
         n++;
     }
     closedir(d);

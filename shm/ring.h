@@ -48,6 +48,14 @@
  *   cudaMemcpyPeerAsync. In a build without CUDA, attaching to a GPU ring fails with a sentence;
  *   dflash-shm can create any ring as host (dev=host) for --device cpu runs.
  *
+ * - Trust. /dev/shm is world-writable and segment names are predictable, so a segment is used
+ *   only if it is owned by this user with mode 0600 (created O_EXCL + fchmod 0600; adopt, attach
+ *   and --remove-stale refuse anything else with a sentence naming owner and mode). The geometry
+ *   (n_slots, sizes, offsets, strides) is read once at attach from one snapshot of the header,
+ *   validated, and never re-read; a slot's desc_len/payload_len are checked against it on every
+ *   delivery (-1 with "corrupt" instead of an out-of-bounds access). Any seq value is valid,
+ *   UINT64_MAX included.
+ *
  * Thread safety: a struct ring may be used by several threads of one process for acquire,
  * publish and release (the shared state is atomic); ring_close must be the last call. A handle
  * belongs to the process that attached: a forked child attaches on its own. Nothing
@@ -154,7 +162,8 @@ int ring_run_id(const char *run_dir, char *out, size_t out_len, char *err, int e
 int ring_segment_name(const char *run_dir, const char *ring, char *out, size_t out_len,
                       char *err, int err_len);
 
-/* dflash-shm only: create the segment of `spec` for the run. If a segment of that name exists:
+/* dflash-shm only: create the segment of `spec` for the run (O_EXCL, mode 0600). If a segment of
+ * that name exists: fails with a sentence when it is not ours (owner uid, mode 0600, see DESIGN);
  * fails when its creator is alive; when the creator is dead, adopts it if it is a host ring with
  * exactly this spec (items and attached stages carry on), else replaces it (stages still
  * attached to the old one get -1 from their next waiting acquire, saying they must restart).
@@ -165,8 +174,9 @@ struct ring *ring_create(const char *run_dir, const struct ring_spec *spec, char
 
 /* Attach to ring `name` of the run as a producer, consumer or observer. Waits up to wait_ms
  * (0: once) for the segment to appear and be initialised, logging through the hook every ~3 s.
- * Validates magic, version, header size and segment size (sentences say expected vs found),
- * runs recovery,
+ * Refuses a segment that is not ours (DESIGN, Trust). Validates magic, version, header size and
+ * segment size on one snapshot of the header (sentences say expected vs found), keeps that
+ * geometry for the life of the handle, runs recovery,
  * registers this process in the attach table (a producer takes over the entry of a dead producer
  * that never drained; an observer is not registered), and for GPU rings opens every slot's IPC
  * handle once on the calling thread's current CUDA device. Returns the handle, or NULL with a
@@ -205,7 +215,8 @@ int ring_mark_drained(struct ring *r);
 
 /* Consumer: claim the lowest READY seq of this consumer's rank, waiting up to timeout_ms.
  * Returns 0 with *slot filled (READING, owned by this process), RING_TIMEOUT, RING_END (drained
- * and nothing READY or WRITING left, or closed), or -1. */
+ * and nothing READY or WRITING left, or closed), or -1 (also when the claimed slot's lengths
+ * exceed the capacities: a corrupt segment; the slot is put back READY). */
 int ring_acquire_read(struct ring *r, int timeout_ms, struct ring_slot *slot);
 /* Consumer, strict order: claim the item with exactly this seq, waiting up to timeout_ms.
  * Returns as ring_acquire_read (RING_END when drained and the seq is not in the ring). */
@@ -232,15 +243,35 @@ void ring_get_status(const struct ring *r, struct ring_status *st);
  * ring_create also: set closed, free the GPU buffers and unlink the segment. Safe with NULL. */
 void ring_close(struct ring *r);
 
+/* Creator only: give up ownership without closing or unlinking; ring_close then only unmaps.
+ * For a dflash-shm stopped before the end of the stream: the stages carry on and a restarted
+ * dflash-shm adopts the segment (host rings). No-op on other handles. */
+void ring_disown(struct ring *r);
+
 /* Remove a run's segment by name without attaching (cleanup, tests). 0, or -1 with a sentence
  * (ENOENT included). */
 int ring_unlink(const char *run_dir, const char *name, char *err, int err_len);
 
-/* Leftover segments: call fn for every /dev/shm/dflash.* segment, with its name (without '/'),
- * the creator pid read from its header (0 if unreadable) and whether that creator is alive.
- * Returns the count visited, or -1 with a sentence. */
-int ring_scan_segments(void (*fn)(void *ctx, const char *segment, int owner_pid, int owner_alive),
-                       void *ctx, char *err, int err_len);
+/* Leftover segments. One /dev/shm/dflash.* segment as seen by ring_scan_segments. */
+struct ring_segment_info {
+    char segment[256];         /* name without the leading '/' */
+    unsigned uid, mode;        /* owner and permission bits of the segment file */
+    int ours;                  /* owned by this user with mode 0600 (the only ones ever adopted or removed) */
+    uint64_t bytes;
+    int has_header;            /* a dflash ring header (magic) could be read */
+    int owner_pid, owner_alive;/* creator (dflash-shm) from the header; 0 if none */
+    int n_live_attached;       /* attach-table entries of live producers/consumers */
+};
+/* Call fn for every /dev/shm segment whose name starts with prefix (NULL: "dflash."; pass
+ * "dflash.<run-id>." for one run). A segment is stale only when it is ours, its creator is dead
+ * and no live process is attached (dflash-shm --remove-stale removes only those). Returns the
+ * count visited, or -1 with a sentence. */
+int ring_scan_segments(const char *prefix, void (*fn)(void *ctx, const struct ring_segment_info *info), void *ctx,
+                       char *err, int err_len);
+/* The stale rule above, for one scanned segment. */
+static inline int ring_segment_is_stale(const struct ring_segment_info *i) {
+    return i->ours && !i->owner_alive && i->n_live_attached == 0;
+}
 
 /* Process liveness with pid-reuse protection: 1 if pid runs and (start_ticks == 0 or its start
  * time, /proc/<pid>/stat field 22, equals start_ticks), else 0. Zombies count as dead. */

@@ -7,21 +7,27 @@
  * `shutdown` request; then it marks every ring closed, unlinks every segment it created and
  * exits 0. It owns the GPU memory so that no compute stage owns memory another stage reads.
  *
- * Control protocol (text on NN_REQ/NN_REP): the request is a JSON object {"kind": "status" |
- * "shutdown", "version": 1} or just the bare word; the reply is a JSON object with "kind" (the
- * request's kind, or "error"), "version": 1 and, for status, "rings" (see status_json).
+ * Control protocol: msgpack over NN_REQ/NN_REP, encoded and decoded by stages/shm/control.h
+ * (kind + version, exact field counts). The socket is created with mode 0600 (umask 0177 around
+ * nn_bind, then chmod and a check) and clients talk to it only when it is a socket owned by their
+ * own uid with no group/other bits. Why not SO_PEERCRED: nanomsg hides the accepted connection's
+ * fd, so the server cannot ask the kernel who the peer is; with the socket file owner-only, the
+ * kernel refuses connect(2) to every other non-root user, which is the same guarantee.
  *
- * Client modes of the same binary: --status (table, or --json), --shutdown, --list-stale,
- * --remove-stale (leftover /dev/shm/dflash.* segments whose creator is dead).
+ * Client modes of the same binary: --status (table, --json, or one value with --field RING.KEY),
+ * --shutdown, --list-stale, --remove-stale (segments that are ours, whose creator is dead and to
+ * which no live process is attached; with --run, only that run's).
  */
 #include "core/check.h"
 #include "core/flags.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "core/stage.h"
+#include "shm/control.h"
 #include "shm/ring.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <jansson.h>
 #include <limits.h>
 #include <nanomsg/nn.h>
@@ -35,56 +41,20 @@
 #include <unistd.h>
 
 #define MAX_RINGS 32
-#define CONTROL_VERSION 1
 
 static void ring_log_to_stage(void *ctx, const char *line) {
     (void)ctx;
     log_info("%s", line);
 }
 
-/* ---------------------------------------------------------------- status JSON */
+/* ---------------------------------------------------------------- status */
 
-static const char *role_name(int role) { return role == RING_PRODUCER ? "producer" : role == RING_CONSUMER ? "consumer" : "?"; }
-
-static json_t *ring_json(const struct ring_status *st) {
-    json_t *att = json_array();
-    for (int i = 0; i < st->n_attached; i++) {
-        const struct ring_attached *a = &st->attached[i];
-        json_array_append_new(att, json_pack("{s:i, s:s, s:b, s:b}", "pid", a->pid, "role", role_name(a->role),
-                                             "alive", a->alive, "drained", a->drained));
-    }
-    json_t *o = json_pack("{s:s, s:s, s:i, s:I, s:I, s:I, s:I, s:b, s:b, s:i, s:b}",
-                          "name", st->name, "segment", st->segment, "device", st->device,
-                          "slots", (json_int_t)st->n_slots, "payload_bytes", (json_int_t)st->payload_bytes,
-                          "desc_bytes", (json_int_t)st->desc_bytes, "producers", (json_int_t)st->n_producers,
-                          "closed", st->closed, "drained", st->drained, "owner_pid", st->owner_pid,
-                          "owner_alive", st->owner_alive);
-    json_object_set_new(o, "free", json_integer(st->n_free));
-    json_object_set_new(o, "writing", json_integer(st->n_writing));
-    json_object_set_new(o, "ready", json_integer(st->n_ready));
-    json_object_set_new(o, "reading", json_integer(st->n_reading));
-    json_object_set_new(o, "published", json_integer((json_int_t)st->published));
-    json_object_set_new(o, "consumed", json_integer((json_int_t)st->consumed));
-    json_object_set_new(o, "redelivered", json_integer((json_int_t)st->redelivered));
-    json_object_set_new(o, "recovered_writes", json_integer((json_int_t)st->recovered_writes));
-    json_object_set_new(o, "lowest_ready_seq", st->lowest_ready_seq == UINT64_MAX ? json_null()
-                                                : json_integer((json_int_t)st->lowest_ready_seq));
-    json_object_set_new(o, "attached", att);
-    return o;
-}
-
-static json_t *status_json(struct ring **rings, int n, int pid, const char *source) {
-    json_t *arr = json_array();
-    struct ring_status *st = malloc(sizeof *st);
-    ALLOC_CHECK(st);
-    for (int i = 0; i < n; i++) {
-        if (!rings[i]) continue;
-        ring_get_status(rings[i], st);
-        json_array_append_new(arr, ring_json(st));
-    }
-    free(st);
-    return json_pack("{s:s, s:i, s:i, s:s, s:o}", "kind", "status", "version", CONTROL_VERSION, "pid", pid,
-                     "source", source, "rings", arr);
+static void status_fill(struct ring **rings, int n, int pid, const char *source, struct shm_ctl_status *st) {
+    memset(st, 0, sizeof *st);
+    st->pid = pid;
+    snprintf(st->source, sizeof st->source, "%s", source);
+    for (int i = 0; i < n && st->n_rings < SHM_CTL_MAX_RINGS; i++)
+        if (rings[i]) ring_get_status(rings[i], &st->rings[st->n_rings++]);
 }
 
 /* ---------------------------------------------------------------- shm.json */
@@ -100,7 +70,7 @@ static void write_shm_json(const char *run_dir, const struct ring_spec *specs, i
                                              "desc_bytes", (json_int_t)specs[i].desc_bytes, "device", specs[i].device,
                                              "producers", (json_int_t)specs[i].n_producers));
     }
-    json_t *o = json_pack("{s:s, s:i, s:i, s:s, s:f, s:o}", "kind", "shm", "version", CONTROL_VERSION, "pid", (int)getpid(),
+    json_t *o = json_pack("{s:s, s:i, s:i, s:s, s:f, s:o}", "kind", "shm", "version", (int)SHM_CTL_VERSION, "pid", (int)getpid(),
                           "state", state, "t", time_wall_s(), "rings", arr);
     char *text = json_dumps(o, JSON_INDENT(2));
     ALLOC_CHECK(text);
@@ -126,39 +96,67 @@ static int control_url(const char *run_dir, char *url, size_t len) {
     return n < 0 || (size_t)n >= len ? -1 : 0;
 }
 
-/* Send one request; returns the parsed reply or NULL (dflash-shm not answering). */
-static json_t *control_request(const char *run_dir, const char *kind, int timeout_ms) {
-    char url[PATH_MAX + 16];
-    if (control_url(run_dir, url, sizeof url)) return NULL;
+/* vsnprintf into a caller buffer (a sentence may be cut at len; that is fine for messages). */
+static void say(char *out, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(char *out, size_t len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(out, len, fmt, ap);
+    va_end(ap);
+}
+
+/* The socket must be ours (owner uid, a socket, not group/other accessible) before we talk to it:
+ * a reply from a socket another user planted would be trusted by scripts. 0, or -1 with a
+ * sentence (ENOENT: "not there"). */
+static int socket_is_ours(const char *url, char *why, size_t why_len) {
+    const char *path = url + strlen("ipc://");
+    struct stat sb;
+    if (lstat(path, &sb) != 0) { say(why, why_len, "%s: %s", path, strerror(errno)); return -1; }
+    if (!S_ISSOCK(sb.st_mode) || sb.st_uid != geteuid() || (sb.st_mode & 077)) {
+        say(why, why_len, "refusing control socket %s: %s owned by uid %u with mode %04o, expected a socket of uid %u "
+                 "with mode 0600", path, S_ISSOCK(sb.st_mode) ? "a socket" : "not a socket", (unsigned)sb.st_uid,
+                 (unsigned)(sb.st_mode & 07777), (unsigned)geteuid());
+        return -1;
+    }
+    return 0;
+}
+
+/* Send one request; fills *reply and returns 0, or -1 with a sentence in why (not answering,
+ * not ours, or an undecodable reply). */
+static int control_request(const char *run_dir, enum shm_ctl_kind kind, int timeout_ms, struct shm_ctl_reply *reply,
+                           char *why, size_t why_len) {
+    char url[PATH_MAX + 16], err[512];
+    if (control_url(run_dir, url, sizeof url)) { say(why, why_len, "run directory path too long: %s", run_dir); return -1; }
+    if (socket_is_ours(url, why, why_len) != 0) return -1;
+    char req[SHM_CTL_REQUEST_MAX];
+    size_t req_len;
+    LIB_CHECK(shm_ctl_encode_request(kind, req, sizeof req, &req_len, err, sizeof err), err);
     int s = nn_socket(AF_SP, NN_REQ);
     NN_CHECK(s);
     NN_CHECK(nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVTIMEO, &timeout_ms, sizeof timeout_ms));
     NN_CHECK(nn_setsockopt(s, NN_SOL_SOCKET, NN_SNDTIMEO, &timeout_ms, sizeof timeout_ms));
-    json_t *reply = NULL;
-    if (nn_connect(s, url) >= 0) {
-        char req[128];
-        snprintf(req, sizeof req, "{\"kind\": \"%s\", \"version\": %d}", kind, CONTROL_VERSION);
-        if (nn_send(s, req, strlen(req), 0) >= 0) {
-            char *buf = NULL;
-            int n = nn_recv(s, &buf, NN_MSG, 0);
-            if (n >= 0) {
-                json_error_t je;
-                reply = json_loadb(buf, (size_t)n, 0, &je);
-                nn_freemsg(buf);
-            }
+    int rc = -1;
+    say(why, why_len, "no answer on %s within %d ms", url, timeout_ms);
+    if (nn_connect(s, url) >= 0 && nn_send(s, req, req_len, 0) >= 0) {
+        char *buf = NULL;
+        int n = nn_recv(s, &buf, NN_MSG, 0);
+        if (n >= 0) {
+            if (shm_ctl_decode_reply(buf, (size_t)n, reply, err, sizeof err) == 0) rc = 0;
+            else say(why, why_len, "%s", err);
+            nn_freemsg(buf);
         }
     }
     nn_close(s);
-    return reply;
+    return rc;
 }
 
 /* Status without dflash-shm: attach to the segments named in shm.json as an observer. */
-static json_t *status_from_segments(const char *run_dir) {
+static int status_from_segments(const char *run_dir, struct shm_ctl_status *st) {
     char path[PATH_MAX], err[512];
-    if (run_path(path, sizeof path, run_dir, "shm.json")) return NULL;
+    if (run_path(path, sizeof path, run_dir, "shm.json")) return -1;
     json_error_t je;
     json_t *shm = json_load_file(path, 0, &je);
-    if (!shm) { log_error("no answer on the control socket and no readable %s: %s", path, je.text); return NULL; }
+    if (!shm) { log_error("no answer on the control socket and no readable %s: %s", path, je.text); return -1; }
     json_t *rings_j = json_object_get(shm, "rings");
     struct ring *rings[MAX_RINGS] = {0};
     int n = 0;
@@ -171,99 +169,91 @@ static json_t *status_from_segments(const char *run_dir) {
         if (!rings[n]) log_warn("ring '%s': %s", name, err);
         else n++;
     }
-    json_t *out = status_json(rings, n, (int)json_integer_value(json_object_get(shm, "pid")), "segments");
+    status_fill(rings, n, (int)json_integer_value(json_object_get(shm, "pid")), "segments", st);
     for (int k = 0; k < n; k++) ring_close(rings[k]);
     json_decref(shm);
-    return out;
+    return 0;
 }
 
-static void print_table(json_t *st) {
-    printf("dflash-shm pid %d (status from %s)\n", (int)json_integer_value(json_object_get(st, "pid")),
-           json_string_value(json_object_get(st, "source")));
+static const char *role_name(int role) { return role == RING_PRODUCER ? "producer" : role == RING_CONSUMER ? "consumer" : "?"; }
+
+static void print_table(const struct shm_ctl_status *st) {
+    printf("dflash-shm pid %d (status from %s)\n", st->pid, st->source);
     printf("%-12s %-7s %5s %8s %6s %5s %5s %5s %5s %10s %10s %7s %-7s %-6s\n", "ring", "dev", "slots", "payload", "desc",
            "free", "write", "ready", "read", "published", "consumed", "redeliv", "drained", "closed");
-    size_t i, j;
-    json_t *r, *a;
-    json_array_foreach(json_object_get(st, "rings"), i, r) {
+    for (int i = 0; i < st->n_rings; i++) {
+        const struct ring_status *r = &st->rings[i];
         char dev[16], pb[32], db[32];
-        int d = (int)json_integer_value(json_object_get(r, "device"));
-        if (d < 0) snprintf(dev, sizeof dev, "host"); else snprintf(dev, sizeof dev, "cuda:%d", d);
-        printf("%-12s %-7s %5lld %8s %6s %5lld %5lld %5lld %5lld %10lld %10lld %7lld %-7s %-6s\n",
-               json_string_value(json_object_get(r, "name")), dev,
-               (long long)json_integer_value(json_object_get(r, "slots")),
-               ring_format_bytes((uint64_t)json_integer_value(json_object_get(r, "payload_bytes")), pb, sizeof pb),
-               ring_format_bytes((uint64_t)json_integer_value(json_object_get(r, "desc_bytes")), db, sizeof db),
-               (long long)json_integer_value(json_object_get(r, "free")),
-               (long long)json_integer_value(json_object_get(r, "writing")),
-               (long long)json_integer_value(json_object_get(r, "ready")),
-               (long long)json_integer_value(json_object_get(r, "reading")),
-               (long long)json_integer_value(json_object_get(r, "published")),
-               (long long)json_integer_value(json_object_get(r, "consumed")),
-               (long long)json_integer_value(json_object_get(r, "redelivered")),
-               json_is_true(json_object_get(r, "drained")) ? "yes" : "no",
-               json_is_true(json_object_get(r, "closed")) ? "yes" : "no");
-        json_array_foreach(json_object_get(r, "attached"), j, a) {
-            printf("    pid %-8lld %-8s %-5s%s\n", (long long)json_integer_value(json_object_get(a, "pid")),
-                   json_string_value(json_object_get(a, "role")),
-                   json_is_true(json_object_get(a, "alive")) ? "alive" : "dead",
-                   json_is_true(json_object_get(a, "drained")) ? " drained" : "");
-        }
+        if (r->device < 0) snprintf(dev, sizeof dev, "host"); else snprintf(dev, sizeof dev, "cuda:%d", r->device);
+        printf("%-12s %-7s %5u %8s %6s %5u %5u %5u %5u %10llu %10llu %7llu %-7s %-6s\n", r->name, dev, r->n_slots,
+               ring_format_bytes(r->payload_bytes, pb, sizeof pb), ring_format_bytes(r->desc_bytes, db, sizeof db), r->n_free,
+               r->n_writing, r->n_ready, r->n_reading, (unsigned long long)r->published, (unsigned long long)r->consumed,
+               (unsigned long long)r->redelivered, r->drained ? "yes" : "no", r->closed ? "yes" : "no");
+        for (int j = 0; j < r->n_attached; j++)
+            printf("    pid %-8d %-8s %-5s%s\n", r->attached[j].pid, role_name(r->attached[j].role),
+                   r->attached[j].alive ? "alive" : "dead", r->attached[j].drained ? " drained" : "");
     }
 }
 
-struct stale_ctx { int remove, n_stale, n_live, failed; };
+struct stale_ctx { int remove, n_stale, n_live, n_foreign, failed; };
 
-static void on_segment(void *ctx, const char *segment, int owner_pid, int owner_alive) {
+/* Stale means: ours, creator dead, and no live process attached (ring_segment_is_stale). A
+ * segment some live stage still uses is never removed, even when its dflash-shm is gone. */
+static void on_segment(void *ctx, const struct ring_segment_info *in) {
     struct stale_ctx *c = ctx;
-    if (owner_alive) { c->n_live++; return; }
+    if (!in->ours) {
+        printf("foreign  /dev/shm/%s (uid %u, mode %04o: not this user's, or not mode 0600; left alone)\n", in->segment, in->uid,
+               in->mode);
+        c->n_foreign++;
+        return;
+    }
+    if (in->owner_alive) { c->n_live++; return; }
+    if (in->n_live_attached > 0) {
+        printf("in use   /dev/shm/%s (creator pid %d is gone, but %d live stage(s) are attached; left alone)\n", in->segment,
+               in->owner_pid, in->n_live_attached);
+        c->n_live++;
+        return;
+    }
     char name[300], path[300];
-    snprintf(name, sizeof name, "/%s", segment);
-    snprintf(path, sizeof path, "/dev/shm/%s", segment);
+    snprintf(name, sizeof name, "/%s", in->segment);
+    snprintf(path, sizeof path, "/dev/shm/%s", in->segment);
     struct stat sb;
     /* No readable header: maybe a dflash-shm is creating it right now; leave young ones alone. */
-    if (owner_pid == 0 && stat(path, &sb) == 0 && time(NULL) - sb.st_mtime < 60) {
-        printf("young    /dev/shm/%s (no header yet; left alone)\n", segment);
+    if (!in->has_header && stat(path, &sb) == 0 && time(NULL) - sb.st_mtime < 60) {
+        printf("young    /dev/shm/%s (no header yet; left alone)\n", in->segment);
         c->n_live++;
         return;
     }
     c->n_stale++;
     if (c->remove) {
-        if (shm_unlink(name) == 0) printf("removed  /dev/shm/%s (creator pid %d is gone)\n", segment, owner_pid);
-        else { printf("FAILED   /dev/shm/%s: shm_unlink: %s\n", segment, strerror(errno)); c->failed++; }
+        if (shm_unlink(name) == 0) printf("removed  /dev/shm/%s (creator pid %d is gone, nothing attached)\n", in->segment, in->owner_pid);
+        else { printf("FAILED   /dev/shm/%s: shm_unlink: %s\n", in->segment, strerror(errno)); c->failed++; }
     } else {
-        printf("stale    /dev/shm/%s (creator pid %d is gone)\n", segment, owner_pid);
+        printf("stale    /dev/shm/%s (creator pid %d is gone, nothing attached)\n", in->segment, in->owner_pid);
     }
 }
 
 /* ---------------------------------------------------------------- server */
 
-static int handle_request(const char *req, int len, struct ring **rings, int n, char **reply) {
-    char kind[32] = "";
-    json_error_t je;
-    json_t *j = json_loadb(req, (size_t)len, 0, &je);
-    if (j && json_is_object(j)) {
-        const char *k = json_string_value(json_object_get(j, "kind"));
-        json_t *v = json_object_get(j, "version");
-        if (k && json_is_integer(v) && json_integer_value(v) == CONTROL_VERSION) snprintf(kind, sizeof kind, "%s", k);
-    } else if (len > 0 && len < (int)sizeof kind) {
-        memcpy(kind, req, (size_t)len);
-        kind[len] = 0;
-        while (len > 0 && (kind[len - 1] == '\n' || kind[len - 1] == ' ')) kind[--len] = 0;
-    }
-    json_decref(j);
-    json_t *out;
+/* Answer one request into a malloc'ed reply; returns 1 if it asked for shutdown. */
+static int handle_request(const char *req, int len, struct ring **rings, int n, struct shm_ctl_reply *rep, char **out,
+                          size_t *out_len) {
+    char err[512];
+    enum shm_ctl_kind kind;
     int shutdown = 0;
-    if (!strcmp(kind, "status")) out = status_json(rings, n, (int)getpid(), "dflash-shm");
-    else if (!strcmp(kind, "shutdown")) {
-        out = json_pack("{s:s, s:i}", "kind", "shutdown", "version", CONTROL_VERSION);
-        shutdown = 1;
+    memset(rep, 0, sizeof *rep);
+    if (shm_ctl_decode_request(req, (size_t)len, &kind, err, sizeof err) != 0) {
+        log_warn("bad control request: %s", err);
+        rep->kind = SHM_CTL_ERROR;
+        say(rep->error, sizeof rep->error, "%s", err);
+    } else if (kind == SHM_CTL_STATUS) {
+        rep->kind = SHM_CTL_STATUS;
+        status_fill(rings, n, (int)getpid(), "dflash-shm", &rep->status);
     } else {
-        out = json_pack("{s:s, s:i, s:s}", "kind", "error", "version", CONTROL_VERSION, "error",
-                        "expected {\"kind\": \"status\"|\"shutdown\", \"version\": 1} or a bare word status|shutdown");
+        rep->kind = SHM_CTL_SHUTDOWN;
+        shutdown = 1;
     }
-    *reply = json_dumps(out, JSON_COMPACT);
-    ALLOC_CHECK(*reply);
-    json_decref(out);
+    LIB_CHECK(shm_ctl_encode_reply(rep, out, out_len, err, sizeof err), err);
     return shutdown;
 }
 
@@ -298,16 +288,17 @@ int main(int argc, char **argv) {
     common.device = "cpu";   /* dflash-shm computes nothing; rings name their own devices */
     int status = 0, shutdown_req = 0, list_stale = 0, remove_stale = 0, host_only = 0, as_json = 0;
     int timeout_ms = 2000;
-    const char *ring_help = NULL;
+    const char *ring_help = NULL, *field = NULL;
     struct flag table[] = {
         {"run", FLAG_STRING, &common.run_dir, "run directory (created if missing)", 1, 0},
         {"ring", FLAG_STRING, &ring_help, "NAME:slots=N,bytes=SIZE,desc=SIZE,dev=host|cuda:N,producers=N (repeatable, or comma-separated)", 1, 0},
         {"host-only", FLAG_BOOL, &host_only, "create every ring with host payloads (for --device cpu runs)", 1, 0},
         {"status", FLAG_BOOL, &status, "print the run's rings, occupancy and attached stages, then exit", 1, 0},
         {"json", FLAG_BOOL, &as_json, "with --status: print the JSON reply instead of a table", 1, 0},
+        {"field", FLAG_STRING, &field, "with --status: print values of one snapshot: pid, source, rings or RING.KEY, comma-separated (e.g. hidden.ready,hidden.drained)", 1, 0},
         {"shutdown", FLAG_BOOL, &shutdown_req, "ask the run's dflash-shm to close and unlink its rings, then exit", 1, 0},
         {"list-stale", FLAG_BOOL, &list_stale, "list /dev/shm/dflash.* segments whose creator is dead, then exit", 1, 0},
-        {"remove-stale", FLAG_BOOL, &remove_stale, "remove those segments, then exit", 1, 0},
+        {"remove-stale", FLAG_BOOL, &remove_stale, "remove those segments (ours, creator dead, nothing attached), then exit; with --run only that run's", 1, 0},
         {"timeout-ms", FLAG_INT, &timeout_ms, "control-socket timeout for --status/--shutdown", 1, 600000},
         FLAGS_END,
     };
@@ -315,38 +306,61 @@ int main(int argc, char **argv) {
                         "Owns the shared-memory rings of a run: creates them, serves status, unlinks them on exit.", NULL, 0);
 
     if (list_stale || remove_stale) {
-        struct stale_ctx c = {remove_stale, 0, 0, 0};
-        int n = ring_scan_segments(on_segment, &c, err, sizeof err);
+        struct stale_ctx c = {remove_stale, 0, 0, 0, 0};
+        char prefix[200] = "dflash.";
+        if (common.run_dir) {   /* one run only (the pipeline's cleanup) */
+            char id[128];
+            if (ring_run_id(common.run_dir, id, sizeof id, err, sizeof err) != 0) DIE("%s", err);
+            snprintf(prefix, sizeof prefix, "dflash.%s.", id);
+        }
+        int n = ring_scan_segments(prefix, on_segment, &c, err, sizeof err);
         if (n < 0) DIE("%s", err);
-        printf("%d dflash segment(s): %d with a live creator, %d stale%s\n", n, c.n_live, c.n_stale,
-               remove_stale ? " (removed)" : (c.n_stale ? "; --remove-stale removes them" : ""));
+        printf("%d dflash segment(s): %d in use, %d stale%s, %d foreign\n", n, c.n_live, c.n_stale,
+               remove_stale ? " (removed)" : (c.n_stale ? "; --remove-stale removes them" : ""), c.n_foreign);
         return c.failed ? 1 : 0;
     }
     if (!common.run_dir) { fprintf(stderr, "dflash-shm: --run DIR is required (see --help)\n"); return 2; }
+    if ((as_json || field) && !status) { fprintf(stderr, "dflash-shm: --json and --field go with --status\n"); return 2; }
 
     if (status || shutdown_req) {
         ring_set_log(ring_log_to_stage, NULL);
-        json_t *reply = control_request(common.run_dir, status ? "status" : "shutdown", timeout_ms);
+        static struct shm_ctl_reply reply;   /* ~45 KB */
+        char why[600];
+        int got = control_request(common.run_dir, status ? SHM_CTL_STATUS : SHM_CTL_SHUTDOWN, timeout_ms, &reply, why, sizeof why);
+        if (got == 0 && reply.kind == SHM_CTL_ERROR) {
+            fprintf(stderr, "dflash-shm: the run's dflash-shm refused the request: %s\n", reply.error);
+            return 1;
+        }
         if (shutdown_req) {
-            if (!reply) { fprintf(stderr, "dflash-shm: no answer on the control socket of %s within %d ms\n", common.run_dir, timeout_ms); return 1; }
+            if (got != 0) { fprintf(stderr, "dflash-shm: %s\n", why); return 1; }
             printf("dflash-shm of %s is shutting down\n", common.run_dir);
-            json_decref(reply);
             return 0;
         }
-        if (!reply) {
-            fprintf(stderr, "dflash-shm: no answer on the control socket of %s within %d ms; reading the segments directly\n",
-                    common.run_dir, timeout_ms);
-            reply = status_from_segments(common.run_dir);
-            if (!reply) return 1;
+        if (got != 0) {
+            fprintf(stderr, "dflash-shm: %s; reading the segments directly\n", why);
+            if (status_from_segments(common.run_dir, &reply.status) != 0) return 1;
         }
-        if (as_json) {
-            char *t = json_dumps(reply, JSON_INDENT(2));
+        if (field) {   /* comma-separated paths: the values of one snapshot, space-separated */
+            char list[512], line[4096] = "", val[256];
+            snprintf(list, sizeof list, "%s", field);
+            char *save = NULL;
+            for (char *f = strtok_r(list, ",", &save); f; f = strtok_r(NULL, ",", &save)) {
+                if (shm_ctl_field(&reply.status, f, val, sizeof val, err, sizeof err) != 0) {
+                    fprintf(stderr, "dflash-shm: %s\n", err);
+                    return 2;
+                }
+                size_t at = strlen(line);
+                snprintf(line + at, sizeof line - at, "%s%s", at ? " " : "", val);
+            }
+            printf("%s\n", line);
+        } else if (as_json) {
+            char *t = shm_ctl_status_json(&reply.status, 2);
+            ALLOC_CHECK(t);
             printf("%s\n", t);
             free(t);
         } else {
-            print_table(reply);
+            print_table(&reply.status);
         }
-        json_decref(reply);
         return 0;
     }
 
@@ -375,24 +389,43 @@ int main(int argc, char **argv) {
     int rcv_ms = 250;
     NN_CHECK(nn_setsockopt(sock, NN_SOL_SOCKET, NN_RCVTIMEO, &rcv_ms, sizeof rcv_ms));
     NN_CHECK(nn_setsockopt(sock, NN_SOL_SOCKET, NN_SNDTIMEO, &rcv_ms, sizeof rcv_ms));
-    if (nn_bind(sock, url) < 0) {
-        int e = nn_errno();
+    /* Owner-only socket whatever the caller's umask: umask 0177 while nanomsg creates it (no
+     * window in which another user can connect), then an explicit chmod 0600 and a check. */
+    mode_t old_mask = umask(0177);
+    int bound = nn_bind(sock, url);
+    int bind_errno = nn_errno();
+    umask(old_mask);
+    if (bound < 0) {
         for (int k = 0; k < n_specs; k++) ring_close(rings[k]);
-        DIE("nn_bind(%s) failed: %s (hint: is another dflash-shm serving this run?)", url, nn_strerror(e));
+        DIE("nn_bind(%s) failed: %s (hint: is another dflash-shm serving this run?)", url, nn_strerror(bind_errno));
+    }
+    {
+        const char *sock_path = url + strlen("ipc://");
+        struct stat sb;
+        for (int i = 0; i < 100 && lstat(sock_path, &sb) != 0; i++) usleep(10000);   /* nanomsg binds from its worker */
+        SYS_CHECK(chmod(sock_path, 0600));
+        SYS_CHECK(lstat(sock_path, &sb));
+        if (sb.st_uid != geteuid() || (sb.st_mode & 077)) {
+            for (int k = 0; k < n_specs; k++) ring_close(rings[k]);
+            DIE("control socket %s is owned by uid %u with mode %04o after chmod 0600", sock_path, (unsigned)sb.st_uid,
+                (unsigned)(sb.st_mode & 07777));
+        }
     }
     write_shm_json(common.run_dir, specs, n_specs, "running");
     log_info("serving %d ring(s) on %s", n_specs, url);
 
     double last_recover = time_mono_s();
     int stop = 0;
+    static struct shm_ctl_reply rep;   /* ~45 KB, reused for every reply */
     while (!stop && !stage_stopping()) {
         char *buf = NULL;
         int n = nn_recv(sock, &buf, NN_MSG, 0);
         if (n >= 0) {
             char *reply = NULL;
-            stop = handle_request(buf, n, rings, n_specs, &reply);
+            size_t reply_len = 0;
+            stop = handle_request(buf, n, rings, n_specs, &rep, &reply, &reply_len);
             nn_freemsg(buf);
-            if (nn_send(sock, reply, strlen(reply), 0) < 0) log_warn("control reply not sent: %s", nn_strerror(nn_errno()));
+            if (nn_send(sock, reply, reply_len, 0) < 0) log_warn("control reply not sent: %s", nn_strerror(nn_errno()));
             free(reply);
             if (stop) log_info("shutdown requested on the control socket");
         } else if (nn_errno() != ETIMEDOUT && nn_errno() != EINTR && nn_errno() != EAGAIN) {
@@ -404,6 +437,37 @@ int main(int argc, char **argv) {
             last_recover = time_mono_s();
             for (int k = 0; k < n_specs; k++) ring_recover(rings[k]);
         }
+    }
+    /* A signal before the end of the stream (some ring not drained, or items still in a slot) must
+     * not close the rings: the stages would take "closed" for the end of their stream. A ring is
+     * in use while an item is in a slot, a producer has not drained (alive, or dead and awaiting
+     * its restart) or a live consumer is attached. Leave the
+     * segments in place for a restart with the same command to adopt, and exit 3
+     * (STAGE_EXIT_STOPPED of stages/core/stage.h) so the supervisor restarts us. A shutdown
+     * request, or a signal once every ring is drained and empty, closes and unlinks as before. */
+    int busy = 0;
+    if (!stop) {
+        struct ring_status *st = malloc(sizeof *st);
+        ALLOC_CHECK(st);
+        for (int k = 0; k < n_specs; k++) {
+            ring_get_status(rings[k], st);
+            int in_use = st->n_ready || st->n_writing || st->n_reading;
+            for (int j = 0; j < st->n_attached; j++) {
+                const struct ring_attached *e = &st->attached[j];
+                if ((e->role == RING_PRODUCER && !e->drained) || (e->role == RING_CONSUMER && e->alive)) in_use = 1;
+            }
+            busy += in_use;
+        }
+        free(st);
+    }
+    if (busy) {
+        log_warn("signal %d before the end of the stream (%d ring(s) still in use): leaving the segments for a restart "
+                 "to adopt; exiting with status 3", stage_stop_signal(), busy);
+        for (int k = 0; k < n_specs; k++) ring_disown(rings[k]);
+        for (int k = 0; k < n_specs; k++) ring_close(rings[k]);   /* unmaps only */
+        write_shm_json(common.run_dir, specs, n_specs, "stopped");
+        nn_close(sock);
+        return 3;   /* STAGE_EXIT_STOPPED (stages/core/stage.h, added by the stage-loop work; literal until then) */
     }
     if (stage_stopping()) log_info("signal %d: closing rings", stage_stop_signal());
     for (int k = 0; k < n_specs; k++) ring_set_closed(rings[k]);

@@ -4,6 +4,9 @@
  * truncated or corrupt index files rejected with a sentence.
  */
 #include "core/dataset.h"
+
+#include <stddef.h>
+#include <sys/wait.h>
 #include "testutil.h"
 
 #include <fcntl.h>
@@ -275,6 +278,124 @@ START_TEST(index_corrupt_rejected) {
 }
 END_TEST
 
+/* Issue 14 item 10: the checks that protect later stages run without --verify-index. */
+START_TEST(index_values_checked_without_verify) {
+    const char *dir = test_tmpdir("vals");
+    char jpath[600], good[600], bad[600], err[512];
+    snprintf(jpath, sizeof jpath, "%s/d.jsonl", dir);
+    snprintf(good, sizeof good, "%s/good.idx", dir);
+    snprintf(bad, sizeof bad, "%s/bad.idx", dir);
+    struct dataset a, b;
+    make_random(jpath, 50, 11, &a);
+    ck_assert_int_eq(dataset_write_index(&a, good, err, sizeof err), 0);
+    struct dataset_index_header h;
+    FILE *f = fopen(good, "rb");
+    ck_assert_uint_eq(fread(&h, sizeof h, 1, f), 1);
+    fclose(f);
+    /* a token above the header's maximum, a negative token, a mask value 2, a wrong first table */
+    copy_file(good, bad);
+    int32_t tok = h.max_token_id + 1;
+    poke(bad, (long)(h.off_tokens + 4 * 20), &tok, 4);
+    expect_open_fails(bad, 0, "is outside [0, ");
+    copy_file(good, bad);
+    tok = -7;
+    poke(bad, (long)(h.off_tokens + 4 * 3), &tok, 4);
+    expect_open_fails(bad, 0, "= -7 is outside");
+    copy_file(good, bad);
+    uint8_t two = 2;
+    poke(bad, (long)(h.off_loss + 9), &two, 1);
+    expect_open_fails(bad, 0, "loss_mask[");
+    copy_file(good, bad);
+    uint32_t first = 0;
+    uint32_t cur;
+    f = fopen(good, "rb");
+    ck_assert_int_eq(fseek(f, (long)h.off_first, SEEK_SET), 0);
+    ck_assert_uint_eq(fread(&cur, 4, 1, f), 1);
+    fclose(f);
+    first = cur == 0 ? 1 : 0;
+    poke(bad, (long)h.off_first, &first, 4);
+    expect_open_fails(bad, 0, "first supervised token");
+    /* a header claiming a small maximum id (rehashed, so it passes the header check): the vocab
+     * check cannot be fooled by it, because every token is checked against it at open */
+    copy_file(good, bad);
+    struct dataset_index_header h2 = h;
+    h2.max_token_id = 10;
+    h2.header_hash = dataset_hash64(&h2, offsetof(struct dataset_index_header, header_hash), 7);
+    poke(bad, 0, &h2, sizeof h2);
+    struct dataset_load_opts o = {.vocab_size = 100};
+    ck_assert_int_eq(dataset_open(&b, bad, &o, NULL, 0, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "outside [0, 10]"), "%s", err);
+    dataset_free(&a);
+}
+END_TEST
+
+START_TEST(jsonl_nul_and_bad_magic) {
+    const char *dir = test_tmpdir("nul");
+    char path[600], err[1024];
+    snprintf(path, sizeof path, "%s/d.jsonl", dir);
+    static const char text[] = "{\"input_ids\": [1, 2], \"loss_mask\": [0, 1]}\n{\"input_ids\": [1, 2\0, 3], \"loss_mask\": [0, 1, 1]}\n";
+    FILE *f = fopen(path, "wb");
+    ck_assert_uint_eq(fwrite(text, 1, sizeof text - 1, f), sizeof text - 1);
+    fclose(f);
+    struct dataset ds;
+    ck_assert_int_eq(dataset_load_jsonl(&ds, path, NULL, NULL, err, sizeof err), -1);
+    char want[700];
+    snprintf(want, sizeof want, "%s:2:20: malformed JSON: a NUL byte inside the line", path);
+    ck_assert_str_eq(err, want);
+    /* an index whose magic lost a byte: reported as a bad index magic, not as malformed JSON */
+    char jpath[600], ipath[600];
+    snprintf(jpath, sizeof jpath, "%s/r.jsonl", dir);
+    snprintf(ipath, sizeof ipath, "%s/r.idx", dir);
+    struct dataset a;
+    make_random(jpath, 5, 3, &a);
+    ck_assert_int_eq(dataset_write_index(&a, ipath, err, sizeof err), 0);
+    dataset_free(&a);
+    poke(ipath, 0, "XX", 2);
+    ck_assert_int_eq(dataset_open(&ds, ipath, NULL, NULL, 0, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "bad magic") && !strstr(err, "malformed JSON"), "%s", err);
+    poke(ipath, 0, "DFLIDX\n\n", 8);
+    ck_assert_int_eq(dataset_open(&ds, ipath, NULL, NULL, 0, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "bad magic"), "%s", err);
+}
+END_TEST
+
+/* A truncated index under a running reader: SIGBUS as before, but with a line naming the file. */
+START_TEST(index_truncated_while_mapped) {
+    const char *dir = test_tmpdir("bus");
+    char jpath[600], ipath[600], err[512];
+    snprintf(jpath, sizeof jpath, "%s/d.jsonl", dir);
+    snprintf(ipath, sizeof ipath, "%s/d.idx", dir);
+    struct dataset a;
+    make_random(jpath, 400, 5, &a);
+    ck_assert_int_eq(dataset_write_index(&a, ipath, err, sizeof err), 0);
+    dataset_free(&a);
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        struct dataset ds;
+        if (dataset_open_index(&ds, ipath, 0, err, sizeof err) != 0) _exit(10);
+        if (truncate(ipath, 8192) != 0) _exit(11);
+        volatile int64_t sum = 0;
+        for (uint64_t i = 0; i < ds.n_tokens; i++) sum += ds.tokens[i];
+        _exit(12);   /* must not get here */
+    }
+    close(fds[1]);
+    char out[2048];
+    size_t n = 0;
+    ssize_t k;
+    while (n + 1 < sizeof out && (k = read(fds[0], out + n, sizeof out - 1 - n)) > 0) n += (size_t)k;
+    out[n] = 0;
+    close(fds[0]);
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGBUS, "child status 0x%x", st);
+    ck_assert_msg(strstr(out, "SIGBUS reading") && strstr(out, ipath) && strstr(out, "truncated"), "stderr: %s", out);
+}
+END_TEST
+
 START_TEST(hash_detects_changes) {
     uint8_t buf[1000];
     uint64_t s = 1;
@@ -301,6 +422,9 @@ int main(void) {
     tcase_add_test(tc, index_round_trip);
     tcase_add_test(tc, index_corrupt_rejected);
     tcase_add_test(tc, hash_detects_changes);
+    tcase_add_test(tc, index_values_checked_without_verify);
+    tcase_add_test(tc, jsonl_nul_and_bad_magic);
+    tcase_add_test(tc, index_truncated_while_mapped);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

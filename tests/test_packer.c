@@ -251,7 +251,7 @@ START_TEST(seek_and_resume) {
     uint64_t *all = collect(&p, 0, &n);
     int64_t e0 = packer_epoch_batches(&p, 0, err, sizeof err), e1 = packer_epoch_batches(&p, 1, err, sizeof err);
     ck_assert_uint_eq(n, (uint64_t)(e0 + e1 + packer_epoch_batches(&p, 2, err, sizeof err)));
-    uint64_t targets[] = {0, 1, (uint64_t)e0 - 1, (uint64_t)e0, (uint64_t)e0 + 5, (uint64_t)(e0 + e1), n - 1, n, n + 10};
+    uint64_t targets[] = {0, 1, (uint64_t)e0 - 1, (uint64_t)e0, (uint64_t)e0 + 5, (uint64_t)(e0 + e1), n - 1, n};
     for (size_t t = 0; t < sizeof targets / sizeof targets[0]; t++) {
         uint64_t S = targets[t], k;
         ck_assert_int_eq(packer_seek(&p, S, err, sizeof err), 0);
@@ -260,6 +260,10 @@ START_TEST(seek_and_resume) {
         ck_assert_msg(!k || !memcmp(h, all + S, 8 * k), "stream after seek(%llu) differs", (unsigned long long)S);
         free(h);
     }
+    /* one past the end is an error that says so (issue 14 item 6: it used to be a silent no-op) */
+    ck_assert_int_eq(packer_seek(&p, n + 1, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "past the end") && strstr(err, "batches"), "%s", err);
+    ck_assert_int_eq(packer_seek(&p, n + 10, err, sizeof err), -1);
     /* resume from a saved cursor (through its text form) in a fresh packer */
     struct packer q;
     ck_assert_int_eq(packer_init(&q, &m.ds, &c, err, sizeof err), 0);

@@ -449,10 +449,9 @@ START_TEST(shm_bad_flags_and_gpu_without_gpu) {
 }
 END_TEST
 
-static void find_seg(void *ctx, const char *segment, int pid, int alive) {
-    (void)pid;
+static void find_seg(void *ctx, const struct ring_segment_info *in) {
     char **want = ctx;
-    if (!strcmp(segment, want[0] + 1)) want[1] = alive ? "alive" : "dead";
+    if (!strcmp(in->segment, want[0] + 1)) want[1] = in->owner_alive ? "alive" : "dead";
 }
 
 START_TEST(stale_segments_listed_and_removed) {
@@ -464,7 +463,7 @@ START_TEST(stale_segments_listed_and_removed) {
     if (pid == 0) { ring_create(run, &sp, err, sizeof err) ? _exit(0) : _exit(1); }   /* dies without unlinking */
     ck_assert_int_eq(tr_wait(pid), 0);
     char *want[2] = {seg, NULL};
-    ck_assert_int_ge(ring_scan_segments(find_seg, want, err, sizeof err), 1);
+    ck_assert_int_ge(ring_scan_segments(NULL, find_seg, want, err, sizeof err), 1);
     ck_assert_str_eq(want[1], "dead");
     char out[16384];
     char *ls[] = {(char *)test_bin("dflash-shm"), "--list-stale", NULL};

@@ -15,7 +15,10 @@
 #include <jansson.h>
 #include <libgen.h>
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,8 +57,70 @@ static uint64_t data_hash(const struct dataset *ds) {
     return dataset_hash64(ds->loss_mask, ds->n_tokens, h);
 }
 
+/* ---------------------------------------------------------------- SIGBUS guard
+ *
+ * An index is memory-mapped; if someone truncates the file while a stage reads it, the next
+ * read of a page past the new end raises SIGBUS. That cannot be turned into an error return, but
+ * it must not be silent: the handler writes one line naming the file, then lets the signal kill
+ * the process as before (default action), so the supervisor sees a crash, restarts the stage,
+ * and the restart reports "truncated index" at open. Faults outside our mappings are passed to
+ * the previous handler / default action untouched. */
+#define GUARD_MAX 16
+static struct { void *_Atomic addr; size_t len; char line[600]; size_t line_len; } g_guard[GUARD_MAX];
+static struct sigaction g_prev_bus;
+static pthread_mutex_t g_guard_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_guard_installed;
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc) {
+    for (int i = 0; i < GUARD_MAX; i++) {
+        char *a = atomic_load(&g_guard[i].addr);
+        if (a && (char *)si->si_addr >= a && (char *)si->si_addr < a + g_guard[i].len) {
+            ssize_t w = write(2, g_guard[i].line, g_guard[i].line_len);
+            (void)w;
+            signal(SIGBUS, SIG_DFL);   /* returning re-runs the faulting read: it dies of SIGBUS now */
+            return;
+        }
+    }
+    if (g_prev_bus.sa_flags & SA_SIGINFO) { if (g_prev_bus.sa_sigaction) g_prev_bus.sa_sigaction(sig, si, uc); return; }
+    if (g_prev_bus.sa_handler != SIG_DFL && g_prev_bus.sa_handler != SIG_IGN && g_prev_bus.sa_handler) { g_prev_bus.sa_handler(sig); return; }
+    signal(SIGBUS, SIG_DFL);
+}
+
+static int guard_mapping(void *addr, size_t len, const char *path) {
+    int rc = 0;
+    pthread_mutex_lock(&g_guard_mu);
+    if (!g_guard_installed) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_sigbus;
+        sa.sa_flags = SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGBUS, &sa, &g_prev_bus) != 0) rc = -1;
+        else g_guard_installed = 1;
+    }
+    for (int i = 0; rc == 0 && i < GUARD_MAX; i++) {
+        if (atomic_load(&g_guard[i].addr)) continue;
+        g_guard[i].len = len;
+        int n = snprintf(g_guard[i].line, sizeof g_guard[i].line,
+                         "dataset: SIGBUS reading %s: the index file was truncated or replaced in place while this process had it "
+                         "mapped (never rewrite an index a running stage uses; write a new file and rename it)\n", path);
+        g_guard[i].line_len = n < 0 ? 0 : (size_t)n >= sizeof g_guard[i].line ? sizeof g_guard[i].line - 1 : (size_t)n;
+        atomic_store(&g_guard[i].addr, addr);
+        break;   /* more than GUARD_MAX open indexes: the rest just die silently, as before */
+    }
+    pthread_mutex_unlock(&g_guard_mu);
+    return rc;
+}
+
+static void unguard_mapping(void *addr) {
+    pthread_mutex_lock(&g_guard_mu);
+    for (int i = 0; i < GUARD_MAX; i++)
+        if (atomic_load(&g_guard[i].addr) == addr) atomic_store(&g_guard[i].addr, NULL);
+    pthread_mutex_unlock(&g_guard_mu);
+}
+
 void dataset_free(struct dataset *ds) {
-    if (ds->map_) munmap(ds->map_, ds->map_bytes_);
+    if (ds->map_) { unguard_mapping(ds->map_); munmap(ds->map_, ds->map_bytes_); }
     for (int i = 0; i < 4; i++) free(ds->own_[i]);
     memset(ds, 0, sizeof *ds);
 }
@@ -216,7 +281,13 @@ int dataset_load_jsonl(struct dataset *ds, const char *path, const struct datase
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) n--;   /* so JSON columns refer to this line */
         uint32_t fl = 0;
         if (grow_reserve(&offs, 1) || grow_reserve(&first, 1)) { err_fail(err, err_len, "%s: out of memory", path); goto out; }
-        if (parse_sample(path, st->lines, line, (size_t)n, o->vocab_size, &tok, &loss, &fl, msg, sizeof msg)) {
+        const char *nul = memchr(line, 0, (size_t)n);
+        int bad = nul != NULL;
+        if (nul) /* jansson would stop at it or skip it: a NUL is never valid JSON text */
+            err_fail(msg, sizeof msg, "%s:%llu:%lld: malformed JSON: a NUL byte inside the line", path, (unsigned long long)st->lines,
+                     (long long)(nul - line) + 1);
+        else bad = parse_sample(path, st->lines, line, (size_t)n, o->vocab_size, &tok, &loss, &fl, msg, sizeof msg);
+        if (bad) {
             if (!o->skip_bad) { err_fail(err, err_len, "%s", msg); goto out; }
             st->skipped_bad++;
             if (o->on_bad) o->on_bad(o->ctx, msg);
@@ -353,10 +424,11 @@ static int check_section(const char *path, const char *name, uint64_t off, uint6
     return 0;
 }
 
-static int verify_content(const struct dataset *ds, const struct dataset_index_header *h, char *err, int err_len) {
+/* Token range, mask values and the `first` table: run on every open, whatever verify says,
+ * because later stages index embeddings with these ids and trust the mask (O(n_tokens), about
+ * 1 GB/s). The hash is only checked with verify. */
+static int check_values(const struct dataset *ds, const struct dataset_index_header *h, char *err, int err_len) {
     const char *path = ds->path;
-    if (data_hash(ds) != h->data_hash)
-        return err_fail(err, err_len, "%s: corrupt index: the data hash does not match the header (the file was modified or damaged)", path);
     for (uint64_t r = 0; r < ds->n_rows; r++) {
         uint64_t lo = ds->offsets[r], hi = ds->offsets[r + 1];
         uint32_t first = (uint32_t)(hi - lo);
@@ -449,7 +521,15 @@ int dataset_open_index(struct dataset *ds, const char *path, int verify, char *e
             goto bad;
         }
     }
-    if (verify && verify_content(ds, &h, err, err_len)) goto bad;
+    if (check_values(ds, &h, err, err_len)) goto bad;
+    if (verify && data_hash(ds) != h.data_hash) {
+        err_fail(err, err_len, "%s: corrupt index: the data hash does not match the header (the file was modified or damaged)", path);
+        goto bad;
+    }
+    if (guard_mapping(map, size, path) != 0) {
+        err_fail(err, err_len, "%s: cannot install the SIGBUS guard: %s", path, strerror(errno));
+        goto bad;
+    }
     return 0;
 bad:
     dataset_free(ds);
@@ -469,12 +549,15 @@ int dataset_check_vocab(const struct dataset *ds, int64_t vocab_size, char *err,
 
 int dataset_open(struct dataset *ds, const char *path, const struct dataset_load_opts *o, struct dataset_load_stats *st,
                  int verify, char *err, int err_len) {
-    char magic[8] = {0};
+    char magic[16] = {0};
     FILE *f = fopen(path, "rb");
     if (!f) return err_fail(err, err_len, "%s: cannot open: %s", path, strerror(errno));
-    size_t got = fread(magic, 1, 8, f);
+    size_t got = fread(magic, 1, sizeof magic, f);
     fclose(f);
-    if (got == 8 && !memcmp(magic, DATASET_INDEX_MAGIC, 8)) {
+    /* An index with a damaged magic ("DFLIDX" prefix, or a NUL byte in the first 16, where JSONL has text) goes
+     * to the index reader, which says "bad magic", not to the JSON parser. */
+    int binary = memchr(magic, 0, got) != NULL;
+    if ((got >= 6 && !memcmp(magic, DATASET_INDEX_MAGIC, 6)) || binary) {
         if (dataset_open_index(ds, path, verify, err, err_len)) return -1;
         if (st) { memset(st, 0, sizeof *st); st->rows = ds->n_rows; }
         if (o && o->vocab_size > 0 && dataset_check_vocab(ds, o->vocab_size, err, err_len)) {

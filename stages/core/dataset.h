@@ -19,8 +19,14 @@
  *   loss     uint8[n_tokens]    0/1
  * The header carries a hash of its own bytes and a hash of the four sections. Opening always
  * checks magic, version, header hash, the file size against the sizes in the header, section
- * placement and that offsets are non-decreasing (O(n_rows)); with verify it also rehashes the data
- * and checks every token and mask value and the `first` table (O(n_tokens), a few GB/s).
+ * placement, that offsets are increasing, and every token (0 <= id <= the header's max_token_id)
+ * and mask value (0/1) and the `first` table (O(n_tokens), about 1 GB/s): later stages index
+ * embeddings with these ids, so these checks never depend on verify; verify adds the data hash.
+ * dataset_open sends a file with a damaged magic (a "DFLIDX" prefix, or a NUL byte in its first 16
+ * bytes) to the index reader, which reports "bad magic" rather than malformed JSON. A NUL byte in a
+ * JSONL line is malformed JSON ("FILE:LINE:COL: ...").
+ * While an index is mapped, a SIGBUS on its pages (the file was truncated under a running stage)
+ * writes one line naming the file to stderr before the process dies of the signal as before.
  *
  * A struct dataset is read-only once loaded, so several threads may read one. Functions return 0
  * or -1 with one sentence in err (naming the file); none exits.

@@ -230,6 +230,13 @@ int packer_seek(struct packer *p, uint64_t seq, char *err, int err_len) {
         if (rem < (uint64_t)c) break;
         rem -= (uint64_t)c;
     }
+    if (epoch_done(p, e) && rem > 0)
+        return err_fail(err, err_len, "seq %llu is past the end of the stream, which has %llu batches in %u epoch(s) "
+                        "(nothing would be packed; the last seq is %llu)", (unsigned long long)seq,
+                        (unsigned long long)(seq - rem), p->cfg.epochs, (unsigned long long)(seq - rem) - 1);
+    if (p->cfg.max_batches && seq > p->cfg.max_batches)
+        return err_fail(err, err_len, "seq %llu is past the end of the stream, which stops after --max-batches %llu",
+                        (unsigned long long)seq, (unsigned long long)p->cfg.max_batches);
     p->cur = (struct packer_cursor){e, epoch_done(p, e) ? 0 : rem, seq, p->fingerprint, -1};
     p->stats.batches = p->stats.tokens = p->stats.loss_tokens = p->stats.padding = 0;
     p->ended = 0;

@@ -98,8 +98,10 @@ struct packer {
 int packer_init(struct packer *p, const struct dataset *ds, const struct packer_config *cfg, char *err, int err_len);
 void packer_free(struct packer *p);
 
-/* Position the stream so that the next batch emitted has sequence number seq. A seq at or past
- * the end of the stream is fine (packer_next then returns 0). Cost: one plan per epoch not yet
+/* Position the stream so that the next batch emitted has sequence number seq. A seq exactly at
+ * the end of the stream is fine (packer_next then returns 0); one past the end fails with a
+ * sentence giving the stream's length (a resume point beyond it means a wrong --resume-from-seq
+ * or another dataset, and must not pass for "done"). Cost: one plan per epoch not yet
  * seen, O(rows log window) each. Resets the emitted-batch counters of stats. */
 int packer_seek(struct packer *p, uint64_t seq, char *err, int err_len);
 

@@ -71,6 +71,13 @@ static int check_range(const struct st_tensor *t, int64_t first, int64_t n, char
     return 0;
 }
 
+/* A checkpoint weight that is NaN or infinite is refused at load (style: bad input gets a
+ * sentence naming file, tensor and element), not found downstream as NaN hidden states. */
+static int nonfinite(const struct st_tensor *t, int64_t i, float v, char *err, int err_len) {
+    return err_fail(err, err_len, "%s: tensor '%s' element %lld is %s: the checkpoint is corrupt", t->path, t->name, (long long)i,
+                    isnan(v) ? "NaN" : "infinite");
+}
+
 int weights_convert_f32(const struct st_tensor *t, int64_t first, int64_t n, float *dst, char *err, int err_len) {
     if (check_range(t, first, n, err, err_len) != 0) return -1;
     const unsigned char *src = (const unsigned char *)t->data + (size_t)first * st_dtype_size(t->dtype);
@@ -95,6 +102,8 @@ int weights_convert_f32(const struct st_tensor *t, int64_t first, int64_t n, flo
     default:
         break;   /* excluded by check_range */
     }
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(dst[i])) return nonfinite(t, first + i, dst[i], err, err_len);
     return 0;
 }
 
@@ -122,6 +131,8 @@ int weights_convert_bf16(const struct st_tensor *t, int64_t first, int64_t n, bf
     default:
         break;
     }
+    for (int64_t i = 0; i < n; i++)
+        if ((dst[i] & 0x7f80u) == 0x7f80u) return nonfinite(t, first + i, bf16_to_float(dst[i]), err, err_len);
     return 0;
 }
 
