@@ -207,10 +207,13 @@ START_TEST(newest_valid) {
         ck_assert_int_eq(ckpt_path(path, sizeof path, dir, s), 0);
         write_small(path, &a, s, s == 20 ? other : CFG);
     }
-    snprintf(path, sizeof path, "%s/step-40.ckpt.tmp.123", dir);   /* a killed writer's leftover: ignored */
-    FILE *lf = fopen(path, "w");
-    ck_assert_ptr_nonnull(lf);
-    fclose(lf);
+    const char *junk[] = { "step-40.ckpt.tmp.123" /* a killed writer's leftover */, "step-050.ckpt", "step-x.ckpt", "notes.txt" };
+    for (int j = 0; j < 4; j++) {   /* ignored by the search */
+        snprintf(path, sizeof path, "%s/%s", dir, junk[j]);
+        FILE *lf = fopen(path, "w");
+        ck_assert_ptr_nonnull(lf);
+        fclose(lf);
+    }
     ck_assert_int_eq(ckpt_path(path, sizeof path, dir, 30), 0);
     ck_assert_int_eq(truncate(path, 1300), 0);
     /* 30 is truncated (skipped, logged); 20 is of another configuration: refused */
@@ -290,6 +293,9 @@ struct run {
     struct optim_guard guard;
     uint64_t rng;               /* the run's RNG state */
     int64_t step, sched_pos, next_seq;
+    unsigned poison;            /* bit s: step s sees a NaN loss */
+    int64_t stopped_at;         /* the step the guard stopped at, or -1 */
+    char stop_msg[256];
 };
 
 static int64_t rs_numel(int i) { return rs_shape[i][0] * (rs_shape[i][1] ? rs_shape[i][1] : 1); }
@@ -314,11 +320,13 @@ static void run_init(struct run *r, uint64_t init_seed) {
     ck_assert_int_eq(sched_init(&r->sc, SCHED_COSINE, 10, 2, -1, err, sizeof err), 0);
     optim_guard_init(&r->guard, 3);
     r->rng = 12345;
+    r->poison = 1u << 6;
+    r->stopped_at = -1;
 }
 
 static void run_steps(struct run *r, int64_t until) {
     char err[256], msg[256];
-    while (r->step < until) {
+    while (r->step < until && r->stopped_at < 0) {
         double loss = 0;
         for (int mb = 0; mb < 2; mb++) {
             for (int i = 0; i < 3; i++)
@@ -330,11 +338,11 @@ static void run_steps(struct run *r, int64_t until) {
             r->next_seq++;
         }
         loss /= 2;
-        if (r->step == 6) loss = NAN;   /* a poisoned batch: skipped, counted */
+        if (r->poison >> r->step & 1) loss = NAN;   /* a poisoned batch: skipped, counted */
         optim_scale_grads(r->t, RT, 0.5f);
         double norm = optim_clip_grad_norm(r->t, RT, 1.0);
         enum optim_guard_action act = optim_guard_check(&r->guard, r->step, loss, norm, msg, sizeof msg);
-        ck_assert_int_ne(act, OPTIM_GUARD_STOP);
+        if (act == OPTIM_GUARD_STOP) { r->stopped_at = r->step; snprintf(r->stop_msg, sizeof r->stop_msg, "%s", msg); break; }
         if (act == OPTIM_GUARD_OK) {
             ck_assert_int_eq(optim_step(&r->o, sched_factor(&r->sc, r->sched_pos), err, sizeof err), 0);
             r->sched_pos++;
@@ -348,17 +356,17 @@ static void run_table(struct run *r, struct ckpt_table *tab) {
     char err[256];
     ckpt_table_init(tab);
     ck_assert_int_eq(ckpt_table_add_optim(tab, &r->o, err, sizeof err), 0);
-    ck_assert_int_eq(ckpt_table_add(tab, "guard.skipped_total", CKPT_I64, 1, &r->guard.skipped_total, err, sizeof err), 0);
+    ck_assert_int_eq(ckpt_table_add_guard(tab, &r->guard, err, sizeof err), 0);
 }
 
-START_TEST(exact_resume) {
+static void resume_case(unsigned poison) {
     static struct run a, b, c;
     run_init(&a, 1);
+    a.poison = poison;
     run_steps(&a, 10);
-    ck_assert_int_eq(a.guard.skipped_total, 1);
-    ck_assert_int_eq(a.o.adamw_step, 9);
 
     run_init(&b, 1);
+    b.poison = poison;
     run_steps(&b, 5);
     const char *dir = test_tmpdir("resume");
     char err[512], path[700];
@@ -371,6 +379,7 @@ START_TEST(exact_resume) {
 
     /* a fresh process: other initial weights, zero state, then load */
     run_init(&c, 999);
+    c.poison = poison;
     run_table(&c, &tab);
     struct ckpt_info info;
     ck_assert_int_eq(ckpt_find_newest_valid(dir, CFG, NULL, 0, NULL, NULL, path, sizeof path, &info, err, sizeof err), 1);
@@ -396,9 +405,29 @@ START_TEST(exact_resume) {
     ck_assert_int_eq(a.next_seq, c.next_seq);
     ck_assert_int_eq(a.rng, c.rng);
     ck_assert_int_eq(a.guard.skipped_total, c.guard.skipped_total);
-    /* and the weights did move (the test would pass trivially otherwise) */
-    ck_assert_int_ne(memcmp(a.w[0], b.w[0], sizeof a.w[0]), 0);
+    ck_assert_int_eq(a.stopped_at, c.stopped_at);
+    ck_assert_str_eq(a.stop_msg, c.stop_msg);
+    if (poison == (1u << 6)) {
+        /* the second half did move the weights (the test would pass trivially otherwise) */
+        ck_assert_int_ne(memcmp(a.w[0], b.w[0], sizeof a.w[0]), 0);
+        ck_assert_int_eq(a.stopped_at, -1);
+        ck_assert_int_eq(a.guard.skipped_total, 1);
+        ck_assert_int_eq(a.o.adamw_step, 9);
+    } else {
+        ck_assert_int_eq(a.stopped_at, 6);
+        ck_assert_str_eq(a.stop_msg, "step 4: loss is nan (first non-finite value); 3 non-finite steps in a row, stopping");
+    }
     optim_free(&a.o); optim_free(&b.o); optim_free(&c.o);
+}
+
+/* One poisoned step (6): skipped, and 5 + 5 steps end bit-identical to 10. */
+START_TEST(exact_resume) { resume_case(1u << 6); }
+END_TEST
+
+/* Steps 4, 5, 6 poisoned: the streak spans the checkpoint after step 4, so the resumed run must
+ * carry the guard's streak to stop at step 6 with the same message, as the straight run does. */
+START_TEST(exact_resume_guard_streak) {
+    resume_case(7u << 4);
 }
 END_TEST
 
@@ -414,6 +443,7 @@ int main(void) {
     tcase_add_test(tc, keep_last_k);
     tcase_add_test(tc, state_file);
     tcase_add_test(tc, exact_resume);
+    tcase_add_test(tc, exact_resume_guard_streak);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

@@ -130,6 +130,10 @@ int ckpt_table_add_optim(struct ckpt_table *tab, struct optim *o, char *err, int
     return ckpt_table_add(tab, "optim.muon.step", CKPT_I64, 1, &o->muon_step, err, err_len);
 }
 
+int ckpt_table_add_guard(struct ckpt_table *tab, struct optim_guard *g, char *err, int err_len) {
+    return ckpt_table_add(tab, "guard.state", CKPT_U8, (int64_t)sizeof *g, g, err, err_len);
+}
+
 /* ---------------------------------------------------------------- writing */
 
 struct wr { int fd; struct ckpt_hasher h; const char *tmp; char *err; int err_len; };
@@ -485,7 +489,7 @@ static int64_t parse_name(const char *nm) {
     if (strncmp(nm, "step-", 5)) return -1;
     const char *p = nm + 5, *q = p;
     while (*q >= '0' && *q <= '9') q++;
-    if (q == p || q - p > 18 || strcmp(q, ".ckpt")) return -1;
+    if (q == p || q - p > 18 || (p[0] == '0' && q - p > 1) || strcmp(q, ".ckpt")) return -1;
     return strtoll(p, NULL, 10);
 }
 

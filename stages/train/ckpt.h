@@ -116,6 +116,9 @@ int ckpt_table_add(struct ckpt_table *tab, const char *name, int dtype, int64_t 
  * "optim.muon.momentum_buffer.<name>" for Muon ones, and the int64 counters "optim.adamw.step"
  * and "optim.muon.step". The pointers are o's own; o must outlive the table. */
 int ckpt_table_add_optim(struct ckpt_table *tab, struct optim *o, char *err, int err_len);
+/* Append the non-finite guard's counters (its streak included, so a resumed run stops at the same
+ * step an uninterrupted one would) as the bytes of the struct, "guard.state" (u8). */
+int ckpt_table_add_guard(struct ckpt_table *tab, struct optim_guard *g, char *err, int err_len);
 
 /* ---------------------------------------------------------------- files */
 
@@ -132,8 +135,9 @@ void ckpt_info_free(struct ckpt_info *info);
 
 /* Verify the file, then check that its records are exactly the table's (same names, dtypes and
  * element counts, none missing or extra; rng_bytes equal to rng_cap), and only then copy the data
- * into the table's buffers and the RNG state into rng. So on any error nothing of the caller's is
- * overwritten. info may be NULL. */
+ * into the table's buffers and the RNG state into rng. So on any bad file nothing of the caller's is
+ * overwritten (only a read error in the middle of the copy, after every check passed, can leave the
+ * buffers partly loaded). info may be NULL. */
 int ckpt_load(const char *path, const struct ckpt_tensor *t, int n, void *rng, size_t rng_cap,
               struct ckpt_info *info, char *err, int err_len);
 
@@ -150,7 +154,7 @@ int ckpt_config_diff(const char *ckpt_json, const char *run_json, const char *co
 /* <dir>/step-<step>.ckpt into out. Returns -1 if it does not fit. */
 int ckpt_path(char *out, size_t out_len, const char *dir, int64_t step);
 
-/* Steps of the step-<N>.ckpt files in dir, descending, into a malloc'd array (*steps, caller frees;
+/* Steps of the step-<N>.ckpt files (N in decimal without leading zeros, as ckpt_path writes it) in dir, descending, into a malloc'd array (*steps, caller frees;
  * NULL when none). Other names (temporaries included) are ignored. A missing dir counts as empty.
  * Returns the count or -1. */
 int ckpt_list(const char *dir, int64_t **steps, char *err, int err_len);
