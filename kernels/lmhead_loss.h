@@ -50,6 +50,14 @@ typedef struct {
     float gamma;    /* exp-decay γ (4.0) */
     float alpha;    /* D-PACE α in (0, 1] (0.5) */
     float eps;      /* verifier_norm eps (1e-6) */
+    /* Added for the trainer (issue 16); zero keeps the original semantics. The device kernels
+     * (lmhead_loss.cu) do not implement these yet: they require budget == 0, sample_from_anchor == 0. */
+    int budget;     /* > 0: the padded length the anchors were drawn against (speculators pads every batch
+                     * to the token budget): anchors may lie anywhere in [0, T) with a + B <= max(T, budget),
+                     * and rows whose position (or predicted position) is >= T are masked; nothing past T is read */
+    int sample_from_anchor; /* 1: row (b, j) predicts the token at p + 1 = a + j + 1: target from last[p],
+                             * mask m_s = loss_mask[p + 1] · valid[b] (slot 0 included; p + 1 >= T masked;
+                             * the mask index is inferred, §5), exp-decay w_j = exp(-j/γ) */
 } lmhead_loss_config;
 
 /* Checks a config (sizes, enums, DPACE needs CE, α in (0,1], γ > 0); 0 or -1 with a sentence. */
@@ -67,7 +75,7 @@ int lmhead_prune_ref(const float *full, int V_t, int D, const int64_t *d2t, int 
 
 /* Reference forward (fp32 data; double accumulation of dot products and sums).
  * xn (R, D); lm_head, vlm_head (V, D) (may alias); vnorm_w (D); last (T, D); anchors (N) int32 in
- * [0, T - B) or 0 for padding; valid (N); loss_mask (T). round_bf16 != 0 emulates the device's
+ * [0, T - B) or 0 for padding (with budget > 0: a < T and a + B <= max(T, budget)); valid (N); loss_mask (T). round_bf16 != 0 emulates the device's
  * precision (the normed target state and both logits rounded to bf16) for the error baseline.
  * Writes *loss, row_loss (R) ℓ_s (0 where m_s = 0), row_weight (R) w_s·m_s, correct and total (B).
  * Returns 0 or -1 with a sentence in err. Thread-safe; allocates O(V + D). */
@@ -76,6 +84,19 @@ int lmhead_loss_forward_ref(const lmhead_loss_config *c, const float *xn, const 
                             const int32_t *anchors, const uint8_t *valid, const uint8_t *loss_mask,
                             int round_bf16, float *loss, float *row_loss, float *row_weight,
                             int32_t *correct, int32_t *total, char *err, int err_len);
+/* Per-row argmaxes and mask for the metrics and the dumps: pred (R) = argmax z_s for every row, tgt (R) =
+ * argmax t_s where the target row lies in [0, T) (else -1), mask (R) = m_s. Ties go to the first index.
+ * Same inputs and errors as lmhead_loss_forward_ref. Thread-safe; allocates O(V + D). */
+int lmhead_argmax_ref(const lmhead_loss_config *c, const float *xn, const float *lm_head, const float *vlm_head,
+                      const float *vnorm_w, const float *last, const int32_t *anchors, const uint8_t *valid,
+                      const uint8_t *loss_mask, int round_bf16, int32_t *pred, int32_t *tgt, uint8_t *mask,
+                      char *err, int err_len);
+/* Accepted-length EAL of speculators 0.9 (§8): over the N blocks of B rows that have at least one row with
+ * mask = 1, the accepted length is the number of leading slots j = first, first + 1, ... with mask = 1 and
+ * pred == tgt, plus 1 (the bonus token); adds the lengths to *sum and the blocks to *count. first is 1, or 0
+ * with sample_from_anchor. Pure. */
+void lmhead_eal_blocks(const uint8_t *mask, const int32_t *pred, const int32_t *tgt, int N, int B, int first,
+                       double *sum, int64_t *count);
 /* Reference backward: dxn (R, D) = dL/dxn, given the forward's row_weight (R). Same inputs. */
 int lmhead_loss_backward_ref(const lmhead_loss_config *c, const float *xn, const float *lm_head,
                              const float *vlm_head, const float *vnorm_w, const float *last,
