@@ -50,15 +50,19 @@ typedef struct {
     float gamma;    /* exp-decay γ (4.0) */
     float alpha;    /* D-PACE α in (0, 1] (0.5) */
     float eps;      /* verifier_norm eps (1e-6) */
-    /* Added for the trainer (issue 16); zero keeps the original semantics. The device kernels
-     * (lmhead_loss.cu) do not implement these yet: they require budget == 0, sample_from_anchor == 0. */
-    int budget;     /* > 0: the padded length the anchors were drawn against (speculators pads every batch
-                     * to the token budget): anchors may lie anywhere in [0, T) with a + B <= max(T, budget),
-                     * and rows whose position (or predicted position) is >= T are masked; nothing past T is read */
-    int sample_from_anchor; /* 1: row (b, j) predicts the token at p + 1 = a + j + 1: target from last[p],
-                             * mask m_s = loss_mask[p + 1] · valid[b] (slot 0 included; p + 1 >= T masked;
-                             * the mask index is inferred, §5), exp-decay w_j = exp(-j/γ) */
 } lmhead_loss_config;
+
+/* The trainer's modes (issue 16), beside the config so existing callers are unchanged; all-zero (or a NULL
+ * pointer) is the plain semantics above. The device kernels (lmhead_loss.cu) implement only the zero mode. */
+typedef struct {
+    int budget;             /* > 0: the padded length the anchors were drawn against (speculators pads every
+                             * batch to the token budget): anchors may lie anywhere in [0, T) with
+                             * a + B <= max(T, budget); rows whose predicted position is >= T are masked, and
+                             * nothing past T is read */
+    int sample_from_anchor; /* 1: row (b, j) at p = a + j predicts the token at p + 1: target from last[p],
+                             * mask m_s = loss_mask[p + 1] · valid[b] (slot 0 included, p + 1 >= T masked; the
+                             * mask index is inferred, §5), exp-decay w_j = exp(-j/γ) */
+} lmhead_loss_mode;
 
 /* Checks a config (sizes, enums, DPACE needs CE, α in (0,1], γ > 0); 0 or -1 with a sentence. */
 int lmhead_loss_check(const lmhead_loss_config *c, char *err, int err_len);
@@ -75,7 +79,7 @@ int lmhead_prune_ref(const float *full, int V_t, int D, const int64_t *d2t, int 
 
 /* Reference forward (fp32 data; double accumulation of dot products and sums).
  * xn (R, D); lm_head, vlm_head (V, D) (may alias); vnorm_w (D); last (T, D); anchors (N) int32 in
- * [0, T - B) or 0 for padding (with budget > 0: a < T and a + B <= max(T, budget)); valid (N); loss_mask (T). round_bf16 != 0 emulates the device's
+ * [0, T - B) or 0 for padding; valid (N); loss_mask (T). round_bf16 != 0 emulates the device's
  * precision (the normed target state and both logits rounded to bf16) for the error baseline.
  * Writes *loss, row_loss (R) ℓ_s (0 where m_s = 0), row_weight (R) w_s·m_s, correct and total (B).
  * Returns 0 or -1 with a sentence in err. Thread-safe; allocates O(V + D). */
@@ -84,10 +88,20 @@ int lmhead_loss_forward_ref(const lmhead_loss_config *c, const float *xn, const 
                             const int32_t *anchors, const uint8_t *valid, const uint8_t *loss_mask,
                             int round_bf16, float *loss, float *row_loss, float *row_weight,
                             int32_t *correct, int32_t *total, char *err, int err_len);
+/* lmhead_loss_forward_ref / lmhead_loss_backward_ref under a mode (md may be NULL: the zero mode). */
+int lmhead_loss_forward_mode_ref(const lmhead_loss_config *c, const lmhead_loss_mode *md, const float *xn,
+                                 const float *lm_head, const float *vlm_head, const float *vnorm_w, const float *last,
+                                 const int32_t *anchors, const uint8_t *valid, const uint8_t *loss_mask,
+                                 int round_bf16, float *loss, float *row_loss, float *row_weight,
+                                 int32_t *correct, int32_t *total, char *err, int err_len);
+int lmhead_loss_backward_mode_ref(const lmhead_loss_config *c, const lmhead_loss_mode *md, const float *xn,
+                                  const float *lm_head, const float *vlm_head, const float *vnorm_w, const float *last,
+                                  const int32_t *anchors, const uint8_t *valid, const uint8_t *loss_mask,
+                                  int round_bf16, const float *row_weight, float *dxn, char *err, int err_len);
 /* Per-row argmaxes and mask for the metrics and the dumps: pred (R) = argmax z_s for every row, tgt (R) =
  * argmax t_s where the target row lies in [0, T) (else -1), mask (R) = m_s. Ties go to the first index.
- * Same inputs and errors as lmhead_loss_forward_ref. Thread-safe; allocates O(V + D). */
-int lmhead_argmax_ref(const lmhead_loss_config *c, const float *xn, const float *lm_head, const float *vlm_head,
+ * Same inputs and errors as lmhead_loss_forward_mode_ref. Thread-safe; allocates O(V + D). */
+int lmhead_argmax_ref(const lmhead_loss_config *c, const lmhead_loss_mode *md, const float *xn, const float *lm_head, const float *vlm_head,
                       const float *vnorm_w, const float *last, const int32_t *anchors, const uint8_t *valid,
                       const uint8_t *loss_mask, int round_bf16, int32_t *pred, int32_t *tgt, uint8_t *mask,
                       char *err, int err_len);

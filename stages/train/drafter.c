@@ -125,8 +125,7 @@ int drafter_config_check(const struct drafter_config *c, char *err, int err_len)
                         (long long)c->mask_token_id, c->V_t);
     if (c->loss == LMHEAD_LOSS_KL && c->weighting == LMHEAD_WEIGHT_DPACE)
         return err_fail(err, err_len, "drafter: D-PACE weighting needs the ce loss (D-PACE with kl is refused)");
-    lmhead_loss_config lc = {c->T_max, c->N, c->B, c->H, c->V_d, c->loss, c->weighting, c->gamma, c->alpha, c->eps,
-                             0, c->sample_from_anchor};
+    lmhead_loss_config lc = {c->T_max, c->N, c->B, c->H, c->V_d, c->loss, c->weighting, c->gamma, c->alpha, c->eps};
     if (lmhead_loss_check(&lc, err, err_len)) return -1;
     if (!(c->noise >= 0)) return err_fail(err, err_len, "drafter: hidden-state noise %g must be >= 0", c->noise);
     if (!(c->init_std > 0)) return err_fail(err, err_len, "drafter: init std %g must be > 0", c->init_std);
@@ -649,14 +648,14 @@ int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t 
     rmsnorm_forward_ref(d->xn, d->rstd_f, d->x_out, W(d->i_norm), R, H, eps);
 
     /* loss and metrics (§7, §8) */
-    lmhead_loss_config lc = {T, N, B, H, c->V_d, c->loss, c->weighting, c->gamma, c->alpha, eps, b->budget,
-                             c->sample_from_anchor};
+    lmhead_loss_config lc = {T, N, B, H, c->V_d, c->loss, c->weighting, c->gamma, c->alpha, eps};
+    lmhead_loss_mode md = {b->budget, c->sample_from_anchor};
     float loss;
-    if (lmhead_loss_forward_ref(&lc, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last, d->anchors, d->valid,
+    if (lmhead_loss_forward_mode_ref(&lc, &md, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last, d->anchors, d->valid,
                                 b->loss_mask, 0, &loss, d->row_loss, d->row_weight, d->correct, d->total, err,
                                 err_len))
         return -1;
-    if (lmhead_argmax_ref(&lc, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last, d->anchors, d->valid,
+    if (lmhead_argmax_ref(&lc, &md, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last, d->anchors, d->valid,
                           b->loss_mask, 0, d->pred, d->tgt, d->row_mask, err, err_len))
         return -1;
     d->last_T = T;
@@ -681,7 +680,7 @@ int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t 
     if (!train) return 0;
 
     /* ---- backward: gradients added into g */
-    if (lmhead_loss_backward_ref(&lc, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last, d->anchors, d->valid,
+    if (lmhead_loss_backward_mode_ref(&lc, &md, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last, d->anchors, d->valid,
                                  b->loss_mask, 0, d->row_weight, d->dxn, err, err_len))
         return -1;
     rmsnorm_backward_ref(d->dx, G(d->i_norm), d->dxn, d->x_out, W(d->i_norm), d->rstd_f, R, H, 0);
