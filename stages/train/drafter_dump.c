@@ -32,6 +32,13 @@
 
 /* ---------------------------------------------------------------- config.json */
 
+/* A float option as the decimal a person wrote (0.02, not 0.019999999552965164). */
+static double f2d(float x) {
+    char b[32];
+    snprintf(b, sizeof b, "%.7g", (double)x);
+    return strtod(b, NULL);
+}
+
 static json_t *config_json(const struct drafter_config *c, const char *verifier_name) {
     const struct model_config *t = &c->target;
     int ids[DESC_MAX_LAYERS], any_sliding = 0;
@@ -57,7 +64,7 @@ static json_t *config_json(const struct drafter_config *c, const char *verifier_
         "model_type", "qwen3", "vocab_size", c->V_t, "hidden_size", c->H, "intermediate_size", c->I,
         "num_hidden_layers", c->L, "num_attention_heads", c->n_h, "num_key_value_heads", c->n_kv, "head_dim", c->d_h,
         "hidden_act", "silu", "max_position_embeddings", t->max_position_embeddings, "initializer_range",
-        (double)c->init_std, "rms_norm_eps", (double)c->eps, "attention_bias", 0, "tie_word_embeddings", 0,
+        f2d(c->init_std), "rms_norm_eps", c->target.rms_norm_eps > 0 ? c->target.rms_norm_eps : f2d(c->eps), "attention_bias", 0, "tie_word_embeddings", 0,
         "use_sliding_window", any_sliding, "sliding_window", c->sliding_window, "layer_types", types, "rope_theta",
         t->rope_theta, "rope_scaling", rope_scaling);
     json_t *verifier = json_pack("{s:s, s:[s]}", "name_or_path", verifier_name ? verifier_name : "",
@@ -175,13 +182,13 @@ static int dump_manifest(const struct drafter *d, const char *sdir, const struct
         "s:s, s:f, s:i, s:i}",
         "total_seq_len", b->budget, "n_tokens", b->T, "target_model_type", c->target.model_type, "compute_dtype",
         info->compute_dtype ? info->compute_dtype : "float32", "loss", loss, "weighting", wt, "gamma",
-        (double)c->gamma, "alpha", (double)c->alpha, "loss_value", m->loss_sum, "grad_norm", grad_norm,
+        f2d(c->gamma), "alpha", f2d(c->alpha), "loss_value", m->loss_sum, "grad_norm", grad_norm,
         "position_correct", pc, "position_total", pt, "full_acc",
         m->full_total ? (double)m->full_correct / (double)m->full_total : 0.0, "eal",
         m->eal_count ? m->eal_sum / (double)m->eal_count : 0.0, "eal_count", (json_int_t)m->eal_count,
         "eal_marginal", m->eal_marginal, "eal_sum", m->eal_sum, "step", (json_int_t)info->step, "seed",
         (json_int_t)info->seed, "mask_token", (json_int_t)c->mask_token_id, "target_layer_ids", given,
-        "target_layer_ids_convention", drafter_ids_convention_name(c->ids_convention), "noise", (double)c->noise,
+        "target_layer_ids_convention", drafter_ids_convention_name(c->ids_convention), "noise", f2d(c->noise),
         "max_anchors", c->N, "n_anchors", m->n_anchors);
     if (!extra) {
         json_decref(j);
