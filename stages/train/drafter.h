@@ -82,7 +82,7 @@ struct drafter_config {
 /* The speculators defaults of every option (§0 and issue 16); target fields zeroed. */
 void drafter_config_defaults(struct drafter_config *c);
 /* Parse a layer-type list "sliding,sliding,full" ("sliding_attention"/"full_attention" also accepted) into
- * c->layer_type and c->L. A causal full layer cannot be asked for (full layers are always bidirectional in
+ * c->layer_type and c->L; "all-sliding" makes all c->L layers sliding (what speculators ships). A causal full layer cannot be asked for (full layers are always bidirectional in
  * the block). 0/-1 with a sentence. */
 int drafter_parse_layer_types(struct drafter_config *c, const char *list, char *err, int err_len);
 /* Read dir/config.json (stages/model/hfconfig.h) into the target fields, fill the z-lab default layer ids when
