@@ -20,9 +20,12 @@
 #include "core/bus.h"
 #include "core/check.h"
 #include "core/desc.h"
+#include "core/err.h"
 #include "core/flags.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "core/relay.h"
+#include "core/rings.h"
 #include "core/stage.h"
 #include "model/safetensors.h"
 #include "model/target.h"
@@ -42,36 +45,36 @@
 struct opts {
     struct stage_common common;
     const char *model;
-    const char *layers;
+    int layers[TARGET_MAX_CAPTURE], n_layers;   /* --layers; n_layers 0: the z-lab default */
     int draft_layers;
     int tokens;
     const char *in_ring, *out_ring;
     int wait_ms;
     double heartbeat_s;
     const char *docs, *dump;
-    int ring_bytes;
+    int print_spec, spec_slots;
 };
 
-/* "1,9,17" -> ids. */
-static void parse_layers(const char *s, struct target_options *o) {
-    o->n_capture = 0;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v > INT_MAX)
-            DIE("--layers: expected comma-separated layer ids (z-lab: output of decoder layer i), got '%s'", s);
-        if (o->n_capture == TARGET_MAX_CAPTURE) DIE("--layers: at most %d ids", TARGET_MAX_CAPTURE);
-        o->capture[o->n_capture++] = (int)v;
-        p = end;
-        if (*p == ',') p++;
-        else if (*p) DIE("--layers: unexpected '%c' in '%s'", *p, s);
-    }
-    if (o->n_capture == 0) DIE("--layers: no ids in '%s'", s);
+/* "1,9,17" of the target's captured layer ids into buf. */
+static const char *layer_list(const struct target *t, char *buf, size_t len) {
+    buf[0] = 0;
+    for (int j = 0, n = 0; j < target_n_capture(t) && n < (int)len - 12; j++)
+        n += snprintf(buf + n, len - (size_t)n, "%s%d", j ? "," : "", target_capture(t)[j]);
+    return buf;
 }
 
-static void ring_log(void *ctx, const char *line) { (void)ctx; log_info("%s", line); }
+/* The capture list: --layers, else the z-lab formula for --draft-layers on this target. */
+static void capture_layers(const struct opts *o, const struct model_config *cfg, struct target_options *t) {
+    if (o->n_layers) {
+        t->n_capture = o->n_layers;
+        memcpy(t->capture, o->layers, (size_t)o->n_layers * sizeof o->layers[0]);
+        return;
+    }
+    t->n_capture = o->draft_layers;
+    if (hf_zlab_layer_ids(cfg->num_hidden_layers, o->draft_layers, t->capture))
+        DIE("the z-lab default layer ids for %d draft layers do not fit a %d-layer target; pass --layers",
+            o->draft_layers, cfg->num_hidden_layers);
+}
 
 /* ---------------------------------------------------------------- --dump mode */
 
@@ -149,188 +152,134 @@ static void dump_mode(const struct opts *o, struct target *t) {
 
 /* ---------------------------------------------------------------- ring mode */
 
-/* Copy n bytes to a slot payload (host or device). */
-static void put(const struct ring_slot *s, struct target *t, uint64_t off, const void *src, size_t n) {
-    if (!n) return;
-    if (!s->on_device) { memcpy((char *)s->payload + off, src, n); return; }
-#ifdef DFLASH_CUDA
-    /* Ordered before the forward on the model's stream; the forward synchronises at its end.
-     * The source (the batches ring's host payload) stays valid: that slot is ours until release. */
-    CUDA_CHECK(cudaMemcpyAsync((char *)s->payload + off, src, n, cudaMemcpyHostToDevice, target_stream(t)));
-#else
-    (void)t;
-    DIE("GPU ring payload in a build without CUDA");
-#endif
-}
-
-struct counters {
-    uint64_t items_in, items_out, tokens;
-    double busy_s, wait_s, t0, last_hb, hb_tokens, hb_t, tok_rate, flops, flop_rate;
+/* The transform's state for the relay callbacks. */
+struct tstage {
+    const struct opts *o;
+    struct target *t;
+    int k, H;
+    enum desc_dtype dtype;
+    double flops;          /* cumulative, for tflops_per_s_busy */
+    double item_flops;     /* of the last item, for its metric record */
+    struct relay *relay_;  /* for busy_s in heartbeats */
 };
 
-static void heartbeat(struct bus *bus, struct counters *c, struct ring *in, struct ring *out, struct target *t,
-                      int summary) {
-    double now = time_mono_s();
-    if (now - c->hb_t > 0) {
-        c->tok_rate = (c->tokens - c->hb_tokens) / (now - c->hb_t);
-        c->flop_rate = c->busy_s > 0 ? c->flops / c->busy_s : 0;   /* achieved while computing */
-    }
-    c->hb_tokens = (double)c->tokens;
-    c->hb_t = now;
-    struct ring_status st_in, st_out;
-    ring_get_status(in, &st_in);
-    ring_get_status(out, &st_out);
-    struct bus_kv kv[] = {
-        {BUS_K_ITEMS_IN, (double)c->items_in},
-        {BUS_K_ITEMS_OUT, (double)c->items_out},
-        {BUS_K_BUSY_S, c->busy_s},
-        {BUS_K_WAIT_S, c->wait_s},
-        {BUS_K_TOKENS_PER_S, c->tok_rate},
-        {"tokens", (double)c->tokens},
-        {"tflops_per_s_busy", c->flop_rate / 1e12},
-        {"occ_batches", (double)st_in.n_ready},
-        {"occ_hidden", (double)st_out.n_ready},
-        {BUS_K_GPU_MEM, target_device(t) >= 0 ? (double)(target_weight_bytes(t) + target_work_bytes(t)) : 0},
-        {"host_mem_bytes", target_device(t) < 0 ? (double)(target_weight_bytes(t) + target_work_bytes(t)) : 0},
+/* One batch -> one hidden item: check the batch (token ids, budget), copy its arrays into the
+ * hidden slot, run the forward straight into the slot's payload (the forward synchronises its
+ * stream, so the device writes are complete when this returns, as ring_publish needs). */
+static int compute_hidden(void *ctx, struct relay_item *it, char *err, int err_len) {
+    struct tstage *ts = ctx;
+    const struct ring_slot *is = it->in;
+    struct ring_slot *os = it->out;
+    const struct model_config *cfg = target_config(ts->t);
+    struct desc_batch bd;
+    char e2[768];
+    if (desc_batch_decode(is->desc, is->desc_len, is->payload_cap, &bd, e2, sizeof e2))
+        return err_fail(err, err_len, "ring '%s' slot %u (seq %llu): %s", ts->o->in_ring, is->index,
+                        (unsigned long long)is->seq, e2);
+    if (desc_batch_check_payload(&bd, is->payload, cfg->vocab_size, err, err_len)) return -1;
+    if (rings_check_budget(bd.seq, bd.n_tokens, bd.budget, (uint32_t)ts->o->tokens, err, err_len)) return -1;
+    struct desc_batch_arrays ba;
+    desc_batch_arrays(&bd, is->payload, &ba);
+
+    struct desc_hidden hd;
+    memset(&hd, 0, sizeof hd);
+    hd.batch = bd;
+    hd.n_layers = (uint32_t)ts->k;
+    for (int j = 0; j < ts->k; j++) hd.layers[j] = target_capture(ts->t)[j];
+    hd.dtype = ts->dtype;
+    hd.hidden_size = (uint32_t)ts->H;
+    desc_hidden_layout(&hd);
+    if (hd.batch.payload_bytes > os->payload_cap)
+        return err_fail(err, err_len, "hidden item of batch seq %llu needs %llu payload bytes, ring '%s' slots hold %llu",
+                        (unsigned long long)bd.seq, (unsigned long long)hd.batch.payload_bytes, ts->o->out_ring,
+                        (unsigned long long)os->payload_cap);
+    size_t T = bd.n_tokens, D = bd.n_docs;
+    /* Ordered before the forward on the model's stream; the source (the batch slot's host
+     * payload) stays ours until the relay releases it after the publish. */
+    void *stream = NULL;
+#ifdef DFLASH_CUDA
+    stream = target_stream(ts->t);
+#endif
+    struct { uint64_t off; const void *src; size_t n; } parts[] = {
+        {hd.batch.off_row_ids, ba.row_ids, D * 8},
+        {hd.batch.off_input_ids, ba.input_ids, T * 4},
+        {hd.batch.off_loss_mask, ba.loss_mask, T},
+        {hd.batch.off_position_ids, ba.position_ids, T * 4},
+        {hd.batch.off_doc_ids, ba.doc_ids, T * 4},
+        {hd.batch.off_cu_seqlens, ba.cu_seqlens, (D + 1) * 4},
     };
-    int n = (int)(sizeof kv / sizeof kv[0]);
-    if (summary) bus_summary(bus, kv, n);
-    else bus_heartbeat(bus, kv, n);
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        if (relay_slot_put(os, parts[i].off, parts[i].src, -1, parts[i].n, stream, err, err_len)) return -1;
+    struct target_batch tb = {bd.seq, (int)T, (int)D, ba.input_ids, ba.position_ids, ba.cu_seqlens};
+    if (target_forward(ts->t, &tb, (char *)os->payload + hd.off_states, (char *)os->payload + hd.off_last, err, err_len))
+        return -1;
+    size_t dlen;
+    if (desc_hidden_encode(&hd, os->desc, os->desc_cap, &dlen, e2, sizeof e2))
+        return err_fail(err, err_len, "hidden descriptor: %s", e2);
+    it->seq = bd.seq;
+    it->desc_len = (uint32_t)dlen;
+    it->payload_len = hd.batch.payload_bytes;
+    it->n_tokens = T;
+    ts->item_flops = target_flops(ts->t, ba.cu_seqlens, (int)D);
+    ts->flops += ts->item_flops;
+    return RELAY_DONE;
 }
 
-static void ring_mode(const struct opts *o, struct target *t) {
-    char err[1024];
-    const struct model_config *cfg = target_config(t);
-    int k = target_n_capture(t), H = cfg->hidden_size, dev = target_device(t);
-    enum desc_dtype dtype = dev >= 0 ? DESC_DTYPE_BF16 : DESC_DTYPE_F32;
+static int target_heartbeat_kv(void *ctx, struct bus_kv *kv, int max) {
+    struct tstage *ts = ctx;
+    if (max < 3) return 0;
+    double busy = relay_stats(ts->relay_)->busy_s;
+    double mem = (double)(target_weight_bytes(ts->t) + target_work_bytes(ts->t));
+    int gpu = target_device(ts->t) >= 0;
+    kv[0] = (struct bus_kv){"tflops_per_s_busy", busy > 0 ? ts->flops / busy / 1e12 : 0};   /* achieved while computing */
+    kv[1] = (struct bus_kv){BUS_K_GPU_MEM, gpu ? mem : 0};
+    kv[2] = (struct bus_kv){"host_mem_bytes", gpu ? 0 : mem};
+    return 3;
+}
 
-    ring_set_log(ring_log, NULL);
+/* One record per batch (step = its seq): metrics.csv and the plots. */
+static int target_metric(void *ctx, const struct relay_item *it, struct bus_kv *kv, int max) {
+    struct tstage *ts = ctx;
+    if (max < 4) return 0;
+    double dt = it->busy_s, T = (double)it->n_tokens;
+    kv[0] = (struct bus_kv){"tokens", T};
+    kv[1] = (struct bus_kv){BUS_K_TOKENS_PER_S, dt > 0 ? T / dt : 0};
+    kv[2] = (struct bus_kv){"batch_s", dt};
+    kv[3] = (struct bus_kv){"tflops_per_s", dt > 0 ? ts->item_flops / dt / 1e12 : 0};
+    return 4;
+}
+
+static int ring_mode(const struct opts *o, struct target *t) {
+    char err[1024];
+    struct tstage ts = {.o = o, .t = t, .k = target_n_capture(t), .H = target_config(t)->hidden_size};
+    int dev = target_device(t);
+    ts.dtype = dev >= 0 ? DESC_DTYPE_BF16 : DESC_DTYPE_F32;
+    struct relay_config rc = {
+        .run_dir = o->common.run_dir, .in_ring = o->in_ring, .out_ring = o->out_ring, .cuda_device = -1,
+        .attach_wait_ms = o->wait_ms, .heartbeat_s = o->heartbeat_s, .use_bus = 1, .item_name = "batch",
+        .ctx = &ts, .compute = compute_hidden, .heartbeat_kv = target_heartbeat_kv, .metric = target_metric,
+    };
     check_hint("is dflash-shm running for this --run, with the rings named by --in/--out?");
-    struct ring *in = ring_attach(o->common.run_dir, o->in_ring, RING_CONSUMER, o->wait_ms, err, sizeof err);
-    if (!in) DIE("%s", err);
-    struct ring *out = ring_attach(o->common.run_dir, o->out_ring, RING_PRODUCER, o->wait_ms, err, sizeof err);
-    if (!out) DIE("%s", err);
+    struct relay *r = relay_open(&rc, err, sizeof err);
+    if (!r) DIE("%s", err);
     check_hint(NULL);
-    uint64_t need = desc_hidden_max_payload_bytes((uint32_t)o->tokens, (uint32_t)k, (uint32_t)H, dtype);
-    if (ring_expect(out, need, DESC_MAX_BYTES, -2, err, sizeof err))
+    ts.relay_ = r;
+    struct rings_geometry g = {(uint32_t)o->tokens, (uint32_t)ts.k, (uint32_t)ts.H, ts.dtype};
+    uint64_t need = rings_payload_bytes(DESC_KIND_HIDDEN, &g);
+    if (ring_expect(relay_out(r), need, DESC_MAX_BYTES, -2, err, sizeof err))
         DIE("ring '%s' is too small for --tokens %d, %d layers of hidden size %d in %s: %s", o->out_ring, o->tokens,
-            k, H, desc_dtype_name(dtype), err);
-    const struct ring_spec *os = ring_get_spec(out);
+            ts.k, ts.H, desc_dtype_name(ts.dtype), err);
+    const struct ring_spec *os = ring_get_spec(relay_out(r));
     if (os->device >= 0 && dev < 0)
         DIE("ring '%s' has GPU payloads (cuda:%d) but this stage runs with --device cpu; create it with dev=host",
             o->out_ring, os->device);
-
-    struct bus *bus = bus_open(o->common.run_dir, log_stage(), err, sizeof err);
-    if (!bus) log_warn("metrics bus unavailable: %s (continuing without metrics)", err);
-    struct counters c;
-    memset(&c, 0, sizeof c);
-    c.t0 = c.hb_t = time_mono_s();
-    c.last_hb = c.t0 - o->heartbeat_s;   /* first heartbeat at once: the sink sees the stage start */
-    char ids[512] = "";
-    for (int j = 0, n = 0; j < k && n < (int)sizeof ids - 8; j++)
-        n += snprintf(ids + n, sizeof ids - (size_t)n, "%s%d", j ? "," : "", target_capture(t)[j]);
+    char ids[512];
     log_info("serving %s -> %s: layers [%s] + last, hidden %d, %s, up to %d tokens per batch", o->in_ring,
-             o->out_ring, ids, H, desc_dtype_name(dtype), o->tokens);
-
-    while (!stage_stopping()) {
-        if (bus && time_mono_s() - c.last_hb >= o->heartbeat_s) {
-            heartbeat(bus, &c, in, out, t, 0);
-            c.last_hb = time_mono_s();
-        }
-        struct ring_slot is;
-        double w0 = time_mono_s();
-        if (bus) bus_set_waiting(bus, "ring batches: empty");
-        int rc = ring_acquire_read(in, 500, &is);
-        c.wait_s += time_mono_s() - w0;
-        if (rc == RING_TIMEOUT) continue;
-        if (rc == RING_END) break;
-        if (rc < 0) DIE("ring '%s': %s", o->in_ring, ring_error());
-        if (is.deliveries > 1) log_warn("batch seq %llu delivered again (a previous consumer died holding it)",
-                                        (unsigned long long)is.seq);
-
-        struct desc_batch bd;
-        if (desc_batch_decode(is.desc, is.desc_len, is.payload_cap, &bd, err, sizeof err))
-            DIE("ring '%s' slot %u (seq %llu): %s", o->in_ring, is.index, (unsigned long long)is.seq, err);
-        if (desc_batch_check_payload(&bd, is.payload, cfg->vocab_size, err, sizeof err)) DIE("%s", err);
-        if ((int)bd.n_tokens > o->tokens)
-            DIE("batch seq %llu has %u tokens, more than --tokens %d this stage planned its memory for",
-                (unsigned long long)bd.seq, bd.n_tokens, o->tokens);
-        struct desc_batch_arrays ba;
-        desc_batch_arrays(&bd, is.payload, &ba);
-
-        struct ring_slot os_;
-        w0 = time_mono_s();
-        if (bus) bus_set_waiting(bus, "ring hidden: full");
-        for (;;) {
-            rc = ring_acquire_write(out, 500, &os_);
-            if (rc != RING_TIMEOUT || stage_stopping()) break;
-        }
-        c.wait_s += time_mono_s() - w0;
-        if (bus) bus_set_waiting(bus, NULL);
-        if (rc != 0) {
-            if (ring_unread(in, &is)) log_warn("ring '%s': %s", o->in_ring, ring_error());
-            if (rc == RING_END) { log_info("ring '%s' closed; stopping", o->out_ring); break; }
-            if (rc == RING_TIMEOUT) break;   /* stopping */
-            DIE("ring '%s': %s", o->out_ring, ring_error());
-        }
-
-        double b0 = time_mono_s();
-        struct desc_hidden hd;
-        memset(&hd, 0, sizeof hd);
-        hd.batch = bd;
-        hd.n_layers = (uint32_t)k;
-        for (int j = 0; j < k; j++) hd.layers[j] = target_capture(t)[j];
-        hd.dtype = dtype;
-        hd.hidden_size = (uint32_t)H;
-        desc_hidden_layout(&hd);
-        if (hd.batch.payload_bytes > os_.payload_cap)
-            DIE("hidden item of batch seq %llu needs %llu payload bytes, ring '%s' slots hold %llu",
-                (unsigned long long)bd.seq, (unsigned long long)hd.batch.payload_bytes, o->out_ring,
-                (unsigned long long)os_.payload_cap);
-        size_t T = bd.n_tokens, D = bd.n_docs;
-        put(&os_, t, hd.batch.off_row_ids, ba.row_ids, D * 8);
-        put(&os_, t, hd.batch.off_input_ids, ba.input_ids, T * 4);
-        put(&os_, t, hd.batch.off_loss_mask, ba.loss_mask, T);
-        put(&os_, t, hd.batch.off_position_ids, ba.position_ids, T * 4);
-        put(&os_, t, hd.batch.off_doc_ids, ba.doc_ids, T * 4);
-        put(&os_, t, hd.batch.off_cu_seqlens, ba.cu_seqlens, (D + 1) * 4);
-        struct target_batch tb = {bd.seq, (int)T, (int)D, ba.input_ids, ba.position_ids, ba.cu_seqlens};
-        if (target_forward(t, &tb, (char *)os_.payload + hd.off_states, (char *)os_.payload + hd.off_last, err,
-                           sizeof err))
-            DIE("%s", err);
-        size_t dlen;
-        if (desc_hidden_encode(&hd, os_.desc, os_.desc_cap, &dlen, err, sizeof err)) DIE("hidden descriptor: %s", err);
-        /* Publish downstream first, release upstream second (design.md §4). */
-        if (ring_publish(out, &os_, bd.seq, (uint32_t)dlen, hd.batch.payload_bytes))
-            DIE("ring '%s': %s", o->out_ring, ring_error());
-        if (ring_release(in, &is)) DIE("ring '%s': %s", o->in_ring, ring_error());
-        double dt = time_mono_s() - b0, flops = target_flops(t, ba.cu_seqlens, (int)D);
-        c.busy_s += dt;
-        c.items_in++;
-        c.items_out++;
-        c.tokens += T;
-        c.flops += flops;
-        if (bus) {   /* one record per batch (step = its seq): metrics.csv and the plots */
-            struct bus_kv kv[] = {
-                {"tokens", (double)T},
-                {BUS_K_TOKENS_PER_S, dt > 0 ? (double)T / dt : 0},
-                {"batch_s", dt},
-                {"tflops_per_s", dt > 0 ? flops / dt / 1e12 : 0},
-            };
-            bus_metric(bus, (int64_t)bd.seq, kv, (int)(sizeof kv / sizeof kv[0]));
-        }
-        log_debug("batch seq %llu: %zu tokens, %zu docs", (unsigned long long)bd.seq, T, D);
-    }
-    if (!stage_stopping() && ring_is_drained(in)) {
-        if (ring_mark_drained(out)) log_warn("ring '%s': %s", o->out_ring, ring_error());
-        log_info("end of stream: %llu batches, %llu tokens, busy %.1f s, waiting %.1f s",
-                 (unsigned long long)c.items_out, (unsigned long long)c.tokens, c.busy_s, c.wait_s);
-    } else if (stage_stopping()) {
-        log_info("stopping on signal %d after %llu batches", stage_stop_signal(), (unsigned long long)c.items_out);
-    }
-    if (bus) { heartbeat(bus, &c, in, out, t, 1); bus_close(bus); }
-    ring_close(in);
-    ring_close(out);
+             o->out_ring, layer_list(t, ids, sizeof ids), ts.H, desc_dtype_name(ts.dtype), o->tokens);
+    int res = relay_run(r, err, sizeof err);
+    if (res < 0) log_error("%s", err);
+    relay_close(r);
+    return relay_exit_code(res);
 }
 
 int main(int argc, char **argv) {
@@ -340,49 +289,53 @@ int main(int argc, char **argv) {
     stage_common_defaults(&o.common);
     o.draft_layers = TARGET_DEFAULT_DRAFT_LAYERS;
     o.tokens = 8192;
-    o.in_ring = "batches";
-    o.out_ring = "hidden";
+    o.in_ring = RING_NAME_BATCHES;
+    o.out_ring = RING_NAME_HIDDEN;
     o.wait_ms = 60000;
     o.heartbeat_s = 1.0;
+    o.spec_slots = RINGS_DEFAULT_SLOTS;
+    struct flag_list layers = {o.layers, &o.n_layers, TARGET_MAX_CAPTURE, NULL};
     struct flag table[] = {
         STAGE_COMMON_FLAGS(&o.common),
         {"model", FLAG_STRING, &o.model, "Hugging Face checkpoint directory (config.json + safetensors)", 1, 0},
-        {"layers", FLAG_STRING, &o.layers, "captured layer ids, z-lab convention (output of decoder layer i), "
-                                           "e.g. 1,9,17,25,33; default: the z-lab formula for --draft-layers", 1, 0},
+        {"layers", FLAG_LIST, &layers, "captured layer ids, z-lab convention (output of decoder layer i), "
+                                       "e.g. 1,9,17,25,33; default: the z-lab formula for --draft-layers", 0, INT_MAX},
         {"draft-layers", FLAG_INT, &o.draft_layers, "draft layers the default --layers formula is for", 1, 64},
         {"tokens", FLAG_INT, &o.tokens, "largest batch (tokens) to expect: sizes the working memory once", 1, 1 << 24},
         {"in", FLAG_STRING, &o.in_ring, "input ring (batch descriptors, host payload)", 1, 0},
         {"out", FLAG_STRING, &o.out_ring, "output ring (hidden descriptors; GPU payload, host with --device cpu)", 1, 0},
         {"wait-ms", FLAG_INT, &o.wait_ms, "how long to wait for the rings to appear", 0, INT_MAX},
-        {"heartbeat-s", FLAG_DOUBLE, &o.heartbeat_s, "seconds between metrics heartbeats", 1, 0},
+        {"heartbeat-s", FLAG_DOUBLE, &o.heartbeat_s, "seconds between metrics heartbeats (0: 1 s)", 0, 86400},
         {"docs", FLAG_STRING, &o.docs, "dump mode: JSON documents {\"docs\": [[ids...], ...]} packed into one batch", 1, 0},
         {"dump", FLAG_STRING, &o.dump, "dump mode: write captured states (fp32 safetensors: states [k,T,H], last, "
                                        "input_ids, position_ids, cu_seqlens, layers) here; no rings", 1, 0},
-        {"ring-bytes", FLAG_BOOL, &o.ring_bytes, "print the payload bytes a `hidden` ring slot needs for this model, "
-                                                  "--tokens, --layers and --device, then exit (for dflash-shm --ring)", 1, 0},
+        RINGS_SPEC_FLAGS(&o.print_spec, &o.spec_slots),
         FLAGS_END,
     };
     flags_parse_or_exit(table, argc, argv, "--model DIR [--run DIR] [--device cpu|cuda:N] [--layers IDS] [--tokens N]",
                         "The frozen target stage: reads packed batches from the `batches` ring, runs the target model "
                         "and writes the captured hidden states (z-lab layer ids plus the last decoder layer before the "
                         "final norm) to the `hidden` ring. Releases each batch only after its hidden item is "
-                        "published, so a SIGKILL and restart loses nothing; several replicas may share the rings.",
+                        "published, so a SIGKILL and restart loses nothing; several replicas may share the rings. "
+                        "Exit 0 at end of stream, 3 when stopped by a signal before it.",
                         NULL, 0);
     if (!o.model) { fprintf(stderr, "dflash-target: --model DIR is required (see --help)\n"); return 2; }
-    if (o.ring_bytes) {
+    char err[1024];
+    if (o.print_spec) {
         /* Sizing for pipeline scripts: needs only config.json, no weights and no run directory. */
         struct model_config cfg;
-        char err[1024];
         int dev = -1;
         if (stage_parse_device(o.common.device, &dev, err, sizeof err)) { fprintf(stderr, "dflash-target: %s\n", err); return 2; }
         LIB_CHECK(hf_config_load(&cfg, o.model, err, sizeof err), err);
         struct target_options t2;
         target_options_defaults(&t2);
-        if (o.layers) parse_layers(o.layers, &t2);
-        else t2.n_capture = o.draft_layers;
-        printf("%llu\n", (unsigned long long)desc_hidden_max_payload_bytes((uint32_t)o.tokens, (uint32_t)t2.n_capture,
-                                                                         (uint32_t)cfg.hidden_size,
-                                                                         dev >= 0 ? DESC_DTYPE_BF16 : DESC_DTYPE_F32));
+        capture_layers(&o, &cfg, &t2);
+        struct rings_geometry g = {(uint32_t)o.tokens, (uint32_t)t2.n_capture, (uint32_t)cfg.hidden_size,
+                                   dev >= 0 ? DESC_DTYPE_BF16 : DESC_DTYPE_F32};
+        char spec[256];
+        LIB_CHECK(rings_format_spec(spec, sizeof spec, o.out_ring, (uint32_t)o.spec_slots, DESC_KIND_HIDDEN, &g, dev, err,
+                                    sizeof err), err);
+        printf("%s\n", spec);
         return 0;
     }
     int dump = o.docs || o.dump;
@@ -393,31 +346,22 @@ int main(int argc, char **argv) {
     target_options_defaults(&topt);
     topt.cuda_device = o.common.cuda_device;
     topt.max_tokens = o.tokens;
-    if (o.layers) parse_layers(o.layers, &topt);
-    else {
-        const char *e = NULL;
-        struct model_config cfg;
-        char err[1024];
-        LIB_CHECK(hf_config_load(&cfg, o.model, err, sizeof err), err);
-        topt.n_capture = o.draft_layers;
-        if (hf_zlab_layer_ids(cfg.num_hidden_layers, o.draft_layers, topt.capture)) e = "does not fit";
-        if (e) DIE("the z-lab default layer ids for %d draft layers do not fit a %d-layer target; pass --layers",
-                   o.draft_layers, cfg.num_hidden_layers);
-    }
-    char err[1024];
+    struct model_config cfg;
+    LIB_CHECK(hf_config_load(&cfg, o.model, err, sizeof err), err);
+    capture_layers(&o, &cfg, &topt);
     double t0 = time_mono_s();
     struct target *t = target_load(o.model, &topt, err, sizeof err);
     if (!t) DIE("%s", err);
-    char ids[512] = "";
-    for (int j = 0, n = 0; j < target_n_capture(t) && n < (int)sizeof ids - 8; j++)
-        n += snprintf(ids + n, sizeof ids - (size_t)n, "%s%d", j ? "," : "", target_capture(t)[j]);
+    char ids[512];
     log_info("loaded %s (%s, %d layers, hidden %d) on %s in %.1f s: weights %.2f GB, working memory %.2f GB for %d "
              "tokens; capturing layers [%s] + last", o.model, target_config(t)->architecture,
              target_config(t)->num_hidden_layers, target_config(t)->hidden_size,
              target_device(t) < 0 ? "cpu (fp32)" : "cuda (bf16)", time_mono_s() - t0,
-             (double)target_weight_bytes(t) / 1e9, (double)target_work_bytes(t) / 1e9, o.tokens, ids);
+             (double)target_weight_bytes(t) / 1e9, (double)target_work_bytes(t) / 1e9, o.tokens,
+             layer_list(t, ids, sizeof ids));
+    int rc = 0;
     if (dump) dump_mode(&o, t);
-    else ring_mode(&o, t);
+    else rc = ring_mode(&o, t);
     target_free(t);
-    return 0;
+    return rc;
 }

@@ -32,6 +32,66 @@ static int parse_int64(const char *s, int64_t *out) {
     return 0;
 }
 
+static int choice_index(const char *const *names, const char *val, size_t len) {
+    for (int i = 0; names[i]; i++)
+        if (strlen(names[i]) == len && !strncmp(names[i], val, len)) return i;
+    return -1;
+}
+
+/* "a|b|c" into out, for errors and --help. */
+static const char *choice_names(const char *const *names, char *out, size_t out_len) {
+    size_t n = 0;
+    out[0] = 0;
+    for (int i = 0; names[i] && n + 1 < out_len; i++) {
+        int w = snprintf(out + n, out_len - n, "%s%s", i ? "|" : "", names[i]);
+        if (w < 0) break;
+        n += (size_t)w;
+    }
+    return out;
+}
+
+/* Comma-separated ints (bounded) or choice names into the caller's array. */
+static int set_list(const struct flag *f, const char *val, char *err, int err_len) {
+    const struct flag_list *l = f->value;
+    int *arr = l->items, n = 0;
+    char names[512];
+    if (!*val) { snprintf(err, err_len, "--%s: expected a comma-separated list, got ''", f->name); return -1; }
+    for (const char *p = val;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (n == l->max_count) { snprintf(err, err_len, "--%s: at most %d items, got more in '%s'", f->name, l->max_count, val); return -1; }
+        if (!len) { snprintf(err, err_len, "--%s: empty item in '%s'", f->name, val); return -1; }
+        if (l->names) {
+            int i = choice_index(l->names, p, len);
+            if (i < 0) {
+                snprintf(err, err_len, "--%s: item %d '%.*s' is not one of %s", f->name, n + 1, (int)len, p,
+                         choice_names(l->names, names, sizeof names));
+                return -1;
+            }
+            arr[n++] = i;
+        } else {
+            char item[64];
+            int64_t v;
+            snprintf(item, sizeof item, "%.*s", (int)(len < 63 ? len : 63), p);
+            if (len > 63 || parse_int64(item, &v)) {
+                snprintf(err, err_len, "--%s: item %d '%.*s' is not an integer", f->name, n + 1, (int)len, p);
+                return -1;
+            }
+            int64_t lo = f->min <= f->max ? f->min : INT32_MIN, hi = f->min <= f->max ? f->max : INT32_MAX;
+            if (v < lo || v > hi) {
+                snprintf(err, err_len, "--%s: item %d (%" PRId64 ") is out of range [%" PRId64 ", %" PRId64 "]", f->name,
+                         n + 1, v, lo, hi);
+                return -1;
+            }
+            arr[n++] = (int)v;
+        }
+        if (!comma) break;
+        p = comma + 1;
+    }
+    *l->count = n;
+    return 0;
+}
+
 static int set_value(const struct flag *f, const char *val, char *err, int err_len) {
     switch (f->type) {
     case FLAG_BOOL: {
@@ -64,12 +124,29 @@ static int set_value(const struct flag *f, const char *val, char *err, int err_l
             snprintf(err, err_len, "--%s: expected a number, got '%s'", f->name, val);
             return -1;
         }
+        if (f->min <= f->max && (v < (double)f->min || v > (double)f->max)) {
+            snprintf(err, err_len, "--%s: %g is out of range [%" PRId64 ", %" PRId64 "]", f->name, v, f->min, f->max);
+            return -1;
+        }
         *(double *)f->value = v;
         return 0;
     }
     case FLAG_STRING:
         *(const char **)f->value = val;
         return 0;
+    case FLAG_CHOICE: {
+        const struct flag_choice *c = f->value;
+        int i = choice_index(c->names, val, strlen(val));
+        char names[512];
+        if (i < 0) {
+            snprintf(err, err_len, "--%s: expected one of %s, got '%s'", f->name, choice_names(c->names, names, sizeof names), val);
+            return -1;
+        }
+        *c->index = i;
+        return 0;
+    }
+    case FLAG_LIST:
+        return set_list(f, val, err, err_len);
     }
     snprintf(err, err_len, "--%s: internal error: unknown flag type", f->name);
     return -1;
@@ -133,7 +210,28 @@ static void print_default(FILE *out, const struct flag *f) {
         fprintf(out, s ? " (default: %s)" : " (no default)", s);
         break;
     }
+    case FLAG_CHOICE: {
+        const struct flag_choice *c = f->value;
+        char names[512];
+        int i = *c->index;
+        fprintf(out, " (one of %s; default: %s)", choice_names(c->names, names, sizeof names), i >= 0 ? c->names[i] : "unset");
+        break;
     }
+    case FLAG_LIST: {
+        const struct flag_list *l = f->value;
+        char names[512];
+        if (l->names) fprintf(out, " (items: %s)", choice_names(l->names, names, sizeof names));
+        if (!*l->count) { fprintf(out, " (default: none)"); break; }
+        fprintf(out, " (default: ");
+        for (int i = 0; i < *l->count; i++) {
+            if (l->names) fprintf(out, "%s%s", i ? "," : "", l->names[l->items[i]]);
+            else fprintf(out, "%s%d", i ? "," : "", l->items[i]);
+        }
+        fprintf(out, ")");
+        break;
+    }
+    }
+    if (f->type == FLAG_DOUBLE && f->min <= f->max) fprintf(out, " [%" PRId64 ", %" PRId64 "]", f->min, f->max);
 }
 
 void flags_usage(FILE *out, const char *prog, const char *synopsis, const char *description,
@@ -143,7 +241,7 @@ void flags_usage(FILE *out, const char *prog, const char *synopsis, const char *
     fprintf(out, "\nflags:\n");
     for (const struct flag *f = table; f->name; f++) {
         char lhs[64];
-        static const char *meta[] = {"", " N", " N", " X", " S"};
+        static const char *meta[] = {"", " N", " N", " X", " S", " NAME", " A,B,..."};
         snprintf(lhs, sizeof lhs, "--%s%s", f->name, meta[f->type]);
         fprintf(out, "  %-26s %s", lhs, f->help ? f->help : "");
         print_default(out, f);

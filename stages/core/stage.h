@@ -11,6 +11,11 @@
 
 #include <signal.h>
 
+/* Exit statuses every stage uses: 0 = finished (end of stream), 1 = failed, 2 = bad command
+ * line, STAGE_EXIT_STOPPED = stopped by a signal (SIGINT/SIGTERM) before end of stream; the run
+ * is not finished (a supervisor treats it as "stopped", not "done", and may start it again). */
+#define STAGE_EXIT_STOPPED 3
+
 struct stage_common {
     const char *run_dir;   /* --run DIR (required by stages that use a run) */
     const char *device;    /* --device cpu|cuda:N|auto (auto: cuda:0 when a GPU is present) */
