@@ -490,7 +490,7 @@ int main(int argc, char **argv) {
     LIB_CHECK(hspack_window_init(&h.w, (uint32_t)o.window, (uint32_t)o.spill, next, err, sizeof err), err);
     state_write(&h);
     log_info("%s -> %s: %s layout, window %d, spill %d (%s), from seq %llu%s%s", o.in_ring, o.out_ring,
-             desc_layout_name(h.want.layout), o.window, o.spill, o.spill ? "pinned host" : "off",
+             desc_layout_name(h.want.layout), o.window, o.spill, !o.spill ? "off" : o.common.cuda_device >= 0 ? "pinned host" : "host",
              (unsigned long long)next, o.record ? ", recording to " : "", o.record ? o.record : "");
 
     /* ------------------------------------------------------------ loop */
@@ -498,17 +498,18 @@ int main(int argc, char **argv) {
     snprintf(waiting_out, sizeof waiting_out, "ring %s: full", o.out_ring);
     snprintf(waiting_in, sizeof waiting_in, "ring %s: empty", o.in_ring);
     int ended = 0, failed = 0, poll_ms = 200;
-    double last_hb = time_mono_s() - o.heartbeat_s, last_stall = time_mono_s();
+    double last_hb = time_mono_s() - o.heartbeat_s, last_stall = time_mono_s(), last_deadlock = 0;
     h.c.hb_t = time_mono_s();
     while (!stage_stopping()) {
         if (time_mono_s() - last_hb >= o.heartbeat_s) { send_stats(&h, 0); last_hb = time_mono_s(); }
         const struct hspack_entry *e = hspack_window_peek(&h.w);
-        int can_spill = o.spill && hspack_window_has_room(&h.w, HSPACK_SPILLED, 0) && h.w.n_held > 0;
+        int can_absorb = o.spill && hspack_window_has_room(&h.w, HSPACK_SPILLED, 0);
+        int can_spill = can_absorb && h.w.n_held > 0;
         if (e) {
             struct ring_slot os;
             double t0 = time_mono_s();
             if (h.bus) bus_set_waiting(h.bus, waiting_out);
-            int rc = ring_acquire_write(h.out, can_spill ? 0 : poll_ms, &os);
+            int rc = ring_acquire_write(h.out, can_absorb ? 0 : poll_ms, &os);
             h.c.wait_s += time_mono_s() - t0;
             if (h.bus) bus_set_waiting(h.bus, NULL);
             if (rc == 0) {
@@ -518,12 +519,11 @@ int main(int argc, char **argv) {
                 continue;
             }
             if (rc != RING_TIMEOUT) { snprintf(why, sizeof why, "ring '%s': %s", o.out_ring, rc < 0 ? ring_error() : "closed"); failed = 1; break; }
+            if (!can_absorb) continue;   /* back-pressure: hold what we have until features has room */
             if (can_spill) {
                 double b0 = time_mono_s();
                 spill_one(&h);   /* features full: absorb the burst in host memory */
                 h.c.busy_s += time_mono_s() - b0;
-            } else {
-                continue;   /* back-pressure: hold what we have until features has room */
             }
         }
         /* take input */
@@ -533,7 +533,7 @@ int main(int argc, char **argv) {
         double t0 = time_mono_s();
         if (h.bus) bus_set_waiting(h.bus, room ? waiting_in : waiting_seq);
         int rc;
-        if (room) rc = ring_acquire_read(h.in, e ? 0 : poll_ms, &s);
+        if (room) rc = ring_acquire_read(h.in, e ? 20 : poll_ms, &s);   /* e: features full, absorbing a burst */
         else {
             snprintf(waiting_seq, sizeof waiting_seq, "ring %s: seq %llu", o.in_ring, (unsigned long long)h.w.next);
             rc = ring_acquire_read_seq(h.in, h.w.next, poll_ms, &s);
@@ -555,12 +555,18 @@ int main(int argc, char **argv) {
                          (unsigned long long)lo, (unsigned long long)hi, (unsigned long long)h.w.next);
                 last_stall = time_mono_s();
             }
-            if (!room && !e && can_spill) {
+            if (!room && !e) {
                 /* the window holds seqs above next; if hidden has no free slot the replica that
-                 * computes next cannot publish it: spill one to free a slot */
+                 * computes next cannot publish it: spill one to free a slot, or say why we stall */
                 struct ring_status st;
                 ring_get_status(h.in, &st);
-                if (st.n_free == 0) spill_one(&h);
+                if (st.n_free == 0 && can_spill) spill_one(&h);
+                else if (st.n_free == 0 && time_mono_s() - last_deadlock >= o.stall_log_s) {
+                    log_warn("ring '%s' has no free slot and seq %llu is missing: the replica computing it cannot "
+                             "publish it; give '%s' more slots than the replicas run ahead of each other, or run with "
+                             "--spill N", o.in_ring, (unsigned long long)h.w.next, o.in_ring);
+                    last_deadlock = time_mono_s();
+                }
             }
             continue;
         }
