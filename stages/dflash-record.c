@@ -147,7 +147,7 @@ int main(int argc, char **argv) {
         {"on-bad", FLAG_STRING, &o.on_bad, "fail | skip: what an item that fails a check does (skip: release, count, go on)", 1, 0},
         {"vocab-size", FLAG_INT64, &o.vocab_size, "reject input ids >= this (0: no check)", 0, INT32_MAX},
         {"summary", FLAG_STRING, &o.summary, "also write the end-of-run summary (JSON) to FILE, atomically", 1, 0},
-        {"durable", FLAG_BOOL, &o.durable, "fsync every item file and the directory (else only once before DONE)", 1, 0},
+        {"durable", FLAG_BOOL, &o.durable, "kept for old scripts: every item file is fsync'ed before its rename anyway (record.h)", 1, 0},
         {"wait-ms", FLAG_INT, &o.wait_ms, "how long to wait for the ring to appear", 0, INT_MAX},
         {"heartbeat-s", FLAG_DOUBLE, &o.heartbeat_s, "seconds between metrics heartbeats", 1, 0},
         FLAGS_END,

@@ -323,6 +323,16 @@ int main(int argc, char **argv) {
                  (unsigned long long)r.skipped);
     relay_close(rl);
     close(r.state_fd);
+#ifdef DFLASH_CUDA
+    if (r.stream) {
+        cudaFreeHost(r.stage);
+        cudaFreeHost(r.stage2);
+        cudaStreamDestroy((cudaStream_t)r.stream);
+        r.stage = r.stage2 = NULL;
+    }
+#endif
+    free(r.stage);
+    free(r.stage2);
     record_index_free(&r.ix);
     free(r.perm);
     return relay_exit_code(res);

@@ -191,11 +191,19 @@ static cudaError_t copy_2d(char *dst, int dst_dev, uint64_t dpitch, const char *
     if (dst_dev >= 0 && src_dev >= 0 && dst_dev != src_dev) {
         struct cudaMemcpy3DPeerParms q;
         memset(&q, 0, sizeof q);
-        q.srcPtr = make_cudaPitchedPtr((void *)src, spitch, width, height);
-        q.dstPtr = make_cudaPitchedPtr(dst, dpitch, width, height);
+        q.srcPtr.ptr = (void *)src;   /* make_cudaPitchedPtr is in driver_functions.h, not included here */
+        q.srcPtr.pitch = spitch;
+        q.srcPtr.xsize = width;
+        q.srcPtr.ysize = height;
+        q.dstPtr.ptr = dst;
+        q.dstPtr.pitch = dpitch;
+        q.dstPtr.xsize = width;
+        q.dstPtr.ysize = height;
         q.srcDevice = src_dev;
         q.dstDevice = dst_dev;
-        q.extent = make_cudaExtent(width, height, 1);
+        q.extent.width = width;
+        q.extent.height = height;
+        q.extent.depth = 1;
         return cudaMemcpy3DPeerAsync(&q, stream);
     }
     return cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault, stream);
