@@ -497,13 +497,13 @@ int main(int argc, char **argv) {
     char why[2048] = "", waiting_out[96], waiting_in[96], waiting_seq[96];
     snprintf(waiting_out, sizeof waiting_out, "ring %s: full", o.out_ring);
     snprintf(waiting_in, sizeof waiting_in, "ring %s: empty", o.in_ring);
-    int ended = 0, failed = 0, poll_ms = 200;
+    int ended = 0, failed = 0, in_ended = 0, poll_ms = 200;
     double last_hb = time_mono_s() - o.heartbeat_s, last_stall = time_mono_s(), last_deadlock = 0;
     h.c.hb_t = time_mono_s();
     while (!stage_stopping()) {
         if (time_mono_s() - last_hb >= o.heartbeat_s) { send_stats(&h, 0); last_hb = time_mono_s(); }
         const struct hspack_entry *e = hspack_window_peek(&h.w);
-        int can_absorb = o.spill && hspack_window_has_room(&h.w, HSPACK_SPILLED, 0);
+        int can_absorb = !in_ended && o.spill && hspack_window_has_room(&h.w, HSPACK_SPILLED, 0);
         int can_spill = can_absorb && h.w.n_held > 0;
         if (e) {
             struct ring_slot os;
@@ -525,6 +525,18 @@ int main(int argc, char **argv) {
                 spill_one(&h);   /* features full: absorb the burst in host memory */
                 h.c.busy_s += time_mono_s() - b0;
             }
+        }
+        if (in_ended) {   /* nothing more will come: emit what the window holds, in order */
+            if (hspack_window_depth(&h.w) == 0) { ended = 1; break; }
+            if (!e) {
+                uint64_t lo, hi;
+                hspack_window_range(&h.w, &lo, &hi);
+                snprintf(why, sizeof why, "end of stream on '%s' but seq %llu never arrived (window holds seqs %llu..%llu)",
+                         o.in_ring, (unsigned long long)h.w.next, (unsigned long long)lo, (unsigned long long)hi);
+                failed = 1;
+                break;
+            }
+            continue;
         }
         /* take input */
         struct ring_slot s;
@@ -572,16 +584,8 @@ int main(int argc, char **argv) {
         }
         if (rc == RING_END) {
             if (!ring_is_drained(h.in)) { snprintf(why, sizeof why, "ring '%s' was closed before the end of the stream", o.in_ring); failed = 1; break; }
-            if (hspack_window_depth(&h.w) == 0) { ended = 1; break; }
-            if (!hspack_window_peek(&h.w)) {
-                uint64_t lo, hi;
-                hspack_window_range(&h.w, &lo, &hi);
-                snprintf(why, sizeof why, "end of stream on '%s' but seq %llu never arrived (window holds seqs %llu..%llu)",
-                         o.in_ring, (unsigned long long)h.w.next, (unsigned long long)lo, (unsigned long long)hi);
-                failed = 1;
-                break;
-            }
-            continue;   /* emit what the window still holds */
+            in_ended = 1;   /* emit what the window still holds (the branch above) */
+            continue;
         }
         snprintf(why, sizeof why, "ring '%s': %s", o.in_ring, ring_error());
         failed = 1;

@@ -456,7 +456,7 @@ int64_t record_index_write(const char *dir, char *err, int err_len) {
     uint64_t *seqs;
     int64_t n = list_items(dir, &seqs, err, err_len);
     if (n < 0) return -1;
-    size_t cap = 4096 + (size_t)n * 96, len = 0;
+    size_t cap = 4096 + (size_t)n * 192, len = 0;   /* an item line is at most ~115 bytes */
     char *text = malloc(cap), model[RECORD_MODEL_MAX] = "", path[PATH_MAX], why[768];
     if (!text) { free(seqs); return err_fail(err, err_len, "out of memory for the index of %s", dir); }
     int64_t rc = -1;
