@@ -139,10 +139,13 @@ if [ "$next" -gt 0 ] || [ -e "$RUN/state/pack.cursor" ]; then
 fi
 
 # ---------------------------------------------------------------- rings
-BATCH_BYTES=$((25 * TOKENS + 8 * 256))    # >= desc_batch_max_payload_bytes(TOKENS): 25 B/token + alignment
-HIDDEN_BYTES=$("$DFLASH_BIN/dflash-target" --model "$MODEL" --tokens "$TOKENS" --layers "$LAYERS" --device "$DEVICE" --ring-bytes)
-SHM_FLAGS=(--ring "batches:slots=$BATCH_SLOTS,bytes=$BATCH_BYTES,desc=4k,dev=host"
-           --ring "hidden:slots=$HIDDEN_SLOTS,bytes=$HIDDEN_BYTES,desc=4k,dev=${DEVICE/cpu/host}")
+# Each ring is sized by the stage that writes it (stages/core/rings.h): --print-ring-spec prints
+# the dflash-shm --ring spec for the same flags the stage runs with.
+BATCH_SPEC=$("$DFLASH_BIN/dflash-pack" "${PACK_FLAGS[@]}" --ring-slots "$BATCH_SLOTS" --print-ring-spec) ||
+  pdie "dflash-pack --print-ring-spec failed"
+HIDDEN_SPEC=$("$DFLASH_BIN/dflash-target" --model "$MODEL" "${TARGET_FLAGS[@]}" --device "$DEVICE" \
+                --ring-slots "$HIDDEN_SLOTS" --print-ring-spec) || pdie "dflash-target --print-ring-spec failed"
+SHM_FLAGS=(--ring "$BATCH_SPEC" --ring "$HIDDEN_SPEC")
 [ "$DEVICE" != cpu ] || SHM_FLAGS+=(--host-only)
 RECORD_DEV_FLAGS=()
 [ "$DEVICE" = cpu ] || RECORD_DEV_FLAGS=(--verify all)

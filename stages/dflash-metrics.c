@@ -1,6 +1,6 @@
 /*
  * stages/dflash-metrics.c — the metrics sink (design.md §5): binds NN_PULL at
- * <run>/bus/metrics.sock and hands every message to stages/core/metrics_sink (metrics.jsonl,
+ * <run>/bus/metrics.sock and hands every message to stages/metrics/metrics_sink (metrics.jsonl,
  * metrics.csv, progress, stalls, plots, summary).
  *
  * Restartable: killed with SIGKILL and started again with the same command, it removes the stale
@@ -22,7 +22,7 @@
 #include "core/flags.h"
 #include "core/fsutil.h"
 #include "core/log.h"
-#include "core/metrics_sink.h"
+#include "metrics/metrics_sink.h"
 #include "core/stage.h"
 
 #include <errno.h>
@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -152,24 +153,22 @@ int main(int argc, char **argv) {
     const char *csv_stage = "dflash-train", *gnuplot = "gnuplot";
     struct flag table[] = {
         STAGE_COMMON_FLAGS(&common),
-        {"stall-s", FLAG_DOUBLE, &stall_s, "warn when no stage moved an item for this many seconds (0: off)", 1, 0},
-        {"plot-every-s", FLAG_DOUBLE, &plot_every_s, "redraw plots/*.png this often (0: only at the end)", 1, 0},
-        {"progress-s", FLAG_DOUBLE, &progress_s, "progress line period in seconds (0: off)", 1, 0},
+        {"stall-s", FLAG_DOUBLE, &stall_s, "warn when no stage moved an item for this many seconds (0: off)", 0, 31536000},
+        {"plot-every-s", FLAG_DOUBLE, &plot_every_s, "redraw plots/*.png this often (0: only at the end)", 0, 31536000},
+        {"progress-s", FLAG_DOUBLE, &progress_s, "progress line period in seconds (0: off)", 0, 31536000},
         {"exit-when-done", FLAG_BOOL, &exit_when_done, "exit once every stage that sent a heartbeat has ended or is gone", 1, 0},
-        {"idle-exit-s", FLAG_DOUBLE, &idle_exit_s, "exit after this many seconds without a message (0: never)", 1, 0},
+        {"idle-exit-s", FLAG_DOUBLE, &idle_exit_s, "exit after this many seconds without a message (0: never)", 0, 31536000},
         {"csv-stage", FLAG_STRING, &csv_stage, "stage whose metric records fill metrics.csv and the plots", 1, 0},
         {"gnuplot", FLAG_STRING, &gnuplot, "gnuplot program used for plots", 1, 0},
-        {"plot-timeout-s", FLAG_DOUBLE, &plot_timeout_s, "kill a gnuplot run after this many seconds", 1, 0},
+        {"plot-timeout-s", FLAG_DOUBLE, &plot_timeout_s, "kill a gnuplot run after this many seconds", 0, 86400},
         FLAGS_END,
     };
     flags_parse_or_exit(table, argc, argv, "--run DIR [options]",
                         "Collects the metrics bus of a run: progress line, metrics.jsonl, metrics.csv, plots,\n"
                         "stall warnings and an end-of-run summary table.",
                         NULL, 0);
-    const char *neg = stall_s < 0 ? "--stall-s" : plot_every_s < 0 ? "--plot-every-s" : progress_s < 0 ? "--progress-s"
-                    : idle_exit_s < 0 ? "--idle-exit-s" : plot_timeout_s <= 0 ? "--plot-timeout-s" : NULL;
-    if (neg) {
-        fprintf(stderr, "dflash-metrics: %s must be %s\n", neg, strcmp(neg, "--plot-timeout-s") ? ">= 0" : "> 0");
+    if (plot_timeout_s <= 0) {   /* the table's bounds are inclusive: 0 is refused here */
+        fprintf(stderr, "dflash-metrics: --plot-timeout-s must be > 0\n");
         return 2;
     }
     stage_start(&common, 1);
@@ -188,6 +187,9 @@ int main(int argc, char **argv) {
     check_hint("is the run directory writable, and its path short enough for AF_UNIX?");
     NN_CHECK(nn_bind(sock, addr));
     check_hint(NULL);
+    /* The socket file's permissions are set explicitly, not left to the umask: only the owner (and
+     * with --share-group its group) may send metrics into this run. */
+    SYS_CHECK(chmod(path, common.share_group ? 0660 : 0600));
 
     struct msink_opts o = {
         .run_dir = common.run_dir, .csv_stage = csv_stage, .stall_s = stall_s, .progress_s = progress_s,

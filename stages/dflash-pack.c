@@ -28,10 +28,13 @@
 #include "core/check.h"
 #include "core/dataset.h"
 #include "core/desc.h"
+#include "core/err.h"
 #include "core/flags.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "core/packer.h"
+#include "core/relay.h"
+#include "core/rings.h"
 #include "core/stage.h"
 #include "shm/ring.h"
 
@@ -68,11 +71,6 @@ static void on_bad_sample(void *ctx, const char *msg) {
     log_warn("skipped bad sample: %s", msg);
 }
 
-static void ring_log(void *ctx, const char *line) {
-    (void)ctx;
-    log_info("%s", line);
-}
-
 static int parse_shard(const char *s, uint32_t *i, uint32_t *n) {
     unsigned a, b;
     char tail;
@@ -82,22 +80,6 @@ static int parse_shard(const char *s, uint32_t *i, uint32_t *n) {
     return 0;
 }
 
-/* Largest encoded batch descriptor for this budget (every field at its maximum). */
-static size_t max_desc_len(uint32_t budget) {
-    struct desc_batch d = {.seq = UINT64_MAX, .epoch = UINT32_MAX, .n_tokens = budget, .budget = budget,
-                           .n_docs = budget, .n_loss = budget};
-    desc_batch_layout(&d);
-    char buf[DESC_MAX_BYTES], err[256];
-    size_t len = DESC_MAX_BYTES;
-    if (desc_batch_encode(&d, buf, sizeof buf, &len, err, sizeof err)) return DESC_MAX_BYTES;
-    return len;
-}
-
-/* Save the cursor after a published batch. Every save is atomic for readers and survives a
- * SIGKILL (write to a temporary name, then rename: the page cache outlives the process); it is
- * made durable against power loss (fs_write_atomic: fsync of file and directory) at most once a
- * second and at exit, so two fsyncs per batch never cap the packing rate. A cursor older by up
- * to a second after a machine crash only re-publishes batches, which consumers drop by seq. */
 /* Replace path with data atomically for readers and safe against SIGKILL (temporary name, then
  * rename: the page cache outlives the process), without fsync. */
 static void write_fast(const char *path, const void *data, size_t len) {
@@ -133,54 +115,83 @@ static void save_cursor(const char *path, const struct packer *p, int durable) {
     }
 }
 
-struct meter {
-    struct bus *bus;
-    const struct packer *p;
-    struct ring *ring;
-    double t0, last_t, busy_s, wait_s;
-    uint64_t last_batches, last_tokens, skipped_bad;
-    char ring_name[64];
+/* The source's state for the relay callbacks (and the --out-dir loop). */
+struct pstage {
+    struct packer *p;
+    const char *cursor_path;
+    uint64_t skipped_bad;
+    double t_last;               /* heartbeat rate window */
+    uint64_t last_batches;
 };
 
-static void meter_kv(struct meter *m, struct bus_kv *kv, int *n, double dt, uint64_t db, uint64_t dtok) {
-    const struct packer_stats *s = &m->p->stats;
+static int pack_at_end(void *ctx, char *err, int err_len) { return packer_at_end(((struct pstage *)ctx)->p, err, err_len); }
+
+/* Pack the next batch into a slot (a ring slot, or the --out-dir file buffer posing as one). */
+static int pack_compute(void *ctx, struct relay_item *it, char *err, int err_len) {
+    struct pstage *ps = ctx;
+    struct desc_batch d;
+    int got = packer_next(ps->p, it->out->payload, it->out->payload_cap, &d, err, err_len);
+    if (got < 0) return -1;
+    if (!got) return RELAY_END;
+    size_t dlen;
+    if (desc_batch_encode(&d, it->out->desc, it->out->desc_cap, &dlen, err, err_len)) return -1;
+    it->seq = d.seq;
+    it->desc_len = (uint32_t)dlen;
+    it->payload_len = d.payload_bytes;
+    it->n_tokens = d.n_tokens;
+    return RELAY_DONE;
+}
+
+static int pack_published(void *ctx, const struct relay_item *it, char *err, int err_len) {
+    (void)it; (void)err; (void)err_len;
+    struct pstage *ps = ctx;
+    save_cursor(ps->cursor_path, ps->p, 0);
+    return 0;
+}
+
+static int pack_kv(void *ctx, struct bus_kv *kv, int max) {
+    struct pstage *ps = ctx;
+    const struct packer_stats *s = &ps->p->stats;
+    if (max < 7) return 0;
+    double now = time_mono_s(), dt = now - ps->t_last;
     int k = 0;
-    kv[k++] = (struct bus_kv){BUS_K_ITEMS_OUT, (double)s->batches};
-    kv[k++] = (struct bus_kv){BUS_K_BUSY_S, m->busy_s};
-    kv[k++] = (struct bus_kv){BUS_K_WAIT_S, m->wait_s};
-    kv[k++] = (struct bus_kv){"batches_per_s", dt > 0 ? (double)db / dt : 0};
-    kv[k++] = (struct bus_kv){BUS_K_TOKENS_PER_S, dt > 0 ? (double)dtok / dt : 0};
-    kv[k++] = (struct bus_kv){"tokens", (double)s->tokens};
+    kv[k++] = (struct bus_kv){"batches_per_s", dt > 0 ? (double)(s->batches - ps->last_batches) / dt : 0};
     kv[k++] = (struct bus_kv){"padding_frac", s->tokens ? (double)s->padding / (double)(s->tokens + s->padding) : 0};
     kv[k++] = (struct bus_kv){"dropped_samples", (double)s->dropped};
     kv[k++] = (struct bus_kv){"truncated_samples", (double)s->truncated};
-    kv[k++] = (struct bus_kv){"skipped_bad", (double)m->skipped_bad};
-    kv[k++] = (struct bus_kv){"epoch", (double)m->p->cur.epoch};
-    kv[k++] = (struct bus_kv){"next_seq", (double)m->p->cur.next_seq};
-    if (m->ring) {
-        struct ring_status st;
-        ring_get_status(m->ring, &st);
-        kv[k++] = (struct bus_kv){m->ring_name, (double)st.n_ready};
-    }
-    *n = k;
+    kv[k++] = (struct bus_kv){"skipped_bad", (double)ps->skipped_bad};
+    kv[k++] = (struct bus_kv){"epoch", (double)ps->p->cur.epoch};
+    kv[k++] = (struct bus_kv){"next_seq", (double)ps->p->cur.next_seq};
+    ps->t_last = now;
+    ps->last_batches = s->batches;
+    return k;
 }
 
-static void meter_tick(struct meter *m, int force) {
-    double now = time_mono_s();
-    if (!force && now - m->last_t < 1.0) return;
-    if (m->bus) {
-        struct bus_kv kv[16];
-        int n;
-        meter_kv(m, kv, &n, now - m->last_t, m->p->stats.batches - m->last_batches, m->p->stats.tokens - m->last_tokens);
-        if (bus_heartbeat(m->bus, kv, n) < 0) {   /* a caller error (a bad metric name): say it once */
-            log_warn("metrics heartbeat refused: %s", bus_error(m->bus));
-            bus_close(m->bus);
-            m->bus = NULL;
-        }
+/* --out-dir: the same cycle with a file for a slot. Returns RELAY_DONE, RELAY_STOPPED or -1. */
+static int write_files(struct pstage *ps, const char *out_dir, void *file_buf, uint64_t payload_cap, char *err,
+                       int err_len) {
+    struct pack_file_header *h = file_buf;
+    /* the payload starts DESC_ALIGN-aligned inside the buffer, behind header + descriptor room */
+    struct ring_slot slot = {.desc = (char *)file_buf + sizeof *h, .desc_cap = DESC_MAX_BYTES,
+                             .payload = (char *)file_buf + PACK_FILE_PAYLOAD_OFF, .payload_cap = payload_cap, .device = -1};
+    for (;;) {
+        if (stage_stopping()) return RELAY_STOPPED;
+        struct relay_item it = {.out = &slot};
+        int rc = pack_compute(ps, &it, err, err_len);
+        if (rc < 0) return -1;
+        if (rc == RELAY_END) return RELAY_DONE;
+        memcpy(h->magic, PACK_FILE_MAGIC, 8);
+        h->version = PACK_FILE_VERSION;
+        h->desc_len = it.desc_len;
+        h->payload_len = it.payload_len;
+        h->payload_off = PACK_FILE_PAYLOAD_OFF;
+        memset((char *)slot.desc + it.desc_len, 0, PACK_FILE_PAYLOAD_OFF - sizeof *h - it.desc_len);
+        char path[PATH_MAX];
+        if (snprintf(path, sizeof path, "%s/batch-%012llu.bin", out_dir, (unsigned long long)it.seq) >= (int)sizeof path)
+            return err_fail(err, err_len, "--out-dir path too long");
+        write_fast(path, file_buf, PACK_FILE_PAYLOAD_OFF + it.payload_len);   /* made durable by syncfs before DONE */
+        save_cursor(ps->cursor_path, ps->p, 0);
     }
-    m->last_t = now;
-    m->last_batches = m->p->stats.batches;
-    m->last_tokens = m->p->stats.tokens;
 }
 
 int main(int argc, char **argv) {
@@ -188,8 +199,11 @@ int main(int argc, char **argv) {
     struct stage_common common;
     stage_common_defaults(&common);
     common.device = "cpu";
-    const char *data = NULL, *index_out = NULL, *shard = "0/1", *on_bad = "fail", *ring_name = "batches", *out_dir = NULL;
+    const char *data = NULL, *index_out = NULL, *shard = "0/1", *ring_name = RING_NAME_BATCHES, *out_dir = NULL;
     int tokens = 8192, window = 4096, epochs = 1, verify = 1, ring_wait_ms = 60000, print_spec = 0;
+    int spec_slots = RINGS_DEFAULT_SLOTS, skip_bad = 0;
+    static const char *const on_bad_names[] = {"fail", "skip", NULL};
+    struct flag_choice on_bad = {&skip_bad, on_bad_names};
     int64_t seed = 0, max_batches = 0, vocab_size = 0, resume_from_seq = -1;
     struct flag table[] = {
         STAGE_COMMON_FLAGS(&common),
@@ -202,34 +216,33 @@ int main(int argc, char **argv) {
         {"max-batches", FLAG_INT64, &max_batches, "stop after this many batches in total (0: no limit)", 0, INT64_MAX},
         {"shard", FLAG_STRING, &shard, "i/n: emit shard i of n (several nodes; each gets every n-th batch)", 1, 0},
         {"vocab-size", FLAG_INT64, &vocab_size, "reject token ids >= this (0: no check)", 0, INT32_MAX},
-        {"on-bad-sample", FLAG_STRING, &on_bad, "skip|fail: what a bad JSONL sample does", 1, 0},
+        {"on-bad-sample", FLAG_CHOICE, &on_bad, "what a bad JSONL sample does", 1, 0},
         {"resume-from-seq", FLAG_INT64, &resume_from_seq, "start at batch S, ignoring the saved cursor (-1: continue from the cursor)", -1, INT64_MAX},
         {"ring", FLAG_STRING, &ring_name, "output ring name", 1, 0},
         {"out-dir", FLAG_STRING, &out_dir, "write batches as files into DIR instead of the ring", 1, 0},
         {"ring-wait-ms", FLAG_INT, &ring_wait_ms, "how long to wait for the ring to appear", 0, INT32_MAX},
-        {"print-ring-spec", FLAG_BOOL, &print_spec, "print the dflash-shm --ring spec this --tokens needs (4 slots) and exit", 1, 0},
+        RINGS_SPEC_FLAGS(&print_spec, &spec_slots),
         {"verify-index", FLAG_BOOL, &verify, "fully check an index file's content on open (hash, token and mask values)", 1, 0},
         FLAGS_END,
     };
     flags_parse_or_exit(table, argc, argv, "--data FILE (--run DIR [--out-dir DIR] | --index OUT) [flags]",
                         "Packs a tokenized dataset into batches of at most --tokens tokens for the `batches` ring.", NULL, 0);
+    char err[2048];
+    struct rings_geometry geo = {.budget = (uint32_t)tokens};
     if (print_spec) {
-        printf("%s:slots=4,bytes=%llu,desc=%zu,dev=host\n", ring_name,
-               (unsigned long long)desc_batch_max_payload_bytes((uint32_t)tokens), max_desc_len((uint32_t)tokens));
+        char spec[256];
+        LIB_CHECK(rings_format_spec(spec, sizeof spec, ring_name, (uint32_t)spec_slots, DESC_KIND_BATCH, &geo, -1, err,
+                                    sizeof err), err);
+        printf("%s\n", spec);
         return 0;
     }
     if (!data) { fprintf(stderr, "dflash-pack: --data FILE is required (see --help)\n"); return 2; }
-    int skip_bad;
-    if (!strcmp(on_bad, "skip")) skip_bad = 1;
-    else if (!strcmp(on_bad, "fail")) skip_bad = 0;
-    else { fprintf(stderr, "dflash-pack: --on-bad-sample: expected skip or fail, got '%s'\n", on_bad); return 2; }
     struct packer_config cfg = {.budget = (uint32_t)tokens, .window = (uint32_t)window, .seed = (uint64_t)seed,
                                 .epochs = (uint32_t)epochs, .max_batches = (uint64_t)max_batches};
     if (parse_shard(shard, &cfg.shard, &cfg.n_shards)) {
         fprintf(stderr, "dflash-pack: --shard: expected i/n with 0 <= i < n, got '%s'\n", shard);
         return 2;
     }
-    char err[2048];
     struct dataset_load_opts lo = {.vocab_size = vocab_size, .skip_bad = skip_bad, .on_bad = on_bad_sample};
     struct dataset_load_stats ls;
     struct dataset ds;
@@ -300,116 +313,47 @@ int main(int argc, char **argv) {
     }
 
     /* ------------------------------------------------------------ output */
-    struct ring *ring = NULL;
+    struct pstage ps = {.p = &p, .cursor_path = cursor_path, .skipped_bad = ls.skipped_bad, .t_last = time_mono_s()};
+    uint64_t payload_cap = rings_payload_bytes(DESC_KIND_BATCH, &geo);
+    uint32_t desc_need = rings_desc_bytes(DESC_KIND_BATCH, &geo);
+    double t_start = time_mono_s();
+    int res;
     void *file_buf = NULL;
-    uint64_t payload_cap = desc_batch_max_payload_bytes(cfg.budget);
-    size_t desc_need = max_desc_len(cfg.budget);
+    struct relay *relay = NULL;
     if (out_dir) {
         LIB_CHECK(fs_mkdir_p(out_dir, err, sizeof err), err);
         file_buf = aligned_alloc(DESC_ALIGN, PACK_FILE_PAYLOAD_OFF + (payload_cap + DESC_ALIGN - 1) / DESC_ALIGN * DESC_ALIGN);
         ALLOC_CHECK(file_buf);
         log_info("writing batches as files into %s", out_dir);
+        res = write_files(&ps, out_dir, file_buf, payload_cap, err, sizeof err);
     } else {
-        ring_set_log(ring_log, NULL);
+        struct relay_config rc = {
+            .run_dir = common.run_dir, .out_ring = ring_name, .attach_wait_ms = ring_wait_ms,
+            .wait_ms = 1000, .heartbeat_s = 1.0, .use_bus = 1, .item_name = "batch", .ctx = &ps,
+            .compute = pack_compute, .at_end = pack_at_end, .heartbeat_kv = pack_kv, .published = pack_published,
+        };
         check_hint("is dflash-shm running for this run with the ring (dflash-shm --run DIR --ring batches:...)?");
-        ring = ring_attach(common.run_dir, ring_name, RING_PRODUCER, ring_wait_ms, err, sizeof err);
-        if (!ring) DIE("ring_attach(%s): %s", ring_name, err);
+        relay = relay_open(&rc, err, sizeof err);
+        if (!relay) DIE("%s", err);
         check_hint(NULL);
-        if (ring_expect(ring, payload_cap, (uint32_t)desc_need, -1, err, sizeof err)) {
+        if (ring_expect(relay_out(relay), payload_cap, desc_need, -1, err, sizeof err)) {
+            char spec[256], e2[256];
             log_error("ring '%s' is too small for --tokens %u: %s", ring_name, cfg.budget, err);
-            log_error("hint: create it with dflash-shm --ring %s:bytes=%llu,desc=%zu,dev=host (or larger)", ring_name,
-                      (unsigned long long)payload_cap, desc_need);
+            if (rings_format_spec(spec, sizeof spec, ring_name, (uint32_t)spec_slots, DESC_KIND_BATCH, &geo, -1, e2,
+                                  sizeof e2) == 0)
+                log_error("hint: create it with dflash-shm --ring %s (dflash-pack --tokens %u --print-ring-spec)", spec,
+                          cfg.budget);
             exit(1);
         }
         log_info("producing to ring '%s'", ring_name);
-    }
-
-    struct meter m = {0};
-    m.p = &p;
-    m.ring = ring;
-    m.skipped_bad = ls.skipped_bad;
-    m.t0 = m.last_t = time_mono_s();
-    snprintf(m.ring_name, sizeof m.ring_name, "occ_%s", ring_name);
-    if (common.run_dir) {
-        m.bus = bus_open(common.run_dir, "dflash-pack", err, sizeof err);
-        if (!m.bus) log_warn("metrics disabled: %s", err);
-    }
-
-    /* ------------------------------------------------------------ the loop */
-    struct desc_batch d;
-    int ended = 0;
-    double t_wait_log = 0;
-    while (!stage_stopping()) {
-        meter_tick(&m, 0);
-        int at_end = packer_at_end(&p, err, sizeof err);
-        if (at_end < 0) DIE("%s", err);
-        if (at_end) { ended = 1; break; }
-        if (ring) {
-            struct ring_slot slot;
-            double tw = time_mono_s();
-            int rc = ring_acquire_write(ring, 1000, &slot);
-            m.wait_s += time_mono_s() - tw;
-            if (rc == RING_TIMEOUT) {
-                if (m.bus) bus_set_waiting(m.bus, "ring full");
-                if (time_mono_s() - t_wait_log > 30) {
-                    log_info("waiting for a free slot in ring '%s' (next seq %llu)", ring_name, (unsigned long long)p.cur.next_seq);
-                    t_wait_log = time_mono_s();
-                }
-                continue;
-            }
-            if (rc == RING_END) {
-                log_error("ring '%s' was closed (dflash-shm shut down?) before the end of the stream; next seq %llu",
-                          ring_name, (unsigned long long)p.cur.next_seq);
-                exit(1);
-            }
-            if (rc < 0) DIE("ring_acquire_write(%s): %s", ring_name, ring_error());
-            if (m.bus) bus_set_waiting(m.bus, NULL);
-            double tb = time_mono_s();
-            int got = packer_next(&p, slot.payload, slot.payload_cap, &d, err, sizeof err);
-            if (got <= 0) {
-                if (ring_abandon(ring, &slot)) DIE("ring_abandon(%s): %s", ring_name, ring_error());
-                if (got < 0) DIE("%s", err);
-                ended = 1;
-                break;
-            }
-            size_t dlen;
-            LIB_CHECK(desc_batch_encode(&d, slot.desc, slot.desc_cap, &dlen, err, sizeof err), err);
-            if (ring_publish(ring, &slot, d.seq, (uint32_t)dlen, d.payload_bytes))
-                DIE("ring_publish(%s, seq %llu): %s", ring_name, (unsigned long long)d.seq, ring_error());
-            save_cursor(cursor_path, &p, 0);
-            m.busy_s += time_mono_s() - tb;
-        } else {
-            double tb = time_mono_s();
-            struct pack_file_header *h = file_buf;
-            char *desc = (char *)file_buf + sizeof *h;
-            /* the payload starts DESC_ALIGN-aligned inside the buffer, behind header + descriptor room */
-            char *payload = (char *)file_buf + PACK_FILE_PAYLOAD_OFF;
-            int got = packer_next(&p, payload, payload_cap, &d, err, sizeof err);
-            if (got < 0) DIE("%s", err);
-            if (!got) { ended = 1; break; }
-            size_t dlen;
-            LIB_CHECK(desc_batch_encode(&d, desc, DESC_MAX_BYTES, &dlen, err, sizeof err), err);
-            memcpy(h->magic, PACK_FILE_MAGIC, 8);
-            h->version = PACK_FILE_VERSION;
-            h->desc_len = (uint32_t)dlen;
-            h->payload_len = d.payload_bytes;
-            h->payload_off = PACK_FILE_PAYLOAD_OFF;
-            memset(desc + dlen, 0, PACK_FILE_PAYLOAD_OFF - sizeof *h - dlen);
-            char path[PATH_MAX];
-            if (snprintf(path, sizeof path, "%s/batch-%012llu.bin", out_dir, (unsigned long long)d.seq) >= (int)sizeof path)
-                DIE("--out-dir path too long");
-            write_fast(path, file_buf, PACK_FILE_PAYLOAD_OFF + d.payload_bytes);   /* made durable by syncfs before DONE */
-            save_cursor(cursor_path, &p, 0);
-            m.busy_s += time_mono_s() - tb;
-        }
+        res = relay_run(relay, err, sizeof err);
     }
 
     /* ------------------------------------------------------------ end */
     const struct packer_stats *s = &p.stats;
-    double el = time_mono_s() - m.t0;
+    double el = time_mono_s() - t_start;
     save_cursor(cursor_path, &p, 1);
-    if (ended) {
-        if (ring && ring_mark_drained(ring)) DIE("ring_mark_drained(%s): %s", ring_name, ring_error());
+    if (res == RELAY_DONE) {
         if (out_dir) {
             char path[PATH_MAX], text[128];
             int dfd = open(out_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -425,22 +369,20 @@ int main(int argc, char **argv) {
                  (unsigned long long)s->batches, (unsigned long long)s->tokens, el > 0 ? (double)s->tokens / el : 0,
                  s->tokens ? 100.0 * (double)s->padding / (double)(s->tokens + s->padding) : 0.0,
                  (unsigned long long)s->dropped, (unsigned long long)s->truncated, (unsigned long long)ls.skipped_bad);
-    } else {
+    } else if (res == RELAY_STOPPED) {
         log_info("stopped by signal %d before seq %llu (the cursor is saved; the same command continues)",
                  stage_stop_signal(), (unsigned long long)p.cur.next_seq);
+    } else {
+        log_error("%s (next seq %llu)", err, (unsigned long long)p.cur.next_seq);
     }
-    if (m.bus) {
-        struct bus_kv kv[16];
-        int n;
-        meter_kv(&m, kv, &n, el, s->batches, s->tokens);
-        bus_summary(m.bus, kv, n);
-        log_info("metrics: %llu records sent, %llu dropped (no sink or sink busy)", (unsigned long long)bus_sent(m.bus),
-                 (unsigned long long)bus_dropped(m.bus));
-        bus_close(m.bus);
+    if (relay) {
+        struct bus *bus = relay_bus(relay);
+        if (bus) log_info("metrics: %llu records sent before the summary, %llu dropped (no sink or sink busy)",
+                          (unsigned long long)bus_sent(bus), (unsigned long long)bus_dropped(bus));
+        relay_close(relay);
     }
-    ring_close(ring);
     free(file_buf);
     packer_free(&p);
     dataset_free(&ds);
-    return 0;
+    return relay_exit_code(res);
 }

@@ -255,7 +255,7 @@ static int ring_mode(const struct opts *o, struct target *t) {
     int dev = target_device(t);
     ts.dtype = dev >= 0 ? DESC_DTYPE_BF16 : DESC_DTYPE_F32;
     struct relay_config rc = {
-        .run_dir = o->common.run_dir, .in_ring = o->in_ring, .out_ring = o->out_ring, .cuda_device = -1,
+        .run_dir = o->common.run_dir, .in_ring = o->in_ring, .out_ring = o->out_ring,
         .attach_wait_ms = o->wait_ms, .heartbeat_s = o->heartbeat_s, .use_bus = 1, .item_name = "batch",
         .ctx = &ts, .compute = compute_hidden, .heartbeat_kv = target_heartbeat_kv, .metric = target_metric,
     };

@@ -3,6 +3,7 @@
  */
 #include "core/flags.h"
 #include "core/fsutil.h"
+#include "core/log.h"
 #include "testutil.h"
 
 #include <signal.h>
@@ -168,6 +169,69 @@ START_TEST(run_dir_layout_and_id) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- run directory permissions */
+
+static unsigned mode_of(const char *path) {
+    struct stat st;
+    ck_assert_msg(stat(path, &st) == 0, "stat(%s): %s", path, strerror(errno));
+    return (unsigned)(st.st_mode & 0777);
+}
+
+START_TEST(run_dir_private_by_default) {
+    umask(0);   /* whatever the umask: the modes are set explicitly */
+    /* private by default; --share-group: group-readable */
+    static const unsigned dir_mode[2] = {0700, 0750}, file_mode[2] = {0600, 0640};
+    for (int share = 0; share < 2; share++) {
+        char run[700], sub[800], err[512];
+        fs_set_share_group(share);
+        snprintf(run, sizeof run, "%s/a/run", test_tmpdir("perm"));
+        ck_assert_msg(run_dir_init(run, err, sizeof err) == 0, "%s", err);
+        ck_assert_uint_eq(mode_of(run), dir_mode[share]);
+        snprintf(sub, sizeof sub, "%s/logs", run);
+        ck_assert_uint_eq(mode_of(sub), dir_mode[share]);
+        snprintf(sub, sizeof sub, "%s/state/x", run);
+        ck_assert_int_eq(fs_write_atomic(sub, "hi", 2, err, sizeof err), 0);
+        ck_assert_uint_eq(mode_of(sub), file_mode[share]);
+        snprintf(sub, sizeof sub, "%s/logs/t.log", run);
+        ck_assert_int_eq(log_open_file(sub, err, sizeof err), 0);
+        ck_assert_uint_eq(mode_of(sub), file_mode[share]);
+    }
+    fs_set_share_group(0);
+}
+END_TEST
+
+/* A symlink planted at the log's name is refused (O_NOFOLLOW), not followed. */
+START_TEST(log_refuses_symlink) {
+    const char *d = test_tmpdir("logsym");
+    char target[600], link[600], err[512];
+    snprintf(target, sizeof target, "%s/elsewhere", d);
+    snprintf(link, sizeof link, "%s/stage.log", d);
+    ck_assert_int_eq(symlink(target, link), 0);
+    ck_assert_int_eq(log_open_file(link, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "for the log failed") != NULL, "%s", err);
+    ck_assert_int_eq(access(target, F_OK), -1);   /* nothing was created through the link */
+    ck_assert_int_eq(fs_write_atomic(link, "x", 1, err, sizeof err), 0);   /* replaced by rename, not followed */
+    ck_assert_int_eq(access(target, F_OK), -1);
+}
+END_TEST
+
+/* A run directory owned by someone else is refused with one sentence. */
+START_TEST(run_dir_of_another_user_refused) {
+    char run[700], err[512];
+    snprintf(run, sizeof run, "%s/run", test_tmpdir("owner"));
+    ck_assert_int_eq(mkdir(run, 0755), 0);
+    uid_t other = geteuid() == 65534 ? 65533 : 65534;
+    if (geteuid() == 0) ck_assert_int_eq(chown(run, other, (gid_t)-1), 0);
+    else snprintf(run, sizeof run, "/");   /* not root: / belongs to root */
+    if (geteuid() != 0) other = 0;
+    ck_assert_int_eq(run_dir_init(run, err, sizeof err), -1);
+    char want[900];
+    snprintf(want, sizeof want, "run directory %s is owned by uid %u, not by this user (uid %u); refusing to write into it",
+             run, (unsigned)other, (unsigned)geteuid());
+    ck_assert_str_eq(err, want);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("core");
     TCase *tc = tcase_create("core");
@@ -178,6 +242,9 @@ int main(void) {
     tcase_add_test(tc, atomic_write_roundtrip);
     tcase_add_test(tc, atomic_write_survives_sigkill);
     tcase_add_test(tc, run_dir_layout_and_id);
+    tcase_add_test(tc, run_dir_private_by_default);
+    tcase_add_test(tc, log_refuses_symlink);
+    tcase_add_test(tc, run_dir_of_another_user_refused);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

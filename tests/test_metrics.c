@@ -7,7 +7,7 @@
  */
 #include "core/bus.h"
 #include "core/fsutil.h"
-#include "core/metrics_sink.h"
+#include "metrics/metrics_sink.h"
 #include "testutil.h"
 
 #include <errno.h>
@@ -470,6 +470,9 @@ START_TEST(senders_kill_and_restart) {
     char sock[1024];
     snprintf(sock, sizeof sock, "%s/bus/metrics.sock", run);
     ck_assert_msg(WAIT_UNTIL(fs_exists(sock), 5), "dflash-metrics did not bind within 5 s");
+    struct stat sst;   /* the socket's mode is set after bind, not left to the umask */
+    ck_assert_msg(WAIT_UNTIL(stat(sock, &sst) == 0 && (sst.st_mode & 0777) == 0600, 5), "socket mode %o, want 0600",
+                  (unsigned)(sst.st_mode & 0777));
     pid_t snd[NSEND];
     for (int i = 0; i < NSEND; i++) {
         snd[i] = fork();

@@ -364,6 +364,64 @@ START_TEST(bad_flags_and_missing_model) {
 }
 END_TEST
 
+/* The whole text of <run>/<logname>.out (static buffer). */
+static const char *out_text(const struct env *e, const char *logname) {
+    static char buf[65536];
+    char path[800];
+    snprintf(path, sizeof path, "%s/%s.out", e->run, logname);
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "%s", path);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return buf;
+}
+
+/* --print-ring-spec sizes the hidden ring for the flags; a batch over the planned --tokens is
+ * refused with what was planned and found; SIGTERM before end of stream exits 3 and leaves the
+ * hidden ring undrained. */
+START_TEST(ring_spec_budget_and_stop) {
+    struct env e;
+    env_start(&e, "tstage-spec", 1, "f32", "1");
+    const char *ps[] = {test_bin("dflash-target"), "--model", e.model, "--device", "cpu", "--layers", "1,3",
+                        "--tokens", "256", "--ring-slots", "3", "--print-ring-spec", NULL};
+    ck_assert_int_eq(tr_wait(spawn(&e, "spec", ps)), 0);
+    char want[256];
+    snprintf(want, sizeof want, "hidden:slots=3,bytes=%llu,desc=%u,dev=host\n",
+             (unsigned long long)desc_hidden_max_payload_bytes(TOKENS, 2, H, DESC_DTYPE_F32), DESC_MAX_BYTES);
+    ck_assert_str_eq(out_text(&e, "spec"), want);
+    const char *bad[] = {test_bin("dflash-target"), "--model", e.model, "--device", "cpu", "--heartbeat-s", "-1", NULL};
+    ck_assert_int_eq(tr_wait(spawn(&e, "badhb", bad)), 2);
+    ck_assert_ptr_nonnull(strstr(out_text(&e, "badhb"), "--heartbeat-s: -1 is out of range [0, 86400]"));
+    const char *badl[] = {test_bin("dflash-target"), "--model", e.model, "--device", "cpu", "--layers", "1,x", NULL};
+    ck_assert_int_eq(tr_wait(spawn(&e, "badl", badl)), 2);
+    ck_assert_ptr_nonnull(strstr(out_text(&e, "badl"), "--layers: item 2 'x' is not an integer"));
+
+    /* stopped before end of stream */
+    char err[512];
+    ring_set_log(tr_quiet, NULL);
+    struct ring *hidden = ring_attach(e.run, "hidden", RING_OBSERVER, 10000, err, sizeof err);
+    ck_assert_msg(hidden != NULL, "%s", err);
+    pid_t tgt = start_target(&e, "stopped");
+    usleep(300 * 1000);
+    ck_assert_int_eq(kill(tgt, SIGTERM), 0);
+    ck_assert_int_eq(tr_wait(tgt), 3);
+    ck_assert_ptr_nonnull(strstr(out_text(&e, "stopped"), "stopped by SIGTERM before end of stream"));
+    ck_assert_int_eq(ring_is_drained(hidden), 0);
+
+    /* a target planned for 128 tokens gets 256-token batches */
+    const char *small[] = {test_bin("dflash-target"), "--model", e.model, "--run", e.run, "--device", "cpu",
+                           "--layers", "1,3", "--tokens", "128", NULL};
+    pid_t t2 = spawn(&e, "small", small), pack = start_pack(&e);
+    ck_assert_int_eq(tr_wait(t2), 1);
+    ck_assert_ptr_nonnull(strstr(out_text(&e, "small"), "batch seq 0: 256 tokens, this stage planned memory for --tokens 128"));
+    kill(pack, SIGTERM);
+    tr_wait(pack);
+    ring_close(hidden);
+    tr_stop_shm(e.shm);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("target_stage");
     TCase *tc = tcase_create("stage");
@@ -372,6 +430,7 @@ int main(void) {
     tcase_add_test(tc, two_replicas_share_the_rings);
     tcase_add_test(tc, random_sigkills_lose_nothing);
     tcase_add_test(tc, bad_flags_and_missing_model);
+    tcase_add_test(tc, ring_spec_budget_and_stop);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

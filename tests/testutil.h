@@ -4,7 +4,8 @@
  * - test_bin("dflash-pack"): path of a stage binary (DFLASH_BIN, set by make test, else build/bin).
  * - test_tmpdir(): a fresh directory under $TMPDIR for one test (not removed: a failing test's
  *   files stay for inspection; make clean or the OS removes them).
- * - test_rng_*: a small seeded generator (splitmix64) so every suite draws the same inputs.
+ * - test_rng_*: kernels/common.h's seeded splitmix64 (kernels_rng_next), so every suite draws the
+ *   same inputs.
  * - test_spawn_log(log, argv): fork/exec a binary with stdout+stderr appended to log; the child
  *   dies with the test (PR_SET_PDEATHSIG), exit status 127 if the exec fails.
  * - test_allclose(): element-wise |got - ref| <= atol + rtol*|ref|; on failure prints max abs and
@@ -12,6 +13,8 @@
  */
 #ifndef TESTS_TESTUTIL_H
 #define TESTS_TESTUTIL_H
+
+#include "kernels/common.h"
 
 #include <check.h>
 #include <errno.h>
@@ -58,12 +61,8 @@ static inline const char *test_tmpdir(const char *tag) {
     return out;
 }
 
-static inline uint64_t test_rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+/* The project's one generator (kernels/common.h), so suites and references draw alike. */
+static inline uint64_t test_rng_next(uint64_t *s) { return kernels_rng_next(s); }
 /* Uniform in [lo, hi). */
 static inline float test_rng_uniform(uint64_t *s, float lo, float hi) {
     return lo + (hi - lo) * (float)((test_rng_next(s) >> 40) * (1.0 / 16777216.0));

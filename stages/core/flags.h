@@ -37,7 +37,8 @@ struct flag_choice {
     const char *const *names;   /* NULL-terminated */
 };
 
-/* FLAG_LIST's value: items[0..*count) (the default before parsing). names NULL: ints within the
+/* FLAG_LIST's value: items[0..*count) (the default before parsing; a failed parse leaves *count
+ * and may have overwritten items). names NULL: ints within the
  * flag's [min, max]; else each item must be one of names and is stored as its index. */
 struct flag_list {
     int *items;

@@ -3,6 +3,7 @@
  * directory and its id (fsutil.h).
  */
 #include "core/fsutil.h"
+#include "core/err.h"
 #include "shm/ring.h"
 
 #include <errno.h>
@@ -16,13 +17,19 @@
 #include <time.h>
 #include <unistd.h>
 
+static int g_share_group;
+
+void fs_set_share_group(int on) { g_share_group = on != 0; }
+unsigned fs_dir_mode(void) { return g_share_group ? 0750u : 0700u; }
+unsigned fs_file_mode(void) { return g_share_group ? 0640u : 0600u; }
+
 int fs_write_atomic(const char *path, const void *data, size_t len, char *err, int err_len) {
     char tmp[PATH_MAX];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
         snprintf(err, err_len, "path too long: %s", path);
         return -1;
     }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, (mode_t)fs_file_mode());
     if (fd < 0) { snprintf(err, err_len, "open(%s) failed: %s", tmp, strerror(errno)); return -1; }
     const char *p = data;
     size_t left = len;
@@ -106,12 +113,38 @@ int run_path(char *out, size_t out_len, const char *run_dir, const char *rel) {
     return n < 0 || (size_t)n >= out_len ? -1 : 0;
 }
 
+/* mkdir with exactly fs_dir_mode() when this call creates it (chmod: the umask may have cleared
+ * bits); an existing directory is fine. */
+static int mkdir_private(const char *path, char *err, int err_len) {
+    mode_t mode = (mode_t)fs_dir_mode();
+    if (mkdir(path, mode) == 0) {
+        if (chmod(path, mode) != 0) return err_fail(err, err_len, "chmod(%s, %o) failed: %s", path, mode, strerror(errno));
+        return 0;
+    }
+    if (errno != EEXIST) return err_fail(err, err_len, "mkdir(%s) failed: %s", path, strerror(errno));
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return err_fail(err, err_len, "%s exists and is not a directory", path);
+    return 0;
+}
+
 int run_dir_init(const char *run_dir, char *err, int err_len) {
-    static const char *subdirs[] = {"", "bus", "logs", "state", "checkpoints", "export", "plots"};
+    static const char *subdirs[] = {"bus", "logs", "state", "checkpoints", "export", "plots"};
     char p[PATH_MAX];
-    for (size_t i = 0; i < sizeof subdirs / sizeof *subdirs; i++) {
-        if (run_path(p, sizeof p, run_dir, subdirs[i])) { snprintf(err, err_len, "run directory path too long: %s", run_dir); return -1; }
+    if (snprintf(p, sizeof p, "%s", run_dir) >= (int)sizeof p) return err_fail(err, err_len, "run directory path too long: %s", run_dir);
+    char *slash = strrchr(p, '/');
+    if (slash && slash != p) {   /* the parents: an ordinary mkdir -p */
+        *slash = 0;
         if (fs_mkdir_p(p, err, err_len)) return -1;
+    }
+    if (mkdir_private(run_dir, err, err_len)) return -1;
+    struct stat st;
+    if (stat(run_dir, &st) != 0) return err_fail(err, err_len, "stat(%s) failed: %s", run_dir, strerror(errno));
+    if (st.st_uid != geteuid())
+        return err_fail(err, err_len, "run directory %s is owned by uid %u, not by this user (uid %u); refusing to write "
+                        "into it", run_dir, (unsigned)st.st_uid, (unsigned)geteuid());
+    for (size_t i = 0; i < sizeof subdirs / sizeof *subdirs; i++) {
+        if (run_path(p, sizeof p, run_dir, subdirs[i])) return err_fail(err, err_len, "run directory path too long: %s", run_dir);
+        if (mkdir_private(p, err, err_len)) return -1;
     }
     return 0;
 }

@@ -19,8 +19,19 @@ int fs_read_file(const char *path, char **out, size_t *len, char *err, int err_l
 int fs_mkdir_p(const char *path, char *err, int err_len);
 int fs_exists(const char *path);
 
-/* Create the run directory layout (run dir, bus/, logs/, state/, checkpoints/, export/, plots/).
- * Whoever comes first creates it; concurrent callers are fine. */
+/* Permissions of what stages create in a run directory (issue 14 item 9): private by default,
+ * directories 0700 and files 0600; with fs_set_share_group(1) (stage flag --share-group)
+ * group-readable, 0750 and 0640. Process-wide; set once at start-up (stage_start), before
+ * other threads run. */
+void fs_set_share_group(int on);
+unsigned fs_dir_mode(void);
+unsigned fs_file_mode(void);
+
+/* Create the run directory layout (run dir, bus/, logs/, state/, checkpoints/, export/, plots/)
+ * with fs_dir_mode() (set exactly with chmod on what this call creates, whatever the umask; the
+ * parents of the run directory get mkdir -p's 0755). Whoever comes first creates it; concurrent
+ * callers are fine. Refuses, with one sentence, a run directory that is not a directory or is
+ * owned by another user (its files would be written into someone else's tree). */
 int run_dir_init(const char *run_dir, char *err, int err_len);
 /* Join run_dir and a relative path into out (size out_len). Returns -1 if it does not fit. */
 int run_path(char *out, size_t out_len, const char *run_dir, const char *rel);

@@ -5,6 +5,7 @@
  * lines shorter than PIPE_BUF in practice).
  */
 #include "core/log.h"
+#include "core/fsutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -37,7 +38,8 @@ const char *log_stage(void) { return g_stage; }
 void log_set_level(enum log_level level) { g_level = level; }
 
 int log_open_file(const char *path, char *err, int err_len) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    /* O_NOFOLLOW: a symlink planted at the log's name is refused, not followed. */
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, (mode_t)fs_file_mode());
     if (fd < 0) {
         snprintf(err, err_len, "open(%s) for the log failed: %s", path, strerror(errno));
         return -1;

@@ -14,7 +14,8 @@ enum log_level { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARN = 2, LOG_ERROR = 3 };
 /* Set the stage name printed on every line (and used by check.h). Call first in main. The string
  * must outlive the process (a literal). Level comes from DFLASH_LOG=debug|info|warn|error. */
 void log_init(const char *stage);
-/* Also append every line to `path` (created 0644). Returns 0, or -1 with a reason in err. */
+/* Also append every line to `path` (created with fs_file_mode(): 0600, or 0640 with --share-group;
+ * a symlink at path is refused, O_NOFOLLOW). Returns 0, or -1 with a reason in err. */
 int log_open_file(const char *path, char *err, int err_len);
 void log_set_level(enum log_level level);
 const char *log_stage(void);

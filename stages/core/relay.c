@@ -154,7 +154,6 @@ struct relay *relay_open(const struct relay_config *cfg, char *err, int err_len)
     if (!cfg->run_dir) { err_fail(err, err_len, "relay: run_dir is required"); return NULL; }
     if (!cfg->compute) { err_fail(err, err_len, "relay: the compute callback is required"); return NULL; }
     if (!cfg->in_ring && !cfg->out_ring) { err_fail(err, err_len, "relay: neither an input nor an output ring"); return NULL; }
-    if (cfg->in_ring && cfg->at_end) { err_fail(err, err_len, "relay: at_end is for sources (no input ring)"); return NULL; }
     struct relay *r = calloc(1, sizeof *r);
     if (!r) { err_fail(err, err_len, "relay: out of memory"); return NULL; }
     r->cfg = *cfg;
@@ -163,16 +162,6 @@ struct relay *relay_open(const struct relay_config *cfg, char *err, int err_len)
     if (!r->cfg.item_name) r->cfg.item_name = "item";
     if (r->cfg.in_order) r->cfg.dedup = 1;
     if (relay_seen_init(&r->seen, cfg->seen_window, err, err_len)) { free(r); return NULL; }
-#ifdef DFLASH_CUDA
-    if (cfg->cuda_device >= 0) {
-        cudaError_t e = cudaSetDevice(cfg->cuda_device);
-        if (e != cudaSuccess) {
-            err_fail(err, err_len, "cudaSetDevice(%d): %s", cfg->cuda_device, cudaGetErrorString(e));
-            relay_close(r);
-            return NULL;
-        }
-    }
-#endif
     ring_set_log(ring_log_line, NULL);
     char e2[512];
     if (cfg->in_ring) {
@@ -249,7 +238,8 @@ static void set_waiting(struct relay *r, const char *what) {
 static void note_wait(struct relay *r, const char *what) {
     double now = time_mono_s();
     if (now - r->last_wait_log < 30) return;
-    log_info("waiting: %s (next seq %llu)", what, (unsigned long long)r->seen.next);
+    log_info("waiting: %s (%llu in, %llu out so far)", what, (unsigned long long)r->st.items_in,
+             (unsigned long long)r->st.items_out);
     r->last_wait_log = now;
 }
 
@@ -299,6 +289,13 @@ static int claim_input(struct relay *r, struct ring_slot *s, int *ordered, char 
             if (ring_release(r->in, s)) return err_fail(err, err_len, "ring '%s': %s", r->cfg.in_ring, ring_error());
             continue;
         }
+        if (r->cfg.dedup && s->seq - r->seen.next >= r->seen.window) {   /* refuse before compute, not after */
+            err_fail(err, err_len, "ring '%s': seq %llu is %u or more ahead of the next expected seq %llu (the seen set "
+                     "holds a window of %u seqs)", r->cfg.in_ring, (unsigned long long)s->seq, r->seen.window,
+                     (unsigned long long)r->seen.next, r->seen.window);
+            if (ring_unread(r->in, s)) log_warn("ring '%s': %s", r->cfg.in_ring, ring_error());
+            return -1;
+        }
         return 0;
     }
 }
@@ -332,15 +329,16 @@ static void give_back(struct relay *r, struct ring_slot *in, struct ring_slot *o
 static int end_of_stream(struct relay *r, char *err, int err_len) {
     if (r->out && ring_mark_drained(r->out))
         return err_fail(err, err_len, "ring '%s': %s", r->cfg.out_ring, ring_error());
-    log_info("end of stream: %llu %ss in, %llu out, %llu dropped, busy %.1f s, waiting %.1f s",
-             (unsigned long long)r->st.items_in, r->cfg.item_name, (unsigned long long)r->st.items_out,
+    log_info("end of stream: %llu in, %llu out, %llu dropped, busy %.1f s, waiting %.1f s",
+             (unsigned long long)r->st.items_in, (unsigned long long)r->st.items_out,
              (unsigned long long)r->st.dropped, r->st.busy_s, r->st.wait_s);
     return RELAY_DONE;
 }
 
 static int stopped(struct relay *r) {
-    log_info("stopped by %s before end of stream after %llu %ss out (output not marked drained; the run is not "
-             "finished)", sig_name(stage_stop_signal()), (unsigned long long)r->st.items_out, r->cfg.item_name);
+    log_info("stopped by %s before end of stream (%llu in, %llu out; output not marked drained: the run is not "
+             "finished)", sig_name(stage_stop_signal()), (unsigned long long)r->st.items_in,
+             (unsigned long long)r->st.items_out);
     return RELAY_STOPPED;
 }
 
@@ -351,6 +349,12 @@ int relay_run(struct relay *r, char *err, int err_len) {
         struct relay_item it;
         memset(&it, 0, sizeof it);
         int rc;
+        if (stage_stopping()) return stopped(r);
+        if (r->cfg.at_end) {
+            rc = r->cfg.at_end(r->cfg.ctx, err, err_len);
+            if (rc < 0) return -1;
+            if (rc) return end_of_stream(r, err, err_len);
+        }
         if (r->in) {
             rc = claim_input(r, &is, &ordered, err, err_len);
             if (rc == RELAY_STOPPED) return stopped(r);
@@ -364,13 +368,7 @@ int relay_run(struct relay *r, char *err, int err_len) {
             it.in = &is;
             it.seq = is.seq;
         } else {
-            if (stage_stopping()) return stopped(r);
             tick(r);
-            if (r->cfg.at_end) {
-                rc = r->cfg.at_end(r->cfg.ctx, err, err_len);
-                if (rc < 0) return -1;
-                if (rc) return end_of_stream(r, err, err_len);
-            }
         }
         if (r->out) {
             rc = claim_output(r, &os, err, err_len);
@@ -410,6 +408,7 @@ int relay_run(struct relay *r, char *err, int err_len) {
         }
         if (it.in && ring_release(r->in, &is))
             return err_fail(err, err_len, "ring '%s': %s", r->cfg.in_ring, ring_error());
+        if (r->cfg.published && r->cfg.published(r->cfg.ctx, &it, err, err_len)) return -1;
         it.busy_s = time_mono_s() - b0;
         r->st.busy_s += it.busy_s;
         if (it.out) r->st.items_out++;

@@ -21,8 +21,9 @@
  *   twice with one seq, which the downstream seen set drops).
  * - Nothing waits forever: every ring wait has wait_ms; a stage waiting on a full/empty ring says
  *   so through bus_set_waiting ("ring hidden: full") and in the log every 30 s.
- * - End of stream (exit 0): the input ring returned RING_END and ring_is_drained(in) holds, or a
- *   source's at_end/compute said RELAY_END. Then the output ring (if any) is marked drained.
+ * - End of stream (exit 0): the input ring returned RING_END and ring_is_drained(in) holds, or
+ *   at_end said so, or a source's compute returned RELAY_END. Then the output ring (if any) is
+ *   marked drained.
  * - Stopped (exit STAGE_EXIT_STOPPED, stages/core/stage.h): SIGINT/SIGTERM arrived before end of
  *   stream. Held slots are given back (input: ring_unread -> READY again; output: ring_abandon),
  *   the output ring is NOT marked drained (the run is not finished), and relay_run logs
@@ -126,8 +127,10 @@ struct relay_item {
  * RELAY_DROP, RELAY_END (sources only), or -1 with a sentence in err (relay_run gives the slots
  * back and returns -1). */
 typedef int (*relay_compute_fn)(void *ctx, struct relay_item *it, char *err, int err_len);
-/* Source only, optional: 1 when no item is left (checked before claiming an output slot, so a
- * finished source never waits for room), 0 when there is more, -1 with a sentence. */
+/* Optional, any shape: checked before each cycle claims anything. 1: the stream ends here (a
+ * source has no item left, so it never waits for room it will not use; a sink wants no more, e.g.
+ * dflash-record --expect N reached), which counts as end of stream (RELAY_DONE, output marked
+ * drained); 0: go on; -1 with a sentence. */
 typedef int (*relay_at_end_fn)(void *ctx, char *err, int err_len);
 /* Optional: append up to max named numbers to kv (heartbeats and the summary; names must not
  * clash with the relay's own); returns how many. Names must outlive the call (literals). */
@@ -135,12 +138,15 @@ typedef int (*relay_kv_fn)(void *ctx, struct bus_kv *kv, int max);
 /* Optional: the numbers of one kind=metric record for a published (or, for a sink, consumed)
  * item; returns how many (0: no record). */
 typedef int (*relay_metric_fn)(void *ctx, const struct relay_item *it, struct bus_kv *kv, int max);
+/* Optional: called after an item's output was published and its input released (a source saves
+ * its resume cursor here, never before the publish). Returns 0, or -1 with a sentence (relay_run
+ * then returns -1; the item is already downstream). */
+typedef int (*relay_published_fn)(void *ctx, const struct relay_item *it, char *err, int err_len);
 
 struct relay_config {
     const char *run_dir;          /* required: the run whose rings and bus to use */
     const char *in_ring;          /* input ring name (consumer), NULL for a source */
     const char *out_ring;         /* output ring name (producer), NULL for a sink */
-    int cuda_device;              /* >= 0: cudaSetDevice before attaching (GPU rings' handles open there); -1 none */
     int attach_wait_ms;           /* how long ring_attach waits for the segments (0: once) */
     int wait_ms;                  /* one ring wait, 0 -> RELAY_DEFAULT_WAIT_MS; the stop flag is polled between */
     double heartbeat_s;           /* seconds between heartbeats, 0 -> 1 */
@@ -151,9 +157,10 @@ struct relay_config {
     const char *item_name;        /* "batch", "item" ...: used in log lines (NULL: "item") */
     void *ctx;                    /* passed to every callback */
     relay_compute_fn compute;     /* required */
-    relay_at_end_fn at_end;       /* source only, optional */
+    relay_at_end_fn at_end;       /* optional */
     relay_kv_fn heartbeat_kv;     /* optional */
     relay_metric_fn metric;       /* optional */
+    relay_published_fn published; /* optional */
 };
 
 /* Counters, readable at any time through relay_stats (cumulative since relay_open). */
@@ -165,7 +172,8 @@ struct relay_stats {
 struct relay;
 
 /* Attach the rings (in as RING_CONSUMER, out as RING_PRODUCER, each waiting up to
- * attach_wait_ms), route ring log lines to the stage log, set up the seen set, and open the bus
+ * attach_wait_ms; GPU rings open their IPC handles on the calling thread's current CUDA device,
+ * so a GPU stage calls cudaSetDevice first), route ring log lines to the stage log, set up the seen set, and open the bus
  * when use_bus. Blocks only in ring_attach. Returns the relay (caller owns; relay_close), or NULL
  * with a sentence (a missing ring names the segment; bad config says which field). */
 struct relay *relay_open(const struct relay_config *cfg, char *err, int err_len);

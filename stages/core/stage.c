@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #ifdef DFLASH_CUDA
 #include <cuda_runtime_api.h>
@@ -27,6 +28,7 @@ void stage_common_defaults(struct stage_common *c) {
     c->run_dir = NULL;
     c->device = "auto";
     c->cuda_device = -1;
+    c->share_group = 0;
 }
 
 static int cuda_device_count(void) {
@@ -67,6 +69,8 @@ int stage_parse_device(const char *s, int *cuda_device, char *err, int err_len) 
 
 void stage_start(struct stage_common *c, int require_run) {
     char err[512];
+    fs_set_share_group(c->share_group);
+    umask(c->share_group ? 027 : 077);
     if (require_run && !c->run_dir) {
         fprintf(stderr, "%s: --run DIR is required (see --help)\n", log_stage());
         exit(2);

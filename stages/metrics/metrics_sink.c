@@ -1,5 +1,5 @@
 /*
- * stages/core/metrics_sink.c — aggregation and outputs of dflash-metrics (metrics_sink.h).
+ * stages/metrics/metrics_sink.c — aggregation and outputs of dflash-metrics (metrics_sink.h).
  *
  * Sections: instances (per stage + pid aggregates), outputs (JSON lines, CSV), plots (gnuplot in a
  * child process group), progress and stalls, finish and summary.
@@ -9,7 +9,7 @@
  * after it decoded as valid; every instance with has_hb set is live until it sends a summary or
  * kill(pid, 0) says its process is gone.
  */
-#include "core/metrics_sink.h"
+#include "metrics/metrics_sink.h"
 #include "core/err.h"
 #include "core/bus.h"
 #include "core/fsutil.h"
@@ -209,7 +209,7 @@ static int csv_widen(struct msink *s, int old_ncols, char *err, int err_len) {
     free(out);
     if (rc) return -1;
     /* the old fd points at the replaced inode: reopen */
-    int fd = open(s->csv_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    int fd = open(s->csv_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, (mode_t)fs_file_mode());
     if (fd < 0) return err_fail(err, err_len, "open(%s) failed: %s", s->csv_path, strerror(errno));
     close(s->csv_fd);
     s->csv_fd = fd;
@@ -358,9 +358,9 @@ struct msink *msink_open(const struct msink_opts *o, char *err, int err_len) {
     }
     if (fs_mkdir_p(plots, err, err_len)) goto fail;
     /* O_APPEND and never O_TRUNC: a restarted sink continues the same files. */
-    s->jsonl_fd = open(s->jsonl_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    s->jsonl_fd = open(s->jsonl_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, (mode_t)fs_file_mode());
     if (s->jsonl_fd < 0) { err_fail(err, err_len, "open(%s) failed: %s", s->jsonl_path, strerror(errno)); goto fail; }
-    s->csv_fd = open(s->csv_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    s->csv_fd = open(s->csv_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, (mode_t)fs_file_mode());
     if (s->csv_fd < 0) { err_fail(err, err_len, "open(%s) failed: %s", s->csv_path, strerror(errno)); goto fail; }
     if (csv_load(s, err, err_len)) goto fail;
     /* a metrics.jsonl line torn by an old SIGKILL mid-write must not glue onto our first line */
@@ -532,7 +532,7 @@ static void plot_child(const char *run_dir, const char *gnuplot, char scripts[][
         pid_t p = fork();
         if (p < 0) _exit(125);
         if (p == 0) {
-            int fd = open("logs/gnuplot.log", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+            int fd = open("logs/gnuplot.log", O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, (mode_t)fs_file_mode());
             int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
             if (nul >= 0) dup2(nul, 0);
             if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); }

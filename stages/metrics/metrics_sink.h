@@ -1,5 +1,5 @@
 /*
- * stages/core/metrics_sink.h — what dflash-metrics does with the records it pulls off the bus,
+ * stages/metrics/metrics_sink.h — what dflash-metrics does with the records it pulls off the bus,
  * as a module the tests drive directly (the binary stages/dflash-metrics.c only owns the socket,
  * the flags and the loop).
  *
@@ -21,8 +21,8 @@
  * warning and plots are off. Time arguments `now` are monotonic seconds (time_mono_s) so tests can
  * drive stall detection without sleeping. Not thread-safe: one thread owns a struct msink.
  */
-#ifndef STAGES_CORE_METRICS_SINK_H
-#define STAGES_CORE_METRICS_SINK_H
+#ifndef STAGES_METRICS_METRICS_SINK_H
+#define STAGES_METRICS_METRICS_SINK_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -96,4 +96,4 @@ const char *msink_csv_col(const struct msink *s, int i);
 /* Flush, kill a running gnuplot, close files, free. NULL is fine. */
 void msink_close(struct msink *s);
 
-#endif /* STAGES_CORE_METRICS_SINK_H */
+#endif /* STAGES_METRICS_METRICS_SINK_H */
