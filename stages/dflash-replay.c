@@ -13,9 +13,9 @@
  * gap downstream.
  *
  * Restart: the position (next position, next output seq) is in <run>/state/replay.<out>.pos,
- * written once the previous item is published; a SIGKILL and the same command again continue
- * at that position (a kill between a publish and the state write repeats one seq, which the
- * downstream seen set drops). --start-pos 0 starts afresh.
+ * written right after each publish (relay's `published` callback); a SIGKILL and the same
+ * command again continue at that position (a kill between a publish and the state write repeats
+ * one seq, which the downstream seen set drops). --start-pos 0 starts afresh.
  */
 #include "core/check.h"
 #include "core/desc.h"
@@ -75,12 +75,18 @@ static void state_write(struct rp *r) {
     if (pwrite(r->state_fd, line, (size_t)n, 0) != n) DIE("pwrite(state file): %s", strerror(errno));
 }
 
-/* Called before each output slot is claimed: the previous item is published (or dropped). */
+/* Before each cycle: anything left? */
 static int rp_at_end(void *ctx, char *err, int err_len) {
     (void)err; (void)err_len;
     struct rp *r = ctx;
-    state_write(r);
     return r->pos >= r->total;
+}
+
+/* After an item is published: the resume cursor moves past it (never before the publish). */
+static int rp_published(void *ctx, const struct relay_item *it, char *err, int err_len) {
+    (void)it; (void)err; (void)err_len;
+    state_write(ctx);
+    return 0;
 }
 
 static int rp_compute(void *ctx, struct relay_item *it, char *err, int err_len) {
@@ -113,6 +119,7 @@ static int rp_compute(void *ctx, struct relay_item *it, char *err, int err_len) 
         r->skipped++;
         log_warn("damaged item skipped (%llu so far): %s", (unsigned long long)r->skipped, why);
         r->pos++;
+        state_write(r);   /* nothing is published for it: the cursor moves on now */
         return RELAY_DROP;
     }
     size_t dlen = h.desc_len;
@@ -282,10 +289,13 @@ int main(int argc, char **argv) {
 
     /* ------------------------------------------------------------ relay */
     struct relay_config rc = {
-        .run_dir = o.common.run_dir, .out_ring = o.out_ring, .cuda_device = o.common.cuda_device,
+        .run_dir = o.common.run_dir, .out_ring = o.out_ring,
         .attach_wait_ms = o.wait_ms, .heartbeat_s = o.heartbeat_s, .use_bus = 1, .item_name = "batch",
-        .ctx = &r, .compute = rp_compute, .at_end = rp_at_end, .heartbeat_kv = rp_kv,
+        .ctx = &r, .compute = rp_compute, .at_end = rp_at_end, .heartbeat_kv = rp_kv, .published = rp_published,
     };
+#ifdef DFLASH_CUDA
+    if (o.common.cuda_device >= 0) CUDA_CHECK(cudaSetDevice(o.common.cuda_device));   /* IPC handles open here */
+#endif
     check_hint("is dflash-shm running for this --run, with the ring named by --out?");
     struct relay *rl = relay_open(&rc, err, sizeof err);
     if (!rl) DIE("%s", err);

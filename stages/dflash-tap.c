@@ -132,10 +132,13 @@ int main(int argc, char **argv) {
     t.o = &o;
     if (o.record) LIB_CHECK(fs_mkdir_p(o.record, err, sizeof err), err);
     struct relay_config rc = {
-        .run_dir = o.common.run_dir, .in_ring = o.in_ring, .out_ring = o.out_ring, .cuda_device = o.common.cuda_device,
+        .run_dir = o.common.run_dir, .in_ring = o.in_ring, .out_ring = o.out_ring,
         .attach_wait_ms = o.wait_ms, .heartbeat_s = o.heartbeat_s, .use_bus = 1, .item_name = "item",
         .ctx = &t, .compute = tap_compute, .heartbeat_kv = tap_kv,
     };
+#ifdef DFLASH_CUDA
+    if (o.common.cuda_device >= 0) CUDA_CHECK(cudaSetDevice(o.common.cuda_device));   /* IPC handles open here */
+#endif
     check_hint("is dflash-shm running for this --run, with the rings named by --in and --out?");
     struct relay *r = relay_open(&rc, err, sizeof err);
     if (!r) DIE("%s", err);
