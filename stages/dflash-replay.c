@@ -115,9 +115,11 @@ static int rp_compute(void *ctx, struct relay_item *it, char *err, int err_len) 
         bad = -1;
     }
     if (bad) {
-        if (r->o->on_bad == 0) return err_fail(err, err_len, "damaged recording: %s", why);
+        if (r->o->on_bad == 0)
+            return err_fail(err, err_len, "damaged recording, batch seq %llu: %s", (unsigned long long)e->seq, why);
         r->skipped++;
-        log_warn("damaged item skipped (%llu so far): %s", (unsigned long long)r->skipped, why);
+        log_warn("damaged item skipped (%llu so far), batch seq %llu: %s", (unsigned long long)r->skipped,
+                 (unsigned long long)e->seq, why);
         r->pos++;
         state_write(r);   /* nothing is published for it: the cursor moves on now */
         return RELAY_DROP;

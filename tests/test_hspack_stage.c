@@ -165,9 +165,12 @@ static void spill_case(int spill) {
     enum { N = 12 };
     pid_t shm;
     const char *run = start(spill ? "hspack-spill" : "hspack-nospill", 4, 2, &shm, 1);
-    char sp[16];
+    char sp[16], rec[800];
     snprintf(sp, sizeof sp, "%d", spill);
-    const char *a[] = {"--layout", "split", "--window", "2", "--spill", sp, NULL};
+    snprintf(rec, sizeof rec, "%s/rec", run);
+    /* also: a smaller recording (one layer of three, bf16 from the f32 ring) */
+    const char *a[] = {"--layout", "split", "--window", "2", "--spill", sp, "--record", rec, "--record-layers", "4",
+                       "--record-dtype", "bf16", NULL};
     pid_t hs = spawn(run, "dflash-hspack", a);
     volatile int *progress = tr_shared(sizeof(int));
     struct prod p = {run, 0, 1, N, 0, progress, NULL, 0};
@@ -185,6 +188,25 @@ static void spill_case(int spill) {
     char *log = slurp(path);
     ck_assert_msg(log && strstr(log, spill ? "spilled)" : " 0 spilled)"), "%s", log ? log : "(no log)");
     if (spill) ck_assert_msg(!strstr(log, " 0 spilled)"), "with the trainer idle, items must have been spilled: %s", log);
+    struct record_index ix;
+    char err[1024];
+    ck_assert_msg(record_index_read(rec, &ix, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(ix.n_items, N);
+    ck_assert_str_eq(ix.model, "kind=features k=1 H=8 dtype=bf16 layout=split layers=4");
+    /* layer 4 is captured slot 1 */
+    struct record_item it;
+    record_path(path, sizeof path, rec, 0);
+    ck_assert_msg(record_read_file(path, &it, err, sizeof err) == 0, "%s", err);
+    struct desc_features f;
+    ck_assert_int_eq(desc_features_decode(it.desc, it.h.desc_len, 0, &f, err, sizeof err), 0);
+    const uint16_t *b = (const uint16_t *)((const uint8_t *)it.payload + f.off_states);
+    uint32_t u = (uint32_t)b[3 * HI_H + 0] << 16;   /* token 3, element 0: 103, exact in bf16 */
+    float v;
+    memcpy(&v, &u, 4);
+    ck_assert_msg(v == hi_value(0, 1, 3, 0), "recorded layer 4 token 3 elem 0 = %g, want %g", v, hi_value(0, 1, 3, 0));
+    ck_assert_uint_lt(ix.items[0].payload_bytes, 4000);   /* vs ~6.6 KB for the full f32 item */
+    record_item_free(&it);
+    record_index_free(&ix);
     tr_stop_shm(shm);
 }
 

@@ -252,7 +252,8 @@ START_TEST(damaged_and_foreign_recordings) {
     const char *a3[] = {"--dir", rec, "--start-pos", "0", NULL};
     ck_assert_int_eq(tr_wait(spawn_replay(run, a3)), 1);
     log = slurp(logp);
-    ck_assert_msg(log && strstr(log, "item-000000000005.safetensors") && strstr(log, "truncated"), "%s", log ? log : "");
+    ck_assert_msg(log && strstr(log, "batch seq 5: ") && strstr(log, "item-000000000005.safetensors") && strstr(log, "truncated"),
+                  "%s", log ? log : "");
     ck_assert_int_eq(drain(run, got), 5);
     copy_file(bak, path);
     /* 4. a shard of another model under a good name: refused before it reaches the ring */
@@ -287,7 +288,7 @@ START_TEST(damaged_and_foreign_recordings) {
     ck_assert_int_eq(tr_wait(rp), 0);
     for (int i = 0; i < N_IT - 1; i++) ck_assert_int_eq(got2[i], i < 3 ? i : i + 1);
     log = slurp(logp);
-    ck_assert_msg(log && strstr(log, "damaged item skipped (1 so far)") && strstr(log, "1 items skipped as damaged"), "%s",
+    ck_assert_msg(log && strstr(log, "damaged item skipped (1 so far), batch seq 3") && strstr(log, "1 items skipped as damaged"), "%s",
                   log ? log : "(no log)");
     /* 5. the trainer expects another model; 6. no index */
     char out[900];

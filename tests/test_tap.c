@@ -6,6 +6,8 @@
  *   on A2 with the same --out: the recording ends complete (every seq once, no gap), each item
  *   file byte-identical to a direct recording of the same item, and the tap's own recording
  *   holds exactly the items it forwarded;
+ * - removed mid-run: the tap stopped (SIGTERM), A2 emptied by the recorder, the recorder moved back
+ *   to A: the recording ends complete;
  * - SIGKILL of the tap mid-stream and the same command again: the downstream recorder still ends
  *   complete (a repeated seq, if any, dropped and counted).
  */
@@ -155,6 +157,51 @@ START_TEST(tap_inserted_mid_run) {
 }
 END_TEST
 
+/* Removal: producer -> A -> tap -> A2 -> recorder; SIGTERM the tap, let the recorder empty A2,
+ * SIGTERM the recorder and start it again on A. */
+START_TEST(tap_removed_mid_run) {
+    pid_t shm;
+    const char *run = start("tap-remove", &shm);
+    char out[800], scratch[800], err[1024];
+    snprintf(out, sizeof out, "%s/rec", run);
+    snprintf(scratch, sizeof scratch, "%s/scratch", run);
+    ck_assert_int_eq(mkdir(scratch, 0755), 0);
+    const char *ta[] = {"--in", "A", "--out", "A2", NULL};
+    pid_t tap = spawn(run, "dflash-tap", ta);
+    const char *r1[] = {"--ring", "A2", "--out", out, NULL};
+    pid_t rec = spawn(run, "dflash-record", r1);
+    struct prod p = {run, N, 10000};
+    pid_t w = tr_fork(produce, &p);
+    wait_items(out, 8);
+    ck_assert_int_eq(kill(tap, SIGTERM), 0);
+    ck_assert_int_eq(tr_wait(tap), 3);   /* stopped before the end of the stream */
+    struct ring *a2 = ring_attach(run, "A2", RING_OBSERVER, 1000, err, sizeof err);
+    ck_assert_msg(a2 != NULL, "%s", err);
+    double t0 = tr_now();
+    for (;;) {   /* what the tap forwarded is consumed downstream before the consumer moves */
+        struct ring_status st;
+        ring_get_status(a2, &st);
+        if (st.n_ready == 0 && st.n_reading == 0) break;
+        ck_assert_msg(tr_now() - t0 < 10, "A2 not empty after 10 s");
+        usleep(5000);
+    }
+    ring_close(a2);
+    ck_assert_int_eq(kill(rec, SIGTERM), 0);
+    int rc = tr_wait(rec);
+    ck_assert_msg(rc == 0 || rc == 3, "the stopped recorder exits 0 or 3, got %d", rc);
+    const char *r2[] = {"--ring", "A", "--out", out, NULL};
+    rec = spawn(run, "dflash-record", r2);
+    ck_assert_int_eq(tr_wait(w), 0);
+    ck_assert_int_eq(tr_wait(rec), 0);
+    struct record_index ix;
+    ck_assert_msg(record_index_read(out, &ix, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(ix.n_items, N);
+    record_index_free(&ix);
+    check_items(out, 0, N - 1, scratch);
+    tr_stop_shm(shm);
+}
+END_TEST
+
 START_TEST(tap_sigkill_and_restart) {
     pid_t shm;
     const char *run = start("tap-kill", &shm);
@@ -194,6 +241,7 @@ int main(void) {
     TCase *t = tcase_create("stage");
     tcase_set_timeout(t, 60);
     tcase_add_test(t, tap_inserted_mid_run);
+    tcase_add_test(t, tap_removed_mid_run);
     tcase_add_test(t, tap_sigkill_and_restart);
     suite_add_tcase(s, t);
     return test_run_suite(s);
