@@ -359,7 +359,7 @@ int main(int argc, char **argv) {
         {"out", FLAG_STRING, &o.out_ring, "output ring (features descriptors)", 1, 0},
         {"layout", FLAG_CHOICE, &layout, "features layout: concat [T, k*H] or split k x [T, H]", 1, 0},
         {"window", FLAG_INT, &o.window, "reorder window: hidden items held at once (one place is kept for the next seq; "
-                                        "1: wait for each seq in turn); keep it below the hidden ring's slots", 1, 128},
+                                        "1: wait for each seq in turn); at most the hidden ring's slots", 1, 128},
         {"spill", FLAG_INT, &o.spill, "pinned host buffers (one features item each) that absorb bursts when features is "
                                       "full; 0: back-pressure reaches the target. Spilled items are lost on SIGKILL", 0, 128},
         {"start-seq", FLAG_INT64, &o.start_seq, "first seq to emit (-1: from the state file of a previous run, else 0)", -1,
@@ -436,9 +436,9 @@ int main(int argc, char **argv) {
     if ((h.is->device >= 0 || h.os->device >= 0) && o.common.cuda_device < 0)
         DIE("ring '%s' or '%s' has GPU payloads but this stage runs with --device cpu; use --device cuda:N", o.in_ring,
             o.out_ring);
-    if ((uint32_t)o.window >= h.is->n_slots && h.is->n_slots > 1)
-        log_warn("--window %d >= the %u slots of '%s': the window could hold every slot while the replica computing "
-                 "the next seq waits for one (use --spill, or a smaller window)", o.window, h.is->n_slots, o.in_ring);
+    if ((uint32_t)o.window > h.is->n_slots)
+        log_warn("--window %d > the %u slots of '%s': the window can never fill (it holds at most --window - 1 items "
+                 "beyond the next seq, each in a slot of '%s')", o.window, h.is->n_slots, o.in_ring, o.in_ring);
     if (h.is->device >= 0 && h.os->device >= 0 && h.is->device != h.os->device)
         log_info("'%s' on cuda:%d, '%s' on cuda:%d: layout copies go across GPUs (peer access when the GPUs allow it)",
                  o.in_ring, h.is->device, o.out_ring, h.os->device);
