@@ -7,7 +7,7 @@
 #        (dflash-shm owns the rings; every stage reports to dflash-metrics)
 #
 # Produces runs/demo (or $RUN, or --run DIR): run.json, shm.json, logs/<stage>.log and .out,
-# metrics.jsonl, every captured hidden item as record/item-<seq>.rec (checked: descriptor, batch
+# metrics.jsonl, every captured hidden item as record/item-<seq>.safetensors (checked: descriptor, batch
 # arrays, finite states), state/pack.cursor, and DONE when the stream is complete.
 # Size and time: model + dataset ~0.5 MB; 47 batches (22.6 K tokens) recorded as ~18 MB of fp32
 # hidden states (x EPOCHS); about 3 s on a 2-core CPU machine (--device cpu), 3 epochs ~6 s. The stages here are replaced by
@@ -133,7 +133,7 @@ fi
 # run died), so it is rewound to the recorder's position whenever it exists.
 RESUME=()
 next=0
-while [ -e "$(printf '%s/item-%012d.rec' "$OUT" "$next")" ]; do next=$((next + 1)); done
+while [ -e "$(printf '%s/item-%012d.safetensors' "$OUT" "$next")" ]; do next=$((next + 1)); done
 if [ "$next" -gt 0 ] || [ -e "$RUN/state/pack.cursor" ]; then
   RESUME=(--resume-from-seq "$next")
   plog "resuming: $next batches already recorded in $OUT; the packer's cursor is rewound to seq $next"
@@ -199,7 +199,7 @@ stop_stage dflash-shm TERM 20           # unlinks the rings
 
 # ---------------------------------------------------------------- done
 [ -e "$OUT/DONE" ] || pdie "dflash-record exited 0 but $OUT/DONE is missing"
-n_items=$(find "$OUT" -name 'item-*.rec' | wc -l)
+n_items=$(find "$OUT" -name 'item-*.safetensors' | wc -l)
 printf '{"kind": "done", "version": 1, "items": %d, "seconds": %.1f, "finished": %s}\n' "$n_items" \
   "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {print b - a}')" "$(json_str "$(date -u +%Y-%m-%dT%H:%M:%SZ)")" >"$RUN/DONE.tmp"
 mv "$RUN/DONE.tmp" "$RUN/DONE"
