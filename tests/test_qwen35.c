@@ -12,6 +12,8 @@
  * random_init_and_shapes: target_init_random on a hybrid config, z-lab default ids of the
  *   Qwen3.6-27B depth, FLOP count, the GPU request refused with a sentence.
  * bad_checkpoint: a missing DeltaNet tensor fails naming the tensor.
+ * nested_checkpoint: the multimodal layout (text_config, model.language_model. weights, vision and
+ *   MTP tensors beside them) loads and gives the flat checkpoint's bits.
  * transformers_crosscheck: runs scripts/compare_hf_qwen35.py when python3 (or $DFLASH_PYTHON) has
  *   torch and transformers with models/qwen3_5; otherwise prints why it is skipped.
  */
@@ -248,6 +250,74 @@ START_TEST(bad_checkpoint) {
 }
 END_TEST
 
+/* A multimodal checkpoint (Qwen3_5ForConditionalGeneration: text model nested in text_config,
+ * weights under model.language_model., a vision tower and an MTP layer beside them) gives the same
+ * bits as the flat text checkpoint it was made from. */
+START_TEST(nested_checkpoint) {
+    const char *flat = test_tmpdir("q35flat"), *nest = test_tmpdir("q35nest");
+    mkmodel(flat, "--preset qwen3.5-tiny --std 0.15 --embed-std 1.0 --seed 21");
+    char p[1024], cfgtext_path[1024];
+    snprintf(p, sizeof p, "%s/model.safetensors", flat);
+    struct st_file f;
+    ck_assert_msg(st_open(&f, p, err, sizeof err) == 0, "%s", err);
+    struct st_write_tensor w[160];
+    static char names[160][128];
+    float extra[8] = {0};
+    int n = 0;
+    for (int i = 0; i < f.n_tensors && n < 150; i++) {
+        const struct st_tensor *x = &f.tensors[i];
+        if (strncmp(x->name, "model.", 6) == 0) snprintf(names[n], sizeof names[n], "model.language_model.%s", x->name + 6);
+        else snprintf(names[n], sizeof names[n], "%s", x->name);
+        w[n].name = names[n]; w[n].dtype = x->dtype; w[n].ndim = x->ndim; w[n].data = x->data;
+        for (int k = 0; k < x->ndim; k++) w[n].shape[k] = x->shape[k];
+        n++;
+    }
+    const char *ignored[2] = {"model.visual.blocks.0.attn.qkv.weight", "mtp.fc.weight"};
+    for (int j = 0; j < 2; j++) {
+        w[n].name = ignored[j]; w[n].dtype = ST_F32; w[n].ndim = 2; w[n].shape[0] = 2; w[n].shape[1] = 4;
+        w[n].data = extra;
+        n++;
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", nest);
+    ck_assert_msg(st_write_file(p, n, w, err, sizeof err) == 0, "%s", err);
+    st_close(&f);
+    snprintf(cfgtext_path, sizeof cfgtext_path, "%s/config.json", flat);
+    FILE *fc = fopen(cfgtext_path, "r");
+    ck_assert_ptr_nonnull(fc);
+    static char text[16384], full[20000];
+    size_t len = fread(text, 1, sizeof text - 1, fc);
+    fclose(fc);
+    text[len] = '\0';
+    snprintf(full, sizeof full, "{\"architectures\": [\"Qwen3_5ForConditionalGeneration\"], \"model_type\": \"qwen3_5\", "
+             "\"tie_word_embeddings\": false, \"vision_config\": {\"depth\": 1}, \"text_config\": %s}", text);
+    snprintf(p, sizeof p, "%s/config.json", nest);
+    fc = fopen(p, "w");
+    ck_assert_ptr_nonnull(fc);
+    ck_assert_int_eq(fputs(full, fc) >= 0, 1);
+    ck_assert_int_eq(fclose(fc), 0);
+
+    struct target_options opt;
+    target_options_defaults(&opt);
+    opt.max_tokens = 32;
+    struct target *a = target_load(flat, &opt, err, sizeof err);
+    ck_assert_msg(a != NULL, "%s", err);
+    struct target *b = target_load(nest, &opt, err, sizeof err);
+    ck_assert_msg(b != NULL, "%s", err);
+    ck_assert_int_eq(target_config(b)->nested, 1);
+    int32_t ids[20], pos[20], cu[3] = {0, 12, 20};
+    for (int i = 0; i < 20; i++) { ids[i] = (i * 37 + 5) % 512; pos[i] = i < 12 ? i : i - 12; }
+    struct target_batch bt = {1, 20, 2, ids, pos, cu};
+    int C = target_config(a)->hidden_size;
+    float *sa = malloc((size_t)5 * 20 * C * 4), *sb = malloc((size_t)5 * 20 * C * 4);
+    ck_assert_msg(target_forward(a, &bt, sa, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(target_forward(b, &bt, sb, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(memcmp(sa, sb, (size_t)5 * 20 * C * 4), 0);
+    free(sa); free(sb);
+    target_free(a);
+    target_free(b);
+}
+END_TEST
+
 START_TEST(transformers_crosscheck) {
     const char *py = getenv("DFLASH_PYTHON");
     if (!py || !*py) py = "python3";
@@ -277,6 +347,7 @@ int main(void) {
     tcase_add_test(tc, documents_independent);
     tcase_add_test(tc, random_init_and_shapes);
     tcase_add_test(tc, bad_checkpoint);
+    tcase_add_test(tc, nested_checkpoint);
     tcase_add_test(tc, transformers_crosscheck);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
