@@ -146,6 +146,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default="build/bin", help="directory with dflash-target and dflash-mkmodel")
     ap.add_argument("--write-ref", default=None, help="store transformers' outputs here (safetensors) and exit")
+    ap.add_argument("--long", type=int, default=0, help="cross-check only: add one document of this many tokens "
+                                                        "to every case (error growth with length)")
     args = ap.parse_args()
     try:
         import torch
@@ -161,6 +163,8 @@ def main():
                                              "fp32 CPU, each document alone (scripts/compare_hf_qwen35.py)"}, 0
     print(f"{'case':4} {'state':8} {'doc':>4} {'len':>5} {'rel L2':>10} {'max abs':>10}  (tolerance {TOL:g})")
     for case in CASES:
+        if args.long and not args.write_ref:
+            case = (case[0], case[1], case[2] + [args.long], case[3])
         name, flags, lens, layers = case
         mdir = os.path.join(work, name)
         run([mk, "--out", mdir, "--dtype", "f32", "--threads", "1"] + flags.split())
