@@ -312,6 +312,17 @@ START_TEST(nested_checkpoint) {
     ck_assert_msg(target_forward(a, &bt, sa, NULL, err, sizeof err) == 0, "%s", err);
     ck_assert_msg(target_forward(b, &bt, sb, NULL, err, sizeof err) == 0, "%s", err);
     ck_assert_int_eq(memcmp(sa, sb, (size_t)5 * 20 * C * 4), 0);
+    /* the multimodal config names the vision placeholders (defaults 248056 / 248057, outside this
+     * vocabulary); a config giving an in-vocabulary one makes a batch holding it fail */
+    ck_assert_int_eq(target_config(b)->image_token_id, 248056);
+    struct model_config mc = *target_config(b);
+    mc.image_token_id = 77;
+    struct target *r = target_init_random(&mc, &opt, 1, 0.1f, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    ids[5] = 77;
+    ck_assert_int_eq(target_check_batch(r, &bt, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "input_ids[5] = 77") && strstr(err, "image_token_id") && strstr(err, "vision"), "%s", err);
+    target_free(r);
     free(sa); free(sb);
     target_free(a);
     target_free(b);

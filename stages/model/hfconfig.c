@@ -150,6 +150,10 @@ static int parse_qwen35(struct model_config *c, json_t *top, const char *arch, c
                             json_is_string(tm) ? "'" : "",
                             json_is_string(tm) && strstr(json_string_value(tm), "moe") ? " (MoE variants are not supported)" : "");
         pre = "text_config.";
+        /* the vision placeholders (Qwen3_5Config defaults), so a batch holding one is refused */
+        if (get_int(top, "image_token_id", 248056, &c->image_token_id, what, err, err_len) ||
+            get_int(top, "video_token_id", 248057, &c->video_token_id, what, err, err_len))
+            return -1;
     }
     char wbuf[600];   /* "file (text_config)" so field errors name where the key lives */
     snprintf(wbuf, sizeof wbuf, nested ? "%s (in text_config)" : "%s", what);

@@ -5,7 +5,8 @@
  * Llama-3 rope scaling) and the Qwen3.5 / Qwen3.6 hybrid in its transformers-5 layouts:
  * Qwen3_5ForCausalLM (model_type qwen3_5_text, flat) and Qwen3_5ForConditionalGeneration
  * (model_type qwen3_5, the text model in "text_config", weights under model.language_model.; the
- * vision tower is ignored: the target takes text tokens only). Qwen3.5 reads layer_types
+ * vision tower is ignored: the target takes text tokens only, and target_check_batch refuses the
+ * image_token_id / video_token_id placeholders). Qwen3.5 reads layer_types
  * (linear_attention | full_attention; absent: full_attention_interval, default 4), head_dim
  * (default 256), rope_parameters with partial_rotary_factor (default 0.25) and mrope_section (must
  * sum to rotary_dim/2), and the linear_* Gated DeltaNet sizes (defaults as Qwen3_5TextConfig).
@@ -76,6 +77,8 @@ struct model_config {
     int linear_num_key_heads;        /* n_k (divides n_v) */
     int linear_num_value_heads;      /* n_v */
     unsigned char layer_linear[HF_MAX_LAYERS];   /* 1: linear_attention (Gated DeltaNet), 0: gated full attention */
+    int image_token_id;              /* multimodal configs: the image / video placeholder tokens, whose */
+    int video_token_id;              /* embeddings transformers replaces by vision features (0: none) */
 };
 
 /* Read and validate `path` (a config.json file, or a directory holding one). 0/-1. */

@@ -680,6 +680,14 @@ int target_check_batch(const struct target *t, const struct target_batch *b, cha
             return err_fail(err, err_len, "batch seq %llu: position_ids[%d] = %d is negative", seq, i,
                         (int)b->position_ids[i]);
     }
+    const struct model_config *c = &t->cfg;
+    if (is_hybrid(c) && (c->image_token_id > 0 || c->video_token_id > 0))
+        for (int i = 0; i < T; i++)
+            if (b->input_ids[i] == c->image_token_id || b->input_ids[i] == c->video_token_id)
+                return err_fail(err, err_len, "batch seq %llu: input_ids[%d] = %d is the %s placeholder token (%s); "
+                                "vision inputs are not supported, the target takes text only", seq, i,
+                                (int)b->input_ids[i], b->input_ids[i] == c->image_token_id ? "image" : "video",
+                                b->input_ids[i] == c->image_token_id ? "image_token_id" : "video_token_id");
     return 0;
 }
 
