@@ -98,10 +98,13 @@ int hf_config_rotary_dim(const struct model_config *c);
  * is an fp32 number (stored in a double so existing callers keep their buffers; rounding it to
  * float is exact). The sequence is torch's: e = float(2i) / float(R) in fp32; p = theta^e rounded
  * to fp32; f = 1 / p in fp32; linear: f / factor; llama3: _compute_llama3_parameters' fp32
- * wavelength / smoothing arithmetic, step by step. theta^e is the correctly rounded fp32 power
- * (what torch's scalar path, std::pow(float, float), gives); torch's vectorised CPU path (SLEEF
- * powf_u10) is within 1 ulp of it and differs in about 0.5% of entries (measured: 12 of 2520 over
- * 7 thetas x 8 dims), so those entries may be 1 ulp from a given torch build. The rotation is the
+ * wavelength / smoothing arithmetic, step by step (scalar / tensor as reciprocal() * scalar, as
+ * torch evaluates it). theta^e is the correctly rounded fp32 power. Measured against torch 2.15 /
+ * transformers 5.24 over 7 thetas x 8 dims x 3 rope types (7560 values): bit-identical to torch's
+ * scalar CPU kernels (ATEN_CPU_CAPABILITY=default: 0 differences); torch's SIMD kernels use
+ * SLEEF's powf_u10 on whole vectors (the tail goes through std::pow), which is 1 ulp off in a few
+ * entries, so torch itself differs by CPU: 12 of 2520 per rope type on AVX-512, 14 on AVX2, each
+ * 1 ulp (the former double-precision formula differed in 1072 of 2520, up to 6 ulp). The rotation is the
  * half-split (rotate_half) form over the first R dims: pairs (x[i], x[i + R/2]). */
 void hf_rope_inv_freq(const struct model_config *c, double *inv_freq /* (R/2) */);
 
