@@ -206,6 +206,47 @@ START_TEST(transformers5_spelling) {
 }
 END_TEST
 
+/* Every value of tests/data/rope_inv_freq_torch.txt (scripts/rope_ref_torch.py: transformers'
+ * default / linear / llama3 rope init evaluated by torch's scalar fp32 kernels, 6 thetas x 8 dims)
+ * is reproduced bit for bit. */
+START_TEST(rope_torch_table) {
+    const char *rel = "tests/data/rope_inv_freq_torch.txt";
+    char path[1024];
+    const char *bin = getenv("DFLASH_BIN");
+    if (access(rel, R_OK) == 0) snprintf(path, sizeof path, "%s", rel);
+    else snprintf(path, sizeof path, "%s/../../%s", bin && *bin ? bin : "build/bin", rel);
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    char line[256], type[32];
+    double theta;
+    int dim, i, n = 0, bad = 0;
+    unsigned want;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#') continue;
+        ck_assert_int_eq(sscanf(line, "%31s %lf %d %d %x", type, &theta, &dim, &i, &want), 5);
+        struct model_config c;
+        memset(&c, 0, sizeof c);
+        c.head_dim = dim;
+        c.rope_theta = theta;
+        if (strcmp(type, "linear") == 0) { c.rope_type = HF_ROPE_LINEAR; c.rope_factor = 4.0; }
+        else if (strcmp(type, "llama3") == 0) {
+            c.rope_type = HF_ROPE_LLAMA3; c.rope_factor = 8.0; c.rope_low_freq_factor = 1.0;
+            c.rope_high_freq_factor = 4.0; c.rope_original_max_position_embeddings = 8192;
+        }
+        double v[128];
+        hf_rope_inv_freq(&c, v);
+        if (f32_bits(v[i]) != want) {
+            if (bad++ < 5) fprintf(stderr, "%s theta %g dim %d i %d: 0x%08x, torch 0x%08x\n", type, theta, dim, i,
+                                   f32_bits(v[i]), want);
+        }
+        n++;
+    }
+    fclose(f);
+    ck_assert_int_eq(n, 6480);
+    ck_assert_msg(bad == 0, "%d of %d inverse frequencies differ from torch", bad, n);
+}
+END_TEST
+
 START_TEST(qwen36_27b_nested) {
     struct model_config c;
     ck_assert_msg(hf_config_parse(&c, QWEN36_27B, "q36.json", err, sizeof err) == 0, "%s", err);
@@ -386,6 +427,7 @@ int main(void) {
     tcase_add_test(tc, llama31_8b_rope_scaling);
     tcase_add_test(tc, llama32_tied);
     tcase_add_test(tc, transformers5_spelling);
+    tcase_add_test(tc, rope_torch_table);
     tcase_add_test(tc, qwen36_27b_nested);
     tcase_add_test(tc, qwen35_flat_roundtrip);
     tcase_add_test(tc, rejections);
