@@ -4,7 +4,11 @@
  * model.safetensors.index.json) and/or a synthetic JSONL dataset. The embedded default of
  * `make run`, the fixture of the tests, and the Qwen3-8B-shaped model of the benchmarks.
  *
- * Weights: matrices N(0, std^2), norm weights 1 + U(-norm_noise, norm_noise), from a generator
+ * Weights: matrices N(0, std^2) (the embedding N(0, embed_std^2) and the LM head N(0, lm_head_std^2)
+ * when those flags are given: a learnable tiny target has a large embedding, ~1, small layer
+ * matrices, ~0.06, and an LM head near 0.45), norm weights 1 + U(-norm_noise, norm_noise) (Qwen3.5's
+ * zero-centred (1 + w) norms: U(-norm_noise, norm_noise); its Gated DeltaNet conv N(0, std^2),
+ * A_log = log U(0.1, 1), dt_bias and the gated norm 1 + U(-norm_noise, norm_noise)), from a generator
  * seeded per (seed, tensor, 1M-element chunk), so the bytes depend only on the flags, never on the
  * thread count. Tensors are generated in batches by all cores and streamed to disk (st_writer), so
  * an 8B model (16 GB in bf16) needs ~100 MB of memory. Each file is written to a temporary name and
@@ -44,31 +48,41 @@ struct preset {
     const char *name;
     enum hf_arch arch;                 /* 0: from --arch */
     int vocab, hidden, inter, layers, heads, kv, head_dim, max_pos, tied;
+    /* Qwen3.5 only: rotary dims, Gated DeltaNet k/v heads and dims, conv kernel, full-attention period */
+    int rotary, lin_nk, lin_nv, lin_dk, lin_dv, conv_k, full_every;
 };
 
 static const struct preset presets[] = {
-    {"tiny", 0, 512, 64, 128, 4, 4, 2, 16, 0, 0},
-    {"qwen3-0.6b", HF_ARCH_QWEN3, 151936, 1024, 3072, 28, 16, 8, 128, 40960, 1},
-    {"qwen3-8b", HF_ARCH_QWEN3, 151936, 4096, 12288, 36, 32, 8, 128, 40960, 0},
-    {"llama3.2-1b", HF_ARCH_LLAMA, 128256, 2048, 8192, 16, 32, 8, 64, 131072, 1},
-    {"llama3.1-8b", HF_ARCH_LLAMA, 128256, 4096, 14336, 32, 32, 8, 128, 131072, 0},
+    {"tiny", 0, 512, 64, 128, 4, 4, 2, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-0.6b", HF_ARCH_QWEN3, 151936, 1024, 3072, 28, 16, 8, 128, 40960, 1, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-8b", HF_ARCH_QWEN3, 151936, 4096, 12288, 36, 32, 8, 128, 40960, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"llama3.2-1b", HF_ARCH_LLAMA, 128256, 2048, 8192, 16, 32, 8, 64, 131072, 1, 0, 0, 0, 0, 0, 0, 0},
+    {"llama3.1-8b", HF_ARCH_LLAMA, 128256, 4096, 14336, 32, 32, 8, 128, 131072, 0, 0, 0, 0, 0, 0, 0, 0},
+    /* a tiny hybrid: [linear, full, linear, full], GQA in both mixers, partial rotary */
+    {"qwen3.5-tiny", HF_ARCH_QWEN3_5, 512, 64, 96, 4, 4, 2, 16, 4096, 0, 8, 2, 4, 8, 12, 4, 2},
+    /* Qwen/Qwen3.6-27B's text model (model card): 64 layers as 16 x (3 DeltaNet + 1 gated attention) */
+    {"qwen3.6-27b", HF_ARCH_QWEN3_5, 248320, 5120, 17408, 64, 24, 4, 256, 262144, 0, 64, 16, 48, 128, 128, 4, 4},
 };
 
 /* ---------------------------------------------------------------- tensors */
 
-enum init_kind { INIT_NORMAL, INIT_ONES };
+enum init_kind { INIT_NORMAL, INIT_ONES, INIT_ZEROS, INIT_ALOG };   /* ZEROS: 0 + U(-noise, noise) */
 
 struct tdesc {
     char name[96];
     int ndim;
-    int64_t shape[2];
+    int64_t shape[3];
     int64_t numel;
     enum init_kind kind;
+    double std;          /* INIT_NORMAL: > 0 overrides --std (embedding, LM head) */
     int shard;
 };
 
 /* The checkpoint's tensors in Hugging Face module order (what save_pretrained writes). */
-static int list_tensors(const struct model_config *c, struct tdesc **out) {
+static int list_tensors_qwen35(const struct model_config *c, double embed_std, double head_std, struct tdesc **out);
+
+static int list_tensors(const struct model_config *c, double embed_std, double head_std, struct tdesc **out) {
+    if (c->arch == HF_ARCH_QWEN3_5) return list_tensors_qwen35(c, embed_std, head_std, out);
     int per_layer = c->qk_norm ? 11 : 9;
     int n = 0, cap = 3 + c->num_hidden_layers * per_layer;
     struct tdesc *t = calloc((size_t)cap, sizeof *t);
@@ -103,6 +117,62 @@ static int list_tensors(const struct model_config *c, struct tdesc **out) {
 #undef ADD1
 #undef ADD2
     for (int i = 0; i < n; i++) t[i].numel = t[i].ndim == 1 ? t[i].shape[0] : t[i].shape[0] * t[i].shape[1];
+    t[0].std = embed_std;
+    if (!c->tie_word_embeddings) t[n - 1].std = head_std;
+    *out = t;
+    return n;
+}
+
+/* Qwen3.5 text model (Qwen3_5ForCausalLM names), in module order. */
+static int list_tensors_qwen35(const struct model_config *c, double embed_std, double head_std, struct tdesc **out) {
+    int n = 0, cap = 3 + c->num_hidden_layers * 16;
+    struct tdesc *t = calloc((size_t)cap, sizeof *t);
+    ALLOC_CHECK(t);
+    int64_t C = c->hidden_size, V = c->vocab_size, I = c->intermediate_size, d = c->head_dim;
+    int64_t q = (int64_t)c->num_attention_heads * d, kv = (int64_t)c->num_key_value_heads * d;
+    int64_t nv = c->linear_num_value_heads, vd = nv * c->linear_value_head_dim, conv = hf_config_linear_conv_dim(c);
+#define ADD(nm, k, nd, a, b, cc) do { snprintf(t[n].name, sizeof t[n].name, "%s", nm); t[n].ndim = (nd); \
+        t[n].shape[0] = (a); t[n].shape[1] = (b); t[n].shape[2] = (cc); t[n].kind = (k); n++; } while (0)
+    char nm[96];
+    ADD("model.embed_tokens.weight", INIT_NORMAL, 2, V, C, 0);
+    t[0].std = embed_std;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+#define LNAME(s) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, s), nm)
+        if (c->layer_linear[l]) {
+            ADD(LNAME("linear_attn.dt_bias"), INIT_ONES, 1, nv, 0, 0);
+            ADD(LNAME("linear_attn.A_log"), INIT_ALOG, 1, nv, 0, 0);
+            ADD(LNAME("linear_attn.conv1d.weight"), INIT_NORMAL, 3, conv, 1, c->linear_conv_kernel_dim);
+            ADD(LNAME("linear_attn.norm.weight"), INIT_ONES, 1, c->linear_value_head_dim, 0, 0);
+            ADD(LNAME("linear_attn.out_proj.weight"), INIT_NORMAL, 2, C, vd, 0);
+            ADD(LNAME("linear_attn.in_proj_qkv.weight"), INIT_NORMAL, 2, conv, C, 0);
+            ADD(LNAME("linear_attn.in_proj_z.weight"), INIT_NORMAL, 2, vd, C, 0);
+            ADD(LNAME("linear_attn.in_proj_b.weight"), INIT_NORMAL, 2, nv, C, 0);
+            ADD(LNAME("linear_attn.in_proj_a.weight"), INIT_NORMAL, 2, nv, C, 0);
+        } else {
+            ADD(LNAME("self_attn.q_proj.weight"), INIT_NORMAL, 2, 2 * q, C, 0);   /* [query; gate] per head */
+            ADD(LNAME("self_attn.k_proj.weight"), INIT_NORMAL, 2, kv, C, 0);
+            ADD(LNAME("self_attn.v_proj.weight"), INIT_NORMAL, 2, kv, C, 0);
+            ADD(LNAME("self_attn.o_proj.weight"), INIT_NORMAL, 2, C, q, 0);
+            ADD(LNAME("self_attn.q_norm.weight"), INIT_ZEROS, 1, d, 0, 0);
+            ADD(LNAME("self_attn.k_norm.weight"), INIT_ZEROS, 1, d, 0, 0);
+        }
+        ADD(LNAME("mlp.gate_proj.weight"), INIT_NORMAL, 2, I, C, 0);
+        ADD(LNAME("mlp.up_proj.weight"), INIT_NORMAL, 2, I, C, 0);
+        ADD(LNAME("mlp.down_proj.weight"), INIT_NORMAL, 2, C, I, 0);
+        ADD(LNAME("input_layernorm.weight"), INIT_ZEROS, 1, C, 0, 0);
+        ADD(LNAME("post_attention_layernorm.weight"), INIT_ZEROS, 1, C, 0, 0);
+#undef LNAME
+    }
+    ADD("model.norm.weight", INIT_ZEROS, 1, C, 0, 0);
+    if (!c->tie_word_embeddings) {
+        ADD("lm_head.weight", INIT_NORMAL, 2, V, C, 0);
+        t[n - 1].std = head_std;
+    }
+#undef ADD
+    for (int i = 0; i < n; i++) {
+        t[i].numel = 1;
+        for (int k = 0; k < t[i].ndim; k++) t[i].numel *= t[i].shape[k];
+    }
     *out = t;
     return n;
 }
@@ -141,13 +211,19 @@ static void *gen_worker(void *arg) {
         uint64_t s = mix64(j->seed + 0x9E3779B97F4A7C15ull * (1 + mix64(((uint64_t)j->tensor_index << 40) ^ (uint64_t)c)));
         int64_t lo = c * CHUNK_ELEMS, hi = lo + CHUNK_ELEMS < j->t->numel ? lo + CHUNK_ELEMS : j->t->numel;
         int64_t base = (c - j->first_chunk) * CHUNK_ELEMS;
-        if (j->t->kind == INIT_ONES) {
+        if (j->t->kind == INIT_ONES || j->t->kind == INIT_ZEROS) {
+            double mean = j->t->kind == INIT_ONES ? 1.0 : 0.0;
             for (int64_t i = lo; i < hi; i++) {
                 double u = (double)(kernels_rng_next(&s) >> 11) * 0x1p-53;   /* [0, 1) */
-                store(j->buf, base + i - lo, j->dtype, (float)(1.0 + j->norm_noise * (2.0 * u - 1.0)));
+                store(j->buf, base + i - lo, j->dtype, (float)(mean + j->norm_noise * (2.0 * u - 1.0)));
+            }
+        } else if (j->t->kind == INIT_ALOG) {   /* A = U(0.1, 1): decays exp(-A · softplus(.)) that keep some memory */
+            for (int64_t i = lo; i < hi; i++) {
+                double u = (double)(kernels_rng_next(&s) >> 11) * 0x1p-53;
+                store(j->buf, base + i - lo, j->dtype, (float)log(0.1 + 0.9 * u));
             }
         } else {
-            float sd = (float)j->std;
+            float sd = (float)(j->t->std > 0 ? j->t->std : j->std);
             for (int64_t i = lo; i < hi; i += 2) {   /* Box-Muller: two normals from one 64-bit draw */
                 uint64_t r64 = kernels_rng_next(&s);
                 float u1 = (float)((r64 >> 40) + 1) * 0x1p-24f;           /* (0, 1] */
@@ -167,6 +243,7 @@ static void *gen_worker(void *arg) {
 struct gen_opts {
     uint64_t seed;
     double std, norm_noise;
+    double embed_std, lm_head_std;     /* 0: std */
     enum st_dtype dtype;
     int n_threads;
 };
@@ -256,7 +333,7 @@ static void write_model(const char *dir, const struct model_config *c, int n_sha
     LIB_CHECK(fs_mkdir_p(dir, err, sizeof err), err);
     remove_stale(dir);
     struct tdesc *t;
-    int n = list_tensors(c, &t);
+    int n = list_tensors(c, g->embed_std, g->lm_head_std, &t);
     if (n_shards > n) DIE("--shards %d exceeds the %d tensors of this model", n_shards, n);
     size_t esz = st_dtype_size(g->dtype);
     uint64_t total = 0;
@@ -321,8 +398,9 @@ static void write_model(const char *dir, const struct model_config *c, int n_sha
     for (int i = 0; i < n; i++) {
         const struct st_tensor *x;
         LIB_CHECK(hf_weights_get(&w, t[i].name, &x, err, sizeof err), err);
-        if (x->ndim != t[i].ndim || x->shape[0] != t[i].shape[0] || (x->ndim == 2 && x->shape[1] != t[i].shape[1]) ||
-            x->dtype != g->dtype)
+        int same = x->ndim == t[i].ndim && x->dtype == g->dtype;
+        for (int k = 0; same && k < t[i].ndim; k++) same = x->shape[k] == t[i].shape[k];
+        if (!same)
             DIE("%s: tensor '%s' loads back with another shape or dtype", dir, t[i].name);
     }
     hf_weights_close(&w);
@@ -394,13 +472,15 @@ int main(int argc, char **argv) {
     int hidden = 0, layers = 0, vocab = 0, heads = 0, kv_heads = 0, head_dim = 0, inter = 0, max_pos = 0;
     int tied = -1, shards = 1, threads = 0;
     int64_t seed = 42;
-    double std = 0.02, norm_noise = 0.1, rope_theta = 0;
+    double std = 0.02, norm_noise = 0.1, rope_theta = 0, embed_std = 0, lm_head_std = 0;
+    int rotary = 0, lin_nk = 0, lin_nv = 0, lin_dk = 0, lin_dv = 0, conv_k = 0, full_every = 0;
     int samples = 1000, median_len = 1200, min_len = 64, max_len = 8192;
     double sigma = 0.6, prompt_frac = 0.3;
     struct flag table[] = {
         {"out", FLAG_STRING, &out, "model directory to write (config.json + safetensors)", 1, 0},
-        {"arch", FLAG_STRING, &arch, "qwen3 | llama (default: the preset's; tiny: qwen3)", 1, 0},
-        {"preset", FLAG_STRING, &preset, "tiny | qwen3-0.6b | qwen3-8b | llama3.2-1b | llama3.1-8b", 1, 0},
+        {"arch", FLAG_STRING, &arch, "qwen3 | llama | qwen3.5 (default: the preset's; tiny: qwen3)", 1, 0},
+        {"preset", FLAG_STRING, &preset, "tiny | qwen3-0.6b | qwen3-8b | llama3.2-1b | llama3.1-8b | qwen3.5-tiny | "
+                                        "qwen3.6-27b", 1, 0},
         {"hidden", FLAG_INT, &hidden, "hidden_size (0: preset)", 0, 1 << 20},
         {"layers", FLAG_INT, &layers, "num_hidden_layers (0: preset)", 0, 4096},
         {"vocab", FLAG_INT, &vocab, "vocab_size (0: preset)", 0, 1 << 30},
@@ -414,6 +494,17 @@ int main(int argc, char **argv) {
         {"dtype", FLAG_STRING, &dtype, "bf16 | f16 | f32 (on disk and in config.json)", 1, 0},
         {"seed", FLAG_INT64, &seed, "seed of weights and dataset", 1, 0},
         {"std", FLAG_DOUBLE, &std, "standard deviation of matrix weights", 1, 0},
+        {"embed-std", FLAG_DOUBLE, &embed_std, "standard deviation of the embedding (0: --std; ~1 for a learnable "
+                                               "tiny target)", 1, 0},
+        {"lm-head-std", FLAG_DOUBLE, &lm_head_std, "standard deviation of lm_head.weight (0: --std; ~0.45 for a "
+                                                   "learnable tiny target; tied models have none)", 1, 0},
+        {"rotary-dim", FLAG_INT, &rotary, "qwen3.5: rotated dims per head (0: preset)", 0, 4096},
+        {"lin-k-heads", FLAG_INT, &lin_nk, "qwen3.5: Gated DeltaNet key heads (0: preset)", 0, 4096},
+        {"lin-v-heads", FLAG_INT, &lin_nv, "qwen3.5: Gated DeltaNet value heads (0: preset)", 0, 4096},
+        {"lin-k-dim", FLAG_INT, &lin_dk, "qwen3.5: Gated DeltaNet key head dim (0: preset)", 0, 4096},
+        {"lin-v-dim", FLAG_INT, &lin_dv, "qwen3.5: Gated DeltaNet value head dim (0: preset)", 0, 4096},
+        {"conv-kernel", FLAG_INT, &conv_k, "qwen3.5: causal conv1d width (0: preset)", 0, 64},
+        {"full-every", FLAG_INT, &full_every, "qwen3.5: every Nth layer is full attention (0: preset)", 0, 4096},
         {"norm-noise", FLAG_DOUBLE, &norm_noise, "norm weights are 1 + U(-x, x)", 1, 0},
         {"shards", FLAG_INT, &shards, "safetensors files (> 1: shards + model.safetensors.index.json)", 1, 99999},
         {"threads", FLAG_INT, &threads, "generator threads (0: every core)", 0, 256},
@@ -428,7 +519,7 @@ int main(int argc, char **argv) {
         FLAGS_END,
     };
     flags_parse_or_exit(table, argc, argv, "[--out DIR] [--dataset FILE] [flags]",
-                        "Write a random-weight Hugging Face model (Qwen3 or Llama) and/or a synthetic JSONL dataset.",
+                        "Write a random-weight Hugging Face model (Qwen3, Llama or Qwen3.5 hybrid) and/or a synthetic JSONL dataset.",
                         NULL, 0);
     stage_start(&common, 0);
     if (!out && !dataset) DIE("nothing to do: give --out DIR and/or --dataset FILE (see --help)");
@@ -436,11 +527,14 @@ int main(int argc, char **argv) {
     const struct preset *p = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (strcmp(presets[i].name, preset) == 0) p = &presets[i];
-    if (!p) DIE("--preset '%s' is unknown; use tiny, qwen3-0.6b, qwen3-8b, llama3.2-1b or llama3.1-8b", preset);
+    if (!p) DIE("--preset '%s' is unknown; use tiny, qwen3-0.6b, qwen3-8b, llama3.2-1b, llama3.1-8b, qwen3.5-tiny or "
+                "qwen3.6-27b", preset);
     enum hf_arch a = p->arch ? p->arch : HF_ARCH_QWEN3;
     if (arch) {
-        enum hf_arch want = strcmp(arch, "qwen3") == 0 ? HF_ARCH_QWEN3 : strcmp(arch, "llama") == 0 ? HF_ARCH_LLAMA : 0;
-        if (!want) DIE("--arch '%s' is unknown; use qwen3 or llama", arch);
+        enum hf_arch want = strcmp(arch, "qwen3") == 0 ? HF_ARCH_QWEN3 : strcmp(arch, "llama") == 0 ? HF_ARCH_LLAMA
+                          : strcmp(arch, "qwen3.5") == 0 ? HF_ARCH_QWEN3_5 : 0;
+        if (!want) DIE("--arch '%s' is unknown; use qwen3, llama or qwen3.5", arch);
+        if (want == HF_ARCH_QWEN3_5 && !p->arch) DIE("--arch qwen3.5 needs a qwen3.5 preset (--preset qwen3.5-tiny)");
         if (p->arch && want != p->arch) DIE("--arch %s contradicts --preset %s", arch, preset);
         a = want;
     }
@@ -459,7 +553,30 @@ int main(int argc, char **argv) {
     c.head_dim = head_dim ? head_dim : p->head_dim;
     c.max_position_embeddings = max_pos ? max_pos : p->max_pos ? p->max_pos : a == HF_ARCH_QWEN3 ? 40960 : 131072;
     c.tie_word_embeddings = tied >= 0 ? tied : p->tied;
-    if (a == HF_ARCH_QWEN3) {
+    if (a == HF_ARCH_QWEN3_5) {
+        snprintf(c.architecture, sizeof c.architecture, "Qwen3_5ForCausalLM");
+        snprintf(c.model_type, sizeof c.model_type, "qwen3_5_text");
+        c.qk_norm = 1;
+        c.rms_norm_eps = 1e-6;
+        c.rope_theta = rope_theta > 0 ? rope_theta : 1e7;
+        c.rope_type = HF_ROPE_DEFAULT;
+        c.rotary_dim = rotary ? rotary : p->rotary;
+        c.linear_num_key_heads = lin_nk ? lin_nk : p->lin_nk;
+        c.linear_num_value_heads = lin_nv ? lin_nv : p->lin_nv;
+        c.linear_key_head_dim = lin_dk ? lin_dk : p->lin_dk;
+        c.linear_value_head_dim = lin_dv ? lin_dv : p->lin_dv;
+        c.linear_conv_kernel_dim = conv_k ? conv_k : p->conv_k;
+        int every = full_every ? full_every : p->full_every;
+        if (c.num_hidden_layers > HF_MAX_LAYERS) DIE("--layers %d exceeds %d", c.num_hidden_layers, HF_MAX_LAYERS);
+        for (int l = 0; l < c.num_hidden_layers; l++) c.layer_linear[l] = (l + 1) % every != 0;
+        if (c.rotary_dim < 2 || c.rotary_dim % 2 || c.rotary_dim > c.head_dim)
+            DIE("--rotary-dim %d must be even and in [2, head_dim %d]", c.rotary_dim, c.head_dim);
+        if (c.linear_num_value_heads % c.linear_num_key_heads)
+            DIE("--lin-k-heads %d does not divide --lin-v-heads %d", c.linear_num_key_heads, c.linear_num_value_heads);
+        int half = c.rotary_dim / 2;   /* M-RoPE sections as Qwen3.5's [11, 11, 10] of 32 */
+        c.mrope_section[0] = c.mrope_section[1] = (half * 11 + 16) / 32;
+        c.mrope_section[2] = half - 2 * c.mrope_section[0];
+    } else if (a == HF_ARCH_QWEN3) {
         c.rms_norm_eps = 1e-6;
         c.rope_theta = rope_theta > 0 ? rope_theta : 1e6;
         c.rope_type = HF_ROPE_DEFAULT;
@@ -479,12 +596,13 @@ int main(int argc, char **argv) {
     if (c.num_attention_heads % c.num_key_value_heads != 0)
         DIE("--kv-heads %d does not divide --heads %d", c.num_key_value_heads, c.num_attention_heads);
     if (c.head_dim % 2 != 0) DIE("--head-dim %d must be even (rotary halves)", c.head_dim);
-    if (!(std > 0) || !(norm_noise >= 0) || !(sigma >= 0) || !(prompt_frac >= 0 && prompt_frac < 1))
-        DIE("--std must be > 0, --norm-noise and --len-sigma >= 0, --prompt-frac in [0, 1)");
+    if (!(std > 0) || !(norm_noise >= 0) || !(sigma >= 0) || !(prompt_frac >= 0 && prompt_frac < 1) ||
+        !(embed_std >= 0) || !(lm_head_std >= 0))
+        DIE("--std must be > 0, --embed-std, --lm-head-std, --norm-noise and --len-sigma >= 0, --prompt-frac in [0, 1)");
     if (min_len > max_len) DIE("--min-len %d exceeds --max-len %d", min_len, max_len);
 
     if (out) {
-        struct gen_opts g = {(uint64_t)seed, std, norm_noise, c.dtype, threads};
+        struct gen_opts g = {(uint64_t)seed, std, norm_noise, embed_std, lm_head_std, c.dtype, threads};
         if (g.n_threads <= 0) {
             long nc = sysconf(_SC_NPROCESSORS_ONLN);
             g.n_threads = nc < 1 ? 1 : nc > 64 ? 64 : (int)nc;

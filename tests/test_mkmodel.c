@@ -140,6 +140,93 @@ START_TEST(tiny_qwen3_default) {
 }
 END_TEST
 
+/* Mean and standard deviation of a tensor read as fp32. */
+static void tensor_stats(const struct hf_weights *w, const char *name, double *mean, double *sd) {
+    const struct st_tensor *t = hf_weights_find(w, name);
+    ck_assert_msg(t != NULL, "no %s", name);
+    float *x = malloc((size_t)t->numel * sizeof *x);
+    ck_assert_int_eq(weights_convert_f32(t, 0, t->numel, x, err, sizeof err), 0);
+    double s1 = 0, s2 = 0;
+    for (int64_t i = 0; i < t->numel; i++) { s1 += x[i]; s2 += (double)x[i] * x[i]; }
+    *mean = s1 / (double)t->numel;
+    *sd = sqrt(s2 / (double)t->numel - *mean * *mean);
+    free(x);
+}
+
+START_TEST(embed_and_head_std) {
+    const char *dir = test_tmpdir("mk-std");
+    const char *m = path_in(dir, "model"), *m0 = path_in(dir, "plain");
+    const char *a[] = {"--out", m, "--embed-std", "1.0", "--lm-head-std", "0.45", "--std", "0.06", NULL};
+    ck_assert_msg(run_mk(a) == 0, "%s", out_text);
+    const char *b[] = {"--out", m0, "--std", "0.06", NULL};
+    ck_assert_msg(run_mk(b) == 0, "%s", out_text);
+    struct hf_weights w, w0;
+    ck_assert_int_eq(hf_weights_open(&w, m, err, sizeof err), 0);
+    ck_assert_int_eq(hf_weights_open(&w0, m0, err, sizeof err), 0);
+    double mean, sd;
+    tensor_stats(&w, "model.embed_tokens.weight", &mean, &sd);
+    ck_assert_msg(fabs(sd - 1.0) < 0.03, "embed std %g", sd);
+    tensor_stats(&w, "lm_head.weight", &mean, &sd);
+    ck_assert_msg(fabs(sd - 0.45) < 0.015, "lm_head std %g", sd);
+    tensor_stats(&w, "model.layers.1.mlp.up_proj.weight", &mean, &sd);
+    ck_assert_msg(fabs(sd - 0.06) < 0.003, "layer std %g", sd);
+    /* the layer matrices are the same bytes as without the two flags (same streams) */
+    const struct st_tensor *x = hf_weights_find(&w, "model.layers.1.mlp.up_proj.weight");
+    const struct st_tensor *y = hf_weights_find(&w0, "model.layers.1.mlp.up_proj.weight");
+    ck_assert_int_eq(memcmp(x->data, y->data, x->nbytes), 0);
+    hf_weights_close(&w);
+    hf_weights_close(&w0);
+}
+END_TEST
+
+START_TEST(qwen35_presets) {
+    const char *dir = test_tmpdir("mk-q35");
+    const char *m = path_in(dir, "tiny"), *m2 = path_in(dir, "q36");
+    const char *a[] = {"--out", m, "--preset", "qwen3.5-tiny", NULL};
+    ck_assert_msg(run_mk(a) == 0, "%s", out_text);
+    struct model_config c;
+    ck_assert_msg(hf_config_load(&c, m, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(c.arch, HF_ARCH_QWEN3_5);
+    ck_assert_int_eq(c.num_hidden_layers, 4);
+    ck_assert_int_eq(c.rotary_dim, 8);
+    ck_assert_int_eq(c.layer_linear[0] + c.layer_linear[1] * 2 + c.layer_linear[2] * 4 + c.layer_linear[3] * 8, 5);
+    struct hf_weights w;
+    ck_assert_int_eq(hf_weights_open(&w, m, err, sizeof err), 0);
+    const struct st_tensor *t = hf_weights_find(&w, "model.layers.0.linear_attn.conv1d.weight");
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(t->ndim, 3);
+    ck_assert_int_eq(t->shape[0], 2 * 2 * 8 + 4 * 12);
+    ck_assert_int_eq(t->shape[1], 1);
+    ck_assert_int_eq(t->shape[2], 4);
+    t = hf_weights_find(&w, "model.layers.1.self_attn.q_proj.weight");   /* [query; gate] per head */
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(t->shape[0], 2 * 4 * 16);
+    ck_assert_ptr_null(hf_weights_find(&w, "model.layers.0.self_attn.q_proj.weight"));
+    double mean, sd;   /* zero-centred (1 + w) norms; A_log = log U(0.1, 1) */
+    tensor_stats(&w, "model.layers.2.input_layernorm.weight", &mean, &sd);
+    ck_assert_msg(fabs(mean) < 0.03 && sd > 0.02 && sd < 0.1, "norm mean %g sd %g", mean, sd);
+    tensor_stats(&w, "model.layers.2.linear_attn.A_log", &mean, &sd);
+    ck_assert_msg(mean < 0 && mean > -2.31, "A_log mean %g", mean);
+    hf_weights_close(&w);
+    /* the Qwen3.6-27B preset's head/mixer shape, shrunk in width and depth so the test stays small */
+    const char *b[] = {"--out", m2, "--preset", "qwen3.6-27b", "--hidden", "64", "--layers", "4", "--vocab", "128",
+                       "--intermediate", "32", "--head-dim", "16", "--rotary-dim", "4", "--lin-k-dim", "4",
+                       "--lin-v-dim", "4", NULL};
+    ck_assert_msg(run_mk(b) == 0, "%s", out_text);
+    ck_assert_msg(hf_config_load(&c, m2, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(c.num_attention_heads, 24);
+    ck_assert_int_eq(c.num_key_value_heads, 4);
+    ck_assert_int_eq(c.linear_num_key_heads, 16);
+    ck_assert_int_eq(c.linear_num_value_heads, 48);
+    ck_assert_int_eq(c.max_position_embeddings, 262144);
+    ck_assert_double_eq(c.rope_theta, 1e7);
+    for (int l = 0; l < 4; l++) ck_assert_int_eq(c.layer_linear[l], l != 3);
+    const char *bad[] = {"--out", m2, "--preset", "qwen3.5-tiny", "--lin-k-heads", "3", NULL};
+    ck_assert_int_ne(run_mk(bad), 0);
+    ck_assert_msg(strstr(out_text, "--lin-k-heads 3"), "%s", out_text);
+}
+END_TEST
+
 static int files_equal(const char *a, const char *b) {
     char *x, *y;
     size_t nx, ny;
@@ -327,6 +414,8 @@ int main(void) {
     tcase_add_test(tc, tiny_qwen3_default);
     tcase_add_test(tc, deterministic_and_thread_independent);
     tcase_add_test(tc, llama_tied_sharded_f32);
+    tcase_add_test(tc, embed_and_head_std);
+    tcase_add_test(tc, qwen35_presets);
     tcase_add_test(tc, overrides_and_f16);
     tcase_add_test(tc, bad_flags);
     tcase_add_test(tc, dataset_lines);

@@ -1,8 +1,18 @@
 /*
  * stages/model/hfconfig.h — a Hugging Face config.json for the target model, as a plain struct.
  *
- * Supported: Qwen3ForCausalLM (q_norm/k_norm per head) and LlamaForCausalLM (optionally with
- * Llama-3 rope scaling). Both transformers 4 spellings (rope_theta + rope_scaling, torch_dtype) and
+ * Supported: Qwen3ForCausalLM (q_norm/k_norm per head), LlamaForCausalLM (optionally with
+ * Llama-3 rope scaling) and the Qwen3.5 / Qwen3.6 hybrid in its transformers-5 layouts:
+ * Qwen3_5ForCausalLM (model_type qwen3_5_text, flat) and Qwen3_5ForConditionalGeneration
+ * (model_type qwen3_5, the text model in "text_config", weights under model.language_model.; the
+ * vision tower is ignored: the target takes text tokens only, and target_check_batch refuses the
+ * image_token_id / video_token_id placeholders). Qwen3.5 reads layer_types
+ * (linear_attention | full_attention; absent: full_attention_interval, default 4), head_dim
+ * (default 256), rope_parameters with partial_rotary_factor (default 0.25) and mrope_section (must
+ * sum to rotary_dim/2), and the linear_* Gated DeltaNet sizes (defaults as Qwen3_5TextConfig).
+ * Rejected with the key named: the MoE variants (qwen3_5_moe, num_experts), a rope type other than
+ * default, attention_bias, hidden_act other than silu, an unknown layer type, layer_types of the
+ * wrong length. Both transformers 4 spellings (rope_theta + rope_scaling, torch_dtype) and
  * transformers 5 spellings (rope_parameters, dtype) are read. Anything the forward would compute
  * differently from transformers is rejected with one sentence naming the file and field:
  * another architecture, attention_bias or mlp_bias true, hidden_act other than silu, Qwen3
@@ -26,7 +36,9 @@
 extern "C" {
 #endif
 
-enum hf_arch { HF_ARCH_QWEN3 = 1, HF_ARCH_LLAMA = 2 };
+enum hf_arch { HF_ARCH_QWEN3 = 1, HF_ARCH_LLAMA = 2, HF_ARCH_QWEN3_5 = 3 };
+
+#define HF_MAX_LAYERS 1024   /* layer_types entries at most (Qwen3.5) */
 enum hf_rope_type { HF_ROPE_DEFAULT = 0, HF_ROPE_LINEAR = 1, HF_ROPE_LLAMA3 = 2 };
 
 struct model_config {
@@ -51,6 +63,22 @@ struct model_config {
     int tie_word_embeddings;         /* 1: no lm_head.weight, the LM head is model.embed_tokens.weight */
     int max_position_embeddings;
     enum st_dtype dtype;             /* torch_dtype / dtype: ST_BF16, ST_F16 or ST_F32 */
+
+    /* ---- Qwen3.5 / Qwen3.6 hybrid (arch HF_ARCH_QWEN3_5); zero for Qwen3 and Llama ---- */
+    int rotary_dim;                  /* dims rotated per head: int(head_dim · partial_rotary_factor);
+                                      * = head_dim for Qwen3 / Llama (hf_config_rotary_dim) */
+    int mrope_section[3];            /* M-RoPE split of rotary_dim/2 (t, h, w); text positions only:
+                                      * all three components equal, so it does not change the angle */
+    int nested;                      /* 1: a multimodal checkpoint (Qwen3_5ForConditionalGeneration,
+                                      * text_config); weights under "model.language_model." */
+    int linear_conv_kernel_dim;      /* K of the causal depthwise conv1d */
+    int linear_key_head_dim;         /* d_k of the Gated DeltaNet */
+    int linear_value_head_dim;       /* d_v */
+    int linear_num_key_heads;        /* n_k (divides n_v) */
+    int linear_num_value_heads;      /* n_v */
+    unsigned char layer_linear[HF_MAX_LAYERS];   /* 1: linear_attention (Gated DeltaNet), 0: gated full attention */
+    int image_token_id;              /* multimodal configs: the image / video placeholder tokens, whose */
+    int video_token_id;              /* embeddings transformers replaces by vision features (0: none) */
 };
 
 /* Read and validate `path` (a config.json file, or a directory holding one). 0/-1. */
@@ -62,17 +90,34 @@ int hf_config_parse(struct model_config *c, const char *json_text, const char *w
  * transformers 4 and 5 alike), atomically. 0/-1. */
 int hf_config_write(const struct model_config *c, const char *path, char *err, int err_len);
 
-/* RoPE inverse frequencies inv_freq[i], i < head_dim/2, exactly as transformers computes them for
- * the config's rope type (default: theta^(-2i/d_h); linear: divided by factor; llama3: the
- * wavelength-dependent smoothing of _compute_llama3_parameters). Double precision; the caller
- * rounds. The rotation is the half-split (rotate_half) form: pairs (x[i], x[i + d_h/2]). */
-void hf_rope_inv_freq(const struct model_config *c, double *inv_freq /* (d_h/2) */);
+/* Dimensions of each head that RoPE rotates: head_dim, or Qwen3.5's partial rotary_dim. */
+int hf_config_rotary_dim(const struct model_config *c);
+
+/* RoPE inverse frequencies inv_freq[i], i < R/2 with R = hf_config_rotary_dim(c) (= head_dim for
+ * Qwen3 / Llama), as transformers computes them in fp32 for the config's rope type: every value
+ * is an fp32 number (stored in a double so existing callers keep their buffers; rounding it to
+ * float is exact). The sequence is torch's: e = float(2i) / float(R) in fp32; p = theta^e rounded
+ * to fp32; f = 1 / p in fp32; linear: f / factor; llama3: _compute_llama3_parameters' fp32
+ * wavelength / smoothing arithmetic, step by step (scalar / tensor as reciprocal() * scalar, as
+ * torch evaluates it). theta^e is the correctly rounded fp32 power. Measured against torch 2.15 /
+ * transformers 5.24 over 7 thetas x 8 dims x 3 rope types (7560 values): bit-identical to torch's
+ * scalar CPU kernels (ATEN_CPU_CAPABILITY=default: 0 differences); torch's SIMD kernels use
+ * SLEEF's powf_u10 on whole vectors (the tail goes through std::pow), which is 1 ulp off in a few
+ * entries, so torch itself differs by CPU: 12 of 2520 per rope type on AVX-512, 14 on AVX2, each
+ * 1 ulp (the former double-precision formula differed in 1072 of 2520, up to 6 ulp). The rotation is the
+ * half-split (rotate_half) form over the first R dims: pairs (x[i], x[i + R/2]). */
+void hf_rope_inv_freq(const struct model_config *c, double *inv_freq /* (R/2) */);
 
 /* The z-lab default target layer ids (dflash-reference.md §3.1, build_target_layer_ids): for one
  * draft layer [n/2]; else round-half-even(1 + i*(n-4)/(L_d-1)), i < L_d. Writes n_draft_layers
  * ids; returns 0, or -1 if n_target_layers < 1 or n_draft_layers < 1 or an id falls outside
  * [0, n_target_layers) (tiny targets). Qwen3-8B (36, 5) gives [1, 9, 17, 25, 33]. */
 int hf_zlab_layer_ids(int n_target_layers, int n_draft_layers, int *ids);
+
+/* Qwen3.5 derived sizes: the Gated DeltaNet conv channels 2·n_k·d_k + n_v·d_v and the fused input
+ * projection rows [qkv; z; b; a] = conv channels + n_v·d_v + 2·n_v. */
+int hf_config_linear_conv_dim(const struct model_config *c);
+int hf_config_linear_in_dim(const struct model_config *c);
 
 /* Total parameter count of the model the config describes (embedding, layers, norm, lm_head
  * unless tied). */

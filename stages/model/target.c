@@ -10,6 +10,7 @@
  */
 #include "model/target.h"
 #include "core/err.h"
+#include "model/gdn.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 
@@ -41,6 +42,17 @@ struct target_layer {
     float *ln_post;   /* (C) */
     float *q_norm;    /* (HD) Qwen3 only, else NULL */
     float *k_norm;    /* (HD) Qwen3 only, else NULL */
+    /* Qwen3.5 (CPU only). Every RMSNorm weight above is stored as the effective (1 + w) of
+     * Qwen3_5RMSNorm, one fp32 add at load as transformers does. A full-attention layer's w_qkv
+     * has rows [q_proj (NH·2·HD, per head [query; gate]); k; v]. A linear (Gated DeltaNet) layer
+     * has no w_qkv / w_o / q_norm / k_norm but: */
+    int linear;       /* 1: Gated DeltaNet */
+    float *w_lin_in;  /* (LIN_IN, C) rows [in_proj_qkv; in_proj_z; in_proj_b; in_proj_a] */
+    float *conv_w;    /* (conv_dim, K) */
+    float *a_neg;     /* (NV) -exp(A_log) */
+    float *dt_bias;   /* (NV) */
+    float *gnorm;     /* (d_v) gated RMSNorm weight (plain, not 1 + w) */
+    float *w_lin_out; /* (C, NV·d_v) out_proj */
 };
 
 struct target {
@@ -66,6 +78,11 @@ struct target {
     void *gu;                      /* (Tm, 2·I) */
     void *act;                     /* (Tm, I) */
     int32_t *ids, *pos, *cu;       /* device copies (GPU only): (Tm), (Tm), (Tm+1) */
+    /* Qwen3.5 only (CPU): */
+    float *gate;                   /* (Tm, NH·HD) attention output gate */
+    float *lin_conv;               /* (Tm, conv_dim) conv + silu output (per document rows) */
+    float *lin_y;                  /* (Tm, NV·d_v) gated-norm output, the input of out_proj */
+    float *lin_state;              /* (NV·d_k·d_v) recurrent state of one document */
 #ifdef DFLASH_CUDA
     cudaStream_t stream;
 #endif
@@ -74,7 +91,16 @@ struct target {
 /* ---------------------------------------------------------------- shapes */
 
 static int n_qkv(const struct model_config *c) {
-    return (c->num_attention_heads + 2 * c->num_key_value_heads) * c->head_dim;
+    int q_rows = c->arch == HF_ARCH_QWEN3_5 ? 2 * c->num_attention_heads : c->num_attention_heads;   /* + gate */
+    return (q_rows + 2 * c->num_key_value_heads) * c->head_dim;
+}
+
+static int is_hybrid(const struct model_config *c) { return c->arch == HF_ARCH_QWEN3_5; }
+
+static struct gdn_shape gdn_shape_of(const struct model_config *c) {
+    struct gdn_shape s = {c->linear_num_key_heads, c->linear_num_value_heads, c->linear_key_head_dim,
+                          c->linear_value_head_dim, c->linear_conv_kernel_dim};
+    return s;
 }
 
 void target_options_defaults(struct target_options *opt) {
@@ -85,8 +111,21 @@ void target_options_defaults(struct target_options *opt) {
 }
 
 static int check_shape_config(const struct model_config *c, int dev, char *err, int err_len) {
-    if (c->arch != HF_ARCH_QWEN3 && c->arch != HF_ARCH_LLAMA)
+    if (c->arch != HF_ARCH_QWEN3 && c->arch != HF_ARCH_LLAMA && c->arch != HF_ARCH_QWEN3_5)
         return err_fail(err, err_len, "target: unsupported architecture '%s'", c->architecture);
+    if (is_hybrid(c)) {
+        if (dev >= 0)
+            return err_fail(err, err_len, "target: %s (Qwen3.5 / 3.6 hybrid) runs on the CPU path only for now "
+                            "(--device cpu); its GPU kernels are a later issue", c->architecture);
+        int R = hf_config_rotary_dim(c);
+        if (c->num_hidden_layers > HF_MAX_LAYERS || R < 2 || R % 2 || R > c->head_dim || c->linear_num_key_heads < 1 ||
+            c->linear_num_value_heads < 1 || c->linear_num_value_heads % c->linear_num_key_heads ||
+            c->linear_key_head_dim < 1 || c->linear_value_head_dim < 1 || c->linear_conv_kernel_dim < 1)
+            return err_fail(err, err_len, "target: inconsistent Qwen3.5 sizes (layers %d, rotary dims %d of head_dim "
+                            "%d, linear heads k %d / v %d, dims k %d / v %d, conv kernel %d)", c->num_hidden_layers, R,
+                            c->head_dim, c->linear_num_key_heads, c->linear_num_value_heads, c->linear_key_head_dim,
+                            c->linear_value_head_dim, c->linear_conv_kernel_dim);
+    }
     if (c->vocab_size < 1 || c->hidden_size < 1 || c->intermediate_size < 1 || c->num_hidden_layers < 1 ||
         c->num_attention_heads < 1 || c->num_key_value_heads < 1 || c->head_dim < 2 || c->head_dim % 2)
         return err_fail(err, err_len, "target: config sizes must be positive and head_dim even (hidden %d, "
@@ -168,8 +207,24 @@ static int alloc_all(struct target *t, char *err, int err_len) {
     if (!t->layers) return err_fail(err, err_len, "target: out of host memory for %d layers", L);
     t->embed = mem_alloc(t, (size_t)c->vocab_size * C * es, wb);
     int ok = t->embed != NULL;
+    struct gdn_shape gs = gdn_shape_of(c);
+    size_t LIN_IN = 0, CONV = 0, VD = 0;
+    if (is_hybrid(c)) {
+        LIN_IN = (size_t)gdn_in_dim(&gs);
+        CONV = (size_t)gdn_conv_dim(&gs);
+        VD = (size_t)gs.n_v * gs.d_v;
+    }
     for (int l = 0; ok && l < L; l++) {
         struct target_layer *ly = &t->layers[l];
+        if (is_hybrid(c) && c->layer_linear[l]) {
+            ly->linear = 1;
+            ok = (ly->w_lin_in = mem_alloc(t, LIN_IN * C * 4, wb)) && (ly->conv_w = mem_alloc(t, CONV * gs.K * 4, wb)) &&
+                 (ly->a_neg = mem_alloc(t, (size_t)gs.n_v * 4, wb)) && (ly->dt_bias = mem_alloc(t, (size_t)gs.n_v * 4, wb)) &&
+                 (ly->gnorm = mem_alloc(t, (size_t)gs.d_v * 4, wb)) && (ly->w_lin_out = mem_alloc(t, C * VD * 4, wb)) &&
+                 (ly->w_gu = mem_alloc(t, 2 * I * C * es, wb)) && (ly->w_down = mem_alloc(t, C * I * es, wb)) &&
+                 (ly->ln_in = mem_alloc(t, C * 4, wb)) && (ly->ln_post = mem_alloc(t, C * 4, wb));
+            continue;
+        }
         ok = (ly->w_qkv = mem_alloc(t, QKV * C * es, wb)) && (ly->w_o = mem_alloc(t, C * NH * HD * es, wb)) &&
              (ly->w_gu = mem_alloc(t, 2 * I * C * es, wb)) && (ly->w_down = mem_alloc(t, C * I * es, wb)) &&
              (ly->ln_in = mem_alloc(t, C * 4, wb)) && (ly->ln_post = mem_alloc(t, C * 4, wb));
@@ -180,10 +235,14 @@ static int alloc_all(struct target *t, char *err, int err_len) {
         return err_fail(err, err_len, "target: cannot allocate %s memory for the weights (%.2f GB allocated so far)",
                     t->dev >= 0 ? "GPU" : "host", (double)t->weight_bytes / 1e9);
     ok = (t->x = mem_alloc(t, Tm * C * es, kb)) && (t->h = mem_alloc(t, Tm * C * es, kb)) &&
-         (t->qkv = mem_alloc(t, Tm * QKV * es, kb)) && (t->q = mem_alloc(t, Tm * NH * HD * es, kb)) &&
+         (t->qkv = mem_alloc(t, Tm * (QKV > LIN_IN ? QKV : LIN_IN) * es, kb)) && (t->q = mem_alloc(t, Tm * NH * HD * es, kb)) &&
          (t->k = mem_alloc(t, Tm * NKV * HD * es, kb)) && (t->v = mem_alloc(t, Tm * NKV * HD * es, kb)) &&
          (t->att = mem_alloc(t, Tm * NH * HD * es, kb)) && (t->gu = mem_alloc(t, Tm * 2 * I * es, kb)) &&
          (t->act = mem_alloc(t, Tm * I * es, kb)) && (t->inv_freq = mem_alloc(t, HD / 2 * 4, kb));
+    if (ok && is_hybrid(c))
+        ok = (t->gate = mem_alloc(t, Tm * NH * HD * 4, kb)) && (t->lin_conv = mem_alloc(t, Tm * CONV * 4, kb)) &&
+             (t->lin_y = mem_alloc(t, Tm * VD * 4, kb)) &&
+             (t->lin_state = mem_alloc(t, (size_t)gs.n_v * gs.d_k * gs.d_v * 4, kb));
     if (ok && t->dev >= 0)
         ok = (t->ids = mem_alloc(t, Tm * 4, kb)) && (t->pos = mem_alloc(t, Tm * 4, kb)) &&
              (t->cu = mem_alloc(t, (Tm + 1) * 4, kb));
@@ -206,11 +265,14 @@ void target_free(struct target *t) {
             struct target_layer *ly = &t->layers[l];
             mem_free(t, ly->w_qkv); mem_free(t, ly->w_o); mem_free(t, ly->w_gu); mem_free(t, ly->w_down);
             mem_free(t, ly->ln_in); mem_free(t, ly->ln_post); mem_free(t, ly->q_norm); mem_free(t, ly->k_norm);
+            mem_free(t, ly->w_lin_in); mem_free(t, ly->conv_w); mem_free(t, ly->a_neg); mem_free(t, ly->dt_bias);
+            mem_free(t, ly->gnorm); mem_free(t, ly->w_lin_out);
         }
         free(t->layers);
     }
     mem_free(t, t->embed);
-    void *bufs[] = {t->x, t->h, t->qkv, t->q, t->k, t->v, t->att, t->gu, t->act, t->inv_freq, t->ids, t->pos, t->cu};
+    void *bufs[] = {t->x, t->h, t->qkv, t->q, t->k, t->v, t->att, t->gu, t->act, t->inv_freq, t->ids, t->pos, t->cu,
+                    t->gate, t->lin_conv, t->lin_y, t->lin_state};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(t, bufs[i]);
     free(t->inv_freq_h);
 #ifdef DFLASH_CUDA
@@ -252,7 +314,7 @@ static struct target *target_new(const struct model_config *cfg, const struct ta
 #endif
     if (alloc_all(t, err, err_len)) { target_free(t); return NULL; }
     int hd2 = cfg->head_dim / 2;
-    double *inv = malloc((size_t)hd2 * sizeof *inv);
+    double *inv = calloc((size_t)hd2, sizeof *inv);   /* Qwen3.5 fills only the rotary_dim/2 first */
     if (!inv) { err_fail(err, err_len, "target: out of host memory"); target_free(t); return NULL; }
     hf_rope_inv_freq(cfg, inv);
     for (int i = 0; i < hd2; i++) t->inv_freq_h[i] = (float)inv[i];
@@ -366,13 +428,81 @@ out:
     return rc;
 }
 
+/* Qwen3.5 / 3.6 (CPU, fp32): tensors under "model." (Qwen3_5ForCausalLM) or "model.language_model."
+ * (Qwen3_5ForConditionalGeneration); the vision tower and the MTP layers are not read. Every
+ * Qwen3_5RMSNorm weight is kept as its effective 1 + w. */
+static int load_weights_hybrid(struct target *t, const struct hf_weights *w, char *err, int err_len) {
+    const struct model_config *c = &t->cfg;
+    int64_t C = c->hidden_size, I = c->intermediate_size, HD = c->head_dim, V = c->vocab_size;
+    int64_t NH = c->num_attention_heads, NKV = c->num_key_value_heads;
+    struct gdn_shape gs = gdn_shape_of(c);
+    int64_t VD = (int64_t)gs.n_v * gs.d_v, CONV = gdn_conv_dim(&gs), NV = gs.n_v;
+    const char *pre = c->nested ? "model.language_model." : "model.";
+    char name[320];
+#define NAME(...) (snprintf(name, sizeof name, __VA_ARGS__), name)
+#define GET2(rows, cols, dst) do { int64_t sh_[2] = {(rows), (cols)}; \
+        if (weights_get_f32(w, name, 2, sh_, (dst), err, err_len)) return -1; } while (0)
+#define GET1(n, dst) do { int64_t sh_[1] = {(n)}; \
+        if (weights_get_f32(w, name, 1, sh_, (dst), err, err_len)) return -1; } while (0)
+#define ONE_PLUS(p, n) do { for (int64_t i_ = 0; i_ < (n); i_++) (p)[i_] = 1.0f + (p)[i_]; } while (0)
+    NAME("%sembed_tokens.weight", pre);
+    GET2(V, C, (float *)t->embed);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        struct target_layer *ly = &t->layers[l];
+        if (ly->linear) {
+            float *wi = ly->w_lin_in;
+            NAME("%slayers.%d.linear_attn.in_proj_qkv.weight", pre, l); GET2(CONV, C, wi);
+            NAME("%slayers.%d.linear_attn.in_proj_z.weight", pre, l);   GET2(VD, C, wi + CONV * C);
+            NAME("%slayers.%d.linear_attn.in_proj_b.weight", pre, l);   GET2(NV, C, wi + (CONV + VD) * C);
+            NAME("%slayers.%d.linear_attn.in_proj_a.weight", pre, l);   GET2(NV, C, wi + (CONV + VD + NV) * C);
+            int64_t sh3[3] = {CONV, 1, gs.K};
+            NAME("%slayers.%d.linear_attn.conv1d.weight", pre, l);
+            if (weights_get_f32(w, name, 3, sh3, ly->conv_w, err, err_len)) return -1;
+            NAME("%slayers.%d.linear_attn.A_log", pre, l);              GET1(NV, ly->a_neg);
+            for (int64_t j = 0; j < NV; j++) ly->a_neg[j] = -expf(ly->a_neg[j]);   /* -A_log.float().exp() */
+            NAME("%slayers.%d.linear_attn.dt_bias", pre, l);            GET1(NV, ly->dt_bias);
+            NAME("%slayers.%d.linear_attn.norm.weight", pre, l);        GET1(gs.d_v, ly->gnorm);
+            NAME("%slayers.%d.linear_attn.out_proj.weight", pre, l);    GET2(C, VD, ly->w_lin_out);
+        } else {
+            float *wq = ly->w_qkv;
+            NAME("%slayers.%d.self_attn.q_proj.weight", pre, l);  GET2(2 * NH * HD, C, wq);
+            NAME("%slayers.%d.self_attn.k_proj.weight", pre, l);  GET2(NKV * HD, C, wq + 2 * NH * HD * C);
+            NAME("%slayers.%d.self_attn.v_proj.weight", pre, l);  GET2(NKV * HD, C, wq + (2 * NH + NKV) * HD * C);
+            NAME("%slayers.%d.self_attn.o_proj.weight", pre, l);  GET2(C, NH * HD, (float *)ly->w_o);
+            NAME("%slayers.%d.self_attn.q_norm.weight", pre, l);  GET1(HD, ly->q_norm);
+            NAME("%slayers.%d.self_attn.k_norm.weight", pre, l);  GET1(HD, ly->k_norm);
+            ONE_PLUS(ly->q_norm, HD);
+            ONE_PLUS(ly->k_norm, HD);
+        }
+        NAME("%slayers.%d.mlp.gate_proj.weight", pre, l);  GET2(I, C, (float *)ly->w_gu);
+        NAME("%slayers.%d.mlp.up_proj.weight", pre, l);    GET2(I, C, (float *)ly->w_gu + I * C);
+        NAME("%slayers.%d.mlp.down_proj.weight", pre, l);  GET2(C, I, (float *)ly->w_down);
+        NAME("%slayers.%d.input_layernorm.weight", pre, l);           GET1(C, ly->ln_in);
+        NAME("%slayers.%d.post_attention_layernorm.weight", pre, l);  GET1(C, ly->ln_post);
+        ONE_PLUS(ly->ln_in, C);
+        ONE_PLUS(ly->ln_post, C);
+    }
+    const struct st_tensor *tn;
+    int64_t sh_norm[1] = {C}, sh_head[2] = {V, C};
+    if (weights_lookup(w, NAME("%snorm.weight", pre), 1, sh_norm, &tn, err, err_len)) return -1;
+    if (!c->tie_word_embeddings && weights_lookup(w, "lm_head.weight", 2, sh_head, &tn, err, err_len)) return -1;
+#undef ONE_PLUS
+#undef GET1
+#undef GET2
+#undef NAME
+    return 0;
+}
+
 struct target *target_load(const char *model_dir, const struct target_options *opt, char *err, int err_len) {
     struct model_config cfg;
     if (hf_config_load(&cfg, model_dir, err, err_len)) return NULL;
     struct hf_weights w;
     if (hf_weights_open(&w, model_dir, err, err_len)) return NULL;
     struct target *t = target_new(&cfg, opt, err, err_len);
-    if (t && load_weights(t, &w, err, err_len)) { target_free(t); t = NULL; }
+    if (t && (is_hybrid(&cfg) ? load_weights_hybrid(t, &w, err, err_len) : load_weights(t, &w, err, err_len))) {
+        target_free(t);
+        t = NULL;
+    }
     hf_weights_close(&w);
     return t;
 }
@@ -386,10 +516,57 @@ static void host_fill(float *p, size_t n, uint64_t *rng, float mean, float std) 
     }
 }
 
+/* Qwen3.5 random weights (CPU): matrices and the conv uniform with `std`, effective norm weights
+ * (1 + w) and dt_bias 1 ± 0.17, -exp(A_log) in -(0.5 ± 0.17) (a decay that neither forgets at once
+ * nor never). */
+static struct target *init_random_hybrid(struct target *t, uint64_t seed, float std) {
+    const struct model_config *c = &t->cfg;
+    size_t C = (size_t)c->hidden_size, I = (size_t)c->intermediate_size, HD = (size_t)c->head_dim;
+    size_t NH = (size_t)c->num_attention_heads, QKV = (size_t)n_qkv(c);
+    struct gdn_shape gs = gdn_shape_of(c);
+    size_t LIN_IN = (size_t)gdn_in_dim(&gs), CONV = (size_t)gdn_conv_dim(&gs), VD = (size_t)gs.n_v * gs.d_v;
+    uint64_t key = seed * 0x9E3779B97F4A7C15ull + 1;
+    struct { float *p; size_t n; float mean, sd; } list[12];
+    for (int l = -1; l < c->num_hidden_layers; l++) {
+        int n = 0;
+#define PUT(ptr, cnt, m, s) do { list[n].p = (ptr); list[n].n = (cnt); list[n].mean = (m); list[n].sd = (s); n++; } while (0)
+        if (l < 0) {
+            PUT(t->embed, (size_t)c->vocab_size * C, 0.0f, std);
+        } else {
+            struct target_layer *ly = &t->layers[l];
+            if (ly->linear) {
+                PUT(ly->w_lin_in, LIN_IN * C, 0.0f, std);
+                PUT(ly->conv_w, CONV * (size_t)gs.K, 0.0f, std);
+                PUT(ly->a_neg, (size_t)gs.n_v, -0.5f, 0.1f);
+                PUT(ly->dt_bias, (size_t)gs.n_v, 1.0f, 0.1f);
+                PUT(ly->gnorm, (size_t)gs.d_v, 1.0f, 0.1f);
+                PUT(ly->w_lin_out, C * VD, 0.0f, std);
+            } else {
+                PUT(ly->w_qkv, QKV * C, 0.0f, std);
+                PUT(ly->w_o, C * NH * HD, 0.0f, std);
+                PUT(ly->q_norm, HD, 1.0f, 0.1f);
+                PUT(ly->k_norm, HD, 1.0f, 0.1f);
+            }
+            PUT(ly->w_gu, 2 * I * C, 0.0f, std);
+            PUT(ly->w_down, C * I, 0.0f, std);
+            PUT(ly->ln_in, C, 1.0f, 0.1f);
+            PUT(ly->ln_post, C, 1.0f, 0.1f);
+        }
+#undef PUT
+        for (int j = 0; j < n; j++) {
+            key += 0x632BE59BD9B4E019ull;
+            uint64_t rng = key;
+            host_fill(list[j].p, list[j].n, &rng, list[j].mean, list[j].sd);
+        }
+    }
+    return t;
+}
+
 struct target *target_init_random(const struct model_config *cfg, const struct target_options *opt,
                                   uint64_t seed, float std, char *err, int err_len) {
     struct target *t = target_new(cfg, opt, err, err_len);
     if (!t) return NULL;
+    if (is_hybrid(&t->cfg)) return init_random_hybrid(t, seed, std);
     const struct model_config *c = &t->cfg;
     size_t C = (size_t)c->hidden_size, I = (size_t)c->intermediate_size, HD = (size_t)c->head_dim;
     size_t NH = (size_t)c->num_attention_heads, QKV = (size_t)n_qkv(c);
@@ -453,6 +630,24 @@ cudaStream_t target_stream(const struct target *t) { return t->stream; }
 double target_flops(const struct target *t, const int32_t *cu_seqlens, int n_docs) {
     const struct model_config *c = &t->cfg;
     double C = c->hidden_size, I = c->intermediate_size, HD = c->head_dim, NH = c->num_attention_heads;
+    if (is_hybrid(c)) {
+        /* matmuls of each layer kind + full attention pairs + the DeltaNet recurrence (per token and
+         * value head: decay, Sᵀk, rank-1 update, Sᵀq over d_k·d_v: ~8 FLOPs per state entry) */
+        struct gdn_shape gs = gdn_shape_of(c);
+        double T = cu_seqlens[n_docs] - cu_seqlens[0], pairs = 0, total = 0;
+        for (int d = 0; d < n_docs; d++) {
+            double len = cu_seqlens[d + 1] - cu_seqlens[d];
+            pairs += len * (len + 1) / 2;
+        }
+        for (int l = 0; l < c->num_hidden_layers; l++) {
+            if (c->layer_linear[l])
+                total += 2.0 * T * (C * gdn_in_dim(&gs) + (double)gs.n_v * gs.d_v * C + 3.0 * I * C) +
+                         8.0 * T * gs.n_v * gs.d_k * gs.d_v;
+            else
+                total += 2.0 * T * (C * n_qkv(c) + NH * HD * C + 3.0 * I * C) + 4.0 * HD * NH * pairs;
+        }
+        return total;
+    }
     double per_layer = C * n_qkv(c) + NH * HD * C + 3.0 * I * C;
     double T = cu_seqlens[n_docs] - cu_seqlens[0], pairs = 0;
     for (int d = 0; d < n_docs; d++) {
@@ -485,6 +680,14 @@ int target_check_batch(const struct target *t, const struct target_batch *b, cha
             return err_fail(err, err_len, "batch seq %llu: position_ids[%d] = %d is negative", seq, i,
                         (int)b->position_ids[i]);
     }
+    const struct model_config *c = &t->cfg;
+    if (is_hybrid(c) && (c->image_token_id > 0 || c->video_token_id > 0))
+        for (int i = 0; i < T; i++)
+            if (b->input_ids[i] == c->image_token_id || b->input_ids[i] == c->video_token_id)
+                return err_fail(err, err_len, "batch seq %llu: input_ids[%d] = %d is the %s placeholder token (%s); "
+                                "vision inputs are not supported, the target takes text only", seq, i,
+                                (int)b->input_ids[i], b->input_ids[i] == c->image_token_id ? "image" : "video",
+                                b->input_ids[i] == c->image_token_id ? "image_token_id" : "video_token_id");
     return 0;
 }
 
@@ -590,11 +793,65 @@ static int forward_gpu(struct target *t, const struct target_batch *b, bf16 *sta
 #undef CCALL
 #endif
 
+/* Qwen3.5 / 3.6 hybrid (CPU, fp32): see gdn.h for the Gated DeltaNet; the full-attention layer is
+ * Qwen3's with a (1 + w) q/k norm, partial rotary and the output gate att ⊙ sigmoid(gate). */
+static int forward_cpu_hybrid(struct target *t, const struct target_batch *b, float *states, float *last,
+                              char *err, int err_len) {
+    const struct model_config *c = &t->cfg;
+    int T = b->n_tokens, C = c->hidden_size, I = c->intermediate_size, HD = c->head_dim;
+    int NH = c->num_attention_heads, NKV = c->num_key_value_heads, QKV = n_qkv(c), L = c->num_hidden_layers;
+    int R = hf_config_rotary_dim(c);
+    struct gdn_shape gs = gdn_shape_of(c);
+    int LIN_IN = gdn_in_dim(&gs), VD = gs.n_v * gs.d_v, CONV = gdn_conv_dim(&gs);
+    float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)HD);
+    float *x = t->x, *h = t->h, *qkv = t->qkv, *q = t->q, *k = t->k, *v = t->v, *att = t->att;
+    float *gu = t->gu, *act = t->act;
+    size_t plane = (size_t)T * C;
+
+    if (embedding_forward_ref(x, b->input_ids, t->embed, T, C, c->vocab_size))
+        return err_fail(err, err_len, "batch seq %llu: %s", (unsigned long long)b->seq, kernels_error());
+    for (int l = 0; l < L; l++) {
+        struct target_layer *ly = &t->layers[l];
+        rmsnorm_forward_ref(h, NULL, x, ly->ln_in, T, C, eps);
+        if (ly->linear) {
+            gemm_forward_ref(qkv, h, 0, ly->w_lin_in, 1, T, LIN_IN, C, 1.0f, 0.0f);
+            for (int d = 0; d < b->n_docs; d++) {   /* every state restarts at a document boundary */
+                int s0 = b->cu_seqlens[d], len = b->cu_seqlens[d + 1] - s0;
+                if (len > 0)
+                    gdn_forward_doc(t->lin_y + (size_t)s0 * VD, qkv + (size_t)s0 * LIN_IN, LIN_IN, len, &gs, ly->conv_w,
+                                    ly->a_neg, ly->dt_bias, ly->gnorm, eps, t->lin_conv + (size_t)s0 * CONV,
+                                    t->lin_state);
+            }
+            gemm_forward_ref(x, t->lin_y, 0, ly->w_lin_out, 1, T, C, VD, 1.0f, 1.0f);   /* x += y · W_outᵀ */
+        } else {
+            gemm_forward_ref(qkv, h, 0, ly->w_qkv, 1, T, QKV, C, 1.0f, 0.0f);
+            gdn_split_gated_qkv(q, t->gate, k, v, qkv, T, NH, NKV, HD);
+            rmsnorm_forward_ref(q, NULL, q, ly->q_norm, T * NH, HD, eps);
+            rmsnorm_forward_ref(k, NULL, k, ly->k_norm, T * NKV, HD, eps);
+            gdn_rope_partial(q, b->position_ids, t->inv_freq, T, NH, HD, R);
+            gdn_rope_partial(k, b->position_ids, t->inv_freq, T, NKV, HD, R);
+            if (attention_forward_ref(att, NULL, q, k, v, b->cu_seqlens, b->n_docs, T, NH, NKV, HD, scale))
+                return err_fail(err, err_len, "batch seq %llu: %s", (unsigned long long)b->seq, kernels_error());
+            gdn_apply_gate(att, t->gate, (int64_t)T * NH * HD);
+            gemm_forward_ref(x, att, 0, ly->w_o, 1, T, C, NH * HD, 1.0f, 1.0f);      /* x += att · W_oᵀ */
+        }
+        rmsnorm_forward_ref(h, NULL, x, ly->ln_post, T, C, eps);
+        gemm_forward_ref(gu, h, 0, ly->w_gu, 1, T, 2 * I, C, 1.0f, 0.0f);
+        swiglu_forward_ref(act, gu, gu + I, T, I, 2 * I);
+        gemm_forward_ref(x, act, 0, ly->w_down, 1, T, C, I, 1.0f, 1.0f);
+        for (int j = 0; j < t->n_capture; j++)
+            if (t->capture[j] == l) memcpy(states + (size_t)j * plane, x, plane * sizeof(float));
+    }
+    if (last) memcpy(last, x, plane * sizeof(float));
+    return 0;
+}
+
 int target_forward(struct target *t, const struct target_batch *b, void *states, void *last,
                    char *err, int err_len) {
     if (target_check_batch(t, b, err, err_len)) return -1;
 #ifdef DFLASH_CUDA
     if (t->dev >= 0) return forward_gpu(t, b, states, last, err, err_len);
 #endif
+    if (is_hybrid(&t->cfg)) return forward_cpu_hybrid(t, b, states, last, err, err_len);
     return forward_cpu(t, b, states, last, err, err_len);
 }

@@ -1,5 +1,6 @@
 /*
- * stages/model/target.h — the frozen target model (Qwen3ForCausalLM / LlamaForCausalLM): weights
+ * stages/model/target.h — the frozen target model (Qwen3ForCausalLM / LlamaForCausalLM / the Qwen3.5
+ * hybrid on the CPU): weights
  * loaded once, working memory planned once, and the forward over one packed batch with capture
  * of the hidden states the drafter needs (design.md §6-7, dflash-reference.md §3.1).
  *
@@ -12,6 +13,14 @@
  * convention: id i is the output of decoder layer i (Hugging Face hidden_states[i + 1]); `last`
  * is the output of the last decoder layer BEFORE the final norm (HF hidden_states[n] is after
  * the norm, so it is not this). The final norm and the LM head are never computed here.
+ *
+ * Qwen3.5 / Qwen3.6 hybrids (HF_ARCH_QWEN3_5, CPU only; a GPU request is refused with a sentence):
+ * each layer's token mixer is either a Gated DeltaNet (model/gdn.h: causal conv1d + gated delta
+ * rule, its conv window and recurrent state restarted at every document boundary) or a gated full
+ * attention (q_proj rows [query; gate] per head, (1 + w) q/k RMSNorm, RoPE over the first
+ * rotary_dim dims, output ⊙ sigmoid(gate)); every RMSNorm is Qwen3_5RMSNorm (weight 1 + w), the
+ * MLP and the capture convention are Qwen3's. Flat (Qwen3_5ForCausalLM) and multimodal
+ * (Qwen3_5ForConditionalGeneration, weights under model.language_model.) checkpoints load alike.
  *
  * Devices: on the CPU everything is fp32 and the ops are the kernels' plain-C references; on a
  * GPU weights are bf16 (norm weights fp32), activations bf16, accumulation fp32 (cuBLASLt and the
