@@ -52,6 +52,18 @@ typedef struct {
     float eps;      /* verifier_norm eps (1e-6) */
 } lmhead_loss_config;
 
+/* The trainer's modes (issue 16), beside the config so existing callers are unchanged; all-zero (or a NULL
+ * pointer) is the plain semantics above. The device kernels (lmhead_loss.cu) implement only the zero mode. */
+typedef struct {
+    int budget;             /* > 0: the padded length the anchors were drawn against (speculators pads every
+                             * batch to the token budget): anchors may lie anywhere in [0, T) with
+                             * a + B <= max(T, budget); rows whose predicted position is >= T are masked, and
+                             * nothing past T is read */
+    int sample_from_anchor; /* 1: row (b, j) at p = a + j predicts the token at p + 1: target from last[p],
+                             * mask m_s = loss_mask[p + 1] · valid[b] (slot 0 included, p + 1 >= T masked; the
+                             * mask index is inferred, §5), exp-decay w_j = exp(-j/γ) */
+} lmhead_loss_mode;
+
 /* Checks a config (sizes, enums, DPACE needs CE, α in (0,1], γ > 0); 0 or -1 with a sentence. */
 int lmhead_loss_check(const lmhead_loss_config *c, char *err, int err_len);
 
@@ -76,6 +88,29 @@ int lmhead_loss_forward_ref(const lmhead_loss_config *c, const float *xn, const 
                             const int32_t *anchors, const uint8_t *valid, const uint8_t *loss_mask,
                             int round_bf16, float *loss, float *row_loss, float *row_weight,
                             int32_t *correct, int32_t *total, char *err, int err_len);
+/* lmhead_loss_forward_ref / lmhead_loss_backward_ref under a mode (md may be NULL: the zero mode). */
+int lmhead_loss_forward_mode_ref(const lmhead_loss_config *c, const lmhead_loss_mode *md, const float *xn,
+                                 const float *lm_head, const float *vlm_head, const float *vnorm_w, const float *last,
+                                 const int32_t *anchors, const uint8_t *valid, const uint8_t *loss_mask,
+                                 int round_bf16, float *loss, float *row_loss, float *row_weight,
+                                 int32_t *correct, int32_t *total, char *err, int err_len);
+int lmhead_loss_backward_mode_ref(const lmhead_loss_config *c, const lmhead_loss_mode *md, const float *xn,
+                                  const float *lm_head, const float *vlm_head, const float *vnorm_w, const float *last,
+                                  const int32_t *anchors, const uint8_t *valid, const uint8_t *loss_mask,
+                                  int round_bf16, const float *row_weight, float *dxn, char *err, int err_len);
+/* Per-row argmaxes and mask for the metrics and the dumps: pred (R) = argmax z_s for every row, tgt (R) =
+ * argmax t_s where the target row lies in [0, T) (else -1), mask (R) = m_s. Ties go to the first index.
+ * Same inputs and errors as lmhead_loss_forward_mode_ref. Thread-safe; allocates O(V + D). */
+int lmhead_argmax_ref(const lmhead_loss_config *c, const lmhead_loss_mode *md, const float *xn, const float *lm_head, const float *vlm_head,
+                      const float *vnorm_w, const float *last, const int32_t *anchors, const uint8_t *valid,
+                      const uint8_t *loss_mask, int round_bf16, int32_t *pred, int32_t *tgt, uint8_t *mask,
+                      char *err, int err_len);
+/* Accepted-length EAL of speculators 0.9 (§8): over the N blocks of B rows that have at least one row with
+ * mask = 1, the accepted length is the number of leading slots j = first, first + 1, ... with mask = 1 and
+ * pred == tgt, plus 1 (the bonus token); adds the lengths to *sum and the blocks to *count. first is 1, or 0
+ * with sample_from_anchor. Pure. */
+void lmhead_eal_blocks(const uint8_t *mask, const int32_t *pred, const int32_t *tgt, int N, int B, int first,
+                       double *sum, int64_t *count);
 /* Reference backward: dxn (R, D) = dL/dxn, given the forward's row_weight (R). Same inputs. */
 int lmhead_loss_backward_ref(const lmhead_loss_config *c, const float *xn, const float *lm_head,
                              const float *vlm_head, const float *vnorm_w, const float *last,

@@ -84,29 +84,37 @@ int lmhead_prune_ref(const float *full, int V_t, int D, const int64_t *d2t, int 
 
 /* ---------------------------------------------------------------- per-row pieces */
 
-static int lmhead_args(const lmhead_loss_config *c, const int32_t *anchors, char *err, int err_len) {
+static const lmhead_loss_mode lmhead_zero_mode;
+
+static int lmhead_args(const lmhead_loss_config *c, const lmhead_loss_mode *md, const int32_t *anchors, char *err,
+                       int err_len) {
     if (lmhead_loss_check(c, err, err_len)) return -1;
+    int lim = md->budget > c->T ? md->budget : c->T;
     for (int b = 0; b < c->N; b++)
-        if (anchors[b] < 0 || anchors[b] + c->B > c->T) {
-            snprintf(err, err_len, "lmhead_loss: anchors[%d]=%d leaves no room for a block of %d in T=%d", b,
-                     anchors[b], c->B, c->T);
+        if (anchors[b] < 0 || anchors[b] >= c->T || anchors[b] + c->B > lim) {
+            snprintf(err, err_len, "lmhead_loss: anchors[%d]=%d leaves no room for a block of %d in T=%d (budget %d)",
+                     b, anchors[b], c->B, c->T, md->budget);
             return -1;
         }
     return 0;
 }
 
-static int lmhead_mask(const lmhead_loss_config *c, const int32_t *anchors, const uint8_t *valid,
-                       const uint8_t *loss_mask, int s) {
+/* The row's packed position p = a + j; the position whose token it predicts is p (+1 with
+ * sample_from_anchor); rows predicting past T are masked, so nothing past the batch is read. */
+static int lmhead_mask(const lmhead_loss_config *c, const lmhead_loss_mode *md, const int32_t *anchors,
+                       const uint8_t *valid, const uint8_t *loss_mask, int s) {
     int b = s / c->B, j = s % c->B;
-    return j != 0 && valid[b] && loss_mask[anchors[b] + j];
+    int p = anchors[b] + j + (md->sample_from_anchor ? 1 : 0);
+    if (p >= c->T || !valid[b]) return 0;
+    return (md->sample_from_anchor || j != 0) && loss_mask[p];
 }
 
 /* z (V) and t (V) of row s, and the index of the first maximum of t. */
-static int lmhead_row(const lmhead_loss_config *c, const float *xn, const float *lm_head, const float *vlm_head,
+static int lmhead_row(const lmhead_loss_config *c, const lmhead_loss_mode *md, const float *xn, const float *lm_head, const float *vlm_head,
                       const float *vnorm_w, const float *last, const int32_t *anchors, int round_bf16, int s,
                       float *th, float *z, float *t) {
     int b = s / c->B, j = s % c->B, D = c->D;
-    int src = anchors[b] + j - 1;
+    int src = anchors[b] + j - (md->sample_from_anchor ? 0 : 1);
     if (src < 0) src += c->T;
     const float *y = last + (size_t)src * D;
     double ss = 0;
@@ -145,7 +153,25 @@ int lmhead_loss_forward_ref(const lmhead_loss_config *c, const float *xn, const 
                             const int32_t *anchors, const uint8_t *valid, const uint8_t *loss_mask,
                             int round_bf16, float *loss, float *row_loss, float *row_weight,
                             int32_t *correct, int32_t *total, char *err, int err_len) {
-    if (lmhead_args(c, anchors, err, err_len)) return -1;
+    return lmhead_loss_forward_mode_ref(c, NULL, xn, lm_head, vlm_head, vnorm_w, last, anchors, valid, loss_mask,
+                                        round_bf16, loss, row_loss, row_weight, correct, total, err, err_len);
+}
+
+int lmhead_loss_backward_ref(const lmhead_loss_config *c, const float *xn, const float *lm_head,
+                             const float *vlm_head, const float *vnorm_w, const float *last,
+                             const int32_t *anchors, const uint8_t *valid, const uint8_t *loss_mask,
+                             int round_bf16, const float *row_weight, float *dxn, char *err, int err_len) {
+    return lmhead_loss_backward_mode_ref(c, NULL, xn, lm_head, vlm_head, vnorm_w, last, anchors, valid, loss_mask,
+                                         round_bf16, row_weight, dxn, err, err_len);
+}
+
+int lmhead_loss_forward_mode_ref(const lmhead_loss_config *c, const lmhead_loss_mode *md, const float *xn,
+                                 const float *lm_head, const float *vlm_head, const float *vnorm_w, const float *last,
+                                 const int32_t *anchors, const uint8_t *valid, const uint8_t *loss_mask,
+                                 int round_bf16, float *loss, float *row_loss, float *row_weight,
+                                 int32_t *correct, int32_t *total, char *err, int err_len) {
+    if (!md) md = &lmhead_zero_mode;
+    if (lmhead_args(c, md, anchors, err, err_len)) return -1;
     int R = c->N * c->B, V = c->V, B = c->B;
     float *z = malloc(sizeof *z * (size_t)V), *t = malloc(sizeof *t * (size_t)V), *th = malloc(sizeof *th * (size_t)c->D);
     if (!z || !t || !th) {
@@ -157,11 +183,11 @@ int lmhead_loss_forward_ref(const lmhead_loss_config *c, const float *xn, const 
     memset(total, 0, sizeof *total * (size_t)B);
     double msum = 0;
     for (int s = 0; s < R; s++) {
-        int m = lmhead_mask(c, anchors, valid, loss_mask, s);
+        int m = lmhead_mask(c, md, anchors, valid, loss_mask, s);
         row_loss[s] = 0;
         if (!m) continue;
         msum += 1;
-        int tgt = lmhead_row(c, xn, lm_head, vlm_head, vnorm_w, last, anchors, round_bf16, s, th, z, t);
+        int tgt = lmhead_row(c, md, xn, lm_head, vlm_head, vnorm_w, last, anchors, round_bf16, s, th, z, t);
         double lz = lmhead_lse(z, V), l;
         if (c->loss == LMHEAD_LOSS_CE) {
             l = lz - z[tgt];
@@ -186,15 +212,16 @@ int lmhead_loss_forward_ref(const lmhead_loss_config *c, const float *xn, const 
             return -1;
         }
         for (int j = 0; j < B; j++) {
-            int s = b * B + j, m = lmhead_mask(c, anchors, valid, loss_mask, s);
+            int s = b * B + j, m = lmhead_mask(c, md, anchors, valid, loss_mask, s);
             double sj = m ? (1.0 - c->alpha) * exp(-(double)row_loss[s]) + c->alpha : 1.0;
             P *= sj;
             pk[j] = P;
         }
         for (int j = B - 1; j >= 0; j--) {
-            int s = b * B + j, m = lmhead_mask(c, anchors, valid, loss_mask, s);
+            int s = b * B + j, m = lmhead_mask(c, md, anchors, valid, loss_mask, s);
             double w;
             if (c->weighting == LMHEAD_WEIGHT_NONE) w = 1;
+            else if (c->weighting == LMHEAD_WEIGHT_EXP_DECAY && md->sample_from_anchor) w = exp(-(double)j / c->gamma);
             else if (c->weighting == LMHEAD_WEIGHT_EXP_DECAY) w = j == 0 ? 0 : exp(-(double)(j - 1) / c->gamma);
             else {
                 suffix += m ? pk[j] : 0;
@@ -209,11 +236,12 @@ int lmhead_loss_forward_ref(const lmhead_loss_config *c, const float *xn, const 
     return 0;
 }
 
-int lmhead_loss_backward_ref(const lmhead_loss_config *c, const float *xn, const float *lm_head,
-                             const float *vlm_head, const float *vnorm_w, const float *last,
-                             const int32_t *anchors, const uint8_t *valid, const uint8_t *loss_mask,
-                             int round_bf16, const float *row_weight, float *dxn, char *err, int err_len) {
-    if (lmhead_args(c, anchors, err, err_len)) return -1;
+int lmhead_loss_backward_mode_ref(const lmhead_loss_config *c, const lmhead_loss_mode *md, const float *xn,
+                                  const float *lm_head, const float *vlm_head, const float *vnorm_w, const float *last,
+                                  const int32_t *anchors, const uint8_t *valid, const uint8_t *loss_mask,
+                                  int round_bf16, const float *row_weight, float *dxn, char *err, int err_len) {
+    if (!md) md = &lmhead_zero_mode;
+    if (lmhead_args(c, md, anchors, err, err_len)) return -1;
     int R = c->N * c->B, V = c->V, D = c->D;
     float *z = malloc(sizeof *z * (size_t)V), *t = malloc(sizeof *t * (size_t)V), *th = malloc(sizeof *th * (size_t)D);
     double *acc = malloc(sizeof *acc * (size_t)D);
@@ -223,15 +251,15 @@ int lmhead_loss_backward_ref(const lmhead_loss_config *c, const float *xn, const
         return -1;
     }
     double msum = 0;
-    for (int s = 0; s < R; s++) msum += lmhead_mask(c, anchors, valid, loss_mask, s);
+    for (int s = 0; s < R; s++) msum += lmhead_mask(c, md, anchors, valid, loss_mask, s);
     for (int s = 0; s < R; s++) {
         float *dx = dxn + (size_t)s * D;
         double coef = row_weight[s] / (msum + 1e-5);
-        if (!lmhead_mask(c, anchors, valid, loss_mask, s) || coef == 0) {
+        if (!lmhead_mask(c, md, anchors, valid, loss_mask, s) || coef == 0) {
             memset(dx, 0, sizeof *dx * (size_t)D);
             continue;
         }
-        int tgt = lmhead_row(c, xn, lm_head, vlm_head, vnorm_w, last, anchors, round_bf16, s, th, z, t);
+        int tgt = lmhead_row(c, md, xn, lm_head, vlm_head, vnorm_w, last, anchors, round_bf16, s, th, z, t);
         double lz = lmhead_lse(z, V), lt = c->loss == LMHEAD_LOSS_KL ? lmhead_lse(t, V) : 0;
         memset(acc, 0, sizeof *acc * (size_t)D);
         for (int v = 0; v < V; v++) {
@@ -244,4 +272,56 @@ int lmhead_loss_backward_ref(const lmhead_loss_config *c, const float *xn, const
     }
     free(z); free(t); free(th); free(acc);
     return 0;
+}
+
+int lmhead_argmax_ref(const lmhead_loss_config *c, const lmhead_loss_mode *md, const float *xn, const float *lm_head, const float *vlm_head,
+                      const float *vnorm_w, const float *last, const int32_t *anchors, const uint8_t *valid,
+                      const uint8_t *loss_mask, int round_bf16, int32_t *pred, int32_t *tgt, uint8_t *mask,
+                      char *err, int err_len) {
+    if (!md) md = &lmhead_zero_mode;
+    if (lmhead_args(c, md, anchors, err, err_len)) return -1;
+    int R = c->N * c->B, V = c->V, D = c->D;
+    float *z = malloc(sizeof *z * (size_t)V), *t = malloc(sizeof *t * (size_t)V), *th = malloc(sizeof *th * (size_t)D);
+    if (!z || !t || !th) {
+        free(z); free(t); free(th);
+        snprintf(err, err_len, "lmhead_argmax_ref: out of memory");
+        return -1;
+    }
+    for (int s = 0; s < R; s++) {
+        int b = s / c->B, j = s % c->B;
+        int src = anchors[b] + j - (md->sample_from_anchor ? 0 : 1);
+        mask[s] = (uint8_t)lmhead_mask(c, md, anchors, valid, loss_mask, s);
+        if (src < c->T) {
+            tgt[s] = lmhead_row(c, md, xn, lm_head, vlm_head, vnorm_w, last, anchors, round_bf16, s, th, z, t);
+        } else {   /* the draft logits only: the target row lies past the batch */
+            tgt[s] = -1;
+            const float *x = xn + (size_t)s * D;
+            for (int v = 0; v < V; v++) {
+                double dz = 0;
+                for (int e = 0; e < D; e++) dz += (double)x[e] * lm_head[(size_t)v * D + e];
+                z[v] = round_bf16 ? bf16_round((float)dz) : (float)dz;
+            }
+        }
+        int arg = 0;
+        for (int v = 1; v < V; v++) if (z[v] > z[arg]) arg = v;
+        pred[s] = arg;
+    }
+    free(z); free(t); free(th);
+    return 0;
+}
+
+void lmhead_eal_blocks(const uint8_t *mask, const int32_t *pred, const int32_t *tgt, int N, int B, int first,
+                       double *sum, int64_t *count) {
+    for (int b = 0; b < N; b++) {
+        int any = 0, run = 0, open = 1;
+        for (int j = first; j < B; j++) {
+            int s = b * B + j;
+            any |= mask[s] != 0;
+            if (open && mask[s] && pred[s] == tgt[s]) run++;
+            else open = 0;
+        }
+        if (!any) continue;
+        *sum += run + 1;
+        *count += 1;
+    }
 }
