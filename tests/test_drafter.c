@@ -325,7 +325,8 @@ static double dref_loss(const struct dref *r, const struct tbatch *tb, const flo
 /* ---------------------------------------------------------------- forward and gradient vs the double reference */
 
 /* Forward loss vs the double forward, then every parameter group's gradient vs central differences of the
- * double loss. Step h = 1e-4 relative... see the tolerance comment below. */
+ * double loss (h and the tolerance are justified below). D-PACE weights are held at their unperturbed values in
+ * the differences: they are stop-gradient (§7.3). */
 static void check_grad(int loss, int weighting, int non_causal, int sample_from_anchor) {
     struct drafter_config c;
     tiny_config(&c);
@@ -741,6 +742,9 @@ START_TEST(drafter_config_errors) {
     ck_assert_int_eq(drafter_parse_layer_types(&c, "sliding_attention,sliding,full", err, sizeof err), 0);
     ck_assert_int_eq(c.L, 3);
     ck_assert_int_eq(c.layer_type[2], DRAFTER_LAYER_FULL);
+    ck_assert_int_eq(drafter_parse_layer_types(&c, "all-sliding", err, sizeof err), 0);
+    ck_assert_int_eq(c.L, 3);
+    ck_assert_int_eq(c.layer_type[2], DRAFTER_LAYER_SLIDING);
     /* defaults: speculators' */
     drafter_config_defaults(&c);
     ck_assert_int_eq(c.B, 16);
