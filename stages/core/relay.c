@@ -380,9 +380,12 @@ int relay_run(struct relay *r, char *err, int err_len) {
         }
         double b0 = time_mono_s();
         rc = r->cfg.compute(r->cfg.ctx, &it, err, err_len);
+        int finish = rc == RELAY_FINISH && r->in && !r->out;
+        if (finish) rc = RELAY_DONE;
         if (rc < 0 || (rc == RELAY_END && r->in) || (rc != RELAY_DONE && rc != RELAY_DROP && rc != RELAY_END)) {
             if (rc >= 0) err_fail(err, err_len, "relay: compute returned %d (%s)", rc,
-                                  rc == RELAY_END ? "RELAY_END is for sources" : "not a RELAY_* result");
+                                  rc == RELAY_END ? "RELAY_END is for sources" :
+                                  rc == RELAY_FINISH ? "RELAY_FINISH is for sinks" : "not a RELAY_* result");
             give_back(r, it.in ? &is : NULL, it.out ? &os : NULL);
             return -1;
         }
@@ -421,6 +424,11 @@ int relay_run(struct relay *r, char *err, int err_len) {
         }
         log_debug("%s seq %llu: %llu tokens, %.3f s", r->cfg.item_name, (unsigned long long)it.seq,
                   (unsigned long long)it.n_tokens, it.busy_s);
+        if (finish) {
+            log_info("finished before the end of the stream (the stage's own limit): %llu in, busy %.1f s, waiting %.1f s",
+                     (unsigned long long)r->st.items_in, r->st.busy_s, r->st.wait_s);
+            return RELAY_DONE;
+        }
     }
 }
 

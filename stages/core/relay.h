@@ -60,6 +60,8 @@
 #define RELAY_STOPPED 1   /* relay_run: SIGINT/SIGTERM before end of stream */
 #define RELAY_DROP    2   /* compute: skip this item (input released, output slot abandoned, nothing published) */
 #define RELAY_END     3   /* compute/at_end of a source: no more items (output slot abandoned, stream ends) */
+#define RELAY_FINISH  4   /* compute of a sink: this item is consumed (released) and the stage is done before the
+                           * end of the stream (a trainer that reached --max-steps); relay_run returns RELAY_DONE */
 
 #define RELAY_DEFAULT_WAIT_MS     500
 #define RELAY_DEFAULT_SEEN_WINDOW (1u << 20)   /* seqs ahead of next a seen set can hold (128 KiB) */
