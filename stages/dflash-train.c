@@ -515,7 +515,7 @@ int main(int argc, char **argv) {
     }
 
     struct relay_config rc = {
-        .run_dir = o.common.run_dir, .in_ring = o.in_ring, .cuda_device = -1, .attach_wait_ms = o.wait_ms,
+        .run_dir = o.common.run_dir, .in_ring = o.in_ring, .attach_wait_ms = o.wait_ms,
         .heartbeat_s = o.heartbeat_s, .use_bus = 1, .in_order = 1, .dedup = 1, .item_name = "features",
         .ctx = &tr, .compute = compute_train, .heartbeat_kv = train_heartbeat_kv,
     };

@@ -281,7 +281,7 @@ START_TEST(bad_descriptor_names_the_batch) {
     ck_assert_uint_eq(st.published, 2);   /* 0 and 1 went out, the bad one did not */
     ring_close(f);
     ring_close(r);
-    tr_stop_shm(shm);
+    tr_shutdown_shm(run, shm);
 }
 END_TEST
 

@@ -52,7 +52,7 @@ static int count_items(const char *run) {
     if (!d) return 0;
     int n = 0;
     struct dirent *e;
-    while ((e = readdir(d)) != NULL) n += !strncmp(e->d_name, "item-", 5) && strstr(e->d_name, ".rec") && !strstr(e->d_name, "tmp");
+    while ((e = readdir(d)) != NULL) n += !strncmp(e->d_name, "item-", 5) && strstr(e->d_name, ".safetensors") && !strstr(e->d_name, "tmp");
     closedir(d);
     return n;
 }
@@ -128,7 +128,7 @@ static int finish_and_check(const char *run, pid_t demo, const char *what, int e
     int n = count_items(run);
     for (int s = 0; s < n; s++) {
         char item[800];
-        snprintf(item, sizeof item, "%s/record/item-%012d.rec", run, s);
+        snprintf(item, sizeof item, "%s/record/item-%012d.safetensors", run, s);
         ck_assert_msg(access(item, F_OK) == 0, "%s: seq %d missing (LOST) among %d items", what, s, n);
     }
     if (expect_n >= 0) ck_assert_msg(n == expect_n, "%s: %d items recorded, the clean run recorded %d", what, n, expect_n);

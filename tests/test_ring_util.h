@@ -125,9 +125,24 @@ static inline pid_t tr_start_shm(const char *run, const char *spec1, const char 
     return pid;
 }
 
-/* SIGTERM dflash-shm and require a clean exit 0. */
+/* SIGTERM dflash-shm and require a clean exit 0 (every ring drained and empty: a signal then
+ * closes and unlinks them). */
 static inline void tr_stop_shm(pid_t pid) {
     ck_assert_int_eq(kill(pid, SIGTERM), 0);
+    ck_assert_int_eq(tr_wait(pid), 0);
+}
+
+/* End the run explicitly (`dflash-shm --run RUN --shutdown`: close and unlink every ring whatever
+ * they hold) and require exit 0 from both. For tests that stop a stream mid-way, where SIGTERM
+ * would keep the rings for a restart and exit 3. */
+static inline void tr_shutdown_shm(const char *run, pid_t pid) {
+    pid_t c = fork();
+    ck_assert_int_ge(c, 0);
+    if (c == 0) {
+        execl(test_bin("dflash-shm"), "dflash-shm", "--run", run, "--shutdown", (char *)NULL);
+        _exit(127);
+    }
+    ck_assert_int_eq(tr_wait(c), 0);
     ck_assert_int_eq(tr_wait(pid), 0);
 }
 

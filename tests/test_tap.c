@@ -198,7 +198,7 @@ START_TEST(tap_removed_mid_run) {
     ck_assert_uint_eq(ix.n_items, N);
     record_index_free(&ix);
     check_items(out, 0, N - 1, scratch);
-    tr_stop_shm(shm);
+    tr_shutdown_shm(run, shm);
 }
 END_TEST
 

@@ -418,7 +418,7 @@ START_TEST(ring_spec_budget_and_stop) {
     kill(pack, SIGTERM);
     tr_wait(pack);
     ring_close(hidden);
-    tr_stop_shm(e.shm);
+    tr_shutdown_shm(e.run, e.shm);
 }
 END_TEST
 

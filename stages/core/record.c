@@ -6,6 +6,7 @@
  * is trusted.
  */
 #include "core/record.h"
+#include "shm/ring.h"
 #include "core/err.h"
 #include "core/fsutil.h"
 #include "model/safetensors.h"
@@ -643,7 +644,7 @@ int64_t record_scan_dir(const char *dir, struct record_seqs *s, uint64_t *n_bad,
         if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p) continue;
         if (sscanf(e->d_name, "item-%12llu.safetensors.tmp.%d%n", &seq, &pid, &used) == 2 && used == (int)strlen(e->d_name)) {
             /* a temporary of a writer killed mid-write: remove it, unless its writer still runs */
-            if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) unlink(p);
+            if (pid > 0 && !ring_pid_alive(pid, 0)) unlink(p);   /* zombies count as dead */
             continue;
         }
         if (!strcmp(e->d_name, "index.txt")) { unlink(p); continue; }
