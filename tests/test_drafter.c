@@ -741,6 +741,9 @@ START_TEST(drafter_config_errors) {
     ck_assert_int_eq(drafter_parse_layer_types(&c, "sliding_attention,sliding,full", err, sizeof err), 0);
     ck_assert_int_eq(c.L, 3);
     ck_assert_int_eq(c.layer_type[2], DRAFTER_LAYER_FULL);
+    ck_assert_int_eq(drafter_parse_layer_types(&c, "all-sliding", err, sizeof err), 0);
+    ck_assert_int_eq(c.L, 3);
+    ck_assert_int_eq(c.layer_type[2], DRAFTER_LAYER_SLIDING);
     /* defaults: speculators' */
     drafter_config_defaults(&c);
     ck_assert_int_eq(c.B, 16);

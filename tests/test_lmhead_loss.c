@@ -250,6 +250,55 @@ START_TEST(lmhead_vocab_subset) {
 }
 END_TEST
 
+
+/* The trainer's modes (lmhead_loss_mode) on the hand case. Budget: an anchor whose block runs past T is
+ * accepted, its rows past T are masked and nothing past T is read. sample_from_anchor: row p predicts p + 1
+ * from last[p], slot 0 included, exp-decay exp(-j/γ). */
+START_TEST(lmhead_hand_modes) {
+    hand_case h;
+    make_hand(&h, LMHEAD_LOSS_CE, LMHEAD_WEIGHT_EXP_DECAY);
+    char err[256];
+    float L, rl[6], rw[6];
+    int32_t cor[3], tot[3], pred[6], tgt[6];
+    uint8_t m[6];
+    h.anchors[1] = 6;   /* rows at 6, 7, 8: 8 >= T */
+    ck_assert_int_eq(lmhead_loss_forward_ref(&h.c, h.xn, h.head, h.head, h.w, h.last, h.anchors, h.valid, h.mask, 0,
+                                             &L, rl, rw, cor, tot, err, sizeof err), -1);
+    lmhead_loss_mode md = {10, 0};
+    ck_assert_msg(lmhead_loss_forward_mode_ref(&h.c, &md, h.xn, h.head, h.head, h.w, h.last, h.anchors, h.valid,
+                                               h.mask, 0, &L, rl, rw, cor, tot, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(lmhead_argmax_ref(&h.c, &md, h.xn, h.head, h.head, h.w, h.last, h.anchors, h.valid, h.mask, 0, pred,
+                                    tgt, m, err, sizeof err) == 0, "%s", err);
+    /* rows (0,1) (0,2) (1,1) supervised, (1,2) at p = 8 masked; (1,1) at p = 7 targets last[6] = (1, 2) -> 1 */
+    uint8_t want_m[6] = {0, 1, 1, 0, 1, 0};
+    for (int s = 0; s < 6; s++) ck_assert_int_eq(m[s], want_m[s]);
+    ck_assert_int_eq(tgt[4], 1);
+    ck_assert_int_eq(tgt[5], 1);   /* (1,2) reads last[7], still inside the batch */
+    ck_assert_int_eq(pred[4], 1);  /* xn row 4 = (0, 1) */
+    ck_assert_int_eq(tot[1], 2);
+    ck_assert_int_eq(tot[2], 1);
+    ck_assert_float_eq(rw[5], 0.0f);
+    md.budget = 8;   /* = T: 6 + 3 > 8 */
+    ck_assert_int_eq(lmhead_loss_forward_mode_ref(&h.c, &md, h.xn, h.head, h.head, h.w, h.last, h.anchors, h.valid,
+                                                  h.mask, 0, &L, rl, rw, cor, tot, err, sizeof err), -1);
+    /* sample_from_anchor */
+    make_hand(&h, LMHEAD_LOSS_CE, LMHEAD_WEIGHT_EXP_DECAY);
+    lmhead_loss_mode sf = {0, 1};
+    ck_assert_msg(lmhead_loss_forward_mode_ref(&h.c, &sf, h.xn, h.head, h.head, h.w, h.last, h.anchors, h.valid,
+                                               h.mask, 0, &L, rl, rw, cor, tot, err, sizeof err) == 0, "%s", err);
+    /* (0,0): p = 1 predicts token 2 (mask 1) from last[1] = (1, 1): tie -> target 0; z = (9, 9, 0) */
+    ck_assert_double_eq_tol(rl[0], log(2 * exp(9.0) + 1) - 9, 1e-5);
+    ck_assert_double_eq_tol(rw[0], 1.0, 1e-7);
+    ck_assert_double_eq_tol(rw[1], exp(-0.25), 1e-7);
+    ck_assert_int_eq(tot[0], 2);   /* slot 0 of both blocks */
+    /* (1,1): p = 5 predicts token 6, loss_mask[6] = 0 -> masked; (1,2): p = 6 predicts 7 -> supervised */
+    ck_assert_float_eq(rw[4], 0.0f);
+    ck_assert(rw[5] > 0);
+    ck_assert_int_eq(tot[1], 1);
+    ck_assert_int_eq(tot[2], 2);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("lmhead_loss");
     TCase *tc = tcase_create("ref");
@@ -260,6 +309,7 @@ int main(void) {
     tcase_add_test(tc, lmhead_nothing_supervised);
     tcase_add_test(tc, lmhead_backward_matches_finite_differences);
     tcase_add_test(tc, lmhead_vocab_subset);
+    tcase_add_test(tc, lmhead_hand_modes);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

@@ -20,6 +20,18 @@
  * bit-rotted, a file copied half): magic, version, header size, header hash, the file size against
  * the header, every section's bounds, each record, and the checksum.
  *
+ * Resume, as the stage main is meant to use this module (--resume):
+ *   1. ckpt_find_newest_valid(<run>/checkpoints, this run's config JSON, ...): corrupt or truncated
+ *      checkpoints are skipped with a logged line each; another configuration is refused with a
+ *      sentence naming the field (or skipped, if the stage chooses); 0 means start fresh;
+ *   2. build the same ckpt_table as when saving (ckpt_table_add_optim + ckpt_table_add_guard + any
+ *      of the stage's own) and ckpt_load it with the RNG state buffer;
+ *   3. print "resuming from FILE at step S; next sequence number N" on stdout and write
+ *      <run>/state/train.json with ckpt_write_state, so the pipeline can rewind the packer to N;
+ *   4. drop every incoming batch whose sequence number is < N (already applied).
+ * Saving: every N steps and at the end, ckpt_save(<run>/checkpoints, meta, table, keep K), then
+ * ckpt_write_state with the new step and next sequence number.
+ *
  * Functions return 0 (or a count) or -1 with one sentence in err naming the file; none exits.
  * Not thread-safe with respect to one directory (one trainer writes it).
  */

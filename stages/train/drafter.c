@@ -53,6 +53,13 @@ const char *drafter_ids_convention_name(int convention) {
 }
 
 int drafter_parse_layer_types(struct drafter_config *c, const char *list, char *err, int err_len) {
+    if (!strcmp(list, "all-sliding")) {   /* what speculators ships: every layer sliding */
+        if (c->L < 1 || c->L > DRAFTER_MAX_LAYERS)
+            return err_fail(err, err_len, "layer types all-sliding: layer count %d outside [1, %d]", c->L,
+                            DRAFTER_MAX_LAYERS);
+        for (int l = 0; l < c->L; l++) c->layer_type[l] = DRAFTER_LAYER_SLIDING;
+        return 0;
+    }
     int n = 0;
     const char *p = list;
     while (*p) {
@@ -92,6 +99,8 @@ int drafter_config_check(const struct drafter_config *c, char *err, int err_len)
         return err_fail(err, err_len, "drafter: n_h=%d is not a multiple of n_kv=%d", c->n_h, c->n_kv);
     if (c->V_d > c->V_t) return err_fail(err, err_len, "drafter: draft vocabulary %d > target vocabulary %d", c->V_d, c->V_t);
     if (!(c->eps > 0)) return err_fail(err, err_len, "drafter: rms_norm_eps must be > 0, got %g", c->eps);
+    if (!(c->target.rope_theta > 0))
+        return err_fail(err, err_len, "drafter: the target's rope_theta must be > 0, got %g", c->target.rope_theta);
     if (c->B < 2 || c->B > DRAFTER_MAX_B)
         return err_fail(err, err_len, "drafter: block size %d outside [2, %d]", c->B, DRAFTER_MAX_B);
     if (c->L < 1 || c->L > DRAFTER_MAX_LAYERS)
@@ -390,7 +399,6 @@ struct drafter *drafter_init(const struct drafter_config *c, uint64_t seed, char
     }
     struct model_config rc = c->target;
     rc.head_dim = c->d_h;
-    if (!(rc.rope_theta > 0)) rc.rope_theta = 1e4;
     hf_rope_inv_freq(&rc, inv);
     for (int i = 0; i < c->d_h / 2; i++) d->inv_freq[i] = (float)inv[i];
     drafter_init_weights(d, seed);

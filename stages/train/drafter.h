@@ -82,7 +82,7 @@ struct drafter_config {
 /* The speculators defaults of every option (§0 and issue 16); target fields zeroed. */
 void drafter_config_defaults(struct drafter_config *c);
 /* Parse a layer-type list "sliding,sliding,full" ("sliding_attention"/"full_attention" also accepted) into
- * c->layer_type and c->L. A causal full layer cannot be asked for (full layers are always bidirectional in
+ * c->layer_type and c->L; "all-sliding" makes all c->L layers sliding (what speculators ships). A causal full layer cannot be asked for (full layers are always bidirectional in
  * the block). 0/-1 with a sentence. */
 int drafter_parse_layer_types(struct drafter_config *c, const char *list, char *err, int err_len);
 /* Read dir/config.json (stages/model/hfconfig.h) into the target fields, fill the z-lab default layer ids when
@@ -221,7 +221,12 @@ struct drafter_last {
 };
 void drafter_last_step(const struct drafter *d, struct drafter_last *out);
 
-/* ---------------------------------------------------------------- debug dump (issue 16 item 7) */
+/* ---------------------------------------------------------------- config.json and debug dump (issue 16 item 7) */
+
+/* The drafter's config.json as the speculators export writes it (§11a): top-level keys, speculators_config and
+ * transformer_layer_config; aux_hidden_state_layer_ids in the speculators convention. verifier_name goes into
+ * speculators_config.verifier.name_or_path. Returns malloc'ed text (caller frees), NULL when out of memory. */
+char *drafter_config_json_text(const struct drafter_config *c, const char *verifier_name);
 
 /* What the dump records beside the drafter's own state. */
 struct drafter_dump_info {
@@ -234,7 +239,11 @@ struct drafter_dump_info {
  * last drafter_step ran on (call it right after that step, on the first micro-batch of optimizer step N, with
  * the gradients zeroed before it: g then holds this micro-batch's own gradient, before accumulation, all-reduce
  * and clipping; the weights are those before the optimizer step). m is that step's metrics. Creates the
- * directories. Tensor names, shapes and dtypes are listed in drafter_dump.c. 0/-1 with a sentence. */
+ * directories. Tensor names, shapes and dtypes are listed in drafter_dump.c; manifest.json holds the
+ * drafter_config_json_text keys plus total_seq_len (the budget), n_tokens, target_model_type, compute_dtype, loss,
+ * weighting, gamma, alpha, loss_value, grad_norm (of this micro-batch, pre-clip), position_correct /
+ * position_total (length B, by slot), full_acc, eal (+ eal_sum, eal_count), eal_marginal, step, seed,
+ * mask_token, target_layer_ids (+ _convention), noise, max_anchors, n_anchors. 0/-1 with a sentence. */
 int drafter_dump_step(const struct drafter *d, const char *dir, const struct drafter_batch *b,
                       const struct drafter_metrics *m, const struct drafter_dump_info *info, char *err, int err_len);
 
