@@ -2,12 +2,15 @@
  * stages/dflash-record.c — the recorder: a stand-in consumer for any ring (design.md §8
  * "Replace"). It validates every item (descriptor kind, version, offsets, seq; batch arrays;
  * finite hidden states), drops duplicate sequence numbers (counted, as the trainer will do), and
- * either discards each item or writes it to --out DIR as one file per seq (stages/core/record.h:
- * magic/version header + descriptor + payload, written atomically) for a later replayer.
+ * either discards each item or writes it to --out DIR as one safetensors shard per seq in the
+ * recording format of stages/core/record.h (shared with dflash-hspack --record, dflash-tap and
+ * dflash-replay), written atomically, plus index.txt once the recording is complete.
  *
  * Order of effects per item: check, write the file (renamed into place), then release the slot.
  * So a SIGKILL leaves every item either READY upstream (redelivered to the restart) or on disk;
- * the restart scans --out, treats those seqs as seen and drops their redelivered copies. --strict
+ * the restart scans --out, validates every shard (a truncated or corrupt one is renamed *.bad and
+ * recorded again), treats the good seqs as seen and drops their redelivered copies. A stream
+ * with gaps is never marked complete (no index.txt, no DONE, exit 1). --strict
  * takes items in exact seq order (ring_acquire_read_seq), starting at the lowest seq not yet on
  * disk; a seq that never arrives before the end of the stream is a gap and makes the exit code 1.
  *
@@ -134,7 +137,7 @@ int main(int argc, char **argv) {
         STAGE_COMMON_FLAGS(&o.common),
         {"ring", FLAG_STRING, &o.ring, "ring to consume (batches, hidden, features, ...)", 1, 0},
         {"kind", FLAG_STRING, &o.kind, "descriptor kind every item must have: any | batch | hidden | features", 1, 0},
-        {"out", FLAG_STRING, &o.out, "write each item to DIR/item-<seq>.rec (default: check and discard)", 1, 0},
+        {"out", FLAG_STRING, &o.out, "write each item to DIR/item-<seq>.safetensors + DIR/index.txt (default: check and discard)", 1, 0},
         {"strict", FLAG_BOOL, &o.strict, "take items in exact seq order; a missing seq at the end of the stream is an error", 1, 0},
         {"start-seq", FLAG_INT64, &o.start_seq, "--strict: first seq to expect (-1: the lowest seq not yet in --out, else 0)", -1, INT64_MAX},
         {"expect", FLAG_INT64, &o.expect, "stop after N distinct seqs (also counting those already in --out); "
@@ -179,9 +182,12 @@ int main(int argc, char **argv) {
         char done[PATH_MAX];
         if (snprintf(done, sizeof done, "%s/DONE", o.out) >= (int)sizeof done) DIE("--out path too long");
         if (fs_exists(done) && unlink(done) != 0) DIE("unlink(%s): %s", done, strerror(errno));   /* no longer complete */
-        int64_t n = record_scan_dir(o.out, &seqs, err, sizeof err);
+        uint64_t n_bad = 0;
+        int64_t n = record_scan_dir(o.out, &seqs, &n_bad, err, sizeof err);
         if (n < 0) DIE("%s", err);
         c.on_disk = (uint64_t)n;
+        if (n_bad) log_warn("%s: %llu damaged item files (truncated or failing their checksum) renamed to *.bad; "
+                            "they are recorded again from the ring", o.out, (unsigned long long)n_bad);
         if (n) log_info("%s already holds %lld items (seqs %llu..%llu); their redelivered copies will be dropped", o.out,
                         (long long)n, (unsigned long long)seqs.min, (unsigned long long)seqs.max);
     }
@@ -340,6 +346,13 @@ int main(int argc, char **argv) {
                  (unsigned long long)record_seqs_gaps(&seqs), (unsigned long long)seqs.n_out_of_order);
         why = whybuf;
     }
+    if (!why && !stage_stopping() && record_seqs_gaps(&seqs)) {
+        /* issue 14 item 3: a stream with gaps is never complete, in any order mode */
+        snprintf(whybuf, sizeof whybuf, "seq %llu never arrived (%llu gaps between seqs %llu and %llu)",
+                 (unsigned long long)record_seqs_next_missing(&seqs, seqs.min), (unsigned long long)record_seqs_gaps(&seqs),
+                 (unsigned long long)seqs.min, (unsigned long long)seqs.max);
+        why = whybuf;
+    }
     int complete = !why && !stage_stopping() && (ended || reached);
     char line[1024], json[1024];
     summary_text(&c, &seqs, line, sizeof line, json, sizeof json, complete);
@@ -350,6 +363,7 @@ int main(int argc, char **argv) {
         SYS_CHECK(dfd);
         SYS_CHECK(syncfs(dfd));
         close(dfd);
+        if (record_index_write(o.out, err, sizeof err) < 0) DIE("%s", err);   /* the recording's index (record.h) */
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/DONE", o.out);
         LIB_CHECK(fs_write_atomic(path, json, strlen(json), err, sizeof err), err);

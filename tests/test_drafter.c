@@ -325,7 +325,8 @@ static double dref_loss(const struct dref *r, const struct tbatch *tb, const flo
 /* ---------------------------------------------------------------- forward and gradient vs the double reference */
 
 /* Forward loss vs the double forward, then every parameter group's gradient vs central differences of the
- * double loss. Step h = 1e-4 relative... see the tolerance comment below. */
+ * double loss (h and the tolerance are justified below). D-PACE weights are held at their unperturbed values in
+ * the differences: they are stop-gradient (§7.3). */
 static void check_grad(int loss, int weighting, int non_causal, int sample_from_anchor) {
     struct drafter_config c;
     tiny_config(&c);

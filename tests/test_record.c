@@ -18,6 +18,7 @@
 #include "core/desc.h"
 #include "core/record.h"
 #include "shm/ring.h"
+#include "model/safetensors.h"
 #include "test_ring_util.h"
 
 #include <fcntl.h>
@@ -245,15 +246,18 @@ START_TEST(files_roundtrip_and_corruption_refused) {
     size_t dlen = make_hidden(12, g_desc, sizeof g_desc, g_payload, &d);
     uint64_t pb = d.batch.payload_bytes;
     ck_assert_msg(record_write_file(dir, 12, DESC_KIND_HIDDEN, g_desc, (uint32_t)dlen, g_payload, pb, 0, err, sizeof err) == 0, "%s", err);
+    make_hidden(13, g_desc, sizeof g_desc, g_payload, &d);
     ck_assert_msg(record_write_file(dir, 13, DESC_KIND_HIDDEN, g_desc, (uint32_t)dlen, g_payload, pb, 1, err, sizeof err) == 0, "%s", err);
+    make_hidden(12, g_desc, sizeof g_desc, g_payload, &d);
     ck_assert_int_eq(record_path(path, sizeof path, dir, 12), 0);
-    ck_assert_msg(strstr(path, "/item-000000000012.rec") != NULL, "%s", path);
+    ck_assert_msg(strstr(path, "/item-000000000012.safetensors") != NULL, "%s", path);
     struct record_item it;
     ck_assert_msg(record_read_file(path, &it, err, sizeof err) == 0, "%s", err);
     ck_assert_uint_eq(it.h.seq, 12);
     ck_assert_uint_eq(it.h.kind, DESC_KIND_HIDDEN);
     ck_assert_uint_eq(it.h.desc_len, dlen);
     ck_assert_uint_eq(it.h.payload_len, pb);
+    ck_assert_str_eq(it.h.model, "kind=hidden k=2 H=8 dtype=f32 layers=1,3");
     ck_assert_int_eq(memcmp(it.desc, g_desc, dlen), 0);
     ck_assert_int_eq(memcmp(it.payload, g_payload, pb), 0);
     ck_assert_uint_eq((uintptr_t)it.payload % 256, 0);
@@ -262,59 +266,125 @@ START_TEST(files_roundtrip_and_corruption_refused) {
     ck_assert_msg(record_check(it.desc, it.h.desc_len, it.h.seq, it.payload, it.h.payload_len, CAP, DESC_KIND_HIDDEN, 512,
                                &info, err, sizeof err) == 0, "%s", err);
     record_item_free(&it);
+    /* a plain safetensors file: the generic reader sees the tensors by name */
+    struct st_file f;
+    ck_assert_msg(st_open(&f, path, err, sizeof err) == 0, "%s", err);
+    const struct st_tensor *t = st_find(&f, "states");
+    ck_assert(t && t->ndim == 3 && t->shape[0] == K_LAY && t->shape[1] == T_TOK && t->shape[2] == H_DIM);
+    st_close(&f);
 
     /* no temporary is left behind; only the two items are in the directory */
     DIR *dd = opendir(dir);
     struct dirent *e;
     int n = 0;
-    while ((e = readdir(dd)) != NULL) if (e->d_name[0] != '.' || strncmp(e->d_name, ".item", 5) == 0) n++;
+    while ((e = readdir(dd)) != NULL) n += e->d_name[0] != '.';
     closedir(dd);
     ck_assert_int_eq(n, 2);
+    /* the index: complete for 12..13, refused once 15 leaves a gap */
+    ck_assert_int_eq(record_index_write(dir, err, sizeof err), 2);
+    struct record_index ix;
+    ck_assert_msg(record_index_read(dir, &ix, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(ix.n_items, 2);
+    ck_assert_uint_eq(ix.items[0].seq, 12);
+    ck_assert_uint_eq(ix.items[1].payload_bytes, pb);
+    ck_assert_str_eq(ix.model, "kind=hidden k=2 H=8 dtype=f32 layers=1,3");
+    record_index_free(&ix);
 
-    /* corruption: one payload byte flipped, a truncated file, a foreign file, a wrong version */
-    static uint8_t buf[CAP + 4096];
+    /* corruption: one data byte flipped, a truncated file, a foreign file, another model */
+    static uint8_t buf[CAP + 8192];
     size_t len = read_bytes(path, buf, sizeof buf);
     char bad[800];
-    snprintf(bad, sizeof bad, "%s/flipped.rec", dir);
+    snprintf(bad, sizeof bad, "%s/flipped.safetensors", dir);
     buf[len - 5] ^= 1;
     write_bytes(bad, buf, len);
     ck_assert_int_eq(record_read_file(bad, &it, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "payload checksum mismatch") != NULL, "%s", err);
+    ck_assert_msg(strstr(err, "data checksum mismatch") && strstr(err, "batch seq 12"), "%s", err);
     buf[len - 5] ^= 1;
     write_bytes(bad, buf, len - 100);
     ck_assert_int_eq(record_read_file(bad, &it, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "size: the header says") != NULL, "%s", err);
+    ck_assert_msg(strstr(err, "flipped.safetensors") && strstr(err, "truncated"), "%s", err);
     write_bytes(bad, "hello, world, this is not a record file at all; sixty-four bytes or more of it", 70);
     ck_assert_int_eq(record_read_file(bad, &it, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "magic") != NULL, "%s", err);
-    write_bytes(bad, buf, 10);
-    ck_assert_int_eq(record_read_file(bad, &it, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "shorter than the 64-byte record header") != NULL, "%s", err);
+    ck_assert_msg(strstr(err, "flipped.safetensors"), "%s", err);
+    static uint8_t pay[CAP] __attribute__((aligned(256)));
+    uint8_t desc[DESC_MAX_BYTES];
     struct record_header h;
-    memcpy(&h, buf, sizeof h);
-    h.version = 9;
-    memcpy(buf, &h, sizeof h);
-    write_bytes(bad, buf, len);
-    ck_assert_int_eq(record_read_file(bad, &it, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "version: expected 1, found 9") != NULL, "%s", err);
+    ck_assert_int_eq(record_read_into(path, desc, sizeof desc, pay, sizeof pay, "kind=hidden k=2 H=16 dtype=f32 layers=1,3", &h,
+                                      err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "belongs to another model") && strstr(err, "H=16") && strstr(err, "batch seq 12"), "%s", err);
+    ck_assert_int_eq(record_read_into(path, desc, sizeof desc, pay, 100, NULL, &h, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "does not fit"), "%s", err);
     unlink(bad);
 
-    /* scan: the two items count; a temporary of a dead writer is removed, never counted */
-    char tmp[800];
-    snprintf(tmp, sizeof tmp, "%s/.item-000000000014.tmp.%d", dir, 999999999);
-    write_bytes(tmp, buf, 100);
-    struct record_seqs s;
-    record_seqs_init(&s);
-    ck_assert_int_eq(record_scan_dir(dir, &s, err, sizeof err), 2);
-    ck_assert(record_seqs_has(&s, 12) && record_seqs_has(&s, 13) && !record_seqs_has(&s, 14));
-    ck_assert_uint_eq(s.n_dups, 0);
-    ck_assert_int_ne(access(tmp, F_OK), 0);
-    record_seqs_free(&s);
     char missing[800];
     snprintf(missing, sizeof missing, "%s/nope", dir);
+    struct record_seqs s;
+    uint64_t n_bad;
     record_seqs_init(&s);
-    ck_assert_int_eq(record_scan_dir(missing, &s, err, sizeof err), 0);
+    ck_assert_int_eq(record_scan_dir(missing, &s, &n_bad, err, sizeof err), 0);
     record_seqs_free(&s);
+    ck_assert_int_eq(record_index_read(missing, &ix, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "not a complete recording"), "%s", err);
+}
+END_TEST
+
+/* Issue 14 item 4: resume must validate what it counts. A truncated and a garbage item file are
+ * not counted as done (they are renamed *.bad and recorded again); before the fix the scan
+ * trusted file names and counted both. */
+START_TEST(resume_validates_item_files) {
+    const char *dir = test_tmpdir("record-resume");
+    char err[1024], path[700];
+    struct desc_hidden d;
+    for (uint64_t q = 0; q < 3; q++) {
+        size_t dlen = make_hidden(q, g_desc, sizeof g_desc, g_payload, &d);
+        ck_assert_msg(record_write_file(dir, q, DESC_KIND_HIDDEN, g_desc, (uint32_t)dlen, g_payload, d.batch.payload_bytes, 0,
+                                        err, sizeof err) == 0, "%s", err);
+    }
+    static uint8_t buf[CAP + 8192];
+    record_path(path, sizeof path, dir, 1);
+    size_t len = read_bytes(path, buf, sizeof buf);
+    write_bytes(path, buf, len / 2);                              /* truncated */
+    record_path(path, sizeof path, dir, 2);
+    write_bytes(path, "garbage garbage garbage garbage", 31);     /* garbage under a good name */
+    char tmp[800];
+    snprintf(tmp, sizeof tmp, "%s/item-000000000003.safetensors.tmp.%d", dir, 999999999);
+    write_bytes(tmp, buf, 100);                                   /* a dead writer's temporary */
+    struct record_seqs s;
+    uint64_t n_bad = 0;
+    record_seqs_init(&s);
+    ck_assert_int_eq(record_scan_dir(dir, &s, &n_bad, err, sizeof err), 1);
+    ck_assert_uint_eq(n_bad, 2);
+    ck_assert(record_seqs_has(&s, 0) && !record_seqs_has(&s, 1) && !record_seqs_has(&s, 2) && !record_seqs_has(&s, 3));
+    ck_assert_uint_eq(s.n_dups, 0);
+    ck_assert_int_ne(access(tmp, F_OK), 0);
+    snprintf(tmp, sizeof tmp, "%s.bad", path);
+    ck_assert_int_eq(access(tmp, F_OK), 0);
+    record_seqs_free(&s);
+}
+END_TEST
+
+/* Issue 14 item 11: record files are reproducible. The slot's alignment padding carries bytes of
+ * its previous item; the old format wrote them. Two items equal in their arrays but different
+ * in the padding must give byte-identical files. */
+START_TEST(files_are_reproducible) {
+    const char *d1 = test_tmpdir("record-repro1"), *d2 = test_tmpdir("record-repro2");
+    char err[1024], p1[700], p2[700];
+    struct desc_hidden d;
+    size_t dlen = make_hidden(4, g_desc, sizeof g_desc, g_payload, &d);
+    ck_assert_msg(record_write_file(d1, 4, DESC_KIND_HIDDEN, g_desc, (uint32_t)dlen, g_payload, d.batch.payload_bytes, 0,
+                                    err, sizeof err) == 0, "%s", err);
+    /* garbage in every gap between arrays (row_ids of 3 docs end at 24, input_ids start at 256) */
+    ck_assert_uint_gt(d.batch.off_input_ids, N_DOC * 8);
+    memset(g_payload + N_DOC * 8, 0xAB, d.batch.off_input_ids - N_DOC * 8);
+    memset(g_payload + d.off_last + T_TOK * H_DIM * 4, 0xCD, CAP - d.off_last - T_TOK * H_DIM * 4);
+    ck_assert_msg(record_write_file(d2, 4, DESC_KIND_HIDDEN, g_desc, (uint32_t)dlen, g_payload, CAP, 0,
+                                    err, sizeof err) == 0, "%s", err);
+    record_path(p1, sizeof p1, d1, 4);
+    record_path(p2, sizeof p2, d2, 4);
+    static uint8_t b1[CAP + 8192], b2[CAP + 8192];
+    size_t n1 = read_bytes(p1, b1, sizeof b1), n2 = read_bytes(p2, b2, sizeof b2);
+    ck_assert_uint_eq(n1, n2);
+    ck_assert_msg(memcmp(b1, b2, n1) == 0, "two recordings of the same item differ");
 }
 END_TEST
 
@@ -452,6 +522,34 @@ START_TEST(stage_strict_order_gap_and_resume) {
 }
 END_TEST
 
+/* Issue 14 item 3: a recorder must never mark a stream with gaps complete. In arrival order
+ * (no --strict), seqs 0, 1, 3 then the end of the stream: before the fix DONE said complete. */
+START_TEST(stage_gap_is_never_complete) {
+    pid_t shm;
+    const char *run = start_ring(&shm);
+    char err[512], out[800], path[900];
+    snprintf(out, sizeof out, "%s/rec", run);
+    struct ring *r = ring_attach(run, "hidden", RING_PRODUCER, 5000, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    const char *a1[] = {"--out", out, NULL};
+    pid_t rec = spawn_record(run, a1);
+    publish(r, 0, NULL, 0);
+    publish(r, 1, NULL, 0);
+    publish(r, 3, NULL, 0);
+    ck_assert_int_eq(ring_mark_drained(r), 0);
+    ck_assert_int_eq(tr_wait(rec), 1);
+    snprintf(path, sizeof path, "%s/DONE", out);
+    ck_assert_msg(access(path, F_OK) != 0, "a stream with a gap must not write DONE");
+    snprintf(path, sizeof path, "%s/index.txt", out);
+    ck_assert_msg(access(path, F_OK) != 0, "a stream with a gap must not write the index");
+    snprintf(path, sizeof path, "%s/logs/dflash-record.log", run);
+    char *log = slurp(path);
+    ck_assert_msg(log && strstr(log, "seq 2 never arrived"), "log: %s", log ? log : "(none)");
+    ring_close(r);
+    tr_stop_shm(shm);
+}
+END_TEST
+
 START_TEST(stage_rejects_corrupt_descriptor) {
     pid_t shm;
     const char *run = start_ring(&shm);
@@ -509,11 +607,14 @@ int main(void) {
     tcase_add_test(m, corrupt_items_rejected_with_a_sentence);
     tcase_add_test(m, seqs_count_duplicates_gaps_and_order);
     tcase_add_test(m, files_roundtrip_and_corruption_refused);
+    tcase_add_test(m, resume_validates_item_files);
+    tcase_add_test(m, files_are_reproducible);
     suite_add_tcase(s, m);
     TCase *st = tcase_create("stage");
     tcase_set_timeout(st, 60);
     tcase_add_test(st, stage_records_every_item_once);
     tcase_add_test(st, stage_strict_order_gap_and_resume);
+    tcase_add_test(st, stage_gap_is_never_complete);
     tcase_add_test(st, stage_rejects_corrupt_descriptor);
     tcase_add_test(st, stage_bad_flags);
     suite_add_tcase(s, st);

@@ -1,11 +1,14 @@
 /*
  * stages/core/record.c — item validation, seq tracking and the item file format of dflash-record
- * (record.h). Files are written with one writev-style loop straight from the slot's payload (no
- * staging copy: a hidden item of the standard configuration is ~400 MB), renamed into place only
- * when complete.
+ * (record.h). Shards are streamed straight from the slot's payload through the safetensors writer
+ * (no staging copy: a hidden item of the standard configuration is ~400 MB), renamed into place
+ * only when complete; reading validates everything before a byte reaches the caller's buffer
+ * is trusted.
  */
 #include "core/record.h"
 #include "core/err.h"
+#include "core/fsutil.h"
+#include "model/safetensors.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -21,7 +24,6 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-_Static_assert(sizeof(struct record_header) == RECORD_HEADER_BYTES, "record_header must be 64 bytes");
 
 uint64_t record_fnv(const void *p, size_t n) {
     const uint8_t *b = p;
@@ -108,79 +110,287 @@ int record_check(const void *desc, size_t desc_len, uint64_t slot_seq, const voi
     return 0;
 }
 
+/* ---------------------------------------------------------------- items as tensors */
+
+/* Any descriptor, decoded: the batch part plus the state geometry of hidden/features. */
+struct item_view {
+    enum desc_kind kind;
+    struct desc_batch b;          /* offsets into the payload the descriptor describes */
+    struct desc_hidden hd;        /* valid for hidden */
+    struct desc_features fd;      /* valid for features */
+    uint32_t k, H;
+    enum desc_dtype dtype;
+    uint64_t off_states, off_last;
+};
+
+static int view_decode(const void *desc, size_t len, uint64_t cap, struct item_view *v, char *why, int why_len) {
+    memset(v, 0, sizeof *v);
+    if (desc_peek_kind(desc, len, &v->kind, why, why_len)) return -1;
+    if (v->kind == DESC_KIND_BATCH) return desc_batch_decode(desc, len, cap, &v->b, why, why_len);
+    if (v->kind == DESC_KIND_HIDDEN) {
+        if (desc_hidden_decode(desc, len, cap, &v->hd, why, why_len)) return -1;
+        v->b = v->hd.batch; v->k = v->hd.n_layers; v->H = v->hd.hidden_size; v->dtype = v->hd.dtype;
+        v->off_states = v->hd.off_states; v->off_last = v->hd.off_last;
+        return 0;
+    }
+    if (desc_features_decode(desc, len, cap, &v->fd, why, why_len)) return -1;
+    v->b = v->fd.batch; v->k = v->fd.n_layers; v->H = v->fd.hidden_size; v->dtype = v->fd.dtype;
+    v->off_states = v->fd.off_states; v->off_last = v->fd.off_last;
+    return 0;
+}
+
+/* The canonical form of v (offsets of desc_*_layout) encoded into out. */
+static int view_canonical(const struct item_view *v, struct item_view *c, void *out, size_t cap, size_t *len,
+                          char *why, int why_len) {
+    *c = *v;
+    if (v->kind == DESC_KIND_BATCH) {
+        desc_batch_layout(&c->b);
+        return desc_batch_encode(&c->b, out, cap, len, why, why_len);
+    }
+    if (v->kind == DESC_KIND_HIDDEN) {
+        desc_hidden_layout(&c->hd);
+        c->b = c->hd.batch; c->off_states = c->hd.off_states; c->off_last = c->hd.off_last;
+        return desc_hidden_encode(&c->hd, out, cap, len, why, why_len);
+    }
+    desc_features_layout(&c->fd);
+    c->b = c->fd.batch; c->off_states = c->fd.off_states; c->off_last = c->fd.off_last;
+    return desc_features_encode(&c->fd, out, cap, len, why, why_len);
+}
+
+struct item_tensor {
+    const char *name;
+    enum st_dtype dtype;
+    int ndim;
+    int64_t shape[3];
+    uint64_t off, bytes;          /* in the payload of the view */
+};
+
+/* The tensors of an item, in payload order. Returns how many (6 or 8). */
+static int view_tensors(const struct item_view *v, struct item_tensor t[8]) {
+    int64_t T = v->b.n_tokens, D = v->b.n_docs;
+    int n = 0;
+    t[n++] = (struct item_tensor){"row_ids", ST_I64, 1, {D}, v->b.off_row_ids, (uint64_t)D * 8};
+    t[n++] = (struct item_tensor){"input_ids", ST_I32, 1, {T}, v->b.off_input_ids, (uint64_t)T * 4};
+    t[n++] = (struct item_tensor){"loss_mask", ST_BOOL, 1, {T}, v->b.off_loss_mask, (uint64_t)T};
+    t[n++] = (struct item_tensor){"position_ids", ST_I32, 1, {T}, v->b.off_position_ids, (uint64_t)T * 4};
+    t[n++] = (struct item_tensor){"doc_ids", ST_I32, 1, {T}, v->b.off_doc_ids, (uint64_t)T * 4};
+    t[n++] = (struct item_tensor){"cu_seqlens", ST_I32, 1, {D + 1}, v->b.off_cu_seqlens, (uint64_t)(D + 1) * 4};
+    if (v->kind == DESC_KIND_BATCH) return n;
+    enum st_dtype sd = v->dtype == DESC_DTYPE_F32 ? ST_F32 : ST_BF16;
+    uint64_t e = desc_dtype_bytes(v->dtype), k = v->k, H = v->H;
+    if (v->kind == DESC_KIND_FEATURES && v->fd.layout == DESC_LAYOUT_CONCAT)
+        t[n++] = (struct item_tensor){"states", sd, 2, {T, (int64_t)(k * H)}, v->off_states, k * T * H * e};
+    else
+        t[n++] = (struct item_tensor){"states", sd, 3, {(int64_t)k, T, (int64_t)H}, v->off_states, k * T * H * e};
+    t[n++] = (struct item_tensor){"last", sd, 2, {T, (int64_t)H}, v->off_last, (uint64_t)T * H * e};
+    return n;
+}
+
+static void view_model(const struct item_view *v, char *out, size_t out_len) {
+    if (v->kind == DESC_KIND_BATCH) { snprintf(out, out_len, "kind=batch"); return; }
+    const int32_t *layers = v->kind == DESC_KIND_HIDDEN ? v->hd.layers : v->fd.layers;
+    int n = snprintf(out, out_len, "kind=%s k=%u H=%u dtype=%s", desc_kind_name(v->kind), v->k, v->H,
+                     desc_dtype_name(v->dtype));
+    if (v->kind == DESC_KIND_FEATURES && n > 0 && (size_t)n < out_len)
+        n += snprintf(out + n, out_len - (size_t)n, " layout=%s", desc_layout_name(v->fd.layout));
+    for (uint32_t i = 0; i < v->k && n > 0 && (size_t)n < out_len; i++)
+        n += snprintf(out + n, out_len - (size_t)n, "%s%d", i ? "," : " layers=", layers[i]);
+}
+
+int record_model_str(const void *desc, size_t desc_len, char *out, size_t out_len, char *err, int err_len) {
+    struct item_view v;
+    char why[512];
+    if (view_decode(desc, desc_len, 0, &v, why, sizeof why)) return err_fail(err, err_len, "descriptor rejected: %s", why);
+    view_model(&v, out, out_len);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- files */
 
 int record_path(char *out, size_t out_len, const char *dir, uint64_t seq) {
-    int n = snprintf(out, out_len, "%s/item-%012llu.rec", dir, (unsigned long long)seq);
+    int n = snprintf(out, out_len, "%s/item-%012llu.safetensors", dir, (unsigned long long)seq);
     return n < 0 || (size_t)n >= out_len ? -1 : 0;
 }
 
-/* write() all of iov, resuming after short writes (EINTR retried: a signal must not lose bytes). */
-static int write_all(int fd, struct iovec *iov, int n, char *err, int err_len, const char *path) {
-    while (n > 0) {
-        ssize_t w = writev(fd, iov, n > IOV_MAX ? IOV_MAX : n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return err_fail(err, err_len, "writev(%s) failed: %s", path, strerror(errno));
+static uint64_t fnv_step(uint64_t h, const void *p, size_t n) {
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+#define FNV_INIT 1469598103934665603ull
+
+static void hex_encode(const void *p, size_t n, char *out) {
+    static const char d[] = "0123456789abcdef";
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) { out[2 * i] = d[b[i] >> 4]; out[2 * i + 1] = d[b[i] & 15]; }
+    out[2 * n] = 0;
+}
+
+static int hex_decode(const char *s, uint8_t *out, size_t cap, size_t *n) {
+    size_t len = strlen(s);
+    if (len % 2 || len / 2 > cap) return -1;
+    for (size_t i = 0; i < len / 2; i++) {
+        int v = 0;
+        for (int j = 0; j < 2; j++) {
+            char c = s[2 * i + j];
+            int x = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+            if (x < 0) return -1;
+            v = v * 16 + x;
         }
-        size_t left = (size_t)w;
-        while (n > 0 && left >= iov->iov_len) { left -= iov->iov_len; iov++; n--; }
-        if (n > 0) { iov->iov_base = (char *)iov->iov_base + left; iov->iov_len -= left; }
+        out[i] = (uint8_t)v;
     }
+    *n = len / 2;
     return 0;
 }
 
 int record_write_file(const char *dir, uint64_t seq, enum desc_kind kind, const void *desc, uint32_t desc_len,
                       const void *payload, uint64_t payload_len, int durable, char *err, int err_len) {
-    char path[PATH_MAX], tmp[PATH_MAX];
-    if (record_path(path, sizeof path, dir, seq) ||
-        snprintf(tmp, sizeof tmp, "%s/.item-%012llu.tmp.%d", dir, (unsigned long long)seq, (int)getpid()) >= (int)sizeof tmp)
-        return err_fail(err, err_len, "record directory path too long: %s", dir);
-    struct record_header h;
-    memset(&h, 0, sizeof h);
-    memcpy(h.magic, RECORD_MAGIC, 8);
-    h.version = RECORD_VERSION;
-    h.kind = (uint32_t)kind;
-    h.seq = seq;
-    h.desc_len = desc_len;
-    h.header_bytes = RECORD_HEADER_BYTES;
-    h.payload_len = payload_len;
-    h.desc_fnv = record_fnv(desc, desc_len);
-    h.payload_fnv = record_fnv(payload, payload_len);
-    if (payload_len > 64ull << 30)
-        return err_fail(err, err_len, "item seq %llu of %llu payload bytes is too large to record (64 GiB at most)",
-                    (unsigned long long)seq, (unsigned long long)payload_len);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return err_fail(err, err_len, "open(%s) failed: %s", tmp, strerror(errno));
-    /* Split the payload into <= 1 GiB pieces: one write() moves at most ~2 GiB. */
-    struct iovec iov[2 + 64];
-    int n = 0;
-    iov[n++] = (struct iovec){&h, sizeof h};
-    iov[n++] = (struct iovec){(void *)desc, desc_len};
-    for (uint64_t off = 0; off < payload_len && n < (int)(sizeof iov / sizeof iov[0]); off += 1ull << 30) {
-        uint64_t len = payload_len - off < (1ull << 30) ? payload_len - off : 1ull << 30;
-        iov[n++] = (struct iovec){(char *)payload + off, (size_t)len};
+    (void)durable;
+    char path[PATH_MAX], why[768];
+    if (record_path(path, sizeof path, dir, seq)) return err_fail(err, err_len, "record directory path too long: %s", dir);
+    struct item_view v, c;
+    if (view_decode(desc, desc_len, 0, &v, why, sizeof why))
+        return err_fail(err, err_len, "seq %llu: descriptor rejected: %s", (unsigned long long)seq, why);
+    if (v.kind != kind)
+        return err_fail(err, err_len, "seq %llu: kind: expected '%s', the descriptor says '%s'", (unsigned long long)seq,
+                        desc_kind_name(kind), desc_kind_name(v.kind));
+    if (v.b.payload_bytes > payload_len)
+        return err_fail(err, err_len, "seq %llu: the descriptor describes %llu payload bytes, %llu given",
+                        (unsigned long long)seq, (unsigned long long)v.b.payload_bytes, (unsigned long long)payload_len);
+    uint8_t cdesc[DESC_MAX_BYTES];
+    size_t clen;
+    if (view_canonical(&v, &c, cdesc, sizeof cdesc, &clen, why, sizeof why))
+        return err_fail(err, err_len, "seq %llu: descriptor rejected: %s", (unsigned long long)seq, why);
+    struct item_tensor t[8];
+    int nt = view_tensors(&v, t);
+    char hex[2 * DESC_MAX_BYTES + 1], model[RECORD_MODEL_MAX], seqs[32], kinds[16];
+    hex_encode(cdesc, clen, hex);
+    view_model(&v, model, sizeof model);
+    snprintf(seqs, sizeof seqs, "%llu", (unsigned long long)seq);
+    snprintf(kinds, sizeof kinds, "%s", desc_kind_name(kind));
+    /* The data checksum goes into the header, which precedes the data: hash first, in the
+     * writer's layout order (element size, largest first, declaration order within a size). */
+    uint64_t h = FNV_INIT;
+    for (size_t sz = 8; sz >= 1; sz /= 2)
+        for (int i = 0; i < nt; i++)
+            if (st_dtype_size(t[i].dtype) == sz) h = fnv_step(h, (const char *)payload + t[i].off, t[i].bytes);
+    char fnvs[20];
+    snprintf(fnvs, sizeof fnvs, "%016llx", (unsigned long long)h);
+    struct st_writer *w = st_writer_create(path, why, sizeof why);
+    if (!w) return err_fail(err, err_len, "seq %llu: %s", (unsigned long long)seq, why);
+    int rc = st_writer_metadata(w, "dflash.format", RECORD_FORMAT, why, sizeof why) ||
+             st_writer_metadata(w, "dflash.version", "2", why, sizeof why) ||
+             st_writer_metadata(w, "dflash.kind", kinds, why, sizeof why) ||
+             st_writer_metadata(w, "dflash.seq", seqs, why, sizeof why) ||
+             st_writer_metadata(w, "dflash.model", model, why, sizeof why) ||
+             st_writer_metadata(w, "dflash.desc", hex, why, sizeof why) ||
+             st_writer_metadata(w, "dflash.data_fnv", fnvs, why, sizeof why);
+    for (int i = 0; i < nt && !rc; i++) rc = st_writer_add(w, t[i].name, t[i].dtype, t[i].ndim, t[i].shape, why, sizeof why);
+    if (!rc) rc = st_writer_begin(w, why, sizeof why);
+    for (int k = 0; k < st_writer_count(w) && !rc; k++) {
+        const char *name;
+        size_t nb;
+        st_writer_order(w, k, &name, &nb);
+        for (int i = 0; i < nt; i++)
+            if (!strcmp(t[i].name, name)) {
+                /* <= 1 GiB per call: one write() moves at most ~2 GiB */
+                for (uint64_t off = 0; off < t[i].bytes && !rc; off += 1ull << 30) {
+                    uint64_t len = t[i].bytes - off < (1ull << 30) ? t[i].bytes - off : 1ull << 30;
+                    rc = st_writer_write(w, (const char *)payload + t[i].off + off, (size_t)len, why, sizeof why);
+                }
+            }
     }
-    if (write_all(fd, iov, n, err, err_len, tmp) || (durable && fsync(fd) != 0 &&
-                                                     err_fail(err, err_len, "fsync(%s) failed: %s", tmp, strerror(errno)))) {
-        close(fd);
-        unlink(tmp);
-        return -1;
-    }
-    if (close(fd) != 0) { unlink(tmp); return err_fail(err, err_len, "close(%s) failed: %s", tmp, strerror(errno)); }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return err_fail(err, err_len, "rename(%s, %s) failed: %s", tmp, path, strerror(e));
-    }
-    if (durable) {
-        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd < 0) return err_fail(err, err_len, "open(%s) failed: %s", dir, strerror(errno));
-        int rc = fsync(dfd);
-        close(dfd);
-        if (rc != 0) return err_fail(err, err_len, "fsync(%s) failed: %s", dir, strerror(errno));
-    }
+    if (!rc) rc = st_writer_finish(w, why, sizeof why);
+    st_writer_free(w);
+    if (rc) return err_fail(err, err_len, "seq %llu: %s", (unsigned long long)seq, why);
     return 0;
+}
+
+int record_read_into(const char *path, void *desc, uint32_t desc_cap, void *payload, uint64_t payload_cap,
+                     const char *want_model, struct record_header *h, char *err, int err_len) {
+    struct st_file f;
+    char why[768];
+    memset(h, 0, sizeof *h);
+    if (st_open(&f, path, why, sizeof why)) return err_fail(err, err_len, "%s (truncated or not a safetensors file?)", why);
+    int rc = -1;
+    const char *fmt = st_metadata(&f, "dflash.format"), *ver = st_metadata(&f, "dflash.version"),
+               *kind = st_metadata(&f, "dflash.kind"), *seqs = st_metadata(&f, "dflash.seq"),
+               *model = st_metadata(&f, "dflash.model"), *hex = st_metadata(&f, "dflash.desc"),
+               *fnvs = st_metadata(&f, "dflash.data_fnv");
+    if (!fmt || strcmp(fmt, RECORD_FORMAT)) { err_fail(err, err_len, "%s: dflash.format: expected '%s', found '%s'", path, RECORD_FORMAT, fmt ? fmt : "(none)"); goto out; }
+    if (!ver || strcmp(ver, "2")) { err_fail(err, err_len, "%s: dflash.version: expected 2, found '%s'", path, ver ? ver : "(none)"); goto out; }
+    if (!kind || !seqs || !model || !hex || !fnvs) { err_fail(err, err_len, "%s: metadata: expected dflash.kind, .seq, .model, .desc and .data_fnv, some are missing", path); goto out; }
+    size_t dlen;
+    if (hex_decode(hex, desc, desc_cap, &dlen)) { err_fail(err, err_len, "%s: dflash.desc: expected hex of at most %u bytes", path, desc_cap); goto out; }
+    struct item_view v, c;
+    if (view_decode(desc, dlen, 0, &v, why, sizeof why)) { err_fail(err, err_len, "%s: descriptor rejected: %s", path, why); goto out; }
+    char m[RECORD_MODEL_MAX], seqbuf[32];
+    view_model(&v, m, sizeof m);
+    snprintf(seqbuf, sizeof seqbuf, "%llu", (unsigned long long)v.b.seq);
+    if (strcmp(kind, desc_kind_name(v.kind)) || strcmp(seqs, seqbuf) || strcmp(model, m)) {
+        err_fail(err, err_len, "%s: metadata (kind %s, seq %s, model '%s') disagrees with the descriptor (kind %s, seq %s, model '%s')",
+                 path, kind, seqs, model, desc_kind_name(v.kind), seqbuf, m);
+        goto out;
+    }
+    if (want_model && strcmp(want_model, m)) {
+        err_fail(err, err_len, "%s (batch seq %s): belongs to another model: expected '%s', found '%s'", path, seqs, want_model, m);
+        goto out;
+    }
+    uint8_t cdesc[DESC_MAX_BYTES];
+    size_t clen;
+    if (view_canonical(&v, &c, cdesc, sizeof cdesc, &clen, why, sizeof why) || clen != dlen || memcmp(cdesc, desc, dlen)) {
+        err_fail(err, err_len, "%s: descriptor is not in canonical layout", path);
+        goto out;
+    }
+    if (v.b.payload_bytes > payload_cap) {
+        err_fail(err, err_len, "%s (batch seq %s): payload of %llu bytes does not fit the %llu-byte buffer (ring slot too small)",
+                 path, seqs, (unsigned long long)v.b.payload_bytes, (unsigned long long)payload_cap);
+        goto out;
+    }
+    struct item_tensor t[8];
+    int nt = view_tensors(&v, t);
+    if (f.n_tensors != nt) { err_fail(err, err_len, "%s: expected %d tensors for a %s item, found %d", path, nt, kind, f.n_tensors); goto out; }
+    for (int i = 0; i < nt; i++) {
+        const struct st_tensor *x = st_find(&f, t[i].name);
+        int same = x && x->dtype == t[i].dtype && x->ndim == t[i].ndim;
+        for (int d = 0; same && d < t[i].ndim; d++) same = x->shape[d] == t[i].shape[d];
+        if (!same) {
+            char sh[64];
+            err_fail(err, err_len, "%s: tensor '%s': expected %s %s from the descriptor, found %s", path, t[i].name,
+                     st_dtype_name(t[i].dtype), st_shape_str(sh, sizeof sh, t[i].ndim, t[i].shape),
+                     x ? st_dtype_name(x->dtype) : "nothing");
+            goto out;
+        }
+    }
+    uint64_t data0 = 8 + f.header_bytes;
+    uint64_t hsum = fnv_step(FNV_INIT, (const char *)f.map + data0, f.file_bytes - data0);
+    char got[20];
+    snprintf(got, sizeof got, "%016llx", (unsigned long long)hsum);
+    if (strcmp(got, fnvs)) { err_fail(err, err_len, "%s (batch seq %s): data checksum mismatch: expected %s, found %s (file corrupt)", path, seqs, fnvs, got); goto out; }
+    /* canonical payload: each array at its canonical offset, the gaps between them zeroed */
+    uint64_t pos = 0;
+    struct item_tensor ct[8];
+    view_tensors(&c, ct);
+    for (int i = 0; i < nt; i++) {
+        const struct st_tensor *x = st_find(&f, ct[i].name);
+        if (ct[i].off > pos) memset((char *)payload + pos, 0, ct[i].off - pos);
+        memcpy((char *)payload + ct[i].off, x->data, ct[i].bytes);
+        pos = ct[i].off + ct[i].bytes;
+    }
+    if (c.b.payload_bytes > pos) memset((char *)payload + pos, 0, c.b.payload_bytes - pos);
+    if (desc_batch_check_payload(&c.b, payload, 0, why, sizeof why)) { err_fail(err, err_len, "%s: batch arrays rejected: %s", path, why); goto out; }
+    h->version = RECORD_VERSION;
+    h->kind = (uint32_t)v.kind;
+    h->seq = v.b.seq;
+    h->desc_len = (uint32_t)dlen;
+    h->payload_len = c.b.payload_bytes;
+    h->n_tokens = v.b.n_tokens;
+    h->data_fnv = hsum;
+    snprintf(h->model, sizeof h->model, "%s", m);
+    rc = 0;
+out:
+    st_close(&f);
+    return rc;
 }
 
 void record_item_free(struct record_item *it) {
@@ -191,58 +401,166 @@ void record_item_free(struct record_item *it) {
 
 int record_read_file(const char *path, struct record_item *it, char *err, int err_len) {
     memset(it, 0, sizeof *it);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return err_fail(err, err_len, "open(%s) failed: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) { close(fd); return err_fail(err, err_len, "fstat(%s) failed: %s", path, strerror(errno)); }
-    uint64_t size = (uint64_t)sb.st_size;
-    struct record_header h;
-    int rc = -1;
-    char *block = NULL;
-    if (size < sizeof h) {
-        err_fail(err, err_len, "%s: %llu bytes, shorter than the %u-byte record header", path, (unsigned long long)size,
-             RECORD_HEADER_BYTES);
-        goto out;
+    /* The payload size is in the descriptor: a first pass reads the header only. */
+    struct st_file f;
+    char why[768];
+    if (st_open(&f, path, why, sizeof why)) return err_fail(err, err_len, "%s (truncated or not a safetensors file?)", why);
+    uint64_t cap = f.file_bytes + 16 * DESC_ALIGN;   /* canonical payload <= data + 8 alignment gaps */
+    st_close(&f);
+    char *block = aligned_alloc(DESC_ALIGN, DESC_MAX_BYTES + (cap + DESC_ALIGN - 1) / DESC_ALIGN * DESC_ALIGN);
+    if (!block) return err_fail(err, err_len, "%s: out of memory for %llu bytes", path, (unsigned long long)cap);
+    if (record_read_into(path, block, DESC_MAX_BYTES, block + DESC_MAX_BYTES, cap, NULL, &it->h, err, err_len)) {
+        free(block);
+        return -1;
     }
-    if (pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h) { err_fail(err, err_len, "pread(%s) failed: %s", path, strerror(errno)); goto out; }
-    if (memcmp(h.magic, RECORD_MAGIC, 8)) { err_fail(err, err_len, "%s: magic: expected \"DFRECRD\\n\", found other bytes (not a dflash-record item file)", path); goto out; }
-    if (h.version != RECORD_VERSION) { err_fail(err, err_len, "%s: version: expected %u, found %u", path, RECORD_VERSION, h.version); goto out; }
-    if (h.header_bytes != RECORD_HEADER_BYTES) { err_fail(err, err_len, "%s: header size: expected %u, found %u", path, RECORD_HEADER_BYTES, h.header_bytes); goto out; }
-    if (h.kind < DESC_KIND_BATCH || h.kind > DESC_KIND_FEATURES) { err_fail(err, err_len, "%s: kind: expected 1 (batch), 2 (hidden) or 3 (features), found %u", path, h.kind); goto out; }
-    if (h.desc_len == 0 || h.desc_len > DESC_MAX_BYTES || h.payload_len > size ||
-        (uint64_t)sizeof h + h.desc_len + h.payload_len != size) {
-        err_fail(err, err_len, "%s: size: the header says %u + %u + %llu bytes, the file has %llu", path, RECORD_HEADER_BYTES,
-             h.desc_len, (unsigned long long)h.payload_len, (unsigned long long)size);
-        goto out;
-    }
-    uint64_t desc_room = (h.desc_len + DESC_ALIGN - 1) / DESC_ALIGN * DESC_ALIGN;
-    block = aligned_alloc(DESC_ALIGN, desc_room + (h.payload_len + DESC_ALIGN - 1) / DESC_ALIGN * DESC_ALIGN + DESC_ALIGN);
-    if (!block) { err_fail(err, err_len, "%s: out of memory for %llu bytes", path, (unsigned long long)h.payload_len); goto out; }
-    char *desc = block, *payload = block + desc_room;
-    for (uint64_t done = 0, total = h.desc_len + h.payload_len; done < total;) {
-        char *dst = done < h.desc_len ? desc + done : payload + (done - h.desc_len);
-        uint64_t want = done < h.desc_len ? h.desc_len - done : total - done;
-        if (want > (1u << 30)) want = 1u << 30;
-        ssize_t r = pread(fd, dst, (size_t)want, (off_t)(sizeof h + done));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) { err_fail(err, err_len, "pread(%s) failed: %s", path, r < 0 ? strerror(errno) : "unexpected end of file"); goto out; }
-        done += (uint64_t)r;
-    }
-    if (record_fnv(desc, h.desc_len) != h.desc_fnv) { err_fail(err, err_len, "%s: descriptor checksum mismatch (file corrupt)", path); goto out; }
-    if (record_fnv(payload, h.payload_len) != h.payload_fnv) { err_fail(err, err_len, "%s: payload checksum mismatch (file corrupt)", path); goto out; }
-    enum desc_kind k;
-    char why[512];
-    if (desc_peek_kind(desc, h.desc_len, &k, why, sizeof why)) { err_fail(err, err_len, "%s: %s", path, why); goto out; }
-    if ((uint32_t)k != h.kind) { err_fail(err, err_len, "%s: header kind %u but the descriptor's kind is '%s'", path, h.kind, desc_kind_name(k)); goto out; }
-    it->h = h;
-    it->desc = desc;
-    it->payload = payload;
+    it->desc = block;
+    it->payload = block + DESC_MAX_BYTES;
     it->block_ = block;
-    block = NULL;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- index */
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Seqs of the item files in dir (sorted), or -1. */
+static int64_t list_items(const char *dir, uint64_t **out, char *err, int err_len) {
+    *out = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return err_fail(err, err_len, "opendir(%s) failed: %s", dir, strerror(errno));
+    uint64_t *v = NULL;
+    int64_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        unsigned long long seq;
+        int used = 0;
+        if (sscanf(e->d_name, "item-%12llu.safetensors%n", &seq, &used) != 1 || used != (int)strlen(e->d_name)) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 256;
+            uint64_t *nv = realloc(v, (size_t)cap * sizeof *nv);
+            if (!nv) { free(v); closedir(d); return err_fail(err, err_len, "out of memory listing %s", dir); }
+            v = nv;
+        }
+        v[n++] = seq;
+    }
+    closedir(d);
+    if (n) qsort(v, (size_t)n, sizeof *v, cmp_u64);
+    *out = v;
+    return n;
+}
+
+int64_t record_index_write(const char *dir, char *err, int err_len) {
+    uint64_t *seqs;
+    int64_t n = list_items(dir, &seqs, err, err_len);
+    if (n < 0) return -1;
+    size_t cap = 4096 + (size_t)n * 96, len = 0;
+    char *text = malloc(cap), model[RECORD_MODEL_MAX] = "", path[PATH_MAX], why[768];
+    if (!text) { free(seqs); return err_fail(err, err_len, "out of memory for the index of %s", dir); }
+    int64_t rc = -1;
+    for (int64_t i = 0; i < n; i++) {
+        if (i && seqs[i] != seqs[i - 1] + 1) {
+            err_fail(err, err_len, "%s: seq %llu is missing (items %llu..%llu on disk): a recording with gaps is not complete",
+                     dir, (unsigned long long)(seqs[i - 1] + 1), (unsigned long long)seqs[0], (unsigned long long)seqs[n - 1]);
+            goto out;
+        }
+        record_path(path, sizeof path, dir, seqs[i]);
+        struct st_file f;
+        if (st_open(&f, path, why, sizeof why)) { err_fail(err, err_len, "%s", why); goto out; }
+        const char *m = st_metadata(&f, "dflash.model"), *hex = st_metadata(&f, "dflash.desc"), *fnvs = st_metadata(&f, "dflash.data_fnv");
+        uint8_t d[DESC_MAX_BYTES];
+        size_t dl;
+        struct item_view v;
+        int bad = !m || !hex || !fnvs || hex_decode(hex, d, sizeof d, &dl) || view_decode(d, dl, 0, &v, why, sizeof why);
+        if (!bad && !i) snprintf(model, sizeof model, "%s", m);
+        if (bad || strcmp(model, m)) {
+            err_fail(err, err_len, "%s: %s", path, bad ? "not a dflash-rec item (metadata or descriptor unreadable)" : "belongs to another model than the first item");
+            st_close(&f);
+            goto out;
+        }
+        if (!i) len += (size_t)snprintf(text + len, cap - len, "%s %u\nmodel %s\n", RECORD_FORMAT, RECORD_VERSION, model);
+        len += (size_t)snprintf(text + len, cap - len, "item %llu item-%012llu.safetensors %u %llu %s\n",
+                                (unsigned long long)seqs[i], (unsigned long long)seqs[i], v.b.n_tokens,
+                                (unsigned long long)v.b.payload_bytes, fnvs);
+        st_close(&f);
+    }
+    if (!n) len += (size_t)snprintf(text + len, cap - len, "%s %u\nmodel none\n", RECORD_FORMAT, RECORD_VERSION);
+    len += (size_t)snprintf(text + len, cap - len, "end %lld\n", (long long)n);
+    if (snprintf(path, sizeof path, "%s/index.txt", dir) >= (int)sizeof path) { err_fail(err, err_len, "path too long: %s", dir); goto out; }
+    if (fs_write_atomic(path, text, len, err, err_len)) goto out;
+    rc = n;
+out:
+    free(text);
+    free(seqs);
+    return rc;
+}
+
+void record_index_free(struct record_index *ix) {
+    if (!ix) return;
+    free(ix->items);
+    memset(ix, 0, sizeof *ix);
+}
+
+int record_index_read(const char *dir, struct record_index *ix, char *err, int err_len) {
+    memset(ix, 0, sizeof *ix);
+    char path[PATH_MAX], why[512];
+    if (snprintf(path, sizeof path, "%s/index.txt", dir) >= (int)sizeof path) return err_fail(err, err_len, "path too long: %s", dir);
+    if (!fs_exists(path)) return err_fail(err, err_len, "%s: no index.txt: not a complete recording (the recorder did not finish, or the stream had gaps)", dir);
+    char *text;
+    size_t len;
+    if (fs_read_file(path, &text, &len, why, sizeof why)) return err_fail(err, err_len, "%s", why);
+    int rc = -1, line_no = 0, ended = 0;
+    uint64_t cap = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        line_no++;
+        unsigned long long seq, bytes, n;
+        unsigned tokens, ver;
+        char file[64], fnvs[32];
+        int used = 0;
+        if (line_no == 1) {
+            if (sscanf(line, "dflash-rec %u%n", &ver, &used) != 1 || line[used] || ver != RECORD_VERSION) {
+                err_fail(err, err_len, "%s:1: expected 'dflash-rec %u', found '%.60s'", path, RECORD_VERSION, line);
+                goto out;
+            }
+        } else if (line_no == 2) {
+            if (strncmp(line, "model ", 6)) { err_fail(err, err_len, "%s:2: expected 'model ...', found '%.60s'", path, line); goto out; }
+            snprintf(ix->model, sizeof ix->model, "%s", line + 6);
+        } else if (!strncmp(line, "item ", 5)) {
+            if (ended || sscanf(line, "item %llu %63s %u %llu %31s%n", &seq, file, &tokens, &bytes, fnvs, &used) != 5 ||
+                line[used] || strlen(fnvs) != 16 || (ix->n_items && seq != ix->items[ix->n_items - 1].seq + 1)) {
+                err_fail(err, err_len, "%s:%d: expected 'item <seq> <file> <tokens> <bytes> <fnv>' with seqs consecutive, found '%.80s'",
+                         path, line_no, line);
+                goto out;
+            }
+            if (ix->n_items == cap) {
+                cap = cap ? 2 * cap : 256;
+                struct record_index_entry *ne = realloc(ix->items, cap * sizeof *ne);
+                if (!ne) { err_fail(err, err_len, "%s: out of memory", path); goto out; }
+                ix->items = ne;
+            }
+            struct record_index_entry *e = &ix->items[ix->n_items++];
+            e->seq = seq;
+            e->n_tokens = tokens;
+            e->payload_bytes = bytes;
+            e->data_fnv = strtoull(fnvs, NULL, 16);
+            if (bytes > ix->max_payload_bytes) ix->max_payload_bytes = bytes;
+            if (tokens > ix->max_tokens) ix->max_tokens = tokens;
+        } else if (sscanf(line, "end %llu%n", &n, &used) == 1 && !line[used]) {
+            if (n != ix->n_items) { err_fail(err, err_len, "%s:%d: 'end %llu' but %llu items listed", path, line_no, n, (unsigned long long)ix->n_items); goto out; }
+            ended = 1;
+        } else {
+            err_fail(err, err_len, "%s:%d: unexpected line '%.80s'", path, line_no, line);
+            goto out;
+        }
+    }
+    if (!ended) { err_fail(err, err_len, "%s: no 'end' line (truncated index)", path); goto out; }
     rc = 0;
 out:
-    free(block);
-    close(fd);
+    free(text);
+    if (rc) record_index_free(ix);
     return rc;
 }
 
@@ -309,7 +627,8 @@ uint64_t record_seqs_next_missing(const struct record_seqs *s, uint64_t from) {
     return q;
 }
 
-int64_t record_scan_dir(const char *dir, struct record_seqs *s, char *err, int err_len) {
+int64_t record_scan_dir(const char *dir, struct record_seqs *s, uint64_t *n_bad, char *err, int err_len) {
+    *n_bad = 0;
     DIR *d = opendir(dir);
     if (!d) {
         if (errno == ENOENT) return 0;
@@ -317,20 +636,29 @@ int64_t record_scan_dir(const char *dir, struct record_seqs *s, char *err, int e
     }
     int64_t n = 0;
     struct dirent *e;
+    char p[PATH_MAX], why[1024];
     while ((e = readdir(d)) != NULL) {
         unsigned long long seq;
-        int used = 0;
-        int pid;
-        if (sscanf(e->d_name, ".item-%12llu.tmp.%d%n", &seq, &pid, &used) == 2 && used == (int)strlen(e->d_name)) {
-            /* a temporary of a recorder killed mid-write is never visible as an item: remove it,
-             * unless its writer still runs (another recorder on the same directory) */
-            char p[PATH_MAX];
-            if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH && snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p)
-                unlink(p);
+        int used = 0, pid;
+        if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p) continue;
+        if (sscanf(e->d_name, "item-%12llu.safetensors.tmp.%d%n", &seq, &pid, &used) == 2 && used == (int)strlen(e->d_name)) {
+            /* a temporary of a writer killed mid-write: remove it, unless its writer still runs */
+            if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) unlink(p);
             continue;
         }
+        if (!strcmp(e->d_name, "index.txt")) { unlink(p); continue; }
         used = 0;
-        if (sscanf(e->d_name, "item-%12llu.rec%n", &seq, &used) != 1 || used != (int)strlen(e->d_name)) continue;
+        if (sscanf(e->d_name, "item-%12llu.safetensors%n", &seq, &used) != 1 || used != (int)strlen(e->d_name)) continue;
+        struct record_item it;
+        if (record_read_file(p, &it, why, sizeof why) || it.h.seq != seq) {
+            char bad[PATH_MAX + 8];
+            snprintf(bad, sizeof bad, "%s.bad", p);
+            if (rename(p, bad) != 0) { closedir(d); record_item_free(&it); return err_fail(err, err_len, "rename(%s) failed: %s", p, strerror(errno)); }
+            (*n_bad)++;
+            record_item_free(&it);
+            continue;
+        }
+        record_item_free(&it);
         int rc = mark(s, seq, err, err_len);
         if (rc < 0) { closedir(d); return -1; }
         n += rc;

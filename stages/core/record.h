@@ -4,15 +4,28 @@
  * sequence numbers seen (duplicates, gaps, order), and write / read one item as a file so a later
  * replayer can feed it back to a ring (design.md §8 "Replace").
  *
- * Item file format (one file per seq, `<dir>/item-<seq, 12 digits>.rec`, little-endian):
- *   struct record_header (RECORD_HEADER_BYTES = 64 bytes: magic "DFRECRD\n", version, the
- *   descriptor's kind, seq, descriptor and payload lengths, FNV-1a 64 checksums of both),
- *   then desc_len bytes of the msgpack descriptor exactly as it travelled in the slot, then
- *   payload_len payload bytes exactly as they were in the slot (so the descriptor's offsets stay
- *   valid: a replayer copies the payload into a slot and publishes the descriptor unchanged).
- * A file is written to `<dir>/.item-<seq>.tmp.<pid>` and renamed into place, so a reader (or a
- * restarted recorder scanning the directory) sees a complete file or none, even after SIGKILL;
- * with `durable` the file is fsync'ed before the rename and the directory after it.
+ * THE RECORDING FORMAT (one format for dflash-record, dflash-hspack --record, dflash-tap --record;
+ * read back by dflash-replay; README "Recordings"). A recording is a directory:
+ *   item-<seq %012llu>.safetensors   one item (one batch) per shard, a plain safetensors file
+ *       tensors: row_ids I64 [n_docs], input_ids I32 [T], loss_mask BOOL [T] (0/1),
+ *       position_ids I32 [T], doc_ids I32 [T], cu_seqlens I32 [n_docs+1]; for hidden and
+ *       features also states (BF16|F32: hidden and split [k, T, H], concat [T, k*H]) and
+ *       last [T, H]. __metadata__: "dflash.format" = "dflash-rec", "dflash.version" = "2",
+ *       "dflash.kind", "dflash.seq", "dflash.model" (record_model_str: "kind=features k=5 H=4096
+ *       dtype=bf16 layout=concat layers=1,9,17,25,33"; "kind=batch" for batches),
+ *       "dflash.desc" (the item's msgpack descriptor, hex, re-laid out canonically: offsets of
+ *       desc_*_layout, so a replayer publishes it as is), "dflash.data_fnv" (FNV-1a 64 of the
+ *       whole data area, 16 hex digits).
+ *   index.txt   written last, atomically, when the recording is complete (a recorder never
+ *       writes it for a stream with gaps): "dflash-rec 2", "model <model string>", then one line
+ *       "item <seq> <file> <n_tokens> <payload bytes> <data_fnv hex>" per item in seq order, then
+ *       "end <n_items>".
+ * A shard is written to a temporary and renamed into place (stages/model/safetensors.h writer:
+ * fsync'ed), so a reader sees a complete file or none, even after SIGKILL. Only the arrays are
+ * stored, never the slot's alignment padding, so two identical runs write identical files.
+ * record_read_into rebuilds the canonical payload (padding zeroed) and checks everything:
+ * format, version, kind, seq, descriptor, every tensor's dtype and shape against the
+ * descriptor, and the data checksum.
  *
  * Invariants: record_read_file rejects any file whose magic, version, header size, lengths (vs
  * the file size) or checksums do not match, with a sentence saying expected vs found. All
@@ -27,23 +40,21 @@
 
 #include "core/desc.h"
 
-#define RECORD_MAGIC "DFRECRD\n"
-#define RECORD_VERSION 1u
-#define RECORD_HEADER_BYTES 64u
+#define RECORD_FORMAT "dflash-rec"
+#define RECORD_VERSION 2u
 #define RECORD_MAX_SEQ (1ull << 32)   /* seqs the tracker accepts (its bitmap grows with the highest seq: 512 MiB at most) */
+#define RECORD_MODEL_MAX 512          /* bytes of a model string, NUL included */
 
-/* The on-disk header (exactly RECORD_HEADER_BYTES; reserved bytes are zero). */
+/* What an item file holds, as read back (not an on-disk struct). */
 struct record_header {
-    char magic[8];          /* RECORD_MAGIC, no NUL */
     uint32_t version;       /* RECORD_VERSION */
-    uint32_t kind;          /* enum desc_kind of the descriptor */
-    uint64_t seq;           /* the slot's sequence number (= the descriptor's seq) */
-    uint32_t desc_len;      /* bytes of msgpack descriptor after the header */
-    uint32_t header_bytes;  /* RECORD_HEADER_BYTES */
-    uint64_t payload_len;   /* payload bytes after the descriptor */
-    uint64_t desc_fnv;      /* FNV-1a 64 of the descriptor bytes */
-    uint64_t payload_fnv;   /* FNV-1a 64 of the payload bytes */
-    uint8_t reserved[8];
+    uint32_t kind;          /* enum desc_kind */
+    uint64_t seq;
+    uint32_t desc_len;      /* bytes of the canonical msgpack descriptor */
+    uint64_t payload_len;   /* canonical payload bytes (= the descriptor's payload_bytes) */
+    uint32_t n_tokens;
+    uint64_t data_fnv;      /* FNV-1a 64 of the file's data area */
+    char model[RECORD_MODEL_MAX];
 };
 
 /* What record_check learnt about an item. */
@@ -53,15 +64,6 @@ struct record_info {
     uint32_t n_tokens, n_docs;
     uint64_t payload_bytes;   /* as the descriptor says */
     uint64_t n_checked;       /* state values checked for finiteness (0 for batches or unchecked) */
-};
-
-/* An item read back from a file: desc and payload point into one malloc'd block (payload aligned
- * to DESC_ALIGN, so desc_batch_arrays works on it). Free with record_item_free. */
-struct record_item {
-    struct record_header h;
-    void *desc;               /* [h.desc_len] */
-    void *payload;            /* [h.payload_len] */
-    void *block_;             /* internal */
 };
 
 /* The sequence numbers a consumer has seen: a growable bitmap (seqs < RECORD_MAX_SEQ). */
@@ -89,18 +91,64 @@ int record_check(const void *desc, size_t desc_len, uint64_t slot_seq, const voi
                  uint64_t payload_cap, enum desc_kind want_kind, int64_t vocab_size, struct record_info *info,
                  char *err, int err_len);
 
-/* "<dir>/item-<seq %012llu>.rec" into out. Returns 0, or -1 when it does not fit. */
+/* The model identity of a descriptor: "kind=batch", or "kind=<hidden|features> k=.. H=.. dtype=..
+ * [layout=..] layers=a,b,..". Returns 0, or -1 with a sentence when the descriptor does not decode. */
+int record_model_str(const void *desc, size_t desc_len, char *out, size_t out_len, char *err, int err_len);
+
+/* "<dir>/item-<seq %012llu>.safetensors" into out. Returns 0, or -1 when it does not fit. */
 int record_path(char *out, size_t out_len, const char *dir, uint64_t seq);
 
-/* Write one item file atomically (see top). payload is a host pointer. Blocks on disk I/O only.
- * Returns 0, or -1 with a sentence naming the failing syscall and path. */
+/* Write one item file atomically (see top) from a slot's descriptor and HOST payload: only the
+ * arrays the descriptor names are written. kind must be the descriptor's. durable is accepted for
+ * the old signature: every shard is fsync'ed (the safetensors writer does). Blocks on disk I/O.
+ * Returns 0, or -1 with a sentence naming the seq, the failing call and the path. */
 int record_write_file(const char *dir, uint64_t seq, enum desc_kind kind, const void *desc, uint32_t desc_len,
                       const void *payload, uint64_t payload_len, int durable, char *err, int err_len);
 
-/* Read and fully validate one item file (header, sizes, checksums, and that the descriptor's kind
- * equals the header's). Returns 0 with *it filled (caller frees with record_item_free), or -1. */
+/* Read and fully validate one item file (see top) into caller buffers: the canonical descriptor
+ * into desc (capacity desc_cap, >= DESC_MAX_BYTES is always enough) and the canonical payload
+ * into payload (host memory, capacity payload_cap; padding between arrays zeroed). h gets what
+ * the file holds. want_model non-NULL: the item's model string must equal it. Returns 0, or -1
+ * with one sentence naming the file and what was expected and found (truncated, checksum,
+ * other model, too large for the buffer); on -1 the buffers hold garbage. */
+int record_read_into(const char *path, void *desc, uint32_t desc_cap, void *payload, uint64_t payload_cap,
+                     const char *want_model, struct record_header *h, char *err, int err_len);
+
+/* An item read back into its own block: desc and payload point into one malloc'd block (payload
+ * aligned to DESC_ALIGN, so desc_batch_arrays works on it). Free with record_item_free. */
+struct record_item {
+    struct record_header h;
+    void *desc;               /* [h.desc_len] */
+    void *payload;            /* [h.payload_len] */
+    void *block_;             /* internal */
+};
+/* record_read_into on a block of the right size. Returns 0 with *it filled, or -1. */
 int record_read_file(const char *path, struct record_item *it, char *err, int err_len);
 void record_item_free(struct record_item *it);
+
+/* One line of index.txt. */
+struct record_index_entry {
+    uint64_t seq;
+    uint32_t n_tokens;
+    uint64_t payload_bytes;
+    uint64_t data_fnv;
+};
+/* A recording's index: the model string and the items in seq order. */
+struct record_index {
+    char model[RECORD_MODEL_MAX];
+    uint64_t n_items;
+    struct record_index_entry *items;   /* [n_items], seqs strictly increasing */
+    uint64_t max_payload_bytes, max_tokens;
+};
+/* Write dir/index.txt atomically from the item files present: each is opened (header only, no
+ * data read), all must have one model string and the seqs must be min..max without a gap, else
+ * -1 with a sentence naming the file (a recording with gaps is never marked complete). Returns
+ * the number of items, or -1. */
+int64_t record_index_write(const char *dir, char *err, int err_len);
+/* Parse dir/index.txt (missing: "not a complete recording"). Returns 0 with *ix filled (free
+ * with record_index_free), or -1 with a sentence naming the file and line. */
+int record_index_read(const char *dir, struct record_index *ix, char *err, int err_len);
+void record_index_free(struct record_index *ix);
 
 /* Zero a tracker. */
 void record_seqs_init(struct record_seqs *s);
@@ -114,9 +162,12 @@ uint64_t record_seqs_gaps(const struct record_seqs *s);
 uint64_t record_seqs_next_missing(const struct record_seqs *s, uint64_t from);
 void record_seqs_free(struct record_seqs *s);
 
-/* Add the seq of every complete item file in dir (names item-<digits>.rec; temporaries are
- * removed) to s, without counting them as duplicates of each other. For a restarted recorder.
- * A missing dir is fine (0 added). Returns the number of files added, or -1 with a sentence. */
-int64_t record_scan_dir(const char *dir, struct record_seqs *s, char *err, int err_len);
+/* For a restarted recorder: validate every item file in dir (record_read_into, so a truncated or
+ * garbage file is never counted as done) and add the seq of each good one to s, without counting
+ * them as duplicates of each other. A bad file is renamed to "<name>.bad" (kept for inspection,
+ * re-recorded from the ring) and counted in *n_bad; temporaries of dead writers are removed; a
+ * stale index.txt is removed (the recording is no longer known complete). A missing dir is fine
+ * (0 added). Returns the number of good files added, or -1 with a sentence. O(bytes on disk). */
+int64_t record_scan_dir(const char *dir, struct record_seqs *s, uint64_t *n_bad, char *err, int err_len);
 
 #endif /* STAGES_CORE_RECORD_H */

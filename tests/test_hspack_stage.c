@@ -1,0 +1,293 @@
+/*
+ * tests/test_hspack_stage.c — dflash-hspack as a process on real rings (host payloads).
+ *
+ * - three producers (target replicas) finishing out of order: features come out 0..N-1 in order,
+ *   every value in the concat layout; --record writes a complete recording, and dflash-replay
+ *   of it gives back exactly the same items (bit-exact, descriptors and payloads);
+ * - spill off: with the trainer not reading, back-pressure stops the producer within the ring
+ *   capacities; spill on: the producer finishes a burst while the trainer is idle, and the
+ *   trainer still gets every item in order (split layout);
+ * - SIGKILL of hspack mid-stream and the same command again: every seq exactly once after the
+ *   trainer's duplicate drop, none lost;
+ * - a descriptor that disagrees with its payload: exit 1 with a sentence naming the batch;
+ * - --print-ring-spec answers what rings.h defines.
+ */
+#include "test_hspack_items.h"
+
+#include "core/record.h"
+#include "core/rings.h"
+
+#include <sys/wait.h>
+
+static char *slurp(const char *path) {
+    static char buf[1 << 18];
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return buf;
+}
+
+static pid_t spawn(const char *run, const char *bin, const char **extra) {
+    char path[800];
+    snprintf(path, sizeof path, "%s/%s.out", run, bin);
+    setenv("DFLASH_LOG", "debug", 1);
+    const char *argv[40] = {test_bin(bin), "--run", run, "--device", "cpu", "--wait-ms", "10000", "--heartbeat-s", "0.2"};
+    int n = 9;
+    for (int i = 0; extra[i] && n < 39; i++) argv[n++] = extra[i];
+    return test_spawn_log(path, argv);
+}
+
+/* A producer worker: seqs id, id + n_prod, ... < n, each after a delay; counts into progress.
+ * With pub (shared, [n]), seq q waits until every seq below q - ahead is published: replicas run
+ * ahead of each other by at most `ahead` items, as the hidden ring's slots must allow. */
+struct prod {
+    const char *run;
+    int id, n_prod, n, delay_us;
+    volatile int *progress;
+    volatile int *pub;
+    int ahead;
+};
+
+static int produce(void *arg) {
+    struct prod *p = arg;
+    char err[512];
+    ring_set_log(tr_quiet, NULL);
+    struct ring *r = ring_attach(p->run, "hidden", RING_PRODUCER, 5000, err, sizeof err);
+    if (!r) { fprintf(stderr, "producer: %s\n", err); return 1; }
+    for (int q = p->id; q < p->n; q += p->n_prod) {
+        for (int lo = 0; p->pub && lo < q - p->ahead; lo++)
+            while (!__atomic_load_n(&p->pub[lo], __ATOMIC_SEQ_CST)) usleep(200);
+        usleep((useconds_t)p->delay_us);
+        hi_publish(r, (uint64_t)q);
+        if (p->pub) __atomic_store_n(&p->pub[q], 1, __ATOMIC_SEQ_CST);
+        if (p->progress) __atomic_add_fetch(p->progress, 1, __ATOMIC_SEQ_CST);
+    }
+    ring_mark_drained(r);
+    ring_close(r);
+    return 0;
+}
+
+/* Consume `ring` until the end of the stream: checks every item (layout), strictly increasing
+ * seqs unless dedup (then duplicates are dropped and counted). fnv[seq] gets the FNV of the
+ * descriptor and payload. Returns the number of distinct items. */
+static int consume(const char *run, const char *ring, enum desc_layout layout, int dedup, int n_max, uint64_t *fnv,
+                   int *dups, int kill_after, pid_t *victim) {
+    char err[512];
+    struct ring *r = ring_attach(run, ring, RING_CONSUMER, 5000, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    int got = 0, seen[1024] = {0};
+    int64_t last = -1;
+    double t0 = tr_now();
+    for (;;) {
+        struct ring_slot s;
+        int rc = ring_acquire_read(r, 200, &s);
+        ck_assert_msg(tr_now() - t0 < 40, "consumer: no end of stream within 40 s (%d items)", got);
+        if (rc == RING_TIMEOUT) continue;
+        if (rc == RING_END) break;
+        ck_assert_int_eq(rc, 0);
+        ck_assert_int_lt((int)s.seq, n_max);
+        if (seen[s.seq]) {
+            ck_assert_msg(dedup, "seq %llu delivered twice", (unsigned long long)s.seq);
+            (*dups)++;
+        } else {
+            if (!dedup) ck_assert_msg((int64_t)s.seq > last, "seq %llu after %lld: out of order", (unsigned long long)s.seq, (long long)last);
+            ck_assert_msg(hi_check_features(s.desc, s.desc_len, s.payload, s.seq, layout) == 0, "seq %llu: bad content",
+                          (unsigned long long)s.seq);
+            if (fnv) fnv[s.seq] = item_fnv(s.desc, s.desc_len) ^ (item_fnv(s.payload, s.payload_len) * 31);
+            seen[s.seq] = 1;
+            last = (int64_t)s.seq;
+            got++;
+            if (kill_after && got == kill_after && victim) { ck_assert_int_eq(kill(*victim, SIGKILL), 0); *victim = 0; }
+        }
+        ck_assert_int_eq(ring_release(r, &s), 0);
+    }
+    ring_close(r);
+    return got;
+}
+
+static const char *start(const char *tag, int hidden_slots, int features_slots, pid_t *shm, int n_prod) {
+    const char *run = tr_run(tag);
+    char spec[400];
+    snprintf(spec, sizeof spec, "hidden:slots=%d,bytes=%d,desc=4k,dev=host,producers=%d,features:slots=%d,bytes=%d,desc=4k,"
+             "dev=host,features2:slots=4,bytes=%d,desc=4k,dev=host", hidden_slots, HI_CAP, n_prod, features_slots, HI_CAP,
+             HI_CAP);
+    *shm = tr_start_shm(run, spec, NULL, NULL);
+    ring_set_log(tr_quiet, NULL);
+    return run;
+}
+
+START_TEST(three_producers_out_of_order_record_replay) {
+    enum { N = 24 };
+    pid_t shm;
+    const char *run = start("hspack-order", 12, 4, &shm, 3);
+    char rec[800], path[900];
+    snprintf(rec, sizeof rec, "%s/rec", run);
+    const char *a[] = {"--layout", "concat", "--window", "8", "--record", rec, "--tokens", "64", NULL};
+    pid_t hs = spawn(run, "dflash-hspack", a);
+    struct prod p[3];
+    pid_t w[3];
+    volatile int *pub = tr_shared(N * sizeof(int));
+    for (int i = 0; i < 3; i++) {
+        p[i] = (struct prod){run, i, 3, N, i == 0 ? 20000 : 1000, NULL, pub, 6};   /* replica 0 is slower */
+        w[i] = tr_fork(produce, &p[i]);
+    }
+    static uint64_t fnv[N], fnv2[N];
+    int dups = 0;
+    ck_assert_int_eq(consume(run, "features", DESC_LAYOUT_CONCAT, 0, N, fnv, &dups, 0, NULL), N);
+    for (int i = 0; i < 3; i++) ck_assert_int_eq(tr_wait(w[i]), 0);
+    ck_assert_int_eq(tr_wait(hs), 0);
+    snprintf(path, sizeof path, "%s/logs/dflash-hspack.log", run);
+    char *log = slurp(path);
+    ck_assert_msg(log && strstr(log, "end of stream: 24 items out"), "%s", log ? log : "(no log)");
+    ck_assert_msg(!strstr(log, "max reorder depth 0,") && !strstr(log, "max reorder depth 1,"),
+                  "the producers finished out of order, the window must have held several: %s", log);
+    /* the recording is complete, and replaying it gives the same bytes */
+    struct record_index ix;
+    char err[1024];
+    ck_assert_msg(record_index_read(rec, &ix, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(ix.n_items, N);
+    ck_assert_str_eq(ix.model, "kind=features k=3 H=8 dtype=f32 layout=concat layers=1,4,7");
+    record_index_free(&ix);
+    const char *b[] = {"--dir", rec, "--out", "features2", NULL};
+    pid_t rp = spawn(run, "dflash-replay", b);
+    ck_assert_int_eq(consume(run, "features2", DESC_LAYOUT_CONCAT, 0, N, fnv2, &dups, 0, NULL), N);
+    ck_assert_int_eq(tr_wait(rp), 0);
+    for (int q = 0; q < N; q++) ck_assert_msg(fnv[q] == fnv2[q], "seq %d: the replayed item differs from the live one", q);
+    tr_stop_shm(shm);
+    ck_assert_int_eq(tr_count_segments(run), 0);
+}
+END_TEST
+
+/* Spill off, then on: hidden 4 slots, features 2, the trainer idle for 1.5 s. */
+static void spill_case(int spill) {
+    enum { N = 12 };
+    pid_t shm;
+    const char *run = start(spill ? "hspack-spill" : "hspack-nospill", 4, 2, &shm, 1);
+    char sp[16];
+    snprintf(sp, sizeof sp, "%d", spill);
+    const char *a[] = {"--layout", "split", "--window", "2", "--spill", sp, NULL};
+    pid_t hs = spawn(run, "dflash-hspack", a);
+    volatile int *progress = tr_shared(sizeof(int));
+    struct prod p = {run, 0, 1, N, 0, progress, NULL, 0};
+    pid_t w = tr_fork(produce, &p);
+    usleep(1500000);
+    int done = __atomic_load_n(progress, __ATOMIC_SEQ_CST);
+    if (spill) ck_assert_msg(done == N, "with --spill %d the producer should finish a burst of %d (got %d)", spill, N, done);
+    else ck_assert_msg(done <= 4 + 2 && done >= 2, "without spill, back-pressure must stop the producer (published %d)", done);
+    int dups = 0;
+    ck_assert_int_eq(consume(run, "features", DESC_LAYOUT_SPLIT, 0, N, NULL, &dups, 0, NULL), N);
+    ck_assert_int_eq(tr_wait(w), 0);
+    ck_assert_int_eq(tr_wait(hs), 0);
+    char path[900];
+    snprintf(path, sizeof path, "%s/logs/dflash-hspack.log", run);
+    char *log = slurp(path);
+    ck_assert_msg(log && strstr(log, spill ? "spilled)" : " 0 spilled)"), "%s", log ? log : "(no log)");
+    if (spill) ck_assert_msg(!strstr(log, " 0 spilled)"), "with the trainer idle, items must have been spilled: %s", log);
+    tr_stop_shm(shm);
+}
+
+START_TEST(spill_off_back_pressure) { spill_case(0); }
+END_TEST
+
+START_TEST(spill_on_absorbs_burst) { spill_case(8); }
+END_TEST
+
+START_TEST(sigkill_and_restart) {
+    enum { N = 30 };
+    pid_t shm;
+    const char *run = start("hspack-kill", 4, 2, &shm, 1);
+    const char *a[] = {"--layout", "concat", "--window", "3", NULL};
+    pid_t hs = spawn(run, "dflash-hspack", a);
+    struct prod p = {run, 0, 1, N, 8000, NULL, NULL, 0};
+    pid_t w = tr_fork(produce, &p);
+    /* consume in a child so this process can restart hspack once it is killed */
+    pid_t victim = hs;
+    volatile int *res = tr_shared(2 * sizeof(int));
+    pid_t c = fork();
+    ck_assert_int_ge(c, 0);
+    if (c == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int dups = 0;
+        res[0] = consume(run, "features", DESC_LAYOUT_CONCAT, 1, N, NULL, &dups, 8, &victim);
+        res[1] = dups;
+        _exit(0);
+    }
+    /* the child kills hspack (its pid was inherited); wait for that, then start it again */
+    int st;
+    ck_assert_int_eq(waitpid(hs, &st, 0), hs);
+    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "hspack should have been SIGKILLed");
+    hs = spawn(run, "dflash-hspack", a);
+    ck_assert_int_eq(tr_wait(c), 0);
+    ck_assert_int_eq(tr_wait(w), 0);
+    ck_assert_int_eq(tr_wait(hs), 0);
+    ck_assert_msg(res[0] == N, "distinct items after the restart: %d of %d", res[0], N);
+    ck_assert_msg(res[1] <= 1, "at most the one item published before the kill's state write repeats (%d)", res[1]);
+    char path[900];
+    snprintf(path, sizeof path, "%s/logs/dflash-hspack.log", run);
+    char *log = slurp(path);
+    ck_assert_msg(log && strstr(log, "resuming at seq"), "%s", log ? log : "(no log)");
+    tr_stop_shm(shm);
+}
+END_TEST
+
+START_TEST(bad_descriptor_names_the_batch) {
+    pid_t shm;
+    const char *run = start("hspack-bad", 4, 4, &shm, 1);
+    char err[512];
+    struct ring *r = ring_attach(run, "hidden", RING_PRODUCER, 5000, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    const char *a[] = {"--tokens", "64", NULL};
+    pid_t hs = spawn(run, "dflash-hspack", a);
+    hi_publish(r, 0);
+    hi_publish(r, 1);
+    struct ring_slot s;
+    ck_assert_int_eq(ring_acquire_write(r, 2000, &s), 0);
+    struct desc_hidden d;
+    size_t dl = hi_make(2, s.desc, s.desc_cap, s.payload, &d);
+    ck_assert_int_eq(ring_publish(r, &s, 2, (uint32_t)dl, d.batch.payload_bytes - 64), 0);   /* short payload */
+    ck_assert_int_eq(tr_wait(hs), 1);
+    char path[900];
+    snprintf(path, sizeof path, "%s/logs/dflash-hspack.log", run);
+    char *log = slurp(path);
+    ck_assert_msg(log && strstr(log, "batch seq 2 rejected") && strstr(log, "payload bytes"), "%s", log ? log : "(no log)");
+    struct ring *f = ring_attach(run, "features", RING_OBSERVER, 1000, err, sizeof err);
+    ck_assert_msg(f != NULL, "%s", err);
+    struct ring_status st;
+    ring_get_status(f, &st);
+    ck_assert_uint_eq(st.published, 2);   /* 0 and 1 went out, the bad one did not */
+    ring_close(f);
+    ring_close(r);
+    tr_stop_shm(shm);
+}
+END_TEST
+
+START_TEST(print_ring_spec) {
+    const char *run = tr_run("hspack-spec");
+    char out[800];
+    snprintf(out, sizeof out, "%s/spec.txt", run);
+    const char *argv[] = {test_bin("dflash-hspack"), "--print-ring-spec", "--tokens", "8192", "--n-layers", "5",
+                          "--hidden-size", "4096", "--device", "cpu", "--dtype", "f32", NULL};
+    ck_assert_int_eq(tr_wait(test_spawn_log(out, argv)), 0);
+    char want[256], err[256];
+    struct rings_geometry g = {8192, 5, 4096, DESC_DTYPE_F32};
+    ck_assert_int_eq(rings_format_spec(want, sizeof want, "features", 4, DESC_KIND_FEATURES, &g, -1, err, sizeof err), 0);
+    char *got = slurp(out);
+    ck_assert_msg(got && !strncmp(got, want, strlen(want)), "got '%s', want '%s'", got ? got : "", want);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("hspack_stage");
+    TCase *t = tcase_create("stage");
+    tcase_set_timeout(t, 60);
+    tcase_add_test(t, three_producers_out_of_order_record_replay);
+    tcase_add_test(t, spill_off_back_pressure);
+    tcase_add_test(t, spill_on_absorbs_burst);
+    tcase_add_test(t, sigkill_and_restart);
+    tcase_add_test(t, bad_descriptor_names_the_batch);
+    tcase_add_test(t, print_ring_spec);
+    suite_add_tcase(s, t);
+    return test_run_suite(s);
+}
