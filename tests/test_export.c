@@ -278,6 +278,24 @@ START_TEST(refuses_bad_inputs) {
 }
 END_TEST
 
+/* What dflash-train calls at the end: both layouts under RUN/export, checked. */
+START_TEST(run_exports) {
+    const char *target = tiny_target();
+    char ckpt[1024];
+    struct drafter *d = make_ckpt(target, "sliding,full", 0, ckpt, sizeof ckpt);
+    const char *run = test_tmpdir("export-runend");
+    char skipped[256], p[800];
+    ck_assert_msg(export_write_run(d, run, target, skipped, sizeof skipped, err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(skipped, "");
+    struct export_check_opts o = {target, d, 0};
+    snprintf(p, sizeof p, "%s/export/zlab", run);
+    ck_assert_msg(export_check(p, &o, NULL, err, sizeof err) == 0, "%s", err);
+    snprintf(p, sizeof p, "%s/export/speculators", run);
+    ck_assert_msg(export_check(p, &o, NULL, err, sizeof err) == 0, "%s", err);
+    drafter_free(d);
+}
+END_TEST
+
 /* dflash-export end to end: export both layouts, --check them (with the checkpoint), serve lines printed. */
 START_TEST(cli_end_to_end) {
     const char *target = tiny_target();
@@ -516,6 +534,7 @@ int main(void) {
     tcase_add_test(tc, speculators_roundtrip);
     tcase_add_test(tc, refuses_bad_inputs);
     tcase_add_test(tc, cli_end_to_end);
+    tcase_add_test(tc, run_exports);
     tcase_add_loop_test(tc, checker_refuses_corpus, 0, (int)(sizeof corpus / sizeof corpus[0]));
     suite_add_tcase(s, tc);
     return test_run_suite(s);

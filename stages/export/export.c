@@ -515,6 +515,30 @@ int export_write(const struct drafter *d, int format, const char *out_dir, const
     return 0;
 }
 
+int export_write_run(const struct drafter *d, const char *run_dir, const char *verifier_name, char *skipped,
+                     size_t skipped_len, char *err, int err_len) {
+    const struct drafter_config *c = drafter_config_of(d);
+    char dir[PATH_MAX];
+    if (skipped && skipped_len) skipped[0] = '\0';
+    if (snprintf(dir, sizeof dir, "%s/export", run_dir) >= (int)sizeof dir)
+        return err_fail(err, err_len, "%s: path too long", run_dir);
+    if (fs_mkdir_p(dir, err, err_len)) return -1;
+    for (int format = EXPORT_ZLAB; format <= EXPORT_SPECULATORS; format++) {
+        if (format == EXPORT_ZLAB && (c->V_d != c->V_t || c->sample_from_anchor)) {
+            if (skipped)
+                snprintf(skipped, skipped_len, "the z-lab layout was not written: it has %s",
+                         c->sample_from_anchor ? "no sample_from_anchor mode" : "no pruned draft vocabulary");
+            continue;
+        }
+        if (snprintf(dir, sizeof dir, "%s/export/%s", run_dir, export_format_name(format)) >= (int)sizeof dir)
+            return err_fail(err, err_len, "%s: path too long", run_dir);
+        if (export_write(d, format, dir, verifier_name, err, err_len)) return -1;
+        struct export_check_opts o = {NULL, d, !export_sglang_servable(c)};
+        if (export_check(dir, &o, NULL, err, err_len)) return -1;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- the checker */
 
 static const char *const layer_names[] = {

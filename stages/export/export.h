@@ -61,6 +61,13 @@ char *export_zlab_config_json_text(const struct drafter_config *c);
 int export_write(const struct drafter *d, int format, const char *out_dir, const char *verifier_name, char *err,
                  int err_len);
 
+/* What dflash-train writes at the end of a run: RUN/export/zlab and RUN/export/speculators (the z-lab layout is
+ * skipped, with a sentence in skipped, when the drafter has a pruned vocabulary or sample_from_anchor), each
+ * checked right after it is written (weights against d; SGLang's rules skipped for a drafter it cannot serve).
+ * skipped (may be NULL) gets "" or the reason. 0/-1. */
+int export_write_run(const struct drafter *d, const char *run_dir, const char *verifier_name, char *skipped,
+                     size_t skipped_len, char *err, int err_len);
+
 /* What the checker derived, as the loaders read it. */
 struct export_derived {
     int format;                               /* enum export_format */
