@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <ftw.h>
 #include <jansson.h>
+#include <math.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -249,6 +250,175 @@ START_TEST(cli_reports_and_refuses) {
 }
 END_TEST
 
+
+/* ---------------------------------------------------------------- training moves tau (issue 17 item 4) */
+
+/* Make the tiny target learnable: embedding N(0, 1), LM head N(0, 0.45), the layers' matrices N(0, 0.06) (what
+ * dflash-mkmodel's --embed-std / --lm-head-std give on another branch), norms kept. */
+static void make_learnable(const char *dir) {
+    char p[700], q[720];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    snprintf(q, sizeof q, "%s/new.safetensors", dir);
+    struct st_file f;
+    ck_assert_msg(st_open(&f, p, err, sizeof err) == 0, "%s", err);
+    struct st_write_tensor *t = calloc((size_t)f.n_tensors, sizeof *t);
+    bf16 **bufs = calloc((size_t)f.n_tensors, sizeof *bufs);
+    uint64_t s = 4242;
+    for (int i = 0; i < f.n_tensors; i++) {
+        const struct st_tensor *x = &f.tensors[i];
+        t[i] = (struct st_write_tensor){x->name, x->dtype, x->ndim, {0}, x->data};
+        memcpy(t[i].shape, x->shape, sizeof x->shape);
+        if (x->ndim != 2) continue;
+        ck_assert_int_eq(x->dtype, ST_BF16);
+        float std = strstr(x->name, "embed_tokens") ? 1.0f : strstr(x->name, "lm_head") ? 0.45f : 0.06f;
+        bufs[i] = malloc(sizeof(bf16) * (size_t)x->numel);
+        for (int64_t e = 0; e < x->numel; e += 2) {
+            double u1 = ((double)(test_rng_next(&s) >> 11) + 1) / 9007199254740993.0;
+            double u2 = (double)(test_rng_next(&s) >> 11) / 9007199254740992.0;
+            double r = sqrt(-2 * log(u1));
+            bufs[i][e] = float_to_bf16((float)(std * r * cos(2 * M_PI * u2)));
+            if (e + 1 < x->numel) bufs[i][e + 1] = float_to_bf16((float)(std * r * sin(2 * M_PI * u2)));
+        }
+        t[i].data = bufs[i];
+    }
+    ck_assert_msg(st_write_file(q, f.n_tensors, t, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < f.n_tensors; i++) free(bufs[i]);
+    free(bufs);
+    free(t);
+    st_close(&f);
+    ck_assert_int_eq(rename(q, p), 0);
+}
+
+struct row { int32_t ids[64]; uint8_t mask[64]; int n, P; };
+
+static int read_rows(const char *path, struct row *rows, int max) {
+    char *text;
+    size_t len;
+    ck_assert_int_eq(fs_read_file(path, &text, &len, err, sizeof err), 0);
+    int n = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line && n < max; line = strtok_r(NULL, "\n", &save)) {
+        json_t *j = json_loads(line, 0, NULL);
+        ck_assert_ptr_nonnull(j);
+        json_t *ids = json_object_get(j, "input_ids"), *lm = json_object_get(j, "loss_mask");
+        struct row *r = &rows[n++];
+        r->n = (int)json_array_size(ids);
+        ck_assert_int_le(r->n, 64);
+        r->P = r->n;
+        for (int i = 0; i < r->n; i++) {
+            r->ids[i] = (int32_t)json_integer_value(json_array_get(ids, (size_t)i));
+            r->mask[i] = (uint8_t)json_integer_value(json_array_get(lm, (size_t)i));
+            if (r->mask[i] && r->P == r->n) r->P = i;
+        }
+        json_decref(j);
+    }
+    free(text);
+    return n;
+}
+
+static double eval_tau(struct eval_target *et, struct eval_drafter *ed, const struct row *rows, int n, int new_tokens,
+                       struct eval_stats *st) {
+    int B = drafter_config_of(ed->d)->B;
+    eval_stats_init(st, B);
+    for (int i = 0; i < n; i++) {
+        int32_t out[128], g[128];
+        ck_assert_msg(eval_speculative(et, rows[i].ids, rows[i].P, new_tokens, B, eval_drafter_propose, ed, out, st, err,
+                                       sizeof err) == 0, "%s", err);
+        ck_assert_msg(eval_greedy(et, rows[i].ids, rows[i].P, new_tokens, g, err, sizeof err) == 0, "%s", err);
+        ck_assert_msg(memcmp(out, g, sizeof(int32_t) * (size_t)(rows[i].P + new_tokens)) == 0, "differs from greedy");
+    }
+    return eval_stats_tau(st);
+}
+
+START_TEST(training_moves_tau) {
+    const char *target = tiny_target();
+    make_learnable(target);
+    const char *dir = test_tmpdir("eval-demo");
+    char data[700];
+    snprintf(data, sizeof data, "%s/sampled.jsonl", dir);
+    enum { TRAIN = 160, HELD = 12, NEW = 24, STEPS = 600 };
+    char ns[16];
+    snprintf(ns, sizeof ns, "%d", TRAIN + HELD);
+    const char *a[] = {test_bin("dflash-sample"), "--target-model", target, "--out", data, "--samples", ns,
+                       "--prompt-len", "8", "--gen-len", "24", "--temperature", "0.3", "--max-token", "500", NULL};
+    ck_assert_msg(run_argv(a) == 0, "%s", out_text);
+    static struct row rows[TRAIN + HELD];
+    ck_assert_int_eq(read_rows(data, rows, TRAIN + HELD), TRAIN + HELD);
+
+    struct drafter_config c;
+    drafter_config_defaults(&c);
+    ck_assert_int_eq(drafter_parse_layer_types(&c, "full,full", err, sizeof err), 0);
+    c.B = 4;
+    c.N = 16;
+    c.T_max = 64;
+    c.k = 2;
+    c.layer_ids[0] = 1;
+    c.layer_ids[1] = 3;
+    c.mask_token_id = 511;
+    c.noise = 0;
+    ck_assert_msg(drafter_config_from_target(&c, target, err, sizeof err) == 0, "%s", err);
+    struct drafter *d = drafter_init(&c, 3, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    ck_assert_msg(drafter_load_target(d, target, err, sizeof err) == 0, "%s", err);
+    int zl[DESC_MAX_LAYERS];
+    drafter_zlab_ids(drafter_config_of(d), zl);
+    struct eval_target et;
+    ck_assert_msg(eval_target_open(&et, target, 64, zl, 2, err, sizeof err) == 0, "%s", err);
+    struct eval_drafter ed;
+    ck_assert_int_eq(eval_drafter_init(&ed, d, err, sizeof err), 0);
+    struct eval_stats before, after;
+    double tau0 = eval_tau(&et, &ed, rows + TRAIN, HELD, NEW, &before);
+
+    /* train: one sampled row per step, AdamW, the trainer's step (drafter_step + clip + optimizer) */
+    int n = drafter_n_params(d);
+    struct optim_tensor *t = calloc((size_t)n, sizeof *t);
+    for (int i = 0; i < n; i++) {
+        const struct drafter_param *p = drafter_param(d, i);
+        t[i] = (struct optim_tensor){p->name, p->ndim, {p->shape[0], p->shape[1]}, p->w, p->g, p->trainable,
+                                     p->is_matrix};
+    }
+    struct optim_config oc;
+    optim_config_default(&oc);
+    oc.kind = OPTIM_ADAMW;
+    oc.lr = 5e-3;
+    oc.weight_decay = 0;
+    struct optim o;
+    memset(&o, 0, sizeof o);
+    ck_assert_msg(optim_init(&o, t, n, &oc, err, sizeof err) == 0, "%s", err);
+    int32_t pos[64], doc[64] = {0};
+    for (int i = 0; i < 64; i++) pos[i] = i;
+    double first_loss = 0, last_loss = 0;
+    for (int s = 0; s < STEPS; s++) {
+        const struct row *r = &rows[s % TRAIN];
+        ck_assert_msg(eval_target_forward(&et, r->ids, r->n, r->n, NULL, err, sizeof err) == 0, "%s", err);
+        for (int tt = 0; tt < r->n; tt++)
+            for (int q = 0; q < 2; q++)
+                memcpy(ed.hidden + ((size_t)tt * 2 + q) * et.H, et.states + ((size_t)q * r->n + tt) * et.H,
+                       sizeof(float) * (size_t)et.H);
+        struct drafter_batch b = {r->n, r->n + 1, r->ids, r->mask, pos, doc, ed.hidden, et.last};
+        struct drafter_metrics m;
+        drafter_zero_grad(d);
+        ck_assert_msg(drafter_step(d, &b, 5, (uint64_t)s, 1, &m, err, sizeof err) == 0, "%s", err);
+        optim_clip_grad_norm(t, n, 1.0);
+        ck_assert_msg(optim_step(&o, 1.0, err, sizeof err) == 0, "%s", err);
+        if (s < 20) first_loss += m.loss_sum / 20;
+        if (s >= STEPS - 20) last_loss += m.loss_sum / 20;
+    }
+    double tau1 = eval_tau(&et, &ed, rows + TRAIN, HELD, NEW, &after);
+    fprintf(stderr, "training_moves_tau: loss %.3f -> %.3f over %d steps; held-out tau %.3f -> %.3f (B %d); "
+            "acceptance at 1..3 after: %.2f %.2f %.2f\n", first_loss, last_loss, STEPS, tau0, tau1, c.B,
+            (double)after.at_pos[1] / after.rounds, (double)after.at_pos[2] / after.rounds,
+            (double)after.at_pos[3] / after.rounds);
+    ck_assert_msg(tau0 < 1.3, "untrained tau %g", tau0);
+    ck_assert_msg(tau1 > 1.5 && tau1 > tau0 + 0.3, "tau did not rise: %g -> %g", tau0, tau1);
+    optim_free(&o);
+    free(t);
+    eval_drafter_free(&ed);
+    eval_target_close(&et);
+    drafter_free(d);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("eval");
     TCase *tc = tcase_create("eval");
@@ -256,6 +426,7 @@ int main(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, speculative_equals_greedy_and_tau);
     tcase_add_test(tc, cli_reports_and_refuses);
+    tcase_add_test(tc, training_moves_tau);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

@@ -32,7 +32,8 @@ int eval_target_open(struct eval_target *et, const char *target_dir, int max_tok
     et->states = malloc(sizeof(float) * (size_t)k * (size_t)max_tokens * (size_t)et->H);
     et->last = malloc(sizeof(float) * (size_t)max_tokens * (size_t)et->H);
     et->xn = malloc(sizeof(float) * (size_t)et->H);
-    if (!et->norm || !et->lm_head || !et->states || !et->last || !et->xn) {
+    et->logits = malloc(sizeof(float) * (size_t)et->V);
+    if (!et->norm || !et->lm_head || !et->states || !et->last || !et->xn || !et->logits) {
         eval_target_close(et);
         return err_fail(err, err_len, "%s: out of memory for the eval buffers", target_dir);
     }
@@ -58,27 +59,30 @@ void eval_target_close(struct eval_target *et) {
     free(et->states);
     free(et->last);
     free(et->xn);
+    free(et->logits);
     memset(et, 0, sizeof *et);
 }
 
-/* The greedy next token after a last-layer state: argmax of lm_head · RMSNorm(x) (first maximum on ties). */
-static int32_t greedy_next(struct eval_target *et, const float *x) {
+void eval_target_logits(struct eval_target *et, const float *x, float *logits) {
     int H = et->H;
     double ss = 0;
     for (int c = 0; c < H; c++) ss += (double)x[c] * x[c];
     float r = (float)(1.0 / sqrt(ss / H + et->cfg->rms_norm_eps));
     for (int c = 0; c < H; c++) et->xn[c] = x[c] * r * et->norm[c];
-    int32_t best = 0;
-    float bv = -INFINITY;
     for (int v = 0; v < et->V; v++) {
         const float *w = et->lm_head + (size_t)v * H;
         float s = 0;
         for (int c = 0; c < H; c++) s += w[c] * et->xn[c];
-        if (s > bv) {
-            bv = s;
-            best = v;
-        }
+        logits[v] = s;
     }
+}
+
+/* The greedy next token after a last-layer state: argmax of the logits (first maximum on ties). */
+static int32_t greedy_next(struct eval_target *et, const float *x) {
+    eval_target_logits(et, x, et->logits);
+    int32_t best = 0;
+    for (int v = 1; v < et->V; v++)
+        if (et->logits[v] > et->logits[best]) best = v;
     return best;
 }
 

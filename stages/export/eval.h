@@ -45,6 +45,7 @@ struct eval_target {
     float *states;      /* planned: (k, max_tokens, H) */
     float *last;        /* (max_tokens, H) */
     float *xn;          /* (H) scratch */
+    float *logits;      /* (V) scratch */
 };
 
 /* Load target_dir for sequences up to max_tokens, capturing the z-lab ids (k of them). 0/-1. */
@@ -55,6 +56,9 @@ void eval_target_close(struct eval_target *et);
  * for i in [from, n) (pred has n entries; entries before from are untouched). 0/-1. */
 int eval_target_forward(struct eval_target *et, const int32_t *tokens, int n, int from, int32_t *pred, char *err,
                         int err_len);
+
+/* The target's logits (V) after one last-layer state x (H): lm_head · RMSNorm_final(x). */
+void eval_target_logits(struct eval_target *et, const float *x, float *logits);
 
 /* A proposer: given the committed tokens c[0..n) and the target's features of them (et->states after a forward
  * over c, k blocks of [n, H], and et->last), write draft[0..B-2] = the tokens for positions n..n+B-2. */
