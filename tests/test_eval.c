@@ -71,47 +71,23 @@ static const char *tiny_target(void) {
     return dir;
 }
 
-/* A checkpoint as dflash-train writes it (its config_to_json keys, optimizer + guard table), of a drafter with
- * layer types `types` ("sliding,full"), B 4, W 4, ids [0, 2], random weights; returns the drafter (kept for the
- * comparison) and the checkpoint path in ckpt. */
-static struct drafter *make_ckpt(const char *target, const char *types, int non_causal, char *ckpt, size_t len) {
-    struct drafter_config c;
-    drafter_config_defaults(&c);
-    ck_assert_int_eq(drafter_parse_layer_types(&c, types, err, sizeof err), 0);
-    c.B = 4;
-    c.sliding_window = 4;
-    c.sliding_window_non_causal = non_causal;
-    c.N = 4;
-    c.T_max = 64;
-    c.k = 2;
-    c.layer_ids[0] = 0;
-    c.layer_ids[1] = 2;
-    c.mask_token_id = 500;
-    ck_assert_msg(drafter_config_from_target(&c, target, err, sizeof err) == 0, "%s", err);
-    struct drafter *d = drafter_init(&c, 7, err, sizeof err);
-    ck_assert_msg(d != NULL, "%s", err);
-    ck_assert_msg(drafter_load_target(d, target, err, sizeof err) == 0, "%s", err);
-    /* norms away from 1 so a swapped tensor shows */
-    uint64_t s = 99;
-    for (int i = 0; i < drafter_n_params(d); i++) {
-        const struct drafter_param *p = drafter_param(d, i);
-        if (p->trainable && p->ndim == 1)
-            for (int64_t e = 0; e < p->numel; e++) p->w[e] = 1 + test_rng_uniform(&s, -0.3f, 0.3f);
-    }
+/* Save d as dflash-train does (its config_to_json keys, optimizer + guard table) into a new run directory. */
+static void save_ckpt(const struct drafter *d, char *ckpt, size_t len) {
     const struct drafter_config *dc = drafter_config_of(d);
     json_t *lt = json_array(), *ids = json_array();
     for (int l = 0; l < dc->L; l++)
         json_array_append_new(lt, json_string(dc->layer_type[l] == DRAFTER_LAYER_SLIDING ? "sliding" : "full"));
-    json_array_append_new(ids, json_integer(0));
-    json_array_append_new(ids, json_integer(2));
+    int zl[DESC_MAX_LAYERS];
+    drafter_zlab_ids(dc, zl);
+    for (int i = 0; i < dc->k; i++) json_array_append_new(ids, json_integer(zl[i]));
     json_t *j = json_pack("{s:s, s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:o, s:i, s:b, s:i, s:i, s:o, s:b, s:I, s:f, s:s, "
                           "s:s, s:f, s:f, s:f, s:i, s:s}",
                           "format", "dflash-train config", "version", 1, "target_model_type", "qwen3", "hidden_size",
                           dc->H, "target_layers", dc->target.num_hidden_layers, "vocab_size", dc->V_t,
                           "draft_vocab_size", dc->V_d, "block_size", dc->B, "layer_types", lt, "sliding_window",
-                          dc->sliding_window, "sliding_window_non_causal", non_causal, "max_anchors", dc->N, "tokens",
+                          dc->sliding_window, "sliding_window_non_causal", dc->sliding_window_non_causal, "max_anchors", dc->N, "tokens",
                           dc->T_max, "target_layer_ids_zlab", ids, "sample_from_anchor", 0, "mask_token_id",
-                          (json_int_t)dc->mask_token_id, "noise", 0.05, "loss", "ce", "weighting", "dpace", "gamma",
+                          (json_int_t)dc->mask_token_id, "noise", (double)dc->noise, "loss", "ce", "weighting", "dpace", "gamma",
                           4.0, "alpha", 0.5, "init_std", 0.02, "seed", 7, "optimizer", "muon");
     ck_assert_ptr_nonnull(j);
     char *text = json_dumps(j, JSON_COMPACT);
@@ -142,6 +118,36 @@ static struct drafter *make_ckpt(const char *target, const char *types, int non_
     optim_free(&o);
     free(t);
     free(text);
+}
+
+/* A checkpoint as dflash-train writes it (its config_to_json keys, optimizer + guard table), of a drafter with
+ * layer types `types` ("sliding,full"), B 4, W 4, ids [0, 2], random weights; returns the drafter (kept for the
+ * comparison) and the checkpoint path in ckpt. */
+static struct drafter *make_ckpt(const char *target, const char *types, int non_causal, char *ckpt, size_t len) {
+    struct drafter_config c;
+    drafter_config_defaults(&c);
+    ck_assert_int_eq(drafter_parse_layer_types(&c, types, err, sizeof err), 0);
+    c.B = 4;
+    c.sliding_window = 4;
+    c.sliding_window_non_causal = non_causal;
+    c.N = 4;
+    c.T_max = 64;
+    c.k = 2;
+    c.layer_ids[0] = 0;
+    c.layer_ids[1] = 2;
+    c.mask_token_id = 500;
+    ck_assert_msg(drafter_config_from_target(&c, target, err, sizeof err) == 0, "%s", err);
+    struct drafter *d = drafter_init(&c, 7, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    ck_assert_msg(drafter_load_target(d, target, err, sizeof err) == 0, "%s", err);
+    /* norms away from 1 so a swapped tensor shows */
+    uint64_t s = 99;
+    for (int i = 0; i < drafter_n_params(d); i++) {
+        const struct drafter_param *p = drafter_param(d, i);
+        if (p->trainable && p->ndim == 1)
+            for (int64_t e = 0; e < p->numel; e++) p->w[e] = 1 + test_rng_uniform(&s, -0.3f, 0.3f);
+    }
+    save_ckpt(d, ckpt, len);
     return d;
 }
 
@@ -405,6 +411,29 @@ START_TEST(training_moves_tau) {
         if (s >= STEPS - 20) last_loss += m.loss_sum / 20;
     }
     double tau1 = eval_tau(&et, &ed, rows + TRAIN, HELD, NEW, &after);
+    /* the same through the binaries: a checkpoint, dflash-eval on the held-out rows (with the offline estimate) */
+    char ckpt[1024], res[700];
+    save_ckpt(d, ckpt, sizeof ckpt);
+    snprintf(res, sizeof res, "%s/eval.json", dir);
+    char skip[16], lim[16], nw[16];
+    snprintf(skip, sizeof skip, "%d", TRAIN);
+    snprintf(lim, sizeof lim, "%d", HELD);
+    snprintf(nw, sizeof nw, "%d", NEW);
+    const char *ev[] = {test_bin("dflash-eval"), "--target-model", target, "--ckpt", ckpt, "--prompts", data, "--skip",
+                        skip, "--limit", lim, "--max-new", nw, "--out", res, NULL};
+    ck_assert_msg(run_argv(ev) == 0, "%s", out_text);
+    char *js;
+    size_t jl;
+    ck_assert_int_eq(fs_read_file(res, &js, &jl, err, sizeof err), 0);
+    json_t *jr = json_loads(js, 0, NULL);
+    free(js);
+    double cli_tau = json_number_value(json_object_get(jr, "tau"));
+    double sim = json_number_value(json_object_get(jr, "offline_simulated_tau"));
+    double tf = json_number_value(json_object_get(jr, "offline_teacher_forced_tau"));
+    json_decref(jr);
+    fprintf(stderr, "training_moves_tau: dflash-eval on the checkpoint: tau %.3f; offline estimate: simulated %.3f, "
+            "teacher-forced %.3f\n", cli_tau, sim, tf);
+    ck_assert_double_eq_tol(cli_tau, tau1, 1e-9);
     fprintf(stderr, "training_moves_tau: loss %.3f -> %.3f over %d steps; held-out tau %.3f -> %.3f (B %d); "
             "acceptance at 1..3 after: %.2f %.2f %.2f\n", first_loss, last_loss, STEPS, tau0, tau1, c.B,
             (double)after.at_pos[1] / after.rounds, (double)after.at_pos[2] / after.rounds,
