@@ -1,9 +1,9 @@
 /*
  * stages/dflash-eval.c — measure acceptance directly: greedy speculative decoding with the frozen target and a
- * drafter checkpoint on a prompt set, checked token for token against plain greedy decoding (issue 17 item 3;
+ * drafter (a checkpoint or an export) on a prompt set, checked token for token against plain greedy decoding (issue 17 item 3;
  * stages/export/eval.h).
  *
- *   dflash-eval --target-model DIR --ckpt CKPT --prompts FILE [--max-new 32] [--skip N] [--limit N] [--out FILE]
+ *   dflash-eval --target-model DIR --ckpt CKPT | --drafter EXPORT_DIR --prompts FILE [--max-new 32] [--skip N] [--limit N] [--out FILE]
  *
  * Prompts: JSONL, one per line, either a JSON array of token ids or an object with "input_ids" (a training row:
  * with a "loss_mask", the prompt is the tokens before the first supervised one). CPU only, no KV cache (every
@@ -90,11 +90,13 @@ static int read_prompts(const char *path, int V, int skip, int limit, int max_pr
 
 int main(int argc, char **argv) {
     log_init("dflash-eval");
-    const char *target = NULL, *ckpt = NULL, *prompts = NULL, *out_path = NULL, *vocab = NULL;
+    const char *target = NULL, *ckpt = NULL, *exp_dir = NULL, *prompts = NULL, *out_path = NULL, *vocab = NULL;
     int max_new = 32, skip = 0, limit = 0, max_prompt = 0, offline = 1;
     struct flag table[] = {
         {"target-model", FLAG_STRING, &target, "the target's Hugging Face directory", 1, 0},
         {"ckpt", FLAG_STRING, &ckpt, "the drafter: a dflash-train checkpoint (RUN/checkpoints/step-N.ckpt)", 1, 0},
+        {"drafter", FLAG_STRING, &exp_dir, "the drafter as an export directory (dflash-export, either layout; bf16 "
+         "weights) instead of --ckpt", 1, 0},
         {"draft-vocab", FLAG_STRING, &vocab, "t2d.npy / d2t.npy directory when the checkpoint's vocabulary is pruned",
          1, 0},
         {"prompts", FLAG_STRING, &prompts, "JSONL: token-id arrays, or rows with input_ids (+ loss_mask: the prompt "
@@ -111,7 +113,8 @@ int main(int argc, char **argv) {
     flags_parse_or_exit(table, argc, argv, "--target-model DIR --ckpt CKPT --prompts FILE [--max-new N] [--out FILE]",
                         "Greedy speculative decoding with the target and a drafter: acceptance length τ, its "
                         "histogram and per-position acceptance, checked against plain greedy decoding.", NULL, 0);
-    if (!target || !ckpt || !prompts) DIE("--target-model, --ckpt and --prompts are required (see --help)");
+    if (!target || !prompts || !ckpt == !exp_dir)
+        DIE("--target-model, --prompts and one of --ckpt / --drafter are required (see --help)");
     char err[2048];
     struct model_config tc;
     char tcfg[4200];
@@ -125,7 +128,9 @@ int main(int argc, char **argv) {
     int total = longest + max_new;
 
     /* the online drafter plans one block; the offline one an anchor at every generated token */
-    struct drafter *d = export_load_checkpoint(ckpt, target, vocab, total + DRAFTER_MAX_B + 1, 1, NULL, err, sizeof err);
+    struct drafter *d = ckpt ? export_load_checkpoint(ckpt, target, vocab, total + DRAFTER_MAX_B + 1, 1, NULL, err,
+                                                      sizeof err)
+                             : export_load_dir(exp_dir, target, total + DRAFTER_MAX_B + 1, 1, err, sizeof err);
     if (!d) DIE("%s", err);
     const struct drafter_config *dc = drafter_config_of(d);
     int B = dc->B;
@@ -163,7 +168,9 @@ int main(int argc, char **argv) {
     struct drafter_metrics pooled;
     drafter_metrics_zero(&pooled, B);
     if (offline) {
-        struct drafter *d2 = export_load_checkpoint(ckpt, target, vocab, total + B + 1, max_new, NULL, err, sizeof err);
+        struct drafter *d2 = ckpt ? export_load_checkpoint(ckpt, target, vocab, total + B + 1, max_new, NULL, err,
+                                                           sizeof err)
+                                  : export_load_dir(exp_dir, target, total + B + 1, max_new, err, sizeof err);
         if (!d2) DIE("%s", err);
         struct eval_drafter e2;
         LIB_CHECK(eval_drafter_init(&e2, d2, err, sizeof err), err);

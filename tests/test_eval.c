@@ -434,6 +434,20 @@ START_TEST(training_moves_tau) {
     fprintf(stderr, "training_moves_tau: dflash-eval on the checkpoint: tau %.3f; offline estimate: simulated %.3f, "
             "teacher-forced %.3f\n", cli_tau, sim, tf);
     ck_assert_double_eq_tol(cli_tau, tau1, 1e-9);
+    /* and from its z-lab export (bf16 weights), as a server would load it */
+    char exp[700];
+    snprintf(exp, sizeof exp, "%s/export-zlab", dir);
+    ck_assert_msg(export_write(d, EXPORT_ZLAB, exp, target, err, sizeof err) == 0, "%s", err);
+    const char *ev2[] = {test_bin("dflash-eval"), "--target-model", target, "--drafter", exp, "--prompts", data,
+                         "--skip", skip, "--limit", lim, "--max-new", nw, "--out", res, NULL};
+    ck_assert_msg(run_argv(ev2) == 0, "%s", out_text);
+    ck_assert_int_eq(fs_read_file(res, &js, &jl, err, sizeof err), 0);
+    jr = json_loads(js, 0, NULL);
+    free(js);
+    double exp_tau = json_number_value(json_object_get(jr, "tau"));
+    json_decref(jr);
+    fprintf(stderr, "training_moves_tau: dflash-eval on the z-lab export (bf16): tau %.3f\n", exp_tau);
+    ck_assert_msg(exp_tau > 1.5, "export tau %g", exp_tau);
     fprintf(stderr, "training_moves_tau: loss %.3f -> %.3f over %d steps; held-out tau %.3f -> %.3f (B %d); "
             "acceptance at 1..3 after: %.2f %.2f %.2f\n", first_loss, last_loss, STEPS, tau0, tau1, c.B,
             (double)after.at_pos[1] / after.rounds, (double)after.at_pos[2] / after.rounds,

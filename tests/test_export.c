@@ -226,6 +226,25 @@ static void roundtrip(int format, const char *types, int non_causal) {
         if (de->d_name[0] != '.') entries++;
     closedir(dd);
     ck_assert_int_eq(entries, 1);
+    /* the export loads back into a drafter: same config, weights = bf16 of the masters */
+    struct drafter *dl = export_load_dir(out, target, 0, 0, err, sizeof err);
+    ck_assert_msg(dl != NULL, "%s", err);
+    const struct drafter_config *cl = drafter_config_of(dl);
+    ck_assert_int_eq(cl->L, c->L);
+    ck_assert_int_eq(cl->B, c->B);
+    ck_assert_int_eq(cl->sliding_window_non_causal, c->sliding_window_non_causal);
+    ck_assert_int_eq(cl->mask_token_id, c->mask_token_id);
+    for (int l = 0; l < c->L; l++) ck_assert_int_eq(cl->layer_type[l], c->layer_type[l]);
+    for (int i = 0; i < drafter_n_params(d); i++) {
+        const struct drafter_param *q = drafter_param(d, i), *r = drafter_param_find(dl, q->name);
+        ck_assert_ptr_nonnull(r);
+        for (int64_t e = 0; e < q->numel; e++)
+            ck_assert_msg(r->w[e] == bf16_round(q->w[e]) || !strncmp(q->name, "verifier_", 9) ||
+                          (format == EXPORT_ZLAB && !strcmp(q->name, "embed_tokens.weight")) ||
+                          (format == EXPORT_ZLAB && !strcmp(q->name, "lm_head.weight")),
+                          "%s[%lld]: %g vs %g", q->name, (long long)e, (double)r->w[e], (double)q->w[e]);
+    }
+    drafter_free(dl);
     /* a weight changed after the export is caught */
     drafter_param(d, 0)->w[3] += 1.0f;
     ck_assert_int_eq(export_check(out, &o, &x, err, sizeof err), -1);

@@ -10,6 +10,7 @@
 #include "kernels/lmhead_loss.h"
 #include "model/hfconfig.h"
 #include "model/safetensors.h"
+#include "model/weights.h"
 #include "train/ckpt.h"
 #include "train/optim.h"
 #include "train/vocab.h"
@@ -839,6 +840,7 @@ static int check_inner(const char *dir, const json_t *j, const char *what, const
             return err_fail(err, err_len, "%s: %s", what, e2);
         }
         int sfa = json_is_true(json_object_get(j, "sample_from_anchor"));
+        x->sample_from_anchor = sfa;
         if (v + (sfa ? 0 : 1) != x->B)
             return err_fail(err, err_len, "%s: key \"speculators_config.proposal_methods[0].speculative_tokens\" is "
                             "%lld but vLLM's block width is num_speculative_tokens + 1 = block_size %d, so it must be "
@@ -1003,4 +1005,90 @@ void export_serve_lines(const struct export_derived *x, const char *dir, const c
              "--speculative-draft-model-path %s --dtype bfloat16\n",
              x->mixed ? "# vLLM: mixed sliding/full layers need the V2 model runner\n" : "", target, dir, spec, target,
              dir);
+}
+
+/* ---------------------------------------------------------------- an export back into a drafter */
+
+struct drafter *export_load_dir(const char *dir, const char *target_dir, int T_max, int N, char *err, int err_len) {
+    struct export_derived x;
+    struct export_check_opts o = {target_dir, NULL, 1};
+    if (export_check(dir, &o, &x, err, err_len)) return NULL;
+    char what[PATH_MAX];
+    snprintf(what, sizeof what, "%s/config.json", dir);
+    struct drafter_config c;
+    drafter_config_defaults(&c);
+    c.L = x.L;
+    c.B = x.B;
+    int nc = -1;
+    for (int l = 0; l < x.L; l++) {
+        c.layer_type[l] = x.sliding[l] ? DRAFTER_LAYER_SLIDING : DRAFTER_LAYER_FULL;
+        if (!x.sliding[l]) {
+            if (x.causal[l]) {
+                err_fail(err, err_len, "%s: layer %d is a causal full-attention layer, which dflash-train does not "
+                         "have", what, l);
+                return NULL;
+            }
+            continue;
+        }
+        if (nc >= 0 && nc != !x.causal[l]) {
+            err_fail(err, err_len, "%s: sliding layers differ in causality, which dflash-train does not have", what);
+            return NULL;
+        }
+        nc = !x.causal[l];
+    }
+    c.sliding_window_non_causal = nc > 0;
+    if (x.window) c.sliding_window = x.window;
+    c.k = x.k;
+    memcpy(c.layer_ids, x.zlab_ids, sizeof(int) * (size_t)x.k);
+    c.ids_convention = DRAFTER_IDS_ZLAB;
+    c.mask_token_id = x.mask_token_id;
+    c.sample_from_anchor = x.sample_from_anchor;
+    if (T_max > 0) c.T_max = T_max;
+    if (N > 0) c.N = N;
+    if (drafter_config_from_target(&c, target_dir, err, err_len)) return NULL;
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    struct st_file f;
+    if (st_open(&f, path, err, err_len)) return NULL;
+    struct drafter *d = NULL;
+    uint8_t *t2d = NULL;
+    int64_t *d2t = NULL;
+    const struct st_tensor *tt = st_find(&f, "t2d"), *td = st_find(&f, "d2t");
+    if (x.V_d < x.V) {
+        c.V_d = x.V_d;
+        t2d = malloc((size_t)x.V);
+        d2t = malloc(sizeof *d2t * (size_t)x.V_d);
+        if (!t2d || !d2t || !tt || !td) {
+            err_fail(err, err_len, "%s: the pruned vocabulary's t2d / d2t could not be read", path);
+            goto fail;
+        }
+        memcpy(t2d, tt->data, (size_t)x.V);
+        memcpy(d2t, td->data, sizeof *d2t * (size_t)x.V_d);
+    }
+    d = drafter_init(&c, 0, err, err_len);
+    if (!d) goto fail;
+    if (t2d && drafter_set_vocab(d, t2d, d2t, c.V_d, err, err_len)) goto fail;
+    if (drafter_load_target(d, target_dir, err, err_len)) goto fail;
+    for (int i = 0; i < f.n_tensors; i++) {
+        char nm[600];
+        vllm_rename(f.tensors[i].name, nm, sizeof nm);
+        const struct drafter_param *p = drafter_param_find(d, nm);
+        if (!p) continue;   /* t2d / d2t */
+        if (f.tensors[i].numel != p->numel) {
+            err_fail(err, err_len, "%s: tensor \"%s\" has %lld elements, the drafter's %s %lld", path,
+                     f.tensors[i].name, (long long)f.tensors[i].numel, p->name, (long long)p->numel);
+            goto fail;
+        }
+        if (weights_convert_f32(&f.tensors[i], 0, p->numel, p->w, err, err_len)) goto fail;
+    }
+    st_close(&f);
+    free(t2d);
+    free(d2t);
+    return d;
+fail:
+    st_close(&f);
+    drafter_free(d);
+    free(t2d);
+    free(d2t);
+    return NULL;
 }

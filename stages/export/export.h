@@ -78,6 +78,7 @@ struct export_derived {
     int causal[DRAFTER_MAX_LAYERS];            /* per layer, as vLLM derives it */
     int window;                                /* vLLM's window (0: no sliding layer) */
     int mixed;                                 /* sliding and full layers both present */
+    int sample_from_anchor;                    /* speculators: slot 0 trained too */
     int sglang_ok;                             /* SGLang's fixed causality (sliding => causal) is training's */
     char verifier[512];
 };
@@ -117,6 +118,11 @@ int export_check(const char *dir, const struct export_check_opts *opts, struct e
 
 /* 1 when SGLang can serve a drafter of config c (its sliding layers are causal in the block, as SGLang runs them). */
 int export_sglang_servable(const struct drafter_config *c);
+
+/* A drafter from an export directory (either layout; accepted by export_check, SGLang's rules skipped): the config
+ * as the loaders derive it + target_dir, the exported tensors widened from bf16 (the embedding and LM head come
+ * from the target for the z-lab layout). T_max / N override the planned sizes when > 0. NULL with a sentence. */
+struct drafter *export_load_dir(const char *dir, const char *target_dir, int T_max, int N, char *err, int err_len);
 
 /* The exact serving lines for this export and target into buf (vllm serve + SGLang launch_server unless
  * x->sglang_ok is 0). */
