@@ -18,6 +18,7 @@
 #include "model/safetensors.h"
 #include "train/ckpt.h"
 #include "train/optim.h"
+#include "train/vocab.h"
 
 static char err[4096];
 static char base_dir[512];
@@ -71,6 +72,9 @@ static const char *tiny_target(void) {
 /* A checkpoint as dflash-train writes it (its config_to_json keys, optimizer + guard table), of a drafter with
  * layer types `types` ("sliding,full"), B 4, W 4, ids [0, 2], random weights; returns the drafter (kept for the
  * comparison) and the checkpoint path in ckpt. */
+static int g_vd;                 /* > 0: the next make_ckpt prunes the draft vocabulary to the even tokens < 2·g_vd */
+static char g_vocab_dir[600];    /* ... and writes t2d.npy / d2t.npy here */
+
 static struct drafter *make_ckpt(const char *target, const char *types, int non_causal, char *ckpt, size_t len) {
     struct drafter_config c;
     drafter_config_defaults(&c);
@@ -85,8 +89,27 @@ static struct drafter *make_ckpt(const char *target, const char *types, int non_
     c.layer_ids[1] = 2;
     c.mask_token_id = 500;
     ck_assert_msg(drafter_config_from_target(&c, target, err, sizeof err) == 0, "%s", err);
+    int V_t = c.V_t;
+    if (g_vd) c.V_d = g_vd;
     struct drafter *d = drafter_init(&c, 7, err, sizeof err);
     ck_assert_msg(d != NULL, "%s", err);
+    if (g_vd) {
+        uint8_t *t2d = calloc((size_t)V_t, 1);
+        int64_t *d2t = calloc((size_t)g_vd, sizeof *d2t);
+        for (int i = 0; i < g_vd; i++) {
+            t2d[2 * i] = 1;
+            d2t[i] = i;   /* target id = i + d2t[i] = 2i */
+        }
+        ck_assert_msg(drafter_set_vocab(d, t2d, d2t, g_vd, err, sizeof err) == 0, "%s", err);
+        snprintf(g_vocab_dir, sizeof g_vocab_dir, "%s", test_tmpdir("export-vocab"));
+        char p[700];
+        snprintf(p, sizeof p, "%s/t2d.npy", g_vocab_dir);
+        ck_assert_int_eq(vocab_npy_write_bool(p, t2d, V_t, err, sizeof err), 0);
+        snprintf(p, sizeof p, "%s/d2t.npy", g_vocab_dir);
+        ck_assert_int_eq(vocab_npy_write_i64(p, d2t, g_vd, err, sizeof err), 0);
+        free(t2d);
+        free(d2t);
+    }
     ck_assert_msg(drafter_load_target(d, target, err, sizeof err) == 0, "%s", err);
     /* norms away from 1 so a swapped tensor shows */
     uint64_t s = 99;
@@ -294,6 +317,54 @@ START_TEST(refuses_bad_inputs) {
     /* not a checkpoint */
     ck_assert_ptr_null(export_load_checkpoint(src, target, NULL, 0, 0, NULL, err, sizeof err));
     drafter_free(d0);
+}
+END_TEST
+
+/* A pruned draft vocabulary: the speculators layout carries t2d / d2t and the pruned LM head and loads back; the
+ * z-lab layout (the target's full head at serving time) is refused; the checkpoint needs the vocabulary dir. */
+START_TEST(speculators_pruned_vocab) {
+    const char *target = tiny_target();
+    char ckpt[1024];
+    g_vd = 100;
+    struct drafter *d0 = make_ckpt(target, "sliding,sliding", 0, ckpt, sizeof ckpt);
+    ck_assert_ptr_null(export_load_checkpoint(ckpt, target, NULL, 0, 0, NULL, err, sizeof err));
+    ck_assert_msg(strstr(err, "draft_vocab_size"), "%s", err);
+    struct drafter *d = export_load_checkpoint(ckpt, target, g_vocab_dir, 0, 0, NULL, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    assert_same_weights(d0, d);
+    char out[700], p[800];
+    snprintf(out, sizeof out, "%s/export", test_tmpdir("export-pruned"));
+    ck_assert_int_eq(export_write(d, EXPORT_ZLAB, out, "t", err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "pruned draft vocabulary"), "%s", err);
+    ck_assert_msg(export_write(d, EXPORT_SPECULATORS, out, "t", err, sizeof err) == 0, "%s", err);
+    struct export_check_opts o = {target, d, 0};
+    struct export_derived x;
+    ck_assert_msg(export_check(out, &o, &x, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(x.V_d, 100);
+    snprintf(p, sizeof p, "%s/model.safetensors", out);
+    struct st_file f;
+    ck_assert_int_eq(st_open(&f, p, err, sizeof err), 0);
+    const struct st_tensor *t2d = st_find(&f, "t2d"), *d2t = st_find(&f, "d2t"), *lm = st_find(&f, "lm_head.weight");
+    ck_assert_ptr_nonnull(t2d);
+    ck_assert_ptr_nonnull(d2t);
+    ck_assert_int_eq(t2d->dtype, ST_BOOL);
+    ck_assert_int_eq(d2t->dtype, ST_I64);
+    ck_assert_int_eq(lm->shape[0], 100);
+    int64_t v;
+    memcpy(&v, (const char *)d2t->data + 8 * 7, 8);
+    ck_assert_int_eq(v, 7);
+    ck_assert_int_eq(((const uint8_t *)t2d->data)[14], 1);
+    ck_assert_int_eq(((const uint8_t *)t2d->data)[15], 0);
+    st_close(&f);
+    struct drafter *dl = export_load_dir(out, target, 0, 0, err, sizeof err);
+    ck_assert_msg(dl != NULL, "%s", err);
+    ck_assert_int_eq(drafter_config_of(dl)->V_d, 100);
+    const struct drafter_param *a = drafter_param_find(d, "lm_head.weight"), *b = drafter_param_find(dl, "lm_head.weight");
+    for (int64_t e = 0; e < a->numel; e++) ck_assert(b->w[e] == bf16_round(a->w[e]));
+    drafter_free(dl);
+    drafter_free(d);
+    drafter_free(d0);
+    g_vd = 0;
 }
 END_TEST
 
@@ -554,6 +625,7 @@ int main(void) {
     tcase_add_test(tc, refuses_bad_inputs);
     tcase_add_test(tc, cli_end_to_end);
     tcase_add_test(tc, run_exports);
+    tcase_add_test(tc, speculators_pruned_vocab);
     tcase_add_loop_test(tc, checker_refuses_corpus, 0, (int)(sizeof corpus / sizeof corpus[0]));
     suite_add_tcase(s, tc);
     return test_run_suite(s);

@@ -622,6 +622,17 @@ static int check_weights(const char *dir, int format, const struct dims *m, cons
                           st_dtype_name(t->dtype), st_dtype_name((enum st_dtype)want));
             break;
         }
+        if (d && (!strcmp(nm, "t2d") || !strcmp(nm, "d2t"))) {
+            struct drafter_last ls;
+            drafter_last_step(d, &ls);
+            const void *mine = nm[0] == 't' ? (const void *)ls.t2d : (const void *)ls.d2t;
+            if (!mine || t->nbytes != (nm[0] == 't' ? (size_t)m->V : sizeof(int64_t) * (size_t)m->V_d) ||
+                memcmp(mine, t->data, t->nbytes)) {
+                rc = err_fail(err, err_len, "%s: tensor \"%s\" is not the draft vocabulary the checkpoint was "
+                              "trained with", path, t->name);
+                break;
+            }
+        }
         if (d) {
             const struct drafter_param *p = drafter_param_find(d, nm);
             if (p) {
