@@ -7,6 +7,7 @@
 #include "testutil.h"
 
 #include <jansson.h>
+#include <signal.h>
 #include <dirent.h>
 #include <ftw.h>
 #include <sys/stat.h>
@@ -411,6 +412,108 @@ START_TEST(cli_end_to_end) {
 }
 END_TEST
 
+
+/* The real trainer: shm + target + hspack + dflash-train on the tiny model, fed by dflash-pack; at the end the
+ * exports under RUN/export pass the checker against the trainer's own checkpoint (its config JSON is what
+ * export_load_checkpoint parses), and dflash-export re-exports that checkpoint. */
+static char *spec_of(const char *const *argv) {
+    static char buf[3][512];
+    static int k;
+    ck_assert_msg(run_argv(argv) == 0, "%s", out_text);
+    char *b = buf[k++ % 3];
+    size_t n = strcspn(out_text, "\n");
+    ck_assert_uint_lt(n, 512);
+    memcpy(b, out_text, n);
+    b[n] = '\0';
+    return b;
+}
+
+static int wait_exit(pid_t pid, int seconds) {
+    for (int i = 0; i < seconds * 20; i++) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        ck_assert_int_ge(r, 0);
+        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        usleep(50000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    ck_abort_msg("pid %d did not exit within %d s", (int)pid, seconds);
+    return -1;
+}
+
+START_TEST(trainer_writes_exports) {
+    const char *model = test_tmpdir("export-train-model");
+    char data[700], run[700], log[800];
+    snprintf(data, sizeof data, "%s/data.jsonl", model);
+    snprintf(run, sizeof run, "%s/run", test_tmpdir("export-train-run"));
+    const char *mk[] = {test_bin("dflash-mkmodel"), "--preset", "tiny", "--out", model, "--dataset", data, "--samples",
+                        "16", "--median-len", "40", "--min-len", "16", "--max-len", "100", NULL};
+    ck_assert_msg(run_argv(mk) == 0, "%s", out_text);
+    const char *p1[] = {test_bin("dflash-pack"), "--tokens", "128", "--print-ring-spec", NULL};
+    const char *p2[] = {test_bin("dflash-target"), "--model", model, "--tokens", "128", "--device", "cpu", "--layers",
+                        "0,2", "--print-ring-spec", NULL};
+    const char *p3[] = {test_bin("dflash-hspack"), "--tokens", "128", "--n-layers", "2", "--hidden-size", "64",
+                        "--dtype", "f32", "--print-ring-spec", NULL};
+    char *s1 = spec_of(p1), *s2 = spec_of(p2), *s3 = spec_of(p3);
+    snprintf(log, sizeof log, "%s.log", run);
+    const char *shm[] = {test_bin("dflash-shm"), "--run", run, "--ring", s1, "--ring", s2, "--ring", s3, NULL};
+    pid_t ps = test_spawn_log(log, shm);
+    const char *tg[] = {test_bin("dflash-target"), "--run", run, "--model", model, "--tokens", "128", "--device", "cpu",
+                        "--layers", "0,2", NULL};
+    const char *hs[] = {test_bin("dflash-hspack"), "--run", run, "--device", "cpu", NULL};
+    const char *tr[] = {test_bin("dflash-train"), "--run", run, "--target-model", model, "--device", "cpu", "--tokens",
+                        "128", "--block-size", "4", "--max-anchors", "8", "--layer-types", "sliding,full",
+                        "--sliding-window", "8", "--target-layer-ids", "0,2", "--mask-token-id", "511", "--max-steps",
+                        "3", NULL};
+    pid_t pt = test_spawn_log(log, tg), ph = test_spawn_log(log, hs), pr = test_spawn_log(log, tr);
+    const char *pk[] = {test_bin("dflash-pack"), "--run", run, "--data", data, "--tokens", "128", "--epochs", "1", NULL};
+    pid_t pp = test_spawn_log(log, pk);
+    int rc_train = wait_exit(pr, 40);
+    int rc_pack = wait_exit(pp, 20);
+    const char *down[] = {test_bin("dflash-shm"), "--run", run, "--shutdown", NULL};
+    run_argv(down);
+    wait_exit(ps, 20);
+    kill(pt, SIGTERM);
+    kill(ph, SIGTERM);
+    wait_exit(pt, 20);
+    wait_exit(ph, 20);
+    char *text;
+    size_t len;
+    ck_assert_int_eq(fs_read_file(log, &text, &len, err, sizeof err), 0);
+    ck_assert_msg(rc_train == 0 && rc_pack == 0, "train %d, pack %d: %s", rc_train, rc_pack, text);
+    ck_assert_msg(strstr(text, "exports written to"), "%s", text);
+    free(text);
+    char ckpt[800], zl[800], sp[800], again[800];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoints/step-3.ckpt", run);
+    snprintf(zl, sizeof zl, "%s/export/zlab", run);
+    snprintf(sp, sizeof sp, "%s/export/speculators", run);
+    snprintf(again, sizeof again, "%s/export/again", run);
+    struct drafter *d = export_load_checkpoint(ckpt, model, NULL, 0, 0, NULL, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    struct export_check_opts o = {model, d, 0};
+    struct export_derived x;
+    ck_assert_msg(export_check(zl, &o, &x, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(x.mixed, 1);
+    ck_assert_int_eq(x.window, 8);
+    ck_assert_int_eq(x.mask_token_id, 511);
+    ck_assert_msg(export_check(sp, &o, &x, err, sizeof err) == 0, "%s", err);
+    drafter_free(d);
+    const char *ex[] = {test_bin("dflash-export"), ckpt, "--target-model", model, "--format", "zlab", "--out", again,
+                        NULL};
+    ck_assert_msg(run_argv(ex) == 0, "%s", out_text);
+    char a[900], b[900], *ta, *tb;
+    size_t la, lb;
+    snprintf(a, sizeof a, "%s/model.safetensors", zl);
+    snprintf(b, sizeof b, "%s/model.safetensors", again);
+    ck_assert_int_eq(fs_read_file(a, &ta, &la, err, sizeof err), 0);
+    ck_assert_int_eq(fs_read_file(b, &tb, &lb, err, sizeof err), 0);
+    ck_assert_msg(la == lb && memcmp(ta, tb, la) == 0, "the trainer's export and dflash-export's differ");
+    free(ta);
+    free(tb);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- the broken corpus */
 
 /* One edit of a good export and the words the refusal must contain. */
@@ -626,6 +729,7 @@ int main(void) {
     tcase_add_test(tc, cli_end_to_end);
     tcase_add_test(tc, run_exports);
     tcase_add_test(tc, speculators_pruned_vocab);
+    tcase_add_test(tc, trainer_writes_exports);
     tcase_add_loop_test(tc, checker_refuses_corpus, 0, (int)(sizeof corpus / sizeof corpus[0]));
     suite_add_tcase(s, tc);
     return test_run_suite(s);
