@@ -315,6 +315,16 @@ START_TEST(refuses_bad_inputs) {
     json_decref(j);
     ck_assert_ptr_null(export_load_checkpoint(ckpt, t2, NULL, 0, 0, NULL, err, sizeof err));
     ck_assert_msg(strstr(err, "hidden_size"), "%s", err);
+    /* an export checked against a checkpoint of another configuration */
+    char ck2[1024], out[700];
+    struct drafter *d2 = make_ckpt(target, "sliding,full", 0, ck2, sizeof ck2);
+    snprintf(out, sizeof out, "%s/export", test_tmpdir("export-other-cfg"));
+    ck_assert_msg(export_write(d0, EXPORT_ZLAB, out, "t", err, sizeof err) == 0, "%s", err);
+    struct export_check_opts oc = {target, d2, 0};
+    ck_assert_int_eq(export_check(out, &oc, NULL, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "layer_types differs from the checkpoint's") && strstr(err, "another configuration"),
+                  "%s", err);
+    drafter_free(d2);
     /* not a checkpoint */
     ck_assert_ptr_null(export_load_checkpoint(src, target, NULL, 0, 0, NULL, err, sizeof err));
     drafter_free(d0);
@@ -699,6 +709,7 @@ START_TEST(checker_refuses_corpus) {
     } else {
         edit_config(out, b);
     }
+    if (!strcmp(b->edit, "ids3")) o.d = NULL;   /* the checkpoint's ids would refuse it first: test fc alone */
     int rc = export_check(out, &o, NULL, err, sizeof err);
     if (!b->expect && strcmp(b->edit, "swap")) {
         ck_assert_msg(rc == 0, "edit %s %s must be accepted: %s", b->edit, b->key, err);

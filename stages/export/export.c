@@ -972,6 +972,32 @@ static int check_inner(const char *dir, const json_t *j, const char *what, const
                 return err_fail(err, err_len, "%s: captured layer (z-lab id) %d is outside the target's %d layers",
                                 what, x->zlab_ids[i], x->n_target);
     }
+    if (opts && opts->d) {   /* the checkpoint's configuration, key by key */
+        const struct drafter_config *c = drafter_config_of(opts->d);
+        int ids[DESC_MAX_LAYERS];
+        drafter_zlab_ids(c, ids);
+        int same_ids = c->k == x->k;
+        for (int i = 0; same_ids && i < c->k; i++) same_ids = ids[i] == x->zlab_ids[i];
+        const char *key = NULL;
+        char a[64] = "", b[64] = "";
+        if (c->L != x->L) key = "num_hidden_layers", snprintf(a, sizeof a, "%d", x->L), snprintf(b, sizeof b, "%d", c->L);
+        else if (c->B != x->B) key = "block_size", snprintf(a, sizeof a, "%d", x->B), snprintf(b, sizeof b, "%d", c->B);
+        else if (!same_ids) key = "target layer ids";
+        else if (c->mask_token_id != x->mask_token_id)
+            key = "mask_token_id", snprintf(a, sizeof a, "%lld", (long long)x->mask_token_id),
+            snprintf(b, sizeof b, "%lld", (long long)c->mask_token_id);
+        else if (c->V_d != x->V_d) key = "draft_vocab_size", snprintf(a, sizeof a, "%d", x->V_d), snprintf(b, sizeof b, "%d", c->V_d);
+        for (int l = 0; !key && l < c->L; l++) {
+            if ((c->layer_type[l] == DRAFTER_LAYER_SLIDING) != x->sliding[l]) key = "layer_types";
+            else if (trained_causal(c, l) != x->causal[l]) key = "causality (as vLLM derives it)";
+            else if (x->sliding[l] && c->sliding_window != x->window)
+                key = "sliding_window", snprintf(a, sizeof a, "%d", x->window), snprintf(b, sizeof b, "%d", c->sliding_window);
+        }
+        if (key)
+            return err_fail(err, err_len, "%s: %s%s%s%s%s differs from the checkpoint's%s%s: the export was made from "
+                            "another configuration", what, key, a[0] ? " (" : "", a, a[0] ? ")" : "", "",
+                            b[0] ? " " : "", b);
+    }
     return check_weights(dir, x->format, &m, opts ? opts->d : NULL, err, err_len);
 }
 
