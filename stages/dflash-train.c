@@ -535,7 +535,7 @@ int main(int argc, char **argv) {
         }
         if (res == RELAY_DONE && (o.ckpt_every == 0 || tr.step % o.ckpt_every != 0)) save(&tr);
         if (res == RELAY_DONE) {   /* the serving exports (issue 17): RUN/export/{zlab,speculators}, checked */
-            char skipped[256];
+            char skipped[768];
             LIB_CHECK(export_write_run(tr.d, o.common.run_dir, o.target_model, skipped, sizeof skipped, err, sizeof err),
                       err);
             log_info("exports written to %s/export%s%s", o.common.run_dir, skipped[0] ? "; " : "", skipped);

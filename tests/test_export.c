@@ -205,7 +205,7 @@ static void roundtrip(int format, const char *types, int non_causal) {
     ck_assert_int_eq(x.zlab_ids[0], 0);
     ck_assert_int_eq(x.zlab_ids[1], 2);
     ck_assert_int_eq(x.mask_token_id, 500);
-    ck_assert_int_eq(x.window, 4);
+    ck_assert_int_eq(x.window, strstr(types, "sliding") ? 4 : 0);
     ck_assert_int_eq(x.n_target, c->target.num_hidden_layers);
     for (int l = 0; l < c->L; l++) {
         ck_assert_int_eq(x.sliding[l], c->layer_type[l] == DRAFTER_LAYER_SLIDING);
@@ -281,7 +281,33 @@ START_TEST(zlab_roundtrip) { roundtrip(EXPORT_ZLAB, "sliding,sliding", 0); }
 END_TEST
 START_TEST(zlab_roundtrip_mixed_noncausal) { roundtrip(EXPORT_ZLAB, "sliding,full", 1); }
 END_TEST
-START_TEST(speculators_roundtrip) { roundtrip(EXPORT_SPECULATORS, "sliding,full", 0); }
+START_TEST(speculators_roundtrip) { roundtrip(EXPORT_SPECULATORS, "sliding,sliding", 0); }
+END_TEST
+START_TEST(speculators_roundtrip_full_noncausal) { roundtrip(EXPORT_SPECULATORS, "full,full", 0); }
+END_TEST
+START_TEST(speculators_roundtrip_mixed_noncausal) { roundtrip(EXPORT_SPECULATORS, "sliding,full", 1); }
+END_TEST
+
+/* Causal sliding + bidirectional full layers: vLLM's speculators path applies one causality to every layer, so the
+ * checker refuses that layout (the z-lab one, with per-layer defaults, is accepted). */
+START_TEST(speculators_mixed_causal_refused) {
+    const char *target = tiny_target();
+    char ckpt[1024], out[700];
+    struct drafter *d = make_ckpt(target, "sliding,full", 0, ckpt, sizeof ckpt);
+    ck_assert_int_eq(export_speculators_vllm_servable(drafter_config_of(d)), 0);
+    snprintf(out, sizeof out, "%s/export", test_tmpdir("export-mixed"));
+    ck_assert_msg(export_write(d, EXPORT_SPECULATORS, out, "t", err, sizeof err) == 0, "%s", err);
+    struct export_check_opts o = {target, d, 0};
+    ck_assert_int_eq(export_check(out, &o, NULL, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "vLLM derives layer 1 as causal"), "%s", err);
+    char p[800], *text;
+    size_t len;
+    snprintf(p, sizeof p, "%s/README.md", out);
+    ck_assert_int_eq(fs_read_file(p, &text, &len, err, sizeof err), 0);
+    ck_assert_msg(strstr(text, "Do not serve this layout with vLLM"), "%s", text);
+    free(text);
+    drafter_free(d);
+}
 END_TEST
 
 START_TEST(refuses_bad_inputs) {
@@ -385,14 +411,22 @@ START_TEST(run_exports) {
     char ckpt[1024];
     struct drafter *d = make_ckpt(target, "sliding,full", 0, ckpt, sizeof ckpt);
     const char *run = test_tmpdir("export-runend");
-    char skipped[256], p[800];
+    char skipped[768], p[800];
     ck_assert_msg(export_write_run(d, run, target, skipped, sizeof skipped, err, sizeof err) == 0, "%s", err);
-    ck_assert_str_eq(skipped, "");
+    ck_assert_msg(strstr(skipped, "speculators library only"), "%s", skipped);   /* mixed, causal sliding layers */
     struct export_check_opts o = {target, d, 0};
     snprintf(p, sizeof p, "%s/export/zlab", run);
     ck_assert_msg(export_check(p, &o, NULL, err, sizeof err) == 0, "%s", err);
     snprintf(p, sizeof p, "%s/export/speculators", run);
-    ck_assert_msg(export_check(p, &o, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(fs_exists(p), "%s", p);
+    drafter_free(d);
+    /* an all-sliding drafter: both layouts checked, nothing skipped */
+    d = make_ckpt(target, "sliding,sliding", 0, ckpt, sizeof ckpt);
+    ck_assert_msg(export_write_run(d, run, target, skipped, sizeof skipped, err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(skipped, "");
+    ck_assert_msg(export_check(p, &o, NULL, err, sizeof err) == -1, "the old drafter must not match");
+    struct export_check_opts o2 = {target, d, 0};
+    ck_assert_msg(export_check(p, &o2, NULL, err, sizeof err) == 0, "%s", err);
     drafter_free(d);
 }
 END_TEST
@@ -507,7 +541,8 @@ START_TEST(trainer_writes_exports) {
     ck_assert_int_eq(x.mixed, 1);
     ck_assert_int_eq(x.window, 8);
     ck_assert_int_eq(x.mask_token_id, 511);
-    ck_assert_msg(export_check(sp, &o, &x, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(export_check(sp, &o, &x, err, sizeof err), -1);   /* mixed + causal sliding: not for vLLM */
+    ck_assert_msg(strstr(err, "vLLM derives layer 1 as causal"), "%s", err);
     drafter_free(d);
     const char *ex[] = {test_bin("dflash-export"), ckpt, "--target-model", model, "--format", "zlab", "--out", again,
                         NULL};
@@ -736,6 +771,9 @@ int main(void) {
     tcase_add_test(tc, zlab_roundtrip);
     tcase_add_test(tc, zlab_roundtrip_mixed_noncausal);
     tcase_add_test(tc, speculators_roundtrip);
+    tcase_add_test(tc, speculators_roundtrip_full_noncausal);
+    tcase_add_test(tc, speculators_roundtrip_mixed_noncausal);
+    tcase_add_test(tc, speculators_mixed_causal_refused);
     tcase_add_test(tc, refuses_bad_inputs);
     tcase_add_test(tc, cli_end_to_end);
     tcase_add_test(tc, run_exports);

@@ -244,6 +244,12 @@ static int trained_causal(const struct drafter_config *c, int l) {
     return c->layer_type[l] == DRAFTER_LAYER_SLIDING && !c->sliding_window_non_causal;
 }
 
+int export_speculators_vllm_servable(const struct drafter_config *c) {
+    int n = 0;
+    for (int l = 0; l < c->L; l++) n += trained_causal(c, l);
+    return n == 0 || n == c->L;
+}
+
 int export_sglang_servable(const struct drafter_config *c) {
     for (int l = 0; l < c->L; l++)
         if (trained_causal(c, l) != (c->layer_type[l] == DRAFTER_LAYER_SLIDING)) return 0;
@@ -319,7 +325,13 @@ char *export_zlab_config_json_text(const struct drafter_config *c) {
 }
 
 static char *spec_config_text(const struct drafter_config *c, const char *verifier) {
-    char *base = drafter_config_json_text(c, verifier);
+    /* without sliding layers the flag changes nothing in training, but vLLM turns sliding_window_non_causal false
+     * into causal = true for every layer: write true so full layers stay bidirectional there too */
+    struct drafter_config cc = *c;
+    int any_sliding = 0;
+    for (int l = 0; l < c->L; l++) any_sliding |= c->layer_type[l] == DRAFTER_LAYER_SLIDING;
+    if (!any_sliding) cc.sliding_window_non_causal = 1;
+    char *base = drafter_config_json_text(&cc, verifier);
     if (!base) return NULL;
     json_t *j = json_loads(base, 0, NULL);
     free(base);
@@ -412,7 +424,7 @@ static int readme_text(const struct drafter_config *c, int format, const char *d
                     "# DFlash drafter (%s layout), exported by dflash-export\n\n"
                     "- target: %s\n- block size %d (%d speculative tokens), %d draft layers, window %d%s\n"
                     "- captured target layers (z-lab ids, output of decoder layer i): [%s]\n- mask token id %lld\n"
-                    "%s%s%s\n"
+                    "%s%s%s%s\n"
                     "## Serving\n\n```\n%s```\n\n"
                     "Check it the way the loaders read it: `dflash-export --check %s --target-model %s`.\n",
                     export_format_name(format), verifier, c->B, c->B - 1, c->L, c->sliding_window,
@@ -421,6 +433,10 @@ static int readme_text(const struct drafter_config *c, int format, const char *d
                     x.mixed ? "\n**This drafter mixes sliding and full attention layers: vLLM serves it only with its "
                               "V2 model runner (the V1 DFlash path refuses mixed layer_types).**\n"
                             : "",
+                    format == EXPORT_SPECULATORS && !export_speculators_vllm_servable(c)
+                        ? "\n**Do not serve this layout with vLLM: it applies causal = not sliding_window_non_causal "
+                          "to every layer, and this drafter's full layers are bidirectional. Serve the z-lab export.**\n"
+                        : "",
                     x.sglang_ok ? "" : "\n**SGLang cannot serve this drafter: it runs sliding layers causally in the "
                                        "block, and this one was trained with bidirectional sliding layers.**\n",
                     format == EXPORT_ZLAB && x.sglang_ok && any_s && !c->sliding_window_non_causal
@@ -534,6 +550,14 @@ int export_write_run(const struct drafter *d, const char *run_dir, const char *v
         if (snprintf(dir, sizeof dir, "%s/export/%s", run_dir, export_format_name(format)) >= (int)sizeof dir)
             return err_fail(err, err_len, "%s: path too long", run_dir);
         if (export_write(d, format, dir, verifier_name, err, err_len)) return -1;
+        if (format == EXPORT_SPECULATORS && !export_speculators_vllm_servable(c)) {
+            size_t at = skipped ? strlen(skipped) : 0;
+            if (skipped && at + 2 < skipped_len)
+                snprintf(skipped + at, skipped_len - at, "%sthe speculators layout is for the speculators library only: vLLM "
+                         "applies one causality (not sliding_window_non_causal) to every layer, and this drafter's "
+                         "sliding layers are causal but its full layers bidirectional; serve the z-lab export", at ? "; " : "");
+            continue;
+        }
         struct export_check_opts o = {NULL, d, !export_sglang_servable(c)};
         if (export_check(dir, &o, NULL, err, err_len)) return -1;
     }
@@ -859,7 +883,8 @@ static int check_inner(const char *dir, const json_t *j, const char *what, const
         json_t *nc = json_object_get(j, "sliding_window_non_causal");
         if (nc && !json_is_boolean(nc))
             return err_fail(err, err_len, "%s: key \"sliding_window_non_causal\" must be a boolean", what);
-        for (int l = 0; l < x->L; l++) x->causal[l] = x->sliding[l] && !json_is_true(nc);
+        /* vLLM maps it to dflash_config.causal, which it applies to every layer, full ones included */
+        for (int l = 0; l < x->L; l++) x->causal[l] = !json_is_true(nc);
         if (any_s) {
             if (!json_is_true(json_object_get(cfg, "use_sliding_window")))
                 return err_fail(err, err_len, "%s: key \"transformer_layer_config.use_sliding_window\" must be true "

@@ -100,7 +100,8 @@ struct export_check_opts {
  *              target_hidden_size key (vLLM multiplies it) equal to hidden_size; a mixed sliding/full drafter
  *              must say in README.md that it needs vLLM's V2 model runner;
  *              speculators: aux_hidden_state_layer_ids and mask_token_id present, causal = not
- *              sliding_window_non_causal equal to training's, block width = speculative_tokens + 1 = block_size,
+ *              sliding_window_non_causal for every layer (vLLM maps it to dflash_config.causal) equal to training's
+ *              (so a drafter with causal sliding and bidirectional full layers is refused in this layout), block width = speculative_tokens + 1 = block_size,
  *              use_sliding_window true when a layer slides (else transformers nulls the window);
  *   SGLang     (zlab) layers.*, fc.weight, hidden_norm.weight, norm.weight present (it ignores unknown keys, so a
  *              missing one is an error here), no embed/lm_head needed; hidden_act "silu"; block_size from
@@ -115,6 +116,10 @@ struct export_check_opts {
  * Fills *out (may be NULL). 0/-1 with a sentence. */
 int export_check(const char *dir, const struct export_check_opts *opts, struct export_derived *out, char *err,
                  int err_len);
+
+/* 1 when vLLM can serve the speculators layout of c: it applies causal = not sliding_window_non_causal to every
+ * layer, so the trained causality must be the same in every layer (all sliding causal, or all bidirectional). */
+int export_speculators_vllm_servable(const struct drafter_config *c);
 
 /* 1 when SGLang can serve a drafter of config c (its sliding layers are causal in the block, as SGLang runs them). */
 int export_sglang_servable(const struct drafter_config *c);
