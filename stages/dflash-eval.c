@@ -88,9 +88,42 @@ static int read_prompts(const char *path, int V, int skip, int limit, int max_pr
     return n;
 }
 
+/* The trainer's own offline estimate: the mean eal_marginal (Σ_j Π_{i<=j} acc_j of a step) over the last `last`
+ * dflash-train records of a metrics.jsonl. Returns the count used (0: none), *mean filled. Dies on an unreadable
+ * file or a malformed line (naming the line). */
+static int train_metrics_eal(const char *path, int last, double *mean) {
+    FILE *f = fopen(path, "r");
+    if (!f) DIE("%s: %s", path, check_errno_str());
+    double *v = malloc(sizeof *v * (size_t)last);
+    ALLOC_CHECK(v);
+    char *line = NULL;
+    size_t cap = 0;
+    int lineno = 0, n = 0;
+    while (getline(&line, &cap, f) >= 0) {
+        lineno++;
+        if (line[0] == '\n') continue;
+        json_error_t je;
+        json_t *j = json_loads(line, 0, &je);
+        if (!j) DIE("%s:%d: not JSON (%s)", path, lineno, je.text);
+        const char *st = json_string_value(json_object_get(j, "stage"));
+        json_t *e = json_object_get(j, "eal_marginal");
+        if (st && !strcmp(st, "dflash-train") && json_is_number(e)) v[n++ % last] = json_number_value(e);
+        json_decref(j);
+    }
+    free(line);
+    fclose(f);
+    int used = n < last ? n : last;
+    double s = 0;
+    for (int i = 0; i < used; i++) s += v[i];
+    *mean = used ? s / used : 0;
+    free(v);
+    return used;
+}
+
 int main(int argc, char **argv) {
     log_init("dflash-eval");
-    const char *target = NULL, *ckpt = NULL, *exp_dir = NULL, *prompts = NULL, *out_path = NULL, *vocab = NULL;
+    const char *target = NULL, *ckpt = NULL, *exp_dir = NULL, *prompts = NULL, *out_path = NULL, *vocab = NULL,
+               *train_metrics = NULL;
     int max_new = 32, skip = 0, limit = 0, max_prompt = 0, offline = 1;
     struct flag table[] = {
         {"target-model", FLAG_STRING, &target, "the target's Hugging Face directory", 1, 0},
@@ -107,6 +140,8 @@ int main(int argc, char **argv) {
         {"limit", FLAG_INT, &limit, "at most N prompts (0: all)", 0, 1 << 30},
         {"offline", FLAG_BOOL, &offline, "also compute the offline (teacher-forced) estimate on the same responses",
          1, 0},
+        {"train-metrics", FLAG_STRING, &train_metrics, "RUN/metrics.jsonl of the training run: also print the "
+         "trainer's estimate 1 + eal_marginal (mean of its last 10 steps) beside the measured tau", 1, 0},
         {"out", FLAG_STRING, &out_path, "also write the results as JSON here", 1, 0},
         FLAGS_END,
     };
@@ -213,6 +248,12 @@ int main(int argc, char **argv) {
     if (offline)
         printf("  offline estimate: simulated tau 1 + sum prod acc = %.4f, teacher-forced accepted length %.4f "
                "(%lld anchors)\n", sim, tf, (long long)pooled.eal_count);
+    double train_sim = 0;
+    int train_n = train_metrics ? train_metrics_eal(train_metrics, 10, &train_sim) : 0;
+    if (train_metrics && !train_n) DIE("%s: no dflash-train record with eal_marginal", train_metrics);
+    if (train_n)
+        printf("  training metrics (last %d steps of %s): simulated tau 1 + eal_marginal = %.4f\n", train_n,
+               train_metrics, 1 + train_sim);
     if (out_path) {
         json_t *h = json_array(), *ap = json_array(), *acc = json_array();
         for (int i = 1; i <= B; i++) json_array_append_new(h, json_integer(s.hist[i]));
@@ -225,6 +266,7 @@ int main(int argc, char **argv) {
                               "tau_micro", eval_stats_tau_micro(&s), "tau_histogram", h, "acceptance_at_pos", ap,
                               "matches_greedy", 1, "offline_simulated_tau", sim, "offline_teacher_forced_tau", tf,
                               "offline_position_acc", acc);
+        if (train_n) json_object_set_new(j, "train_simulated_tau", json_real(1 + train_sim));
         char *text = json_dumps(j, JSON_INDENT(2));
         json_decref(j);
         ALLOC_CHECK(text);

@@ -232,8 +232,13 @@ START_TEST(cli_reports_and_refuses) {
     snprintf(bad, sizeof bad, "%s/bad.jsonl", dir);
     const char *text = "[1, 2, 3, 4, 5, 6, 7, 8]\n{\"input_ids\": [9, 8, 7, 6, 5, 4, 3, 2], \"loss_mask\": [0, 0, 0, 0, 0, 1, 1, 1]}\n";
     ck_assert_int_eq(fs_write_atomic(pf, text, strlen(text), err, sizeof err), 0);
+    char mf[700];
+    snprintf(mf, sizeof mf, "%s/metrics.jsonl", dir);
+    const char *mt = "{\"stage\": \"dflash-pack\", \"step\": 1}\n{\"stage\": \"dflash-train\", \"step\": 1, \"eal_marginal\": 0.5}\n"
+                     "{\"stage\": \"dflash-train\", \"step\": 2, \"eal_marginal\": 0.7}\n";
+    ck_assert_int_eq(fs_write_atomic(mf, mt, strlen(mt), err, sizeof err), 0);
     const char *a[] = {test_bin("dflash-eval"), "--target-model", target, "--ckpt", ckpt, "--prompts", pf, "--max-new",
-                       "12", "--out", of, NULL};
+                       "12", "--out", of, "--train-metrics", mf, NULL};
     ck_assert_msg(run_argv(a) == 0, "%s", out_text);
     ck_assert_msg(strstr(out_text, "speculative == greedy") && strstr(out_text, "offline estimate"), "%s", out_text);
     char *js;
@@ -247,6 +252,7 @@ START_TEST(cli_reports_and_refuses) {
     ck_assert_int_eq(json_array_size(json_object_get(j, "tau_histogram")), 4);
     ck_assert_int_eq(json_array_size(json_object_get(j, "acceptance_at_pos")), 3);
     ck_assert(json_number_value(json_object_get(j, "offline_simulated_tau")) >= 1.0);
+    ck_assert_double_eq_tol(json_number_value(json_object_get(j, "train_simulated_tau")), 1.6, 1e-12);
     json_decref(j);
     const char *btext = "[1, 2, 3]\n[4, 512, 6]\n";
     ck_assert_int_eq(fs_write_atomic(bad, btext, strlen(btext), err, sizeof err), 0);
@@ -394,6 +400,8 @@ START_TEST(training_moves_tau) {
     int32_t pos[64], doc[64] = {0};
     for (int i = 0; i < 64; i++) pos[i] = i;
     double first_loss = 0, last_loss = 0;
+    struct drafter_metrics tail;
+    drafter_metrics_zero(&tail, c.B);
     for (int s = 0; s < STEPS; s++) {
         const struct row *r = &rows[s % TRAIN];
         ck_assert_msg(eval_target_forward(&et, r->ids, r->n, r->n, NULL, err, sizeof err) == 0, "%s", err);
@@ -409,6 +417,7 @@ START_TEST(training_moves_tau) {
         ck_assert_msg(optim_step(&o, 1.0, err, sizeof err) == 0, "%s", err);
         if (s < 20) first_loss += m.loss_sum / 20;
         if (s >= STEPS - 20) last_loss += m.loss_sum / 20;
+        if (s >= STEPS - 50) drafter_metrics_add(&tail, &m);   /* the trainer's estimate over its last steps */
     }
     double tau1 = eval_tau(&et, &ed, rows + TRAIN, HELD, NEW, &after);
     /* the same through the binaries: a checkpoint, dflash-eval on the held-out rows (with the offline estimate) */
@@ -448,8 +457,9 @@ START_TEST(training_moves_tau) {
     json_decref(jr);
     fprintf(stderr, "training_moves_tau: dflash-eval on the z-lab export (bf16): tau %.3f\n", exp_tau);
     ck_assert_msg(exp_tau > 1.5, "export tau %g", exp_tau);
-    fprintf(stderr, "training_moves_tau: loss %.3f -> %.3f over %d steps; held-out tau %.3f -> %.3f (B %d); "
-            "acceptance at 1..3 after: %.2f %.2f %.2f\n", first_loss, last_loss, STEPS, tau0, tau1, c.B,
+    fprintf(stderr, "training_moves_tau: loss %.3f -> %.3f over %d steps; held-out tau %.3f -> %.3f (B %d); training "
+            "estimate (last 50 steps, noise 0) 1 + eal_marginal = %.3f; acceptance at 1..3 after: %.2f %.2f %.2f\n",
+            first_loss, last_loss, STEPS, tau0, tau1, c.B, 1 + drafter_metrics_eal_marginal(&tail),
             (double)after.at_pos[1] / after.rounds, (double)after.at_pos[2] / after.rounds,
             (double)after.at_pos[3] / after.rounds);
     ck_assert_msg(tau0 < 1.3, "untrained tau %g", tau0);
