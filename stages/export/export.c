@@ -616,8 +616,6 @@ static int check_weights(const char *dir, int format, const struct dims *m, cons
     if (st_open(&f, path, err, err_len)) return -1;
     int rc = 0;
     char nm[600];
-    char seen_bits[DRAFTER_MAX_LAYERS * 16 + 8];
-    memset(seen_bits, 0, sizeof seen_bits);
     for (int i = 0; i < f.n_tensors && !rc; i++) {
         const struct st_tensor *t = &f.tensors[i];
         vllm_rename(t->name, nm, sizeof nm);
