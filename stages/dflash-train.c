@@ -39,6 +39,7 @@
 #include "core/relay.h"
 #include "core/rings.h"
 #include "core/stage.h"
+#include "export/export.h"
 #include "kernels/common.h"
 #include "kernels/lmhead_loss.h"
 #include "train/ckpt.h"
@@ -533,6 +534,12 @@ int main(int argc, char **argv) {
             res = -1;
         }
         if (res == RELAY_DONE && (o.ckpt_every == 0 || tr.step % o.ckpt_every != 0)) save(&tr);
+        if (res == RELAY_DONE) {   /* the serving exports (issue 17): RUN/export/{zlab,speculators}, checked */
+            char skipped[768];
+            LIB_CHECK(export_write_run(tr.d, o.common.run_dir, o.target_model, skipped, sizeof skipped, err, sizeof err),
+                      err);
+            log_info("exports written to %s/export%s%s", o.common.run_dir, skipped[0] ? "; " : "", skipped);
+        }
         if (res == RELAY_DONE) log_info("training done: %lld steps, %lld skipped", (long long)tr.step,
                                         (long long)tr.guard.skipped_total);
     }

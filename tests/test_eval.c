@@ -1,0 +1,485 @@
+/*
+ * tests/test_eval.c — dflash-eval (stages/export/eval.h): speculative decoding equals plain greedy decoding token
+ * for token on the tiny model; an oracle proposer (the target's own greedy continuation, built in the test: a real
+ * drafter cannot be made an oracle) gives tau = B exactly; an untrained drafter gives tau about 1; the binary reads
+ * prompts, reports tau / histogram / per-position acceptance / the offline estimate, and refuses bad prompt ids
+ * with a line naming the file, line and key.
+ */
+#include "testutil.h"
+
+#include <dirent.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <math.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "core/fsutil.h"
+#include "export/eval.h"
+#include "export/export.h"
+#include "kernels/common.h"
+#include "model/safetensors.h"
+#include "train/ckpt.h"
+#include "train/optim.h"
+
+static char err[4096];
+static char base_dir[512];
+
+static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st; (void)flag; (void)ftw;
+    return remove(p);
+}
+/* Every test's files under one directory (TMPDIR for test_tmpdir), removed by the fixture. */
+static void setup(void) {
+    const char *b = getenv("TMPDIR");
+    snprintf(base_dir, sizeof base_dir, "%s/dflash-test-export-XXXXXX", b && *b ? b : "/tmp");
+    ck_assert_ptr_nonnull(mkdtemp(base_dir));
+    setenv("TMPDIR", base_dir, 1);
+}
+static void teardown(void) {
+    if (base_dir[0]) nftw(base_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+static char out_text[16384];
+
+static int run_argv(const char *const *argv) {
+    char logf[] = "/tmp/dflash-test-export-XXXXXX";
+    int fd = mkstemp(logf);
+    ck_assert_int_ge(fd, 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ssize_t r = pread(fd, out_text, sizeof out_text - 1, 0);
+    out_text[r > 0 ? r : 0] = '\0';
+    close(fd);
+    unlink(logf);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) != 127, "could not run %s", argv[0]);
+    return WEXITSTATUS(st);
+}
+
+static const char *tiny_target(void) {
+    static char dir[512];
+    snprintf(dir, sizeof dir, "%s", test_tmpdir("export-target"));
+    const char *argv[] = {test_bin("dflash-mkmodel"), "--preset", "tiny", "--out", dir, NULL};
+    ck_assert_msg(run_argv(argv) == 0, "dflash-mkmodel: %s", out_text);
+    return dir;
+}
+
+/* Save d as dflash-train does (its config_to_json keys, optimizer + guard table) into a new run directory. */
+static void save_ckpt(const struct drafter *d, char *ckpt, size_t len) {
+    const struct drafter_config *dc = drafter_config_of(d);
+    json_t *lt = json_array(), *ids = json_array();
+    for (int l = 0; l < dc->L; l++)
+        json_array_append_new(lt, json_string(dc->layer_type[l] == DRAFTER_LAYER_SLIDING ? "sliding" : "full"));
+    int zl[DESC_MAX_LAYERS];
+    drafter_zlab_ids(dc, zl);
+    for (int i = 0; i < dc->k; i++) json_array_append_new(ids, json_integer(zl[i]));
+    json_t *j = json_pack("{s:s, s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:o, s:i, s:b, s:i, s:i, s:o, s:b, s:I, s:f, s:s, "
+                          "s:s, s:f, s:f, s:f, s:i, s:s}",
+                          "format", "dflash-train config", "version", 1, "target_model_type", "qwen3", "hidden_size",
+                          dc->H, "target_layers", dc->target.num_hidden_layers, "vocab_size", dc->V_t,
+                          "draft_vocab_size", dc->V_d, "block_size", dc->B, "layer_types", lt, "sliding_window",
+                          dc->sliding_window, "sliding_window_non_causal", dc->sliding_window_non_causal, "max_anchors", dc->N, "tokens",
+                          dc->T_max, "target_layer_ids_zlab", ids, "sample_from_anchor", 0, "mask_token_id",
+                          (json_int_t)dc->mask_token_id, "noise", (double)dc->noise, "loss", "ce", "weighting", "dpace", "gamma",
+                          4.0, "alpha", 0.5, "init_std", 0.02, "seed", 7, "optimizer", "muon");
+    ck_assert_ptr_nonnull(j);
+    char *text = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    int n = drafter_n_params(d);
+    struct optim_tensor *t = calloc((size_t)n, sizeof *t);
+    for (int i = 0; i < n; i++) {
+        const struct drafter_param *p = drafter_param(d, i);
+        t[i] = (struct optim_tensor){p->name, p->ndim, {p->shape[0], p->shape[1]}, p->w, p->g, p->trainable,
+                                     p->is_matrix};
+    }
+    struct optim_config oc;
+    optim_config_default(&oc);
+    struct optim o;
+    memset(&o, 0, sizeof o);
+    ck_assert_msg(optim_init(&o, t, n, &oc, err, sizeof err) == 0, "%s", err);
+    struct optim_guard g;
+    optim_guard_init(&g, 3);
+    struct ckpt_table tab;
+    ckpt_table_init(&tab);
+    ck_assert_int_eq(ckpt_table_add_optim(&tab, &o, err, sizeof err), 0);
+    ck_assert_int_eq(ckpt_table_add_guard(&tab, &g, err, sizeof err), 0);
+    char cdir[600];
+    snprintf(cdir, sizeof cdir, "%s/checkpoints", test_tmpdir("export-run"));
+    struct ckpt_meta meta = {5, 10, 5, text, NULL, 0};
+    ck_assert_msg(ckpt_save(cdir, &meta, tab.t, tab.n, 0, ckpt, len, err, sizeof err) == 0, "%s", err);
+    ckpt_table_free(&tab);
+    optim_free(&o);
+    free(t);
+    free(text);
+}
+
+/* A checkpoint as dflash-train writes it (its config_to_json keys, optimizer + guard table), of a drafter with
+ * layer types `types` ("sliding,full"), B 4, W 4, ids [0, 2], random weights; returns the drafter (kept for the
+ * comparison) and the checkpoint path in ckpt. */
+static struct drafter *make_ckpt(const char *target, const char *types, int non_causal, char *ckpt, size_t len) {
+    struct drafter_config c;
+    drafter_config_defaults(&c);
+    ck_assert_int_eq(drafter_parse_layer_types(&c, types, err, sizeof err), 0);
+    c.B = 4;
+    c.sliding_window = 4;
+    c.sliding_window_non_causal = non_causal;
+    c.N = 4;
+    c.T_max = 64;
+    c.k = 2;
+    c.layer_ids[0] = 0;
+    c.layer_ids[1] = 2;
+    c.mask_token_id = 500;
+    ck_assert_msg(drafter_config_from_target(&c, target, err, sizeof err) == 0, "%s", err);
+    struct drafter *d = drafter_init(&c, 7, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    ck_assert_msg(drafter_load_target(d, target, err, sizeof err) == 0, "%s", err);
+    /* norms away from 1 so a swapped tensor shows */
+    uint64_t s = 99;
+    for (int i = 0; i < drafter_n_params(d); i++) {
+        const struct drafter_param *p = drafter_param(d, i);
+        if (p->trainable && p->ndim == 1)
+            for (int64_t e = 0; e < p->numel; e++) p->w[e] = 1 + test_rng_uniform(&s, -0.3f, 0.3f);
+    }
+    save_ckpt(d, ckpt, len);
+    return d;
+}
+
+
+/* The oracle: the target's own greedy continuation of c, B-1 tokens. */
+static int oracle_propose(void *ctx, struct eval_target *et, const int32_t *c, int n, int B, int32_t *draft, char *e,
+                          int el) {
+    (void)ctx;
+    int32_t seq[512], pred[512];
+    memcpy(seq, c, sizeof *seq * (size_t)n);
+    for (int j = 0; j < B - 1; j++) {
+        if (eval_target_forward(et, seq, n + j, n + j - 1, pred, e, el)) return -1;
+        seq[n + j] = pred[n + j - 1];
+        draft[j] = seq[n + j];
+    }
+    return 0;
+}
+
+static void prompt_of(int i, int32_t *p, int P) {
+    uint64_t s = 1000 + (uint64_t)i;
+    for (int t = 0; t < P; t++) p[t] = (int32_t)(test_rng_next(&s) % 500);
+}
+
+START_TEST(speculative_equals_greedy_and_tau) {
+    const char *target = tiny_target();
+    char ckpt[1024];
+    struct drafter *d0 = make_ckpt(target, "sliding,full", 0, ckpt, sizeof ckpt);
+    drafter_free(d0);
+    enum { P = 12, NEW = 24 };
+    struct drafter *d = export_load_checkpoint(ckpt, target, NULL, P + NEW + 8, 1, NULL, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    int zl[DESC_MAX_LAYERS];
+    drafter_zlab_ids(drafter_config_of(d), zl);
+    int B = drafter_config_of(d)->B;
+    struct eval_target et;
+    ck_assert_msg(eval_target_open(&et, target, P + NEW + B, zl, 2, err, sizeof err) == 0, "%s", err);
+    struct eval_drafter ed;
+    ck_assert_int_eq(eval_drafter_init(&ed, d, err, sizeof err), 0);
+    struct eval_stats su, so;
+    eval_stats_init(&su, B);
+    eval_stats_init(&so, B);
+    for (int i = 0; i < 3; i++) {
+        int32_t prompt[P], g[P + NEW], s1[P + NEW + 16], s2[P + NEW + 16];
+        prompt_of(i, prompt, P);
+        ck_assert_msg(eval_greedy(&et, prompt, P, NEW, g, err, sizeof err) == 0, "%s", err);
+        ck_assert_msg(eval_speculative(&et, prompt, P, NEW, B, eval_drafter_propose, &ed, s1, &su, err, sizeof err) == 0,
+                      "%s", err);
+        ck_assert_msg(eval_speculative(&et, prompt, P, NEW, B, oracle_propose, NULL, s2, &so, err, sizeof err) == 0,
+                      "%s", err);
+        for (int t = 0; t < P + NEW; t++) {
+            ck_assert_msg(s1[t] == g[t], "prompt %d: drafter run differs from greedy at %d", i, t);
+            ck_assert_msg(s2[t] == g[t], "prompt %d: oracle run differs from greedy at %d", i, t);
+        }
+    }
+    /* the oracle: every round accepts B-1 and adds the bonus */
+    ck_assert_int_eq(so.responses, 3);
+    ck_assert_double_eq_tol(eval_stats_tau(&so), B, 1e-12);
+    ck_assert_int_eq(so.hist[B], so.rounds);
+    for (int j = 1; j < B; j++) ck_assert_int_eq(so.at_pos[j], so.rounds);
+    /* untrained: about 1 */
+    ck_assert_int_eq(su.responses, 3);
+    double tu = eval_stats_tau(&su);
+    ck_assert_msg(tu >= 1.0 && tu < 1.3, "untrained tau %g", tu);
+    int64_t h = 0;
+    for (int i = 1; i <= B; i++) h += su.hist[i];
+    ck_assert_int_eq(h, su.rounds);
+    eval_drafter_free(&ed);
+    eval_target_close(&et);
+    drafter_free(d);
+}
+END_TEST
+
+START_TEST(cli_reports_and_refuses) {
+    const char *target = tiny_target();
+    char ckpt[1024];
+    struct drafter *d0 = make_ckpt(target, "sliding,sliding", 0, ckpt, sizeof ckpt);
+    drafter_free(d0);
+    const char *dir = test_tmpdir("eval-prompts");
+    char pf[700], of[700], bad[700];
+    snprintf(pf, sizeof pf, "%s/prompts.jsonl", dir);
+    snprintf(of, sizeof of, "%s/eval.json", dir);
+    snprintf(bad, sizeof bad, "%s/bad.jsonl", dir);
+    const char *text = "[1, 2, 3, 4, 5, 6, 7, 8]\n{\"input_ids\": [9, 8, 7, 6, 5, 4, 3, 2], \"loss_mask\": [0, 0, 0, 0, 0, 1, 1, 1]}\n";
+    ck_assert_int_eq(fs_write_atomic(pf, text, strlen(text), err, sizeof err), 0);
+    char mf[700];
+    snprintf(mf, sizeof mf, "%s/metrics.jsonl", dir);
+    const char *mt = "{\"stage\": \"dflash-pack\", \"step\": 1}\n{\"stage\": \"dflash-train\", \"step\": 1, \"eal_marginal\": 0.5}\n"
+                     "{\"stage\": \"dflash-train\", \"step\": 2, \"eal_marginal\": 0.7}\n";
+    ck_assert_int_eq(fs_write_atomic(mf, mt, strlen(mt), err, sizeof err), 0);
+    const char *a[] = {test_bin("dflash-eval"), "--target-model", target, "--ckpt", ckpt, "--prompts", pf, "--max-new",
+                       "12", "--out", of, "--train-metrics", mf, NULL};
+    ck_assert_msg(run_argv(a) == 0, "%s", out_text);
+    ck_assert_msg(strstr(out_text, "speculative == greedy") && strstr(out_text, "offline estimate"), "%s", out_text);
+    char *js;
+    size_t len;
+    ck_assert_int_eq(fs_read_file(of, &js, &len, err, sizeof err), 0);
+    json_t *j = json_loads(js, 0, NULL);
+    free(js);
+    ck_assert_ptr_nonnull(j);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "responses")), 2);
+    ck_assert(json_number_value(json_object_get(j, "tau")) >= 1.0);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "tau_histogram")), 4);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "acceptance_at_pos")), 3);
+    ck_assert(json_number_value(json_object_get(j, "offline_simulated_tau")) >= 1.0);
+    ck_assert_double_eq_tol(json_number_value(json_object_get(j, "train_simulated_tau")), 1.6, 1e-12);
+    json_decref(j);
+    const char *btext = "[1, 2, 3]\n[4, 512, 6]\n";
+    ck_assert_int_eq(fs_write_atomic(bad, btext, strlen(btext), err, sizeof err), 0);
+    const char *b[] = {test_bin("dflash-eval"), "--target-model", target, "--ckpt", ckpt, "--prompts", bad, NULL};
+    ck_assert_int_eq(run_argv(b), 1);
+    ck_assert_msg(strstr(out_text, "bad.jsonl:2: key input_ids[1]"), "%s", out_text);
+}
+END_TEST
+
+
+/* ---------------------------------------------------------------- training moves tau (issue 17 item 4) */
+
+/* Make the tiny target learnable: embedding N(0, 1), LM head N(0, 0.45), the layers' matrices N(0, 0.06) (what
+ * dflash-mkmodel's --embed-std / --lm-head-std give on another branch), norms kept. */
+static void make_learnable(const char *dir) {
+    char p[700], q[720];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    snprintf(q, sizeof q, "%s/new.safetensors", dir);
+    struct st_file f;
+    ck_assert_msg(st_open(&f, p, err, sizeof err) == 0, "%s", err);
+    struct st_write_tensor *t = calloc((size_t)f.n_tensors, sizeof *t);
+    bf16 **bufs = calloc((size_t)f.n_tensors, sizeof *bufs);
+    uint64_t s = 4242;
+    for (int i = 0; i < f.n_tensors; i++) {
+        const struct st_tensor *x = &f.tensors[i];
+        t[i] = (struct st_write_tensor){x->name, x->dtype, x->ndim, {0}, x->data};
+        memcpy(t[i].shape, x->shape, sizeof x->shape);
+        if (x->ndim != 2) continue;
+        ck_assert_int_eq(x->dtype, ST_BF16);
+        float std = strstr(x->name, "embed_tokens") ? 1.0f : strstr(x->name, "lm_head") ? 0.45f : 0.06f;
+        bufs[i] = malloc(sizeof(bf16) * (size_t)x->numel);
+        for (int64_t e = 0; e < x->numel; e += 2) {
+            double u1 = ((double)(test_rng_next(&s) >> 11) + 1) / 9007199254740993.0;
+            double u2 = (double)(test_rng_next(&s) >> 11) / 9007199254740992.0;
+            double r = sqrt(-2 * log(u1));
+            bufs[i][e] = float_to_bf16((float)(std * r * cos(2 * M_PI * u2)));
+            if (e + 1 < x->numel) bufs[i][e + 1] = float_to_bf16((float)(std * r * sin(2 * M_PI * u2)));
+        }
+        t[i].data = bufs[i];
+    }
+    ck_assert_msg(st_write_file(q, f.n_tensors, t, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < f.n_tensors; i++) free(bufs[i]);
+    free(bufs);
+    free(t);
+    st_close(&f);
+    ck_assert_int_eq(rename(q, p), 0);
+}
+
+struct row { int32_t ids[64]; uint8_t mask[64]; int n, P; };
+
+static int read_rows(const char *path, struct row *rows, int max) {
+    char *text;
+    size_t len;
+    ck_assert_int_eq(fs_read_file(path, &text, &len, err, sizeof err), 0);
+    int n = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line && n < max; line = strtok_r(NULL, "\n", &save)) {
+        json_t *j = json_loads(line, 0, NULL);
+        ck_assert_ptr_nonnull(j);
+        json_t *ids = json_object_get(j, "input_ids"), *lm = json_object_get(j, "loss_mask");
+        struct row *r = &rows[n++];
+        r->n = (int)json_array_size(ids);
+        ck_assert_int_le(r->n, 64);
+        r->P = r->n;
+        for (int i = 0; i < r->n; i++) {
+            r->ids[i] = (int32_t)json_integer_value(json_array_get(ids, (size_t)i));
+            r->mask[i] = (uint8_t)json_integer_value(json_array_get(lm, (size_t)i));
+            if (r->mask[i] && r->P == r->n) r->P = i;
+        }
+        json_decref(j);
+    }
+    free(text);
+    return n;
+}
+
+static double eval_tau(struct eval_target *et, struct eval_drafter *ed, const struct row *rows, int n, int new_tokens,
+                       struct eval_stats *st) {
+    int B = drafter_config_of(ed->d)->B;
+    eval_stats_init(st, B);
+    for (int i = 0; i < n; i++) {
+        int32_t out[128], g[128];
+        ck_assert_msg(eval_speculative(et, rows[i].ids, rows[i].P, new_tokens, B, eval_drafter_propose, ed, out, st, err,
+                                       sizeof err) == 0, "%s", err);
+        ck_assert_msg(eval_greedy(et, rows[i].ids, rows[i].P, new_tokens, g, err, sizeof err) == 0, "%s", err);
+        ck_assert_msg(memcmp(out, g, sizeof(int32_t) * (size_t)(rows[i].P + new_tokens)) == 0, "differs from greedy");
+    }
+    return eval_stats_tau(st);
+}
+
+START_TEST(training_moves_tau) {
+    const char *target = tiny_target();
+    make_learnable(target);
+    const char *dir = test_tmpdir("eval-demo");
+    char data[700];
+    snprintf(data, sizeof data, "%s/sampled.jsonl", dir);
+    enum { TRAIN = 160, HELD = 12, NEW = 24, STEPS = 600 };
+    char ns[16];
+    snprintf(ns, sizeof ns, "%d", TRAIN + HELD);
+    const char *a[] = {test_bin("dflash-sample"), "--target-model", target, "--out", data, "--samples", ns,
+                       "--prompt-len", "8", "--gen-len", "24", "--temperature", "0.3", "--max-token", "500", NULL};
+    ck_assert_msg(run_argv(a) == 0, "%s", out_text);
+    static struct row rows[TRAIN + HELD];
+    ck_assert_int_eq(read_rows(data, rows, TRAIN + HELD), TRAIN + HELD);
+
+    struct drafter_config c;
+    drafter_config_defaults(&c);
+    ck_assert_int_eq(drafter_parse_layer_types(&c, "full,full", err, sizeof err), 0);
+    c.B = 4;
+    c.N = 16;
+    c.T_max = 64;
+    c.k = 2;
+    c.layer_ids[0] = 1;
+    c.layer_ids[1] = 3;
+    c.mask_token_id = 511;
+    c.noise = 0;
+    ck_assert_msg(drafter_config_from_target(&c, target, err, sizeof err) == 0, "%s", err);
+    struct drafter *d = drafter_init(&c, 3, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    ck_assert_msg(drafter_load_target(d, target, err, sizeof err) == 0, "%s", err);
+    int zl[DESC_MAX_LAYERS];
+    drafter_zlab_ids(drafter_config_of(d), zl);
+    struct eval_target et;
+    ck_assert_msg(eval_target_open(&et, target, 64, zl, 2, err, sizeof err) == 0, "%s", err);
+    struct eval_drafter ed;
+    ck_assert_int_eq(eval_drafter_init(&ed, d, err, sizeof err), 0);
+    struct eval_stats before, after;
+    double tau0 = eval_tau(&et, &ed, rows + TRAIN, HELD, NEW, &before);
+
+    /* train: one sampled row per step, AdamW, the trainer's step (drafter_step + clip + optimizer) */
+    int n = drafter_n_params(d);
+    struct optim_tensor *t = calloc((size_t)n, sizeof *t);
+    for (int i = 0; i < n; i++) {
+        const struct drafter_param *p = drafter_param(d, i);
+        t[i] = (struct optim_tensor){p->name, p->ndim, {p->shape[0], p->shape[1]}, p->w, p->g, p->trainable,
+                                     p->is_matrix};
+    }
+    struct optim_config oc;
+    optim_config_default(&oc);
+    oc.kind = OPTIM_ADAMW;
+    oc.lr = 5e-3;
+    oc.weight_decay = 0;
+    struct optim o;
+    memset(&o, 0, sizeof o);
+    ck_assert_msg(optim_init(&o, t, n, &oc, err, sizeof err) == 0, "%s", err);
+    int32_t pos[64], doc[64] = {0};
+    for (int i = 0; i < 64; i++) pos[i] = i;
+    double first_loss = 0, last_loss = 0;
+    struct drafter_metrics tail;
+    drafter_metrics_zero(&tail, c.B);
+    for (int s = 0; s < STEPS; s++) {
+        const struct row *r = &rows[s % TRAIN];
+        ck_assert_msg(eval_target_forward(&et, r->ids, r->n, r->n, NULL, err, sizeof err) == 0, "%s", err);
+        for (int tt = 0; tt < r->n; tt++)
+            for (int q = 0; q < 2; q++)
+                memcpy(ed.hidden + ((size_t)tt * 2 + q) * et.H, et.states + ((size_t)q * r->n + tt) * et.H,
+                       sizeof(float) * (size_t)et.H);
+        struct drafter_batch b = {r->n, r->n + 1, r->ids, r->mask, pos, doc, ed.hidden, et.last};
+        struct drafter_metrics m;
+        drafter_zero_grad(d);
+        ck_assert_msg(drafter_step(d, &b, 5, (uint64_t)s, 1, &m, err, sizeof err) == 0, "%s", err);
+        optim_clip_grad_norm(t, n, 1.0);
+        ck_assert_msg(optim_step(&o, 1.0, err, sizeof err) == 0, "%s", err);
+        if (s < 20) first_loss += m.loss_sum / 20;
+        if (s >= STEPS - 20) last_loss += m.loss_sum / 20;
+        if (s >= STEPS - 50) drafter_metrics_add(&tail, &m);   /* the trainer's estimate over its last steps */
+    }
+    double tau1 = eval_tau(&et, &ed, rows + TRAIN, HELD, NEW, &after);
+    /* the same through the binaries: a checkpoint, dflash-eval on the held-out rows (with the offline estimate) */
+    char ckpt[1024], res[700];
+    save_ckpt(d, ckpt, sizeof ckpt);
+    snprintf(res, sizeof res, "%s/eval.json", dir);
+    char skip[16], lim[16], nw[16];
+    snprintf(skip, sizeof skip, "%d", TRAIN);
+    snprintf(lim, sizeof lim, "%d", HELD);
+    snprintf(nw, sizeof nw, "%d", NEW);
+    const char *ev[] = {test_bin("dflash-eval"), "--target-model", target, "--ckpt", ckpt, "--prompts", data, "--skip",
+                        skip, "--limit", lim, "--max-new", nw, "--out", res, NULL};
+    ck_assert_msg(run_argv(ev) == 0, "%s", out_text);
+    char *js;
+    size_t jl;
+    ck_assert_int_eq(fs_read_file(res, &js, &jl, err, sizeof err), 0);
+    json_t *jr = json_loads(js, 0, NULL);
+    free(js);
+    double cli_tau = json_number_value(json_object_get(jr, "tau"));
+    double sim = json_number_value(json_object_get(jr, "offline_simulated_tau"));
+    double tf = json_number_value(json_object_get(jr, "offline_teacher_forced_tau"));
+    json_decref(jr);
+    fprintf(stderr, "training_moves_tau: dflash-eval on the checkpoint: tau %.3f; offline estimate: simulated %.3f, "
+            "teacher-forced %.3f\n", cli_tau, sim, tf);
+    ck_assert_double_eq_tol(cli_tau, tau1, 1e-9);
+    /* and from its z-lab export (bf16 weights), as a server would load it */
+    char exp[700];
+    snprintf(exp, sizeof exp, "%s/export-zlab", dir);
+    ck_assert_msg(export_write(d, EXPORT_ZLAB, exp, target, err, sizeof err) == 0, "%s", err);
+    const char *ev2[] = {test_bin("dflash-eval"), "--target-model", target, "--drafter", exp, "--prompts", data,
+                         "--skip", skip, "--limit", lim, "--max-new", nw, "--out", res, NULL};
+    ck_assert_msg(run_argv(ev2) == 0, "%s", out_text);
+    ck_assert_int_eq(fs_read_file(res, &js, &jl, err, sizeof err), 0);
+    jr = json_loads(js, 0, NULL);
+    free(js);
+    double exp_tau = json_number_value(json_object_get(jr, "tau"));
+    json_decref(jr);
+    fprintf(stderr, "training_moves_tau: dflash-eval on the z-lab export (bf16): tau %.3f\n", exp_tau);
+    ck_assert_msg(exp_tau > 1.5, "export tau %g", exp_tau);
+    fprintf(stderr, "training_moves_tau: loss %.3f -> %.3f over %d steps; held-out tau %.3f -> %.3f (B %d); training "
+            "estimate (last 50 steps, noise 0) 1 + eal_marginal = %.3f; acceptance at 1..3 after: %.2f %.2f %.2f\n",
+            first_loss, last_loss, STEPS, tau0, tau1, c.B, 1 + drafter_metrics_eal_marginal(&tail),
+            (double)after.at_pos[1] / after.rounds, (double)after.at_pos[2] / after.rounds,
+            (double)after.at_pos[3] / after.rounds);
+    ck_assert_msg(tau0 < 1.3, "untrained tau %g", tau0);
+    ck_assert_msg(tau1 > 1.5 && tau1 > tau0 + 0.3, "tau did not rise: %g -> %g", tau0, tau1);
+    optim_free(&o);
+    free(t);
+    eval_drafter_free(&ed);
+    eval_target_close(&et);
+    drafter_free(d);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("eval");
+    TCase *tc = tcase_create("eval");
+    tcase_set_timeout(tc, 120);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, speculative_equals_greedy_and_tau);
+    tcase_add_test(tc, cli_reports_and_refuses);
+    tcase_add_test(tc, training_moves_tau);
+    suite_add_tcase(s, tc);
+    return test_run_suite(s);
+}
