@@ -386,5 +386,9 @@ int main(int argc, char **argv) {
         log_error("%s", why);
         return 1;
     }
+    if (!complete && stage_stopping()) {
+        log_info("stopped by signal %d before the end of the stream (the recording is not complete)", stage_stop_signal());
+        return STAGE_EXIT_STOPPED;
+    }
     return 0;
 }
