@@ -38,6 +38,7 @@ NVFLAGS  := -std=c++17 -MMD -MP -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUD
             -Wno-deprecated-gpu-targets --expt-relaxed-constexpr
 LDFLAGS  := -pthread
 ifeq ($(DEBUG),1)
+CPPFLAGS += -DDFLASH_DEBUG=1
 CFLAGS  += -O0 -g3
 NVFLAGS += -O0 -g -lineinfo
 else
