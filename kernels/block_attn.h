@@ -55,6 +55,13 @@ int block_attn_backward_ref(const block_attn_config *c, const float *q, const fl
                             const int32_t *anchors, const int32_t *doc_ids, const float *out,
                             const float *dout, const float *lse, float *dq, float *dk, float *dv,
                             char *err, int err_len);
+/* block_attn_backward_ref with round_p != 0 emulating the device's precision (P and dS = P ⊙ (dP - Di)
+ * rounded to bf16 before the dV, dQ, dK products; the scale applied after): the baseline of the GPU test's
+ * 3x rule for gradients (style.md). round_p 0 is block_attn_backward_ref. */
+int block_attn_backward_ref_prec(const block_attn_config *c, const float *q, const float *k, const float *v,
+                                 const int32_t *anchors, const int32_t *doc_ids, const float *out,
+                                 const float *dout, const float *lse, int round_p, float *dq, float *dk, float *dv,
+                                 char *err, int err_len);
 
 #ifdef DFLASH_CUDA
 #include <cuda_runtime_api.h>

@@ -153,7 +153,7 @@ static std::string bft_trace(const block_attn_config *c, const bf16 *q, const bf
         printf("TRACE %s: %s\n", name.c_str(), kernels_error());
         return "";
     }
-    const int S = 32;   /* u64 per CTA: the layout of ba_wg_forward_traced (kernels/block_attn_wg.h) */
+    const int S = 32;   /* u64 per CTA: the layout of ba_wg_forward_traced (kernels/bench/block_attn_wg_bench.cuh) */
     unsigned long long *d_tr = NULL;
     if (cudaMalloc(&d_tr, (size_t)n_cta * S * 8) != cudaSuccess) {
         printf("TRACE %s: cudaMalloc failed\n", name.c_str());

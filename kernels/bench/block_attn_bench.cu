@@ -69,7 +69,7 @@
 
 #include "kernels/anchors.h"
 #include "kernels/block_attn.h"
-#include "kernels/block_attn_wg.h"   /* before the namespaced copies of block_attn.cu below: C linkage, global */
+#include "kernels/block_attn_wg.h"   /* before the namespaced copies of block_attn_mma.cuh below: C linkage, global */
 #include "kernels/common.h"
 #include "kernels/mma.cuh"
 #include "kernels/block_attn_common.cuh"   /* global, before the namespaced copies of block_attn.cu (include guard) */
