@@ -24,15 +24,15 @@
  *      block tile's S, dP, dQ products use N = 16 or 32 keys when B fits (wb_dq_tile<HD, NKEY>).
  * Configuration (H200, RESULTS.md: 0.885-0.888 ms = 200.4-201.0 TFLOP/s at the standard shape, dK/dV 0.352
  * ms, dQ 0.475 ms):
- *   kernel 2 as round 3's KV=2p: pipelined across visits (wb_kv_visit_p): a visit returns with its dK product
+ *   kernel 2 (KV=2p): pipelined across visits (wb_kv_visit_p): a visit returns with its dK product
  *     in flight, the next visit's Sᵀ, dPᵀ queue behind it (no tensor-pipe drain at each visit's barrier);
  *     4 stages, loads 2 visits ahead, issued after the visit's Sᵀ and dPᵀ wgmmas (wb_kv_visit_p's hook) with
- *     the query rows' gmem offsets computed once per thread (LA: session 3's candidate M=3, which took
- *     kernel 2 from 0.572 to 0.351 ms);
- *   kernel 3 as round 3's Q=2: two blocks per CTA (wb_q2_kernel), one warpgroup per block, the context K/V
+ *     the query rows' gmem offsets computed once per thread (LA: it took kernel 2 from 0.572 to
+ *     0.351 ms);
+ *   kernel 3 (Q=2): two blocks per CTA (wb_q2_kernel), one warpgroup per block, the context K/V
  *     tiles loaded once for both (union of the two ranges), double buffered (tile t + 1 loaded while tile t
- *     is used); its set-up from a plan (QR: session 3's candidate M=7 of round 2, which took kernel 3 from
- *     0.491 to 0.474 ms): wb_qplan_kernel (between kernels 2 and 3) scans each block's anchor window once
+ *     is used); its set-up from a plan (QR: it took kernel 3 from 0.491 to 0.474
+ *     ms): wb_qplan_kernel (between kernels 2 and 3) scans each block's anchor window once
  *     (not once per kv head: 8x fewer scans at the standard shape) and leaves a 16-byte record in the block's
  *     own dq rows; a kernel 3 CTA reads its two records instead of anchor -> doc id -> scan -> two barriers;
  *   the fast elementwise (FM) in kernel 2's visits and kernel 3's tiles: branch-free masks (a select per
@@ -646,7 +646,7 @@ __global__ void __launch_bounds__(128) wb_qplan_kernel(const int32_t *anchors, c
         *reinterpret_cast<int4 *>(dq + ((size_t)b * B * n_h + (size_t)g * G) * HD) = rec;
 }
 
-/* Kernel 3, two blocks per CTA (round 3's Q=2; the one-block-per-CTA kernel is history, git b94183e):
+/* Kernel 3, two blocks per CTA (Q=2: each context K/V tile serves two blocks):
  * warpgroup w handles block 2·blockIdx.x + w, the context K/V tiles are loaded once for both over the
  * union of their narrowed ranges (anchors are sorted, so consecutive blocks' ranges mostly coincide) and
  * a warpgroup skips the tiles outside its own range; then each warpgroup's own block tile (buffer 2 for
