@@ -163,7 +163,7 @@ START_TEST(gpu_nan_rejected_only_when_verified) {
     static int s1[] = {0, 1, -1};
     ck_assert_int_eq(tr_wait(tr_fork(producer_main, s1)), 0);
     ck_assert_int_eq(tr_wait(rec), 0);
-    tr_stop_shm(shm);
+    tr_shutdown_shm(g_run, shm);
     shm = start();
     const char *a2[] = {"--verify", "all", NULL};
     rec = spawn_record(a2);
@@ -173,7 +173,7 @@ START_TEST(gpu_nan_rejected_only_when_verified) {
     char *log = slurp(path);
     ck_assert_msg(log && strstr(log, "item rejected: seq 1: captured state value 5") && strstr(log, "is not finite"),
                   "log: %s", log ? log : "");
-    tr_stop_shm(shm);
+    tr_shutdown_shm(g_run, shm);
 }
 END_TEST
 

@@ -105,7 +105,7 @@ START_TEST(producer_killed_after_publish) {
     ck_assert_uint_eq(st.redelivered, 1);
     ck_assert_uint_eq(st.consumed, 1);
     ck_assert_int_eq(st.device, 0);
-    tr_stop_shm(shm);
+    tr_shutdown_shm(g_run, shm);
     ck_assert_int_eq(tr_count_segments(g_run), 0);
 }
 END_TEST
@@ -151,7 +151,7 @@ START_TEST(producer_killed_mid_write) {
     ring_close(o);
     ck_assert_uint_eq(st.recovered_writes, 1);
     ck_assert_uint_eq(st.n_free, 2);
-    tr_stop_shm(shm);
+    tr_shutdown_shm(g_run, shm);
     ck_assert_int_eq(tr_count_segments(g_run), 0);
 }
 END_TEST
