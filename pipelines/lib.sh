@@ -394,7 +394,7 @@ finish_training_run() {
     if [ -s "$RUN/eval/tau.dat" ]; then
       printf '%-28s %s\n' "tau by checkpoint (step tau)" "$(tr '\n' ' ' <"$RUN/eval/tau.dat")"
     fi
-    printf '%-28s %s\n' "tau of export/zlab (bf16)" "$(printf '%.3f' "$ztau" 2>/dev/null || echo "$ztau")"
+    printf '%-28s %s\n' "tau of export/zlab (bf16)" "$(if [ "$ztau" = - ]; then echo "- (not measured)"; else printf '%.3f' "$ztau"; fi)"
     printf '%-28s %s\n' "export/zlab --check" "${V[zlab]}"
     printf '%-28s %s\n' "export/speculators --check" "${V[speculators]}"
     printf '%-28s %s\n' "checkpoints" "$RUN/checkpoints"
