@@ -177,7 +177,8 @@ supervise() {
       plog "$name stopped before the end of its stream (status $rc) and has been restarted $MAX_RESTARTS times; giving up"
       return 1
     else
-      plog "$name failed (status $rc); last lines of $LOGS/$name.out:"
+      plog "$name failed (status $rc): $(first_error "$LOGS/$name.out")"
+      plog "last lines of $LOGS/$name.out:"
       tail -n 5 "$LOGS/$name.out" | sed 's/^/    /' >&2
       return 1
     fi
@@ -248,7 +249,8 @@ run_train_chain() {
     start_stage --chain dflash-train "${CMD_TRAIN[@]}" --resume
     if ! train_seq_from_log "$skip" 120; then
       rc=0; [ -z "${STAGE_PID[dflash-train]}" ] || wait "${STAGE_PID[dflash-train]}" 2>/dev/null || rc=$?
-      plog "dflash-train did not start (status $rc); last lines of $LOGS/dflash-train.out:"
+      plog "dflash-train did not start (status $rc): $(first_error "$LOGS/dflash-train.out")"
+      plog "last lines of $LOGS/dflash-train.out:"
       tail -n 5 "$LOGS/dflash-train.out" | sed 's/^/    /' >&2
       return 1
     fi
@@ -442,4 +444,12 @@ stage_busy() {
     }
     END { for (i = 0; i < n; i++) { s = order[i]; t = busy[s] + wait[s]; if (t > 0) printf "%s %.4f %.4f\n", s, busy[s] / t, wait[s] / t } }
   ' "$1/metrics.jsonl"
+}
+
+# first_error FILE: a stage log's first error line without its timestamp/level/pid prefix (or its last line).
+first_error() {
+  local l
+  l=$(grep -m1 ' [EF] dflash-[a-z]*\[[0-9]*\] ' "$1" 2>/dev/null | sed 's/^.* [EF] dflash-[a-z]*\[[0-9]*\] //') || true
+  [ -n "$l" ] || l=$(tail -n 1 "$1" 2>/dev/null)
+  printf '%s' "$l"
 }

@@ -95,7 +95,7 @@ DATA=$RUN/data.idx
 if [ ! -e "$DATA" ] || [ "$DATA_IN" -nt "$DATA" ]; then
   plog "validating and indexing $DATA_IN"
   "$DFLASH_BIN/dflash-pack" --data "$DATA_IN" --index "$DATA.tmp" >"$LOGS/index.out" 2>&1 ||
-    { rm -f "$DATA.tmp"; pdie "$(grep -m1 -i 'error\|fatal' "$LOGS/index.out" | sed 's/^.*\] //' || tail -n 1 "$LOGS/index.out")"; }
+    { rm -f "$DATA.tmp"; pdie "$(first_error "$LOGS/index.out")"; }
   mv "$DATA.tmp" "$DATA"
 fi
 
@@ -116,7 +116,7 @@ if [ ! -e "$REC/index.txt" ]; then
   while [ -e "$(printf '%s/item-%012d.safetensors' "$REC" "$next")" ]; do next=$((next + 1)); done
   BATCH_SPEC=$("$D/dflash-pack" "${PACK_FLAGS[@]}" --print-ring-spec) || pdie "dflash-pack --print-ring-spec failed"
   HIDDEN_SPEC=$("$D/dflash-target" --model "$MODEL" --tokens "$TOKENS" --device "$DEVICE" ${LAYER_FLAGS[@]+"${LAYER_FLAGS[@]}"} \
-                  --print-ring-spec 2>"$LOGS/spec.out") || pdie "dflash-target --model $MODEL: $(tail -n 1 "$LOGS/spec.out" | sed 's/^.*\] //')"
+                  --print-ring-spec 2>"$LOGS/spec.out") || pdie "dflash-target --model $MODEL: $(first_error "$LOGS/spec.out")"
   FEATURE_SPEC=$("$D/dflash-hspack" --tokens "$TOKENS" --n-layers "$K" --hidden-size "$H" --dtype "$DTYPE" \
                    --device "$DEVICE" --print-ring-spec) || pdie "dflash-hspack --print-ring-spec failed"
   CMD_SHM=("$D/dflash-shm" --run "$RUN" --ring "$BATCH_SPEC" --ring "$HIDDEN_SPEC" --ring "$FEATURE_SPEC" ${HOST[@]+"${HOST[@]}"})
