@@ -8,7 +8,8 @@
 #                               lifetime, or exit 1 naming the pid and start time of the run holding
 #                               it (two pipelines on one run directory would kill each other's stages)
 #   start_stage NAME CMD...     start CMD in its own process group; output -> $LOGS/NAME.out; pid in
-#                               $RUN/pids/NAME.pid; remembered so stop_all stops it
+#                               $RUN/pids/NAME.pid; remembered so stop_all stops it. SWAP_<NAME with
+#                               dashes as underscores>=PROGRAM runs PROGRAM instead of CMD's program
 #   supervise NAME...           wait until every named stage ended (exit 0 = its stream ended).
 #                               Any stage (services too) killed by a signal (a crash, kill -9) or
 #                               stopped before the end of its stream (exit 3, STAGE_EXIT_STOPPED of
@@ -90,6 +91,14 @@ start_stage() {
   if [ "$1" = --service ]; then service=1; shift; fi
   if [ "$1" = --chain ]; then chain=1; shift; fi
   local name=$1; shift
+  # SWAP_<stage, dashes as underscores>=PROGRAM runs PROGRAM in the stage's place with the same
+  # arguments (a modified build, an instrumented binary): SWAP_dflash_target=build-exp/bin/dflash-target
+  local swap="SWAP_${name//-/_}"
+  if [ -n "${!swap:-}" ]; then
+    [ -x "${!swap}" ] || pdie "$swap=${!swap}: not an executable"
+    plog "$name: running ${!swap} in place of $1 ($swap)"
+    set -- "${!swap}" "${@:2}"
+  fi
   STAGE_CMD[$name]=$(printf '%q ' "$@")
   STAGE_RESTARTS[$name]=0
   STAGE_SERVICE[$name]=$service

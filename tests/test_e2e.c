@@ -10,6 +10,7 @@
  *         byte-identical to (a).
  *     (c') the whole script stopped (SIGTERM) mid-run: it stops every stage and leaves no segment;
  *         the same command again resumes and ends byte-identical to (a).
+ *     swap: SWAP_dflash_hspack=PROGRAM runs another program in the stage's place (same drafter).
  *     (d) pipelines/train.sh (online) and pipelines/offline.sh (record once, then dflash-replay in
  *         order) with the same flags on the same model and data: identical checkpoints and exports.
  *   bad_inputs
@@ -127,6 +128,31 @@ START_TEST(resume_and_offline) {
     assert_same_drafter(ref, run, "(c') script stopped and run again");
     e2e_nothing_left(run, "(c')");
     fprintf(stderr, "test_e2e: (c') demo.sh stopped after step %d and run again: final drafter bit-identical\n", at);
+
+    /* a stage swapped for another program (SWAP_dflash_hspack: here a wrapper that leaves a mark and runs
+     * the real hspack): the pipeline runs it in the stage's place and trains the same drafter */
+    snprintf(run, sizeof run, "%s/swapped", base);
+    seed_inputs(ref, run);
+    char wrap[700], mark[700], cmd[8000], realbin[PATH_MAX];
+    snprintf(wrap, sizeof wrap, "%s/swap-hspack.sh", base);
+    snprintf(mark, sizeof mark, "%s/swap-ran", base);
+    ck_assert_ptr_nonnull(realpath(getenv("DFLASH_BIN") ? getenv("DFLASH_BIN") : "build/bin", realbin));
+    snprintf(cmd, sizeof cmd, "printf '#!/bin/sh\ntouch %s\nexec %s/dflash-hspack \"$@\"\n' >'%s' && chmod +x '%s'", mark,
+             realbin, wrap, wrap);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(out, sizeof out, "%s.out", run);
+    const char *argv3[] = {"bash", e2e_script("demo.sh"), "--run", run, "--device", "cpu", "--", "--ckpt-every", "5",
+                           NULL};
+    setenv("SWAP_dflash_hspack", wrap, 1);
+    p = e2e_start(out, E2E_STEPS, "0", NULL, argv3);
+    unsetenv("SWAP_dflash_hspack");
+    rc = e2e_wait(p, 120, out, "swap");
+    e2e_tail(out, tail, sizeof tail);
+    ck_assert_msg(rc == 0, "swap: exit %d:\n%s", rc, tail);
+    ck_assert_msg(access(mark, F_OK) == 0, "swap: the swapped program did not run:\n%s", tail);
+    assert_same_drafter(ref, run, "swapped hspack");
+    e2e_nothing_left(run, "swap");
+    fprintf(stderr, "test_e2e: SWAP_dflash_hspack ran a wrapper in hspack's place: same drafter\n");
 
     /* (d) offline equals online */
     char model[700], data[700], on[600], off[600];
