@@ -66,7 +66,8 @@ lock_run() {
   local run=$1 holder
   mkdir -p "$run"
   exec {RUN_LOCK_FD}>>"$run/lock" || pdie "cannot open $run/lock"
-  if ! flock -n "$RUN_LOCK_FD"; then
+  # -w 2: a killed script's short-lived children (a sleep, a status query) may hold it for a moment
+  if ! flock -w 2 "$RUN_LOCK_FD"; then
     holder=$(cat "$run/lock.owner" 2>/dev/null || echo "an unknown process")
     pdie "run directory $run is in use by another pipeline: $holder (wait for it, or stop it first)"
   fi

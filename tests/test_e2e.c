@@ -10,6 +10,7 @@
  *         byte-identical to (a).
  *     (c') the whole script stopped (SIGTERM) mid-run: it stops every stage and leaves no segment;
  *         the same command again resumes and ends byte-identical to (a).
+ *     (c'') the script and every stage SIGKILLed (segments left behind), the same command again: identical.
  *     swap: SWAP_dflash_hspack=PROGRAM runs another program in the stage's place (same drafter).
  *     (d) pipelines/train.sh (online) and pipelines/offline.sh (record once, then dflash-replay in
  *         order) with the same flags on the same model and data: identical checkpoints and exports.
@@ -67,7 +68,8 @@ static void seed_inputs(const char *ref, const char *run) {
 
 START_TEST(resume_and_offline) {
     const char *base = test_tmpdir("e2e");
-    uint64_t rng = 0x9E3779B97F4A7C15ull * 7 + 1;
+    const char *seed = getenv("DFLASH_E2E_SEED");   /* the kill moments: after a random checkpoint */
+    uint64_t rng = 0x9E3779B97F4A7C15ull * (seed && *seed ? strtoull(seed, NULL, 10) : 7) + 1;
     char ref[600], run[600], out[800], summary[4096], path[900];
 
     /* (a) uninterrupted */
@@ -128,6 +130,33 @@ START_TEST(resume_and_offline) {
     assert_same_drafter(ref, run, "(c') script stopped and run again");
     e2e_nothing_left(run, "(c')");
     fprintf(stderr, "test_e2e: (c') demo.sh stopped after step %d and run again: final drafter bit-identical\n", at);
+
+    /* (c'') a crash of everything: the script and every stage's process group SIGKILLed (rings left in
+     * /dev/shm, pid files stale); the same command stops nothing alive, removes the segments, resumes */
+    snprintf(run, sizeof run, "%s/all-killed", base);
+    seed_inputs(ref, run);
+    snprintf(out, sizeof out, "%s.out", run);
+    const char *argv4[] = {"bash", e2e_script("demo.sh"), "--run", run, "--device", "cpu", "--", "--ckpt-every", "5",
+                           NULL};
+    p = e2e_start(out, E2E_STEPS, "0", NULL, argv4);
+    at = 5 * (1 + (int)(test_rng_next(&rng) % 6));
+    wait_ckpt(run, at, p, "(c'')");
+    ck_assert_int_eq(kill(p, SIGKILL), 0);
+    static const char *all[] = {"dflash-shm", "dflash-metrics", "dflash-train", "dflash-hspack", "dflash-target",
+                                "dflash-pack"};
+    for (int i = 0; i < 6; i++) {
+        int sp = e2e_read_pid(run, all[i]);
+        if (sp > 0) kill(-sp, SIGKILL);
+    }
+    tr_wait(p);
+    p = e2e_start(out, E2E_STEPS, "0", NULL, argv4);
+    rc = e2e_wait(p, 120, out, "(c'') resume");
+    e2e_tail(out, tail, sizeof tail);
+    ck_assert_msg(rc == 0, "(c'') resume: exit %d:\n%s", rc, tail);
+    assert_same_drafter(ref, run, "(c'') everything SIGKILLed and run again");
+    e2e_nothing_left(run, "(c'')");
+    fprintf(stderr, "test_e2e: (c'') script and every stage SIGKILLed after step %d, run again: final drafter "
+                    "bit-identical\n", at);
 
     /* a stage swapped for another program (SWAP_dflash_hspack: here a wrapper that leaves a mark and runs
      * the real hspack): the pipeline runs it in the stage's place and trains the same drafter */
