@@ -11,8 +11,9 @@
 # checkpoints/step-N.ckpt, export/zlab and export/speculators (both checked by dflash-export
 # --check), eval/tau-step-N.json (τ on the held-out prompts by speculative decoding),
 # plots/{loss,eal,tokens_per_s,tau,stages}.png (gnuplot), summary.txt (the table printed at the end)
-# and DONE. Size and time: ~2 MB in all; STEPS (300) AdamW steps of 256-token batches, about a
-# minute on a 2-core CPU (--device cpu), τ rises from ~1.0 to ~2.
+# and DONE. Size and time: ~3 MB in all (7 checkpoints); STEPS (300) AdamW steps of 256-token
+# batches: about 25 s on a 2-core CPU (--device cpu; 12 s of it training, ~4 s the τ evaluation);
+# τ rises from 1.03 (step 50) to 1.94 (step 300).
 #
 # Resume: run the same command again. After any crash (of a stage or of this script) the trainer
 # resumes from its newest checkpoint, and the packer, target and hspack restart on fresh rings from
