@@ -11,7 +11,7 @@
 # checkpoints/step-N.ckpt, export/zlab and export/speculators (both checked by dflash-export
 # --check), eval/tau-step-N.json (τ on the held-out prompts by speculative decoding),
 # plots/{loss,eal,tokens_per_s,tau,stages}.png (gnuplot), summary.txt (the table printed at the end)
-# and DONE. Size and time: ~3 MB in all (7 checkpoints); STEPS (300) AdamW steps of 256-token
+# and DONE. Size and time: ~8 MB in all (6 checkpoints); STEPS (300) AdamW steps of 256-token
 # batches: about 25 s on a 2-core CPU (--device cpu; 12 s of it training, ~4 s the τ evaluation);
 # τ rises from 1.03 (step 50) to 1.94 (step 300).
 #
