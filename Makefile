@@ -2,7 +2,8 @@
 #
 #   make              build every binary into $(BUILD)/bin (CUDA code too when nvcc is found)
 #   make test         build and run every CPU Check suite (what CI runs)
-#   make run          the main job: the whole pipeline on the embedded default (pipelines/demo.sh)
+#   make run          the main job: trains, exports and evaluates a drafter on the embedded tiny model
+#                     (pipelines/demo.sh; runs/demo/summary.txt at the end)
 #   make bench        build the benchmarks into $(BUILD)/bench and run the CPU ones
 #   make gpu-test     build GPU tests, stages and benchmarks and pack them for the GPU machine
 #                     (scripts/gpu-run.sh; gpu-machine.md)

@@ -8,7 +8,8 @@
 #                               lifetime, or exit 1 naming the pid and start time of the run holding
 #                               it (two pipelines on one run directory would kill each other's stages)
 #   start_stage NAME CMD...     start CMD in its own process group; output -> $LOGS/NAME.out; pid in
-#                               $RUN/pids/NAME.pid; remembered so stop_all stops it
+#                               $RUN/pids/NAME.pid; remembered so stop_all stops it. SWAP_<NAME with
+#                               dashes as underscores>=PROGRAM runs PROGRAM instead of CMD's program
 #   supervise NAME...           wait until every named stage ended (exit 0 = its stream ended).
 #                               Any stage (services too) killed by a signal (a crash, kill -9) or
 #                               stopped before the end of its stream (exit 3, STAGE_EXIT_STOPPED of
@@ -19,6 +20,10 @@
 #                               exiting at all, fails the run: supervise returns 1 after naming it.
 #                               Deaths are found by polling every 0.1 s and collected with `wait PID`
 #                               per stage, so several stages dying at once are each restarted.
+#                               A chain stage (start_stage --chain: dflash-train) is not restarted
+#                               alone: its death (signal or exit 3) makes supervise return 2, and the
+#                               script restarts the whole chain from the seq the trainer asks for
+#                               (run_train_chain below).
 #   stop_stage NAME [SIG] [S]   SIGTERM (or SIG) the stage's process group, wait up to S seconds
 #                               (default 10), then SIGKILL it
 #   stop_all                    stop every started stage that still runs, newest first
@@ -31,7 +36,7 @@
 
 : "${MAX_RESTARTS:=3}"
 STAGE_EXIT_STOPPED=3   # stages/core/stage.h STAGE_EXIT_STOPPED: stopped by a signal before end of stream
-declare -gA STAGE_PID=() STAGE_CMD=() STAGE_RESTARTS=() STAGE_SERVICE=()
+declare -gA STAGE_PID=() STAGE_CMD=() STAGE_RESTARTS=() STAGE_SERVICE=() STAGE_CHAIN=()
 declare -ga STAGE_ORDER=()
 
 plog() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
@@ -61,7 +66,8 @@ lock_run() {
   local run=$1 holder
   mkdir -p "$run"
   exec {RUN_LOCK_FD}>>"$run/lock" || pdie "cannot open $run/lock"
-  if ! flock -n "$RUN_LOCK_FD"; then
+  # -w 2: a killed script's short-lived children (a sleep, a status query) may hold it for a moment
+  if ! flock -w 2 "$RUN_LOCK_FD"; then
     holder=$(cat "$run/lock.owner" 2>/dev/null || echo "an unknown process")
     pdie "run directory $run is in use by another pipeline: $holder (wait for it, or stop it first)"
   fi
@@ -80,15 +86,27 @@ _launch() {
   echo "${STAGE_PID[$name]}" >"$RUN/pids/$name.pid"
 }
 
-# start_stage [--service] NAME CMD...
+# start_stage [--service|--chain] NAME CMD...
 start_stage() {
-  local service=0
+  local service=0 chain=0
   if [ "$1" = --service ]; then service=1; shift; fi
+  if [ "$1" = --chain ]; then chain=1; shift; fi
   local name=$1; shift
+  # SWAP_<stage, dashes as underscores>=PROGRAM runs PROGRAM in the stage's place with the same
+  # arguments (a modified build, an instrumented binary): SWAP_dflash_target=build-exp/bin/dflash-target
+  local swap="SWAP_${name//-/_}"
+  if [ -n "${!swap:-}" ]; then
+    [ -x "${!swap}" ] || pdie "$swap=${!swap}: not an executable"
+    plog "$name: running ${!swap} in place of $1 ($swap)"
+    set -- "${!swap}" "${@:2}"
+  fi
   STAGE_CMD[$name]=$(printf '%q ' "$@")
   STAGE_RESTARTS[$name]=0
   STAGE_SERVICE[$name]=$service
-  STAGE_ORDER+=("$name")
+  STAGE_CHAIN[$name]=$chain
+  local n known=0
+  for n in "${STAGE_ORDER[@]}"; do [ "$n" != "$name" ] || known=1; done
+  [ "$known" = 1 ] || STAGE_ORDER+=("$name")   # a chain restart starts a stage again under its name
   _launch "$name" "$@"
   plog "started $name (pid ${STAGE_PID[$name]}): $*"
 }
@@ -148,7 +166,10 @@ supervise() {
     wait "$pid" 2>/dev/null || rc=$?
     STAGE_PID[$name]=""
     rm -f "$RUN/pids/$name.pid"
-    if { [ "$rc" -gt 128 ] || [ "$rc" -eq "$STAGE_EXIT_STOPPED" ]; } && [ "${STAGE_RESTARTS[$name]}" -lt "$MAX_RESTARTS" ]; then
+    if { [ "$rc" -gt 128 ] || [ "$rc" -eq "$STAGE_EXIT_STOPPED" ]; } && [ "${STAGE_CHAIN[$name]:-0}" = 1 ]; then
+      plog "$name stopped (status $rc); the chain restarts from the seq it asks for"
+      return 2
+    elif { [ "$rc" -gt 128 ] || [ "$rc" -eq "$STAGE_EXIT_STOPPED" ]; } && [ "${STAGE_RESTARTS[$name]}" -lt "$MAX_RESTARTS" ]; then
       STAGE_RESTARTS[$name]=$((STAGE_RESTARTS[$name] + 1))
       if [ "$rc" -gt 128 ]; then
         plog "$name died of signal $((rc - 128)); starting it again (restart ${STAGE_RESTARTS[$name]} of at most $MAX_RESTARTS)"
@@ -166,7 +187,8 @@ supervise() {
       plog "$name stopped before the end of its stream (status $rc) and has been restarted $MAX_RESTARTS times; giving up"
       return 1
     else
-      plog "$name failed (status $rc); last lines of $LOGS/$name.out:"
+      plog "$name failed (status $rc): $(first_error "$LOGS/$name.out")"
+      plog "last lines of $LOGS/$name.out:"
       tail -n 5 "$LOGS/$name.out" | sed 's/^/    /' >&2
       return 1
     fi
@@ -194,4 +216,250 @@ wait_ring_drained() {
     sleep 0.2
   done
   return 1
+}
+
+# ---------------------------------------------------------------- the training chain
+# run_train_chain: start dflash-shm ($CMD_SHM), dflash-metrics ($CMD_METRICS, once), the trainer
+# ($CMD_TRAIN, always with --resume) and then the producers through the script's function
+# `start_feeders SEQ` (names in $FEEDERS), rewound to the seq the trainer asks for; supervise until
+# the trainer exits 0. When the trainer dies (signal, exit 3), the items already in the rings are
+# past its checkpoint, so the whole chain restarts: producers stopped, `dflash-shm --shutdown`
+# (fresh, empty rings), trainer resumed from its newest checkpoint, producers rewound to its seq.
+# At most $MAX_RESTARTS such restarts. Returns 0 when the trainer finished (the rings are then shut
+# down and the producers stopped), 1 on failure.
+TRAIN_NEXT_SEQ=""
+train_seq_from_log() {   # train_seq_from_log SKIP_LINES SECS: the seq the trainer prints at start
+  local skip=$1 secs=$2 i line
+  for ((i = 0; i < secs * 10; i++)); do
+    line=$(tail -n +"$((skip + 1))" "$LOGS/dflash-train.out" 2>/dev/null | grep -m1 -o 'needs batch seq [0-9]* next' || true)
+    if [ -n "$line" ]; then TRAIN_NEXT_SEQ=${line//[^0-9]/}; return 0; fi
+    _alive dflash-train || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+shutdown_rings() {
+  "$DFLASH_BIN/dflash-shm" --run "$RUN" --shutdown >>"$LOGS/dflash-shm.out" 2>&1 || true
+  stop_stage dflash-shm TERM 20
+}
+
+run_train_chain() {
+  local round=0 rc skip f
+  while :; do
+    rm -f "$RUN/shm.json"
+    start_stage --service dflash-shm "${CMD_SHM[@]}"
+    wait_for_file "$RUN/shm.json" 20 '"running"' || { plog "dflash-shm did not come up; see $LOGS/dflash-shm.out"; return 1; }
+    if [ -n "${CMD_METRICS+x}" ] && ! _alive dflash-metrics; then
+      rm -f "$RUN/bus/metrics.sock"
+      start_stage --service dflash-metrics "${CMD_METRICS[@]}"
+      wait_for_file "$RUN/bus/metrics.sock" 20 || { plog "dflash-metrics did not bind its socket; see $LOGS/dflash-metrics.out"; return 1; }
+    fi
+    skip=0; [ ! -e "$LOGS/dflash-train.out" ] || skip=$(wc -l <"$LOGS/dflash-train.out")
+    start_stage --chain dflash-train "${CMD_TRAIN[@]}" --resume
+    if ! train_seq_from_log "$skip" 120; then
+      rc=0; [ -z "${STAGE_PID[dflash-train]}" ] || wait "${STAGE_PID[dflash-train]}" 2>/dev/null || rc=$?
+      plog "dflash-train did not start (status $rc): $(first_error "$LOGS/dflash-train.out")"
+      plog "last lines of $LOGS/dflash-train.out:"
+      tail -n 5 "$LOGS/dflash-train.out" | sed 's/^/    /' >&2
+      return 1
+    fi
+    plog "dflash-train needs batch seq $TRAIN_NEXT_SEQ next: the producers start there"
+    start_feeders "$TRAIN_NEXT_SEQ"
+    rc=0
+    supervise dflash-train || rc=$?
+    if [ "$rc" = 0 ]; then break; fi
+    if [ "$rc" != 2 ]; then return 1; fi
+    round=$((round + 1))
+    if [ "$round" -gt "$MAX_RESTARTS" ]; then plog "dflash-train stopped $round times; giving up"; return 1; fi
+    plog "restarting the chain (restart $round of at most $MAX_RESTARTS): the rings are emptied, the trainer resumes from its checkpoint"
+    for f in $FEEDERS; do stop_stage "$f" TERM 20; done
+    shutdown_rings
+  done
+  for f in $FEEDERS; do stop_stage "$f" TERM 20; done
+  shutdown_rings
+  return 0
+}
+
+# write_state FILE TEXT: a stage's state file, atomically (the producers' rewind points).
+write_state() { printf '%s\n' "$2" >"$1.tmp" && mv "$1.tmp" "$1"; }
+
+# ---------------------------------------------------------------- what every pipeline script does
+# prepare_run_dir NAME: --fresh (FRESH=1) removal of a run directory this script made, the run
+# directory, its lock, LOGS. Sets RUN to an absolute path.
+prepare_run_dir() {
+  local f p
+  if [ "${FRESH:-0}" = 1 ] && [ -e "$RUN" ]; then
+    [ -e "$RUN/run.json" ] || [ -z "$(ls -A "$RUN")" ] || pdie "--fresh: $RUN has no run.json; not deleting a directory this script did not make"
+    if [ -d "$RUN/pids" ]; then
+      for f in "$RUN"/pids/*.pid; do
+        [ -e "$f" ] || continue
+        p=$(cat "$f"); if kill -0 "$p" 2>/dev/null; then pdie "--fresh: a stage of $RUN still runs (pid $p, $f)"; fi
+      done
+    fi
+    plog "--fresh: removing $RUN"
+    rm -rf "$RUN"
+  fi
+  mkdir -p "$RUN/logs" "$RUN/state"
+  RUN=$(cd "$RUN" && pwd)
+  lock_run "$RUN"   # a second pipeline on this run directory stops here, naming the holder
+  LOGS=$RUN/logs
+}
+
+# A stage of an earlier attempt that still runs (its script was killed) would race with ours.
+stop_leftover_stages() {
+  local f p
+  [ -d "$RUN/pids" ] || return 0
+  for f in "$RUN"/pids/*.pid; do
+    [ -e "$f" ] || continue
+    p=$(cat "$f")
+    if kill -0 "$p" 2>/dev/null && tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q dflash-; then
+      plog "stopping $(basename "$f" .pid) (pid $p) left by an earlier attempt"
+      kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+      kill -KILL -- "-$p" 2>/dev/null || true
+    fi
+    rm -f "$f"
+  done
+  remove_run_segments "$RUN"
+}
+
+# install_traps NAME: stop every stage (and remove the run's segments) on any exit of the script.
+install_traps() {
+  PIPELINE_NAME=$1
+  on_signal() { plog "interrupted; stopping the pipeline"; exit 130; }
+  on_exit() {
+    local rc=$?
+    trap - EXIT INT TERM
+    stop_all
+    if [ "$rc" -ne 0 ]; then plog "$PIPELINE_NAME failed (status $rc); logs in $LOGS; run the same command again to resume"; fi
+    exit "$rc"
+  }
+  trap on_exit EXIT
+  trap on_signal INT TERM
+}
+
+# write_run_json NAME EXTRA_JSON (STAGE ARRAY_NAME)...: what the pipeline was started with; sets ATTEMPT.
+write_run_json() {
+  local name=$1 extra=$2 stages="" sep="" st arr
+  shift 2
+  ATTEMPT=1
+  [ ! -e "$RUN/run.json" ] || ATTEMPT=$(( $(grep -o '"attempt": [0-9]*' "$RUN/run.json" | grep -o '[0-9]*$' || echo 0) + 1 ))
+  while [ $# -ge 2 ]; do
+    st=$1; arr="$2[@]"; shift 2
+    stages+="$sep    $(json_str "$st"): $(json_arr "${!arr}")"; sep=$',\n'
+  done
+  cat >"$RUN/run.json.tmp" <<EOT
+{
+  "kind": "run", "version": 1, "pipeline": $(json_str "$name"), "attempt": $ATTEMPT,
+  "started": $(json_str "$(date -u +%Y-%m-%dT%H:%M:%SZ)"), "host": $(json_str "$(hostname)"),
+  "device": $(json_str "$DEVICE"), $extra,
+  "stages": {
+$stages
+  }
+}
+EOT
+  mv "$RUN/run.json.tmp" "$RUN/run.json"
+}
+
+# finish_training_run MODEL PROMPTS TRAIN_SECONDS: after the trainer finished: the checker's verdict on
+# both exports, τ on the held-out PROMPTS for every checkpoint and the z-lab export (DEMO_EVAL=0
+# skips τ), the τ and per-stage plots, summary.txt (printed), DONE.
+finish_training_run() {
+  local model=$1 prompts=$2 train_s=$3 fmt verdict c step tau ztau="-" first last steps
+  local -A V=()
+  mkdir -p "$RUN/eval" "$RUN/plots"
+  for fmt in zlab speculators; do
+    if [ ! -d "$RUN/export/$fmt" ]; then V[$fmt]="missing"; continue; fi
+    if "$DFLASH_BIN/dflash-export" --check "$RUN/export/$fmt" --target-model "$model" >"$LOGS/check-$fmt.out" 2>&1; then
+      V[$fmt]="ok"
+    else
+      V[$fmt]="refused: $(grep -v '^$' "$LOGS/check-$fmt.out" | tail -n 1 | cut -c1-100)"
+    fi
+  done
+  : >"$RUN/eval/tau.dat"
+  if [ "${DEMO_EVAL:-1}" != 0 ] && [ -n "$prompts" ]; then
+    for c in $(ls "$RUN"/checkpoints/step-*.ckpt 2>/dev/null | sort -t- -k2 -n); do
+      step=${c##*/step-}; step=${step%.ckpt}
+      "$DFLASH_BIN/dflash-eval" --target-model "$model" --ckpt "$c" --prompts "$prompts" --max-new 24 \
+        --out "$RUN/eval/tau-step-$step.json" >>"$LOGS/dflash-eval.out" 2>&1 || pdie "dflash-eval of $c failed; see $LOGS/dflash-eval.out"
+      tau=$(grep -o '"tau": *[0-9.eE+-]*' "$RUN/eval/tau-step-$step.json" | head -n 1 | grep -o '[0-9.eE+-]*$')
+      printf '%s %.3f\n' "$step" "$tau" >>"$RUN/eval/tau.dat"
+    done
+    if [ -d "$RUN/export/zlab" ]; then
+      "$DFLASH_BIN/dflash-eval" --target-model "$model" --drafter "$RUN/export/zlab" --prompts "$prompts" --max-new 24 \
+        $( [ -s "$RUN/metrics.jsonl" ] && grep -q eal_marginal "$RUN/metrics.jsonl" && echo --train-metrics "$RUN/metrics.jsonl" ) --out "$RUN/eval/tau-export-zlab.json" >>"$LOGS/dflash-eval.out" 2>&1 ||
+        pdie "dflash-eval of $RUN/export/zlab failed; see $LOGS/dflash-eval.out"
+      ztau=$(grep -o '"tau": *[0-9.eE+-]*' "$RUN/eval/tau-export-zlab.json" | head -n 1 | grep -o '[0-9.eE+-]*$')
+    fi
+  fi
+  plot_extra "$RUN"
+  steps=$(grep -o '"step": *[0-9]*' "$RUN/state/train.json" 2>/dev/null | grep -o '[0-9]*$' || echo "?")
+  first=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "loss") c = i; next } c && $c != "" { print $c; exit }' "$RUN/metrics.csv" 2>/dev/null || true)
+  last=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "loss") c = i; next } c && $c != "" { v = $c } END { print v }' "$RUN/metrics.csv" 2>/dev/null || true)
+  {
+    printf '%-28s %s\n' "run" "$RUN"
+    printf '%-28s %s\n' "device" "$DEVICE"
+    printf '%-28s %s\n' "optimizer steps" "$steps"
+    printf '%-28s %s s\n' "training wall time" "$train_s"
+    printf '%-28s %s -> %s\n' "loss (first -> last step)" "${first:--}" "${last:--}"
+    if [ -s "$RUN/eval/tau.dat" ]; then
+      printf '%-28s %s\n' "tau by checkpoint (step tau)" "$(tr '\n' ' ' <"$RUN/eval/tau.dat")"
+    fi
+    printf '%-28s %s\n' "tau of export/zlab (bf16)" "$(if [ "$ztau" = - ]; then echo "- (not measured)"; else printf '%.3f' "$ztau"; fi)"
+    printf '%-28s %s\n' "export/zlab --check" "${V[zlab]}"
+    printf '%-28s %s\n' "export/speculators --check" "${V[speculators]}"
+    printf '%-28s %s\n' "checkpoints" "$RUN/checkpoints"
+    printf '%-28s %s\n' "exports" "$RUN/export/{zlab,speculators}"
+    printf '%-28s %s\n' "plots" "$(cd "$RUN" && ls plots/*.png 2>/dev/null | tr '\n' ' ')"
+    printf '%-28s %s\n' "metrics" "$RUN/metrics.jsonl, $RUN/metrics.csv"
+  } >"$RUN/summary.txt.tmp"
+  grep -h 'summary:' "$LOGS/dflash-metrics.log" 2>/dev/null | tail -n 12 | sed 's/^[^ ]* . /    /' >>"$RUN/summary.txt.tmp" || true
+  mv "$RUN/summary.txt.tmp" "$RUN/summary.txt"
+  printf '{"kind": "done", "version": 1, "steps": %s, "train_seconds": %s, "finished": %s}\n' "$steps" "$train_s" \
+    "$(json_str "$(date -u +%Y-%m-%dT%H:%M:%SZ)")" >"$RUN/DONE.tmp"
+  mv "$RUN/DONE.tmp" "$RUN/DONE"
+  plog "done; summary ($RUN/summary.txt):"
+  cat "$RUN/summary.txt" >&2
+}
+
+# plot_extra RUN: plots/tau.png (τ by checkpoint step) and plots/stages.png (each stage's busy share
+# of its wall time from metrics.jsonl), with gnuplot when present (dflash-metrics draws loss, EAL and
+# tokens/s itself).
+plot_extra() {
+  local run=$1 term
+  command -v gnuplot >/dev/null 2>&1 || { plog "gnuplot not found: no τ/stage plots (scripts/install-deps.sh installs it)"; return 0; }
+  term="if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) { set terminal pngcairo size 1000,540 } else { set terminal png size 1000,540 }"
+  if [ -s "$run/eval/tau.dat" ]; then
+    gnuplot -e "$term; set output '$run/plots/tau.png.tmp'; set title 'tau on held-out prompts'; set xlabel 'step'; set ylabel 'tau'; set grid; plot '$run/eval/tau.dat' using 1:2 with linespoints title 'tau'" \
+      2>>"$LOGS/gnuplot.out" && mv "$run/plots/tau.png.tmp" "$run/plots/tau.png" || plog "gnuplot failed on tau.png; see $LOGS/gnuplot.out"
+  fi
+  stage_busy "$run" >"$run/plots/stages.dat" 2>/dev/null || true
+  if [ -s "$run/plots/stages.dat" ]; then
+    gnuplot -e "$term; set output '$run/plots/stages.png.tmp'; set title 'per-stage busy / wait share of wall time'; set style data histograms; set style histogram rowstacked; set style fill solid 0.8; set yrange [0:1]; set ylabel 'share'; set key outside; set boxwidth 0.6; plot '$run/plots/stages.dat' using 2:xtic(1) title 'busy', '' using 3 title 'wait'" \
+      2>>"$LOGS/gnuplot.out" && mv "$run/plots/stages.png.tmp" "$run/plots/stages.png" || plog "gnuplot failed on stages.png; see $LOGS/gnuplot.out"
+  fi
+}
+
+# stage_busy RUN: "stage busy_share wait_share" per stage, from each stage's last summary (or
+# heartbeat) record in RUN/metrics.jsonl.
+stage_busy() {
+  awk '
+    /"kind":"(summary|heartbeat)"/ {
+      st = $0; sub(/.*"stage":"/, "", st); sub(/".*/, "", st)
+      b = $0; if (!sub(/.*"busy_s":/, "", b)) next; sub(/[,}].*/, "", b)
+      w = $0; if (!sub(/.*"wait_s":/, "", w)) next; sub(/[,}].*/, "", w)
+      if (!(st in busy)) order[n++] = st
+      busy[st] = b; wait[st] = w
+    }
+    END { for (i = 0; i < n; i++) { s = order[i]; t = busy[s] + wait[s]; if (t > 0) printf "%s %.4f %.4f\n", s, busy[s] / t, wait[s] / t } }
+  ' "$1/metrics.jsonl"
+}
+
+# first_error FILE: a stage log's first error line without its timestamp/level/pid prefix (or its last line).
+first_error() {
+  local l
+  l=$(grep -m1 ' [EF] dflash-[a-z]*\[[0-9]*\] ' "$1" 2>/dev/null | sed 's/^.* [EF] dflash-[a-z]*\[[0-9]*\] //') || true
+  [ -n "$l" ] || l=$(tail -n 1 "$1" 2>/dev/null)
+  printf '%s' "$l"
 }
