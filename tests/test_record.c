@@ -4,7 +4,7 @@
  * Module: good batch/hidden items pass record_check and report their shape; corrupt descriptors
  * (garbage, truncated, wrong kind, seq disagreeing with the slot, short payload, bad arrays,
  * NaN / inf states in f32 and bf16) are rejected with a sentence naming the seq and the problem;
- * the seq tracker counts duplicates, gaps and order; item files round-trip byte for byte, and a
+ * a restart's scan fills the relay's seen set in seq order; item files round-trip byte for byte, and a
  * corrupt, truncated or foreign file is refused; a temporary left by a killed writer is never
  * taken for an item.
  *
@@ -17,6 +17,7 @@
  */
 #include "core/desc.h"
 #include "core/record.h"
+#include "core/relay.h"
 #include "shm/ring.h"
 #include "model/safetensors.h"
 #include "test_ring_util.h"
@@ -191,36 +192,41 @@ START_TEST(corrupt_items_rejected_with_a_sentence) {
 }
 END_TEST
 
-START_TEST(seqs_count_duplicates_gaps_and_order) {
-    struct record_seqs s;
-    record_seqs_init(&s);
-    char err[256];
-    ck_assert_int_eq(record_seqs_add(&s, 0, err, sizeof err), 1);
-    ck_assert_int_eq(record_seqs_add(&s, 1, err, sizeof err), 1);
-    ck_assert_int_eq(record_seqs_add(&s, 1, err, sizeof err), 0);
-    ck_assert_int_eq(record_seqs_add(&s, 4, err, sizeof err), 1);
-    ck_assert_int_eq(record_seqs_add(&s, 3, err, sizeof err), 1);
-    ck_assert_int_eq(record_seqs_add(&s, 200, err, sizeof err), 1);   /* grows the bitmap */
-    ck_assert_int_eq(record_seqs_add(&s, 200, err, sizeof err), 0);
-    ck_assert_uint_eq(s.n_distinct, 5);
-    ck_assert_uint_eq(s.n_dups, 2);
-    ck_assert_uint_eq(s.n_out_of_order, 1);
-    ck_assert_uint_eq(s.min, 0);
-    ck_assert_uint_eq(s.max, 200);
-    ck_assert_uint_eq(s.first, 0);
-    ck_assert_uint_eq(s.last, 200);
-    ck_assert_uint_eq(record_seqs_gaps(&s), 201 - 5);
-    ck_assert_uint_eq(record_seqs_next_missing(&s, 0), 2);
-    ck_assert_uint_eq(record_seqs_next_missing(&s, 3), 5);
-    ck_assert_uint_eq(record_seqs_next_missing(&s, 200), 201);
-    ck_assert_uint_eq(record_seqs_next_missing(&s, 5000), 5000);
-    ck_assert(record_seqs_has(&s, 3) && !record_seqs_has(&s, 2) && !record_seqs_has(&s, 1u << 20));
-    ck_assert_int_eq(record_seqs_add(&s, RECORD_MAX_SEQ, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "beyond") != NULL, "%s", err);
-    /* a full word of 64 consecutive seqs is skipped by next_missing */
-    for (uint64_t q = 0; q < 130; q++) record_seqs_add(&s, q, err, sizeof err);
-    ck_assert_uint_eq(record_seqs_next_missing(&s, 0), 130);
-    record_seqs_free(&s);
+/* A restart's scan fills the relay's seen set (one seen-set type for every consumer): files
+ * found in any directory order are added in seq order, so none counts as out of order or as a
+ * duplicate, next stops at the first missing seq, and a seq beyond the set's window is refused
+ * with a sentence. */
+START_TEST(scan_fills_the_seen_set_in_seq_order) {
+    const char *dir = test_tmpdir("record-scan");
+    char err[1024];
+    struct desc_hidden d;
+    uint64_t order[] = {4, 0, 2, 1};
+    for (size_t i = 0; i < 4; i++) {
+        size_t dlen = make_hidden(order[i], g_desc, sizeof g_desc, g_payload, &d);
+        ck_assert_msg(record_write_file(dir, order[i], DESC_KIND_HIDDEN, g_desc, (uint32_t)dlen, g_payload,
+                                        d.batch.payload_bytes, 0, err, sizeof err) == 0, "%s", err);
+    }
+    struct relay_seen s;
+    ck_assert_int_eq(relay_seen_init(&s, 64, err, sizeof err), 0);
+    uint64_t min = 77, n_bad = 0;
+    ck_assert_int_eq(record_scan_dir(dir, &s, &min, &n_bad, err, sizeof err), 4);
+    ck_assert_uint_eq(n_bad, 0);
+    ck_assert_uint_eq(min, 0);
+    ck_assert_uint_eq(s.n_distinct, 4);
+    ck_assert_uint_eq(s.n_dups, 0);
+    ck_assert_uint_eq(s.n_out_of_order, 0);
+    ck_assert_uint_eq(s.next, 3);   /* the first seq a strict recorder waits for */
+    ck_assert_uint_eq(s.max, 4);
+    ck_assert(relay_seen_has(&s, 4) && !relay_seen_has(&s, 3));
+    relay_seen_free(&s);
+    /* a window of 64 seqs cannot hold seq 200 while seq 3 is missing */
+    size_t dlen = make_hidden(200, g_desc, sizeof g_desc, g_payload, &d);
+    ck_assert_msg(record_write_file(dir, 200, DESC_KIND_HIDDEN, g_desc, (uint32_t)dlen, g_payload, d.batch.payload_bytes,
+                                    0, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(relay_seen_init(&s, 64, err, sizeof err), 0);
+    ck_assert_int_eq(record_scan_dir(dir, &s, &min, &n_bad, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "seq 200") && strstr(err, "ahead"), "%s", err);
+    relay_seen_free(&s);
 }
 END_TEST
 
@@ -318,11 +324,11 @@ START_TEST(files_roundtrip_and_corruption_refused) {
 
     char missing[800];
     snprintf(missing, sizeof missing, "%s/nope", dir);
-    struct record_seqs s;
-    uint64_t n_bad;
-    record_seqs_init(&s);
-    ck_assert_int_eq(record_scan_dir(missing, &s, &n_bad, err, sizeof err), 0);
-    record_seqs_free(&s);
+    struct relay_seen s;
+    uint64_t n_bad, min = 0;
+    ck_assert_int_eq(relay_seen_init(&s, 0, err, sizeof err), 0);
+    ck_assert_int_eq(record_scan_dir(missing, &s, &min, &n_bad, err, sizeof err), 0);
+    relay_seen_free(&s);
     ck_assert_int_eq(record_index_read(missing, &ix, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "not a complete recording"), "%s", err);
 }
@@ -349,17 +355,18 @@ START_TEST(resume_validates_item_files) {
     char tmp[800];
     snprintf(tmp, sizeof tmp, "%s/item-000000000003.safetensors.tmp.%d", dir, 999999999);
     write_bytes(tmp, buf, 100);                                   /* a dead writer's temporary */
-    struct record_seqs s;
-    uint64_t n_bad = 0;
-    record_seqs_init(&s);
-    ck_assert_int_eq(record_scan_dir(dir, &s, &n_bad, err, sizeof err), 1);
+    struct relay_seen s;
+    uint64_t n_bad = 0, min = 9;
+    ck_assert_int_eq(relay_seen_init(&s, 0, err, sizeof err), 0);
+    ck_assert_int_eq(record_scan_dir(dir, &s, &min, &n_bad, err, sizeof err), 1);
     ck_assert_uint_eq(n_bad, 2);
-    ck_assert(record_seqs_has(&s, 0) && !record_seqs_has(&s, 1) && !record_seqs_has(&s, 2) && !record_seqs_has(&s, 3));
+    ck_assert_uint_eq(min, 0);
+    ck_assert(relay_seen_has(&s, 0) && !relay_seen_has(&s, 1) && !relay_seen_has(&s, 2) && !relay_seen_has(&s, 3));
     ck_assert_uint_eq(s.n_dups, 0);
     ck_assert_int_ne(access(tmp, F_OK), 0);
     snprintf(tmp, sizeof tmp, "%s.bad", path);
     ck_assert_int_eq(access(tmp, F_OK), 0);
-    record_seqs_free(&s);
+    relay_seen_free(&s);
 }
 END_TEST
 
@@ -605,7 +612,7 @@ int main(void) {
     tcase_set_timeout(m, 20);
     tcase_add_test(m, good_items_pass);
     tcase_add_test(m, corrupt_items_rejected_with_a_sentence);
-    tcase_add_test(m, seqs_count_duplicates_gaps_and_order);
+    tcase_add_test(m, scan_fills_the_seen_set_in_seq_order);
     tcase_add_test(m, files_roundtrip_and_corruption_refused);
     tcase_add_test(m, resume_validates_item_files);
     tcase_add_test(m, files_are_reproducible);
