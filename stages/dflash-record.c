@@ -122,7 +122,8 @@ static int compute_record(void *ctx, struct relay_item *it, char *err, int err_l
                      &info, why, sizeof why)) {
         rc->rejected++;
         struct bus *bus = relay_bus(rc->relay);
-        if (bus) bus_event(bus, "rejected", why);
+        char berr[256];
+        if (bus && bus_event(bus, "rejected", why, berr, sizeof berr) < 0) log_warn("event record refused: %s", berr);
         if (!rc->skip_bad)   /* the relay leaves the item READY for inspection (dflash-shm --status) */
             return err_fail(err, err_len, "ring '%s': item rejected: %s", o->ring, why);
         log_warn("ring '%s': item rejected and skipped: %s", o->ring, why);
