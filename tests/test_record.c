@@ -451,22 +451,36 @@ static void check_out(const char *out, int n) {
     ck_assert_int_ne(record_path(path, sizeof path, out, (uint64_t)n) == 0 && access(path, F_OK) == 0, 1);
 }
 
-static const char *start_ring(pid_t *shm) {
-    const char *run = tr_run("record-stage");
-    char spec[200];
+/* A stage test's world: a dflash-shm serving one host ring "hidden", this test as its producer,
+ * and the recording directory <run>/rec. */
+struct world {
+    pid_t shm;
+    const char *run;
+    struct ring *r;
+    char out[800];
+};
+
+static void world_start(struct world *w) {
+    w->run = tr_run("record-stage");
+    char spec[200], err[512];
     snprintf(spec, sizeof spec, "hidden:slots=4,bytes=%d,desc=4k,dev=host", CAP);
-    *shm = tr_start_shm(run, spec, NULL, NULL);
+    w->shm = tr_start_shm(w->run, spec, NULL, NULL);
     ring_set_log(tr_quiet, NULL);
-    return run;
+    snprintf(w->out, sizeof w->out, "%s/rec", w->run);
+    w->r = ring_attach(w->run, "hidden", RING_PRODUCER, 5000, err, sizeof err);
+    ck_assert_msg(w->r != NULL, "%s", err);
+}
+
+static void world_stop(struct world *w) {
+    ring_close(w->r);
+    tr_stop_shm(w->shm);
 }
 
 START_TEST(stage_records_every_item_once) {
-    pid_t shm;
-    const char *run = start_ring(&shm);
-    char err[512], out[800];
-    snprintf(out, sizeof out, "%s/rec", run);
-    struct ring *r = ring_attach(run, "hidden", RING_PRODUCER, 5000, err, sizeof err);
-    ck_assert_msg(r != NULL, "%s", err);
+    struct world w;
+    world_start(&w);
+    const char *run = w.run, *out = w.out;
+    struct ring *r = w.r;
     const char *args[] = {"--out", out, "--kind", "hidden", "--vocab-size", "512", "--heartbeat-s", "0.1", NULL};
     pid_t rec = spawn_record(run, args);
     /* 0..9 with seq 3 published twice (a producer killed between publish and release) and 6/5 swapped */
@@ -486,19 +500,17 @@ START_TEST(stage_records_every_item_once) {
     char *log = slurp(path);
     ck_assert_msg(log && strstr(log, "seq 3: duplicate dropped"), "log: %s", log ? log : "(none)");
 
-    ring_close(r);
-    tr_stop_shm(shm);
+    world_stop(&w);
     ck_assert_int_eq(tr_count_segments(run), 0);
 }
 END_TEST
 
 START_TEST(stage_strict_order_gap_and_resume) {
-    pid_t shm;
-    const char *run = start_ring(&shm);
-    char err[512], out[800], path[900];
-    snprintf(out, sizeof out, "%s/rec", run);
-    struct ring *r = ring_attach(run, "hidden", RING_PRODUCER, 5000, err, sizeof err);
-    ck_assert_msg(r != NULL, "%s", err);
+    struct world w;
+    world_start(&w);
+    const char *run = w.run, *out = w.out;
+    struct ring *r = w.r;
+    char path[900];
     /* first recorder: strict, stops after 3 distinct seqs */
     const char *a1[] = {"--out", out, "--strict", "--expect", "3", NULL};
     pid_t rec = spawn_record(run, a1);
@@ -524,20 +536,18 @@ START_TEST(stage_strict_order_gap_and_resume) {
     check_out(out, 4);   /* 0..3 recorded, nothing lost; 5 recorded too but flagged */
     snprintf(path, sizeof path, "%s/DONE", out);
     ck_assert_msg(access(path, F_OK) != 0, "an incomplete stream must not write DONE");
-    ring_close(r);
-    tr_stop_shm(shm);
+    world_stop(&w);
 }
 END_TEST
 
 /* Issue 14 item 3: a recorder must never mark a stream with gaps complete. In arrival order
  * (no --strict), seqs 0, 1, 3 then the end of the stream: before the fix DONE said complete. */
 START_TEST(stage_gap_is_never_complete) {
-    pid_t shm;
-    const char *run = start_ring(&shm);
-    char err[512], out[800], path[900];
-    snprintf(out, sizeof out, "%s/rec", run);
-    struct ring *r = ring_attach(run, "hidden", RING_PRODUCER, 5000, err, sizeof err);
-    ck_assert_msg(r != NULL, "%s", err);
+    struct world w;
+    world_start(&w);
+    const char *run = w.run, *out = w.out;
+    struct ring *r = w.r;
+    char path[900];
     const char *a1[] = {"--out", out, NULL};
     pid_t rec = spawn_record(run, a1);
     publish(r, 0, NULL, 0);
@@ -552,17 +562,16 @@ START_TEST(stage_gap_is_never_complete) {
     snprintf(path, sizeof path, "%s/logs/dflash-record.log", run);
     char *log = slurp(path);
     ck_assert_msg(log && strstr(log, "seq 2 never arrived"), "log: %s", log ? log : "(none)");
-    ring_close(r);
-    tr_stop_shm(shm);
+    world_stop(&w);
 }
 END_TEST
 
 START_TEST(stage_rejects_corrupt_descriptor) {
-    pid_t shm;
-    const char *run = start_ring(&shm);
-    char err[512], path[900];
-    struct ring *r = ring_attach(run, "hidden", RING_PRODUCER, 5000, err, sizeof err);
-    ck_assert_msg(r != NULL, "%s", err);
+    struct world w;
+    world_start(&w);
+    const char *run = w.run;
+    struct ring *r = w.r;
+    char path[900];
     /* seq 1 carries a batch-kind-looking but truncated descriptor */
     uint8_t d[DESC_MAX_BYTES];
     static uint8_t p[CAP] __attribute__((aligned(256)));
@@ -586,8 +595,58 @@ START_TEST(stage_rejects_corrupt_descriptor) {
     log = slurp(path);
     ck_assert_msg(strstr(log, "item rejected and skipped: seq 1") && strstr(log, "1 rejected"), "log: %s", log);
     ck_assert_msg(strstr(log, "summary: 1 items recorded"), "the skipping recorder takes seq 2 only: %s", log);
-    ring_close(r);
-    tr_stop_shm(shm);
+    world_stop(&w);
+}
+END_TEST
+
+/* The relay's sink contract as the recorder uses it: a SIGTERM before the stream is complete exits
+ * 3 (STAGE_EXIT_STOPPED) and writes neither DONE nor index.txt; a restart whose --expect is
+ * already on disk finishes at once (exit 0, DONE) without taking an item; --strict --start-seq S
+ * records from S on and never a seq below S. */
+START_TEST(stage_stop_expect_on_disk_and_start_seq) {
+    struct world w;
+    world_start(&w);
+    char path[1000];
+    const char *a1[] = {"--out", w.out, NULL};
+    pid_t rec = spawn_record(w.run, a1);
+    publish(w.r, 0, NULL, 0);
+    publish(w.r, 1, NULL, 0);
+    record_path(path, sizeof path, w.out, 1);
+    double t0 = tr_now();
+    while (access(path, F_OK) != 0) {
+        ck_assert_msg(tr_now() - t0 < 20, "seq 1 not recorded within 20 s");
+        usleep(10000);
+    }
+    ck_assert_int_eq(kill(rec, SIGTERM), 0);
+    ck_assert_int_eq(tr_wait(rec), 3);
+    snprintf(path, sizeof path, "%s/DONE", w.out);
+    ck_assert_msg(access(path, F_OK) != 0, "a stopped recorder must not write DONE");
+    snprintf(path, sizeof path, "%s/index.txt", w.out);
+    ck_assert_msg(access(path, F_OK) != 0, "a stopped recorder must not write the index");
+    /* 0 and 1 are on disk: --expect 2 is reached before anything is taken */
+    const char *a2[] = {"--out", w.out, "--expect", "2", NULL};
+    ck_assert_int_eq(tr_wait(spawn_record(w.run, a2)), 0);
+    snprintf(path, sizeof path, "%s/DONE", w.out);
+    ck_assert_msg(access(path, F_OK) == 0, "--expect reached from disk writes DONE");
+    check_out(w.out, 2);
+    /* a fresh directory, strict from seq 5: seqs 3 and 4 are never recorded, 5 and 6 are */
+    char out2[900];
+    snprintf(out2, sizeof out2, "%s/rec2", w.run);
+    const char *a3[] = {"--out", out2, "--strict", "--start-seq", "5", "--expect", "2", NULL};
+    rec = spawn_record(w.run, a3);
+    for (uint64_t q = 3; q < 7; q++) publish(w.r, q, NULL, 0);
+    ck_assert_int_eq(tr_wait(rec), 0);
+    for (uint64_t q = 3; q < 8; q++) {
+        record_path(path, sizeof path, out2, q);
+        ck_assert_msg((access(path, F_OK) == 0) == (q == 5 || q == 6), "seq %llu: %s", (unsigned long long)q,
+                      access(path, F_OK) == 0 ? "recorded" : "not recorded");
+    }
+    snprintf(path, sizeof path, "%s/DONE", out2);
+    char *done = slurp(path);
+    ck_assert_msg(done && strstr(done, "\"complete\": true") && strstr(done, "\"min_seq\": 5,"), "DONE: %s",
+                  done ? done : "(none)");
+    ring_close(w.r);   /* 3 and 4 may still sit in the ring: end the run explicitly */
+    tr_shutdown_shm(w.run, w.shm);
 }
 END_TEST
 
@@ -623,6 +682,7 @@ int main(void) {
     tcase_add_test(st, stage_strict_order_gap_and_resume);
     tcase_add_test(st, stage_gap_is_never_complete);
     tcase_add_test(st, stage_rejects_corrupt_descriptor);
+    tcase_add_test(st, stage_stop_expect_on_disk_and_start_seq);
     tcase_add_test(st, stage_bad_flags);
     suite_add_tcase(s, st);
     return test_run_suite(s);
