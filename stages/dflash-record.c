@@ -53,6 +53,10 @@
 #include <cuda_runtime_api.h>
 #endif
 
+/* Seqs the seen set holds ahead of the lowest missing one (8 MiB of bitmap): a stream may start
+ * anywhere below 2^26 and run that far ahead of a gap. */
+#define RECORD_SEEN_WINDOW (1u << 26)
+
 struct opts {
     struct stage_common common;
     const char *ring, *kind, *out, *verify, *on_bad, *summary;
@@ -315,6 +319,7 @@ int main(int argc, char **argv) {
         .use_bus = 1,
         .dedup = 1,
         .in_order = o.strict,
+        .seen_window = RECORD_SEEN_WINDOW,
         .item_name = "item",
         .ctx = &rc,
         .compute = compute_record,
