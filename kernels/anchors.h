@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/common.h"
+
 #ifdef __CUDACC__
 #define ANCHORS_HD __host__ __device__
 #else
@@ -28,12 +30,8 @@
 extern "C" {
 #endif
 
-static inline ANCHORS_HD uint64_t anchors_mix64(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+/* One splitmix64 step from state z (kernels/common.h: the project's one generator). */
+static inline ANCHORS_HD uint64_t anchors_mix64(uint64_t z) { return kernels_mix64(z + KERNELS_RNG_GAMMA); }
 /* The selection key of position p at (seed, step): a 63-bit hash, so UINT64_MAX marks non-candidates. */
 static inline ANCHORS_HD uint64_t anchors_key(uint64_t seed, uint64_t step, uint32_t p) {
     return anchors_mix64(anchors_mix64(anchors_mix64(seed) ^ step) ^ (uint64_t)p) >> 1;

@@ -51,12 +51,24 @@ const char *kernels_error(void);
 /* Set the reason (printf-style) and return -1; for launchers' precondition checks. */
 int kernels_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* splitmix64: a tiny seeded generator shared by references, tests and benchmarks. */
-static inline uint64_t kernels_rng_next(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+#ifdef __CUDACC__
+#define KERNELS_HD __host__ __device__
+#else
+#define KERNELS_HD
+#endif
+
+/* The project's one random generator, splitmix64 (issue 13 item 5). kernels_mix64 is its output
+ * function (a bijective 64-bit mixer), usable in device code for counter-based streams: element i
+ * of a stream keyed by s is kernels_mix64(s + (i + 1) * KERNELS_RNG_GAMMA). kernels_rng_next is
+ * the sequential form: advance the state by the gamma, return the mix of the new state. */
+#define KERNELS_RNG_GAMMA 0x9E3779B97F4A7C15ull
+static inline KERNELS_HD uint64_t kernels_mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
+}
+static inline KERNELS_HD uint64_t kernels_rng_next(uint64_t *state) {
+    return kernels_mix64(*state += KERNELS_RNG_GAMMA);
 }
 
 #ifdef __cplusplus

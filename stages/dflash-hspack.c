@@ -129,8 +129,9 @@ static void send_stats(struct hs *h, int summary) {
         {occ_out, (double)so.n_ready},
     };
     int n = (int)(sizeof kv / sizeof kv[0]);
-    int rc = summary ? bus_summary(h->bus, kv, n) : bus_heartbeat(h->bus, kv, n);
-    if (rc < 0) log_warn("metrics record refused: %s", bus_error(h->bus));
+    char berr[256];
+    int rc = summary ? bus_summary(h->bus, kv, n, berr, sizeof berr) : bus_heartbeat(h->bus, kv, n, berr, sizeof berr);
+    if (rc < 0) log_warn("metrics record refused: %s", berr);
 }
 
 /* ---------------------------------------------------------------- state */

@@ -179,12 +179,6 @@ static int list_tensors_qwen35(const struct model_config *c, double embed_std, d
 
 /* ---------------------------------------------------------------- generator */
 
-static uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 struct gen_job {
     const struct tdesc *t;
     int tensor_index;
@@ -208,7 +202,7 @@ static void store(unsigned char *buf, int64_t i, enum st_dtype dt, float v) {
 static void *gen_worker(void *arg) {
     const struct gen_job *j = arg;
     for (int64_t c = j->first_chunk + j->tid; c < j->first_chunk + j->n_chunks; c += j->n_threads) {
-        uint64_t s = mix64(j->seed + 0x9E3779B97F4A7C15ull * (1 + mix64(((uint64_t)j->tensor_index << 40) ^ (uint64_t)c)));
+        uint64_t s = kernels_mix64(j->seed + KERNELS_RNG_GAMMA * (1 + kernels_mix64(((uint64_t)j->tensor_index << 40) ^ (uint64_t)c)));
         int64_t lo = c * CHUNK_ELEMS, hi = lo + CHUNK_ELEMS < j->t->numel ? lo + CHUNK_ELEMS : j->t->numel;
         int64_t base = (c - j->first_chunk) * CHUNK_ELEMS;
         if (j->t->kind == INIT_ONES || j->t->kind == INIT_ZEROS) {
@@ -430,7 +424,7 @@ static void write_dataset(const char *path, const struct ds_opts *o) {
     if (!f) DIE("cannot create %s: %s", tmp, strerror(errno));
     static char iobuf[1 << 20];
     setvbuf(f, iobuf, _IOFBF, sizeof iobuf);
-    uint64_t s = mix64(o->seed ^ 0xDA7A5E7DA7A5E7ull);
+    uint64_t s = kernels_mix64(o->seed ^ 0xDA7A5E7DA7A5E7ull);
     int32_t *ids = malloc((size_t)o->max_len * sizeof *ids);
     ALLOC_CHECK(ids);
     uint64_t n_tok = 0, n_loss = 0;

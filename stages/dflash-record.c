@@ -6,13 +6,20 @@
  * recording format of stages/core/record.h (shared with dflash-hspack --record, dflash-tap and
  * dflash-replay), written atomically, plus index.txt once the recording is complete.
  *
+ * The item loop is the shared relay (stages/core/relay.h) as a sink: dedup (its seen set drops
+ * redelivered seqs), in order for --strict (relay_set_next_seq for --start-seq), RELAY_DROP for
+ * --on-bad skip, RELAY_FINISH once --expect N distinct seqs are in; this file is the wiring and
+ * the per-item callback (check, copy a GPU payload, write the shard) plus the end-of-run verdict.
+ *
  * Order of effects per item: check, write the file (renamed into place), then release the slot.
  * So a SIGKILL leaves every item either READY upstream (redelivered to the restart) or on disk;
  * the restart scans --out, validates every shard (a truncated or corrupt one is renamed *.bad and
  * recorded again), treats the good seqs as seen and drops their redelivered copies. A stream
  * with gaps is never marked complete (no index.txt, no DONE, exit 1). --strict
- * takes items in exact seq order (ring_acquire_read_seq), starting at the lowest seq not yet on
- * disk; a seq that never arrives before the end of the stream is a gap and makes the exit code 1.
+ * takes items in exact seq order (the relay's in-order mode), starting at the lowest seq not yet
+ * on disk; a seq that never arrives before the end of the stream is a gap and makes the exit code
+ * 1. A stop by SIGINT/SIGTERM before the stream is complete exits 3 (STAGE_EXIT_STOPPED) and
+ * writes neither DONE nor index.txt.
  *
  * GPU rings: payloads are device pointers; with --verify all or --out they are copied to one
  * pinned host buffer (sized to the ring's slot) on the --device GPU before the check. Ends with
@@ -24,13 +31,14 @@
  * too. The summary's tokens/s counts from the first to the last recorded item (start-up excluded):
  * the whole-pipeline rate scripts/bench.sh reports.
  */
-#include "core/bus.h"
 #include "core/check.h"
 #include "core/desc.h"
+#include "core/err.h"
 #include "core/flags.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "core/record.h"
+#include "core/relay.h"
 #include "core/stage.h"
 #include "shm/ring.h"
 
@@ -45,6 +53,10 @@
 #include <cuda_runtime_api.h>
 #endif
 
+/* Seqs the seen set holds ahead of the lowest missing one (8 MiB of bitmap): a stream may start
+ * anywhere below 2^26 and run that far ahead of a gap. */
+#define RECORD_SEEN_WINDOW (1u << 26)
+
 struct opts {
     struct stage_common common;
     const char *ring, *kind, *out, *verify, *on_bad, *summary;
@@ -53,72 +65,180 @@ struct opts {
     double heartbeat_s;
 };
 
-struct counters {
-    uint64_t items_in, recorded, bytes, tokens, rejected, redelivered, on_disk, first_tokens;
-    double busy_s, wait_s, hb_t, hb_tokens, tok_rate;
-    double t_first, t_last;    /* monotonic time of the first and last recorded item of this instance */
+/* The recorder's state, the relay's ctx. The seen set (distinct, duplicates, order, max) is the
+ * relay's; what the recording needs beyond it is counted here. */
+struct recorder {
+    const struct opts *o;
+    struct relay *relay;
+    enum desc_kind want;
+    int verify_host, verify_gpu, skip_bad, copy_gpu;
+    void *staging;               /* pinned host copy of GPU payloads, one slot's size (CUDA builds) */
+    uint64_t recorded, bytes, tokens, rejected, on_disk, first_tokens;
+    uint64_t min;                /* lowest seq on disk or recorded (valid when seen->n_distinct > 0) */
+    uint64_t first, last;        /* first and last seq this instance recorded (valid when recorded > 0) */
+    double t_first, t_last;      /* monotonic time of the first and last recorded item of this instance */
 };
 
-static void ring_log(void *ctx, const char *line) { (void)ctx; log_info("%s", line); }
+static const struct relay_seen *seen_of(const struct recorder *rc) { return relay_seen_set(rc->relay); }
 
-static void send_stats(struct bus *bus, const struct opts *o, struct counters *c, const struct record_seqs *s,
-                       struct ring *in, int summary) {
-    double now = time_mono_s();
-    if (now - c->hb_t > 0) c->tok_rate = ((double)c->tokens - c->hb_tokens) / (now - c->hb_t);
-    c->hb_tokens = (double)c->tokens;
-    c->hb_t = now;
-    struct ring_status st;
-    ring_get_status(in, &st);
-    char occ[BUS_NAME_MAX];
-    snprintf(occ, sizeof occ, "occ_%s", o->ring);
-    struct bus_kv kv[] = {
-        {BUS_K_ITEMS_IN, (double)c->items_in},
-        {BUS_K_ITEMS_OUT, (double)c->recorded},
-        {BUS_K_BUSY_S, c->busy_s},
-        {BUS_K_WAIT_S, c->wait_s},
-        {BUS_K_TOKENS_PER_S, c->tok_rate},
-        {"tokens", (double)c->tokens},
-        {"bytes", (double)c->bytes},
+static uint64_t gaps_of(const struct recorder *rc) {
+    const struct relay_seen *s = seen_of(rc);
+    return s->n_distinct ? s->max - rc->min + 1 - s->n_distinct : 0;
+}
+
+/* Lowest seq >= from not seen (the end-of-run messages; O(seqs) once). */
+static uint64_t next_missing(const struct relay_seen *s, uint64_t from) {
+    uint64_t q = from;
+    while (relay_seen_has(s, q)) q++;
+    return q;
+}
+
+static void note_seq(struct recorder *rc, uint64_t seq) {
+    if (!seen_of(rc)->n_distinct || seq < rc->min) rc->min = seq;
+}
+
+/* One item (relay_compute_fn): check it, copy a GPU payload when it must be read, write its
+ * shard. The relay releases the slot only after this returns RELAY_DONE: the item is on disk (or
+ * deliberately discarded). */
+static int compute_record(void *ctx, struct relay_item *it, char *err, int err_len) {
+    struct recorder *rc = ctx;
+    const struct opts *o = rc->o;
+    const struct ring_slot *s = it->in;
+    /* host: the bytes to write; check_ptr: the bytes to check (NULL: descriptor only). */
+    const void *host = NULL, *check_ptr = NULL;
+    if (!s->on_device) {
+        host = s->payload;
+        check_ptr = rc->verify_host ? host : NULL;
+    } else if (rc->copy_gpu) {
+        uint64_t n = s->payload_len < s->payload_cap ? s->payload_len : s->payload_cap;
+        if (relay_slot_get(rc->staging, -1, s, 0, n, NULL, err, err_len)) return -1;
+#ifdef DFLASH_CUDA
+        cudaError_t e = cudaStreamSynchronize(NULL);
+        if (e != cudaSuccess) return err_fail(err, err_len, "seq %llu: copy to the host: %s", (unsigned long long)s->seq,
+                                              cudaGetErrorString(e));
+#endif
+        host = rc->staging;
+        check_ptr = rc->verify_gpu ? host : NULL;
+    }
+    struct record_info info;
+    char why[1024];
+    if (record_check(s->desc, s->desc_len, s->seq, check_ptr, s->payload_len, s->payload_cap, rc->want, o->vocab_size,
+                     &info, why, sizeof why)) {
+        rc->rejected++;
+        struct bus *bus = relay_bus(rc->relay);
+        char berr[256];
+        if (bus && bus_event(bus, "rejected", why, berr, sizeof berr) < 0) log_warn("event record refused: %s", berr);
+        if (!rc->skip_bad)   /* the relay leaves the item READY for inspection (dflash-shm --status) */
+            return err_fail(err, err_len, "ring '%s': item rejected: %s", o->ring, why);
+        log_warn("ring '%s': item rejected and skipped: %s", o->ring, why);
+        return RELAY_DROP;
+    }
+    if (o->out) {
+        if (!host) return err_fail(err, err_len, "internal: no host copy of seq %llu to write", (unsigned long long)s->seq);
+        if (record_write_file(o->out, s->seq, info.kind, s->desc, s->desc_len, host, info.payload_bytes, o->durable, err,
+                              err_len))
+            return -1;
+    }
+    note_seq(rc, s->seq);
+    rc->t_last = time_mono_s();
+    if (!rc->recorded) { rc->t_first = rc->t_last; rc->first_tokens = info.n_tokens; rc->first = s->seq; }
+    rc->last = s->seq;
+    rc->recorded++;
+    rc->bytes += info.payload_bytes;
+    rc->tokens += info.n_tokens;
+    it->n_tokens = info.n_tokens;
+    log_debug("seq %llu: %s, %u tokens, %llu bytes", (unsigned long long)s->seq, desc_kind_name(info.kind),
+              info.n_tokens, (unsigned long long)info.payload_bytes);
+    /* The relay adds the seq to its seen set after this returns: this item is the Nth distinct. */
+    if (o->expect && seen_of(rc)->n_distinct + 1 >= (uint64_t)o->expect) return RELAY_FINISH;
+    return RELAY_DONE;
+}
+
+/* The recorder's numbers in every heartbeat and the summary (relay_kv_fn). */
+static int record_kv(void *ctx, struct bus_kv *kv, int max) {
+    const struct recorder *rc = ctx;
+    const struct relay_seen *s = seen_of(rc);
+    struct bus_kv mine[] = {
+        {"recorded", (double)rc->recorded},
+        {"bytes", (double)rc->bytes},
         {"duplicates", (double)s->n_dups},
-        {"gaps", (double)record_seqs_gaps(s)},
+        {"gaps", (double)gaps_of(rc)},
         {"out_of_order", (double)s->n_out_of_order},
-        {"rejected", (double)c->rejected},
+        {"rejected", (double)rc->rejected},
         {"distinct_seqs", (double)s->n_distinct},
-        {occ, (double)st.n_ready},
     };
-    int n = (int)(sizeof kv / sizeof kv[0]);
-    int rc = summary ? bus_summary(bus, kv, n) : bus_heartbeat(bus, kv, n);
-    if (rc < 0) log_warn("metrics record refused: %s", bus_error(bus));
+    int n = (int)(sizeof mine / sizeof mine[0]);
+    if (n > max) n = max;
+    memcpy(kv, mine, (size_t)n * sizeof *kv);
+    return n;
 }
 
 /* The summary sentence (log) and JSON (DONE file). */
-static void summary_text(const struct counters *c, const struct record_seqs *s, char *line, size_t line_len,
-                         char *json, size_t json_len, int ok) {
+static void summary_text(const struct recorder *c, char *line, size_t line_len, char *json, size_t json_len, int ok) {
+    const struct relay_seen *s = seen_of(c);
+    const struct relay_stats *st = relay_stats(c->relay);
     /* Steady rate: tokens after the first item over the time from the first to the last item, so
      * the pipeline's start-up (model loading) does not count. */
     double span = c->t_last - c->t_first;
     double rate = c->recorded > 1 && span > 0 ? (double)(c->tokens - c->first_tokens) / span : 0;
+    unsigned long long min = s->n_distinct ? c->min : 0, max = s->n_distinct ? s->max : 0;
     snprintf(line, line_len,
              "summary: %llu items recorded (%llu bytes, %llu tokens), %llu distinct seqs%s%llu..%llu, first new %llu, "
              "last new %llu, %llu gaps, %llu duplicates dropped, %llu out of order, %llu rejected, %llu redelivered, "
              "%llu already on disk; %.0f tokens/s over %.2f s",
              (unsigned long long)c->recorded, (unsigned long long)c->bytes, (unsigned long long)c->tokens,
-             (unsigned long long)s->n_distinct, s->n_distinct ? " in " : " ", (unsigned long long)s->min,
-             (unsigned long long)s->max, (unsigned long long)s->first, (unsigned long long)s->last,
-             (unsigned long long)record_seqs_gaps(s), (unsigned long long)s->n_dups,
+             (unsigned long long)s->n_distinct, s->n_distinct ? " in " : " ", min, max, (unsigned long long)c->first,
+             (unsigned long long)c->last, (unsigned long long)gaps_of(c), (unsigned long long)s->n_dups,
              (unsigned long long)s->n_out_of_order, (unsigned long long)c->rejected,
-             (unsigned long long)c->redelivered, (unsigned long long)c->on_disk, rate, span);
+             (unsigned long long)st->redelivered, (unsigned long long)c->on_disk, rate, span);
     snprintf(json, json_len,
              "{\"kind\": \"record-summary\", \"version\": 1, \"complete\": %s, \"recorded\": %llu, \"bytes\": %llu, "
              "\"tokens\": %llu, \"distinct\": %llu, \"min_seq\": %llu, \"max_seq\": %llu, \"first_seq\": %llu, "
              "\"last_seq\": %llu, \"gaps\": %llu, \"duplicates\": %llu, \"out_of_order\": %llu, \"rejected\": %llu, "
              "\"redelivered\": %llu, \"on_disk_at_start\": %llu, \"span_s\": %.6f, \"tokens_per_s\": %.1f}\n",
              ok ? "true" : "false", (unsigned long long)c->recorded, (unsigned long long)c->bytes,
-             (unsigned long long)c->tokens, (unsigned long long)s->n_distinct, (unsigned long long)s->min,
-             (unsigned long long)s->max, (unsigned long long)s->first, (unsigned long long)s->last,
-             (unsigned long long)record_seqs_gaps(s), (unsigned long long)s->n_dups,
+             (unsigned long long)c->tokens, (unsigned long long)s->n_distinct, min, max, (unsigned long long)c->first,
+             (unsigned long long)c->last, (unsigned long long)gaps_of(c), (unsigned long long)s->n_dups,
              (unsigned long long)s->n_out_of_order, (unsigned long long)c->rejected,
-             (unsigned long long)c->redelivered, (unsigned long long)c->on_disk, span, rate);
+             (unsigned long long)st->redelivered, (unsigned long long)c->on_disk, span, rate);
+}
+
+/* Why a run that reached the end of its stream (or --expect) is not a complete recording, into
+ * buf; NULL when it is complete. */
+static const char *incomplete_why(const struct recorder *rc, int reached, char *buf, size_t len) {
+    const struct opts *o = rc->o;
+    const struct relay_seen *s = seen_of(rc);
+    uint64_t start = o->start_seq >= 0 ? (uint64_t)o->start_seq : 0;
+    if (!reached && o->expect && s->n_distinct < (uint64_t)o->expect) {
+        snprintf(buf, len, "--expect %lld: the stream ended after %llu distinct seqs", (long long)o->expect,
+                 (unsigned long long)s->n_distinct);
+        return buf;
+    }
+    if (o->strict && (gaps_of(rc) || s->n_out_of_order || (s->n_distinct && rc->min != start))) {
+        snprintf(buf, len, "--strict: seq %llu never arrived in order (%llu gaps, %llu out of order)",
+                 (unsigned long long)next_missing(s, start), (unsigned long long)gaps_of(rc),
+                 (unsigned long long)s->n_out_of_order);
+        return buf;
+    }
+    if (gaps_of(rc)) {   /* issue 14 item 3: a stream with gaps is never complete, in any order mode */
+        snprintf(buf, len, "seq %llu never arrived (%llu gaps between seqs %llu and %llu)",
+                 (unsigned long long)next_missing(s, rc->min), (unsigned long long)gaps_of(rc),
+                 (unsigned long long)rc->min, (unsigned long long)s->max);
+        return buf;
+    }
+    return NULL;
+}
+
+/* Every item file on disk, then the index, then DONE (the directory is complete). */
+static void write_done(const char *out, const char *json) {
+    char err[1024], path[PATH_MAX];
+    int dfd = open(out, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    SYS_CHECK(dfd);
+    SYS_CHECK(syncfs(dfd));
+    close(dfd);
+    if (record_index_write(out, err, sizeof err) < 0) DIE("%s", err);   /* the recording's index (record.h) */
+    if (snprintf(path, sizeof path, "%s/DONE", out) >= (int)sizeof path) DIE("--out path too long");
+    LIB_CHECK(fs_write_atomic(path, json, strlen(json), err, sizeof err), err);
 }
 
 int main(int argc, char **argv) {
@@ -173,222 +293,90 @@ int main(int argc, char **argv) {
     stage_start(&o.common, 1);
 
     char err[2048];
-    struct record_seqs seqs;
-    record_seqs_init(&seqs);
-    struct counters c;
-    memset(&c, 0, sizeof c);
+    struct recorder rc;
+    memset(&rc, 0, sizeof rc);
+    rc.o = &o;
+    rc.want = want;
+    rc.verify_gpu = verify_gpu;
+    rc.verify_host = verify_host;
+    rc.skip_bad = skip_bad;
     if (o.out) {
         LIB_CHECK(fs_mkdir_p(o.out, err, sizeof err), err);
         char done[PATH_MAX];
         if (snprintf(done, sizeof done, "%s/DONE", o.out) >= (int)sizeof done) DIE("--out path too long");
         if (fs_exists(done) && unlink(done) != 0) DIE("unlink(%s): %s", done, strerror(errno));   /* no longer complete */
-        uint64_t n_bad = 0;
-        int64_t n = record_scan_dir(o.out, &seqs, &n_bad, err, sizeof err);
-        if (n < 0) DIE("%s", err);
-        c.on_disk = (uint64_t)n;
-        if (n_bad) log_warn("%s: %llu damaged item files (truncated or failing their checksum) renamed to *.bad; "
-                            "they are recorded again from the ring", o.out, (unsigned long long)n_bad);
-        if (n) log_info("%s already holds %lld items (seqs %llu..%llu); their redelivered copies will be dropped", o.out,
-                        (long long)n, (unsigned long long)seqs.min, (unsigned long long)seqs.max);
     }
 
     /* ------------------------------------------------------------ ring */
 #ifdef DFLASH_CUDA
     if (o.common.cuda_device >= 0) CUDA_CHECK(cudaSetDevice(o.common.cuda_device));   /* IPC handles open here */
 #endif
-    ring_set_log(ring_log, NULL);
+    struct relay_config cfg = {
+        .run_dir = o.common.run_dir,
+        .in_ring = o.ring,
+        .attach_wait_ms = o.wait_ms,
+        .heartbeat_s = o.heartbeat_s,
+        .use_bus = 1,
+        .dedup = 1,
+        .in_order = o.strict,
+        .seen_window = RECORD_SEEN_WINDOW,
+        .item_name = "item",
+        .ctx = &rc,
+        .compute = compute_record,
+        .heartbeat_kv = record_kv,
+    };
     check_hint("is dflash-shm running for this --run, with the ring named by --ring?");
-    struct ring *in = ring_attach(o.common.run_dir, o.ring, RING_CONSUMER, o.wait_ms, err, sizeof err);
-    if (!in) DIE("%s", err);
+    rc.relay = relay_open(&cfg, err, sizeof err);
+    if (!rc.relay) DIE("%s", err);
     check_hint(NULL);
-    const struct ring_spec *spec = ring_get_spec(in);
+    const struct ring_spec *spec = ring_get_spec(relay_in(rc.relay));
     if (spec->device >= 0 && o.common.cuda_device < 0)
         DIE("ring '%s' has GPU payloads (cuda:%d) but this stage runs with --device cpu; use --device cuda:N", o.ring,
             spec->device);
-    int copy_gpu = spec->device >= 0 && (verify_gpu || o.out);
+    rc.copy_gpu = spec->device >= 0 && (verify_gpu || o.out);
 #ifdef DFLASH_CUDA
-    void *staging = NULL;   /* pinned host copy of GPU payloads, one slot's size */
-    if (copy_gpu) CUDA_CHECK(cudaMallocHost(&staging, spec->payload_bytes ? spec->payload_bytes : 1));
+    if (rc.copy_gpu) CUDA_CHECK(cudaMallocHost(&rc.staging, spec->payload_bytes ? spec->payload_bytes : 1));
 #endif
-    struct bus *bus = bus_open(o.common.run_dir, log_stage(), err, sizeof err);
-    if (!bus) log_warn("metrics bus unavailable: %s (continuing without metrics)", err);
-    char waiting[96];
-    snprintf(waiting, sizeof waiting, "ring %s: empty", o.ring);
-    uint64_t next = 0;
-    if (o.strict) next = o.start_seq >= 0 ? (uint64_t)o.start_seq : record_seqs_next_missing(&seqs, 0);
+    struct relay_seen *seen = relay_seen_set(rc.relay);
+    if (o.out) {   /* a restart: the seqs already on disk count as seen, their redelivered copies are dropped */
+        uint64_t n_bad = 0;
+        int64_t n = record_scan_dir(o.out, seen, &rc.min, &n_bad, err, sizeof err);
+        if (n < 0) DIE("%s", err);
+        rc.on_disk = (uint64_t)n;
+        if (n_bad) log_warn("%s: %llu damaged item files (truncated or failing their checksum) renamed to *.bad; "
+                            "they are recorded again from the ring", o.out, (unsigned long long)n_bad);
+        if (n) log_info("%s already holds %lld items (seqs %llu..%llu); their redelivered copies will be dropped", o.out,
+                        (long long)n, (unsigned long long)rc.min, (unsigned long long)seen->max);
+    }
+    if (o.start_seq >= 0) relay_set_next_seq(rc.relay, (uint64_t)o.start_seq);
     log_info("consuming ring '%s' (%s payloads, kind %s, verify %s)%s%s%s, %s order", o.ring,
              spec->device >= 0 ? "GPU" : "host", o.kind, o.verify, o.out ? ", writing items to " : ", discarding items",
              o.out ? o.out : "", o.durable ? " (durable)" : "", o.strict ? "strict" : "arrival");
-    if (o.strict) log_info("strict order from seq %llu", (unsigned long long)next);
+    if (o.strict) log_info("strict order from seq %llu", (unsigned long long)seen->next);
 
     /* ------------------------------------------------------------ loop */
-    int strict_phase = o.strict, failed = 0, ended = 0, reached = 0;
-    double last_hb = time_mono_s() - o.heartbeat_s;   /* first heartbeat at once: the sink sees us start */
-    c.hb_t = time_mono_s();
-    while (!stage_stopping()) {
-        if (bus && time_mono_s() - last_hb >= o.heartbeat_s) {
-            send_stats(bus, &o, &c, &seqs, in, 0);
-            last_hb = time_mono_s();
-        }
-        if (o.expect && seqs.n_distinct >= (uint64_t)o.expect) { reached = 1; break; }
-        struct ring_slot s;
-        double w0 = time_mono_s();
-        if (bus) bus_set_waiting(bus, waiting);
-        int rc;
-        if (strict_phase) {
-            rc = ring_acquire_read_seq(in, next, 250, &s);
-            if (rc == RING_TIMEOUT) {
-                /* A duplicate of a seq we already have (a producer killed between publish and
-                 * release) would sit in a slot forever in strict mode: drop it. */
-                if (ring_acquire_read(in, 0, &s) == 0) {
-                    if (record_seqs_has(&seqs, s.seq)) {
-                        record_seqs_add(&seqs, s.seq, err, sizeof err);
-                        c.items_in++;
-                        log_info("seq %llu: duplicate dropped", (unsigned long long)s.seq);
-                        if (ring_release(in, &s)) DIE("ring '%s': %s", o.ring, ring_error());
-                    } else if (ring_unread(in, &s)) {
-                        DIE("ring '%s': %s", o.ring, ring_error());
-                    }
-                }
-                c.wait_s += time_mono_s() - w0;
-                continue;
-            }
-            if (rc == RING_END) {   /* take whatever is left in arrival order; gaps are reported at the end */
-                strict_phase = 0;
-                c.wait_s += time_mono_s() - w0;
-                continue;
-            }
-        } else {
-            rc = ring_acquire_read(in, 500, &s);
-        }
-        c.wait_s += time_mono_s() - w0;
-        if (rc == RING_TIMEOUT) continue;
-        if (rc == RING_END) { ended = 1; break; }
-        if (rc < 0) DIE("ring '%s': %s", o.ring, ring_error());
-        if (bus) bus_set_waiting(bus, NULL);
-
-        double b0 = time_mono_s();
-        c.items_in++;
-        if (s.deliveries > 1) {
-            c.redelivered++;
-            log_warn("seq %llu delivered again (a previous consumer died holding it)", (unsigned long long)s.seq);
-        }
-        if (record_seqs_has(&seqs, s.seq)) {
-            record_seqs_add(&seqs, s.seq, err, sizeof err);   /* counts the duplicate */
-            log_info("seq %llu: duplicate dropped (%llu so far)", (unsigned long long)s.seq, (unsigned long long)seqs.n_dups);
-            if (ring_release(in, &s)) DIE("ring '%s': %s", o.ring, ring_error());
-            c.busy_s += time_mono_s() - b0;
-            continue;
-        }
-        /* host: the bytes to write; check_ptr: the bytes to check (NULL: descriptor only). */
-        const void *host = NULL, *check_ptr = NULL;
-        if (!s.on_device) {
-            host = s.payload;
-            check_ptr = verify_host ? host : NULL;
-        } else if (copy_gpu) {
-#ifdef DFLASH_CUDA
-            uint64_t n = s.payload_len < s.payload_cap ? s.payload_len : s.payload_cap;
-            CUDA_CHECK(cudaMemcpy(staging, s.payload, n, cudaMemcpyDeviceToHost));
-            host = staging;
-            check_ptr = verify_gpu ? host : NULL;
-#endif
-        }
-        struct record_info info;
-        if (record_check(s.desc, s.desc_len, s.seq, check_ptr, s.payload_len, s.payload_cap, want, o.vocab_size, &info,
-                         err, sizeof err)) {
-            c.rejected++;
-            if (bus) bus_event(bus, "rejected", err);
-            if (!skip_bad) {
-                /* Leave the item READY for inspection (dflash-shm --status), and stop loudly. */
-                if (ring_unread(in, &s)) log_warn("ring '%s': %s", o.ring, ring_error());
-                log_error("ring '%s': item rejected: %s", o.ring, err);
-                failed = 1;
-                break;
-            }
-            log_warn("ring '%s': item rejected and skipped: %s", o.ring, err);
-            if (ring_release(in, &s)) DIE("ring '%s': %s", o.ring, ring_error());
-            continue;
-        }
-        if (o.out) {
-            if (!host) DIE("internal: no host copy of seq %llu to write", (unsigned long long)s.seq);
-            LIB_CHECK(record_write_file(o.out, s.seq, info.kind, s.desc, s.desc_len, host, info.payload_bytes, o.durable,
-                                        err, sizeof err), err);
-        }
-        if (record_seqs_add(&seqs, s.seq, err, sizeof err) < 0) DIE("%s", err);
-        /* Released only now: the item is on disk (or deliberately discarded). */
-        if (ring_release(in, &s)) DIE("ring '%s': %s", o.ring, ring_error());
-        c.t_last = time_mono_s();
-        if (!c.recorded) { c.t_first = c.t_last; c.first_tokens = info.n_tokens; }
-        c.recorded++;
-        c.bytes += info.payload_bytes;
-        c.tokens += info.n_tokens;
-        if (strict_phase) next = record_seqs_next_missing(&seqs, s.seq + 1);
-        c.busy_s += time_mono_s() - b0;
-        log_debug("seq %llu: %s, %u tokens, %llu bytes", (unsigned long long)s.seq, desc_kind_name(info.kind),
-                  info.n_tokens, (unsigned long long)info.payload_bytes);
-    }
+    int reached = o.expect && seen->n_distinct >= (uint64_t)o.expect;   /* already on disk */
+    int res = reached ? RELAY_DONE : relay_run(rc.relay, err, sizeof err);
+    if (!reached && res == RELAY_DONE && o.expect) reached = seen->n_distinct >= (uint64_t)o.expect;
 
     /* ------------------------------------------------------------ end */
-    const char *why = NULL;
     char whybuf[512];
-    if (failed) why = "an item was rejected (see above)";
-    else if (stage_stopping()) log_info("stopping on signal %d", stage_stop_signal());
-    else if (ended && !ring_is_drained(in)) why = "the ring was closed (dflash-shm shut down?) before the end of the stream";
-    if (!why && !stage_stopping() && ended && o.expect && seqs.n_distinct < (uint64_t)o.expect) {
-        snprintf(whybuf, sizeof whybuf, "--expect %lld: the stream ended after %llu distinct seqs", (long long)o.expect,
-                 (unsigned long long)seqs.n_distinct);
-        why = whybuf;
-    }
-    if (!why && !stage_stopping() && o.strict && (record_seqs_gaps(&seqs) || seqs.n_out_of_order ||
-                                                  (seqs.n_distinct && seqs.min != (o.start_seq >= 0 ? (uint64_t)o.start_seq : 0)))) {
-        snprintf(whybuf, sizeof whybuf, "--strict: seq %llu never arrived in order (%llu gaps, %llu out of order)",
-                 (unsigned long long)record_seqs_next_missing(&seqs, o.start_seq >= 0 ? (uint64_t)o.start_seq : 0),
-                 (unsigned long long)record_seqs_gaps(&seqs), (unsigned long long)seqs.n_out_of_order);
-        why = whybuf;
-    }
-    if (!why && !stage_stopping() && record_seqs_gaps(&seqs)) {
-        /* issue 14 item 3: a stream with gaps is never complete, in any order mode */
-        snprintf(whybuf, sizeof whybuf, "seq %llu never arrived (%llu gaps between seqs %llu and %llu)",
-                 (unsigned long long)record_seqs_next_missing(&seqs, seqs.min), (unsigned long long)record_seqs_gaps(&seqs),
-                 (unsigned long long)seqs.min, (unsigned long long)seqs.max);
-        why = whybuf;
-    }
-    int complete = !why && !stage_stopping() && (ended || reached);
+    const char *why = res < 0 ? err : res == RELAY_DONE ? incomplete_why(&rc, reached, whybuf, sizeof whybuf) : NULL;
+    int complete = res == RELAY_DONE && !why;
     char line[1024], json[1024];
-    summary_text(&c, &seqs, line, sizeof line, json, sizeof json, complete);
+    summary_text(&rc, line, sizeof line, json, sizeof json, complete);
     log_info("%s", line);
-    if (complete && o.out) {
-        /* Every item file on disk before DONE says the directory is complete. */
-        int dfd = open(o.out, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        SYS_CHECK(dfd);
-        SYS_CHECK(syncfs(dfd));
-        close(dfd);
-        if (record_index_write(o.out, err, sizeof err) < 0) DIE("%s", err);   /* the recording's index (record.h) */
-        char path[PATH_MAX];
-        snprintf(path, sizeof path, "%s/DONE", o.out);
-        LIB_CHECK(fs_write_atomic(path, json, strlen(json), err, sizeof err), err);
-    }
-    if (o.summary) {
-        if (fs_write_atomic(o.summary, json, strlen(json), err, sizeof err)) log_error("--summary: %s", err);
-    }
+    if (complete && o.out) write_done(o.out, json);
+    char e2[1024];
+    if (o.summary && fs_write_atomic(o.summary, json, strlen(json), e2, sizeof e2)) log_error("--summary: %s", e2);
     if (complete) log_info("%s: %llu distinct seqs", reached ? "--expect reached" : "end of stream",
-                           (unsigned long long)seqs.n_distinct);
-    if (bus) {
-        send_stats(bus, &o, &c, &seqs, in, 1);
-        bus_close(bus);
-    }
-    ring_close(in);
+                           (unsigned long long)seen->n_distinct);
+    if (res == RELAY_STOPPED) log_info("stopped by signal %d before the end of the stream (the recording is not complete)",
+                                       stage_stop_signal());
+    if (why) log_error("%s", why);
+    relay_close(rc.relay);   /* sends the summary record */
 #ifdef DFLASH_CUDA
-    if (staging) cudaFreeHost(staging);
+    if (rc.staging) cudaFreeHost(rc.staging);
 #endif
-    record_seqs_free(&seqs);
-    if (why) {
-        log_error("%s", why);
-        return 1;
-    }
-    if (!complete && stage_stopping()) {
-        log_info("stopped by signal %d before the end of the stream (the recording is not complete)", stage_stop_signal());
-        return STAGE_EXIT_STOPPED;
-    }
-    return 0;
+    return why ? 1 : relay_exit_code(res);
 }

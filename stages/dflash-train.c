@@ -199,7 +199,8 @@ static int optimizer_step(struct trainer *tr, char *err, int err_len) {
         kv[n++] = (struct bus_kv){names[j], m->total[j] ? (double)m->correct[j] / (double)m->total[j] : 0};
     }
     struct bus *bus = relay_bus(tr->relay_);
-    if (bus && bus_metric(bus, tr->step, kv, n) < 0) log_warn("metric record refused: %s", bus_error(bus));
+    char berr[256];
+    if (bus && bus_metric(bus, tr->step, kv, n, berr, sizeof berr) < 0) log_warn("metric record refused: %s", berr);
     log_info("step %lld: loss %.4f, full acc %.3f, eal %.3f, lr %.3g, grad norm %.3g, %.0f tokens/s%s",
              (long long)tr->step, loss, kv[3].value, kv[1].value, tr->lr, norm, kv[6].value,
              act == OPTIM_GUARD_SKIP ? " (skipped: non-finite)" : "");

@@ -431,7 +431,7 @@ START_TEST(send_to_real_sink) {
     int accepted = 0;
     double t0 = time_mono_s();
     while (!accepted && time_mono_s() - t0 < 3) {
-        accepted = bus_heartbeat(b, hb, 2);
+        accepted = bus_heartbeat(b, hb, 2, err, sizeof err);
         ck_assert_int_ge(accepted, 0);
         if (!accepted) usleep(5000);
     }
@@ -449,11 +449,11 @@ START_TEST(send_to_real_sink) {
     ck_assert_str_eq(r.wait_on, "");
 
     bus_set_waiting(b, "ring batches full");
-    ck_assert_int_eq(bus_heartbeat(b, hb, 2), 1);
+    ck_assert_int_eq(bus_heartbeat(b, hb, 2, err, sizeof err), 1);
     struct bus_kv m[] = {{"loss", 3.25}, {"eal", 1.5}};
-    ck_assert_int_eq(bus_metric(b, 41, m, 2), 1);
-    ck_assert_int_eq(bus_event(b, "resume", "from step 40"), 1);
-    ck_assert_int_eq(bus_summary(b, hb, 2), 1);
+    ck_assert_int_eq(bus_metric(b, 41, m, 2, err, sizeof err), 1);
+    ck_assert_int_eq(bus_event(b, "resume", "from step 40", err, sizeof err), 1);
+    ck_assert_int_eq(bus_summary(b, hb, 2, err, sizeof err), 1);
     recv_record(s, &r);
     ck_assert_str_eq(r.wait_on, "ring batches full");
     ck_assert_uint_eq(r.seq, drops + 1);
@@ -472,10 +472,13 @@ START_TEST(send_to_real_sink) {
 
     /* caller errors are -1 with a reason, not drops */
     struct bus_kv bad[] = {{"pid", 1}};
-    ck_assert_int_eq(bus_metric(b, 1, bad, 1), -1);
-    ck_assert_msg(strstr(bus_error(b), "reserved") != NULL, "%s", bus_error(b));
-    ck_assert_int_eq(bus_metric(b, -1, m, 1), -1);
-    ck_assert_int_eq(bus_event(b, "", "x"), -1);
+    ck_assert_int_eq(bus_metric(b, 1, bad, 1, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "reserved") != NULL, "%s", err);
+    ck_assert_int_eq(bus_metric(b, -1, m, 1, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "negative") != NULL, "%s", err);
+    ck_assert_int_eq(bus_event(b, "", "x", NULL, 0), -1);   /* a NULL buffer is fine (err.h) */
+    ck_assert_int_eq(bus_heartbeat(NULL, hb, 2, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "NULL") != NULL, "%s", err);
     ck_assert_uint_eq(bus_dropped(b), drops);
     bus_close(b);
     nn_close(s);
@@ -490,7 +493,7 @@ START_TEST(no_sink_drops_never_block) {
     ck_assert_msg(b != NULL, "%s", err);
     struct bus_kv m[] = {{"loss", 1}, {"tokens_per_s", 2}, {"x", 3}};
     double t0 = time_mono_s();
-    for (int i = 0; i < 10000; i++) ck_assert_int_eq(bus_metric(b, i, m, 3), 0);
+    for (int i = 0; i < 10000; i++) ck_assert_int_eq(bus_metric(b, i, m, 3, err, sizeof err), 0);
     double dt = time_mono_s() - t0;
     ck_assert_msg(dt < 2.0, "10000 sends with no sink took %.3f s", dt);
     ck_assert_uint_eq(bus_dropped(b), 10000);

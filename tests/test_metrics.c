@@ -380,7 +380,7 @@ struct shared {
 };
 
 static void sender_main(struct shared *sh, int id, const char *run) {
-    char name[32], err[256];
+    char name[32], err[256], berr[256];
     snprintf(name, sizeof name, "sender-%d", id);
     struct bus *b = bus_open(run, name, err, sizeof err);
     if (!b) { fprintf(stderr, "%s: %s\n", name, err); _exit(3); }
@@ -401,12 +401,12 @@ static void sender_main(struct shared *sh, int id, const char *run) {
         int rc;
         if (metric) {
             struct bus_kv kv[] = {{"loss", 5.0 / (double)(step + 1)}, {"eal", 1 + 0.001 * (double)step}, {"tokens_per_s", 1e4}};
-            rc = bus_metric(b, (int64_t)step++, kv, 3);
+            rc = bus_metric(b, (int64_t)step++, kv, 3, berr, sizeof berr);
         } else {
             struct bus_kv kv[] = {{BUS_K_ITEMS_IN, k}, {BUS_K_ITEMS_OUT, k}, {BUS_K_BUSY_S, 0.001 * k}, {BUS_K_WAIT_S, 0.001 * k}};
-            rc = bus_heartbeat(b, kv, 4);
+            rc = bus_heartbeat(b, kv, 4, berr, sizeof berr);
         }
-        if (rc < 0) { fprintf(stderr, "%s: %s\n", name, bus_error(b)); _exit(4); }
+        if (rc < 0) { fprintf(stderr, "%s: %s\n", name, berr); _exit(4); }
         __atomic_store_n(&lg->st[seq], rc ? ST_ACCEPTED : ST_DROPPED, __ATOMIC_RELEASE);
         __atomic_store_n(&lg->n, (int)seq + 1, __ATOMIC_RELEASE);
         usleep(2000);
@@ -414,7 +414,7 @@ static void sender_main(struct shared *sh, int id, const char *run) {
     uint64_t seq = bus_sent(b);
     __atomic_store_n(&lg->st[seq], ST_ATTEMPT, __ATOMIC_RELEASE);
     struct bus_kv kv[] = {{BUS_K_ITEMS_IN, 1}, {BUS_K_ITEMS_OUT, 1}};
-    int rc = bus_summary(b, kv, 2);
+    int rc = bus_summary(b, kv, 2, berr, sizeof berr);
     __atomic_store_n(&lg->st[seq], rc == 1 ? ST_ACCEPTED : ST_DROPPED, __ATOMIC_RELEASE);
     __atomic_store_n(&lg->n, (int)seq + 1, __ATOMIC_RELEASE);
     bus_close(b);

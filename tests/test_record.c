@@ -4,7 +4,7 @@
  * Module: good batch/hidden items pass record_check and report their shape; corrupt descriptors
  * (garbage, truncated, wrong kind, seq disagreeing with the slot, short payload, bad arrays,
  * NaN / inf states in f32 and bf16) are rejected with a sentence naming the seq and the problem;
- * the seq tracker counts duplicates, gaps and order; item files round-trip byte for byte, and a
+ * a restart's scan fills the relay's seen set in seq order; item files round-trip byte for byte, and a
  * corrupt, truncated or foreign file is refused; a temporary left by a killed writer is never
  * taken for an item.
  *
@@ -17,6 +17,7 @@
  */
 #include "core/desc.h"
 #include "core/record.h"
+#include "core/relay.h"
 #include "shm/ring.h"
 #include "model/safetensors.h"
 #include "test_ring_util.h"
@@ -191,36 +192,41 @@ START_TEST(corrupt_items_rejected_with_a_sentence) {
 }
 END_TEST
 
-START_TEST(seqs_count_duplicates_gaps_and_order) {
-    struct record_seqs s;
-    record_seqs_init(&s);
-    char err[256];
-    ck_assert_int_eq(record_seqs_add(&s, 0, err, sizeof err), 1);
-    ck_assert_int_eq(record_seqs_add(&s, 1, err, sizeof err), 1);
-    ck_assert_int_eq(record_seqs_add(&s, 1, err, sizeof err), 0);
-    ck_assert_int_eq(record_seqs_add(&s, 4, err, sizeof err), 1);
-    ck_assert_int_eq(record_seqs_add(&s, 3, err, sizeof err), 1);
-    ck_assert_int_eq(record_seqs_add(&s, 200, err, sizeof err), 1);   /* grows the bitmap */
-    ck_assert_int_eq(record_seqs_add(&s, 200, err, sizeof err), 0);
-    ck_assert_uint_eq(s.n_distinct, 5);
-    ck_assert_uint_eq(s.n_dups, 2);
-    ck_assert_uint_eq(s.n_out_of_order, 1);
-    ck_assert_uint_eq(s.min, 0);
-    ck_assert_uint_eq(s.max, 200);
-    ck_assert_uint_eq(s.first, 0);
-    ck_assert_uint_eq(s.last, 200);
-    ck_assert_uint_eq(record_seqs_gaps(&s), 201 - 5);
-    ck_assert_uint_eq(record_seqs_next_missing(&s, 0), 2);
-    ck_assert_uint_eq(record_seqs_next_missing(&s, 3), 5);
-    ck_assert_uint_eq(record_seqs_next_missing(&s, 200), 201);
-    ck_assert_uint_eq(record_seqs_next_missing(&s, 5000), 5000);
-    ck_assert(record_seqs_has(&s, 3) && !record_seqs_has(&s, 2) && !record_seqs_has(&s, 1u << 20));
-    ck_assert_int_eq(record_seqs_add(&s, RECORD_MAX_SEQ, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "beyond") != NULL, "%s", err);
-    /* a full word of 64 consecutive seqs is skipped by next_missing */
-    for (uint64_t q = 0; q < 130; q++) record_seqs_add(&s, q, err, sizeof err);
-    ck_assert_uint_eq(record_seqs_next_missing(&s, 0), 130);
-    record_seqs_free(&s);
+/* A restart's scan fills the relay's seen set (one seen-set type for every consumer): files
+ * found in any directory order are added in seq order, so none counts as out of order or as a
+ * duplicate, next stops at the first missing seq, and a seq beyond the set's window is refused
+ * with a sentence. */
+START_TEST(scan_fills_the_seen_set_in_seq_order) {
+    const char *dir = test_tmpdir("record-scan");
+    char err[1024];
+    struct desc_hidden d;
+    uint64_t order[] = {4, 0, 2, 1};
+    for (size_t i = 0; i < 4; i++) {
+        size_t dlen = make_hidden(order[i], g_desc, sizeof g_desc, g_payload, &d);
+        ck_assert_msg(record_write_file(dir, order[i], DESC_KIND_HIDDEN, g_desc, (uint32_t)dlen, g_payload,
+                                        d.batch.payload_bytes, 0, err, sizeof err) == 0, "%s", err);
+    }
+    struct relay_seen s;
+    ck_assert_int_eq(relay_seen_init(&s, 64, err, sizeof err), 0);
+    uint64_t min = 77, n_bad = 0;
+    ck_assert_int_eq(record_scan_dir(dir, &s, &min, &n_bad, err, sizeof err), 4);
+    ck_assert_uint_eq(n_bad, 0);
+    ck_assert_uint_eq(min, 0);
+    ck_assert_uint_eq(s.n_distinct, 4);
+    ck_assert_uint_eq(s.n_dups, 0);
+    ck_assert_uint_eq(s.n_out_of_order, 0);
+    ck_assert_uint_eq(s.next, 3);   /* the first seq a strict recorder waits for */
+    ck_assert_uint_eq(s.max, 4);
+    ck_assert(relay_seen_has(&s, 4) && !relay_seen_has(&s, 3));
+    relay_seen_free(&s);
+    /* a window of 64 seqs cannot hold seq 200 while seq 3 is missing */
+    size_t dlen = make_hidden(200, g_desc, sizeof g_desc, g_payload, &d);
+    ck_assert_msg(record_write_file(dir, 200, DESC_KIND_HIDDEN, g_desc, (uint32_t)dlen, g_payload, d.batch.payload_bytes,
+                                    0, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(relay_seen_init(&s, 64, err, sizeof err), 0);
+    ck_assert_int_eq(record_scan_dir(dir, &s, &min, &n_bad, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "seq 200") && strstr(err, "ahead"), "%s", err);
+    relay_seen_free(&s);
 }
 END_TEST
 
@@ -318,11 +324,11 @@ START_TEST(files_roundtrip_and_corruption_refused) {
 
     char missing[800];
     snprintf(missing, sizeof missing, "%s/nope", dir);
-    struct record_seqs s;
-    uint64_t n_bad;
-    record_seqs_init(&s);
-    ck_assert_int_eq(record_scan_dir(missing, &s, &n_bad, err, sizeof err), 0);
-    record_seqs_free(&s);
+    struct relay_seen s;
+    uint64_t n_bad, min = 0;
+    ck_assert_int_eq(relay_seen_init(&s, 0, err, sizeof err), 0);
+    ck_assert_int_eq(record_scan_dir(missing, &s, &min, &n_bad, err, sizeof err), 0);
+    relay_seen_free(&s);
     ck_assert_int_eq(record_index_read(missing, &ix, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "not a complete recording"), "%s", err);
 }
@@ -349,17 +355,18 @@ START_TEST(resume_validates_item_files) {
     char tmp[800];
     snprintf(tmp, sizeof tmp, "%s/item-000000000003.safetensors.tmp.%d", dir, 999999999);
     write_bytes(tmp, buf, 100);                                   /* a dead writer's temporary */
-    struct record_seqs s;
-    uint64_t n_bad = 0;
-    record_seqs_init(&s);
-    ck_assert_int_eq(record_scan_dir(dir, &s, &n_bad, err, sizeof err), 1);
+    struct relay_seen s;
+    uint64_t n_bad = 0, min = 9;
+    ck_assert_int_eq(relay_seen_init(&s, 0, err, sizeof err), 0);
+    ck_assert_int_eq(record_scan_dir(dir, &s, &min, &n_bad, err, sizeof err), 1);
     ck_assert_uint_eq(n_bad, 2);
-    ck_assert(record_seqs_has(&s, 0) && !record_seqs_has(&s, 1) && !record_seqs_has(&s, 2) && !record_seqs_has(&s, 3));
+    ck_assert_uint_eq(min, 0);
+    ck_assert(relay_seen_has(&s, 0) && !relay_seen_has(&s, 1) && !relay_seen_has(&s, 2) && !relay_seen_has(&s, 3));
     ck_assert_uint_eq(s.n_dups, 0);
     ck_assert_int_ne(access(tmp, F_OK), 0);
     snprintf(tmp, sizeof tmp, "%s.bad", path);
     ck_assert_int_eq(access(tmp, F_OK), 0);
-    record_seqs_free(&s);
+    relay_seen_free(&s);
 }
 END_TEST
 
@@ -444,22 +451,36 @@ static void check_out(const char *out, int n) {
     ck_assert_int_ne(record_path(path, sizeof path, out, (uint64_t)n) == 0 && access(path, F_OK) == 0, 1);
 }
 
-static const char *start_ring(pid_t *shm) {
-    const char *run = tr_run("record-stage");
-    char spec[200];
+/* A stage test's world: a dflash-shm serving one host ring "hidden", this test as its producer,
+ * and the recording directory <run>/rec. */
+struct world {
+    pid_t shm;
+    const char *run;
+    struct ring *r;
+    char out[800];
+};
+
+static void world_start(struct world *w) {
+    w->run = tr_run("record-stage");
+    char spec[200], err[512];
     snprintf(spec, sizeof spec, "hidden:slots=4,bytes=%d,desc=4k,dev=host", CAP);
-    *shm = tr_start_shm(run, spec, NULL, NULL);
+    w->shm = tr_start_shm(w->run, spec, NULL, NULL);
     ring_set_log(tr_quiet, NULL);
-    return run;
+    snprintf(w->out, sizeof w->out, "%s/rec", w->run);
+    w->r = ring_attach(w->run, "hidden", RING_PRODUCER, 5000, err, sizeof err);
+    ck_assert_msg(w->r != NULL, "%s", err);
+}
+
+static void world_stop(struct world *w) {
+    ring_close(w->r);
+    tr_stop_shm(w->shm);
 }
 
 START_TEST(stage_records_every_item_once) {
-    pid_t shm;
-    const char *run = start_ring(&shm);
-    char err[512], out[800];
-    snprintf(out, sizeof out, "%s/rec", run);
-    struct ring *r = ring_attach(run, "hidden", RING_PRODUCER, 5000, err, sizeof err);
-    ck_assert_msg(r != NULL, "%s", err);
+    struct world w;
+    world_start(&w);
+    const char *run = w.run, *out = w.out;
+    struct ring *r = w.r;
     const char *args[] = {"--out", out, "--kind", "hidden", "--vocab-size", "512", "--heartbeat-s", "0.1", NULL};
     pid_t rec = spawn_record(run, args);
     /* 0..9 with seq 3 published twice (a producer killed between publish and release) and 6/5 swapped */
@@ -479,19 +500,17 @@ START_TEST(stage_records_every_item_once) {
     char *log = slurp(path);
     ck_assert_msg(log && strstr(log, "seq 3: duplicate dropped"), "log: %s", log ? log : "(none)");
 
-    ring_close(r);
-    tr_stop_shm(shm);
+    world_stop(&w);
     ck_assert_int_eq(tr_count_segments(run), 0);
 }
 END_TEST
 
 START_TEST(stage_strict_order_gap_and_resume) {
-    pid_t shm;
-    const char *run = start_ring(&shm);
-    char err[512], out[800], path[900];
-    snprintf(out, sizeof out, "%s/rec", run);
-    struct ring *r = ring_attach(run, "hidden", RING_PRODUCER, 5000, err, sizeof err);
-    ck_assert_msg(r != NULL, "%s", err);
+    struct world w;
+    world_start(&w);
+    const char *run = w.run, *out = w.out;
+    struct ring *r = w.r;
+    char path[900];
     /* first recorder: strict, stops after 3 distinct seqs */
     const char *a1[] = {"--out", out, "--strict", "--expect", "3", NULL};
     pid_t rec = spawn_record(run, a1);
@@ -517,20 +536,18 @@ START_TEST(stage_strict_order_gap_and_resume) {
     check_out(out, 4);   /* 0..3 recorded, nothing lost; 5 recorded too but flagged */
     snprintf(path, sizeof path, "%s/DONE", out);
     ck_assert_msg(access(path, F_OK) != 0, "an incomplete stream must not write DONE");
-    ring_close(r);
-    tr_stop_shm(shm);
+    world_stop(&w);
 }
 END_TEST
 
 /* Issue 14 item 3: a recorder must never mark a stream with gaps complete. In arrival order
  * (no --strict), seqs 0, 1, 3 then the end of the stream: before the fix DONE said complete. */
 START_TEST(stage_gap_is_never_complete) {
-    pid_t shm;
-    const char *run = start_ring(&shm);
-    char err[512], out[800], path[900];
-    snprintf(out, sizeof out, "%s/rec", run);
-    struct ring *r = ring_attach(run, "hidden", RING_PRODUCER, 5000, err, sizeof err);
-    ck_assert_msg(r != NULL, "%s", err);
+    struct world w;
+    world_start(&w);
+    const char *run = w.run, *out = w.out;
+    struct ring *r = w.r;
+    char path[900];
     const char *a1[] = {"--out", out, NULL};
     pid_t rec = spawn_record(run, a1);
     publish(r, 0, NULL, 0);
@@ -545,17 +562,16 @@ START_TEST(stage_gap_is_never_complete) {
     snprintf(path, sizeof path, "%s/logs/dflash-record.log", run);
     char *log = slurp(path);
     ck_assert_msg(log && strstr(log, "seq 2 never arrived"), "log: %s", log ? log : "(none)");
-    ring_close(r);
-    tr_stop_shm(shm);
+    world_stop(&w);
 }
 END_TEST
 
 START_TEST(stage_rejects_corrupt_descriptor) {
-    pid_t shm;
-    const char *run = start_ring(&shm);
-    char err[512], path[900];
-    struct ring *r = ring_attach(run, "hidden", RING_PRODUCER, 5000, err, sizeof err);
-    ck_assert_msg(r != NULL, "%s", err);
+    struct world w;
+    world_start(&w);
+    const char *run = w.run;
+    struct ring *r = w.r;
+    char path[900];
     /* seq 1 carries a batch-kind-looking but truncated descriptor */
     uint8_t d[DESC_MAX_BYTES];
     static uint8_t p[CAP] __attribute__((aligned(256)));
@@ -579,8 +595,58 @@ START_TEST(stage_rejects_corrupt_descriptor) {
     log = slurp(path);
     ck_assert_msg(strstr(log, "item rejected and skipped: seq 1") && strstr(log, "1 rejected"), "log: %s", log);
     ck_assert_msg(strstr(log, "summary: 1 items recorded"), "the skipping recorder takes seq 2 only: %s", log);
-    ring_close(r);
-    tr_stop_shm(shm);
+    world_stop(&w);
+}
+END_TEST
+
+/* The relay's sink contract as the recorder uses it: a SIGTERM before the stream is complete exits
+ * 3 (STAGE_EXIT_STOPPED) and writes neither DONE nor index.txt; a restart whose --expect is
+ * already on disk finishes at once (exit 0, DONE) without taking an item; --strict --start-seq S
+ * records from S on and never a seq below S. */
+START_TEST(stage_stop_expect_on_disk_and_start_seq) {
+    struct world w;
+    world_start(&w);
+    char path[1000];
+    const char *a1[] = {"--out", w.out, NULL};
+    pid_t rec = spawn_record(w.run, a1);
+    publish(w.r, 0, NULL, 0);
+    publish(w.r, 1, NULL, 0);
+    record_path(path, sizeof path, w.out, 1);
+    double t0 = tr_now();
+    while (access(path, F_OK) != 0) {
+        ck_assert_msg(tr_now() - t0 < 20, "seq 1 not recorded within 20 s");
+        usleep(10000);
+    }
+    ck_assert_int_eq(kill(rec, SIGTERM), 0);
+    ck_assert_int_eq(tr_wait(rec), 3);
+    snprintf(path, sizeof path, "%s/DONE", w.out);
+    ck_assert_msg(access(path, F_OK) != 0, "a stopped recorder must not write DONE");
+    snprintf(path, sizeof path, "%s/index.txt", w.out);
+    ck_assert_msg(access(path, F_OK) != 0, "a stopped recorder must not write the index");
+    /* 0 and 1 are on disk: --expect 2 is reached before anything is taken */
+    const char *a2[] = {"--out", w.out, "--expect", "2", NULL};
+    ck_assert_int_eq(tr_wait(spawn_record(w.run, a2)), 0);
+    snprintf(path, sizeof path, "%s/DONE", w.out);
+    ck_assert_msg(access(path, F_OK) == 0, "--expect reached from disk writes DONE");
+    check_out(w.out, 2);
+    /* a fresh directory, strict from seq 5: seqs 3 and 4 are never recorded, 5 and 6 are */
+    char out2[900];
+    snprintf(out2, sizeof out2, "%s/rec2", w.run);
+    const char *a3[] = {"--out", out2, "--strict", "--start-seq", "5", "--expect", "2", NULL};
+    rec = spawn_record(w.run, a3);
+    for (uint64_t q = 3; q < 7; q++) publish(w.r, q, NULL, 0);
+    ck_assert_int_eq(tr_wait(rec), 0);
+    for (uint64_t q = 3; q < 8; q++) {
+        record_path(path, sizeof path, out2, q);
+        ck_assert_msg((access(path, F_OK) == 0) == (q == 5 || q == 6), "seq %llu: %s", (unsigned long long)q,
+                      access(path, F_OK) == 0 ? "recorded" : "not recorded");
+    }
+    snprintf(path, sizeof path, "%s/DONE", out2);
+    char *done = slurp(path);
+    ck_assert_msg(done && strstr(done, "\"complete\": true") && strstr(done, "\"min_seq\": 5,"), "DONE: %s",
+                  done ? done : "(none)");
+    ring_close(w.r);   /* 3 and 4 may still sit in the ring: end the run explicitly */
+    tr_shutdown_shm(w.run, w.shm);
 }
 END_TEST
 
@@ -605,7 +671,7 @@ int main(void) {
     tcase_set_timeout(m, 20);
     tcase_add_test(m, good_items_pass);
     tcase_add_test(m, corrupt_items_rejected_with_a_sentence);
-    tcase_add_test(m, seqs_count_duplicates_gaps_and_order);
+    tcase_add_test(m, scan_fills_the_seen_set_in_seq_order);
     tcase_add_test(m, files_roundtrip_and_corruption_refused);
     tcase_add_test(m, resume_validates_item_files);
     tcase_add_test(m, files_are_reproducible);
@@ -616,6 +682,7 @@ int main(void) {
     tcase_add_test(st, stage_strict_order_gap_and_resume);
     tcase_add_test(st, stage_gap_is_never_complete);
     tcase_add_test(st, stage_rejects_corrupt_descriptor);
+    tcase_add_test(st, stage_stop_expect_on_disk_and_start_seq);
     tcase_add_test(st, stage_bad_flags);
     suite_add_tcase(s, st);
     return test_run_suite(s);

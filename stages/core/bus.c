@@ -45,7 +45,6 @@ struct bus {
     uint64_t seq;       /* atomically readable */
     uint64_t dropped;   /* atomically readable */
     char wait_on[BUS_TEXT_MAX];
-    char err[256];
     msgpack_sbuffer sb; /* reused for every record */
     double last_accept; /* time_mono_s of the last accepted send, 0 if none */
 };
@@ -253,7 +252,6 @@ void bus_close(struct bus *b) {
 
 uint64_t bus_dropped(const struct bus *b) { return b ? __atomic_load_n(&b->dropped, __ATOMIC_RELAXED) : 0; }
 uint64_t bus_sent(const struct bus *b) { return b ? __atomic_load_n(&b->seq, __ATOMIC_RELAXED) : 0; }
-const char *bus_error(const struct bus *b) { return b ? b->err : "bus is NULL"; }
 
 void bus_set_waiting(struct bus *b, const char *what) {
     if (!b) return;
@@ -263,10 +261,9 @@ void bus_set_waiting(struct bus *b, const char *what) {
 }
 
 static int bus_send(struct bus *b, enum bus_kind kind, int64_t step, const char *name, const char *text,
-                    const struct bus_kv *kv, int n) {
-    if (!b) return -1;
+                    const struct bus_kv *kv, int n, char *err, int err_len) {
+    if (!b) return err_fail(err, err_len, "bus_%s: the bus is NULL", bus_kind_name(kind));
     pthread_mutex_lock(&b->mu);
-    b->err[0] = 0;
     struct hdr h = {
         .version = BUS_VERSION, .kind = kind, .stage = b->stage, .pid = b->pid, .t = time_wall_s(),
         .has_step = kind == BUS_KIND_METRIC, .step = (uint64_t)(step < 0 ? 0 : step),
@@ -276,9 +273,8 @@ static int bus_send(struct bus *b, enum bus_kind kind, int64_t step, const char 
     };
     int rc = -1;
     if (kind == BUS_KIND_METRIC && step < 0) {
-        err_fail(b->err, sizeof b->err, "bus_metric: step %lld is negative", (long long)step);
-    } else if (!check_names(&h, kv, n, b->err, sizeof b->err) &&
-               !pack_record(&b->sb, &h, kv, n, b->err, sizeof b->err)) {
+        err_fail(err, err_len, "bus_metric: step %lld is negative", (long long)step);
+    } else if (!check_names(&h, kv, n, err, err_len) && !pack_record(&b->sb, &h, kv, n, err, err_len)) {
         /* Never block: EAGAIN (no sink connected, or its queue full) and any other send failure
          * is a drop, counted and carried in later records. */
         int sent = nn_send(b->sock, b->sb.data, b->sb.size, NN_DONTWAIT);
@@ -291,17 +287,17 @@ static int bus_send(struct bus *b, enum bus_kind kind, int64_t step, const char 
     return rc;
 }
 
-int bus_metric(struct bus *b, int64_t step, const struct bus_kv *kv, int n) {
-    return bus_send(b, BUS_KIND_METRIC, step, NULL, NULL, kv, n);
+int bus_metric(struct bus *b, int64_t step, const struct bus_kv *kv, int n, char *err, int err_len) {
+    return bus_send(b, BUS_KIND_METRIC, step, NULL, NULL, kv, n, err, err_len);
 }
-int bus_event(struct bus *b, const char *name, const char *text) {
-    return bus_send(b, BUS_KIND_EVENT, 0, name, text, NULL, 0);
+int bus_event(struct bus *b, const char *name, const char *text, char *err, int err_len) {
+    return bus_send(b, BUS_KIND_EVENT, 0, name, text, NULL, 0, err, err_len);
 }
-int bus_heartbeat(struct bus *b, const struct bus_kv *kv, int n) {
-    return bus_send(b, BUS_KIND_HEARTBEAT, 0, NULL, NULL, kv, n);
+int bus_heartbeat(struct bus *b, const struct bus_kv *kv, int n, char *err, int err_len) {
+    return bus_send(b, BUS_KIND_HEARTBEAT, 0, NULL, NULL, kv, n, err, err_len);
 }
-int bus_summary(struct bus *b, const struct bus_kv *kv, int n) {
-    return bus_send(b, BUS_KIND_SUMMARY, 0, NULL, NULL, kv, n);
+int bus_summary(struct bus *b, const struct bus_kv *kv, int n, char *err, int err_len) {
+    return bus_send(b, BUS_KIND_SUMMARY, 0, NULL, NULL, kv, n, err, err_len);
 }
 
 double bus_record_get(const struct bus_record *rec, const char *name, double dflt) {

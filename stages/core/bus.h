@@ -115,21 +115,22 @@ struct bus *bus_open(const char *run_dir, const char *stage, char *err, int err_
 
 /* Send one kind=metric record for training step `step` with n named numbers. Non-blocking:
  * returns 1 when nn_send accepted it, 0 when it was dropped (sink down or queue full; counted in
- * bus_dropped), -1 only for a caller error (NULL bus, step < 0, n < 0 or > BUS_MAX_KV, a name that
- * is empty, too long, reserved or repeated); the reason is then in bus_error(). */
-int bus_metric(struct bus *b, int64_t step, const struct bus_kv *kv, int n);
+ * bus_dropped), -1 with a sentence in err (the caller's buffer, err.h; may be NULL/0) only for a
+ * caller error (NULL bus, step < 0, n < 0 or > BUS_MAX_KV, a name that is empty, too long,
+ * reserved or repeated). */
+int bus_metric(struct bus *b, int64_t step, const struct bus_kv *kv, int n, char *err, int err_len);
 
 /* Send one kind=event record (name and text, both required; text is cut at BUS_TEXT_MAX-1 bytes).
  * Same returns as bus_metric. */
-int bus_event(struct bus *b, const char *name, const char *text);
+int bus_event(struct bus *b, const char *name, const char *text, char *err, int err_len);
 
 /* Send one kind=heartbeat record (stages call it about every second with the BUS_K_* counters and
  * ring occupancy); it also carries the current bus_set_waiting() text as wait_on. Same returns. */
-int bus_heartbeat(struct bus *b, const struct bus_kv *kv, int n);
+int bus_heartbeat(struct bus *b, const struct bus_kv *kv, int n, char *err, int err_len);
 
 /* Send one kind=summary record (the cumulative totals, at orderly exit). dflash-metrics treats a
  * summary as "this stage instance has ended". Same returns. */
-int bus_summary(struct bus *b, const struct bus_kv *kv, int n);
+int bus_summary(struct bus *b, const struct bus_kv *kv, int n, char *err, int err_len);
 
 /* Set what the stage is waiting on ("ring batches empty", NULL or "" when working); copied and
  * carried as wait_on by later heartbeats, so the sink can name it in a stall warning. */
@@ -139,8 +140,6 @@ void bus_set_waiting(struct bus *b, const char *what);
 uint64_t bus_dropped(const struct bus *b);
 /* Records attempted so far (the next seq). */
 uint64_t bus_sent(const struct bus *b);
-/* The reason of the last -1 return on this bus ("" if none). Valid until the next call. */
-const char *bus_error(const struct bus *b);
 
 /* Close the socket and free the bus (NULL is fine). Blocks at most 50 ms: when the last record
  * was accepted less than 50 ms ago it waits out the rest, so the sink can take it before the

@@ -6,6 +6,7 @@
  * is trusted.
  */
 #include "core/record.h"
+#include "core/relay.h"
 #include "shm/ring.h"
 #include "core/err.h"
 #include "core/fsutil.h"
@@ -565,77 +566,17 @@ out:
     return rc;
 }
 
-/* ---------------------------------------------------------------- seqs */
+/* ---------------------------------------------------------------- resume */
 
-void record_seqs_init(struct record_seqs *s) { memset(s, 0, sizeof *s); }
-
-void record_seqs_free(struct record_seqs *s) {
-    free(s->bits);
-    memset(s, 0, sizeof *s);
-}
-
-int record_seqs_has(const struct record_seqs *s, uint64_t seq) {
-    uint64_t w = seq / 64;
-    return w < s->n_words && (s->bits[w] >> (seq % 64) & 1);
-}
-
-/* Mark seq without counting duplicates or order; 1 new, 0 present, -1 error. */
-static int mark(struct record_seqs *s, uint64_t seq, char *err, int err_len) {
-    if (seq >= RECORD_MAX_SEQ)
-        return err_fail(err, err_len, "seq %llu is beyond what the recorder tracks (< %llu)", (unsigned long long)seq,
-                    (unsigned long long)RECORD_MAX_SEQ);
-    uint64_t w = seq / 64;
-    if (w >= s->n_words) {
-        uint64_t n = s->n_words ? s->n_words : 64;
-        while (n <= w) n *= 2;
-        uint64_t *nb = realloc(s->bits, n * sizeof *nb);
-        if (!nb) return err_fail(err, err_len, "out of memory for the seq bitmap (%llu words)", (unsigned long long)n);
-        memset(nb + s->n_words, 0, (n - s->n_words) * sizeof *nb);
-        s->bits = nb;
-        s->n_words = n;
-    }
-    if (s->bits[w] >> (seq % 64) & 1) return 0;
-    s->bits[w] |= 1ull << (seq % 64);
-    if (!s->n_distinct || seq < s->min) s->min = seq;
-    if (!s->n_distinct || seq > s->max) s->max = seq;
-    s->n_distinct++;
-    return 1;
-}
-
-int record_seqs_add(struct record_seqs *s, uint64_t seq, char *err, int err_len) {
-    uint64_t prev_max = s->max, had = s->n_distinct;
-    int rc = mark(s, seq, err, err_len);
-    if (rc < 0) return -1;
-    if (rc == 0) { s->n_dups++; return 0; }
-    if (had && seq < prev_max) s->n_out_of_order++;
-    if (!s->n_added++) s->first = seq;
-    s->last = seq;
-    return 1;
-}
-
-uint64_t record_seqs_gaps(const struct record_seqs *s) {
-    return s->n_distinct ? s->max - s->min + 1 - s->n_distinct : 0;
-}
-
-uint64_t record_seqs_next_missing(const struct record_seqs *s, uint64_t from) {
-    uint64_t q = from;
-    while (q / 64 < s->n_words) {
-        uint64_t w = s->bits[q / 64] >> (q % 64);
-        if (~w == 0 && q % 64 == 0) { q += 64; continue; }
-        if (!(w & 1)) return q;
-        q++;
-    }
-    return q;
-}
-
-int64_t record_scan_dir(const char *dir, struct record_seqs *s, uint64_t *n_bad, char *err, int err_len) {
+int64_t record_scan_dir(const char *dir, struct relay_seen *s, uint64_t *min_seq, uint64_t *n_bad, char *err,
+                        int err_len) {
     *n_bad = 0;
     DIR *d = opendir(dir);
     if (!d) {
         if (errno == ENOENT) return 0;
         return err_fail(err, err_len, "opendir(%s) failed: %s", dir, strerror(errno));
     }
-    int64_t n = 0;
+    uint64_t *good = NULL, n_good = 0, cap = 0;
     struct dirent *e;
     char p[PATH_MAX], why[1024];
     while ((e = readdir(d)) != NULL) {
@@ -654,16 +595,34 @@ int64_t record_scan_dir(const char *dir, struct record_seqs *s, uint64_t *n_bad,
         if (record_read_file(p, &it, why, sizeof why) || it.h.seq != seq) {
             char bad[PATH_MAX + 8];
             snprintf(bad, sizeof bad, "%s.bad", p);
-            if (rename(p, bad) != 0) { closedir(d); record_item_free(&it); return err_fail(err, err_len, "rename(%s) failed: %s", p, strerror(errno)); }
+            if (rename(p, bad) != 0) {
+                closedir(d);
+                record_item_free(&it);
+                free(good);
+                return err_fail(err, err_len, "rename(%s) failed: %s", p, strerror(errno));
+            }
             (*n_bad)++;
             record_item_free(&it);
             continue;
         }
         record_item_free(&it);
-        int rc = mark(s, seq, err, err_len);
-        if (rc < 0) { closedir(d); return -1; }
-        n += rc;
+        if (n_good == cap) {
+            uint64_t *ng = realloc(good, (cap = cap ? 2 * cap : 1024) * sizeof *ng);
+            if (!ng) { closedir(d); free(good); return err_fail(err, err_len, "%s: out of memory for the seq list", dir); }
+            good = ng;
+        }
+        good[n_good++] = seq;
     }
     closedir(d);
+    /* In seq order: the seen set then counts no item on disk as out of order. */
+    if (n_good) qsort(good, n_good, sizeof *good, cmp_u64);
+    int64_t n = 0;
+    for (uint64_t i = 0; i < n_good; i++) {
+        int rc = relay_seen_add(s, good[i], err, err_len);
+        if (rc < 0) { free(good); return -1; }
+        n += rc;
+    }
+    if (n_good) *min_seq = good[0];
+    free(good);
     return n;
 }

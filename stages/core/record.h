@@ -1,8 +1,9 @@
 /*
  * stages/core/record.h — what dflash-record does with each ring item, as a module the tests drive
- * directly: validate an item (descriptor of stages/core/desc.h + payload content), track the
- * sequence numbers seen (duplicates, gaps, order), and write / read one item as a file so a later
- * replayer can feed it back to a ring (design.md §8 "Replace").
+ * directly: validate an item (descriptor of stages/core/desc.h + payload content), find the
+ * sequence numbers a recording already holds (into the relay's seen set, stages/core/relay.h:
+ * one seen-set type for every consumer), and write / read one item as a file so a later replayer
+ * can feed it back to a ring (design.md §8 "Replace").
  *
  * THE RECORDING FORMAT (one format for dflash-record, dflash-hspack --record, dflash-tap --record;
  * read back by dflash-replay; README "Recordings"). A recording is a directory:
@@ -40,9 +41,10 @@
 
 #include "core/desc.h"
 
+struct relay_seen;   /* stages/core/relay.h */
+
 #define RECORD_FORMAT "dflash-rec"
 #define RECORD_VERSION 2u
-#define RECORD_MAX_SEQ (1ull << 32)   /* seqs the tracker accepts (its bitmap grows with the highest seq: 512 MiB at most) */
 #define RECORD_MODEL_MAX 512          /* bytes of a model string, NUL included */
 
 /* What an item file holds, as read back (not an on-disk struct). */
@@ -64,18 +66,6 @@ struct record_info {
     uint32_t n_tokens, n_docs;
     uint64_t payload_bytes;   /* as the descriptor says */
     uint64_t n_checked;       /* state values checked for finiteness (0 for batches or unchecked) */
-};
-
-/* The sequence numbers a consumer has seen: a growable bitmap (seqs < RECORD_MAX_SEQ). */
-struct record_seqs {
-    uint64_t *bits;
-    uint64_t n_words;
-    uint64_t n_distinct;      /* distinct seqs added */
-    uint64_t n_dups;          /* adds of a seq already present */
-    uint64_t n_out_of_order;  /* new seqs lower than the highest seen before them */
-    uint64_t min, max;        /* valid when n_distinct > 0 */
-    uint64_t n_added;         /* new seqs added by record_seqs_add (not by record_scan_dir) */
-    uint64_t first, last;     /* first and last seq new to record_seqs_add, in arrival order (valid when n_added > 0) */
 };
 
 /* FNV-1a 64 of n bytes. */
@@ -150,24 +140,16 @@ int64_t record_index_write(const char *dir, char *err, int err_len);
 int record_index_read(const char *dir, struct record_index *ix, char *err, int err_len);
 void record_index_free(struct record_index *ix);
 
-/* Zero a tracker. */
-void record_seqs_init(struct record_seqs *s);
-/* Add a seq: 1 when new, 0 when a duplicate (counted), -1 with a sentence when seq >=
- * RECORD_MAX_SEQ or memory runs out. */
-int record_seqs_add(struct record_seqs *s, uint64_t seq, char *err, int err_len);
-int record_seqs_has(const struct record_seqs *s, uint64_t seq);
-/* Seqs missing between min and max (0 when nothing was added). */
-uint64_t record_seqs_gaps(const struct record_seqs *s);
-/* Lowest seq >= from that has not been added. */
-uint64_t record_seqs_next_missing(const struct record_seqs *s, uint64_t from);
-void record_seqs_free(struct record_seqs *s);
-
 /* For a restarted recorder: validate every item file in dir (record_read_into, so a truncated or
- * garbage file is never counted as done) and add the seq of each good one to s, without counting
- * them as duplicates of each other. A bad file is renamed to "<name>.bad" (kept for inspection,
- * re-recorded from the ring) and counted in *n_bad; temporaries of dead writers are removed; a
- * stale index.txt is removed (the recording is no longer known complete). A missing dir is fine
- * (0 added). Returns the number of good files added, or -1 with a sentence. O(bytes on disk). */
-int64_t record_scan_dir(const char *dir, struct record_seqs *s, uint64_t *n_bad, char *err, int err_len);
+ * garbage file is never counted as done) and add the seq of each good one to the seen set s
+ * (relay.h), in increasing seq order, so they count as distinct seqs and never as duplicates or
+ * out of order. *min_seq gets the lowest good seq (untouched when none). A bad file is renamed
+ * to "<name>.bad" (kept for inspection, re-recorded from the ring) and counted in *n_bad;
+ * temporaries of dead writers are removed; a stale index.txt is removed (the recording is no
+ * longer known complete). A missing dir is fine (0 added). Returns the number of good files
+ * added, or -1 with a sentence (also when a seq lies beyond the seen set's window).
+ * O(bytes on disk). */
+int64_t record_scan_dir(const char *dir, struct relay_seen *s, uint64_t *min_seq, uint64_t *n_bad, char *err,
+                        int err_len);
 
 #endif /* STAGES_CORE_RECORD_H */

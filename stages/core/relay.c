@@ -215,9 +215,10 @@ static void send_stats(struct relay *r, int summary) {
         int k = r->cfg.heartbeat_kv(r->cfg.ctx, kv + n, RELAY_MAX_KV);
         if (k > 0) n += k < RELAY_MAX_KV ? k : RELAY_MAX_KV;
     }
-    int rc = summary ? bus_summary(r->bus, kv, n) : bus_heartbeat(r->bus, kv, n);
+    char berr[256];
+    int rc = summary ? bus_summary(r->bus, kv, n, berr, sizeof berr) : bus_heartbeat(r->bus, kv, n, berr, sizeof berr);
     if (rc < 0) {   /* a caller error (a bad or repeated metric name): say it once and stop sending */
-        log_warn("metrics record refused: %s; metrics off", bus_error(r->bus));
+        log_warn("metrics record refused: %s; metrics off", berr);
         bus_close(r->bus);
         r->bus = NULL;
     }
@@ -419,8 +420,9 @@ int relay_run(struct relay *r, char *err, int err_len) {
         if (r->bus && r->cfg.metric) {
             struct bus_kv kv[RELAY_MAX_KV];
             int n = r->cfg.metric(r->cfg.ctx, &it, kv, RELAY_MAX_KV);
-            if (n > 0 && bus_metric(r->bus, (int64_t)it.seq, kv, n < RELAY_MAX_KV ? n : RELAY_MAX_KV) < 0)
-                log_warn("metric record refused: %s", bus_error(r->bus));
+            char berr[256];
+            if (n > 0 && bus_metric(r->bus, (int64_t)it.seq, kv, n < RELAY_MAX_KV ? n : RELAY_MAX_KV, berr, sizeof berr) < 0)
+                log_warn("metric record refused: %s", berr);
         }
         log_debug("%s seq %llu: %llu tokens, %.3f s", r->cfg.item_name, (unsigned long long)it.seq,
                   (unsigned long long)it.n_tokens, it.busy_s);

@@ -525,7 +525,7 @@ static struct target *init_random_hybrid(struct target *t, uint64_t seed, float 
     size_t NH = (size_t)c->num_attention_heads, QKV = (size_t)n_qkv(c);
     struct gdn_shape gs = gdn_shape_of(c);
     size_t LIN_IN = (size_t)gdn_in_dim(&gs), CONV = (size_t)gdn_conv_dim(&gs), VD = (size_t)gs.n_v * gs.d_v;
-    uint64_t key = seed * 0x9E3779B97F4A7C15ull + 1;
+    uint64_t key = seed * KERNELS_RNG_GAMMA + 1;
     struct { float *p; size_t n; float mean, sd; } list[12];
     for (int l = -1; l < c->num_hidden_layers; l++) {
         int n = 0;
@@ -571,7 +571,7 @@ struct target *target_init_random(const struct model_config *cfg, const struct t
     size_t C = (size_t)c->hidden_size, I = (size_t)c->intermediate_size, HD = (size_t)c->head_dim;
     size_t NH = (size_t)c->num_attention_heads, QKV = (size_t)n_qkv(c);
     struct { void *p; size_t n; int norm; } list[8];
-    uint64_t key = seed * 0x9E3779B97F4A7C15ull + 1;
+    uint64_t key = seed * KERNELS_RNG_GAMMA + 1;
     for (int l = -1; l < c->num_hidden_layers; l++) {
         int n = 0;
         if (l < 0) {

@@ -8,6 +8,7 @@
  * (seed, index), so the values do not depend on the launch configuration.
  */
 #include "model/target.h"
+#include "kernels/common.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -28,10 +29,7 @@ __global__ void target_qkv_split_kernel(uint4 *q, uint4 *k, uint4 *v, const uint
 }
 
 __device__ __forceinline__ float target_uniform(uint64_t seed, uint64_t i) {
-    uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    uint64_t z = kernels_mix64(seed + (i + 1) * KERNELS_RNG_GAMMA);   /* counter-based splitmix64 */
     return (float)((z >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;   /* U(-1, 1) */
 }
 
