@@ -15,7 +15,8 @@
 #   stages/dflash-*.c            -> $(BUILD)/bin/dflash-*
 #   tests/test_*.c               -> $(BUILD)/tests/test_*      (run by make test)
 #   tests/gpu/test_*.c|.cu       -> $(BUILD)/gpu-tests/test_*  (run on the GPU machine)
-#   kernels/bench/*_bench.c|.cu  -> $(BUILD)/bench/*_bench
+#   kernels/bench/*_bench.c|.cu  -> $(BUILD)/bench/*_bench   (one kernel op each)
+#   bench/*_bench.c              -> $(BUILD)/bench/*_bench   (whole stages, rings, the target forward)
 # Every binary links all three archives (core, kernels, shm) plus the libraries below.
 
 BUILD     ?= build
@@ -37,6 +38,7 @@ NVFLAGS  := -std=c++17 -MMD -MP -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUD
             -Wno-deprecated-gpu-targets --expt-relaxed-constexpr
 LDFLAGS  := -pthread
 ifeq ($(DEBUG),1)
+CPPFLAGS += -DDFLASH_DEBUG=1
 CFLAGS  += -O0 -g3
 NVFLAGS += -O0 -g -lineinfo
 else
@@ -64,6 +66,7 @@ CORE_C   := $(wildcard stages/*/*.c)
 MAINS    := $(wildcard stages/dflash-*.c)
 TESTS_C  := $(wildcard tests/test_*.c)
 BENCH_C  := $(wildcard kernels/bench/*_bench.c)
+SBENCH_C := $(wildcard bench/*_bench.c)
 ifeq ($(CUDA),1)
 KERN_CU  := $(wildcard kernels/*.cu)
 CORE_CU  := $(wildcard stages/*/*.cu)
@@ -81,7 +84,8 @@ ALL_LIBS := $(CORE_LIB) $(KERN_LIB) $(SHM_LIB)
 BINS     := $(patsubst stages/%.c,$(BUILD)/bin/%,$(MAINS))
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TESTS_C))
 GTEST_BINS := $(patsubst tests/gpu/%,$(BUILD)/gpu-tests/%,$(basename $(GTESTS)))
-BENCHES  := $(patsubst kernels/bench/%,$(BUILD)/bench/%,$(basename $(BENCH_C) $(BENCH_CU)))
+BENCHES  := $(patsubst kernels/bench/%,$(BUILD)/bench/%,$(basename $(BENCH_C) $(BENCH_CU))) \
+            $(patsubst bench/%.c,$(BUILD)/bench/%,$(SBENCH_C))
 
 DEPS_OK  := $(BUILD)/.deps-ok
 
@@ -142,6 +146,9 @@ $(BUILD)/bench/%: $(BUILD)/obj/kernels/bench/%.c.o $(ALL_LIBS)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $< $(ALL_LIBS) $(LIBS) -o $@
 $(BUILD)/bench/%: $(BUILD)/obj/kernels/bench/%.cu.o $(ALL_LIBS)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $< $(ALL_LIBS) $(LIBS) -o $@
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.c.o $(ALL_LIBS)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $< $(ALL_LIBS) $(LIBS) -o $@
 

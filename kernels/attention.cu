@@ -1,47 +1,29 @@
 /*
  * kernels/attention.cu — causal varlen GQA attention forward, flash-attention style (kernels/attention.h).
  *
- * One block = one head × one tile of BR = 16·MT·NW query rows of one document (NW warps, each
- * owning MT m16 tiles of 16 rows). It walks the key/value tiles (BC rows) of the same document from
- * the diagonal tile down to tile 0, double-buffered through shared memory with cp.async (rows past
- * the document are zero-filled, so masked probabilities multiply zeros, never garbage). Per tile,
- * each warp computes S = Q·Kᵀ with mma.sync m16n8k16 (bf16 in, fp32 accumulate; Q fragments from
- * registers when MT = 1, else from shared memory; K fragments from ldmatrix), applies the causal
- * mask only on tiles that cross the diagonal, updates the fp32 online softmax (base-2 exponent
- * with scale·log2 e folded in), converts P to bf16 A-fragments in registers (the accumulator
- * layout of two n8 tiles is the A layout of one k16 chunk) and accumulates O += P·V with V
- * fragments from ldmatrix.trans. Scores never leave registers. Shared rows are padded by 8
- * elements so ldmatrix's 8 row addresses hit 8 distinct bank groups. The tile configuration the
- * launcher uses was picked with kernels/bench/attention_bench.cu (its variants are other
- * instantiations of the same template).
- * Grid: (NH, ND, ceil(max_seqlen/BR)); the z index counts tiles from a document's end, so the
- * heaviest tiles (most keys) start first; tiles past a short document exit at once.
- * FX (fast exponent, the default since K1b): scores stay unscaled through the mask and the row
- * max, and each probability is one FFMA (s·scale·log2 e − max·scale·log2 e) and one MUFU ex2 with
- * flush-to-zero (ex2.approx.ftz: results below 2^-126 become 0, which a bf16 probability next to a
- * row maximum of 1 cannot represent anyway), instead of FMUL, FADD and exp2f's subnormal handling
- * per element. DFLASH_ATTENTION_KERNEL=4 selects exact exp2f (FX off, the K1 kernel) again.
- * The running max compares scaled maxima only (a tile's raw max is scaled first; until 2026-11-29
- * the FX kernel compared the scaled previous max with raw scores, which overflowed exp2 for scaled
- * logits above ~88 — tests/gpu/test_attention.c has a large-logit case for it).
- * The library's kernel since 2026-11-29 12:15 is attention_wg_kernel (sm_90a) as bench variant 34: one
- * block of two warpgroups per 128 query rows, K/V tiles of 128 keys in 128B-swizzled panels
- * (kernels/wgmma.cuh), S = Q·Kᵀ with both operands in shared memory, O += P·V with P in registers,
- * the P·V of one key tile running while the warpgroup does the softmax of the next, a ping-pong
- * issue order between the warpgroups (PP 1), staged coalesced output stores (OST), lazy rescaling
- * (LAZY) and a longest-first tile order (LPT); the same FX softmax as below (H200, TFLOP/s at HD 128
- * on 1-4K documents: v34 388, v20 362, v18 335, v6 292). attention_forward runs it with that launch
- * configuration fixed. DFLASH_ATTENTION_KERNEL=6 reverts to the mma.sync kernel above (bench variant
- * 6, the default before the wgmma kernel), =4 runs it with exact exp2f; any other value is an error.
- * attention_wg_kernel's other template knobs (NWG 1 / BC 64 / MINB 2, PP 0 and 2, OST, LAZY, LPT
- * alone) are instantiated only by kernels/bench/attention_bench.cu (variants 18-24, 28, 30, 32, 33,
- * 35-37), as history. The warp-specialized kernel (variants 25-27, 29, 31) moved to
- * kernels/bench/attention_variants.cuh; the persistent kernel attention_wgp_kernel (variants 38, 39)
- * failed validation and was deleted: its code is in git commit b94183e, the numbers of all of them
- * in kernels/bench/RESULTS.md.
- * Kernels that lost on the H200 (K1c's kernel 2 with mirrored m-tiles and diagonal chunk skipping,
- * K1d's kernel 3 with warp-level skipping, a persistent work list and lazy rescaling) are kept as
- * history in kernels/bench/attention_variants.cuh, with their numbers in RESULTS.md.
+ * attention_wg_kernel (sm_90a wgmma): one block of two consumer warpgroups per 128 query rows of
+ * one document and one head; it walks the document's key/value tiles of 128 keys from the diagonal
+ * tile down to tile 0, double-buffered in shared memory as 128B-swizzled panels (kernels/wgmma.cuh)
+ * loaded with cp.async (rows past the document zero-filled, so masked probabilities multiply zeros).
+ * Per tile S = Q·Kᵀ runs by wgmma with both operands in shared memory, the fp32 online softmax runs
+ * in registers, and O += P·V takes P from registers; the P·V of one key tile runs while the
+ * warpgroup does the softmax of the next, so the tensor cores and the softmax overlap. Scores never
+ * leave registers. Why each knob the launcher fixes (PP 1, OST, LAZY, LPT):
+ *  - ping-pong issue order (PP 1): warpgroup 1 issues its MMAs after warpgroup 0's, so one
+ *    warpgroup's softmax runs under the other's MMAs;
+ *  - staged output stores (OST): the output leaves through shared memory in coalesced 16-byte stores;
+ *  - lazy rescaling (LAZY): O, l and the running max move only when a row's max grows by more than
+ *    8 in log2 units, voted per warp, which skips most O rescales;
+ *  - longest-first tile order (LPT): grid z counts query tiles down from the longest document's
+ *    last one, so the tiles with the most keys start first and light tiles fill the tail.
+ * Fast exponent: scores stay unscaled through the mask and the row max, and each probability is one
+ * FFMA (s·scale·log2 e − max·scale·log2 e) and one MUFU ex2 with flush-to-zero (ex2.approx.ftz:
+ * results below 2^-126 become 0, which a bf16 probability next to a row maximum of 1 cannot
+ * represent anyway). The running max compares scaled maxima only (a tile's raw max is scaled first),
+ * so large scaled logits cannot overflow exp2 (tests/gpu/test_attention.c has a large-logit case).
+ * The template's other knob values are instantiated only by kernels/bench/attention_bench.cu, which
+ * includes this file; the kernels that lost (mma.sync, warp-specialized, ...) live in
+ * kernels/bench/attention_variants.cuh, their numbers in kernels/bench/RESULTS.md.
  */
 #include "kernels/attention.h"
 #include "kernels/mma.cuh"
@@ -52,218 +34,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <type_traits>
-
-/* ---------------------------------------------------------------- device helpers */
-
-/* ---------------------------------------------------------------- kernel */
-
-/* HD head dim; NW warps; MT m16 tiles (16 query rows each) per warp, so BR = 16·MT·NW query rows
- * per block; BC keys per tile. With MT = 1 the warp keeps its Q fragments in registers; with
- * MT = 2 it re-reads them from shared memory per k-chunk (registers go to the second S/O tile, and
- * each K/V fragment loaded feeds two MMAs instead of one). */
-template <int HD, int NW, int MT, int BC, bool FX>
-__global__ void __launch_bounds__(NW * 32)
-attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu,
-                         int T, int NH, int NKV, float scale_log2) {
-    constexpr int BR = 16 * MT * NW, LD = HD + 8, CH = HD / 8, NT = NW * 32;
-    constexpr bool QREG = MT == 1;
-    extern __shared__ __align__(16) unsigned char att_smem[];
-    bf16 *sQ = (bf16 *)att_smem;    /* [BR][LD] */
-    bf16 *sK = sQ + BR * LD;        /* [2][BC][LD] */
-    bf16 *sV = sK + 2 * BC * LD;    /* [2][BC][LD] */
-
-    const int h = blockIdx.x, d = blockIdx.y;
-    const int s0 = cu[d], len = cu[d + 1] - s0;
-    const int qt = (len + BR - 1) / BR - 1 - (int)blockIdx.z;
-    if (qt < 0) return;
-    const int kh = h / (NH / NKV);
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-
-    for (int i = tid; i < BR * CH; i += NT) {
-        int r = i / CH, c = i % CH, qi = qt * BR + r;
-        const bf16 *src = q + ((size_t)(s0 + min(qi, len - 1)) * NH + h) * HD + c * 8;
-        mma_cp_async16(sQ + r * LD + c * 8, src, qi < len ? 16 : 0);
-    }
-    auto load_kv = [&](int j, int buf) {
-        for (int i = tid; i < BC * CH; i += NT) {
-            int r = i / CH, c = i % CH, kj = j * BC + r;
-            size_t off = ((size_t)(s0 + min(kj, len - 1)) * NKV + kh) * HD + c * 8;
-            int sz = kj < len ? 16 : 0;
-            mma_cp_async16(sK + (buf * BC + r) * LD + c * 8, k + off, sz);
-            mma_cp_async16(sV + (buf * BC + r) * LD + c * 8, v + off, sz);
-        }
-    };
-    /* last key tile this query tile sees: the one holding its last row (or the document's end) */
-    const int last_row = min(qt * BR + BR - 1, len - 1);
-    const int jlast = last_row / BC;
-    load_kv(jlast, 0);
-    mma_commit();
-    mma_wait<0>();
-    __syncthreads();
-
-    const bf16 *qbase = sQ + (warp * 16 * MT + (lane % 16)) * LD + (lane / 16) * 8;
-    uint32_t qf[QREG ? HD / 16 : 1][4];
-    if constexpr (QREG) {
-#pragma unroll
-        for (int kc = 0; kc < HD / 16; kc++) mma_ldsm_x4(qf[kc], qbase + kc * 16);
-    }
-
-    float o[MT][HD / 8][4];
-    float m[MT][2], l[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-        for (int i = 0; i < HD / 8; i++) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
-        m[mt][0] = m[mt][1] = -INFINITY;
-        l[mt][0] = l[mt][1] = 0.0f;
-    }
-    /* this thread's rows: row0 + 16·mt and row0 + 16·mt + 8 (document-local) */
-    const int row0 = qt * BR + warp * 16 * MT + lane / 4;
-    const int qmin = qt * BR;
-
-    int buf = 0;
-    for (int j = jlast; j >= 0; j--) {
-        if (j > 0) load_kv(j - 1, buf ^ 1);
-        mma_commit();
-        mma_wait<1>();
-        __syncthreads();
-
-        const bf16 *Kb = sK + buf * BC * LD, *Vb = sV + buf * BC * LD;
-        float s[MT][BC / 8][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int i = 0; i < BC / 8; i++) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
-#pragma unroll
-        for (int kc = 0; kc < HD / 16; kc++) {
-            uint32_t a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                if constexpr (QREG) {
-                    a[mt][0] = qf[kc][0]; a[mt][1] = qf[kc][1]; a[mt][2] = qf[kc][2]; a[mt][3] = qf[kc][3];
-                } else {
-                    mma_ldsm_x4(a[mt], qbase + mt * 16 * LD + kc * 16);
-                }
-            }
-#pragma unroll
-            for (int np = 0; np < BC / 16; np++) {
-                uint32_t b[4];
-                mma_ldsm_x4(b, Kb + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kc * 16 + ((lane / 8) % 2) * 8);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_m16n8k16(s[mt][2 * np], a[mt], b[0], b[1]);
-                    mma_m16n8k16(s[mt][2 * np + 1], a[mt], b[2], b[3]);
-                }
-            }
-        }
-        const bool need_mask = j * BC + BC - 1 > qmin;
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-            for (int nt = 0; nt < BC / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float x = FX ? s[mt][nt][e] : s[mt][nt][e] * scale_log2;
-                    if (need_mask) {
-                        int key = j * BC + nt * 8 + (lane % 4) * 2 + (e & 1), row = row0 + mt * 16 + (e >= 2 ? 8 : 0);
-                        if (key > row) x = -INFINITY;
-                    }
-                    s[mt][nt][e] = x;
-                }
-            /* FX: s holds raw scores and m scaled maxima, so the tile's raw max is scaled before it
-             * meets m (comparing them unscaled let the subtracted max fall below the true one and
-             * overflowed exp2 for scaled logits above ~88) */
-            float mx0 = FX ? -INFINITY : m[mt][0], mx1 = FX ? -INFINITY : m[mt][1];
-#pragma unroll
-            for (int nt = 0; nt < BC / 8; nt++) {
-                mx0 = fmaxf(mx0, fmaxf(s[mt][nt][0], s[mt][nt][1]));
-                mx1 = fmaxf(mx1, fmaxf(s[mt][nt][2], s[mt][nt][3]));
-            }
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            if (FX) {
-                mx0 = fmaxf(m[mt][0], mx0 * scale_log2);
-                mx1 = fmaxf(m[mt][1], mx1 * scale_log2);
-            }
-            /* a row with every key masked so far keeps max -inf: subtract 0 so exp2 gives 0, not NaN */
-            const float ms0 = mx0 == -INFINITY ? 0.0f : mx0, ms1 = mx1 == -INFINITY ? 0.0f : mx1;
-            const float c0 = FX ? mma_ex2_ftz(m[mt][0] - ms0) : exp2f(m[mt][0] - ms0);
-            const float c1 = FX ? mma_ex2_ftz(m[mt][1] - ms1) : exp2f(m[mt][1] - ms1);
-            m[mt][0] = mx0;
-            m[mt][1] = mx1;
-            float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < BC / 8; nt++) {
-                if (FX) {   /* one FFMA + MUFU per probability; -inf (masked) stays -inf -> 0 */
-                    s[mt][nt][0] = mma_ex2_ftz(fmaf(s[mt][nt][0], scale_log2, -ms0));
-                    s[mt][nt][1] = mma_ex2_ftz(fmaf(s[mt][nt][1], scale_log2, -ms0));
-                    s[mt][nt][2] = mma_ex2_ftz(fmaf(s[mt][nt][2], scale_log2, -ms1));
-                    s[mt][nt][3] = mma_ex2_ftz(fmaf(s[mt][nt][3], scale_log2, -ms1));
-                } else {
-                    s[mt][nt][0] = exp2f(s[mt][nt][0] - ms0);
-                    s[mt][nt][1] = exp2f(s[mt][nt][1] - ms0);
-                    s[mt][nt][2] = exp2f(s[mt][nt][2] - ms1);
-                    s[mt][nt][3] = exp2f(s[mt][nt][3] - ms1);
-                }
-                sum0 += s[mt][nt][0] + s[mt][nt][1];
-                sum1 += s[mt][nt][2] + s[mt][nt][3];
-            }
-            l[mt][0] = l[mt][0] * c0 + sum0;
-            l[mt][1] = l[mt][1] * c1 + sum1;
-#pragma unroll
-            for (int i = 0; i < HD / 8; i++) {
-                o[mt][i][0] *= c0; o[mt][i][1] *= c0;
-                o[mt][i][2] *= c1; o[mt][i][3] *= c1;
-            }
-        }
-#pragma unroll
-        for (int kc = 0; kc < BC / 16; kc++) {
-            uint32_t a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                a[mt][0] = mma_pack_bf16x2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-                a[mt][1] = mma_pack_bf16x2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-                a[mt][2] = mma_pack_bf16x2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-                a[mt][3] = mma_pack_bf16x2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
-            }
-#pragma unroll
-            for (int dp = 0; dp < HD / 16; dp++) {
-                uint32_t b[4];
-                mma_ldsm_x4_t(b, Vb + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    mma_m16n8k16(o[mt][2 * dp], a[mt], b[0], b[1]);
-                    mma_m16n8k16(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
-                }
-            }
-        }
-        __syncthreads();   /* every warp is done with buf before the next iteration refills it */
-        buf ^= 1;
-    }
-
-    const int col = (lane % 4) * 2;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            float lv = l[mt][half];
-            lv += __shfl_xor_sync(0xffffffffu, lv, 1);
-            lv += __shfl_xor_sync(0xffffffffu, lv, 2);
-            const float inv = lv > 0.0f ? 1.0f / lv : 0.0f;
-            const int row = row0 + mt * 16 + half * 8;
-            if (row < len) {
-                __nv_bfloat162 *dst = (__nv_bfloat162 *)(out + ((size_t)(s0 + row) * NH + h) * HD + col);
-#pragma unroll
-                for (int nt = 0; nt < HD / 8; nt++)
-                    dst[nt * 4] = __floats2bfloat162_rn(o[mt][nt][2 * half] * inv, o[mt][nt][2 * half + 1] * inv);
-                if (lse && lane % 4 == 0)
-                    lse[(size_t)h * T + s0 + row] = (m[mt][half] + log2f(lv)) * 0.69314718055994531f;
-            }
-        }
-    }
-}
 
 /* ---------------------------------------------------------------- wgmma kernel (sm_90a, the default: bench variant 34) */
 
@@ -624,25 +394,6 @@ attention_wg_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const b
 
 /* ---------------------------------------------------------------- launcher */
 
-template <int HD, int NW, int MT, int BC, bool FX = true>
-static int launch(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
-                  int max_seqlen, int T, int NH, int NKV, float scale, cudaStream_t stream) {
-    constexpr int BR = 16 * MT * NW, LD = HD + 8;
-    const size_t smem = (size_t)(BR + 4 * BC) * LD * sizeof(bf16);
-    static int configured;   /* benign race: every caller sets the same attribute */
-    if (!configured) {
-        cudaError_t e = cudaFuncSetAttribute(attention_forward_kernel<HD, NW, MT, BC, FX>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return kernels_fail("attention_forward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
-        configured = 1;
-    }
-    dim3 grid(NH, ND, (max_seqlen + BR - 1) / BR);
-    attention_forward_kernel<HD, NW, MT, BC, FX><<<grid, NW * 32, smem, stream>>>(out, lse, q, k, v, cu, T, NH, NKV,
-                                                                      scale * 1.4426950408889634f);
-    KERNELS_CHECK_LAUNCH("attention_forward");
-    return 0;
-}
-
 /* Bench variant number of the library's default kernel (attention_wg_kernel with PP 1, OST, LAZY
  * and LPT: 388 TFLOP/s on 1-4K documents at HD 128 on the H200, 2026-11-29 12:15); the bench prints it. */
 #define ATTENTION_DEFAULT_KERNEL 34
@@ -680,30 +431,7 @@ extern "C" int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf1
     if (!vec_aligned16(out) || !vec_aligned16(q) || !vec_aligned16(k) || !vec_aligned16(v))
         return kernels_fail("attention_forward: q, k, v and out must be 16-byte aligned");
     if (!(scale > 0.0f)) return kernels_fail("attention_forward: scale must be positive, got %g", scale);
-    /* DFLASH_ATTENTION_KERNEL (read per call): unset, empty or 34 = the default; 6 = the mma.sync
-     * kernel (bench variant 6, 4 warps × 2 m-tiles, BC 64, FX: the default before the wgmma kernel,
-     * 292 TFLOP/s on 1-4K documents); 4 = variant 6 with exact exp2f; anything else is an error. */
-    const char *e = getenv("DFLASH_ATTENTION_KERNEL");
-    int sel = ATTENTION_DEFAULT_KERNEL;
-    if (e && *e) {
-        if (!strcmp(e, "34")) sel = 34;
-        else if (!strcmp(e, "6")) sel = 6;
-        else if (!strcmp(e, "4")) sel = 4;
-        else
-            return kernels_fail("attention_forward: DFLASH_ATTENTION_KERNEL=%.32s, accepted: unset or 34 (default), "
-                                "6 (mma.sync), 4 (mma.sync, exact exp2f)", e);
-    }
     if (ND == 0 || max_seqlen == 0) return 0;
-    if (sel == 4) {   /* bench variant 4: exact exp2f instead of the fast exponent */
-        if (HD == 128)
-            return launch<128, 4, 2, 64, false>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
-        return launch<64, 4, 2, 64, false>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
-    }
-    if (sel == 6) {   /* bench variant 6: the mma.sync kernel, the default until the wgmma one */
-        if (HD == 128)
-            return launch<128, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
-        return launch<64, 4, 2, 64, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, scale, stream);
-    }
     /* the default, bench variant 34: the wgmma kernel, two warpgroups × 64 rows, 128-key tiles, one
      * block per SM, ping-pong issue order (PP 1), staged output stores, lazy rescaling, LPT order */
     if (HD == 128)

@@ -40,10 +40,7 @@ int attention_forward_ref(float *out, float *lse, const float *q, const float *k
  * 1/sqrt(HD). Asynchronous; 0 or -1 with kernels_error(). Rows with no document (T beyond
  * cu_seqlens[ND]) are not written. Kernel: attention_bench variant 34 (wgmma, two warpgroups ×
  * 64 query rows with a ping-pong issue order, 128-key tiles, staged output stores, lazy rescaling,
- * longest-first tile order). DFLASH_ATTENTION_KERNEL in the environment (read per call): unset,
- * empty or 34 the default; 6 the mma.sync kernel (variant 6, the default before the wgmma kernel);
- * 4 the same with exact exp2f instead of the fast exponent (ex2.approx.ftz); any other value makes
- * the call fail (-1, kernels_error() names the accepted values). */
+ * longest-first tile order). */
 int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                       const int32_t *cu_seqlens, int ND, int max_seqlen, int T, int NH, int NKV,
                       int HD, float scale, cudaStream_t stream);

@@ -55,14 +55,19 @@ int block_attn_backward_ref(const block_attn_config *c, const float *q, const fl
                             const int32_t *anchors, const int32_t *doc_ids, const float *out,
                             const float *dout, const float *lse, float *dq, float *dk, float *dv,
                             char *err, int err_len);
+/* block_attn_backward_ref with round_p != 0 emulating the device's precision (P and dS = P ⊙ (dP - Di)
+ * rounded to bf16 before the dV, dQ, dK products; the scale applied after): the baseline of the GPU test's
+ * 3x rule for gradients (style.md). round_p 0 is block_attn_backward_ref. */
+int block_attn_backward_ref_prec(const block_attn_config *c, const float *q, const float *k, const float *v,
+                                 const int32_t *anchors, const int32_t *doc_ids, const float *out,
+                                 const float *dout, const float *lse, int round_p, float *dq, float *dk, float *dv,
+                                 char *err, int err_len);
 
 #ifdef DFLASH_CUDA
 #include <cuda_runtime_api.h>
 /* Device forward: q, k, v bf16; out bf16; lse fp32. Preconditions: d_h in {64, 128},
  * (n_h / n_kv) · B <= 64. Asynchronous on stream; no allocation. Returns 0 or -1 (kernels_error()).
- * The environment variable DFLASH_BLOCK_ATTN_KERNEL (read per call) picks the kernel set: unset = the
- * default (7: Hopper wgmma, kernels/block_attn_{fwd,bwd}_wg.cu), or 6, 5 or 3 (earlier verified mma.sync
- * sets, kernels/block_attn.cu); any other value fails. */
+ * Kernels: Hopper wgmma (sm_90a), kernels/block_attn_{fwd,bwd}_wg.cu. */
 int block_attn_forward(const block_attn_config *c, const bf16 *d_q, const bf16 *d_k, const bf16 *d_v,
                        const int32_t *d_anchors, const int32_t *d_doc_ids, bf16 *d_out, float *d_lse,
                        cudaStream_t stream);
@@ -70,17 +75,17 @@ int block_attn_forward(const block_attn_config *c, const bf16 *d_q, const bf16 *
  * block, 16-byte multiple); 0 when c is NULL or c->N <= 0. Host only, no CUDA call. */
 size_t block_attn_forward_workspace_bytes(const block_attn_config *c);
 /* block_attn_forward with a workspace: d_ws = block_attn_forward_workspace_bytes(c) bytes of device memory,
- * 16-byte aligned, owned by the caller (planned memory; nothing is allocated) and not initialised. Kernel set 7
+ * 16-byte aligned, owned by the caller (planned memory; nothing is allocated) and not initialised. The call
  * then plans the call on the GPU first (each block group's key ranges once for all kv heads, the groups
  * ordered longest first) and runs the main kernel on that plan: out and lse are bitwise equal to
  * block_attn_forward's. The workspace is scratch of this one call: it may be reused by the next call on the
  * same stream (calls on one stream are ordered) but not by calls in flight on other streams at the same
- * time. d_ws NULL is block_attn_forward; sets 3, 5 and 6 ignore d_ws. Same preconditions, asynchrony and
+ * time. d_ws NULL is block_attn_forward. Same preconditions, asynchrony and
  * errors as block_attn_forward (plus d_ws alignment). */
 int block_attn_forward_ws(const block_attn_config *c, const bf16 *d_q, const bf16 *d_k, const bf16 *d_v,
                           const int32_t *d_anchors, const int32_t *d_doc_ids, bf16 *d_out, float *d_lse, void *d_ws,
                           cudaStream_t stream);
-/* Device backward (kernel set from DFLASH_BLOCK_ATTN_KERNEL, as the forward): writes fp32 dq
+/* Device backward: writes fp32 dq
  * (N·B, n_h, d_h), dk and dv (T + N·B, n_kv, d_h), every element (overwritten, not accumulated). Deterministic: no atomics, dK/dV of a key are summed over the blocks
  * that see it in block order. dq doubles as scratch during the call (its first n_h·N·B floats hold
  * rowsum(dO ⊙ O) until the last kernel overwrites them), so it must not alias an input. Same

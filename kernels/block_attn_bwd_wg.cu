@@ -1,9 +1,8 @@
 /*
- * kernels/block_attn_bwd_wg.cu — the Hopper wgmma (sm_90a) backward of DFlash anchored block attention,
- * kernel set 7 (DFLASH_BLOCK_ATTN_KERNEL=7; contract in kernels/block_attn.h, entry in kernels/block_attn_wg.h).
- * Set 5's mma.sync backward (kernels/block_attn.cu) stays reachable with DFLASH_BLOCK_ATTN_KERNEL=5.
+ * kernels/block_attn_bwd_wg.cu — the Hopper wgmma (sm_90a) backward of DFlash anchored block attention
+ * that block_attn_backward runs (contract in kernels/block_attn.h, entry in kernels/block_attn_wg.h).
  *
- * Same deterministic three-kernel structure as set 5, every GEMM a wgmma (kernels/wgmma.cuh):
+ * A deterministic three-kernel structure, every GEMM a wgmma (kernels/wgmma.cuh):
  *   1. Di = rowsum(dO ⊙ O) per (head, row) into the first n_h·R floats of dq (scratch);
  *   2. per (128 context keys, kv head): a CTA of two warpgroups, warpgroup w owns keys 64w..64w+63 (M = 64).
  *      The CTA scans the anchors for the blocks that see one of its keys (in block order, so the sums are
@@ -23,53 +22,34 @@
  *      them) with kernel 2's visit on the block tile. Di is recomputed here from O and dO, because other
  *      CTAs overwrite the dq scratch. K/V tiles double buffered by cp.async (one barrier per tile); the
  *      block tile's S, dP, dQ products use N = 16 or 32 keys when B fits (wb_dq_tile<HD, NKEY>).
- * Configuration (fixed since the clean-up of b94183e; the default since git 2693407, measured on the H200
- * 2026-11-29, RESULTS.md's sixteenth run: 0.885-0.888 ms = 200.4-201.0 TFLOP/s, dK/dV 0.352 ms, dQ 0.475 ms):
- *   kernel 2 as round 3's KV=2p: pipelined across visits (wb_kv_visit_p): a visit returns with its dK product
+ * Configuration (H200, RESULTS.md: 0.885-0.888 ms = 200.4-201.0 TFLOP/s at the standard shape, dK/dV 0.352
+ * ms, dQ 0.475 ms):
+ *   kernel 2 (KV=2p): pipelined across visits (wb_kv_visit_p): a visit returns with its dK product
  *     in flight, the next visit's Sᵀ, dPᵀ queue behind it (no tensor-pipe drain at each visit's barrier);
  *     4 stages, loads 2 visits ahead, issued after the visit's Sᵀ and dPᵀ wgmmas (wb_kv_visit_p's hook) with
- *     the query rows' gmem offsets computed once per thread (LA: session 3's candidate M=3, which took
- *     kernel 2 from 0.572 to 0.351 ms);
- *   kernel 3 as round 3's Q=2: two blocks per CTA (wb_q2_kernel), one warpgroup per block, the context K/V
+ *     the query rows' gmem offsets computed once per thread (LA: it took kernel 2 from 0.572 to
+ *     0.351 ms);
+ *   kernel 3 (Q=2): two blocks per CTA (wb_q2_kernel), one warpgroup per block, the context K/V
  *     tiles loaded once for both (union of the two ranges), double buffered (tile t + 1 loaded while tile t
- *     is used); its set-up from a plan (QR: session 3's candidate M=7 of round 2, which took kernel 3 from
- *     0.491 to 0.474 ms): wb_qplan_kernel (between kernels 2 and 3) scans each block's anchor window once
+ *     is used); its set-up from a plan (QR: it took kernel 3 from 0.491 to 0.474
+ *     ms): wb_qplan_kernel (between kernels 2 and 3) scans each block's anchor window once
  *     (not once per kv head: 8x fewer scans at the standard shape) and leaves a 16-byte record in the block's
  *     own dq rows; a kernel 3 CTA reads its two records instead of anchor -> doc id -> scan -> two barriers;
  *   the fast elementwise (FM) in kernel 2's visits and kernel 3's tiles: branch-free masks (a select per
  *     element at most, none on full dQ tiles: a block's visible context keys are one contiguous range when
  *     its document is, checked once per block; doc ids are then not read), exp2 as one FFMA + ex2.approx.ftz
  *     with lse·log2(e) precomputed (kernel 2: by the Di kernel into dq's scratch after the plan), rows past
- *     the used ones masked by an exponent of −inf, lse / Di / slots read as pairs. The same values as M=0
- *     (bitwise, except P below 2^-126, flushed to 0).
- * The one switch, read per call: DFLASH_BA_WG_M unset or empty (the default) or 0 (the revert switch: bench
- * 84, KV=2p + Q=2 with the plain elementwise, kernel 2's loads before the products and kernel 3's own window
- * scan, 1.81-1.82 ms). Every other value is an error, the retired ones included: the defaults before M=3 and
- * M=7 and session 3's losing candidates M=1, 2, 4, 5 (code in git e591095); M=6 (kernel 3's next-tile loads
- * after each tile's S, dP: 0.908 ms), 8 (6 + 7: 0.900), 9 (7 + a persistent cooperative kernel 3 taking its
- * work longest first: 0.889) (code in git a239172); M=10 (kernel 3's K/V tiles in 3 rotating buffers, loaded
- * 2 tiles ahead: 0.905-0.908 ms, dQ 0.496), 11 (10 with those loads after each tile's S, dP: 0.898-0.901, dQ
- * 0.488) (code in git 2693407: the deeper pipeline lowered kernel 3's no-product floor from 0.249 to 0.188 ms
- * but slowed the whole kernel). Their numbers are in kernels/bench/RESULTS.md. At each clean-up the kernels
- * the default, M=0 and the probes run stayed byte for byte those of the commit before (cuobjdump -sass
- * compared).
+ *     the used ones masked by an exponent of −inf, lse / Di / slots read as pairs. The same values as the
+ *     plain elementwise (bitwise, except P below 2^-126, flushed to 0); when dq is too small to hold
+ *     lse·log2(e) (tiny shapes) kernel 2 runs the plain elementwise (a size path, not a choice).
+ * The template knobs the library does not instantiate (wb_launch's FM = false, PROBE 1 / 2; wb_kv_kernel's
+ * NWG / PIPE / DEEP) are kernels/bench/block_attn_wg_bench.cuh's: the plain elementwise (bench 84) and the
+ * timing probes; their numbers in kernels/bench/RESULTS.md.
  * Not done: a staged store of dQ / the block's dK, dV: each warp store already writes whole 32-byte sectors
  * (4 lanes × float2 of one row), so staging through smem would save instructions, not DRAM or L2 traffic.
- * History: the losing variants (round 1's KV=2 + Q=1, KV=1 = one warpgroup per CTA, KV=2d = 4 stages
- * loading 3 visits ahead, Q=1 = one block per dQ CTA; bench variants 80-83, 85) were deleted: their code is
- * in git commit b94183e, their numbers in kernels/bench/RESULTS.md. wb_kv_kernel keeps its NWG / PIPE /
- * DEEP template knobs (the launcher instantiates 2 / true / false only), so that the default kernel's code
- * is unchanged by the clean-up.
- * ba_wg_backward_timed (the bench's entry only, kernels/bench/block_attn_bench.cu; never called by the
- * library) records events between the kernels and has two probes (timing only, results invalid): 1 skips
- * every product (loads, scans and barriers: each kernel's floor without math), 2 keeps the products but
- * skips the softmax math (exp, masks, dS: how much the register math between the wgmmas costs).
- * ba_wg_backward (the library's path) never runs a probe.
- * Row mapping of a 64-row query tile (as set 5): row r -> head g·G + r/B, slot r % B; rows >= G·B are
+ * Row mapping of a 64-row query tile: row r -> head g·G + r/B, slot r % B; rows >= G·B are
  * zero-filled and masked. Tiles are 64 rows × HD bf16 stored as HD/64 128B-swizzled panels of 8 KB.
  * P and dS are rounded to bf16 for the products (the reference's tolerance assumes it).
- * Written without a GPU at hand (2026-11-29): the GPU test runs every case on set 7, including a
- * bitwise-repeat check, and the benchmark validates before timing.
  */
 #include "kernels/block_attn.h"
 #include "kernels/block_attn_common.cuh"
@@ -220,7 +200,7 @@ __device__ __forceinline__ void wb_kv_visit(uint32_t uK, uint32_t uV, uint32_t u
     wg_reg_fence<16>(&da[0][0]);
 }
 
-/* wb_kv_visit for kernel 2's pipelined variant (DFLASH_BA_WG_KV=2p): returns with this visit's dK
+/* wb_kv_visit for kernel 2's pipelined walk (KV=2p): returns with this visit's dK
  * product still in flight (one commit group), so the tensor core is not drained at every visit's
  * barrier; the next visit's Sᵀ and dPᵀ queue behind it. da (16 registers: the dSᵀ A-fragments) must
  * stay untouched until the product completes: it lives in the caller and is fenced after the next
@@ -666,14 +646,14 @@ __global__ void __launch_bounds__(128) wb_qplan_kernel(const int32_t *anchors, c
         *reinterpret_cast<int4 *>(dq + ((size_t)b * B * n_h + (size_t)g * G) * HD) = rec;
 }
 
-/* Kernel 3, two blocks per CTA (round 3's Q=2; the one-block-per-CTA kernel is history, git b94183e):
+/* Kernel 3, two blocks per CTA (Q=2: each context K/V tile serves two blocks):
  * warpgroup w handles block 2·blockIdx.x + w, the context K/V tiles are loaded once for both over the
  * union of their narrowed ranges (anchors are sorted, so consecutive blocks' ranges mostly coincide) and
  * a warpgroup skips the tiles outside its own range; then each warpgroup's own block tile (buffer 2 for
  * warpgroup 0, the free context buffer for warpgroup 1). One CTA (256 threads) per SM. Deterministic.
  * QR (the default since round 3 of session 3, was candidate M=7) reads the two blocks' ranges from
  * wb_qplan_kernel's records instead of the anchor -> doc id -> window scan (two dependent loads, a scan, two
- * barriers); !QR (DFLASH_BA_WG_M=0) scans. */
+ * barriers); !QR (the bench's plain elementwise) scans. */
 /* One work item of kernel 3: blocks 2·bx, 2·bx + 1 and kv head g (the kernel's blockIdx.x, blockIdx.y).
  * All 256 threads call it. K/V tiles double buffered: tile t + 1 loaded while tile t is used (round 3's
  * distance-2 pipeline, M=10 / 11, lost: git 2693407). */
@@ -888,12 +868,9 @@ int wb_smem_attr(K kernel, size_t smem) {
     return e == cudaSuccess ? 0 : kernels_fail("ba_wg_backward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
 }
 
-/* the backward's options: the elementwise (DFLASH_BA_WG_M, read per call) and the bench's timing entry */
+/* the backward's options: the bench's timing events */
 struct wb_opts {
-    bool fm;            /* the default (fast elementwise, LA, QR); false: DFLASH_BA_WG_M=0, the revert switch (84) */
-    int probe;          /* bench only (ba_wg_backward_timed, results invalid): 1 the products skipped, 2 the softmax
-                         * math skipped; always 0 from ba_wg_backward */
-    cudaEvent_t *ev;    /* bench only: 5 events around Di, plan, dK/dV, dQ, or NULL */
+    cudaEvent_t *ev;    /* kernels/bench only: 5 events around Di, plan, dK/dV, dQ; NULL from ba_wg_backward */
 };
 
 /* kernel 2, fixed at round 3's KV=2p: two warpgroups per CTA, pipelined across visits (the template's
@@ -942,7 +919,9 @@ static int wb_record(const wb_opts &o, int i, cudaStream_t stream) {
     return e == cudaSuccess ? 0 : kernels_fail("ba_wg_backward: cudaEventRecord: %s", cudaGetErrorString(e));
 }
 
-template <int HD, int PROBE>
+/* The backward's kernels in stream order. FM: the fast elementwise (the library's; false is the plain
+ * elementwise of kernels/bench only); PROBE != 0: kernels/bench's timing probes (results invalid). */
+template <int HD, int PROBE, bool FM = true>
 int wb_launch(const wb_opts &o, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
               const int32_t *anchors, const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse,
               float *dq, float *dk, float *dv, cudaStream_t stream) {
@@ -952,7 +931,7 @@ int wb_launch(const wb_opts &o, const block_attn_config *c, const bf16 *q, const
     /* FM: lse·log2(e) for kernel 2 after Di and the plan's WB_PLAN_MAX ints, when dq holds it (otherwise
      * kernel 2 keeps M=0's elementwise, as it always did) */
     const size_t nhr = (size_t)c->n_h * R;
-    float *lse2 = o.fm && 2 * nhr + WB_PLAN_MAX <= nhr * HD ? dq + nhr + WB_PLAN_MAX : NULL;
+    float *lse2 = FM && 2 * nhr + WB_PLAN_MAX <= nhr * HD ? dq + nhr + WB_PLAN_MAX : NULL;
     if (wb_record(o, 0, stream)) return -1;
     ba_di_kernel<HD, true><<<(unsigned)((di_threads + 255) / 256), 256, 0, stream>>>(
         (const __nv_bfloat16 *)out, (const __nv_bfloat16 *)dout, di, R, c->n_h, lse, lse2);
@@ -973,46 +952,15 @@ int wb_launch(const wb_opts &o, const block_attn_config *c, const bf16 *q, const
                                                            n_tiles, stream)
                         : wb_run_kv<HD, PROBE>(c, q, k, v, anchors, doc_ids, dout, lse, di, dk, dv, plan, n_tiles, stream);
     if (rc || wb_record(o, 3, stream)) return -1;
-    if ((o.fm ? wb_run_q<HD, PROBE, true, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-              : wb_run_q<HD, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)) ||
-        wb_record(o, 4, stream))
-        return -1;
+    int rq;
+    if constexpr (FM) rq = wb_run_q<HD, PROBE, true, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
+    else rq = wb_run_q<HD, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
+    /* Codegen anchor, never launched: with the plain-elementwise kernel 3 of d_h 64 in the same module,
+     * ptxas assigns the d_h 64 default (wb_q2_kernel<64, 0, true, true>) the registers it had when it was
+     * measured; without it the machine code differs (same source and arithmetic, other register numbers). */
+    if constexpr (FM && HD == 64 && PROBE == 0) (void)&wb_q2_kernel<64, 0, false, false>;
+    if (rq || wb_record(o, 4, stream)) return -1;
     return 0;
-}
-
-/* DFLASH_BA_WG_M, read per call: unset or empty the default, 0 the revert switch (bench 84, bitwise equal
- * but for P below 2^-126); anything else (the retired 1-11 included) is an error. DFLASH_BA_WG_KV and DFLASH_BA_WG_Q (round 3's variant knobs) are gone: unset, empty or their fixed
- * value (2p, 2) are accepted, anything else is an error, so that an old script cannot believe it measures a
- * variant that no longer exists. */
-static int wb_env(wb_opts *o) {
-    o->fm = true;
-    const char *e = getenv("DFLASH_BA_WG_M");
-    if (e && e[0]) {
-        if (!strcmp(e, "0")) o->fm = false;
-        else
-            return kernels_fail("ba_wg_backward: DFLASH_BA_WG_M=%s, expected unset or empty (the default) or 0 (the "
-                                "revert switch); retired values: 1-5 git e591095, 6-9 git a239172, 10-11 git 2693407",
-                                e);
-    }
-    e = getenv("DFLASH_BA_WG_KV");
-    if (e && e[0] && strcmp(e, "2p"))
-        return kernels_fail("ba_wg_backward: DFLASH_BA_WG_KV=%s, expected 2p (fixed; the other variants are history, git b94183e)", e);
-    e = getenv("DFLASH_BA_WG_Q");
-    if (e && e[0] && strcmp(e, "2"))
-        return kernels_fail("ba_wg_backward: DFLASH_BA_WG_Q=%s, expected 2 (fixed; the other variants are history, git b94183e)", e);
-    return 0;
-}
-
-int wb_backward(const wb_opts &o, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
-                const int32_t *anchors, const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse,
-                float *dq, float *dk, float *dv, cudaStream_t stream) {
-    if (c->d_h == 128)
-        return o.probe == 1 ? wb_launch<128, 1>(o, c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-               : o.probe == 2 ? wb_launch<128, 2>(o, c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream)
-                              : wb_launch<128, 0>(o, c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
-    if (c->d_h == 64 && !o.probe)
-        return wb_launch<64, 0>(o, c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
-    return kernels_fail("ba_wg_backward: d_h=%d, expected 64 or 128 (the probe: 128)", c->d_h);
 }
 
 }  // namespace
@@ -1020,21 +968,8 @@ int wb_backward(const wb_opts &o, const block_attn_config *c, const bf16 *q, con
 extern "C" int ba_wg_backward(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
                               const int32_t *anchors, const int32_t *doc_ids, const bf16 *out, const bf16 *dout,
                               const float *lse, float *dq, float *dk, float *dv, cudaStream_t stream) {
-    wb_opts o;
-    if (wb_env(&o)) return -1;
-    o.probe = 0;
-    o.ev = NULL;
-    return wb_backward(o, c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
-}
-
-extern "C" int ba_wg_backward_timed(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
-                                    const int32_t *anchors, const int32_t *doc_ids, const bf16 *out, const bf16 *dout,
-                                    const float *lse, float *dq, float *dk, float *dv, int probe, cudaEvent_t ev[5],
-                                    cudaStream_t stream) {
-    wb_opts o;
-    if (wb_env(&o)) return -1;
-    if (probe < 0 || probe > 2) return kernels_fail("ba_wg_backward_timed: probe=%d, expected 0, 1 or 2", probe);
-    o.probe = probe;
-    o.ev = ev;
-    return wb_backward(o, c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
+    const wb_opts o = {NULL};
+    if (c->d_h == 128) return wb_launch<128, 0>(o, c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
+    if (c->d_h == 64) return wb_launch<64, 0>(o, c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
+    return kernels_fail("ba_wg_backward: d_h=%d, expected 64 or 128", c->d_h);
 }

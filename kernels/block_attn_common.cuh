@@ -1,11 +1,11 @@
 /*
- * kernels/block_attn_common.cuh — internal to kernels/block_attn.cu (sets 3, 5, 6) and kernels/block_attn_bwd_wg.cu
- * (set 7): the one copy of the device code both backward sets share (formerly duplicated in each file).
+ * kernels/block_attn_common.cuh — internal to kernels/block_attn_bwd_wg.cu and kernels/bench/block_attn_mma.cuh
+ * (the bench's retired mma.sync sets): the one copy of the device code both backward kernel families share.
  *   ba_dot8 / ba_di_half  the Di = rowsum(dO ⊙ O) sums (16-byte words; half a row, two threads per row);
  *   ba_di_kernel     the backward's first pass, Di per (head, row), optionally lse·log2(e);
  *   ba_doc_span      the scan of a block's anchor window for the first / last key of its document.
  * Header only (templates and force-inlined device functions, internal linkage per translation unit); CUDA
- * only. It has an include guard and sits in an anonymous namespace: the benchmark includes block_attn.cu
+ * only. It has an include guard and sits in an anonymous namespace: the benchmark includes block_attn_mma.cuh
  * inside namespaces, so it includes this header once at global scope first (kernels/bench/block_attn_bench.cu).
  * Invariant: the code is the former copies' code verbatim (the default kernels' machine code is unchanged).
  */

@@ -1,8 +1,7 @@
 /*
- * kernels/block_attn_fwd_wg.cu — the Hopper wgmma (sm_90a) anchored block attention forward, kernel
- * set 7 of block_attn_forward (kernels/block_attn_wg.h; contract and masks in kernels/block_attn.h,
- * dflash-reference.md §6). The GPU tests run it on every case next to sets 5 and 6
- * (DFLASH_BLOCK_ATTN_KERNEL=6 keeps the verified mma.sync kernel reachable).
+ * kernels/block_attn_fwd_wg.cu — the Hopper wgmma (sm_90a) anchored block attention forward that
+ * block_attn_forward runs (kernels/block_attn_wg.h; contract and masks in kernels/block_attn.h,
+ * dflash-reference.md §6).
  *
  * One CTA of NWG = 3 warpgroups per (3 consecutive blocks b0.., kv head g). Warpgroup w owns block
  * b0 + w's 64 query rows (row r -> head g·G + r/B, slot r%B; rows >= G·B and blocks past N compute on
@@ -27,15 +26,7 @@
  * block's window; when every block of the CTA has them as one contiguous run [lo, hi) (packed
  * documents, the normal case; CTA-uniform flag sCont) a context tile needs no doc ids (not even
  * loaded), no ballots, and on an edge tile two integer compares per element; full tiles none.
- * Interleaved documents fall back to the doc-id ballots per tile, which is what the previous default
- * ("3", DFLASH_BLOCK_ATTN_WG_FWD=3, the one revert switch, see ba_wg_forward) does on every tile.
- *
- * History: the losing variants of the H200 rounds (2 warpgroups per CTA; the FlashAttention-3 style
- * pipeline inside a warpgroup; ordered S issue by named barriers; the lazy rescale; the shorter
- * set-up; 5 stages; 128-key tiles; a quarter of the exponentials by polynomial) and the timing probes
- * (softmax or products skipped) were deleted from this file: their code is in git commit b94183e
- * (this file and the variant loop of tests/gpu/test_block_attn.c), their numbers in
- * kernels/bench/RESULTS.md.
+ * Interleaved documents fall back to the doc-id ballots per tile.
  *
  * Set-up per CTA: one scan of the union of the blocks' windows by all threads (doc ids), per-warp
  * partial first/last keys and counts, then warp 0 reduces, sorts (NWG <= 3, compile-time indices)
@@ -53,7 +44,7 @@
  * once its last wgmma is waited; same swizzled layout, conflict-free 4-byte writes), a named barrier per
  * warpgroup, then 16-byte stores (16 threads per 256-byte output row) instead of 4-byte stores in
  * half-sector pieces. H200: 0.299-0.301 ms = 236.5-238.1 TFLOP/s against 0.311 ms unstaged. "3" keeps the
- * 4-byte stores (0.313 ms).
+ * 4-byte stores (0.313 ms, kernels/bench only).
  *
  * Plan path (block_attn_forward_ws, kernels/block_attn.h: d_ws != NULL). The set-up above costs ~4.6 µs per
  * CTA (~48 µs per SM at the standard shape, ~10 CTAs per SM) and is the same for every kv head of a block
@@ -70,24 +61,12 @@
  * included): 0.265 ms = 268.3 TFLOP/s against 0.299-0.301 ms without the workspace ("3": 0.277 against
  * 0.313); traced: span 256.5 µs, SMs busy 96%, tail 8.5 µs, set-up 3.74 µs per CTA.
  *
- * History: session 3's round-1 candidates (DFLASH_BLOCK_ATTN_WG_FWD 11-18: per-stage mbarriers instead of
- * the per-tile __syncthreads in two protocols, two kv heads per CTA, their combinations with the staged
- * epilogue) lost on the H200 (0.309-0.347 ms against 0.299 for the staged epilogue alone) and were deleted
- * from this file: their code is in git commit 4dc63f4 (with the phase trace and value 10), their numbers in
- * kernels/bench/RESULTS.md.
- *
- * History: session 3's round-2 candidate 20 (DFLASH_BLOCK_ATTN_WG_FWD=20, plan path only: persistent CTAs,
- * grid = #SMs, walking the ranked items in a snake order, with a second Q set so that the next item's Q and
- * first K/V tiles load during an item's epilogue) took 0.267 ms with the workspace, no gain over the plan
- * alone, and was deleted from this file: its code is in git commit aa65d2e, its numbers in
- * kernels/bench/RESULTS.md (the seventeenth H200 run). The value is now rejected like any unknown one.
- *
  * K/V tiles by TMA (template flag TMA; the default since session 3 round 3, first measured as candidate "T"):
  * instead of 2 048 per-thread 16-byte cp.async per tile (traced on the H200: 0.41-0.48 µs of the 1.7 µs tile
  * spent issuing them). H200 2026-11-29 (RESULTS.md, twenty-first run): 0.284 ms = 250 TFLOP/s without a
  * workspace (0.301 with cp.async), 0.252 ms = 282 TFLOP/s with the plan workspace (0.267); bitwise equal to the
- * cp.async kernel at full size and on 11 shapes. The cp.async default of round 2 is in git 7d07880; "3" (the
- * revert switch) keeps cp.async. Host: two CUtensorMap (K, V: bf16, dims {d_h, n_kv, T + N·B}, box
+ * cp.async kernel at full size and on 11 shapes. The cp.async default of round 2 is in git 7d07880; the bench's "3"
+ * keeps cp.async. Host: two CUtensorMap (K, V: bf16, dims {d_h, n_kv, T + N·B}, box
  * {64, 1, 64} = one 128B-swizzled 64-row panel, OOB zero fill) per launch from cuTensorMapEncodeTiled (the
  * runtime's driver entry point, no -lcuda), passed as a __grid_constant__ parameter (the other kernels get
  * the empty wf_none there: their machine code is unchanged). Device: one mbarrier per stage (count 1); tid 0
@@ -120,7 +99,9 @@
  * the issuing thread spent 0.62 µs per tile in the issue, not understood; a variant hung once); Q prefetched to
  * L2 by the plan (0.244); 2 kv heads per CTA in one tile stream (0.261-0.263).
  *
- * TRACE (bench only, ba_wg_forward_traced): %globaltimer / clock64 stamps per CTA (layout in block_attn_wg.h).
+ * TRACE (kernels/bench only, ba_wg_forward_traced): %globaltimer / clock64 stamps per CTA (layout in
+ * kernels/bench/block_attn_wg_bench.cuh). The template's FAST / TMA / FREE = false and TRACE = true
+ * instantiations are the bench's (block_attn_wg_bench.cuh); the library instantiates the defaults only.
  * ptxas, d_h 128: the cp.async "3x" kernel (now gone) 164 registers (plan path 163), "3" 159 (161); plan kernels 56 and 34; no
  * spills, no C7510/C7511. FREE: 128 registers at launch (512 threads), consumers up to 148 of their 160 after
  * setmaxnreg (SASS), the producer 24; no spills.
@@ -163,7 +144,7 @@ __device__ __forceinline__ void wf_cp4(uint32_t saddr, const void *g, bool ok) {
                  : "memory");
 }
 
-/* TMA candidate (DFLASH_BLOCK_ATTN_WG_FWD=T): the K and V tensor maps, a __grid_constant__ kernel parameter of
+/* K/V by TMA: the K and V tensor maps, a __grid_constant__ kernel parameter of
  * the TMA instantiations; the others get the empty wf_none in its place (their code is unchanged). */
 struct wf_tmaps {
     CUtensorMap k, v;
@@ -928,13 +909,6 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     if (TRACE && tid == 0) trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + 6] = clock64();
 }
 
-/* kernel options picked by DFLASH_BLOCK_ATTN_WG_FWD (see ba_wg_forward) */
-struct wf_opt {
-    bool fast;   /* default: range masks where documents are contiguous, staged epilogue; false: "3" */
-    bool tma;    /* the default: K/V tiles by TMA ("3": cp.async) */
-    bool free_run;   /* the default where B is 16, 32 or 64: free-running warpgroups and a producer warpgroup */
-};
-
 /* cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda); cached after the first call */
 static PFN_cuTensorMapEncodeTiled_v12000 wf_encode_fn() {
     static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
@@ -1023,30 +997,18 @@ int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
     return 0;
 }
 
+/* The kernel for the call: free-running warpgroups fed by a producer warpgroup where B is 16, 32 or 64
+ * (block tiles by TMA need B = BP), else the walk with a barrier per tile; both with range masks where
+ * documents are contiguous, the staged epilogue and K/V tiles by TMA; the plan path when ws != NULL.
+ * TRACE: kernels/bench's per-CTA phase trace (the library passes false). */
 template <int HD, bool TRACE>
-int wf_select(wf_opt op, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
-              const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,
-              unsigned long long *trace, cudaStream_t stream) {
+int wf_select(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
+              const int32_t *doc_ids, bf16 *out, float *lse, void *ws, unsigned long long *trace, cudaStream_t stream) {
 #define WF_GO(F, P, X, M) wf_launch<HD, WF_GROUP, F, F, P, TRACE, X, M>(c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream)
-    if (op.free_run && (c->B == 16 || c->B == 32 || c->B == 64))   /* block tiles by TMA need B = BP */
+    if (c->B == 16 || c->B == 32 || c->B == 64)
         return ws ? WF_GO(true, true, true, true) : WF_GO(true, false, true, true);
-    if (ws) return op.tma ? WF_GO(true, true, true, false) : WF_GO(false, true, false, false);
-    return op.tma ? WF_GO(true, false, true, false) : WF_GO(false, false, false, false);
+    return ws ? WF_GO(true, true, true, false) : WF_GO(true, false, true, false);
 #undef WF_GO
-}
-
-/* DFLASH_BLOCK_ATTN_WG_FWD -> options; -1 with kernels_fail on an unknown value */
-int wf_parse(wf_opt *op) {
-    const char *e = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
-    /* the default, H200 2026-11-29: free-running warpgroups (B 16, 32, 64; else the walk with a barrier per tile),
-     * 265 TFLOP/s, 313 with the workspace (producer warpgroup) */
-    op->fast = op->tma = op->free_run = true;
-    if (!e || !e[0]) return 0;
-    if (!strcmp(e, "3")) op->fast = op->tma = op->free_run = false;
-    else
-        return kernels_fail("ba_wg_forward: DFLASH_BLOCK_ATTN_WG_FWD=%s, expected 3 (the previous default) or unset "
-                            "(the default)", e);
-    return 0;
 }
 
 }  // namespace
@@ -1057,21 +1019,13 @@ extern "C" size_t block_attn_forward_workspace_bytes(const block_attn_config *c)
     return wf_ws_ints((c->N + WF_GROUP - 1) / WF_GROUP) * sizeof(int);
 }
 
-/* DFLASH_BLOCK_ATTN_WG_FWD (read per call): unset or empty = the default (3 blocks per CTA, context masks
- * from the key range where every block's document is contiguous, the epilogue staged through shared memory,
- * the K/V tiles by TMA, and where B is 16, 32 or 64 free-running warpgroups fed by a producer warpgroup);
- * "3" = the default of session 2 (doc-id ballots on every context tile, 4-byte
- * stores, cp.async), kept as the one revert switch. Any other value (the retired candidates too, e.g. "T", now
- * the default) fails with kernels_fail naming the accepted values, before any launch.
- * ws != NULL: the plan path (workspace of block_attn_forward_workspace_bytes bytes, 16-byte aligned). */
+/* ws != NULL: the plan path (workspace of block_attn_forward_workspace_bytes bytes, 16-byte aligned). */
 extern "C" int ba_wg_forward_ws(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
                                 const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,
                                 cudaStream_t stream) {
-    wf_opt op;
-    if (wf_parse(&op)) return -1;
     if (ws && (uintptr_t)ws % 16) return kernels_fail("ba_wg_forward: the workspace is not 16-byte aligned");
-    if (c->d_h == 128) return wf_select<128, false>(op, c, q, k, v, anchors, doc_ids, out, lse, ws, NULL, stream);
-    if (c->d_h == 64) return wf_select<64, false>(op, c, q, k, v, anchors, doc_ids, out, lse, ws, NULL, stream);
+    if (c->d_h == 128) return wf_select<128, false>(c, q, k, v, anchors, doc_ids, out, lse, ws, NULL, stream);
+    if (c->d_h == 64) return wf_select<64, false>(c, q, k, v, anchors, doc_ids, out, lse, ws, NULL, stream);
     return kernels_fail("ba_wg_forward: d_h=%d, expected 64 or 128", c->d_h);
 }
 
@@ -1079,17 +1033,4 @@ extern "C" int ba_wg_forward(const block_attn_config *c, const bf16 *q, const bf
                              const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse,
                              cudaStream_t stream) {
     return ba_wg_forward_ws(c, q, k, v, anchors, doc_ids, out, lse, NULL, stream);
-}
-
-/* Bench-only (kernels/bench/ba_fwd_trace.cuh): ba_wg_forward_ws with the per-CTA phase trace, d_h 128 only. */
-extern "C" int ba_wg_forward_traced(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
-                                    const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, void *ws,
-                                    unsigned long long *trace, int *n_cta, cudaStream_t stream) {
-    *n_cta = (c->N + WF_GROUP - 1) / WF_GROUP * c->n_kv;
-    if (!trace) return 0;
-    wf_opt op;
-    if (wf_parse(&op)) return -1;
-    if (ws && (uintptr_t)ws % 16) return kernels_fail("ba_wg_forward_traced: the workspace is not 16-byte aligned");
-    if (c->d_h == 128) return wf_select<128, true>(op, c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream);
-    return kernels_fail("ba_wg_forward_traced: d_h=%d, only 128 is traced", c->d_h);
 }

@@ -104,6 +104,13 @@ int block_attn_backward_ref(const block_attn_config *c, const float *q, const fl
                             const int32_t *anchors, const int32_t *doc_ids, const float *out,
                             const float *dout, const float *lse, float *dq, float *dk, float *dv,
                             char *err, int err_len) {
+    return block_attn_backward_ref_prec(c, q, k, v, anchors, doc_ids, out, dout, lse, 0, dq, dk, dv, err, err_len);
+}
+
+int block_attn_backward_ref_prec(const block_attn_config *c, const float *q, const float *k, const float *v,
+                                 const int32_t *anchors, const int32_t *doc_ids, const float *out,
+                                 const float *dout, const float *lse, int round_p, float *dq, float *dk, float *dv,
+                                 char *err, int err_len) {
     if (block_attn_args(c, anchors, err, err_len)) return -1;
     int D = c->d_h, G = c->n_h / c->n_kv;
     size_t nk = ((size_t)c->T + (size_t)c->N * c->B) * c->n_kv * D;
@@ -133,11 +140,16 @@ int block_attn_backward_ref(const block_attn_config *c, const float *q, const fl
                         dp += (double)dout[qo + e] * v[ko + e];
                     }
                     double p = exp(dot * c->scale - lse[(size_t)h * c->N * c->B + row]);
-                    double ds = p * (dp - Di) * c->scale;
+                    double ds = p * (dp - Di), pv = p;
+                    if (round_p) {   /* the device's precision: P and dS rounded to bf16 for the products */
+                        pv = bf16_round((float)p);
+                        ds = bf16_round((float)ds);
+                    }
+                    ds *= c->scale;
                     for (int e = 0; e < D; e++) {
                         dqa[e] += ds * k[ko + e];
                         dka[ko + e] += ds * q[qo + e];
-                        dva[ko + e] += p * dout[qo + e];
+                        dva[ko + e] += pv * dout[qo + e];
                     }
                 }
                 for (int e = 0; e < D; e++) dq[qo + e] = (float)dqa[e];

@@ -1,16 +1,14 @@
 /*
- * kernels/cast.cu — fp32 <-> bf16 casts (kernels/cast.h). With 16-byte aligned pointers each thread
- * moves 8 elements per step (two float4 <-> one uint4); the last n % 8 elements, and everything
- * when unaligned, go element by element.
+ * kernels/cast.cu — fp32 <-> bf16 casts (kernels/cast.h).
+ * fp32 -> bf16: with 16-byte aligned pointers each thread moves 8 elements per step (two float4 ->
+ * one uint4); the last n % 8 elements, and everything when unaligned, go element by element.
  * bf16 -> fp32: each thread reads 4 bf16 (8 bytes) and writes one float4, so a warp's loads and
- * stores are both contiguous (the 8-element form strode its stores by 32 bytes per lane: 64% of
- * copy bandwidth on the H200), with CAST_UNROLL loads in flight per thread and streaming cache
- * hints (each byte is touched once). DFLASH_CAST_KERNEL=1 selects the first, 8-element kernel.
+ * stores are both contiguous (an 8-element form would stride its stores by 32 bytes per lane),
+ * with CAST_UNROLL loads in flight per thread and streaming cache hints (each byte is touched
+ * once); the last n % 4 elements, and everything when unaligned, element by element.
  */
 #include "kernels/cast.h"
 #include "kernels/vec.cuh"
-
-#include <stdlib.h>
 
 #define CAST_UNROLL 4
 
@@ -26,19 +24,6 @@ __global__ void cast_f32_to_bf16_kernel(bf16 *dst, const float *src, size_t n, i
     }
     __nv_bfloat16 *d = (__nv_bfloat16 *)dst;
     for (size_t i = nv * 8 + i0; i < n; i += stride) d[i] = __float2bfloat16_rn(src[i]);
-}
-
-__global__ void cast_bf16_to_f32_kernel(float *dst, const bf16 *src, size_t n, int vec) {
-    size_t stride = (size_t)gridDim.x * blockDim.x, i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    size_t nv = vec ? n / 8 : 0;
-    for (size_t i = i0; i < nv; i += stride) {
-        float f[8];
-        vec_unpack8(__ldg((const uint4 *)src + i), f);
-        ((float4 *)dst)[2 * i] = make_float4(f[0], f[1], f[2], f[3]);
-        ((float4 *)dst)[2 * i + 1] = make_float4(f[4], f[5], f[6], f[7]);
-    }
-    const __nv_bfloat16 *s = (const __nv_bfloat16 *)src;
-    for (size_t i = nv * 8 + i0; i < n; i += stride) dst[i] = __bfloat162float(s[i]);
 }
 
 /* 4 elements per item: item i is src bf16 [4i, 4i+4) (8 bytes) -> dst float4 i. vec: src 8-byte and
@@ -73,12 +58,6 @@ __global__ void cast_bf16_to_f32_x4_kernel(float *dst, const bf16 *src, size_t n
 
 /* ---------------------------------------------------------------- launchers */
 
-/* DFLASH_CAST_KERNEL=1: the first bf16 -> fp32 kernel (the revert switch). */
-static int use_v1(void) {
-    const char *e = getenv("DFLASH_CAST_KERNEL");
-    return e && e[0] == '1' && e[1] == 0;
-}
-
 extern "C" int cast_f32_to_bf16(bf16 *dst, const float *src, size_t n, cudaStream_t stream) {
     if (n == 0) return 0;
     int vec = vec_aligned16(dst) && vec_aligned16(src);
@@ -89,13 +68,8 @@ extern "C" int cast_f32_to_bf16(bf16 *dst, const float *src, size_t n, cudaStrea
 
 extern "C" int cast_bf16_to_f32(float *dst, const bf16 *src, size_t n, cudaStream_t stream) {
     if (n == 0) return 0;
-    if (use_v1()) {
-        int vec = vec_aligned16(dst) && vec_aligned16(src);
-        cast_bf16_to_f32_kernel<<<vec_blocks(vec ? n / 8 + 8 : n, 256), 256, 0, stream>>>(dst, src, n, vec);
-    } else {
-        int vec = vec_aligned16(dst) && ((uintptr_t)src & 7u) == 0;
-        cast_bf16_to_f32_x4_kernel<<<vec_blocks(vec ? n / 4 + 4 : n, 256), 256, 0, stream>>>(dst, src, n, vec);
-    }
+    int vec = vec_aligned16(dst) && ((uintptr_t)src & 7u) == 0;
+    cast_bf16_to_f32_x4_kernel<<<vec_blocks(vec ? n / 4 + 4 : n, 256), 256, 0, stream>>>(dst, src, n, vec);
     KERNELS_CHECK_LAUNCH("cast_bf16_to_f32");
     return 0;
 }

@@ -23,7 +23,7 @@ void cast_bf16_to_f32_ref(float *dst, const bf16 *src, size_t n);
  * Asynchronous; 0 or -1 with kernels_error(). */
 int cast_f32_to_bf16(bf16 *dst, const float *src, size_t n, cudaStream_t stream);
 /* dst [n] fp32 <- src [n] bf16 (exact). Any n and alignment (vectorised when dst is 16-byte and src
- * 8-byte aligned). DFLASH_CAST_KERNEL=1 in the environment (read per call) selects the first kernel. */
+ * 8-byte aligned). Asynchronous; 0 or -1 with kernels_error(). */
 int cast_bf16_to_f32(float *dst, const bf16 *src, size_t n, cudaStream_t stream);
 #endif
 

@@ -6,7 +6,6 @@
 
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 static _Thread_local char kernels_err[512];
 
@@ -26,13 +25,4 @@ int kernels_fail(const char *fmt, ...) {
     vsnprintf(kernels_err, sizeof kernels_err, fmt, ap);
     va_end(ap);
     return -1;
-}
-
-int kernels_sync_debug(void) {
-    static int cached = -1;
-    if (cached < 0) {
-        const char *v = getenv("DFLASH_KERNEL_SYNC");
-        cached = v && v[0] == '1';
-    }
-    return cached;
 }

@@ -8,9 +8,10 @@
  *
  * Launchers (CUDA) return 0, or -1 after writing a one-line reason retrievable with
  * kernels_error() (thread-local, like dlerror): a violated shape precondition ("rmsnorm_forward:
- * C=4097 must be a multiple of 8"), or the cudaGetLastError() text after the launch. Under
- * DFLASH_KERNEL_SYNC=1 in the environment launchers also synchronise, so an asynchronous fault is
- * reported at the launch that caused it. kernels/ never exits and never includes stage headers.
+ * C=4097 must be a multiple of 8"), or the cudaGetLastError() text after the launch. In DEBUG=1
+ * builds (the Makefile defines DFLASH_DEBUG) launchers also synchronise, so an asynchronous fault is
+ * reported at the launch that caused it; release builds never do (a compile-time choice, so no run
+ * can change the launch sequence from the environment). kernels/ never exits and never includes stage headers.
  */
 #ifndef KERNELS_COMMON_H
 #define KERNELS_COMMON_H
@@ -62,18 +63,22 @@ static inline uint64_t kernels_rng_next(uint64_t *state) {
 }
 #endif
 
+/* 1 in DEBUG=1 builds: launchers synchronise after each launch (see the top of this file). */
+#ifdef DFLASH_DEBUG
+#define KERNELS_SYNC_AFTER_LAUNCH 1
+#else
+#define KERNELS_SYNC_AFTER_LAUNCH 0
+#endif
+static inline int kernels_sync_debug(void) { return KERNELS_SYNC_AFTER_LAUNCH; }
+
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
 /* Check a launch right afterwards (style.md); returns -1 from the launcher on failure. */
 #define KERNELS_CHECK_LAUNCH(name) do { \
         cudaError_t e_ = cudaGetLastError(); \
-        if (e_ == cudaSuccess && kernels_sync_debug()) e_ = cudaDeviceSynchronize(); \
+        if (e_ == cudaSuccess && KERNELS_SYNC_AFTER_LAUNCH) e_ = cudaDeviceSynchronize(); \
         if (e_ != cudaSuccess) return kernels_fail("%s: %s", (name), cudaGetErrorString(e_)); \
     } while (0)
 #endif
-#ifdef __cplusplus
-extern "C"
-#endif
-int kernels_sync_debug(void);   /* DFLASH_KERNEL_SYNC=1 set? (cached) */
 
 #endif /* KERNELS_COMMON_H */

@@ -1,42 +1,18 @@
 /*
  * kernels/hsgather.cu — hidden-state concat/split (kernels/hsgather.h). Pure 16-byte copies.
  *
- * Default kernels: one warp per row part (token t, part l), warps grid-stride over the T·L row
- * parts; the only division is the one (t, l) = divmod(part, L) per row part, and each lane keeps
- * HS_UNROLL 16-byte loads in flight before it stores. The first version (one thread per 16-byte
- * vector with a div/mod chain per element; 64% of copy bandwidth on the H200) stays as the
- * *_elem kernels, selected by DFLASH_HSGATHER_KERNEL=1. The L part pointers travel in the kernel
- * parameters.
+ * One warp per row part (token t, part l), warps grid-stride over the T·L row parts; the only
+ * division is the one (t, l) = divmod(part, L) per row part (a div/mod chain per 16-byte element
+ * costs a third of the copy bandwidth), and each lane keeps HS_UNROLL 16-byte loads in flight
+ * before it stores. The L part pointers travel in the kernel parameters.
  */
 #include "kernels/hsgather.h"
 #include "kernels/vec.cuh"
-
-#include <stdlib.h>
 
 #define HS_THREADS 256
 #define HS_UNROLL 4
 
 /* ---------------------------------------------------------------- kernels */
-
-__global__ void hsgather_concat_elem_kernel(uint4 *out, struct hs_parts parts, const int32_t *rows, int L, int T_out,
-                                       int T_in, int C8) {
-    size_t row8 = (size_t)L * C8, n = (size_t)T_out * row8;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        int t = (int)(i / row8), r = (int)(i % row8), l = r / C8, c = r % C8;
-        int src = rows ? __ldg(rows + t) : t;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (src >= 0 && src < T_in) v = __ldg((const uint4 *)parts.p[l] + (size_t)src * C8 + c);
-        out[i] = v;
-    }
-}
-
-__global__ void hsgather_split_elem_kernel(struct hs_parts_out parts, const uint4 *in, int L, int T, int C8) {
-    size_t row8 = (size_t)L * C8, n = (size_t)T * row8;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        int t = (int)(i / row8), r = (int)(i % row8), l = r / C8, c = r % C8;
-        ((uint4 *)parts.p[l])[(size_t)t * C8 + c] = __ldg(in + i);
-    }
-}
 
 /* Part pointer l of the kernel parameters, chosen by a compare chain rather than a dynamic index
  * (a dynamically indexed parameter array would be copied to local memory). */
@@ -103,12 +79,6 @@ __global__ void __launch_bounds__(HS_THREADS) hsgather_split_kernel(struct hs_pa
 
 /* ---------------------------------------------------------------- launchers */
 
-/* DFLASH_HSGATHER_KERNEL=1: the per-element kernels of the first version (the revert switch). */
-static int use_elem(void) {
-    const char *e = getenv("DFLASH_HSGATHER_KERNEL");
-    return e && e[0] == '1' && e[1] == 0;
-}
-
 /* Blocks for one warp per row part, capped (the warps grid-stride over the rest). */
 static unsigned hs_blocks(size_t nparts) {
     size_t b = (nparts + HS_THREADS / 32 - 1) / (HS_THREADS / 32);
@@ -128,12 +98,8 @@ extern "C" int hsgather_concat(bf16 *out, struct hs_parts parts, const int32_t *
     for (int l = 0; l < L; l++)
         if (!vec_aligned16(parts.p[l])) return kernels_fail("hsgather_concat: part %d must be 16-byte aligned", l);
     if (T_out == 0) return 0;
-    size_t n = (size_t)T_out * L * (C / 8);
-    if (use_elem())
-        hsgather_concat_elem_kernel<<<vec_blocks(n, 256), 256, 0, stream>>>((uint4 *)out, parts, rows, L, T_out, T_in, C / 8);
-    else
-        hsgather_concat_kernel<<<hs_blocks((size_t)T_out * L), HS_THREADS, 0, stream>>>((uint4 *)out, parts, rows, L, T_out,
-                                                                                        T_in, C / 8);
+    hsgather_concat_kernel<<<hs_blocks((size_t)T_out * L), HS_THREADS, 0, stream>>>((uint4 *)out, parts, rows, L, T_out,
+                                                                                    T_in, C / 8);
     KERNELS_CHECK_LAUNCH("hsgather_concat");
     return 0;
 }
@@ -147,11 +113,7 @@ extern "C" int hsgather_split(struct hs_parts_out parts, const bf16 *in, int L, 
     for (int l = 0; l < L; l++)
         if (!vec_aligned16(parts.p[l])) return kernels_fail("hsgather_split: part %d must be 16-byte aligned", l);
     if (T == 0) return 0;
-    size_t n = (size_t)T * L * (C / 8);
-    if (use_elem())
-        hsgather_split_elem_kernel<<<vec_blocks(n, 256), 256, 0, stream>>>(parts, (const uint4 *)in, L, T, C / 8);
-    else
-        hsgather_split_kernel<<<hs_blocks((size_t)T * L), HS_THREADS, 0, stream>>>(parts, (const uint4 *)in, L, T, C / 8);
+    hsgather_split_kernel<<<hs_blocks((size_t)T * L), HS_THREADS, 0, stream>>>(parts, (const uint4 *)in, L, T, C / 8);
     KERNELS_CHECK_LAUNCH("hsgather_split");
     return 0;
 }

@@ -36,8 +36,7 @@ int hsgather_split_ref(const struct hs_parts_out *parts, const bf16 *in, int L, 
 #include <cuda_runtime_api.h>
 /* GPU concat. Device pointers; rows [T_out] int32 device or NULL. C % 8 == 0 and 16-byte aligned
  * pointers (checked). Out-of-range row indices give zero rows (cannot be reported asynchronously;
- * validate on the host). Asynchronous; 0 or -1 with kernels_error(). DFLASH_HSGATHER_KERNEL=1 in the
- * environment (read per call, concat and split) selects the first, per-element kernels. */
+ * validate on the host). Asynchronous; 0 or -1 with kernels_error(). */
 int hsgather_concat(bf16 *out, struct hs_parts parts, const int32_t *rows, int L, int T_out, int T_in,
                     int C, cudaStream_t stream);
 /* GPU split: parts (each [T,C]) <- in [T, L·C]. Same preconditions. */

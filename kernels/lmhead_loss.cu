@@ -16,8 +16,7 @@
  * recomputes the chunk logits (one or two extra GEMMs) and never holds more than (R, Vc) bf16.
  * The default plan (vocab_chunk 0) is one chunk whenever the two (R, V) bf16 logit buffers fit in
  * LMHEAD_SINGLE_CHUNK_MAX_BYTES (1.05 GB at R = 8192, V = 32000: 1.26x the GEMMs, against 2.14x in
- * chunks of 8192 on the H200, 2026-11-29), else chunks of LMHEAD_VOCAB_CHUNK; DFLASH_LMHEAD_VOCAB_CHUNK
- * overrides it (8192 restores the former default).
+ * chunks of 8192 on the H200), else chunks of LMHEAD_VOCAB_CHUNK; a caller may give any chunk.
  */
 #include "kernels/lmhead_loss.h"
 #include "kernels/blas.h"
@@ -339,18 +338,10 @@ extern "C" int lmhead_loss_ws_init(lmhead_loss_ws **out, const lmhead_loss_confi
     *out = NULL;
     if (lmhead_loss_check(c, err, sizeof err)) return kernels_fail("lmhead_loss_ws_init: %s", err);
     int Vc = vocab_chunk;
-    if (Vc <= 0) {   /* the default plan */
-        const char *e = getenv("DFLASH_LMHEAD_VOCAB_CHUNK");
-        if (e && e[0]) {
-            char *end;
-            long x = strtol(e, &end, 10);
-            if (*end || x <= 0 || x > (1L << 30))
-                return kernels_fail("lmhead_loss_ws_init: DFLASH_LMHEAD_VOCAB_CHUNK=%s is not a positive chunk size", e);
-            Vc = (int)x;
-        } else {
-            const size_t single = 2 * (size_t)c->N * c->B * (size_t)((c->V + 7) / 8 * 8) * 2;   /* z and t, bf16 */
-            Vc = single <= LMHEAD_SINGLE_CHUNK_MAX_BYTES ? c->V : LMHEAD_VOCAB_CHUNK;
-        }
+    if (Vc < 0) return kernels_fail("lmhead_loss_ws_init: vocab_chunk=%d, expected 0 (the default plan) or > 0", Vc);
+    if (Vc == 0) {   /* the default plan */
+        const size_t single = 2 * (size_t)c->N * c->B * (size_t)((c->V + 7) / 8 * 8) * 2;   /* z and t, bf16 */
+        Vc = single <= LMHEAD_SINGLE_CHUNK_MAX_BYTES ? c->V : LMHEAD_VOCAB_CHUNK;
     }
     if (Vc >= c->V) Vc = (c->V + 7) / 8 * 8;
     if (Vc % 8) return kernels_fail("lmhead_loss_ws_init: vocab_chunk=%d must be a multiple of 8", Vc);

@@ -127,8 +127,7 @@ typedef struct lmhead_loss_ws lmhead_loss_ws;   /* device workspace; opaque */
 #define LMHEAD_VOCAB_CHUNK 8192
 
 /* Allocate the device workspace for config c with vocabulary chunks of vocab_chunk rows (a multiple
- * of 8, or >= V for one chunk; 0: the default plan above, or the environment's
- * DFLASH_LMHEAD_VOCAB_CHUNK when set). Sized once from the largest shape (design.md §7): 2·N·B·chunk
+ * of 8, or >= V for one chunk; 0: the default plan above; negative: an error). Sized once from the largest shape (design.md §7): 2·N·B·chunk
  * bf16 plus O(N·B·D). Returns 0 or -1 (kernels_error()). Not thread-safe with respect to the same ws. */
 int lmhead_loss_ws_init(lmhead_loss_ws **ws, const lmhead_loss_config *c, int vocab_chunk);
 /* The vocabulary chunk ws was planned with (>= V: one chunk); 0 for NULL. */

@@ -2,32 +2,21 @@
  * kernels/rmsnorm.cu — RMSNorm forward (plain, fused residual, the q/k norm's two tensors in one launch)
  * and backward (kernels/rmsnorm.h).
  *
- * Paths (a size path each, no variants; numbered variants live only in kernels/bench):
+ * Paths (one per size range; nothing is chosen at run time otherwise; other variants live only in
+ * kernels/bench/rmsnorm_variants.cuh):
  * - C <= 8192: register-resident kernels (each row held in registers, one DRAM read of every input
- *   byte, all of a thread's 16-byte loads in flight). Forward: K1c's (two rows per row group of
- *   <= 32 lanes when the grid exceeds a wave). Backward (the default since round 5; round 4's
- *   "variant 10"): dw's column sums in fp32 registers of the threads that own the columns, R rows per
- *   step, 512 threads and 1 CTA per SM (256 and 2 when dw is NULL), one partial row per CTA, then the
- *   cross-CTA sum by the last CTA to finish (C <= 256, ticket) or the many-slice kernel
- *   rmsnorm_backward_dw_final2_kernel<4, 256> with PDL. See rmsnorm_backward10_kernel.
- * - C > 8192: the first version's two-pass kernels (dx in two passes over the row, dw by chunked column
- *   sums and an in-order reduce).
+ *   byte, all of a thread's 16-byte loads in flight). Forward: two rows per row group of <= 32 lanes
+ *   when the grid exceeds a wave (more bytes in flight per thread). Backward: dw's column sums in
+ *   fp32 registers of the threads that own the columns (dw nearly free inside the row walk), R rows
+ *   per step, 512 threads and 1 CTA per SM (256 and 2 when dw is NULL), a balanced grid with one
+ *   partial row per CTA, then the cross-CTA sum by the last CTA to finish (C <= 256, ticket) or the
+ *   many-slice kernel rmsnorm_backward_dw_final2_kernel<4, 256> with PDL. See rms_backward10.
+ * - C > 8192: two-pass kernels (dx in two passes over the row, dw by chunked column sums and an
+ *   in-order reduce): rows too wide for registers.
  * - q/k norm (rmsnorm_qk_forward / rmsnorm_qk_backward): both tensors in one launch, CTAs split
  *   between q rows and k rows (none straddles), the single-tensor kernels' per-row code (same bits
  *   for y, rstd, dx); the backward for C <= 256 (q/k head dims), else two single calls.
- *
- * Revert switch: DFLASH_RMSNORM_KERNEL=4 (read at every call) runs variant 4's backward (K1e, the
- * default until round 5: dw sums in shared memory, 3 blocks per SM, last-block or 1024-thread PDL sum;
- * rmsnorm_backward4_kernel), the q/k backward as two such calls. Unset: the default. Any other value:
- * every entry point fails with a one-line error. The forward is the same under both.
- * Bench-only switches (act only with DFLASH_KERNELS_BENCH=1, except piece 4 which is a correct
- * backward): DFLASH_RMSNORM_DW_PIECE (time dw's pieces), DFLASH_RMSNORM_V10=1 (the default backward's
- * 256-thread, 2-per-SM shape with dw: round 4's shape 1).
- *
- * Removed in round 5 (code in git commit a149d55, numbers in kernels/bench/RESULTS.md): variants 1-3
- * (two-pass everywhere, K1b, K1c backward), 5-8 (clusters adding dw through distributed shared memory,
- * the cooperative grid-barrier sum), 9 (occupancy-sized two-row forward; its many-slice sum kernel
- * stays, used by the default), round 4's shapes 3-4, the carveout and FIN_NQ bench switches.
+ * dw is bitwise repeatable: every summation order is a function of (N, C) only.
  *
  * Scratch: [0, RMS_SCR_HDR) is a header whose words 0 (and 1 for the q/k backward's k tensor) are
  * ticket counters (zero between calls, so the caller zeroes the scratch once); partials follow.
@@ -350,29 +339,17 @@ __global__ void __launch_bounds__(RMS_THREADS) rmsnorm_qk_forward_kernel(const r
                                       RMS_SEL(w), RMS_SEL(N), C, eps);
 }
 
-/* ---------------------------------------------------------------- variant 4 backward (K1e; DFLASH_RMSNORM_KERNEL=4, the revert)
+/* ---------------------------------------------------------------- the backward's dw sums across CTAs
  *
- * Why variant 3's dw cost 15 points (H200: dx 86% but dx+dw 70% at 8192×4096; 88 -> 77% at C = 128):
- * - registers: the per-thread fp32 dw sums (8·V floats) took the kernel from 80 to 108 registers,
- *   so 2 blocks of 256 per SM ran instead of 3: a third fewer bytes in flight for the whole dx pass;
- * - the dw sum kernel: one thread per column walks the nb partials with a loop of dependent adds over
- *   L2 loads (33 in a row at nb = 264), behind a second launch (PDL hid the launch, not the walk);
- * - the tail: 264 blocks over 8192 row steps is 31 or 32 steps per block, and the dx-only grid of
- *   396 over the k norm's 2048 steps 5 or 6 (the last step runs latency-bound on 17% of the blocks).
- * Variant 4 keeps variant 3's row walk and adds: the dw sums live in shared memory (each thread
- * read-modify-writes its own float4 slots per row step, so registers stay those of dx alone and 3
- * blocks fit per SM); a balanced grid, nb = ceil(steps / ceil(steps / (3·132))), so every block
- * walks the same number of steps (±1); the old dx of dx += loaded before the row statistic is
- * reduced; and the cross-block sum of the nb partials [nb, C] (scratch + RMS_SCR_HDR) by
- * - C <= RMS_LAST_MAX_C (q/k norm): the last block to finish, in the same kernel — every block
- *   writes its partial, fences, and takes a ticket from the counter in scratch[0]; the block holding
- *   the last ticket sums the partials and resets the counter to 0 (so one zeroing at allocation
- *   lasts: rmsnorm.h);
- * - larger C: a kernel of 1024-thread CTAs, 8 float4 columns × 128 slices of blocks each (every
- *   thread's few loads in flight at once), launched with PDL behind the row walk.
- * Both sums use rms_dw_final: slice j of S adds blocks [j·nb/S, (j+1)·nb/S) in index order, then
- * runs of 8 slices in order, then the runs in order — an order fixed by (N, C), never by which
- * block finished last: dw is bitwise repeatable. */
+ * A row walk leaves one partial row of column sums per CTA in the scratch (partials [nb, C] after
+ * RMS_SCR_HDR); they are added across CTAs by
+ * - C <= RMS_LAST_MAX_C (q/k norm): the last CTA to finish, in the same kernel — every CTA writes its
+ *   partial, fences, and takes a ticket from the counter in scratch[0]; the CTA holding the last
+ *   ticket sums the partials (rms_dw_final) and resets the counter to 0 (so one zeroing at
+ *   allocation lasts: rmsnorm.h);
+ * - larger C: the many-slice kernel rmsnorm_backward_dw_final2_kernel, launched with PDL behind the
+ *   row walk (the launch overlaps the walk's tail).
+ * Both orders are fixed by (N, C), never by which CTA finished last: dw is bitwise repeatable. */
 
 #define RMS_SCR_HDR 32          /* floats of scratch before the partials: [0] is the ticket counter */
 #define RMS_LAST_MAX_C 256      /* dw summed by the last block up to this C, by a PDL kernel above */
@@ -435,20 +412,6 @@ static __device__ __forceinline__ void rms_dw_final(float *dw, float4 d, const f
     }
 }
 
-/* The cross-block dw sum for C > RMS_LAST_MAX_C, launched with PDL: CTA b takes the float4 columns
- * RMS_FIN_Q·b .. +RMS_FIN_Q−1 (32 floats) with 128 slices of blocks (C = 4096: 128 CTAs, each
- * thread ~3 loads of the nb <= 396 partials, all in flight). */
-#define RMS_FIN_Q 8
-__global__ void __launch_bounds__(1024) rmsnorm_backward_dw_final_kernel(float *dw, const float *partial, int nb, int C) {
-    __shared__ float4 red[1024];
-    const int q0 = blockIdx.x * RMS_FIN_Q, nq = min(RMS_FIN_Q, C / 4 - q0);
-    /* dw before the wait: the grid this waits for never writes dw, and it started (a normal
-     * launch) only after everything before it in the stream had completed */
-    const float4 d = rms_dw_old(dw, q0, nq);
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    rms_dw_final<1024>(dw, d, partial, nb, C, q0, nq, red);
-}
-
 /* The many-slice cross-block dw sum (round 3; the default backward launches <4, 256> for C > 256),
  * many threads per column and no shared-memory runs. CTA b owns the NQ float4 columns q0 = NQ·b .. +NQ−1 with S slices each (NQ·S threads;
  * thread t: column t % NQ, slice j = t / NQ). Slice j adds the partials of blocks j, j + S, j + 2S,
@@ -458,9 +421,8 @@ __global__ void __launch_bounds__(1024) rmsnorm_backward_dw_final_kernel(float *
  * fixed tree: butterfly shuffles over the 32/NQ slices a warp holds of each column (xor NQ, 2NQ, ..,
  * 16), one float4 per (warp, column) to shared memory, one barrier, and warp c < NQ adds column c's
  * per-warp sums with a 32-lane butterfly (no shared-memory runs, two barriers fewer).
- * The order is a function of (nb, C) only: bitwise repeatable, but not variant 4's order (so not
- * bitwise equal to variant 4's dw). griddepcontrol.wait as rmsnorm_backward_dw_final_kernel (a no-op
- * when launched without PDL). */
+ * The order is a function of (nb, C) only: bitwise repeatable. dw's old value is read before
+ * griddepcontrol.wait (the grid waited for never writes dw; a no-op when launched without PDL). */
 template <int NQ, int S>
 __global__ void __launch_bounds__(NQ * S, 2048 / (NQ * S))
     rmsnorm_backward_dw_final2_kernel(float *dw, const float *partial, int nb, int C) {
@@ -518,136 +480,10 @@ __global__ void __launch_bounds__(NQ * S, 2048 / (NQ * S))
     }
 }
 
-/* How a variant 4 or default row walk ends when DW (the fin argument). */
-#define RMS_FIN_PDL 0    /* write the partials; the PDL kernel rmsnorm_backward_dw_final_kernel sums them */
+/* How a row walk ends when DW (the fin argument). */
+#define RMS_FIN_PDL 0    /* write the partials; the PDL kernel rmsnorm_backward_dw_final2_kernel sums them */
 #define RMS_FIN_LAST 1   /* write the partials; the last block to finish (ticket) sums them */
-#define RMS_FIN_WALK 3   /* bench piece: the row walk with its shared-memory dw sums only (dw wrong) */
-
-/* Variant 4 row walk (DFLASH_RMSNORM_KERNEL=4, the revert of the backward). DW: partial [gridDim.x, C]
- * gets this block's Σ over its rows of dy·x̂; then fin (above). */
-template <int G, int V, bool DW, int MINB>
-__global__ void __launch_bounds__(RMS_THREADS, MINB)
-    rmsnorm_backward4_kernel(bf16 *dx, float *dw, float *partial, unsigned *ticket, const bf16 *dy, const bf16 *x,
-                             const float *w, const float *rstd, int N, int C, int accumulate, int fin) {
-    extern __shared__ float4 rms_sacc4[];   /* DW: [R][2][C/8] float4, row group g's column sums */
-    __shared__ float red[2][RMS_THREADS / 32];
-    constexpr int R = RMS_THREADS / G;
-    if constexpr (DW)
-        if (fin == RMS_FIN_PDL) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    const int grp = threadIdx.x / G, lane = threadIdx.x % G, C8 = C / 8, steps = (N + R - 1) / R;
-    float4 *sacc = rms_sacc4 + (size_t)grp * 2 * C8;   /* this thread's slots: c and C8 + c, c = lane + k·G */
-    if constexpr (DW)
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            int c = lane + k * G;
-            if (c < C8) sacc[c] = sacc[C8 + c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-    uint4 xv[V], gv[V];
-    float rs = 0.0f;
-    auto load = [&](int s, uint4 *xo, uint4 *go, float &ro) {
-        int row = s * R + grp;
-        bool live = s < steps && row < N;
-        const uint4 *xr = (const uint4 *)(x + (size_t)row * C), *dyr = (const uint4 *)(dy + (size_t)row * C);
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            int c = lane + k * G;
-            xo[k] = go[k] = make_uint4(0, 0, 0, 0);
-            if (live && c < C8) {
-                xo[k] = __ldg(xr + c);
-                go[k] = __ldg(dyr + c);
-            }
-        }
-        ro = live ? __ldg(rstd + row) : 0.0f;
-    };
-    load(blockIdx.x, xv, gv, rs);
-    int p = 0;
-    for (int s = blockIdx.x; s < steps; s += gridDim.x) {   /* uniform trip count across the block */
-        uint4 xn[V], gn[V];
-        float rn;
-        load(s + gridDim.x, xn, gn, rn);
-        const int row = s * R + grp;
-        const bool live = row < N;
-        uint4 *dxr = (uint4 *)(dx + (size_t)row * C);
-        uint4 old[V];
-#pragma unroll
-        for (int k = 0; k < V; k++) {   /* dx +=: in flight while the statistic is reduced */
-            old[k] = make_uint4(0, 0, 0, 0);
-            if (accumulate && live && lane + k * G < C8) old[k] = dxr[lane + k * G];
-        }
-        float m = 0.0f;
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            int c = lane + k * G;
-            if (c < C8) {
-                float xf[8], g[8], ww[8];
-                vec_unpack8(xv[k], xf);
-                vec_unpack8(gv[k], g);
-                rms_load_w8(w, c, ww);
-#pragma unroll
-                for (int j = 0; j < 8; j++) m += ww[j] * g[j] * xf[j];
-            }
-        }
-        m = rms_group_sum<G>(m, red[p]) * rs / (float)C;   /* mean_c(w·dy·x̂) */
-        p ^= 1;
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            int c = lane + k * G;
-            if (c < C8 && live) {
-                float xf[8], g[8], ww[8], o[8];
-                vec_unpack8(xv[k], xf);
-                vec_unpack8(gv[k], g);
-                rms_load_w8(w, c, ww);
-                vec_unpack8(old[k], o);   /* zeros unless accumulating */
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    xf[j] *= rs;   /* x̂ */
-                    o[j] += rs * ww[j] * g[j] - xf[j] * rs * m;
-                }
-                dxr[c] = vec_pack8(o);
-                if constexpr (DW) {
-                    float4 a0 = sacc[c], a1 = sacc[C8 + c];
-                    a0.x += g[0] * xf[0]; a0.y += g[1] * xf[1]; a0.z += g[2] * xf[2]; a0.w += g[3] * xf[3];
-                    a1.x += g[4] * xf[4]; a1.y += g[5] * xf[5]; a1.z += g[6] * xf[6]; a1.w += g[7] * xf[7];
-                    sacc[c] = a0;
-                    sacc[C8 + c] = a1;
-                }
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            xv[k] = xn[k];
-            gv[k] = gn[k];
-        }
-        rs = rn;
-    }
-    if constexpr (DW) {
-        __shared__ float4 fred[RMS_THREADS];
-        __shared__ unsigned last;
-        __syncthreads();
-        if (fin == RMS_FIN_WALK) return;   /* bench piece: the walk with its shared-memory sums only */
-        const int nparts = gridDim.x;
-        {
-            const float *f = (const float *)rms_sacc4;
-            for (int c = threadIdx.x; c < C; c += RMS_THREADS) {   /* the R row groups, fixed order */
-                const size_t at = ((size_t)((c >> 2) & 1) * C8 + (c >> 3)) * 4 + (c & 3);
-                float s = 0.0f;
-                for (int g = 0; g < R; g++) s += f[(size_t)g * 2 * C8 * 4 + at];
-                partial[(size_t)blockIdx.x * C + c] = s;
-            }
-        }
-        if (fin == RMS_FIN_PDL) return;
-        /* RMS_FIN_LAST */
-        const float4 d = rms_dw_old(dw, 0, C / 4);   /* in flight during the ticket; used by the last block */
-        __threadfence();   /* this block's partial is visible device-wide before its ticket is taken */
-        __syncthreads();
-        if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        rms_dw_final<RMS_THREADS>(dw, d, partial, nparts, C, 0, C / 4, fred);
-        if (threadIdx.x == 0) *ticket = 0u;   /* ready for the next call (every other block has taken its ticket) */
-    }
-}
+#define RMS_FIN_WALK 3   /* kernels/bench only (timing a piece): the row walk with its dw sums only, dw wrong */
 
 /* ---------------------------------------------------------------- the default backward (round 4's variant 10)
  *
@@ -677,7 +513,7 @@ __global__ void __launch_bounds__(RMS_THREADS, MINB)
  * are gone): 2 = T 512, 1 CTA/SM, R 2, PF, the default with dw (8192x4096 61.1/57.4 against shape 1's
  * 61.9/58.7; 262144x128 60.9/57.7 vs 62.2/59.3; 65536x128 23.3/21.6 vs 24.2/22.7); 1 = T 256, 2/SM,
  * R 2, PF: dx alone (dw NULL, no dw registers; its dx is the measured bitwise-v4 one), and with dw only
- * through the bench (rms_v10_cfg). V = 4 (C > 4096): always T 512, 1/SM, R 1, PF (its 32 dw floats per
+ * in kernels/bench. V = 4 (C > 4096): always T 512, 1/SM, R 1, PF (its 32 dw floats per
  * thread leave no room for more rows; ptxas: 128 registers, 44 bytes of spill). ptxas (sm_90a): the
  * V <= 2 shapes use <= 128 registers, no spill.
  * The grid depends on (N, C, shape) only, never on the device: nb <= min(steps, 132 × CTAs/SM) <=
@@ -927,16 +763,6 @@ __global__ void __launch_bounds__(T, MINB) rmsnorm_qk_backward10_kernel(const rm
 
 #define RMS_REG_MAX_C 8192
 
-/* DFLASH_RMSNORM_KERNEL (read at every call of every entry point): unset (or empty) = the default,
- * "4" = variant 4's backward (the previous default; the one revert switch). The forward is the same
- * under both. Returns 10 or 4; any other value fails the call with a one-line error (-1). */
-static int rms_env(void) {
-    const char *e = getenv("DFLASH_RMSNORM_KERNEL");
-    if (!e || !e[0]) return 10;
-    if (!strcmp(e, "4")) return 4;
-    return kernels_fail("rmsnorm: DFLASH_RMSNORM_KERNEL=%.20s is not a choice (unset: the default; 4: the previous backward)", e);
-}
-
 /* Resident 256-thread blocks of the forward per wave: 8 per SM (cached per process). */
 static int rms_wave_blocks(void) {
     static int nsm;
@@ -985,7 +811,6 @@ static int forward_launch(const char *name, bf16 *y, bf16 *resid, float *rstd, c
                           int N, int C, float eps, cudaStream_t stream) {
     if (check_args(name, y, x, resid, N, C)) return -1;
     if (!vec_aligned16(w)) return kernels_fail("%s: w must be 16-byte aligned", name);
-    if (rms_env() < 0) return -1;
     if (N == 0) return 0;
     int C8 = C / 8;
     if (C <= RMS_REG_MAX_C) {
@@ -1036,7 +861,6 @@ extern "C" int rmsnorm_qk_forward(bf16 *yq, float *rstdq, const bf16 *xq, const 
                                   const bf16 *xk, const float *wk, int Nk, int C, float eps, cudaStream_t stream) {
     if (check_args("rmsnorm_qk_forward (q)", yq, xq, wq, Nq, C) || check_args("rmsnorm_qk_forward (k)", yk, xk, wk, Nk, C))
         return -1;
-    if (rms_env() < 0) return -1;
     int G, V;
     reg_shape(C / 8, 4, &G, &V);
     if (C > RMS_REG_MAX_C || G > 32)
@@ -1063,19 +887,8 @@ static int dw_chunks(int N) {
     return c < 1 ? 1 : c > 256 ? 256 : c;
 }
 
-/* Variant 4: row group width G, vectors per lane V, and the balanced grid: at most 3 blocks per SM
- * (2 when V = 4: 116 registers), every block the same number of row steps (±1). A fixed function of
- * (N, C), so dw's summation order is too. */
-static void bwd4_shape(int N, int C, int *G, int *V, int *nb) {
-    reg_shape(C / 8, 2, G, V);
-    int R = RMS_THREADS / *G, steps = (N + R - 1) / R, target = RMS_SMS * (*V <= 2 ? 3 : 2);
-    if (steps < 1) steps = 1;
-    int k = (steps + target - 1) / target;
-    *nb = (steps + k - 1) / k;
-}
-
 /* Partial rows [P, C] the scratch of (N, C) holds: enough for every path (the choice can change at
- * run time through DFLASH_RMSNORM_KERNEL): the two-pass dw chunks; variant 4's nb <= min(steps, cap)
+ * the bench's variant 4 too): the two-pass dw chunks; variant 4's nb <= min(steps, cap)
  * (steps of 256/G rows); the default's nb <= min(its steps, 132 × CTAs per SM) <= that (its row step
  * is >= 256/G rows, its cap <= 264); the q/k launch's per-tensor grids are smaller still. Monotone in N. */
 static size_t rms_partial_rows(int N, int C) {
@@ -1099,22 +912,9 @@ extern "C" size_t rmsnorm_qk_backward_scratch_floats(int Nq, int Nk, int C) {
     return RMS_SCR_HDR + (rms_partial_rows(Nq, C) + rms_partial_rows(Nk, C)) * C;
 }
 
-/* DFLASH_RMSNORM_DW_PIECE (bench only, read per call; single-tensor backward with dw): 1 runs the row
- * walk with its dw sums but writes no partials and sums nothing; 2 the walk and the partials without
- * the cross-block sum; 3 the cross-block sum kernel alone (over whatever the scratch holds). dw is
- * wrong under pieces 1-3: for timing the parts, never for use. 4 is the whole backward with the sum
- * kernel (where one runs) launched without PDL: correct. Pieces 1-3 act only when
- * DFLASH_KERNELS_BENCH=1 is set too (rmsnorm_bench sets it), so a stray variable in a training run can
- * never produce a wrong dw. */
-static int rms_dw_piece(void) {
-    const char *e = getenv("DFLASH_RMSNORM_DW_PIECE");
-    const int piece = e && e[0] >= '1' && e[0] <= '4' && e[1] == 0 ? e[0] - '0' : 0;
-    const char *b = getenv("DFLASH_KERNELS_BENCH");
-    return piece == 4 || (piece && b && !strcmp(b, "1")) ? piece : 0;
-}
-
-/* The sum kernel for C > RMS_LAST_MAX_C, launched with PDL behind the row walk (piece 4: without). */
-static int rms_launch_sum(void (*kern)(float *, const float *, int, int), int grid, int threads, int piece, cudaStream_t stream,
+/* The sum kernel for C > RMS_LAST_MAX_C, launched with PDL behind the row walk when pdl (the library
+ * always; kernels/bench also times it without). */
+static int rms_launch_sum(void (*kern)(float *, const float *, int, int), int grid, int threads, int pdl, cudaStream_t stream,
                           float *dw, const float *part, int nb, int C) {
     cudaLaunchConfig_t lc = {};
     lc.gridDim = dim3((unsigned)grid);
@@ -1125,59 +925,11 @@ static int rms_launch_sum(void (*kern)(float *, const float *, int, int), int gr
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     lc.attrs = at;
-    lc.numAttrs = piece == 4 ? 0 : 1;   /* piece 4: a plain launch (griddepcontrol.wait returns at once) */
+    lc.numAttrs = pdl ? 1 : 0;   /* without: a plain launch (griddepcontrol.wait returns at once) */
     cudaError_t e = cudaLaunchKernelEx(&lc, kern, dw, part, nb, C);
     if (e != cudaSuccess) return kernels_fail("rmsnorm_backward (dw sum): %s", cudaGetErrorString(e));
     KERNELS_CHECK_LAUNCH("rmsnorm_backward (dw sum)");
     return 0;
-}
-
-/* Variant 4 (DFLASH_RMSNORM_KERNEL=4; C <= RMS_REG_MAX_C); dw nullable. The row walk, then the dw sum by
- * the last block (C <= RMS_LAST_MAX_C, ticket) or rmsnorm_backward_dw_final_kernel with PDL. */
-static int backward4_launch(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
-                            unsigned *ticket, float *part, int N, int C, int accumulate_dx, cudaStream_t stream) {
-    int G, V, nb;
-    bwd4_shape(N, C, &G, &V, &nb);
-    const int piece = dw ? rms_dw_piece() : 0;
-    int fin = C <= RMS_LAST_MAX_C ? RMS_FIN_LAST : RMS_FIN_PDL;
-    if (piece == 1) fin = RMS_FIN_WALK;
-    if (piece == 2) fin = RMS_FIN_PDL;
-    const size_t smem = dw ? (size_t)(RMS_THREADS / G) * C * sizeof(float) : 0;   /* <= 32 KiB: C <= 8·G·V */
-    if (piece != 3) {
-#define RMS_BWD4(g, v, minb)                                                                                           \
-    do {                                                                                                               \
-        if (dw)                                                                                                        \
-            rmsnorm_backward4_kernel<g, v, true, minb><<<nb, RMS_THREADS, smem, stream>>>(dx, dw, part, ticket, dy, x, w, \
-                                                                                         rstd, N, C, accumulate_dx, fin); \
-        else                                                                                                           \
-            rmsnorm_backward4_kernel<g, v, false, minb><<<nb, RMS_THREADS, 0, stream>>>(dx, NULL, NULL, NULL, dy, x, w,  \
-                                                                                       rstd, N, C, accumulate_dx, 0);  \
-    } while (0)
-        switch (G * 8 + V) {
-        case 8 * 8 + 1: RMS_BWD4(8, 1, 3); break;
-        case 8 * 8 + 2: RMS_BWD4(8, 2, 3); break;
-        case 16 * 8 + 2: RMS_BWD4(16, 2, 3); break;
-        case 32 * 8 + 2: RMS_BWD4(32, 2, 3); break;
-        case 64 * 8 + 2: RMS_BWD4(64, 2, 3); break;
-        case 128 * 8 + 2: RMS_BWD4(128, 2, 3); break;
-        case 256 * 8 + 2: RMS_BWD4(256, 2, 3); break;
-        case 256 * 8 + 4: RMS_BWD4(256, 4, 2); break;
-        default: return kernels_fail("rmsnorm_backward: no variant 4 kernel for G=%d V=%d", G, V);
-        }
-#undef RMS_BWD4
-        KERNELS_CHECK_LAUNCH("rmsnorm_backward (variant 4)");
-    }
-    if (!dw || (piece != 3 && (fin != RMS_FIN_PDL || piece == 2))) return 0;
-    return rms_launch_sum(rmsnorm_backward_dw_final_kernel, (C / 4 + RMS_FIN_Q - 1) / RMS_FIN_Q, 1024, piece, stream, dw,
-                          part, nb, C);
-}
-
-/* The default's launch shape with dw (V <= 2): 2 = 512 threads, 1 CTA per SM (the default, measured
- * best or tied at every H200 shape of round 4); 1 = 256 threads, 2 per SM, only through the bench
- * (DFLASH_RMSNORM_V10=1 with DFLASH_KERNELS_BENCH=1). Both are correct, deterministic backwards. */
-static int rms_v10_cfg(void) {
-    const char *e = getenv("DFLASH_RMSNORM_V10"), *b = getenv("DFLASH_KERNELS_BENCH");
-    return e && !strcmp(e, "1") && b && !strcmp(b, "1") ? 1 : 2;
 }
 
 /* dw's dynamic shared memory above the 48 KB default (V = 4, T 512, NG 2 at C = 8192: 64 KB), set once per kernel */
@@ -1194,7 +946,8 @@ static int rms_smem_optin(size_t smem) {
     return 0;
 }
 
-/* The default row walk's shape for (C, dw, cfg): threads T, rows per group per step R, CTAs per SM. */
+/* The row walk's shape for (C, dw, cfg): threads T, rows per group per step R, CTAs per SM. The
+ * library runs cfg 2 (with dw: 512 threads, 1 CTA per SM); cfg 1 (256, 2 per SM with dw) is bench-only. */
 static void rms10_shape(int C, bool dw, int cfg, int *G, int *V, int *T, int *R, int *per_sm) {
     reg_shape(C / 8, 2, G, V);
     *T = *V == 4 ? 512 : dw && cfg == 2 ? 512 : 256;
@@ -1202,24 +955,20 @@ static void rms10_shape(int C, bool dw, int cfg, int *G, int *V, int *T, int *R,
     *per_sm = *T == 512 ? 1 : 2;
 }
 
-/* The default backward (C <= RMS_REG_MAX_C); dw nullable. The row walk (one launch), then for dw and
- * C > RMS_LAST_MAX_C rmsnorm_backward_dw_final2_kernel<4, 256> over the nb partials with PDL. Bench
- * pieces (rms_dw_piece): 1 the walk alone, 2 walk + partials, 3 the sum kernel alone, 4 no PDL. */
+/* The register-resident backward (C <= RMS_REG_MAX_C); dw nullable. The row walk (one launch), then for
+ * dw and C > RMS_LAST_MAX_C rmsnorm_backward_dw_final2_kernel<4, 256> over the nb partials with PDL.
+ * Shape: with dw 512 threads, 1 CTA per SM (shape 2 of rms10_shape); dx alone 256 threads, 2 per SM. */
 static int backward10_launch(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
                              unsigned *ticket, float *part, int N, int C, int accumulate_dx, cudaStream_t stream) {
     int G, V, T, R, per_sm;
-    const int cfg = dw ? rms_v10_cfg() : 1;
-    rms10_shape(C, dw != NULL, cfg, &G, &V, &T, &R, &per_sm);
+    rms10_shape(C, dw != NULL, 2, &G, &V, &T, &R, &per_sm);
     const int RS = T / G * R;
     int steps = (N + RS - 1) / RS, target = RMS_SMS * per_sm;
     if (steps < 1) steps = 1;
     const int kk = (steps + target - 1) / target, nb = (steps + kk - 1) / kk;
-    const int piece = dw ? rms_dw_piece() : 0;
-    int fin = C <= RMS_LAST_MAX_C ? RMS_FIN_LAST : RMS_FIN_PDL;
-    if (piece == 1) fin = RMS_FIN_WALK;
-    if (piece == 2) fin = RMS_FIN_PDL;
+    const int fin = C <= RMS_LAST_MAX_C ? RMS_FIN_LAST : RMS_FIN_PDL;
     const size_t smem = dw && T / G > 1 ? (size_t)(T / G) * C * sizeof(float) : 0;
-    if (piece != 3) {
+    {
 #define RMS10_K(g, v, r, t, mb, d) rmsnorm_backward10_kernel<g, v, r, t, mb, true, false, d>
 #define RMS10_L(g, v, r, t, mb, d)                                                                                     \
     do {                                                                                                               \
@@ -1230,7 +979,6 @@ static int backward10_launch(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x,
 #define RMS10_GV(g, v)                                                                                                 \
     do {                                                                                                               \
         if (!dw) RMS10_L(g, v, 2, 256, 2, false);                                                                      \
-        else if (cfg == 1) RMS10_L(g, v, 2, 256, 2, true);                                                             \
         else RMS10_L(g, v, 2, 512, 1, true);                                                                           \
     } while (0)
         switch (G * 8 + V) {
@@ -1252,20 +1000,16 @@ static int backward10_launch(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x,
 #undef RMS10_K
         KERNELS_CHECK_LAUNCH("rmsnorm_backward");
     }
-    if (!dw || (piece != 3 && (fin != RMS_FIN_PDL || piece == 2))) return 0;
-    return rms_launch_sum(rmsnorm_backward_dw_final2_kernel<4, 256>, (C / 4 + 3) / 4, 1024, piece, stream, dw, part, nb, C);
+    if (!dw || fin != RMS_FIN_PDL) return 0;
+    return rms_launch_sum(rmsnorm_backward_dw_final2_kernel<4, 256>, (C / 4 + 3) / 4, 1024, 1, stream, dw, part, nb, C);
 }
 
 /* One tensor's backward on (ticket, partials) (rmsnorm_backward's scratch layout, or one tensor's half
  * of rmsnorm_qk_backward's). Arguments checked by the caller. */
 static int backward_impl(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
                          unsigned *ticket, float *part, int N, int C, int accumulate_dx, cudaStream_t stream) {
-    const int env = rms_env();
-    if (env < 0) return -1;
     if (N == 0) return 0;
-    if (C <= RMS_REG_MAX_C)
-        return env == 4 ? backward4_launch(dx, dw, dy, x, w, rstd, ticket, part, N, C, accumulate_dx, stream)
-                        : backward10_launch(dx, dw, dy, x, w, rstd, ticket, part, N, C, accumulate_dx, stream);
+    if (C <= RMS_REG_MAX_C) return backward10_launch(dx, dw, dy, x, w, rstd, ticket, part, N, C, accumulate_dx, stream);
     /* C > RMS_REG_MAX_C: the two-pass kernels (a size path; the dw sums chunk by chunk, no ticket) */
     const int C8 = C / 8;
     if (C8 >= 32)
@@ -1315,12 +1059,10 @@ extern "C" int rmsnorm_qk_backward(bf16 *dxq, float *dwq, const bf16 *dyq, const
         check_bwd("rmsnorm_qk_backward (k)", dxk, dwk, dyk, xk, wk, scratch, Nk, C))
         return -1;
     if (!dwq != !dwk) return kernels_fail("rmsnorm_qk_backward: dwq and dwk are both given or both NULL");
-    const int env = rms_env();
-    if (env < 0) return -1;
     const bool dw = dwq != NULL;
     unsigned *tq = dw ? (unsigned *)scratch : NULL, *tk = dw ? (unsigned *)scratch + 1 : NULL;
     float *pq = dw ? scratch + RMS_SCR_HDR : NULL, *pk = dw ? pq + rms_partial_rows(Nq, C) * C : NULL;
-    if (env == 4 || C > RMS_LAST_MAX_C || Nq == 0 || Nk == 0)   /* two launches (each a no-op when its N is 0) */
+    if (C > RMS_LAST_MAX_C || Nq == 0 || Nk == 0)   /* two launches (each a no-op when its N is 0) */
         return backward_impl(dxq, dwq, dyq, xq, wq, rstdq, tq, pq, Nq, C, accumulate_dx, stream) ||
                        backward_impl(dxk, dwk, dyk, xk, wk, rstdk, tk, pk, Nk, C, accumulate_dx, stream)
                    ? -1 : 0;
@@ -1328,8 +1070,7 @@ extern "C" int rmsnorm_qk_backward(bf16 *dxq, float *dwq, const bf16 *dyq, const
      * proportion to their row steps, every CTA the same number of steps (±1) across both, the total
      * within one wave (132 × CTAs per SM); a function of (Nq, Nk, C, shape): dw deterministic */
     int G, V, T, R, per_sm;
-    const int cfg = dw ? rms_v10_cfg() : 1;
-    rms10_shape(C, dw, cfg, &G, &V, &T, &R, &per_sm);
+    rms10_shape(C, dw, 2, &G, &V, &T, &R, &per_sm);
     const int RS = T / G * R, sq = (Nq + RS - 1) / RS, sk = (Nk + RS - 1) / RS, target = RMS_SMS * per_sm;
     int kk = (sq + sk + target - 1) / target, nbq, nbk;
     for (;; kk++) {
@@ -1344,7 +1085,6 @@ extern "C" int rmsnorm_qk_backward(bf16 *dxq, float *dwq, const bf16 *dyq, const
 #define RMS_QKB(g, v)                                                                                                  \
     do {                                                                                                               \
         if (!dw) rmsnorm_qk_backward10_kernel<g, v, 2, 256, 2, true, false><<<blocks, 256, 0, stream>>>(a, C, accumulate_dx); \
-        else if (cfg == 1) rmsnorm_qk_backward10_kernel<g, v, 2, 256, 2, true, true><<<blocks, 256, smem, stream>>>(a, C, accumulate_dx); \
         else rmsnorm_qk_backward10_kernel<g, v, 2, 512, 1, true, true><<<blocks, 512, smem, stream>>>(a, C, accumulate_dx); \
     } while (0)
     switch (G * 8 + V) {   /* C <= RMS_LAST_MAX_C = 256: C/8 <= 32, G <= 16 */

@@ -44,11 +44,7 @@ void rmsnorm_backward_ref(float *dx, float *dw, const float *dy, const float *x,
 /* ---------------------------------------------------------------- GPU (bf16 activations) */
 
 /* y [N,C] bf16 (may alias x), rstd [N] fp32 or NULL, x [N,C] bf16, w [C] fp32.
- * C % 8 == 0 and C <= 16384, 16-byte aligned pointers; checked. Asynchronous; 0 or -1.
- * DFLASH_RMSNORM_KERNEL in the environment (read per call, by every function here): unset = the
- * default kernels; 4 = the previous default backward (variant 4, the one revert switch; the forward
- * does not change); any other value makes every call fail with a one-line error. DFLASH_RMSNORM_DW_PIECE
- * and DFLASH_RMSNORM_V10 are bench-only switches (kernels/rmsnorm.cu). */
+ * C % 8 == 0 and C <= 16384, 16-byte aligned pointers; checked. Asynchronous; 0 or -1. */
 int rmsnorm_forward(bf16 *y, float *rstd, const bf16 *x, const float *w, int N, int C, float eps,
                     cudaStream_t stream);
 
@@ -85,8 +81,8 @@ int rmsnorm_qk_forward(bf16 *yq, float *rstdq, const bf16 *xq, const float *wq, 
  * Zeroed once after allocation, as rmsnorm_backward's (its header holds both tensors' tickets). */
 size_t rmsnorm_qk_backward_scratch_floats(int Nq, int Nk, int C);
 
-/* Both tensors' backward in one launch (C <= 256 under the default; else, or under
- * DFLASH_RMSNORM_KERNEL=4, two rmsnorm_backward launches on the same scratch): per tensor the arguments
+/* Both tensors' backward in one launch (C <= 256; else two rmsnorm_backward launches on the same
+ * scratch): per tensor the arguments
  * of rmsnorm_backward; dwq and dwk (+=) both given or both NULL; one scratch of
  * rmsnorm_qk_backward_scratch_floats(Nq, Nk, C) floats. dx is bitwise that of two rmsnorm_backward
  * calls; dw is deterministic (a function of Nq, Nk, C), not bitwise the separate calls' (the CTAs

@@ -16,6 +16,9 @@
 #              the 16 GB model is best split, e.g. --only kernels,target then --only pipeline
 #              (the model stays in $BENCH_DIR while the machine is held).
 #
+# Sources: kernel benchmarks in kernels/bench/ (one op each), stage/ring/target benchmarks in bench/;
+# all build into $BUILD/bench/ (make gpu-build, make bench).
+#
 # Whole pipeline (GPU): dflash-mkmodel --preset qwen3-8b writes the model once into
 # $BENCH_DIR (default /tmp/dflash-bench; ~16 GB of bf16 safetensors, a few minutes on 16 cores;
 # kept for later runs) plus a synthetic dataset (log-normal documents, median 1200, >= 64, 30%

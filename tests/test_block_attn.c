@@ -195,6 +195,49 @@ START_TEST(block_attn_backward_matches_finite_differences) {
 }
 END_TEST
 
+/* The backward in the device's precision (round_p 1: P and dS rounded to bf16): round_p 0 is bitwise
+ * block_attn_backward_ref; round_p 1 differs from it (the rounding happened) by a few bf16 ulps of the
+ * gradients' scale, far inside the GPU test's fixed bound (3% of the max + 5% relative). */
+START_TEST(block_attn_backward_prec_ref) {
+    for (int mi = 0; mi < 4; mi++) {
+        attn_case t;
+        make_case(&t, modes[mi][0], modes[mi][1], 300 + mi);
+        int R = t.c.N * t.c.B;
+        uint64_t rng = 11;
+        float *G = malloc(sizeof(float) * t.nq), *out = malloc(sizeof(float) * t.nq);
+        float *lse = malloc(sizeof(float) * (size_t)R * t.c.n_h);
+        float *g[3][3];   /* [exact, prec 0, prec 1][dq, dk, dv] */
+        size_t n[3] = {t.nq, t.nk, t.nk};
+        for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 3; b++) g[a][b] = malloc(sizeof(float) * n[b]);
+        test_rng_fill(&rng, G, t.nq, -1, 1);
+        char err[256];
+        ck_assert_int_eq(block_attn_forward_ref(&t.c, t.q, t.k, t.v, t.anchors, t.doc, 0, out, lse, err, sizeof err), 0);
+        ck_assert_int_eq(block_attn_backward_ref(&t.c, t.q, t.k, t.v, t.anchors, t.doc, out, G, lse, g[0][0], g[0][1],
+                                                 g[0][2], err, sizeof err), 0);
+        for (int r = 0; r < 2; r++)
+            ck_assert_int_eq(block_attn_backward_ref_prec(&t.c, t.q, t.k, t.v, t.anchors, t.doc, out, G, lse, r,
+                                                          g[1 + r][0], g[1 + r][1], g[1 + r][2], err, sizeof err), 0);
+        double moved = 0;
+        for (int b = 0; b < 3; b++) {
+            ck_assert(memcmp(g[0][b], g[1][b], sizeof(float) * n[b]) == 0);
+            double mx = 0, d = 0;
+            for (size_t i = 0; i < n[b]; i++) {
+                mx = fmax(mx, fabs(g[0][b][i]));
+                d = fmax(d, fabs((double)g[2][b][i] - g[0][b][i]));
+            }
+            ck_assert_msg(d <= 0.03 * mx + 1e-5, "mode %d grad %d: rounded reference off by %.4g (max %.4g)", mi, b, d, mx);
+            moved += d;
+        }
+        ck_assert_msg(moved > 0, "mode %d: round_p 1 changed nothing", mi);
+        for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 3; b++) free(g[a][b]);
+        free(G); free(out); free(lse);
+        free_case(&t);
+    }
+}
+END_TEST
+
 START_TEST(block_attn_rejects_bad_args) {
     attn_case t;
     make_case(&t, 0, 0, 1);
@@ -218,6 +261,7 @@ int main(void) {
     tcase_add_test(tc, block_attn_forward_matches_dense_mask);
     tcase_add_test(tc, block_attn_invisible_keys_ignored);
     tcase_add_test(tc, block_attn_backward_matches_finite_differences);
+    tcase_add_test(tc, block_attn_backward_prec_ref);
     tcase_add_test(tc, block_attn_rejects_bad_args);
     suite_add_tcase(s, tc);
     return test_run_suite(s);

@@ -52,6 +52,8 @@ static int sumsq1(const float *g, size_t n, float *ss) {
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
+static int g_failed;   /* a validation printed FAIL: the exit status says so */
+
 int main(void) {
     const size_t n = (size_t)256 << 20;
     float *w, *m, *v, *g, *ss;
@@ -82,6 +84,7 @@ int main(void) {
         double e = 0;
         for (size_t i = 0; i < nv; i++) e = std::max(e, (double)fabsf(gw[i] - hw[i]) / (fabsf(hw[i]) + 1e-6f));
         printf("validate (1 M): max rel err %.3g: %s\n", e, e < 1e-5 ? "OK" : "FAIL");
+        if (!(e < 1e-5)) g_failed = 1;
         cudaFree(w2); cudaFree(m2); cudaFree(v2);
     }
     /* sumsq: both variants against a double sum on the host, aligned and misaligned by one float */
@@ -100,6 +103,7 @@ int main(void) {
                 CK(cudaMemcpy(&got, ss, 4, cudaMemcpyDeviceToHost));
                 double rel = fabs(got - ref) / ref;
                 sumsq_ok[var] = sumsq_ok[var] && rel < 1e-5;
+                if (!(rel < 1e-5)) g_failed = 1;
                 printf("validate sumsq variant %d (offset %d, %zu floats): rel err %.3g: %s\n", var, off, n - off, rel,
                        rel < 1e-5 ? "OK" : "FAIL");
             }
@@ -128,5 +132,5 @@ int main(void) {
         printf("variant %d %-6s n=%zu median %.3f ms  %.0f GB/s  (%.0f%% of 4150 GB/s copy ceiling; target >= 80%%)\n",
                pass == 0 ? 1 : pass, pass == 0 ? "step" : "sumsq", n, med, bytes / med / 1e6, 100.0 * bytes / med / 1e6 / 4150.0);
     }
-    return 0;
+    return g_failed ? 1 : 0;
 }

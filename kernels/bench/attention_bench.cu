@@ -3,21 +3,20 @@
  *
  * Build: make BUILD=build-k1d build-k1d/bench/attention_bench   Run: build-k1d/bench/attention_bench
  * This file includes kernels/attention.cu so it can launch the kernel templates with other
- * configurations (the library runs only variant 34, and variants 6 and 4 through
- * DFLASH_ATTENTION_KERNEL=6 / 4), and kernels/bench/attention_variants.cuh for the kernels that lost
- * (variants 8-17 and the warp-specialized kernel of variants 25-27, 29, 31); the library's archive
+ * configurations (the library runs only variant 34), and kernels/bench/attention_variants.cuh for the
+ * kernels that lost (the mma.sync kernel of variants 1-7, variants 8-17 and the warp-specialized
+ * kernel of variants 25-27, 29, 31); the library's archive
  * member is then not linked: every symbol it defines is here. All numbered variants below but 34
  * are history, kept measurable; their numbers are in kernels/bench/RESULTS.md.
  * Variant 1: 4 warps × 1 m-tile (BR 64), BC 64, Q fragments in registers (the first library choice)
  * Variant 2: 8 warps × 1 m-tile (BR 128), BC 64
  * Variant 3: 4 warps × 2 m-tiles (BR 128), BC 32, Q re-read from shared memory
- * Variant 4: 4 warps × 2 m-tiles (BR 128), BC 64 (the library's choice in K1; DFLASH_ATTENTION_KERNEL=4
- *            selects it in the library; 255 registers + 76 bytes of spills at HD 128)
+ * Variant 4: 4 warps × 2 m-tiles (BR 128), BC 64 (the library's choice in K1; 255 registers + 76
+ *            bytes of spills at HD 128)
  * Variant 5: 8 warps × 2 m-tiles (BR 256), BC 32
  * Variant 6: variant 4 with the fast exponent FX (unscaled scores through mask and max, one FFMA +
  *            ex2.approx.ftz per probability; 4 bytes of spills) — the library's default until the wgmma
- *            kernel, now its revert switch DFLASH_ATTENTION_KERNEL=6 (its running max compares scaled
- *            maxima only since 2026-11-29)
+ *            kernel (its running max compares scaled maxima only since 2026-11-29)
  * Variant 7: variant 3 (BC 32) with FX
  * Variant 8: the K1c kernel (attention_forward_kernel2) with variant 6's tiles: mirrored m-tiles
  *            (warp w owns m16 tiles w and 7-w), only the 16-key chunks at or below each m-tile's
@@ -365,7 +364,7 @@ int main(void) {
         printf("%-34s %10.1f %8.1f %8.1f %8.1f %10.1f\n", vars[i].name, tf[i][0], tf[i][1], tf[i][2], tf[i][3],
                tf[i][4]);
     }
-    printf("library default: v%d (DFLASH_ATTENTION_KERNEL=6 -> v6, =4 -> v4 with exact exp2f; other variants: bench only)\n",
+    printf("library default: v%d (the library's only kernel; other variants: bench only)\n",
            ATTENTION_DEFAULT_KERNEL);
     return bad ? 1 : 0;
 }

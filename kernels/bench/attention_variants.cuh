@@ -1,7 +1,11 @@
 /*
  * kernels/bench/attention_variants.cuh — attention kernels that lost on the H200, kept as history
  * for kernels/bench/attention_bench.cu (style.md: numbered variants live only in benchmark files).
- * Included after kernels/attention.cu, whose device helpers, launch() and WGA_* constants they use.
+ * Included after kernels/attention.cu, whose wga_* helpers and WGA_* constants they use.
+ *   attention_forward_kernel (K1-K1b, bench variants 1-7): the mma.sync m16n8k16 kernel, the library's
+ *     default until the wgmma kernel and its run-time alternative until issue 13 (variant 6: 292
+ *     TFLOP/s on 1-4K documents at HD 128 against v34's 388); retired from the library, kept here
+ *     with its launch() as the baseline the later kernels are measured against.
  *   kernel 2 (K1c, bench variants 8-12): mirrored m-tiles, diagonal chunk skipping, split K/V waits,
  *     longest-first tile order — slower than variant 6 (251 vs 294 TFLOP/s on 1-4K documents).
  *   kernel 3 (K1d, bench variants 13-17): per-warp tile skipping, a persistent work list, lazy
@@ -15,6 +19,249 @@
  */
 #ifndef KERNELS_BENCH_ATTENTION_VARIANTS_CUH
 #define KERNELS_BENCH_ATTENTION_VARIANTS_CUH
+
+/* ---------------------------------------------------------------- mma.sync kernel (K1-K1b, variants 1-7) */
+
+/* One block = one head × one tile of BR = 16·MT·NW query rows of one document (NW warps, each
+ * owning MT m16 tiles of 16 rows). It walks the key/value tiles (BC rows) of the same document from
+ * the diagonal tile down to tile 0, double-buffered through shared memory with cp.async (rows past
+ * the document are zero-filled). Per tile, each warp computes S = Q·Kᵀ with mma.sync m16n8k16 (bf16
+ * in, fp32 accumulate; Q fragments from registers when MT = 1, else from shared memory; K fragments
+ * from ldmatrix), applies the causal mask only on tiles that cross the diagonal, updates the fp32
+ * online softmax, converts P to bf16 A-fragments in registers (the accumulator layout of two n8
+ * tiles is the A layout of one k16 chunk) and accumulates O += P·V with V fragments from
+ * ldmatrix.trans. Shared rows are padded by 8 elements so ldmatrix's 8 row addresses hit 8 distinct
+ * bank groups. Grid: (NH, ND, ceil(max_seqlen/BR)); z counts tiles from a document's end.
+ * FX: the fast exponent of kernels/attention.cu (one FFMA + ex2.approx.ftz per probability); without
+ * it exact exp2f on scaled scores (variant 4). */
+/* HD head dim; NW warps; MT m16 tiles (16 query rows each) per warp, so BR = 16·MT·NW query rows
+ * per block; BC keys per tile. With MT = 1 the warp keeps its Q fragments in registers; with
+ * MT = 2 it re-reads them from shared memory per k-chunk (registers go to the second S/O tile, and
+ * each K/V fragment loaded feeds two MMAs instead of one). */
+template <int HD, int NW, int MT, int BC, bool FX>
+__global__ void __launch_bounds__(NW * 32)
+attention_forward_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu,
+                         int T, int NH, int NKV, float scale_log2) {
+    constexpr int BR = 16 * MT * NW, LD = HD + 8, CH = HD / 8, NT = NW * 32;
+    constexpr bool QREG = MT == 1;
+    extern __shared__ __align__(16) unsigned char att_smem[];
+    bf16 *sQ = (bf16 *)att_smem;    /* [BR][LD] */
+    bf16 *sK = sQ + BR * LD;        /* [2][BC][LD] */
+    bf16 *sV = sK + 2 * BC * LD;    /* [2][BC][LD] */
+
+    const int h = blockIdx.x, d = blockIdx.y;
+    const int s0 = cu[d], len = cu[d + 1] - s0;
+    const int qt = (len + BR - 1) / BR - 1 - (int)blockIdx.z;
+    if (qt < 0) return;
+    const int kh = h / (NH / NKV);
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+
+    for (int i = tid; i < BR * CH; i += NT) {
+        int r = i / CH, c = i % CH, qi = qt * BR + r;
+        const bf16 *src = q + ((size_t)(s0 + min(qi, len - 1)) * NH + h) * HD + c * 8;
+        mma_cp_async16(sQ + r * LD + c * 8, src, qi < len ? 16 : 0);
+    }
+    auto load_kv = [&](int j, int buf) {
+        for (int i = tid; i < BC * CH; i += NT) {
+            int r = i / CH, c = i % CH, kj = j * BC + r;
+            size_t off = ((size_t)(s0 + min(kj, len - 1)) * NKV + kh) * HD + c * 8;
+            int sz = kj < len ? 16 : 0;
+            mma_cp_async16(sK + (buf * BC + r) * LD + c * 8, k + off, sz);
+            mma_cp_async16(sV + (buf * BC + r) * LD + c * 8, v + off, sz);
+        }
+    };
+    /* last key tile this query tile sees: the one holding its last row (or the document's end) */
+    const int last_row = min(qt * BR + BR - 1, len - 1);
+    const int jlast = last_row / BC;
+    load_kv(jlast, 0);
+    mma_commit();
+    mma_wait<0>();
+    __syncthreads();
+
+    const bf16 *qbase = sQ + (warp * 16 * MT + (lane % 16)) * LD + (lane / 16) * 8;
+    uint32_t qf[QREG ? HD / 16 : 1][4];
+    if constexpr (QREG) {
+#pragma unroll
+        for (int kc = 0; kc < HD / 16; kc++) mma_ldsm_x4(qf[kc], qbase + kc * 16);
+    }
+
+    float o[MT][HD / 8][4];
+    float m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
+    /* this thread's rows: row0 + 16·mt and row0 + 16·mt + 8 (document-local) */
+    const int row0 = qt * BR + warp * 16 * MT + lane / 4;
+    const int qmin = qt * BR;
+
+    int buf = 0;
+    for (int j = jlast; j >= 0; j--) {
+        if (j > 0) load_kv(j - 1, buf ^ 1);
+        mma_commit();
+        mma_wait<1>();
+        __syncthreads();
+
+        const bf16 *Kb = sK + buf * BC * LD, *Vb = sV + buf * BC * LD;
+        float s[MT][BC / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int i = 0; i < BC / 8; i++) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.0f;
+#pragma unroll
+        for (int kc = 0; kc < HD / 16; kc++) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                if constexpr (QREG) {
+                    a[mt][0] = qf[kc][0]; a[mt][1] = qf[kc][1]; a[mt][2] = qf[kc][2]; a[mt][3] = qf[kc][3];
+                } else {
+                    mma_ldsm_x4(a[mt], qbase + mt * 16 * LD + kc * 16);
+                }
+            }
+#pragma unroll
+            for (int np = 0; np < BC / 16; np++) {
+                uint32_t b[4];
+                mma_ldsm_x4(b, Kb + (np * 16 + (lane % 8) + (lane / 16) * 8) * LD + kc * 16 + ((lane / 8) % 2) * 8);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_m16n8k16(s[mt][2 * np], a[mt], b[0], b[1]);
+                    mma_m16n8k16(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+        const bool need_mask = j * BC + BC - 1 > qmin;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float x = FX ? s[mt][nt][e] : s[mt][nt][e] * scale_log2;
+                    if (need_mask) {
+                        int key = j * BC + nt * 8 + (lane % 4) * 2 + (e & 1), row = row0 + mt * 16 + (e >= 2 ? 8 : 0);
+                        if (key > row) x = -INFINITY;
+                    }
+                    s[mt][nt][e] = x;
+                }
+            /* FX: s holds raw scores and m scaled maxima, so the tile's raw max is scaled before it
+             * meets m (comparing them unscaled let the subtracted max fall below the true one and
+             * overflowed exp2 for scaled logits above ~88) */
+            float mx0 = FX ? -INFINITY : m[mt][0], mx1 = FX ? -INFINITY : m[mt][1];
+#pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++) {
+                mx0 = fmaxf(mx0, fmaxf(s[mt][nt][0], s[mt][nt][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[mt][nt][2], s[mt][nt][3]));
+            }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            if (FX) {
+                mx0 = fmaxf(m[mt][0], mx0 * scale_log2);
+                mx1 = fmaxf(m[mt][1], mx1 * scale_log2);
+            }
+            /* a row with every key masked so far keeps max -inf: subtract 0 so exp2 gives 0, not NaN */
+            const float ms0 = mx0 == -INFINITY ? 0.0f : mx0, ms1 = mx1 == -INFINITY ? 0.0f : mx1;
+            const float c0 = FX ? mma_ex2_ftz(m[mt][0] - ms0) : exp2f(m[mt][0] - ms0);
+            const float c1 = FX ? mma_ex2_ftz(m[mt][1] - ms1) : exp2f(m[mt][1] - ms1);
+            m[mt][0] = mx0;
+            m[mt][1] = mx1;
+            float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < BC / 8; nt++) {
+                if (FX) {   /* one FFMA + MUFU per probability; -inf (masked) stays -inf -> 0 */
+                    s[mt][nt][0] = mma_ex2_ftz(fmaf(s[mt][nt][0], scale_log2, -ms0));
+                    s[mt][nt][1] = mma_ex2_ftz(fmaf(s[mt][nt][1], scale_log2, -ms0));
+                    s[mt][nt][2] = mma_ex2_ftz(fmaf(s[mt][nt][2], scale_log2, -ms1));
+                    s[mt][nt][3] = mma_ex2_ftz(fmaf(s[mt][nt][3], scale_log2, -ms1));
+                } else {
+                    s[mt][nt][0] = exp2f(s[mt][nt][0] - ms0);
+                    s[mt][nt][1] = exp2f(s[mt][nt][1] - ms0);
+                    s[mt][nt][2] = exp2f(s[mt][nt][2] - ms1);
+                    s[mt][nt][3] = exp2f(s[mt][nt][3] - ms1);
+                }
+                sum0 += s[mt][nt][0] + s[mt][nt][1];
+                sum1 += s[mt][nt][2] + s[mt][nt][3];
+            }
+            l[mt][0] = l[mt][0] * c0 + sum0;
+            l[mt][1] = l[mt][1] * c1 + sum1;
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) {
+                o[mt][i][0] *= c0; o[mt][i][1] *= c0;
+                o[mt][i][2] *= c1; o[mt][i][3] *= c1;
+            }
+        }
+#pragma unroll
+        for (int kc = 0; kc < BC / 16; kc++) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                a[mt][0] = mma_pack_bf16x2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                a[mt][1] = mma_pack_bf16x2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                a[mt][2] = mma_pack_bf16x2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                a[mt][3] = mma_pack_bf16x2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+            }
+#pragma unroll
+            for (int dp = 0; dp < HD / 16; dp++) {
+                uint32_t b[4];
+                mma_ldsm_x4_t(b, Vb + (kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * LD + dp * 16 + (lane / 16) * 8);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma_m16n8k16(o[mt][2 * dp], a[mt], b[0], b[1]);
+                    mma_m16n8k16(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();   /* every warp is done with buf before the next iteration refills it */
+        buf ^= 1;
+    }
+
+    const int col = (lane % 4) * 2;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            float lv = l[mt][half];
+            lv += __shfl_xor_sync(0xffffffffu, lv, 1);
+            lv += __shfl_xor_sync(0xffffffffu, lv, 2);
+            const float inv = lv > 0.0f ? 1.0f / lv : 0.0f;
+            const int row = row0 + mt * 16 + half * 8;
+            if (row < len) {
+                __nv_bfloat162 *dst = (__nv_bfloat162 *)(out + ((size_t)(s0 + row) * NH + h) * HD + col);
+#pragma unroll
+                for (int nt = 0; nt < HD / 8; nt++)
+                    dst[nt * 4] = __floats2bfloat162_rn(o[mt][nt][2 * half] * inv, o[mt][nt][2 * half + 1] * inv);
+                if (lse && lane % 4 == 0)
+                    lse[(size_t)h * T + s0 + row] = (m[mt][half] + log2f(lv)) * 0.69314718055994531f;
+            }
+        }
+    }
+}
+
+
+template <int HD, int NW, int MT, int BC, bool FX = true>
+static int launch(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
+                  int max_seqlen, int T, int NH, int NKV, float scale, cudaStream_t stream) {
+    constexpr int BR = 16 * MT * NW, LD = HD + 8;
+    const size_t smem = (size_t)(BR + 4 * BC) * LD * sizeof(bf16);
+    static int configured;   /* benign race: every caller sets the same attribute */
+    if (!configured) {
+        cudaError_t e = cudaFuncSetAttribute(attention_forward_kernel<HD, NW, MT, BC, FX>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return kernels_fail("attention_forward: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
+        configured = 1;
+    }
+    dim3 grid(NH, ND, (max_seqlen + BR - 1) / BR);
+    attention_forward_kernel<HD, NW, MT, BC, FX><<<grid, NW * 32, smem, stream>>>(out, lse, q, k, v, cu, T, NH, NKV,
+                                                                      scale * 1.4426950408889634f);
+    KERNELS_CHECK_LAUNCH("attention_forward");
+    return 0;
+}
+
 
 /* ---------------------------------------------------------------- kernel 2 (K1c) */
 
@@ -296,8 +543,7 @@ attention_forward_kernel2(bf16 *out, float *lse, const bf16 *q, const bf16 *k, c
  * and 17 = 13 + LAZY) rescales O only when a row's max grows by more than a factor 2^8
  * (k3_softmax_pv_lazy). Verified here only by reading, ptxas/SASS and a Python model of the plan
  * and of the region rotation with its cp.async groups (no GPU at the time of writing):
- * attention_bench validates every variant before timing it, tests/gpu/test_attention.c runs
- * DFLASH_ATTENTION_KERNEL=13 .. 17 on all its cases. ptxas at HD 128: 255 registers; spills 0 bytes
+ * attention_bench validates every variant before timing it. ptxas at HD 128: 255 registers; spills 0 bytes
  * (v14, v16), 8 (v17), 84 (v13: l and a few indices kept in local memory across tiles), 76 (v15). */
 
 /* S = Q·Kᵀ for one warp's MT m16 tiles against one BC-key tile (Q fragments from shared memory). */

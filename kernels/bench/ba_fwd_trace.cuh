@@ -3,7 +3,7 @@
  * only), included by kernels/bench/block_attn_bench.cu, which calls ba_fwd_trace_report() at the end of main when
  * BA_FWD_TRACE=1.
  *
- * Runs ba_wg_forward_traced (kernels/block_attn_wg.h: the kernel DFLASH_BLOCK_ATTN_WG_FWD picks, built with
+ * Runs ba_wg_forward_traced (kernels/bench/block_attn_wg_bench.cuh: the kernel BA_BENCH_WG_FWD picks, built with
  * %globaltimer / clock64 stamps per CTA) once after two untraced warm-ups, without and with the plan workspace
  * (block_attn_forward_ws; name suffix "+ws"), and prints lines starting with "TRACE": per-CTA phase times
  * (set-up = entry to Q + set-up done, loop, epilogue; mean / median), the per-tile wait (cp.async wait +
@@ -13,8 +13,8 @@
  * slightly slower than the timed one (span printed). With the plan, the first CTAs start (PDL) before the plan
  * ends: their set-up includes that wait, and the span does not include the plan kernels.
  *
- * "TRACE ws": block_attn_forward and block_attn_forward_ws (the public entries, whole calls: plan kernels
- * included) timed alternately, L2 flushed before each, medians of 10 after 3 warm-ups each, TFLOP/s on the
+ * "TRACE ws": the calls of block_attn_forward and block_attn_forward_ws (whole calls: plan kernels included;
+ * the kernel BA_BENCH_WG_FWD picks) timed alternately, L2 flushed before each, medians of 10 after 3 warm-ups each, TFLOP/s on the
  * visible pairs as the bench counts them.
  *
  * Then bitwise checks (all N blocks, not only the 32 anchors the bench validates): the selected value without
@@ -68,7 +68,7 @@ static int bft_shape_check(const std::string &name) {
     const int ns = (int)(sizeof shapes / sizeof shapes[0]);
     int bad = 0;
     std::string which;
-    const char *sel = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
+    const char *sel = getenv("BA_BENCH_WG_FWD");
     const std::string keep = sel ? sel : "";
     uint64_t rng = 7;
     for (int si = 0; si < ns; si++) {
@@ -113,11 +113,11 @@ static int bft_shape_check(const std::string &name) {
         /* run 0: the default, 1: the selected value, 2: the selected value with the workspace, 3: the default
          * with the workspace */
         for (int run = 0; run < 4 && ok; run++) {
-            if (run == 0 || run == 3) unsetenv("DFLASH_BLOCK_ATTN_WG_FWD");
-            else if (sel) setenv("DFLASH_BLOCK_ATTN_WG_FWD", keep.c_str(), 1);
+            if (run == 0 || run == 3) unsetenv("BA_BENCH_WG_FWD");
+            else if (sel) setenv("BA_BENCH_WG_FWD", keep.c_str(), 1);
             cudaMemset(dout, 0xff, nq * 2);
             cudaMemset(dl, 0xff, nl * 4);
-            const int rc = ba_wg_forward_ws(&c, dq, dk, dv, da, dd, dout, dl, run >= 2 ? ws : NULL, 0);
+            const int rc = ba_bench_wg_forward(&c, dq, dk, dv, da, dd, dout, dl, run >= 2 ? ws : NULL, 0);
             const cudaError_t e = cudaDeviceSynchronize();
             if (rc || e != cudaSuccess) {
                 printf("TRACE %s shape %d: run %d failed: %s\n", name.c_str(), si, run,
@@ -130,7 +130,7 @@ static int bft_shape_check(const std::string &name) {
             cudaMemcpy(o[run].data(), dout, nq * 2, cudaMemcpyDeviceToHost);
             cudaMemcpy(l[run].data(), dl, nl * 4, cudaMemcpyDeviceToHost);
         }
-        if (sel) setenv("DFLASH_BLOCK_ATTN_WG_FWD", keep.c_str(), 1);
+        if (sel) setenv("BA_BENCH_WG_FWD", keep.c_str(), 1);
         for (int run = 1; run < 4 && ok; run++)
             ok = !memcmp(o[0].data(), o[run].data(), nq * 2) && !memcmp(l[0].data(), l[run].data(), nl * 4);
         if (!ok) {
@@ -153,7 +153,7 @@ static std::string bft_trace(const block_attn_config *c, const bf16 *q, const bf
         printf("TRACE %s: %s\n", name.c_str(), kernels_error());
         return "";
     }
-    const int S = 32;   /* u64 per CTA: the layout of ba_wg_forward_traced (kernels/block_attn_wg.h) */
+    const int S = 32;   /* u64 per CTA: the layout of ba_wg_forward_traced (kernels/bench/block_attn_wg_bench.cuh) */
     unsigned long long *d_tr = NULL;
     if (cudaMalloc(&d_tr, (size_t)n_cta * S * 8) != cudaSuccess) {
         printf("TRACE %s: cudaMalloc failed\n", name.c_str());
@@ -284,14 +284,14 @@ static double bft_pairs(const block_attn_config *c, const int32_t *d_a, const in
 static int bft_run(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *a,
                    const int32_t *doc, bf16 *o, float *l, void *ws, bool dflt, std::vector<bf16> &o_h,
                    std::vector<float> &l_h) {
-    const char *sel = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
+    const char *sel = getenv("BA_BENCH_WG_FWD");
     const std::string keep = sel ? sel : "";
-    if (dflt) unsetenv("DFLASH_BLOCK_ATTN_WG_FWD");
+    if (dflt) unsetenv("BA_BENCH_WG_FWD");
     const size_t R = (size_t)c->N * c->B, nq = R * c->n_h * c->d_h, nl = R * c->n_h;
     cudaMemset(o, 0xff, nq * 2);
     cudaMemset(l, 0xff, nl * 4);
-    const int rc = ba_wg_forward_ws(c, q, k, v, a, doc, o, l, ws, 0);
-    if (sel) setenv("DFLASH_BLOCK_ATTN_WG_FWD", keep.c_str(), 1);
+    const int rc = ba_bench_wg_forward(c, q, k, v, a, doc, o, l, ws, 0);
+    if (sel) setenv("BA_BENCH_WG_FWD", keep.c_str(), 1);
     const cudaError_t e = cudaDeviceSynchronize();
     if (rc || e != cudaSuccess) return -1;
     o_h.resize(nq);
@@ -303,7 +303,7 @@ static int bft_run(const block_attn_config *c, const bf16 *q, const bf16 *k, con
 
 static void ba_fwd_trace_report(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
                                 const int32_t *a, const int32_t *doc, bf16 *o, float *l) {
-    const char *sel = getenv("DFLASH_BLOCK_ATTN_WG_FWD");
+    const char *sel = getenv("BA_BENCH_WG_FWD");
     const std::string name = sel && sel[0] ? sel : "default";
     const size_t wsb = block_attn_forward_workspace_bytes(c);
     void *ws = NULL, *flush = NULL;
@@ -325,8 +325,7 @@ static void ba_fwd_trace_report(const block_attn_config *c, const bf16 *q, const
         for (int w = 0; w < 2 && tok; w++) {
             cudaMemset(flush, it, 256 << 20);
             cudaEventRecord(e0, 0);
-            const int rc = w ? block_attn_forward_ws(c, q, k, v, a, doc, o, l, ws, 0)
-                             : block_attn_forward(c, q, k, v, a, doc, o, l, 0);
+            const int rc = ba_bench_wg_forward(c, q, k, v, a, doc, o, l, w ? ws : NULL, 0);   /* as the public entries */
             cudaEventRecord(e1, 0);
             tok = !rc && cudaEventSynchronize(e1) == cudaSuccess;
             float t = 0;

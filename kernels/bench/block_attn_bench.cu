@@ -8,37 +8,38 @@
  *   variant 1: WMMA 16x16x16, fp32 S/O in smem, dK/dV by fp32 atomics (K2's first kernel; history, below).
  *   variant 2: forward only: mma.sync m16n8k16, scores and O in registers, cp.async double buffer
  *              (K2's candidate; history, below).
- *   variant 3: kernels/block_attn.cu kernel set 3 (DFLASH_BLOCK_ATTN_KERNEL=3): variant 2 plus skipped
+ *   variant 3: kernel set 3 (kernels/bench/block_attn_mma.cuh, retired): variant 2 plus skipped
  *              empty 16-key groups (block tile and the last context tile), Q staged through a K buffer
  *              (70 KB smem, 3 CTAs/SM); backward with mma.sync in registers, dK/dV per context key tile
  *              over the blocks that see it (no atomics, deterministic), dQ per block, 16 query rows per
  *              dK/dV step.
  *   variant 4: the same source compiled with 2 CTAs/SM for the forward (no register cap) and 32 query
  *              rows per dK/dV step (kernel 2 then spills a little), kernel set 3.
- *   variant 5: kernel set 5 (DFLASH_BLOCK_ATTN_KERNEL=5): set 3 with every key tile multiplied in full
+ *   variant 5: kernel set 5 (retired): set 3 with every key tile multiplied in full
  *              (zero-filled rows), as variant 2 does; the backward timed kernel by kernel too.
  *   variant 6: kernel set 6, forward only (its backward is set 5's): two consecutive blocks per CTA,
  *              128 query rows = 4 warps x 2 m-tiles over the union of the two context ranges, every K/V
  *              fragment feeding both blocks, per-row masks, the scale folded into FMA + ex2.approx
  *              (added 2026-11-29 by K2c, not measured when written).
  *   variant 8: kernel set 7, the Hopper wgmma forward and backward (kernels/block_attn_{fwd,bwd}_wg.cu).
- *   variant 7: the library launchers as the environment leaves them (default: set 6 forward, set 5
- *              backward): checks the dispatch itself.
+ *   variant 7: the library launchers (block_attn_forward / block_attn_backward: set 7's default kernels):
+ *              checks the public entries themselves.
  *   variants 84, 88: set 7's backward (kernels/block_attn_bwd_wg.cu, fixed at KV=2p + Q=2), each run
- *              with DFLASH_BA_WG_M set around the call and restored after it (so variant 7 still sees the
- *              caller's): 84 DFLASH_BA_WG_M=0 (the library's one revert switch), 88 the default (DFLASH_BA_WG_M
- *              empty: the fast elementwise, kernel 2's loads after each visit's products, kernel 3's set-up from
- *              a plan kernel's records; session 3's candidates M=3 and M=7, bitwise equal to 84 expected).
- *              Each is validated, timed, checked for bitwise
+ *              with BA_BENCH_WG_M set around the call and restored after it: 84 BA_BENCH_WG_M=0 (the plain
+ *              elementwise, the library's run-time alternative until issue 13, now bench-only), 88 the
+ *              library's (BA_BENCH_WG_M empty: the fast elementwise, kernel 2's loads after each visit's
+ *              products, kernel 3's set-up from a plan kernel's records; session 3's candidates M=3 and M=7,
+ *              bitwise equal to 84 expected). Each is validated, timed, checked for bitwise
  *              repeatability (88 also against 84), then timed kernel by kernel (Di, plan, dK/dV, dQ through
- *              the bench-only ba_wg_backward_timed) with each kernel's useful-FLOP rate, and twice more as
+ *              the bench-only ba_wg_backward_timed of kernels/bench/block_attn_wg_bench.cuh) with each
+ *              kernel's useful-FLOP rate, and twice more as
  *              "probes" (timing only): 1 with every product skipped (loads, scans, barriers: the floor
  *              each kernel keeps with free math), 2 with the products but not the softmax math between
- *              them (exp, masks, dS). The set 7 forward is driven by the caller's environment
- *              (DFLASH_BLOCK_ATTN_WG_FWD).
+ *              them (exp, masks, dS). The set 7 forward of variant 8 is the one BA_BENCH_WG_FWD picks (unset:
+ *              the library's; 3: session 2's default, bench-only since issue 13).
  *              The dQ column ("q") includes the plan kernel of kernel 3 (wb_qplan_kernel).
  *              History: variants 80 (KV=2 Q=1, round 1's default), 81 (KV=1), 82 (KV=2p Q=1), 83 (KV=2 Q=2),
- *              85 (KV=2d) were removed with the library's DFLASH_BA_WG_KV / DFLASH_BA_WG_Q knobs in the
+ *              85 (KV=2d) were removed with the library's KV / Q knobs in the
  *              clean-up after git commit b94183e (their code is there); 86 (the previous default, M=1), 87, 89,
  *              90 (M=2, 4, 5) after git commit e591095; 91, 93, 94 (M=6, 8, 9) after git commit a239172, 92
  *              (M=7) became 88; 95, 96 (M=10, 11: kernel 3's K/V tiles loaded 2 ahead) after git commit 2693407.
@@ -68,15 +69,19 @@
 
 #include "kernels/anchors.h"
 #include "kernels/block_attn.h"
-#include "kernels/block_attn_wg.h"   /* before the namespaced copies of block_attn.cu below: C linkage, global */
+#include "kernels/block_attn_wg.h"   /* before the namespaced copies of block_attn_mma.cuh below: C linkage, global */
 #include "kernels/common.h"
 #include "kernels/mma.cuh"
 #include "kernels/block_attn_common.cuh"   /* global, before the namespaced copies of block_attn.cu (include guard) */
+#include "kernels/block_attn_fwd_wg.cu"      /* the library's wgmma kernels, included for their templates: */
+#include "kernels/block_attn_bwd_wg.cu"      /* the bench instantiates knobs the library does not use */
+#include "kernels/bench/block_attn_wg_bench.cuh"   /* BA_BENCH_WG_FWD / BA_BENCH_WG_M, probes, trace */
 #include "kernels/bench/ba_fwd_trace.cuh"   /* BA_FWD_TRACE=1: the forward's per-CTA phase trace */
 
 #include <cuda_bf16.h>
 #include <mma.h>
 
+static int g_failed;   /* a validation printed FAIL: the exit status says so */
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
 /* Per-phase timings: after iteration it (the first 3 are warm-ups, not kept) the n intervals between the
  * consecutive events ev[0..n] into t[0..n-1]; then the medians into ms_out[0..n-1]. */
@@ -100,13 +105,9 @@ static void ba_phases_median(std::vector<float> *t, int n, double *ms_out) {
  * kernel set 3 (empty 16-key groups skipped) of this compilation. */
 #define BA_FWD_MIN_CTAS 2
 #define BA_VQ 32
-#define block_attn_forward block_attn_forward4x
-#define block_attn_backward block_attn_backward4x
 namespace v4 {
-#include "kernels/block_attn.cu"
+#include "kernels/bench/block_attn_mma.cuh"
 }  // namespace v4
-#undef block_attn_forward
-#undef block_attn_backward
 static int block_attn_forward4(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
                                const int32_t *a, const int32_t *doc, bf16 *out, float *lse, cudaStream_t st) {
     return c->d_h == 128 ? v4::ba_forward_select<128>(3, c, q, k, v, a, doc, out, lse, st)
@@ -119,16 +120,14 @@ static int block_attn_backward4(const block_attn_config *c, const bf16 *q, const
                          : v4::ba_backward_select<64>(3, c, q, k, v, a, doc, out, dout, lse, dq, dk, dv, st);
 }
 
-/* ---------------------------------------------------------------- variants 3, 5, 6: kernels/block_attn.cu
- * The source with its default knobs in a namespace, so each kernel set (DFLASH_BLOCK_ATTN_KERNEL 3, 5,
- * 6) is called directly whatever the environment says, and the three backward kernels can be timed one
+/* ---------------------------------------------------------------- variants 3, 5, 6: kernels/bench/block_attn_mma.cuh
+ * The retired mma.sync sets with their default knobs in a namespace, so each kernel set (3, 5, 6) is called
+ * directly, and the three backward kernels can be timed one
  * by one (how the backward splits between the Di pass, the dK/dV pass and the dQ pass). */
 #undef BA_FWD_MIN_CTAS
 #undef BA_VQ
-#define block_attn_forward block_attn_forward3k
-#define block_attn_backward block_attn_backward3k
 namespace v3k {
-#include "kernels/block_attn.cu"
+#include "kernels/bench/block_attn_mma.cuh"
 
 /* ms of each backward kernel (Di, dK/dV, dQ) for d_h 128, medians of 10 after 3 warm-ups */
 template <bool SKIP>
@@ -169,8 +168,6 @@ static void split_times(const block_attn_config *c, const bf16 *q, const bf16 *k
     for (auto &e : ev) cudaEventDestroy(e);
 }
 }  // namespace v3k
-#undef block_attn_forward
-#undef block_attn_backward
 
 template <int KID>
 static int forward_k(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *a,
@@ -192,7 +189,7 @@ struct bwd7_cfg {
     int id;
     const char *kv, *q, *m, *what;
 };
-static const bwd7_cfg bwd7_cfgs[] = {{84, "2p", "2", "0", "DFLASH_BA_WG_M=0: the revert switch"},
+static const bwd7_cfg bwd7_cfgs[] = {{84, "2p", "2", "0", "BA_BENCH_WG_M=0: the plain elementwise (retired)"},
                                      {88, "2p", "2", "", "default: fast elementwise, dK/dV loads after S, dP, dQ set-up from a plan"}};
 static const bwd7_cfg &bwd7_find(int id) {
     for (const bwd7_cfg &c : bwd7_cfgs)
@@ -209,9 +206,9 @@ struct bwd7_sum {
 };
 static bwd7_sum g_bwd7_sum[20];   /* by variant id - 80 */
 
-/* sets DFLASH_BA_WG_M for its lifetime, restores the caller's value after */
+/* sets BA_BENCH_WG_M for its lifetime, restores the caller's value after */
 struct env_scope {
-    const char *names[1] = {"DFLASH_BA_WG_M"};
+    const char *names[1] = {"BA_BENCH_WG_M"};
     std::string old[1];
     bool had[1];
     explicit env_scope(const bwd7_cfg &c) {
@@ -924,6 +921,7 @@ static void validate(const block_attn_config &c, const std::vector<bf16> &q, con
         var.fwd_ok = ook && lok;
         printf("validate variant %d forward  (32 anchors): out max err %.3g (bf16 reference %.3g), lse err %.3g: %s\n",
                var.id, eo, bo, el, var.fwd_ok ? "OK" : "FAIL");
+        if (!var.fwd_ok) g_failed = 1;
         if (!var.bwd) continue;
         CK(cudaMemset(d_dq, 0xff, nq * 4));
         CK(cudaMemset(d_dk, 0xff, nk * 4));
@@ -941,6 +939,7 @@ static void validate(const block_attn_config &c, const std::vector<bf16> &q, con
         var.bwd_ok = var.fwd_ok && qok && kok && vok;
         printf("validate variant %d backward (32 anchors): dq err %.3g of max %.3g, dk %.3g of %.3g, dv %.3g of %.3g: %s\n",
                var.id, eq, mdq, ek, mdk, ev, mdv, var.bwd_ok ? "OK" : "FAIL");
+        if (!var.bwd_ok) g_failed = 1;
     }
     cudaFree(d_q); cudaFree(d_k); cudaFree(d_v); cudaFree(d_o); cudaFree(d_go); cudaFree(d_l); cudaFree(d_dq);
     cudaFree(d_dk); cudaFree(d_dv); cudaFree(d_a); cudaFree(d_doc);
@@ -1052,7 +1051,7 @@ int main(void) {
         std::vector<variant> &vs = phase ? vars2 : vars;
         if (phase) {
             if (vs.empty()) break;
-            printf("set 7 backward (kernels/block_attn_bwd_wg.cu, KV=2p Q=2; 84: DFLASH_BA_WG_M=0, 88: default):\n");
+            printf("set 7 backward (kernels/block_attn_bwd_wg.cu, KV=2p Q=2; 84: BA_BENCH_WG_M=0, 88: default):\n");
             validate(c, q, k, v, anchors, doc, vs);
         }
         for (variant &var : vs)
@@ -1100,6 +1099,7 @@ int main(void) {
                     bool same = !memcmp(a1.data(), a2.data(), nk * 4) && !memcmp(q1.data(), q2.data(), nq * 4) &&
                                 !memcmp(v1.data(), v2.data(), nk * 4);
                     printf("variant %d backward repeat at full size: %s\n", var.id, same ? "bitwise equal" : "DIFFERS");
+                    if (!same) g_failed = 1;   /* the backward is deterministic */
                     if (var.id >= 80) g_bwd7_sum[var.id - 80].repeat = same;
                     /* set 7's default (88) computes the same values as M=0 (84): bitwise equal expected
                      * (P below 2^-126 flushes to 0 in 88 only; none at this shape so far) */
@@ -1151,5 +1151,5 @@ int main(void) {
                    S.cmp_done ? (S.cmp_eq ? " =ref" : " !=ref") : "", S.kv_ms, S.q_ms, S.p1_kv, S.p1_q, S.p2_kv, S.p2_q);
         }
     }
-    return 0;
+    return g_failed ? 1 : 0;
 }

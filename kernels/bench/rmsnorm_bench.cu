@@ -3,19 +3,21 @@
  * one-launch pair (kernels/rmsnorm.h).
  *
  * Build: make BUILD=build-rn build-rn/bench/rmsnorm_bench   Run: build-rn/bench/rmsnorm_bench
- * Variants (DFLASH_RMSNORM_KERNEL, read by the launchers at every call): "def" = unset, the library's
- * default since round 5 (the backward with dw column sums in registers, round 4's "variant 10", shape 2:
- * 512 threads, 1 CTA/SM); "v4" = DFLASH_RMSNORM_KERNEL=4, the previous default backward (K1e: dw sums in
- * shared memory, 3 blocks/SM), the one revert. The forward is the same under both (timed once). Earlier
+ * This file includes kernels/rmsnorm.cu and kernels/bench/rmsnorm_variants.cuh (the library's archive
+ * member is then not linked), whose bench_backward / bench_qk_backward run the variant chosen by
+ * g_rms_var / g_rms_cfg / g_rms_piece. Variants: "def", the library's
+ * backward since round 5 (the backward with dw column sums in registers, round 4's "variant 10", shape 2:
+ * 512 threads, 1 CTA/SM); "v4" = the previous default backward (K1e: dw sums in
+ * shared memory, 3 blocks/SM), bench-only now. The forward is the same under both (timed once). Earlier
  * variants (1-3, 5-9, round 4's shapes 3-4) left the library in round 5: code in git a149d55, numbers in
- * RESULTS.md (runs 1-9). "def shape 1" (bench-only DFLASH_RMSNORM_V10=1: 256 threads, 2/SM) is validated
+ * RESULTS.md (runs 1-9). "def shape 1" (bench-only g_rms_cfg = 1: 256 threads, 2/SM) is validated
  * (dw, dx bitwise the default's) and timed beside the default.
  * Each variant is validated against the CPU reference (y, h, rstd, dx, dx+=, dw, dw bitwise repeatable,
  * ticket reset) before it is timed; the default's dx and dx+= are compared bit for bit with v4's
  * ("dx=v4"). Timing: single = one launch after an L2 flush, event-bracketed (bench_ms); stream = NSTREAM
  * = 20 launches back to back on one stream over rotating buffer sets (> 160 MB between two uses of a set,
  * so every launch reads from DRAM), time / 20: the rate inside a training step without the ~3 µs floor of
- * a lone launch. dw pieces (DFLASH_RMSNORM_DW_PIECE, timing only, dw wrong): walk / walk+part / final /
+ * a lone launch. dw pieces (g_rms_piece, timing only, dw wrong): walk / walk+part / final /
  * no PDL (validated), with dx only and dx+dw: where dw's cost goes. "empty" = one empty launch.
  * The q/k norm (rmsnorm_qk_forward / rmsnorm_qk_backward, q 262144x128 + k 65536x128): y, rstd, dx, dx+=
  * must be bitwise two separate calls'; dw against the reference and repeatable; both tickets reset; then
@@ -24,7 +26,8 @@
  * backward read dy, x + write dx = 3 (dx+= 4). Ceiling ~4.1 TB/s; target >= 80%. The SUMMARY lines
  * close the output (the tail is what gets read), then every FAILED validation (or "all validations ok").
  */
-#include "kernels/rmsnorm.h"
+#include "kernels/rmsnorm.cu"
+#include "rmsnorm_variants.cuh"
 #include "k1bench.cuh"
 
 #include <math.h>
@@ -56,13 +59,13 @@ static double rms(const float *a, size_t n) {
 #define NMEAS 5
 #define NPIECE 6
 static const char *piece_names[NPIECE] = {"dx only", "walk", "walk+part", "dx+dw", "final", "no PDL"};
-static const char *var_names[2] = {"def", "v4"};   /* DFLASH_RMSNORM_KERNEL unset / 4 */
+static const char *var_names[2] = {"def", "v4"};   /* g_rms_var 10 / 4 */
 struct shape_result {
     int N, C, ok[2];
     double gbs[2][NMEAS];    /* single launch after an L2 flush, GB/s; 0: not timed */
     double sgbs[2][NMEAS];   /* stream timing (NSTREAM launches back to back over rotating sets), GB/s */
     double us[2][NPIECE];    /* dw pieces, microseconds */
-    double s1us[2];          /* the default's bench-only shape 1 (DFLASH_RMSNORM_V10=1), dx+dw µs single / stream; -1 failed */
+    double s1us[2];          /* the default's bench-only shape 1 (g_rms_cfg = 1), dx+dw µs single / stream; -1 failed */
     double empty_us;
     int nsets;
     int dx_same[2];          /* the default's dx (=, +=) bitwise variant 4's: 1, 0, -1 (not compared) */
@@ -137,8 +140,7 @@ static double timed(const char *name, const char *shp, double bytes, double ms) 
 }
 
 static void set_variant(int v) {
-    if (v) setenv("DFLASH_RMSNORM_KERNEL", "4", 1);
-    else unsetenv("DFLASH_RMSNORM_KERNEL");
+    g_rms_var = v ? 4 : 10;
 }
 
 static void one(int N, int C, struct shape_result *res) {
@@ -225,7 +227,7 @@ static void one(int N, int C, struct shape_result *res) {
         BENCH_CUDA(cudaMemset(dx, 0xff, 2 * n));
         BENCH_CUDA(cudaMemset(dw, 0, 4 * C));
         snprintf(what, sizeof what, "%s backward %s", vn, shp);
-        if (!call_ok(&ok, what, rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0))) {
+        if (!call_ok(&ok, what, bench_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0))) {
             free(rdx); free(rdw);
             res->ok[v] = 0;
             continue;
@@ -239,7 +241,7 @@ static void one(int N, int C, struct shape_result *res) {
         snprintf(what, sizeof what, "%s backward dw %s", vn, shp);
         vcheck(&ok, what, worst(gdw, rdw, C, dw_atol, 1e-3), 1.0);
         BENCH_CUDA(cudaMemset(dw, 0, 4 * C));
-        BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0));
+        BENCH_OK(bench_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0));
         BENCH_CUDA(cudaMemcpy(gdw1, dw, 4 * C, cudaMemcpyDeviceToHost));
         snprintf(what, sizeof what, "%s backward dw deterministic %s", vn, shp);
         vcheck(&ok, what, memcmp(gdw, gdw1, 4 * C) ? 2.0 : 0.0, 1.0);
@@ -249,7 +251,7 @@ static void one(int N, int C, struct shape_result *res) {
         vcheck(&ok, what, hdr ? 2.0 : 0.0, 1.0);
         /* dx += onto a known dx */
         BENCH_CUDA(cudaMemcpy(dx, r0, 2 * n, cudaMemcpyDeviceToDevice));
-        BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 1, 0));
+        BENCH_OK(bench_backward(dx, dw, dy, x, w, rstd, scr, N, C, 1, 0));
         BENCH_CUDA(cudaDeviceSynchronize());
         BENCH_CUDA(cudaMemcpy(v ? v4dxa : ddxa, dx, 2 * n, cudaMemcpyDeviceToHost));
         down_bf16(got, dx, n);
@@ -277,27 +279,27 @@ static void one(int N, int C, struct shape_result *res) {
             BENCH_CUDA(cudaMemcpy(rstd, grs, 4 * (size_t)N, cudaMemcpyHostToDevice));   /* the fused form rewrote rstd */
         }
         snprintf(name, sizeof name, "%s rmsnorm_backward dx only", vn);
-        g[2] = timed(name, shp, 3 * b, bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, NULL, dy, x, w, rstd, scr, N, C, 0, 0)); }));
+        g[2] = timed(name, shp, 3 * b, bench_ms([&]() { BENCH_OK(bench_backward(dx, NULL, dy, x, w, rstd, scr, N, C, 0, 0)); }));
         snprintf(name, sizeof name, "%s rmsnorm_backward dx+dw (3 B)", vn);
-        g[3] = timed(name, shp, 3 * b, bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0)); }));
+        g[3] = timed(name, shp, 3 * b, bench_ms([&]() { BENCH_OK(bench_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0)); }));
         snprintf(name, sizeof name, "%s rmsnorm_backward dx+=,dw (4 B)", vn);
-        g[4] = timed(name, shp, 4 * b, bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 1, 0)); }));
+        g[4] = timed(name, shp, 4 * b, bench_ms([&]() { BENCH_OK(bench_backward(dx, dw, dy, x, w, rstd, scr, N, C, 1, 0)); }));
         for (int i = 0; i < ss.n; i++) BENCH_CUDA(cudaMemcpy(ss.rstd[i], grs, 4 * (size_t)N, cudaMemcpyHostToDevice));
         if (v == 0) {
             sg[0] = 2 * b / (stream_ms([&](int i) { BENCH_OK(rmsnorm_forward(ss.y[i], ss.rstd[i], ss.x[i], w, N, C, 1e-6f, 0)); }, ss.n) * 1e-3) / 1e9;
             sg[1] = 4 * b / (stream_ms([&](int i) { BENCH_OK(rmsnorm_residual_forward(ss.y[i], ss.r[i], ss.rstd[i], ss.x[i], w, N, C, 1e-6f, 0)); }, ss.n) * 1e-3) / 1e9;
             for (int i = 0; i < ss.n; i++) BENCH_CUDA(cudaMemcpy(ss.rstd[i], grs, 4 * (size_t)N, cudaMemcpyHostToDevice));
         }
-        sg[2] = 3 * b / (stream_ms([&](int i) { BENCH_OK(rmsnorm_backward(ss.dx[i], NULL, ss.dy[i], ss.x[i], w, ss.rstd[i], scr, N, C, 0, 0)); }, ss.n) * 1e-3) / 1e9;
-        sg[3] = 3 * b / (stream_ms([&](int i) { BENCH_OK(rmsnorm_backward(ss.dx[i], dw, ss.dy[i], ss.x[i], w, ss.rstd[i], scr, N, C, 0, 0)); }, ss.n) * 1e-3) / 1e9;
-        sg[4] = 4 * b / (stream_ms([&](int i) { BENCH_OK(rmsnorm_backward(ss.dx[i], dw, ss.dy[i], ss.x[i], w, ss.rstd[i], scr, N, C, 1, 0)); }, ss.n) * 1e-3) / 1e9;
+        sg[2] = 3 * b / (stream_ms([&](int i) { BENCH_OK(bench_backward(ss.dx[i], NULL, ss.dy[i], ss.x[i], w, ss.rstd[i], scr, N, C, 0, 0)); }, ss.n) * 1e-3) / 1e9;
+        sg[3] = 3 * b / (stream_ms([&](int i) { BENCH_OK(bench_backward(ss.dx[i], dw, ss.dy[i], ss.x[i], w, ss.rstd[i], scr, N, C, 0, 0)); }, ss.n) * 1e-3) / 1e9;
+        sg[4] = 4 * b / (stream_ms([&](int i) { BENCH_OK(bench_backward(ss.dx[i], dw, ss.dy[i], ss.x[i], w, ss.rstd[i], scr, N, C, 1, 0)); }, ss.n) * 1e-3) / 1e9;
         printf("%s stream (%d launches, %d sets) %s: fwd %.1f resid %.1f dx %.1f dx+dw %.1f dx+=,dw %.1f GB/s\n", vn, NSTREAM, ss.n,
                shp, sg[0], sg[1], sg[2], sg[3], sg[4]);
         if (v == 0 && C <= 8192) {   /* the bench-only shape 1 (256 threads, 2/SM) against the default shape 2 */
-            setenv("DFLASH_RMSNORM_V10", "1", 1);
+            g_rms_cfg = 1;
             int okc = 1;
             BENCH_CUDA(cudaMemset(dw, 0, 4 * C));
-            BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0));
+            BENCH_OK(bench_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0));
             BENCH_CUDA(cudaMemcpy(gdw, dw, 4 * C, cudaMemcpyDeviceToHost));
             snprintf(what, sizeof what, "def shape 1 dw %s", shp);
             vcheck(&okc, what, worst(gdw, rdw, C, dw_atol, 1e-3), 1.0);
@@ -305,12 +307,12 @@ static void one(int N, int C, struct shape_result *res) {
             snprintf(what, sizeof what, "def shape 1 dx bitwise %s", shp);
             vcheck(&okc, what, memcmp(bits, ddx, 2 * n) ? 2.0 : 0.0, 1.0);
             if (okc) {
-                res->s1us[0] = 1e3 * bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0)); });
-                res->s1us[1] = 1e3 * stream_ms([&](int k) { BENCH_OK(rmsnorm_backward(ss.dx[k], dw, ss.dy[k], ss.x[k], w, ss.rstd[k], scr, N, C, 0, 0)); }, ss.n);
+                res->s1us[0] = 1e3 * bench_ms([&]() { BENCH_OK(bench_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0)); });
+                res->s1us[1] = 1e3 * stream_ms([&](int k) { BENCH_OK(bench_backward(ss.dx[k], dw, ss.dy[k], ss.x[k], w, ss.rstd[k], scr, N, C, 0, 0)); }, ss.n);
                 printf("def shape 1 %s: dx+dw %.2f us single, %.2f us stream\n", shp, res->s1us[0], res->s1us[1]);
             } else
                 res->s1us[0] = res->s1us[1] = -1;
-            unsetenv("DFLASH_RMSNORM_V10");
+            g_rms_cfg = 2;
         }
         if (C <= 8192) {   /* dw pieces (timing only): where dx+dw's extra time over dx goes */
             double *u = res->us[v];
@@ -319,18 +321,18 @@ static void one(int N, int C, struct shape_result *res) {
             const char *pc[4] = {"1", "2", "3", "4"};
             const int slot[4] = {1, 2, 4, 5};
             for (int i = 0; i < 4; i++) {
-                setenv("DFLASH_RMSNORM_DW_PIECE", pc[i], 1);
+                g_rms_piece = atoi(pc[i]);
                 snprintf(name, sizeof name, "%s dw piece: %s", vn, piece_names[slot[i]]);
-                double ms = bench_ms([&]() { BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0)); });
+                double ms = bench_ms([&]() { BENCH_OK(bench_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0)); });
                 printf("%-34s %-34s %9.4f ms\n", name, shp, ms);
                 u[slot[i]] = ms * 1e3;
             }
-            unsetenv("DFLASH_RMSNORM_DW_PIECE");
+            g_rms_piece = 0;
             /* piece 4 (the sum kernel without PDL) is a correct backward: validate it too */
             BENCH_CUDA(cudaMemset(dw, 0, 4 * C));
-            setenv("DFLASH_RMSNORM_DW_PIECE", "4", 1);
-            BENCH_OK(rmsnorm_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0));
-            unsetenv("DFLASH_RMSNORM_DW_PIECE");
+            g_rms_piece = 4;
+            BENCH_OK(bench_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0));
+            g_rms_piece = 0;
             BENCH_CUDA(cudaMemcpy(gdw, dw, 4 * C, cudaMemcpyDeviceToHost));
             snprintf(what, sizeof what, "%s backward dw (no PDL) %s", vn, shp);
             int ok4 = 1;
@@ -341,7 +343,7 @@ static void one(int N, int C, struct shape_result *res) {
         }
         free(rdx); free(rdw);
     }
-    unsetenv("DFLASH_RMSNORM_KERNEL");
+    g_rms_var = 10;
     res->empty_us = 1e3 * bench_ms([&]() { bench_empty_kernel<<<1, 32>>>(0); });
     printf("%-34s %-34s %9.4f ms\n", "empty kernel launch (floor)", shp, res->empty_us * 1e-3);
     cudaFree(x); cudaFree(r0); cudaFree(r); cudaFree(dy); cudaFree(y); cudaFree(dx); cudaFree(w); cudaFree(dw);
@@ -407,11 +409,11 @@ static void qk(int Nq, int Nk, int C, struct qk_result *res) {
     };
     auto qk_fwd = [&]() { BENCH_OK(rmsnorm_qk_forward(y[0], rstd[0], x[0], w[0], Nq, y[1], rstd[1], x[1], w[1], Nk, C, 1e-6f, 0)); };
     auto sep_bwd = [&](float *dwq, float *dwk, int acc) {
-        BENCH_OK(rmsnorm_backward(dx[0], dwq, dy[0], x[0], w[0], rstd[0], scrq, Nq, C, acc, 0));
-        BENCH_OK(rmsnorm_backward(dx[1], dwk, dy[1], x[1], w[1], rstd[1], scrk, Nk, C, acc, 0));
+        BENCH_OK(bench_backward(dx[0], dwq, dy[0], x[0], w[0], rstd[0], scrq, Nq, C, acc, 0));
+        BENCH_OK(bench_backward(dx[1], dwk, dy[1], x[1], w[1], rstd[1], scrk, Nk, C, acc, 0));
     };
     auto qk_bwd = [&](float *dwq, float *dwk, int acc) {
-        BENCH_OK(rmsnorm_qk_backward(dx[0], dwq, dy[0], x[0], w[0], rstd[0], Nq, dx[1], dwk, dy[1], x[1], w[1], rstd[1], Nk, scr, C,
+        BENCH_OK(bench_qk_backward(dx[0], dwq, dy[0], x[0], w[0], rstd[0], Nq, dx[1], dwk, dy[1], x[1], w[1], rstd[1], Nk, scr, C,
                                      acc, 0));
     };
     sep_fwd();
@@ -508,11 +510,11 @@ static void qk(int Nq, int Nk, int C, struct qk_result *res) {
                 }
             };
             auto sbwd = [&](int i, float *a0, float *a1, int acc) {
-                if (f) BENCH_OK(rmsnorm_qk_backward(sdxs[0][i], a0, sdy[0][i], sx[0][i], w[0], srst[0][i], Nq, sdxs[1][i], a1, sdy[1][i],
+                if (f) BENCH_OK(bench_qk_backward(sdxs[0][i], a0, sdy[0][i], sx[0][i], w[0], srst[0][i], Nq, sdxs[1][i], a1, sdy[1][i],
                                                     sx[1][i], w[1], srst[1][i], Nk, scr, C, acc, 0));
                 else {
-                    BENCH_OK(rmsnorm_backward(sdxs[0][i], a0, sdy[0][i], sx[0][i], w[0], srst[0][i], scrq, Nq, C, acc, 0));
-                    BENCH_OK(rmsnorm_backward(sdxs[1][i], a1, sdy[1][i], sx[1][i], w[1], srst[1][i], scrk, Nk, C, acc, 0));
+                    BENCH_OK(bench_backward(sdxs[0][i], a0, sdy[0][i], sx[0][i], w[0], srst[0][i], scrq, Nq, C, acc, 0));
+                    BENCH_OK(bench_backward(sdxs[1][i], a1, sdy[1][i], sx[1][i], w[1], srst[1][i], scrk, Nk, C, acc, 0));
                 }
             };
             su[0] = 1e3 * stream_ms(sfwd, ns);
@@ -537,8 +539,6 @@ static void qk(int Nq, int Nk, int C, struct qk_result *res) {
 }
 
 int main(void) {
-    setenv("DFLASH_KERNELS_BENCH", "1", 1);   /* enables the timing-only switches (kernels/rmsnorm.cu) */
-    unsetenv("DFLASH_RMSNORM_KERNEL");
     struct shape_result res[4];
     struct qk_result qr;
     memset(res, 0, sizeof res);
@@ -562,7 +562,7 @@ int main(void) {
         }
     /* the compact part the lead reads */
     printf("\nSUMMARY rmsnorm %% of %.0f GB/s, single launch | stream (%d back-to-back launches, rotating sets); cols fwd resid dx "
-           "dx+dw dx+=,dw; def = default (shape 2 with dw), v4 = DFLASH_RMSNORM_KERNEL=4 (fwd = def's)\n", BENCH_PEAK_GBS, NSTREAM);
+           "dx+dw dx+=,dw; def = default (shape 2 with dw), v4 = variant 4 (fwd = def's)\n", BENCH_PEAK_GBS, NSTREAM);
     for (int i = 0; i < 4; i++)
         for (int v = 0; v < 2; v++) {
             printf("SUMMARY %7dx%-4d %-3s", res[i].N, res[i].C, var_names[v]);

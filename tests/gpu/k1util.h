@@ -65,15 +65,25 @@ static inline void k1_fill_bf16(uint64_t *rng, bf16 *hb, float *hf, size_t n, fl
     }
 }
 
+/* max |a - b|; INFINITY when any pair has a NaN (fmax would skip it), so every "err <= bound" fails */
 static inline double k1_max_abs_diff(const float *a, const float *b, size_t n) {
     double m = 0;
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - b[i]);
+        if (isnan(d)) return INFINITY;
+        if (d > m) m = d;
+    }
     return m;
 }
 
+/* max |a|; NaN when any element is NaN (a bound scaled by it then fails every comparison) */
 static inline double k1_max_abs(const float *a, size_t n) {
     double m = 0;
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i]));
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i]);
+        if (isnan(d)) return NAN;
+        if (d > m) m = d;
+    }
     return m;
 }
 

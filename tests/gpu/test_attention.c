@@ -14,15 +14,12 @@
  * (the longest-first tile order of the default kernel leaves most grid slots of short documents
  * empty); an attention sink with scaled logits near 100 (an online max that falls below the true
  * one overflows there); documents whose lengths sit at the 64/128-row and 64/128-key tile edges.
- * Every case but the preconditions runs on the default (bench variant 34: the wgmma kernel, 128-row
- * query tiles of two 64-row warpgroups with a ping-pong issue order, 128-key tiles, staged stores,
- * lazy rescaling, longest-first tile order; so the lengths above also cover a last tile whose second
- * warpgroup has no rows, 1025, and one with a few, 97, 200), again on DFLASH_ATTENTION_KERNEL=6
- * (the mma.sync kernel, the revert switch) and on DFLASH_ATTENTION_KERNEL=4 (variant 6 with exact
- * exp2f instead of the fast exponent). Any other value of the variable must make attention_forward
- * fail with an error naming the accepted values. The variants that lost on the H200 are bench-only
- * (kernels/bench/attention_bench.cu, attention_variants.cuh); the bench validates each of them
- * against the CPU reference before timing it.
+ * The cases run on the library's one kernel (bench variant 34: the wgmma kernel, 128-row query tiles
+ * of two 64-row warpgroups with a ping-pong issue order, 128-key tiles, staged stores, lazy
+ * rescaling, longest-first tile order; so the lengths above also cover a last tile whose second
+ * warpgroup has no rows, 1025, and one with a few, 97, 200). The variants that lost on the H200 are
+ * bench-only (kernels/bench/attention_bench.cu, attention_variants.cuh); the bench validates each
+ * of them against the CPU reference before timing it.
  */
 #include "kernels/attention.h"
 #include "k1util.h"
@@ -181,70 +178,8 @@ static void run_tile_edges(void) {
     run(cu, 13, cu[13], 2, 1, 64, all8, 2, 22);
 }
 
-/* Every case above but the preconditions, and the tile edges, on the path that
- * DFLASH_ATTENTION_KERNEL=variant picks (the production batch on heads 0, 13, 31). */
-static void run_variant_cases(const char *variant) {
-    setenv("DFLASH_ATTENTION_KERNEL", variant, 1);
-    const int32_t cu[] = {0, 1, 6, 6, 23, 87, 184, 384, 1409};
-    run(cu, 8, 1412, 8, 2, 64, all8, 8, 1);
-    run(cu, 8, 1412, 8, 2, 128, all8, 8, 2);
-    run(cu, 8, 1409, 4, 1, 128, all8, 4, 3);   /* MQA, no padding */
-    int32_t shorts[301];
-    uint64_t seed = 5;
-    shorts[0] = 0;
-    for (int d = 0; d < 300; d++) shorts[d + 1] = shorts[d] + 1 + (int)(test_rng_next(&seed) % 8);
-    run(shorts, 300, shorts[300] + 5, 4, 2, 128, all8, 4, 4);
-    const int32_t one[] = {0, 1000};
-    run(one, 1, 1000, 2, 1, 64, all8, 2, 5);
-    const int32_t single[] = {0, 1};
-    run(single, 1, 1, 2, 2, 128, all8, 2, 6);
-    int32_t mix[162];
-    mix[0] = 0;
-    for (int d = 0; d < 161; d++) mix[d + 1] = mix[d] + (d == 120 ? 1700 : 1 + (int)(test_rng_next(&seed) % 150));
-    run(mix, 161, mix[161] + 3, 4, 2, 128, all8, 4, 8);
-    run(mix, 161, mix[161], 4, 4, 64, all8, 4, 9);
-    const int32_t sink[] = {0, 300, 301, 1000};
-    g_sink = 1;
-    run(sink, 3, 1000, 4, 2, 128, all8, 4, 11);
-    run(sink, 3, 1000, 4, 2, 64, all8, 4, 12);
-    g_sink = 0;
-    const int32_t lens[] = {1200, 64, 3000, 97, 1025, 2048, 310};
-    int32_t prod[8];
-    prod[0] = 0;
-    for (int d = 0; d < 7; d++) prod[d + 1] = prod[d] + lens[d];
-    const int heads[3] = {0, 13, 31};
-    run(prod, 7, 8192, 32, 8, 128, heads, 3, 7);
-    run_tile_edges();
-    unsetenv("DFLASH_ATTENTION_KERNEL");
-}
-
-START_TEST(attention_gpu_exact_exp) { run_variant_cases("4"); }
-END_TEST
-
-START_TEST(attention_gpu_mma_sync) { run_variant_cases("6"); }
-END_TEST
-
 /* The default (wgmma) kernel on the tile edges */
 START_TEST(attention_gpu_tile_edges) { run_tile_edges(); }
-END_TEST
-
-/* DFLASH_ATTENTION_KERNEL: 34 names the default (accepted); a removed variant number, a number with
- * trailing text or a word fails the call before any launch, and the error names the accepted values */
-START_TEST(attention_gpu_kernel_switch) {
-    bf16 *x = k1_malloc(4096);
-    setenv("DFLASH_ATTENTION_KERNEL", "34", 1);
-    ck_assert_int_eq(attention_forward(x, NULL, x, x, x, NULL, 0, 0, 4, 2, 2, 64, 0.125f, 0), 0);
-    const char *bad[] = {"20", "18", "38", "39", "25", "6x", "fast"};
-    for (int i = 0; i < 7; i++) {
-        setenv("DFLASH_ATTENTION_KERNEL", bad[i], 1);
-        ck_assert_int_eq(attention_forward(x, NULL, x, x, x, NULL, 0, 0, 4, 2, 2, 64, 0.125f, 0), -1);
-        ck_assert_ptr_nonnull(strstr(kernels_error(), "DFLASH_ATTENTION_KERNEL"));
-        ck_assert_ptr_nonnull(strstr(kernels_error(), "accepted: unset or 34 (default), 6 (mma.sync), 4"));
-    }
-    unsetenv("DFLASH_ATTENTION_KERNEL");
-    ck_assert_int_eq(attention_forward(x, NULL, x, x, x, NULL, 0, 0, 4, 2, 2, 64, 0.125f, 0), 0);
-    cudaFree(x);
-}
 END_TEST
 
 int main(void) {
@@ -256,10 +191,7 @@ int main(void) {
     tcase_add_test(tc, attention_gpu_many_short_and_one_long);
     tcase_add_test(tc, attention_gpu_production);
     tcase_add_test(tc, attention_gpu_preconditions);
-    tcase_add_test(tc, attention_gpu_exact_exp);
-    tcase_add_test(tc, attention_gpu_mma_sync);
     tcase_add_test(tc, attention_gpu_tile_edges);
-    tcase_add_test(tc, attention_gpu_kernel_switch);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

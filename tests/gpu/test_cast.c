@@ -3,7 +3,7 @@
  * 1, 7, 8 and 1000003, aligned (vector path) and offset by one element (scalar path), ties to
  * even, infinities; NaN stays NaN (its payload may differ). bf16 -> fp32 also on every bit pattern
  * class with the source 8 bytes off a 16-byte boundary (the 4-element path takes it) and 2 bytes
- * off (element path); all of it again on the first kernel (DFLASH_CAST_KERNEL=1, the revert switch).
+ * off (element path).
  */
 #include "kernels/cast.h"
 #include "k1util.h"
@@ -72,16 +72,6 @@ START_TEST(cast_gpu_up) {
 }
 END_TEST
 
-START_TEST(cast_gpu_v1) {
-    setenv("DFLASH_CAST_KERNEL", "1", 1);
-    one(1000003, 0, 51);
-    one(7, 1, 52);
-    up(1000003, 0, 53);
-    up(1000003, 4, 54);
-    unsetenv("DFLASH_CAST_KERNEL");
-}
-END_TEST
-
 START_TEST(cast_gpu) {
     size_t ns[] = {1, 7, 8, 1000003};
     for (int i = 0; i < 4; i++) {
@@ -97,7 +87,6 @@ int main(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, cast_gpu);
     tcase_add_test(tc, cast_gpu_up);
-    tcase_add_test(tc, cast_gpu_v1);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

@@ -2,8 +2,7 @@
  * tests/gpu/test_hsgather.c — GPU hidden-state concat/split (kernels/hsgather.h), bit-exact against
  * the reference: L = 1, 5 and 16 (every part pointer) parts, T = 1, a row index list, C/8 = 129 (a
  * tail past the 128-vector unroll of a warp), more row parts than the grid has warps (grid-stride),
- * the production shape (5 × [8192, 4096]), split as the inverse; the same again on the first,
- * per-element kernels (DFLASH_HSGATHER_KERNEL=1, the revert switch).
+ * the production shape (5 × [8192, 4096]), split as the inverse.
  */
 #include "kernels/hsgather.h"
 #include "k1util.h"
@@ -57,22 +56,11 @@ START_TEST(hsgather_gpu) {
 }
 END_TEST
 
-START_TEST(hsgather_gpu_v1) {
-    setenv("DFLASH_HSGATHER_KERNEL", "1", 1);
-    one(1, 1, 8, 0, 1);
-    one(5, 37, 136, 1, 3);
-    one(16, 97, 1032, 0, 6);
-    one(5, 8192, 4096, 0, 5);
-    unsetenv("DFLASH_HSGATHER_KERNEL");
-}
-END_TEST
-
 int main(void) {
     Suite *s = suite_create("gpu_hsgather");
     TCase *tc = tcase_create("gpu_hsgather");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, hsgather_gpu);
-    tcase_add_test(tc, hsgather_gpu_v1);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

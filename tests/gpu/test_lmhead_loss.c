@@ -116,12 +116,11 @@ START_TEST(lmhead_gpu_larger) {
 }
 END_TEST
 
-/* The workspace plan: one chunk by default when the logits fit, chunks beyond the cap, the
- * environment's override (the revert switch) and its refusal of a bad value; an explicit chunk wins. */
+/* The workspace plan: one chunk by default when the logits fit, chunks beyond the cap; an explicit
+ * chunk wins (>= V: one chunk); a negative chunk or one not a multiple of 8 is refused. */
 START_TEST(lmhead_gpu_plan) {
     lmhead_loss_config c = {2048, 8, 16, 64, 32000, LMHEAD_LOSS_KL, LMHEAD_WEIGHT_EXP_DECAY, 4.0f, 0.5f, 1e-6f};
     lmhead_loss_ws *ws = NULL;
-    unsetenv("DFLASH_LMHEAD_VOCAB_CHUNK");
     ck_assert_msg(lmhead_loss_ws_init(&ws, &c, 0) == 0, "%s", kernels_error());
     ck_assert_int_eq(lmhead_loss_ws_chunk(ws), 32000);
     lmhead_loss_ws_free(ws);
@@ -132,18 +131,18 @@ START_TEST(lmhead_gpu_plan) {
     lmhead_loss_ws_free(ws);
     c.N = 8;
     c.V = 32000;
-    ck_assert_int_eq(setenv("DFLASH_LMHEAD_VOCAB_CHUNK", "8192", 1), 0);
-    ck_assert_msg(lmhead_loss_ws_init(&ws, &c, 0) == 0, "%s", kernels_error());
+    ck_assert_msg(lmhead_loss_ws_init(&ws, &c, 8192) == 0, "%s", kernels_error());
     ck_assert_int_eq(lmhead_loss_ws_chunk(ws), 8192);
     lmhead_loss_ws_free(ws);
     ck_assert_msg(lmhead_loss_ws_init(&ws, &c, 1024) == 0, "%s", kernels_error());
     ck_assert_int_eq(lmhead_loss_ws_chunk(ws), 1024);
     lmhead_loss_ws_free(ws);
-    ck_assert_int_eq(setenv("DFLASH_LMHEAD_VOCAB_CHUNK", "12x", 1), 0);
-    ck_assert_int_eq(lmhead_loss_ws_init(&ws, &c, 0), -1);
+    ck_assert_int_eq(lmhead_loss_ws_init(&ws, &c, -8), -1);
     ck_assert_ptr_null(ws);
-    ck_assert_ptr_nonnull(strstr(kernels_error(), "DFLASH_LMHEAD_VOCAB_CHUNK=12x"));
-    unsetenv("DFLASH_LMHEAD_VOCAB_CHUNK");
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "vocab_chunk=-8"));
+    ck_assert_int_eq(lmhead_loss_ws_init(&ws, &c, 1020), -1);
+    ck_assert_ptr_null(ws);
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "vocab_chunk=1020"));
 }
 END_TEST
 

@@ -1,5 +1,5 @@
 /*
- * kernels/bench/pack_bench.c — packing throughput of dflash-pack's core (stages/core/packer.h)
+ * bench/pack_bench.c — packing throughput of dflash-pack's core (stages/core/packer.h)
  * from the indexed format on one core.
  *
  *   make BUILD=build build/bench/pack_bench && build/bench/pack_bench [--rows N] [--tokens T] [--quick]

@@ -1,5 +1,5 @@
 /*
- * kernels/bench/ring_gpu_bench.c — GPU-ring hand-off latency and bandwidth between two processes
+ * bench/ring_gpu_bench.c — GPU-ring hand-off latency and bandwidth between two processes
  * (shm/ring.h, GPU payloads through CUDA IPC). Runs on the GPU machine.
  *
  *   make BUILD=build build/bench/ring_gpu_bench && build/bench/ring_gpu_bench [--iters N]

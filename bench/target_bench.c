@@ -1,5 +1,5 @@
 /*
- * kernels/bench/target_bench.c — tokens/s and MFU of the target forward (stages/model/target.h)
+ * bench/target_bench.c — tokens/s and MFU of the target forward (stages/model/target.h)
  * in the standard configuration of design.md §10: a Qwen3-8B-shaped model (hidden 4096, 36
  * layers, 32 heads, 8 kv heads, head dim 128, MLP 12288, vocab 151936) with random bf16 weights
  * generated on the GPU (no 16 GB file), packed batches of 8192 tokens of log-normal documents

@@ -1,5 +1,5 @@
 /*
- * kernels/bench/ring_bench.c — host-ring throughput between two processes (shm/ring.h).
+ * bench/ring_bench.c — host-ring throughput between two processes (shm/ring.h).
  *
  *   make BUILD=build bench   (or: make build/bench/ring_bench && build/bench/ring_bench [--quick])
  *
