@@ -373,6 +373,11 @@ extern "C" void lmhead_loss_ws_free(lmhead_loss_ws *ws) {
     free(ws);
 }
 
+extern "C" void lmhead_loss_ws_rows(const lmhead_loss_ws *ws, const int32_t **d_arg, const uint8_t **d_mask) {
+    *d_arg = ws ? (const int32_t *)ws->arg : NULL;
+    *d_mask = ws ? ws->mask : NULL;
+}
+
 static int lmh_check(lmhead_loss_ws *ws, const lmhead_loss_config *c, const char *who) {
     char err[256];
     if (lmhead_loss_check(c, err, sizeof err)) return kernels_fail("%s: %s", who, err);

@@ -144,6 +144,10 @@ int lmhead_loss_forward(lmhead_loss_ws *ws, const lmhead_loss_config *c, const b
                         const bf16 *d_last, const int32_t *d_anchors, const uint8_t *d_valid,
                         const uint8_t *d_loss_mask, float *d_loss, float *d_row_loss, float *d_row_weight,
                         int32_t *d_correct, int32_t *d_total, cudaStream_t stream);
+/* Per-row results of the last lmhead_loss_forward on ws (device pointers into ws, valid until the next forward):
+ * d_arg (R, 2) int32 = (argmax z_s, argmax t_s) of every row (ties: the first index), d_mask (R) = m_s. For the
+ * trainer's accepted-length EAL (lmhead_eal_blocks) and the dumps. */
+void lmhead_loss_ws_rows(const lmhead_loss_ws *ws, const int32_t **d_arg, const uint8_t **d_mask);
 /* Device backward after lmhead_loss_forward on the same ws and inputs: d_dxn (R, D) fp32 = dL/dxn
  * (overwritten). Asynchronous. Returns 0 or -1 (kernels_error()). */
 int lmhead_loss_backward(lmhead_loss_ws *ws, const lmhead_loss_config *c, const bf16 *d_xn,
