@@ -212,10 +212,6 @@ struct drafter_gpu *drafter_gpu_init(struct drafter *d, cudaStream_t stream, FIL
                  "n_kv=%d B=%d)", fn, c->d_h, c->n_h, c->n_kv, c->B);
         return NULL;
     }
-    if (c->B > 32) {
-        err_fail(err, err_len, "%s: block size %d: the device loss supports B <= 32", fn, c->B);
-        return NULL;
-    }
     struct drafter_gpu *g = calloc(1, sizeof *g);
     if (!g) {
         err_fail(err, err_len, "%s: out of memory", fn);
