@@ -281,10 +281,12 @@ int drafter_gpu_metrics(struct drafter_gpu *g, struct drafter_metrics *m, char *
 int drafter_gpu_warmup(struct drafter_gpu *g, int budget, char *err, int err_len);
 
 /* Device pointers into the last step's state (tests, dumps), valid until the next step: xn (N·B, H) bf16, the
- * layer outputs (N·B, H) bf16, the context (budget, H) bf16 after hidden_norm, anchors (N) int32, valid (N). */
+ * layer outputs (N·B, H) bf16, the context (budget, H) bf16 after hidden_norm, anchors (N) int32, valid (N), the
+ * loss rows (N·B) fp32: ℓ_s (0 where unsupervised) and w_s·m_s. */
 struct drafter_gpu_last {
     int T, budget, N, B, H;
     const bf16 *xn, *ctx;
+    const float *row_loss, *row_weight;
     const bf16 *layer_out[DRAFTER_MAX_LAYERS];
     const int32_t *anchors;
     const uint8_t *valid;

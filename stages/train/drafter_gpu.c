@@ -692,5 +692,7 @@ void drafter_gpu_last_step(const struct drafter_gpu *g, struct drafter_gpu_last 
     for (int l = 0; l < g->c->L; l++) out->layer_out[l] = l + 1 < g->c->L ? g->L[l + 1].xin : g->x_out;
     out->anchors = g->anchors;
     out->valid = g->valid;
+    out->row_loss = g->row_loss;
+    out->row_weight = g->row_weight;
 }
 #endif /* DFLASH_CUDA */
