@@ -280,6 +280,16 @@ int drafter_gpu_metrics(struct drafter_gpu *g, struct drafter_metrics *m, char *
  * the gradients. Call at start-up. 0/-1. */
 int drafter_gpu_warmup(struct drafter_gpu *g, int budget, char *err, int err_len);
 
+/* Phase timing for benchmarks (bench/train_bench.c): with on != 0 every following step records cudaEvents at its
+ * phase boundaries (up to 1024 per step; the events are created by the first call); drafter_gpu_phase_times waits
+ * for the last step and adds its milliseconds per phase into ms[DRAFTER_GPU_PH_N]. Off by default: an untimed
+ * step records no events. 0/-1. */
+enum { DRAFTER_GPU_PH_INPUTS, DRAFTER_GPU_PH_CONTEXT, DRAFTER_GPU_PH_GEMM, DRAFTER_GPU_PH_ELEM, DRAFTER_GPU_PH_ATTN_FWD,
+       DRAFTER_GPU_PH_ATTN_BWD, DRAFTER_GPU_PH_LOSS, DRAFTER_GPU_PH_N };
+const char *drafter_gpu_phase_name(int ph);
+int drafter_gpu_timing(struct drafter_gpu *g, int on, char *err, int err_len);
+int drafter_gpu_phase_times(struct drafter_gpu *g, double *ms, char *err, int err_len);
+
 /* Device pointers into the last step's state (tests, dumps), valid until the next step: xn (N·B, H) bf16, the
  * layer outputs (N·B, H) bf16, the context (budget, H) bf16 after hidden_norm, anchors (N) int32, valid (N), the
  * loss rows (N·B) fp32: ℓ_s (0 where unsupervised) and w_s·m_s. */

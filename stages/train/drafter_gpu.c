@@ -63,6 +63,7 @@ static const char *const lp_names[LP_N] = {
 enum { MB_LOSS = 0, MB_K = 1, MB_EAL_SUM = 2, MB_EAL_COUNT = 3, MB_CORRECT = 4 };
 #define MB_WORDS(B) (MB_CORRECT + 2 * (B))
 
+#define DG_TM_MAX 1024
 struct dg_layer {
     bf16 *xin, *xn1, *qraw, *q, *kraw, *k, *v, *o, *h, *xn2, *gate, *up, *act;
     float *rstd1, *rstdq, *rstdk, *lse, *rstd2;
@@ -104,6 +105,10 @@ struct drafter_gpu {
     void *anchors_ws, *attn_ws;
     float *rms_scratch, *qk_scratch;
     lmhead_loss_ws *lmws;
+    /* phase timing (drafter_gpu_timing) */
+    int tm_on, tm_n;
+    cudaEvent_t tm_ev[DG_TM_MAX];
+    int tm_tag[DG_TM_MAX];
     /* host */
     int32_t *h_mbuf;                   /* pinned (MB_WORDS) */
     cudaEvent_t ev;
@@ -168,6 +173,8 @@ void drafter_gpu_free(struct drafter_gpu *g) {
     if (g->lmws) lmhead_loss_ws_free(g->lmws);
     if (g->h_mbuf) cudaFreeHost(g->h_mbuf);
     if (g->ev) cudaEventDestroy(g->ev);
+    for (int i = 0; i < DG_TM_MAX; i++)
+        if (g->tm_ev[i]) cudaEventDestroy(g->tm_ev[i]);
     free(g->h_stage);
     free(g->plan);
     free(g->p);
@@ -481,6 +488,42 @@ int drafter_gpu_load_batch(struct drafter_gpu *g, const struct drafter_batch *b,
     return 0;
 }
 
+/* ---------------------------------------------------------------- phase timing */
+
+static const char *const phase_names[DRAFTER_GPU_PH_N] = {"inputs", "context (fc, hidden_norm)", "layer GEMMs",
+                                                           "layer norms/rope/swiglu/casts", "block attention fwd",
+                                                           "block attention bwd", "loss (fwd+bwd, metrics)"};
+const char *drafter_gpu_phase_name(int ph) { return ph >= 0 && ph < DRAFTER_GPU_PH_N ? phase_names[ph] : "?"; }
+
+int drafter_gpu_timing(struct drafter_gpu *g, int on, char *err, int err_len) {
+    static const char fn[] = "drafter_gpu_timing";
+    if (on && !g->tm_ev[0])
+        for (int i = 0; i < DG_TM_MAX; i++) CU(cudaEventCreate(&g->tm_ev[i]), "event");
+    g->tm_on = on;
+    return 0;
+}
+
+/* the segment that starts here belongs to phase ph (-1: the step ends) */
+static void tm_mark(struct drafter_gpu *g, int ph) {
+    if (!g->tm_on || g->tm_n >= DG_TM_MAX) return;
+    if (g->tm_n > 0 && g->tm_tag[g->tm_n - 1] == ph) return;   /* same phase continues */
+    cudaEventRecord(g->tm_ev[g->tm_n], g->s);
+    g->tm_tag[g->tm_n++] = ph;
+}
+#define MARK(ph) tm_mark(g, (ph))
+
+int drafter_gpu_phase_times(struct drafter_gpu *g, double *ms, char *err, int err_len) {
+    static const char fn[] = "drafter_gpu_phase_times";
+    if (!g->tm_on || g->tm_n < 2) return err_fail(err, err_len, "%s: no timed step (call drafter_gpu_timing first)", fn);
+    CU(cudaEventSynchronize(g->tm_ev[g->tm_n - 1]), "event");
+    for (int i = 0; i + 1 < g->tm_n; i++) {
+        float t;
+        CU(cudaEventElapsedTime(&t, g->tm_ev[i], g->tm_ev[i + 1]), "elapsed");
+        if (g->tm_tag[i] >= 0) ms[g->tm_tag[i]] += t;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- step */
 
 #define DW(i) (g->p[(i)].w)
@@ -505,6 +548,8 @@ int drafter_step_gpu(struct drafter_gpu *g, int T, int budget, uint64_t seed, ui
     const float eps = c->eps;
     const size_t pad = (size_t)(Tc - T);
 
+    g->tm_n = 0;
+    MARK(DRAFTER_GPU_PH_INPUTS);
     /* pad the context to the budget (see the top of the file) */
     if (pad) {
         CU(cudaMemsetAsync(g->in.input_ids + T, 0, 4 * pad, s), "pad input_ids");
@@ -524,6 +569,7 @@ int drafter_step_gpu(struct drafter_gpu *g, int T, int budget, uint64_t seed, ui
         KL(dg_noise(g->hid_used, g->in.hidden, T, Tc, kH, drafter_noise_base(seed, step), c->noise, s));
         hid = g->hid_used;
     }
+    MARK(DRAFTER_GPU_PH_CONTEXT);
     /* context */
     KL(blas_linear_forward(g->ctx_fc, BLAS_BF16, hid, DC(g->i_fc), NULL, Tc, H, kH, s));
     KL(rmsnorm_forward(g->ctx, g->rstd_c, g->ctx_fc, DW(g->i_hnorm), Tc, H, eps, s));
@@ -534,30 +580,41 @@ int drafter_step_gpu(struct drafter_gpu *g, int T, int budget, uint64_t seed, ui
         int sliding = c->layer_type[l] == DRAFTER_LAYER_SLIDING;
         ac.window = sliding ? c->sliding_window : 0;
         ac.causal = sliding && !c->sliding_window_non_causal;
+        MARK(DRAFTER_GPU_PH_ELEM);
         KL(rmsnorm_forward(a->xn1, a->rstd1, a->xin, LW(l, LP_IN_LN), R, H, eps, s));
+        MARK(DRAFTER_GPU_PH_GEMM);
         KL(blas_linear_forward(a->qraw, BLAS_BF16, a->xn1, LC(l, LP_Q), NULL, R, QD, H, s));
         KL(blas_linear_forward(a->kraw, BLAS_BF16, g->ctx, LC(l, LP_K), NULL, Tc, KD, H, s));
         KL(blas_linear_forward(a->kraw + (size_t)Tc * KD, BLAS_BF16, a->xn1, LC(l, LP_K), NULL, R, KD, H, s));
         KL(blas_linear_forward(a->v, BLAS_BF16, g->ctx, LC(l, LP_V), NULL, Tc, KD, H, s));
         KL(blas_linear_forward(a->v + (size_t)Tc * KD, BLAS_BF16, a->xn1, LC(l, LP_V), NULL, R, KD, H, s));
+        MARK(DRAFTER_GPU_PH_ELEM);
         KL(rmsnorm_qk_forward(a->q, a->rstdq, a->qraw, LW(l, LP_QN), R * nh, a->k, a->rstdk, a->kraw, LW(l, LP_KN),
                               KV * nkv, dh, eps, s));
         KL(rope_forward(a->q, NULL, g->pos + Tc, g->inv_freq, R, nh, 0, dh, s));
         KL(rope_forward(a->k, NULL, g->pos, g->inv_freq, KV, nkv, 0, dh, s));
+        MARK(DRAFTER_GPU_PH_ATTN_FWD);
         KL(block_attn_forward_ws(&ac, a->q, a->k, a->v, g->anchors, g->in.doc_ids, a->o, a->lse, g->attn_ws, s));
+        MARK(DRAFTER_GPU_PH_GEMM);
         /* h = x + o_proj(attn): the residual is the GEMM's C */
         CU(cudaMemcpyAsync(a->h, a->xin, 2 * (size_t)R * H, cudaMemcpyDeviceToDevice, s), "residual copy");
         KL(blas_matmul(a->h, BLAS_BF16, a->o, 0, LC(l, LP_O), 1, NULL, R, H, QD, 0, 0, 0, 1.0f, 1.0f, s));
+        MARK(DRAFTER_GPU_PH_ELEM);
         KL(rmsnorm_forward(a->xn2, a->rstd2, a->h, LW(l, LP_POST_LN), R, H, eps, s));
+        MARK(DRAFTER_GPU_PH_GEMM);
         KL(blas_linear_forward(a->gate, BLAS_BF16, a->xn2, LC(l, LP_GATE), NULL, R, I, H, s));
         KL(blas_linear_forward(a->up, BLAS_BF16, a->xn2, LC(l, LP_UP), NULL, R, I, H, s));
+        MARK(DRAFTER_GPU_PH_ELEM);
         KL(swiglu_forward(a->act, a->gate, a->up, R, I, I, s));
+        MARK(DRAFTER_GPU_PH_GEMM);
         bf16 *xo = l + 1 < c->L ? g->L[l + 1].xin : g->x_out;
         CU(cudaMemcpyAsync(xo, a->h, 2 * (size_t)R * H, cudaMemcpyDeviceToDevice, s), "residual copy");
         KL(blas_matmul(xo, BLAS_BF16, a->act, 0, LC(l, LP_DOWN), 1, NULL, R, H, I, 0, 0, 0, 1.0f, 1.0f, s));
     }
+    MARK(DRAFTER_GPU_PH_ELEM);
     KL(rmsnorm_forward(g->xn, g->rstd_f, g->x_out, DW(g->i_norm), R, H, eps, s));
 
+    MARK(DRAFTER_GPU_PH_LOSS);
     /* loss and metrics (§7, §8) */
     lmhead_loss_config lc = {Tc, N, B, H, c->V_d, c->loss, c->weighting, c->gamma, c->alpha, eps};
     float *d_loss = (float *)(g->mbuf + MB_LOSS);
@@ -576,6 +633,7 @@ int drafter_step_gpu(struct drafter_gpu *g, int T, int budget, uint64_t seed, ui
 
     if (train) {
         KL(lmhead_loss_backward(g->lmws, &lc, g->xn, DC(g->i_lm), DC(g->i_vlm), g->row_weight, g->dxn_f, s));
+        MARK(DRAFTER_GPU_PH_ELEM);
         KL(cast_f32_to_bf16(g->dxn, g->dxn_f, (size_t)R * H, s));
         KL(rmsnorm_backward(g->dx, DG(g->i_norm), g->dxn, g->x_out, DW(g->i_norm), g->rstd_f, g->rms_scratch, R, H, 0, s));
         CU(cudaMemsetAsync(g->dctx_f, 0, 4 * (size_t)Tc * H, s), "dctx zero");
@@ -584,23 +642,30 @@ int drafter_step_gpu(struct drafter_gpu *g, int T, int budget, uint64_t seed, ui
             int sliding = c->layer_type[l] == DRAFTER_LAYER_SLIDING;
             ac.window = sliding ? c->sliding_window : 0;
             ac.causal = sliding && !c->sliding_window_non_causal;
+            MARK(DRAFTER_GPU_PH_GEMM);
             /* MLP */
             KL(blas_linear_backward_dx(g->dact, BLAS_BF16, g->dx, LC(l, LP_DOWN), R, H, I, 0, s));
             KL(blas_linear_backward_dw(LG(l, LP_DOWN), BLAS_F32, g->dx, a->act, R, H, I, 1, s));
+            MARK(DRAFTER_GPU_PH_ELEM);
             KL(swiglu_backward(g->dgate, g->dup, g->dact, a->gate, a->up, R, I, I, s));
+            MARK(DRAFTER_GPU_PH_GEMM);
             KL(blas_linear_backward_dx(g->dxn_f, BLAS_F32, g->dgate, LC(l, LP_GATE), R, I, H, 0, s));
             KL(blas_linear_backward_dx(g->dxn_f, BLAS_F32, g->dup, LC(l, LP_UP), R, I, H, 1, s));
             KL(blas_linear_backward_dw(LG(l, LP_GATE), BLAS_F32, g->dgate, a->xn2, R, I, H, 1, s));
             KL(blas_linear_backward_dw(LG(l, LP_UP), BLAS_F32, g->dup, a->xn2, R, I, H, 1, s));
+            MARK(DRAFTER_GPU_PH_ELEM);
             KL(cast_f32_to_bf16(g->dxn, g->dxn_f, (size_t)R * H, s));
             CU(cudaMemcpyAsync(g->dh, g->dx, 2 * (size_t)R * H, cudaMemcpyDeviceToDevice, s), "dh copy");
             KL(rmsnorm_backward(g->dh, LG(l, LP_POST_LN), g->dxn, a->h, LW(l, LP_POST_LN), a->rstd2, g->rms_scratch, R,
                                 H, 1, s));
+            MARK(DRAFTER_GPU_PH_GEMM);
             /* attention */
             KL(blas_linear_backward_dx(g->dout, BLAS_BF16, g->dh, LC(l, LP_O), R, H, QD, 0, s));
             KL(blas_linear_backward_dw(LG(l, LP_O), BLAS_F32, g->dh, a->o, R, H, QD, 1, s));
+            MARK(DRAFTER_GPU_PH_ATTN_BWD);
             KL(block_attn_backward(&ac, a->q, a->k, a->v, g->anchors, g->in.doc_ids, a->o, g->dout, a->lse, g->dq_f,
                                    g->dk_f, g->dv_f, s));
+            MARK(DRAFTER_GPU_PH_ELEM);
             KL(cast_f32_to_bf16(g->dq, g->dq_f, (size_t)R * QD, s));
             KL(cast_f32_to_bf16(g->dk, g->dk_f, (size_t)KV * KD, s));
             KL(cast_f32_to_bf16(g->dv, g->dv_f, (size_t)KV * KD, s));
@@ -609,6 +674,7 @@ int drafter_step_gpu(struct drafter_gpu *g, int T, int budget, uint64_t seed, ui
             KL(rmsnorm_qk_backward(g->dqraw, LG(l, LP_QN), g->dq, a->qraw, LW(l, LP_QN), a->rstdq, R * nh, g->dkraw,
                                    LG(l, LP_KN), g->dk, a->kraw, LW(l, LP_KN), a->rstdk, KV * nkv, g->qk_scratch, dh, 0,
                                    s));
+            MARK(DRAFTER_GPU_PH_GEMM);
             /* projections: block rows from xn1, context rows from ctx */
             const bf16 *dkb = g->dkraw + (size_t)Tc * KD, *dvb = g->dv + (size_t)Tc * KD;
             KL(blas_linear_backward_dx(g->dxn_f, BLAS_F32, g->dqraw, LC(l, LP_Q), R, QD, H, 0, s));
@@ -621,18 +687,21 @@ int drafter_step_gpu(struct drafter_gpu *g, int T, int budget, uint64_t seed, ui
             KL(blas_linear_backward_dx(g->dctx_f, BLAS_F32, g->dv, LC(l, LP_V), Tc, KD, H, 1, s));
             KL(blas_linear_backward_dw(LG(l, LP_K), BLAS_F32, g->dkraw, g->ctx, Tc, KD, H, 1, s));
             KL(blas_linear_backward_dw(LG(l, LP_V), BLAS_F32, g->dv, g->ctx, Tc, KD, H, 1, s));
+            MARK(DRAFTER_GPU_PH_ELEM);
             /* residual: dx_in = dh + input_layernorm backward */
             KL(cast_f32_to_bf16(g->dxn1, g->dxn_f, (size_t)R * H, s));
             CU(cudaMemcpyAsync(g->dx, g->dh, 2 * (size_t)R * H, cudaMemcpyDeviceToDevice, s), "dx copy");
             KL(rmsnorm_backward(g->dx, LG(l, LP_IN_LN), g->dxn1, a->xin, LW(l, LP_IN_LN), a->rstd1, g->rms_scratch, R, H,
                                 1, s));
         }
+        MARK(DRAFTER_GPU_PH_CONTEXT);
         /* context: hidden_norm then fc (the block input is the frozen embedding: dx stops) */
         KL(cast_f32_to_bf16(g->dctx, g->dctx_f, (size_t)Tc * H, s));
         KL(rmsnorm_backward(g->dctx_fc, DG(g->i_hnorm), g->dctx, g->ctx_fc, DW(g->i_hnorm), g->rstd_c, g->rms_scratch, Tc,
                             H, 0, s));
         KL(blas_linear_backward_dw(DG(g->i_fc), BLAS_F32, g->dctx_fc, hid, Tc, H, kH, 1, s));
     }
+    MARK(-1);
     if (m) return drafter_gpu_metrics(g, m, err, err_len);
     return 0;
 }
