@@ -268,13 +268,17 @@ int drafter_gpu_load_batch(struct drafter_gpu *g, const struct drafter_batch *b,
  * computation as drafter_step_cpu in bf16 (anchors from (seed, step) against the budget, noise on the
  * features when train, forward, fused LM-head loss, metrics, and with train the backward adding into the
  * device gradients). Everything is enqueued on the stream; the metrics (one small device buffer) are copied
- * asynchronously to pinned host memory. With m != NULL the call waits for that copy (the step's only host
- * synchronisation) and fills *m; with m == NULL it returns at once and drafter_gpu_metrics collects them later.
+ * asynchronously to pinned host memory (one slot per step, up to 256 pending). With m != NULL the call waits for
+ * that copy (the step's only host synchronisation) and fills *m with this step's metrics (when no earlier step's
+ * are pending); with m == NULL it returns at once and drafter_gpu_metrics collects them later, so A micro-batches
+ * of gradient accumulation cost one synchronisation in all.
  * Device ids outside the embedding give NaN rows (not reported here: drafter_gpu_load_batch checks on the host);
  * sample_from_anchor is refused (the device loss has no such mode yet). 0/-1 with a sentence. */
 int drafter_step_gpu(struct drafter_gpu *g, int T, int budget, uint64_t seed, uint64_t step, int train,
                      struct drafter_metrics *m, char *err, int err_len);
-/* Wait for the last step's metrics copy and fill *m (loss, per-slot correct/total, EAL, anchors). 0/-1. */
+/* Wait for the last step's metrics copy and fill *m with the metrics of every step since the previous call,
+ * pooled with drafter_metrics_add (loss_sum and loss_count add up: loss_sum / loss_count is the mean loss); one
+ * step gives exactly its own. 0/-1. */
 int drafter_gpu_metrics(struct drafter_gpu *g, struct drafter_metrics *m, char *err, int err_len);
 /* Run one forward+backward on a zero batch of the full budget to front-load cuBLASLt's plan queries, then zero
  * the gradients. Call at start-up. 0/-1. */

@@ -64,6 +64,7 @@ enum { MB_LOSS = 0, MB_K = 1, MB_EAL_SUM = 2, MB_EAL_COUNT = 3, MB_CORRECT = 4 }
 #define MB_WORDS(B) (MB_CORRECT + 2 * (B))
 
 #define DG_TM_MAX 1024
+#define DG_METRIC_SLOTS 256   /* steps (micro-batches) whose metrics can wait for one drafter_gpu_metrics */
 struct dg_layer {
     bf16 *xin, *xn1, *qraw, *q, *kraw, *k, *v, *o, *h, *xn2, *gate, *up, *act;
     float *rstd1, *rstdq, *rstdk, *lse, *rstd2;
@@ -110,7 +111,7 @@ struct drafter_gpu {
     cudaEvent_t tm_ev[DG_TM_MAX];
     int tm_tag[DG_TM_MAX];
     /* host */
-    int32_t *h_mbuf;                   /* pinned (MB_WORDS) */
+    int32_t *h_mbuf;                   /* pinned (DG_METRIC_SLOTS, MB_WORDS): one slot per pending step */
     cudaEvent_t ev;
     int metrics_pending, last_T, last_budget;
     void *h_stage;                     /* host staging of drafter_gpu_load_batch */
@@ -366,7 +367,7 @@ struct drafter_gpu *drafter_gpu_init(struct drafter *d, cudaStream_t stream, FIL
     if (cudaMemGetInfo(&free1, &tot) != cudaSuccess)
         return init_fail(g, err, err_len, "%s: cudaMemGetInfo failed", fn);
     g->lm_ws_bytes = free0 > free1 ? free0 - free1 : 0;
-    if (cudaMallocHost((void **)&g->h_mbuf, 4 * MB_WORDS(B)) != cudaSuccess ||
+    if (cudaMallocHost((void **)&g->h_mbuf, 4 * (size_t)MB_WORDS(B) * DG_METRIC_SLOTS) != cudaSuccess ||
         cudaEventCreateWithFlags(&g->ev, cudaEventDisableTiming) != cudaSuccess)
         return init_fail(g, err, err_len, "%s: pinned metrics buffer or event creation failed", fn);
     g->h_stage_bytes = (size_t)T * (kH + H) * 2;
@@ -542,6 +543,8 @@ int drafter_step_gpu(struct drafter_gpu *g, int T, int budget, uint64_t seed, ui
                         budget, c->T_max);
     if (budget <= c->B)
         return err_fail(err, err_len, "%s: budget %d must exceed the block size %d", fn, budget, c->B);
+    if (g->metrics_pending >= DG_METRIC_SLOTS)
+        return err_fail(err, err_len, "%s: %d steps' metrics are pending; call drafter_gpu_metrics", fn, g->metrics_pending);
     cudaStream_t s = g->s;
     const int Tc = budget, N = c->N, B = c->B, R = N * B, H = c->H, I = c->I, kH = c->k * H;
     const int nh = c->n_h, nkv = c->n_kv, dh = c->d_h, QD = nh * dh, KD = nkv * dh, KV = Tc + R;
@@ -625,9 +628,10 @@ int drafter_step_gpu(struct drafter_gpu *g, int T, int budget, uint64_t seed, ui
     const uint8_t *d_rmask;
     lmhead_loss_ws_rows(g->lmws, &d_arg, &d_rmask);
     KL(dg_eal(g->mbuf + MB_EAL_SUM, g->mbuf + MB_EAL_COUNT, d_arg, d_rmask, N, B, 1, s));
-    CU(cudaMemcpyAsync(g->h_mbuf, g->mbuf, 4 * MB_WORDS(B), cudaMemcpyDeviceToHost, s), "metrics copy");
+    CU(cudaMemcpyAsync(g->h_mbuf + (size_t)g->metrics_pending * MB_WORDS(B), g->mbuf, 4 * MB_WORDS(B),
+                       cudaMemcpyDeviceToHost, s), "metrics copy");
     CU(cudaEventRecord(g->ev, s), "metrics event");
-    g->metrics_pending = 1;
+    g->metrics_pending++;
     g->last_T = T;
     g->last_budget = budget;
 
@@ -708,27 +712,34 @@ int drafter_step_gpu(struct drafter_gpu *g, int T, int budget, uint64_t seed, ui
 
 int drafter_gpu_metrics(struct drafter_gpu *g, struct drafter_metrics *m, char *err, int err_len) {
     static const char fn[] = "drafter_gpu_metrics";
-    if (!g->metrics_pending) return err_fail(err, err_len, "%s: no step has run", fn);
-    CU(cudaEventSynchronize(g->ev), "metrics event");
+    if (!g->metrics_pending) return err_fail(err, err_len, "%s: no step has run since the last call", fn);
+    CU(cudaEventSynchronize(g->ev), "metrics event");   /* the last copy; the stream orders the earlier ones */
     const int B = g->c->B;
-    const int32_t *w = g->h_mbuf;
-    float loss;
-    memcpy(&loss, &w[MB_LOSS], 4);
     drafter_metrics_zero(m, B);
-    m->loss_sum = loss;
-    m->loss_count = 1;
-    for (int j = 0; j < B; j++) {
-        m->correct[j] = w[MB_CORRECT + j];
-        m->total[j] = w[MB_CORRECT + B + j];
-        if (j >= 1) {
-            m->full_correct += m->correct[j];
-            m->full_total += m->total[j];
+    for (int k = 0; k < g->metrics_pending; k++) {
+        const int32_t *w = g->h_mbuf + (size_t)k * MB_WORDS(B);
+        struct drafter_metrics one;
+        float loss;
+        memcpy(&loss, &w[MB_LOSS], 4);
+        drafter_metrics_zero(&one, B);
+        one.loss_sum = loss;
+        one.loss_count = 1;
+        for (int j = 0; j < B; j++) {
+            one.correct[j] = w[MB_CORRECT + j];
+            one.total[j] = w[MB_CORRECT + B + j];
+            if (j >= 1) {
+                one.full_correct += one.correct[j];
+                one.full_total += one.total[j];
+            }
         }
+        one.eal_sum = w[MB_EAL_SUM];
+        one.eal_count = w[MB_EAL_COUNT];
+        one.eal_marginal = lmhead_eal(w + MB_CORRECT, w + MB_CORRECT + B, B);
+        one.n_anchors = w[MB_K];
+        if (g->metrics_pending == 1) *m = one;
+        else drafter_metrics_add(m, &one);
     }
-    m->eal_sum = w[MB_EAL_SUM];
-    m->eal_count = w[MB_EAL_COUNT];
-    m->eal_marginal = lmhead_eal(w + MB_CORRECT, w + MB_CORRECT + B, B);
-    m->n_anchors = w[MB_K];
+    g->metrics_pending = 0;
     return 0;
 }
 
