@@ -272,8 +272,8 @@ int drafter_gpu_load_batch(struct drafter_gpu *g, const struct drafter_batch *b,
  * that copy (the step's only host synchronisation) and fills *m with this step's metrics (when no earlier step's
  * are pending); with m == NULL it returns at once and drafter_gpu_metrics collects them later, so A micro-batches
  * of gradient accumulation cost one synchronisation in all.
- * Device ids outside the embedding give NaN rows (not reported here: drafter_gpu_load_batch checks on the host);
- * sample_from_anchor is refused (the device loss has no such mode yet). 0/-1 with a sentence. */
+ * Device ids outside the embedding give NaN rows (not reported here: drafter_gpu_load_batch checks on the host).
+ * sample_from_anchor runs as on the CPU (lmhead_loss_forward_mode). 0/-1 with a sentence. */
 int drafter_step_gpu(struct drafter_gpu *g, int T, int budget, uint64_t seed, uint64_t step, int train,
                      struct drafter_metrics *m, char *err, int err_len);
 /* Wait for the last step's metrics copy and fill *m with the metrics of every step since the previous call,

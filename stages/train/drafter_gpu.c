@@ -204,11 +204,6 @@ static struct drafter_gpu *init_fail(struct drafter_gpu *g, char *err, int err_l
 struct drafter_gpu *drafter_gpu_init(struct drafter *d, cudaStream_t stream, FILE *plan, char *err, int err_len) {
     static const char fn[] = "drafter_gpu_init";
     const struct drafter_config *c = drafter_config_of(d);
-    if (c->sample_from_anchor) {
-        err_fail(err, err_len, "%s: sample_from_anchor is not implemented on the GPU path (the device LM-head loss "
-                 "has no such mode yet); use --device cpu", fn);
-        return NULL;
-    }
     const int H = c->H, I = c->I, QD = c->n_h * c->d_h, KD = c->n_kv * c->d_h, kH = c->k * H;
     if (H % 8 || I % 8 || QD % 8 || KD % 8 || kH % 8) {
         err_fail(err, err_len, "%s: H=%d, I=%d, n_h·d_h=%d and n_kv·d_h=%d must be multiples of 8 (cuBLASLt and the "
@@ -621,13 +616,13 @@ int drafter_step_gpu(struct drafter_gpu *g, int T, int budget, uint64_t seed, ui
     /* loss and metrics (§7, §8) */
     lmhead_loss_config lc = {Tc, N, B, H, c->V_d, c->loss, c->weighting, c->gamma, c->alpha, eps};
     float *d_loss = (float *)(g->mbuf + MB_LOSS);
-    KL(lmhead_loss_forward(g->lmws, &lc, g->xn, DC(g->i_lm), DC(g->i_vlm), DW(g->i_vnorm), g->in.last, g->anchors,
-                           g->valid, g->in.loss_mask, d_loss, g->row_loss, g->row_weight, g->mbuf + MB_CORRECT,
-                           g->mbuf + MB_CORRECT + B, s));
+    KL(lmhead_loss_forward_mode(g->lmws, &lc, c->sample_from_anchor, g->xn, DC(g->i_lm), DC(g->i_vlm), DW(g->i_vnorm),
+                                g->in.last, g->anchors, g->valid, g->in.loss_mask, d_loss, g->row_loss, g->row_weight,
+                                g->mbuf + MB_CORRECT, g->mbuf + MB_CORRECT + B, s));
     const int32_t *d_arg;
     const uint8_t *d_rmask;
     lmhead_loss_ws_rows(g->lmws, &d_arg, &d_rmask);
-    KL(dg_eal(g->mbuf + MB_EAL_SUM, g->mbuf + MB_EAL_COUNT, d_arg, d_rmask, N, B, 1, s));
+    KL(dg_eal(g->mbuf + MB_EAL_SUM, g->mbuf + MB_EAL_COUNT, d_arg, d_rmask, N, B, c->sample_from_anchor ? 0 : 1, s));
     CU(cudaMemcpyAsync(g->h_mbuf + (size_t)g->metrics_pending * MB_WORDS(B), g->mbuf, 4 * MB_WORDS(B),
                        cudaMemcpyDeviceToHost, s), "metrics copy");
     CU(cudaEventRecord(g->ev, s), "metrics event");
@@ -727,7 +722,7 @@ int drafter_gpu_metrics(struct drafter_gpu *g, struct drafter_metrics *m, char *
         for (int j = 0; j < B; j++) {
             one.correct[j] = w[MB_CORRECT + j];
             one.total[j] = w[MB_CORRECT + B + j];
-            if (j >= 1) {
+            if (j >= (g->c->sample_from_anchor ? 0 : 1)) {
                 one.full_correct += one.correct[j];
                 one.full_total += one.total[j];
             }

@@ -122,11 +122,11 @@ END_TEST
  * device loss at T' = budget on last and loss_mask padded with zeros; anchors up to budget - B - 1 (< T), so blocks
  * run past T. Against lmhead_*_mode_ref at T with mode {budget}: the same rule as one(), the row masks exactly,
  * and the per-row argmaxes of lmhead_loss_ws_rows against lmhead_argmax_ref on the supervised rows (bf16 ties
- * may flip a few: at most 1% + 1 of them). */
-static void budget_one(int T, int budget, int N, int B, int D, int V, int loss, int weighting, uint64_t seed) {
+ * may flip a few: at most 1% + 1 of them). sfa: the sample_from_anchor mode (lmhead_loss_forward_mode). */
+static void budget_one(int T, int budget, int N, int B, int D, int V, int loss, int weighting, int sfa, uint64_t seed) {
     lmhead_loss_config c = {T, N, B, D, V, loss, weighting, 4.0f, 0.5f, 1e-6f}, cg = c;
     cg.T = budget;
-    lmhead_loss_mode md = {budget, 0};
+    lmhead_loss_mode md = {budget, sfa};
     int R = N * B;
     uint64_t rng = seed;
     size_t nx = (size_t)R * D, nh = (size_t)V * D, nl = (size_t)T * D, nlp = (size_t)budget * D;
@@ -172,8 +172,8 @@ static void budget_one(int T, int budget, int N, int B, int D, int V, int loss, 
     k1_poison(d_rl, 4 * (size_t)R);
     lmhead_loss_ws *ws;
     ck_assert_msg(lmhead_loss_ws_init(&ws, &cg, 0) == 0, "%s", kernels_error());
-    ck_assert_msg(lmhead_loss_forward(ws, &cg, d_x, d_h, d_vh, d_w, d_last, d_a, d_valid, d_mask, d_L, d_rl, d_rw, d_c, d_t,
-                                      0) == 0, "%s", kernels_error());
+    ck_assert_msg(lmhead_loss_forward_mode(ws, &cg, sfa, d_x, d_h, d_vh, d_w, d_last, d_a, d_valid, d_mask, d_L, d_rl, d_rw,
+                                           d_c, d_t, 0) == 0, "%s", kernels_error());
     const int32_t *d_arg;
     const uint8_t *d_rmask;
     lmhead_loss_ws_rows(ws, &d_arg, &d_rmask);
@@ -196,8 +196,8 @@ static void budget_one(int T, int budget, int N, int B, int D, int V, int loss, 
     double erl = k1_max_abs_diff(rlg, rl32, R), brl = k1_max_abs_diff(rlbf, rl32, R);
     double erw = k1_max_abs_diff(rwg, rw32, R), brw = k1_max_abs_diff(rwbf, rw32, R);
     double edx = k1_max_abs_diff(dxg, dx32, nx), bdx = k1_max_abs_diff(dxbf, dx32, nx);
-    fprintf(stderr, "budget mode T=%d budget=%d N=%d B=%d D=%d V=%d loss=%d w=%d: L %.6g (err %.3g, bf16 ref %.3g) "
-            "row_loss %.3g/%.3g weight %.3g/%.3g dxn %.3g/%.3g\n", T, budget, N, B, D, V, loss, weighting, L32, eL, bL,
+    fprintf(stderr, "budget mode T=%d budget=%d N=%d B=%d D=%d V=%d loss=%d w=%d sfa=%d: L %.6g (err %.3g, bf16 ref %.3g) "
+            "row_loss %.3g/%.3g weight %.3g/%.3g dxn %.3g/%.3g\n", T, budget, N, B, D, V, loss, weighting, sfa, L32, eL, bL,
             erl, brl, erw, brw, edx, bdx);
     ck_assert_msg(eL <= 2 * bL + 1e-6 * fabs(L32) + 1e-7, "loss: err %.4g > 2 x %.4g", eL, bL);
     ck_assert_msg(erl <= 2 * brl + 1e-6 * k1_max_abs(rl32, R) + 1e-7, "row_loss: err %.4g > 2 x %.4g", erl, brl);
@@ -224,9 +224,13 @@ static void budget_one(int T, int budget, int N, int B, int D, int V, int loss, 
 }
 
 START_TEST(lmhead_gpu_budget_mode) {
-    budget_one(90, 128, 6, 16, 64, 1000, LMHEAD_LOSS_CE, LMHEAD_WEIGHT_DPACE, 11);
-    budget_one(90, 128, 6, 16, 64, 1000, LMHEAD_LOSS_KL, LMHEAD_WEIGHT_EXP_DECAY, 12);
-    budget_one(1000, 1024, 32, 16, 256, 4096, LMHEAD_LOSS_CE, LMHEAD_WEIGHT_DPACE, 13);
+    budget_one(90, 128, 6, 16, 64, 1000, LMHEAD_LOSS_CE, LMHEAD_WEIGHT_DPACE, 0, 11);
+    budget_one(90, 128, 6, 16, 64, 1000, LMHEAD_LOSS_KL, LMHEAD_WEIGHT_EXP_DECAY, 0, 12);
+    budget_one(1000, 1024, 32, 16, 256, 4096, LMHEAD_LOSS_CE, LMHEAD_WEIGHT_DPACE, 0, 13);
+    /* sample_from_anchor: slot 0 supervised, targets from last[p], exp-decay from j = 0 */
+    budget_one(90, 128, 6, 16, 64, 1000, LMHEAD_LOSS_KL, LMHEAD_WEIGHT_EXP_DECAY, 1, 14);
+    budget_one(90, 128, 6, 16, 64, 1000, LMHEAD_LOSS_CE, LMHEAD_WEIGHT_DPACE, 1, 15);
+    budget_one(1000, 1024, 32, 16, 256, 4096, LMHEAD_LOSS_CE, LMHEAD_WEIGHT_NONE, 1, 16);
 }
 END_TEST
 

@@ -320,7 +320,7 @@ static void emu_step(const struct drafter *d, const struct drafter_batch *b, uin
     rmsnorm_forward_ref(xn, rstd_f, x_out, pp(d, "norm.weight")->w, R, H, eps);
     rb(xn, (size_t)R * H);
     lmhead_loss_config lc = {T, N, B, H, c->V_d, c->loss, c->weighting, c->gamma, c->alpha, eps};
-    lmhead_loss_mode md = {b->budget, 0};
+    lmhead_loss_mode md = {b->budget, c->sample_from_anchor};
     float *row_loss = fz((size_t)R), *row_weight = fz((size_t)R);
     int32_t correct[DRAFTER_MAX_B], total[DRAFTER_MAX_B];
     const float *lm = pp(d, "lm_head.weight")->w, *vlm = pp(d, "verifier_lm_head.weight")->w;
@@ -438,9 +438,11 @@ static int rule_ok(const char *what, const float *gpu, const float *emu, const f
 
 /* ---------------------------------------------------------------- one step against the CPU */
 
-START_TEST(test_one_step_vs_cpu) {
+static void one_step_vs_cpu(int sample_from_anchor) {
     struct drafter_config c;
     small_config(&c);
+    c.sample_from_anchor = sample_from_anchor;
+    if (sample_from_anchor) c.weighting = LMHEAD_WEIGHT_EXP_DECAY, c.loss = LMHEAD_LOSS_KL;
     struct drafter *d = small_drafter(&c, 11);
     struct sbatch sb;
     make_batch(&sb, &c, 21);
@@ -490,7 +492,7 @@ START_TEST(test_one_step_vs_cpu) {
     K1_CUDA(cudaMemcpy(rl_g, gl.row_loss, sizeof(float) * R, cudaMemcpyDeviceToHost));
     {
         lmhead_loss_config lc = {TB_T, c.N, c.B, c.H, c.V_d, c.loss, c.weighting, c.gamma, c.alpha, c.eps};
-        lmhead_loss_mode md = {TB_BUDGET, 0};
+        lmhead_loss_mode md = {TB_BUDGET, c.sample_from_anchor};
         float l;
         int32_t cc[DRAFTER_MAX_B], tt[DRAFTER_MAX_B];
         ck_assert_msg(lmhead_loss_forward_mode_ref(&lc, &md, cl.xn, drafter_param_find(d, "lm_head.weight")->w,
@@ -524,6 +526,12 @@ START_TEST(test_one_step_vs_cpu) {
     free_batch(&sb);
     drafter_free(d);
 }
+
+START_TEST(test_one_step_vs_cpu) { one_step_vs_cpu(0); }
+END_TEST
+
+/* sample_from_anchor (slot 0 supervised, targets from last[p]) with KL and exp-decay */
+START_TEST(test_one_step_vs_cpu_sample_from_anchor) { one_step_vs_cpu(1); }
 END_TEST
 
 /* ---------------------------------------------------------------- determinism and planned memory */
@@ -755,6 +763,7 @@ int main(void) {
     TCase *tc = tcase_create("train_gpu");
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, test_one_step_vs_cpu);
+    tcase_add_test(tc, test_one_step_vs_cpu_sample_from_anchor);
     tcase_add_test(tc, test_step_twice_bitwise);
     tcase_add_test(tc, test_50_steps_track_cpu);
     tcase_add_test(tc, test_exact_resume);
