@@ -244,6 +244,10 @@ void drafter_gpu_free(struct drafter_gpu *g);
 /* Bytes of the planned device allocation (the plan's total). */
 size_t drafter_gpu_planned_bytes(const struct drafter_gpu *g);
 const struct drafter_gpu_inputs *drafter_gpu_inputs(const struct drafter_gpu *g);
+/* Device memory in use on g's device now (cudaMemGetInfo: total − free, every process's) and the device's total,
+ * in bytes: after drafter_gpu_init + optim_gpu_init + drafter_gpu_warmup this is the trainer's peak, since a step
+ * allocates nothing (report it at start and with each bus record). 0/-1. */
+int drafter_gpu_memory(const struct drafter_gpu *g, size_t *in_use, size_t *total, char *err, int err_len);
 int drafter_gpu_n_params(const struct drafter_gpu *g);
 const struct drafter_gpu_param *drafter_gpu_param(const struct drafter_gpu *g, int i);
 cudaStream_t drafter_gpu_stream(const struct drafter_gpu *g);

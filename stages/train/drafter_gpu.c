@@ -168,6 +168,16 @@ const struct drafter_gpu_param *drafter_gpu_param(const struct drafter_gpu *g, i
 }
 cudaStream_t drafter_gpu_stream(const struct drafter_gpu *g) { return g->s; }
 
+int drafter_gpu_memory(const struct drafter_gpu *g, size_t *in_use, size_t *total, char *err, int err_len) {
+    static const char fn[] = "drafter_gpu_memory";
+    (void)g;
+    size_t f, t;
+    CU(cudaMemGetInfo(&f, &t), "cudaMemGetInfo");
+    *in_use = t - f;
+    *total = t;
+    return 0;
+}
+
 void drafter_gpu_free(struct drafter_gpu *g) {
     if (!g) return;
     if (g->base) cudaFree(g->base);
