@@ -100,14 +100,16 @@ __device__ float lmh_block_sum(float v, float *red) {
 
 /* ---------------------------------------------------------------- kernels */
 
-/* One block per row: th = bf16(bf16(y·rstd)·w) with y = last[a + j - 1] (wrapping), the mask, fresh stats. */
+/* One block per row: th = bf16(bf16(y·rstd)·w) with y = last[a + j - 1] (wrapping; last[a + j] with
+ * sample_from_anchor), the mask, fresh stats. */
 __global__ void lmhead_gather_kernel(const __nv_bfloat16 *last, const float *w, const int32_t *anchors,
                                      const uint8_t *valid, const uint8_t *loss_mask, int T, int B, int D, float eps,
-                                     __nv_bfloat16 *th, uint8_t *mask, float *st, int *arg) {
+                                     int sfa, __nv_bfloat16 *th, uint8_t *mask, float *st, int *arg) {
     __shared__ float red[32];
     int s = blockIdx.x, b = s / B, j = s % B, a = anchors[b];
-    int src = a + j - 1;
+    int src = a + j - (sfa ? 0 : 1);
     if (src < 0) src += T;
+    if (src >= T) src = T - 1;   /* sample_from_anchor past the batch: the row is masked below */
     const __nv_bfloat16 *y = last + (size_t)src * D;
     float ss = 0.f;
     for (int e = threadIdx.x; e < D; e += blockDim.x) {
@@ -120,7 +122,8 @@ __global__ void lmhead_gather_kernel(const __nv_bfloat16 *last, const float *w, 
         th[(size_t)s * D + e] = __float2bfloat16_rn(n * w[e]);
     }
     if (threadIdx.x == 0) {
-        mask[s] = j != 0 && valid[b] && loss_mask[a + j];
+        int p = a + j + (sfa ? 1 : 0);   /* the position whose token the row predicts */
+        mask[s] = (sfa || j != 0) && valid[b] && p < T && loss_mask[p];
         float *r = st + (size_t)s * 6;
         r[0] = r[2] = -INFINITY;
         r[1] = r[3] = r[4] = r[5] = 0.f;
@@ -217,7 +220,7 @@ __global__ void lmhead_finalize_kernel(int R, int loss_kind, const uint8_t *mask
  * summed in shared memory (2·B ints of dynamic smem) and each written once, overwriting correct and
  * total (until K2c: two global atomics per supervised row, all from this one block, on 2·B addresses,
  * after two memsets). */
-__global__ void lmhead_weights_kernel(int N, int B, int weighting, float gamma, float alpha, const uint8_t *mask,
+__global__ void lmhead_weights_kernel(int N, int B, int weighting, float gamma, float alpha, int sfa, const uint8_t *mask,
                                       const float *row_loss, const int *arg, float *row_weight, float *loss,
                                       float *msum_out, int32_t *correct, int32_t *total) {
     extern __shared__ int lmh_counts[];   /* [0, B): correct, [B, 2B): total */
@@ -241,6 +244,7 @@ __global__ void lmhead_weights_kernel(int N, int B, int weighting, float gamma, 
             double w = 0;
             if (m) {
                 if (weighting == LMHEAD_WEIGHT_NONE) w = 1;
+                else if (weighting == LMHEAD_WEIGHT_EXP_DECAY && sfa) w = exp(-(double)j / gamma);
                 else if (weighting == LMHEAD_WEIGHT_EXP_DECAY) w = j == 0 ? 0 : exp(-(double)(j - 1) / gamma);
                 else {
                     w = all - before;   /* Σ_{k>=j} m_k P_k */
@@ -373,6 +377,11 @@ extern "C" void lmhead_loss_ws_free(lmhead_loss_ws *ws) {
     free(ws);
 }
 
+extern "C" void lmhead_loss_ws_rows(const lmhead_loss_ws *ws, const int32_t **d_arg, const uint8_t **d_mask) {
+    *d_arg = ws ? (const int32_t *)ws->arg : NULL;
+    *d_mask = ws ? ws->mask : NULL;
+}
+
 static int lmh_check(lmhead_loss_ws *ws, const lmhead_loss_config *c, const char *who) {
     char err[256];
     if (lmhead_loss_check(c, err, sizeof err)) return kernels_fail("%s: %s", who, err);
@@ -388,12 +397,24 @@ extern "C" int lmhead_loss_forward(lmhead_loss_ws *ws, const lmhead_loss_config 
                                    const bf16 *d_last, const int32_t *d_anchors, const uint8_t *d_valid,
                                    const uint8_t *d_loss_mask, float *d_loss, float *d_row_loss, float *d_row_weight,
                                    int32_t *d_correct, int32_t *d_total, cudaStream_t stream) {
+    return lmhead_loss_forward_mode(ws, c, 0, d_xn, d_lm_head, d_vlm_head, d_vnorm_w, d_last, d_anchors, d_valid,
+                                    d_loss_mask, d_loss, d_row_loss, d_row_weight, d_correct, d_total, stream);
+}
+
+extern "C" int lmhead_loss_forward_mode(lmhead_loss_ws *ws, const lmhead_loss_config *c, int sample_from_anchor,
+                                        const bf16 *d_xn, const bf16 *d_lm_head, const bf16 *d_vlm_head,
+                                        const float *d_vnorm_w, const bf16 *d_last, const int32_t *d_anchors,
+                                        const uint8_t *d_valid, const uint8_t *d_loss_mask, float *d_loss,
+                                        float *d_row_loss, float *d_row_weight, int32_t *d_correct, int32_t *d_total,
+                                        cudaStream_t stream) {
     if (lmh_check(ws, c, "lmhead_loss_forward")) return -1;
+    const int sfa = sample_from_anchor != 0;
     int R = ws->R, D = c->D, Vc = ws->Vc;
     if ((size_t)c->B * 2 * sizeof(int) > 48 * 1024)
         return kernels_fail("lmhead_loss_forward: B=%d exceeds the weights kernel's shared counters", c->B);
     lmhead_gather_kernel<<<R, 256, 0, stream>>>((const __nv_bfloat16 *)d_last, d_vnorm_w, d_anchors, d_valid,
-                                                 d_loss_mask, c->T, c->B, D, c->eps, ws->th, ws->mask, ws->st, ws->arg);
+                                                 d_loss_mask, c->T, c->B, D, c->eps, sfa, ws->th, ws->mask, ws->st,
+                                                 ws->arg);
     KERNELS_CHECK_LAUNCH("lmhead_gather_kernel");
     for (int v0 = 0; v0 < c->V; v0 += Vc) {
         int nv = c->V - v0 < Vc ? c->V - v0 : Vc;
@@ -407,7 +428,7 @@ extern "C" int lmhead_loss_forward(lmhead_loss_ws *ws, const lmhead_loss_config 
     }
     lmhead_finalize_kernel<<<(R + 255) / 256, 256, 0, stream>>>(R, c->loss, ws->mask, ws->st, ws->lse, d_row_loss);
     KERNELS_CHECK_LAUNCH("lmhead_finalize_kernel");
-    lmhead_weights_kernel<<<1, 256, (size_t)c->B * 2 * sizeof(int), stream>>>(c->N, c->B, c->weighting, c->gamma, c->alpha, ws->mask, d_row_loss,
+    lmhead_weights_kernel<<<1, 256, (size_t)c->B * 2 * sizeof(int), stream>>>(c->N, c->B, c->weighting, c->gamma, c->alpha, sfa, ws->mask, d_row_loss,
                                                  ws->arg, d_row_weight, d_loss, ws->msum, d_correct, d_total);
     KERNELS_CHECK_LAUNCH("lmhead_weights_kernel");
     return 0;

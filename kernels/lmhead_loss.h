@@ -53,7 +53,8 @@ typedef struct {
 } lmhead_loss_config;
 
 /* The trainer's modes (issue 16), beside the config so existing callers are unchanged; all-zero (or a NULL
- * pointer) is the plain semantics above. The device kernels (lmhead_loss.cu) implement only the zero mode. */
+ * pointer) is the plain semantics above. On the device, sample_from_anchor is lmhead_loss_forward_mode's argument and
+ * the budget mode is the caller's padding (see lmhead_loss_forward_mode). */
 typedef struct {
     int budget;             /* > 0: the padded length the anchors were drawn against (speculators pads every
                              * batch to the token budget): anchors may lie anywhere in [0, T) with
@@ -144,6 +145,20 @@ int lmhead_loss_forward(lmhead_loss_ws *ws, const lmhead_loss_config *c, const b
                         const bf16 *d_last, const int32_t *d_anchors, const uint8_t *d_valid,
                         const uint8_t *d_loss_mask, float *d_loss, float *d_row_loss, float *d_row_weight,
                         int32_t *d_correct, int32_t *d_total, cudaStream_t stream);
+/* lmhead_loss_forward with the trainer's sample_from_anchor mode (lmhead_loss_mode.sample_from_anchor): row (b, j)
+ * at p = a + j takes its target from last[p], its mask from loss_mask[p + 1] · valid[b] (slot 0 included, p + 1 >= T
+ * masked), exp-decay w_j = exp(-j/γ). The budget mode needs no device code: pad last and loss_mask with zero rows
+ * to the budget and pass T = budget (rows predicting past the batch are then masked by the zero mask, and their
+ * target rows are zeros). lmhead_loss_backward is the same for both modes. */
+int lmhead_loss_forward_mode(lmhead_loss_ws *ws, const lmhead_loss_config *c, int sample_from_anchor,
+                             const bf16 *d_xn, const bf16 *d_lm_head, const bf16 *d_vlm_head, const float *d_vnorm_w,
+                             const bf16 *d_last, const int32_t *d_anchors, const uint8_t *d_valid,
+                             const uint8_t *d_loss_mask, float *d_loss, float *d_row_loss, float *d_row_weight,
+                             int32_t *d_correct, int32_t *d_total, cudaStream_t stream);
+/* Per-row results of the last lmhead_loss_forward on ws (device pointers into ws, valid until the next forward):
+ * d_arg (R, 2) int32 = (argmax z_s, argmax t_s) of every row (ties: the first index), d_mask (R) = m_s. For the
+ * trainer's accepted-length EAL (lmhead_eal_blocks) and the dumps. */
+void lmhead_loss_ws_rows(const lmhead_loss_ws *ws, const int32_t **d_arg, const uint8_t **d_mask);
 /* Device backward after lmhead_loss_forward on the same ws and inputs: d_dxn (R, D) fp32 = dL/dxn
  * (overwritten). Asynchronous. Returns 0 or -1 (kernels_error()). */
 int lmhead_loss_backward(lmhead_loss_ws *ws, const lmhead_loss_config *c, const bf16 *d_xn,

@@ -10,9 +10,8 @@
  *   gemm_forward_ref: thread stacks only).
  * - The CPU path (drafter_step_cpu) is fp32 and composed only from the kernels/<op>_ref.c references, so it is the
  *   exact specification the GPU path is tested against. The GPU path (bf16 compute, fp32 masters, planned device
- *   memory, one asynchronous metrics copy per step) will be declared below under DFLASH_CUDA as
- *   drafter_step_gpu with the same arguments, the way stages/model/target.c mirrors forward_cpu / forward_gpu;
- *   it does not exist yet.
+ *   memory, one asynchronous metrics copy per step) is declared below under DFLASH_CUDA (struct drafter_gpu,
+ *   drafter_step_gpu; stages/train/drafter_gpu.c), launcher for launcher the same sequence as drafter_step_cpu.
  * - The optimizer and checkpoint code see the parameters only through the table (drafter_n_params /
  *   drafter_param): speculators names, shapes, master fp32 data, fp32 gradient (NULL when frozen), and whether
  *   the tensor is Muon-eligible (§9).
@@ -33,10 +32,15 @@
 #define STAGES_TRAIN_DRAFTER_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "core/desc.h"
 #include "model/hfconfig.h"
+#ifdef DFLASH_CUDA
+#include <cuda_runtime_api.h>
+#include "kernels/common.h"
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -197,8 +201,115 @@ int drafter_step(struct drafter *d, const struct drafter_batch *b, uint64_t seed
 int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t seed, uint64_t step, int train,
                      struct drafter_metrics *m, char *err, int err_len);
 #ifdef DFLASH_CUDA
-/* drafter_step_gpu(d, b_device, seed, step, train, m, err, err_len) goes here with the GPU issue: bf16 compute
- * over the kernels/<op>.cu launchers, fp32 masters, planned device memory, one asynchronous metrics copy. */
+/* ---------------------------------------------------------------- GPU path (issue 20; stages/train/drafter_gpu.c)
+ *
+ * A struct drafter_gpu mirrors one host drafter on the current device: fp32 master weights and gradients,
+ * bf16 copies of the 2-D weights the GEMMs read (norm weights stay fp32: the rmsnorm kernels take fp32 weights),
+ * the frozen embedding / LM heads in bf16, every activation of a step in bf16 (rstd, lse, loss statistics and
+ * gradient accumulators fp32), the batch inputs, and every kernel workspace. All of it is planned at
+ * drafter_gpu_init from (T_max, N, B, the model) as one cudaMalloc, printed region by region with its total.
+ * A step allocates nothing, does no host synchronisation except the optional metrics wait, and calls only
+ * launchers whose shapes are fixed by (budget, N, B, model): the context runs at the batch's budget (rows
+ * T..budget-1 padded: features and last 0, loss mask 0, doc id -1, which no query can see), so every GEMM shape
+ * is a function of the budget and is planned by cuBLASLt's heuristic once (the first step or
+ * drafter_gpu_warmup). Numerics: bf16 storage, fp32 accumulation (cuBLASLt), fp32 statistics and loss.
+ * The gradient of a step is added into the device fp32 gradients (+=), like drafter_step_cpu. */
+
+struct drafter_gpu;
+
+/* Device input buffers of capacity T_max rows, owned by the drafter_gpu. The caller fills rows [0, T) (e.g.
+ * cudaMemcpyAsync from the features ring on the same stream) before drafter_step_gpu; the step pads the rest. */
+struct drafter_gpu_inputs {
+    int32_t *input_ids, *position_ids, *doc_ids;   /* (T_max) */
+    uint8_t *loss_mask;                            /* (T_max) */
+    bf16 *hidden;                                  /* (T_max, k·H) concat, bf16 */
+    bf16 *last;                                    /* (T_max, H) bf16 */
+};
+
+/* One tensor of the device parameter table, entry i as drafter_param(d, i): fp32 master w and gradient g (NULL
+ * when frozen), the bf16 copy the GEMMs read (NULL for 1-D tensors). The optimizer (optim_gpu.h) updates w and
+ * refreshes copy. */
+struct drafter_gpu_param {
+    const struct drafter_param *host;
+    float *w, *g;
+    bf16 *copy;
+};
+
+/* Plan and allocate the device state of drafter d on the current device, on stream (one stream for every call
+ * of this drafter_gpu), and upload d's weights (drafter_gpu_upload_weights). plan (nullable) gets the memory
+ * plan, one line per region and the total. The device must be Hopper (block attention is sm_90a). The host
+ * drafter must outlive the drafter_gpu (its parameter table is shared). NULL with a sentence in err. */
+struct drafter_gpu *drafter_gpu_init(struct drafter *d, cudaStream_t stream, FILE *plan, char *err, int err_len);
+void drafter_gpu_free(struct drafter_gpu *g);
+/* Bytes of the planned device allocation (the plan's total). */
+size_t drafter_gpu_planned_bytes(const struct drafter_gpu *g);
+const struct drafter_gpu_inputs *drafter_gpu_inputs(const struct drafter_gpu *g);
+/* Device memory in use on g's device now (cudaMemGetInfo: total − free, every process's) and the device's total,
+ * in bytes: after drafter_gpu_init + optim_gpu_init + drafter_gpu_warmup this is the trainer's peak, since a step
+ * allocates nothing (report it at start and with each bus record). 0/-1. */
+int drafter_gpu_memory(const struct drafter_gpu *g, size_t *in_use, size_t *total, char *err, int err_len);
+int drafter_gpu_n_params(const struct drafter_gpu *g);
+const struct drafter_gpu_param *drafter_gpu_param(const struct drafter_gpu *g, int i);
+cudaStream_t drafter_gpu_stream(const struct drafter_gpu *g);
+
+/* Host masters (every tensor, frozen included) -> device masters and bf16 copies; synchronous. 0/-1. */
+int drafter_gpu_upload_weights(struct drafter_gpu *g, char *err, int err_len);
+/* Device masters of the trainable tensors -> the host table's w (checkpoints, exports); synchronous. 0/-1. */
+int drafter_gpu_download_weights(struct drafter_gpu *g, char *err, int err_len);
+/* Device gradients -> the host table's g (tests, dumps); synchronous. 0/-1. */
+int drafter_gpu_download_grads(struct drafter_gpu *g, char *err, int err_len);
+/* g = 0 on the device for every trainable tensor (asynchronous). 0/-1. */
+int drafter_gpu_zero_grad(struct drafter_gpu *g, char *err, int err_len);
+/* Refresh the bf16 copies from the fp32 masters (asynchronous; the optimizer does it itself). 0/-1. */
+int drafter_gpu_refresh_copies(struct drafter_gpu *g, char *err, int err_len);
+
+/* Copy a host batch into the input buffers (bf16-rounding hidden and last), checking ids and sizes like
+ * drafter_step_cpu. For tests and the CPU-features fallback: it converts on the host in a buffer planned at
+ * init and synchronises; the trainer's hot path copies bf16 features itself. 0/-1 with a sentence. */
+int drafter_gpu_load_batch(struct drafter_gpu *g, const struct drafter_batch *b, char *err, int err_len);
+
+/* One step on the batch in the input buffers (T rows, packed against budget, T <= budget <= T_max): the same
+ * computation as drafter_step_cpu in bf16 (anchors from (seed, step) against the budget, noise on the
+ * features when train, forward, fused LM-head loss, metrics, and with train the backward adding into the
+ * device gradients). Everything is enqueued on the stream; the metrics (one small device buffer) are copied
+ * asynchronously to pinned host memory (one slot per step, up to 256 pending). With m != NULL the call waits for
+ * that copy (the step's only host synchronisation) and fills *m with this step's metrics (when no earlier step's
+ * are pending); with m == NULL it returns at once and drafter_gpu_metrics collects them later, so A micro-batches
+ * of gradient accumulation cost one synchronisation in all.
+ * Device ids outside the embedding give NaN rows (not reported here: drafter_gpu_load_batch checks on the host).
+ * sample_from_anchor runs as on the CPU (lmhead_loss_forward_mode). 0/-1 with a sentence. */
+int drafter_step_gpu(struct drafter_gpu *g, int T, int budget, uint64_t seed, uint64_t step, int train,
+                     struct drafter_metrics *m, char *err, int err_len);
+/* Wait for the last step's metrics copy and fill *m with the metrics of every step since the previous call,
+ * pooled with drafter_metrics_add (loss_sum and loss_count add up: loss_sum / loss_count is the mean loss); one
+ * step gives exactly its own. 0/-1. */
+int drafter_gpu_metrics(struct drafter_gpu *g, struct drafter_metrics *m, char *err, int err_len);
+/* Run one forward+backward on a zero batch of the full budget to front-load cuBLASLt's plan queries, then zero
+ * the gradients. Call at start-up. 0/-1. */
+int drafter_gpu_warmup(struct drafter_gpu *g, int budget, char *err, int err_len);
+
+/* Phase timing for benchmarks (bench/train_bench.c): with on != 0 every following step records cudaEvents at its
+ * phase boundaries (up to 1024 per step; the events are created by the first call); drafter_gpu_phase_times waits
+ * for the last step and adds its milliseconds per phase into ms[DRAFTER_GPU_PH_N]. Off by default: an untimed
+ * step records no events. 0/-1. */
+enum { DRAFTER_GPU_PH_INPUTS, DRAFTER_GPU_PH_CONTEXT, DRAFTER_GPU_PH_GEMM, DRAFTER_GPU_PH_ELEM, DRAFTER_GPU_PH_ATTN_FWD,
+       DRAFTER_GPU_PH_ATTN_BWD, DRAFTER_GPU_PH_LOSS, DRAFTER_GPU_PH_N };
+const char *drafter_gpu_phase_name(int ph);
+int drafter_gpu_timing(struct drafter_gpu *g, int on, char *err, int err_len);
+int drafter_gpu_phase_times(struct drafter_gpu *g, double *ms, char *err, int err_len);
+
+/* Device pointers into the last step's state (tests, dumps), valid until the next step: xn (N·B, H) bf16, the
+ * layer outputs (N·B, H) bf16, the context (budget, H) bf16 after hidden_norm, anchors (N) int32, valid (N), the
+ * loss rows (N·B) fp32: ℓ_s (0 where unsupervised) and w_s·m_s. */
+struct drafter_gpu_last {
+    int T, budget, N, B, H;
+    const bf16 *xn, *ctx;
+    const float *row_loss, *row_weight;
+    const bf16 *layer_out[DRAFTER_MAX_LAYERS];
+    const int32_t *anchors;
+    const uint8_t *valid;
+};
+void drafter_gpu_last_step(const struct drafter_gpu *g, struct drafter_gpu_last *out);
 #endif
 
 /* Results of the last drafter_step, for tests and the dump (pointers into the drafter, valid until the next

@@ -1,0 +1,139 @@
+/*
+ * stages/train/optim_gpu.cu — elementwise and reduction kernels of the GPU optimizers (train/optim_gpu.h).
+ * Every reduction uses a fixed grid and a fixed summation order, so results are bitwise repeatable.
+ */
+#include "train/optim_gpu.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+namespace {
+
+__device__ __forceinline__ float og_lerp(float a, float b, float w) {   /* torch.lerp, two branches */
+    return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w);
+}
+
+__device__ __forceinline__ float og_clip(const double *sumsq, float max_norm) {
+    if (!sumsq || max_norm <= 0.f) return 1.f;
+    double c = (double)max_norm / (sqrt(*sumsq) + 1e-6);
+    return c < 1.0 ? (float)c : 1.f;
+}
+
+template <typename T>
+__device__ __forceinline__ double og_sq(T v);
+template <>
+__device__ __forceinline__ double og_sq<float>(float v) { return (double)v * v; }
+template <>
+__device__ __forceinline__ double og_sq<__nv_bfloat16>(__nv_bfloat16 v) {
+    double f = __bfloat162float(v);
+    return f * f;
+}
+
+/* block b sums elements b·256 + t + k·(256·OG_PARTIALS) in a fixed tree: deterministic */
+template <typename T>
+__global__ void og_partial_kernel(const T *x, size_t n, double *partials) {
+    __shared__ double sh[256];
+    double s = 0;
+    for (size_t i = (size_t)blockIdx.x * 256 + threadIdx.x; i < n; i += (size_t)256 * OG_PARTIALS) s += og_sq<T>(x[i]);
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = 128; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partials[blockIdx.x] = sh[0];
+}
+
+__global__ void og_final_kernel(const double *partials, double *out, float *out_f, int accumulate) {
+    double s = 0;
+    for (int i = 0; i < OG_PARTIALS; i++) s += partials[i];
+    double r = accumulate ? *out + s : s;
+    *out = r;
+    if (out_f) *out_f = (float)r;
+}
+
+__global__ void og_scale_kernel(float *g, size_t n, float s) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) g[i] *= s;
+}
+
+__global__ void og_muon_prep_kernel(float *mom, const float *g, __nv_bfloat16 *x, size_t n, float mu, int nesterov,
+                                    const double *sumsq, float max_norm) {
+    const float clip = og_clip(sumsq, max_norm);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float gi = clip == 1.f ? g[i] : g[i] * clip;
+        float m = og_lerp(mom[i], gi, 1.0f - mu);
+        mom[i] = m;
+        x[i] = __float2bfloat16(nesterov ? og_lerp(gi, m, mu) : m);
+    }
+}
+
+__global__ void og_muon_normalize_kernel(__nv_bfloat16 *x, size_t n, const double *ss, float eps) {
+    float norm = __bfloat162float(__float2bfloat16((float)sqrt(*ss)));
+    if (norm < eps) norm = eps;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = __float2bfloat16(__bfloat162float(x[i]) / norm);
+}
+
+__global__ void og_muon_update_kernel(float *w, __nv_bfloat16 *copy, const __nv_bfloat16 *x, size_t n, float decay,
+                                      float adj) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = w[i] * decay;
+        v = v - adj * __bfloat162float(x[i]);
+        w[i] = v;
+        if (copy) copy[i] = __float2bfloat16(v);
+    }
+}
+
+unsigned og_grid(size_t n) {
+    size_t b = (n + 255) / 256;
+    return (unsigned)(b < 4096 ? (b ? b : 1) : 4096);
+}
+
+}  // namespace
+
+extern "C" int og_scale(float *g, size_t n, float s, cudaStream_t st) {
+    if (n == 0) return 0;
+    og_scale_kernel<<<og_grid(n), 256, 0, st>>>(g, n, s);
+    KERNELS_CHECK_LAUNCH("og_scale");
+    return 0;
+}
+
+extern "C" int og_sumsq_f32(const float *x, size_t n, double *partials, double *out, float *out_f, int accumulate,
+                            cudaStream_t st) {
+    og_partial_kernel<float><<<OG_PARTIALS, 256, 0, st>>>(x, n, partials);
+    KERNELS_CHECK_LAUNCH("og_sumsq_f32 partials");
+    og_final_kernel<<<1, 1, 0, st>>>(partials, out, out_f, accumulate);
+    KERNELS_CHECK_LAUNCH("og_sumsq_f32 final");
+    return 0;
+}
+
+extern "C" int og_sumsq_bf16(const bf16 *x, size_t n, double *partials, double *out, cudaStream_t st) {
+    og_partial_kernel<__nv_bfloat16><<<OG_PARTIALS, 256, 0, st>>>((const __nv_bfloat16 *)x, n, partials);
+    KERNELS_CHECK_LAUNCH("og_sumsq_bf16 partials");
+    og_final_kernel<<<1, 1, 0, st>>>(partials, out, NULL, 0);
+    KERNELS_CHECK_LAUNCH("og_sumsq_bf16 final");
+    return 0;
+}
+
+extern "C" int og_muon_prep(float *mom, const float *g, bf16 *x, size_t n, float mu, int nesterov, const double *sumsq,
+                            float max_norm, cudaStream_t st) {
+    if (n == 0) return 0;
+    og_muon_prep_kernel<<<og_grid(n), 256, 0, st>>>(mom, g, (__nv_bfloat16 *)x, n, mu, nesterov, sumsq, max_norm);
+    KERNELS_CHECK_LAUNCH("og_muon_prep");
+    return 0;
+}
+
+extern "C" int og_muon_normalize(bf16 *x, size_t n, const double *ss, float eps, cudaStream_t st) {
+    if (n == 0) return 0;
+    og_muon_normalize_kernel<<<og_grid(n), 256, 0, st>>>((__nv_bfloat16 *)x, n, ss, eps);
+    KERNELS_CHECK_LAUNCH("og_muon_normalize");
+    return 0;
+}
+
+extern "C" int og_muon_update(float *w, bf16 *copy, const bf16 *x, size_t n, float decay, float adj, cudaStream_t st) {
+    if (n == 0) return 0;
+    og_muon_update_kernel<<<og_grid(n), 256, 0, st>>>(w, (__nv_bfloat16 *)copy, (const __nv_bfloat16 *)x, n, decay, adj);
+    KERNELS_CHECK_LAUNCH("og_muon_update");
+    return 0;
+}

@@ -1,0 +1,79 @@
+/*
+ * stages/train/optim_gpu.h — the trainer's optimizers on the GPU (issue 20): the device mirror of
+ * stages/train/optim.h for a drafter_gpu's fp32 masters and gradients. Same step order and formulas:
+ *   1. optim_gpu_grad_norm_start(scale = 1/A): g *= scale, then the global squared L2 norm of all trainable
+ *      gradients into one device double, reduced in a fixed order (per tensor a fixed grid of 256 block partials
+ *      in double, summed serially, tensors in table order), so it is bitwise repeatable (adamw_grad_sumsq's fp32
+ *      atomics are not, so it is not used); copied asynchronously to pinned host memory.
+ *   2. optim_gpu_grad_norm_wait: the optimizer step's one host synchronisation; returns the pre-clip norm for the
+ *      non-finite guard (optim_guard_check on the host, unchanged).
+ *   3. optim_gpu_step(lr_mult, max_norm): the clip factor min(1, max_norm / (norm + 1e-6)) is read from the device
+ *      sumsq by every kernel (nothing returns to the host); Muon on the Muon group — momentum lerp (torch's
+ *      two-branch formula), U rounded to bf16, ‖X‖ (bf16-rounded) by the same fixed-order reduction, X /= norm,
+ *      5 Newton–Schulz iterations as cuBLASLt bf16 GEMMs with fp32 accumulation (A = X·Xᵀ, B = b·A + c·A·A,
+ *      X = a·X + B·X; for a tall matrix the transposed forms A = XᵀX, X = a·X + X·B, which equal torch's transpose
+ *      round trip since B is symmetric), decoupled decay and the match_rms_adamw scale — then AdamW
+ *      (kernels/adamw.h adamw_step) on the rest; the bf16 weight copies are refreshed by the same kernels.
+ *   The step counters are the host struct optim's (muon_step, adamw_step), so checkpoints see them unchanged.
+ * State: AdamW m, v and the Muon momentum in fp32 on the device, plus the Newton–Schulz scratch sized for the
+ * largest Muon matrix, planned at init as one cudaMalloc. optim_gpu_download_state / _upload_state move it to and
+ * from the host struct optim's arrays, which stages/train/ckpt.c saves and restores.
+ * Functions return 0 or -1 with a sentence; everything is asynchronous on the drafter_gpu's stream except where
+ * said. Not run on a GPU yet (2026-12-01).
+ */
+#ifndef STAGES_TRAIN_OPTIM_GPU_H
+#define STAGES_TRAIN_OPTIM_GPU_H
+
+#ifdef DFLASH_CUDA
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <cuda_runtime_api.h>
+
+#include "kernels/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct optim;
+struct drafter_gpu;
+struct optim_gpu;
+
+/* host: an optim_init'ed optimizer over the drafter's parameter table in table order (the host copy of the
+ * state; its config and groups are used); g: the drafter_gpu. plan (nullable) gets the state plan and total.
+ * NULL with a sentence. */
+struct optim_gpu *optim_gpu_init(struct optim *host, struct drafter_gpu *g, FILE *plan, char *err, int err_len);
+void optim_gpu_free(struct optim_gpu *o);
+size_t optim_gpu_planned_bytes(const struct optim_gpu *o);
+
+int optim_gpu_grad_norm_start(struct optim_gpu *o, float scale, char *err, int err_len);
+/* Waits for the copy of optim_gpu_grad_norm_start; *norm = sqrt(sumsq) (NaN/Inf as they come). */
+int optim_gpu_grad_norm_wait(struct optim_gpu *o, double *norm, char *err, int err_len);
+/* After optim_gpu_grad_norm_start (and a finite norm): one step with lr = base · lr_mult, clipping to max_norm
+ * (<= 0: none). Increments the host optimizer's step counters. */
+int optim_gpu_step(struct optim_gpu *o, double lr_mult, double max_norm, char *err, int err_len);
+/* Device state -> the host optim's m, v, mom (synchronous), and back. */
+int optim_gpu_download_state(struct optim_gpu *o, char *err, int err_len);
+int optim_gpu_upload_state(struct optim_gpu *o, char *err, int err_len);
+
+/* ---- launchers of optim_gpu.cu (used by optim_gpu.c) */
+int og_scale(float *g, size_t n, float s, cudaStream_t st);
+/* partials (OG_PARTIALS) = per-block sums of x² in double, fixed grid; then *out (+= when accumulate) = their
+ * serial sum, and *out_f = (float)*out when out_f != NULL. */
+#define OG_PARTIALS 256
+int og_sumsq_f32(const float *x, size_t n, double *partials, double *out, float *out_f, int accumulate, cudaStream_t st);
+int og_sumsq_bf16(const bf16 *x, size_t n, double *partials, double *out, cudaStream_t st);
+/* mom = lerp(mom, g·clip, 1 − mu); X = bf16(nesterov ? lerp(g·clip, mom, mu) : mom); clip from *sumsq. */
+int og_muon_prep(float *mom, const float *g, bf16 *x, size_t n, float mu, int nesterov, const double *sumsq,
+                 float max_norm, cudaStream_t st);
+/* x = bf16(x / max(bf16(sqrt(*ss)), eps)). */
+int og_muon_normalize(bf16 *x, size_t n, const double *ss, float eps, cudaStream_t st);
+/* w = w·decay − adj·x; copy = bf16(w). */
+int og_muon_update(float *w, bf16 *copy, const bf16 *x, size_t n, float decay, float adj, cudaStream_t st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DFLASH_CUDA */
+#endif /* STAGES_TRAIN_OPTIM_GPU_H */
