@@ -220,7 +220,7 @@ int main(int argc, char **argv) {
         {"epochs", FLAG_INT, &epochs, "epochs to emit (0: unlimited)", 0, INT32_MAX},
         {"max-batches", FLAG_INT64, &max_batches, "stop after this many batches in total (0: no limit)", 0, INT64_MAX},
         {"val-frac", FLAG_DOUBLE, &val_frac, "hold out the last round(F x rows) rows (by row id) as a validation split, "
-         "packed into val batches (split = val in the descriptor) that the trainer evaluates forward only", 0, 0.999999},
+         "packed into val batches (split = val in the descriptor) that the trainer evaluates forward only (< 1)", 0, 1},
         {"val-every", FLAG_INT64, &val_every, "with --val-frac: after every N-th train batch (the last one included), one "
          "full pass over this shard's val batches, in a fixed order; seqs count train and val batches alike", 0,
          INT64_MAX},

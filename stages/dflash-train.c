@@ -327,7 +327,7 @@ static int compute_train(void *ctx, struct relay_item *it, char *err, int err_le
 static int train_heartbeat_kv(void *ctx, struct bus_kv *kv, int max) {
     struct trainer *tr = ctx;
     if (max < 2) return 0;
-    kv[0] = (struct bus_kv){"step", (double)tr->step};
+    kv[0] = (struct bus_kv){"steps_done", (double)tr->step};   /* "step" is a reserved record field (bus.h) */
     kv[1] = (struct bus_kv){"skipped_steps", (double)tr->guard.skipped_total};
     return 2;
 }
