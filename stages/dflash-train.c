@@ -469,6 +469,8 @@ int main(int argc, char **argv) {
                         "(anchored blocks, block-sparse attention over the captured target states, fused LM-head "
                         "distillation loss; Muon + AdamW), pushes per-step metrics on the bus and writes lossless "
                         "checkpoints into RUN/checkpoints (state/train.json names the batch seq it needs next). "
+                        "Batches marked split=val (dflash-pack --val-frac/--val-every) are evaluated forward only (no "
+                        "noise, no backward, not a micro-batch); each pass sends one val_* metric record. "
                         "Exit 0 when --max-steps are done or the stream ends, 3 when stopped by a signal.",
                         NULL, 0);
     if (!o.target_model) { fprintf(stderr, "dflash-train: --target-model DIR is required (see --help)\n"); return 2; }

@@ -11,9 +11,11 @@
  *   rings are dropped, the pipeline restarts on fresh rings from the seq the trainer asks for
  *   (state/train.json; dflash-pack --resume-from-seq, dflash-hspack --start-seq) and dflash-train
  *   --resume prints that seq; its final checkpoint equals A's byte for byte (weights, optimizer
- *   state, guard, step, next_seq).
+ *   state, guard, step, next_seq), and so do the exports. The val records with val_batches = V show
+ *   that the batch descriptor's split travelled through dflash-target and dflash-hspack.
  * - A test producer writes features items into the ring directly for the rest:
- *   bad_features (k, H, layer ids that do not match the drafter), bad_target_and_mask (a mask
+ *   bad_features (k, H, layer ids, layout that do not match the drafter; token ids outside the
+ *   target's vocabulary), bad_target_and_mask (a mask
  *   token outside the embedding, a target directory whose embedding does not match its config),
  *   checkpoints (a truncated newest checkpoint is skipped with a log line naming it and the older
  *   one is used; a checkpoint of another configuration is refused naming the field, nothing
@@ -200,6 +202,8 @@ struct fprod {
     int k, layers[4], h;   /* what the descriptors say */
     int nan_seq;           /* this item's states are NaN (-1: none) */
     int drain;             /* mark the ring drained at the end */
+    enum desc_layout layout;   /* 0: concat */
+    int id_mod;            /* input ids are < this (0: 500, inside the vocabulary) */
 };
 
 static float fval(uint64_t seq, int l, int t, int h) {
@@ -226,7 +230,7 @@ static int produce(void *arg) {
         d.batch.n_tokens = T;
         d.batch.budget = 512;
         d.batch.n_docs = D;
-        d.layout = DESC_LAYOUT_CONCAT;
+        d.layout = p->layout ? p->layout : DESC_LAYOUT_CONCAT;   /* split has the same sizes; values stay concat */
         d.n_layers = (uint32_t)p->k;
         for (int i = 0; i < p->k; i++) d.layers[i] = p->layers[i];
         d.dtype = DESC_DTYPE_F32;
@@ -243,7 +247,7 @@ static int produce(void *arg) {
             a.row_ids[doc] = q * D + doc;
             a.cu_seqlens[doc] = cu[doc];
             for (int t = cu[doc]; t < cu[doc + 1]; t++) {
-                a.input_ids[t] = (int32_t)(((uint64_t)q * 13 + (uint64_t)t * 7) % 500);
+                a.input_ids[t] = (int32_t)(((uint64_t)q * 13 + (uint64_t)t * 7) % (uint64_t)(p->id_mod ? p->id_mod : 500));
                 a.position_ids[t] = t - cu[doc];
                 a.doc_ids[t] = doc;
                 a.loss_mask[t] = t - cu[doc] >= 2;
@@ -270,7 +274,7 @@ static int produce(void *arg) {
 }
 
 static struct fprod good_prod(const char *run, int n) {
-    return (struct fprod){run, n, 2, {1, 3}, H, -1, 1};
+    return (struct fprod){run, n, 2, {1, 3}, H, -1, 1, 0, 0};
 }
 
 /* ---------------------------------------------------------------- (a) + (b): the pipeline, exact resume */
@@ -469,6 +473,16 @@ START_TEST(bad_features) {
     p.h = 32;
     ck_assert_int_eq(train_against("train-h", p, ex, &log, run), 1);
     expect_one_error(log, "features: hidden size 32, the drafter's target has H=64");
+    free(log);
+    p = good_prod(NULL, 4);
+    p.layout = DESC_LAYOUT_SPLIT;
+    ck_assert_int_eq(train_against("train-layout", p, ex, &log, run), 1);
+    expect_one_error(log, "features: layout split, the drafter expects concat");
+    free(log);
+    p = good_prod(NULL, 4);
+    p.id_mod = 700;   /* token ids past the target's vocabulary of 512 */
+    ck_assert_int_eq(train_against("train-vocab", p, ex, &log, run), 1);
+    expect_one_error(log, "is outside [0, 512)");
     free(log);
 }
 END_TEST
