@@ -204,6 +204,7 @@ struct fprod {
     int drain;             /* mark the ring drained at the end */
     enum desc_layout layout;   /* 0: concat */
     int id_mod;            /* input ids are < this (0: 500, inside the vocabulary) */
+    int val_mod;           /* > 0: item q is a val batch when q % val_mod == val_mod - 1 */
 };
 
 static float fval(uint64_t seq, int l, int t, int h) {
@@ -227,6 +228,7 @@ static int produce(void *arg) {
         memset(&d, 0, sizeof d);
         enum { T = 100, D = 2 };
         d.batch.seq = (uint64_t)q;
+        d.batch.split = p->val_mod && q % p->val_mod == p->val_mod - 1 ? DESC_SPLIT_VAL : DESC_SPLIT_TRAIN;
         d.batch.n_tokens = T;
         d.batch.budget = 512;
         d.batch.n_docs = D;
@@ -274,7 +276,7 @@ static int produce(void *arg) {
 }
 
 static struct fprod good_prod(const char *run, int n) {
-    return (struct fprod){run, n, 2, {1, 3}, H, -1, 1, 0, 0};
+    return (struct fprod){run, n, 2, {1, 3}, H, -1, 1, 0, 0, 0};
 }
 
 /* ---------------------------------------------------------------- (a) + (b): the pipeline, exact resume */
@@ -566,6 +568,34 @@ START_TEST(nonfinite) {
 }
 END_TEST
 
+/* Val items are not micro-batches: with --grad-accum 2 and the pattern T T T V ..., 12 items (9 train) make
+ * 4 optimizer steps and a last partial one, 3 validation passes, one falling between the micro-batches of a
+ * step (seq 3, between train seqs 2 and 4), and a NaN in a
+ * val item does not trip the guard (nothing of it reaches the gradients; its val_loss is reported as is). */
+START_TEST(val_items_are_not_micro_batches) {
+    char *log, run[700];
+    struct fprod p = good_prod(NULL, 12);
+    p.val_mod = 4;
+    const char *ex[] = {"--max-steps", "100", "--grad-accum", "2", "--ckpt-every", "2", "--keep", "0", "--wait-ms", "5000",
+                        "--max-nonfinite", "1", NULL};
+    ck_assert_int_eq(train_against("train-val", p, ex, &log, run), 0);
+    ck_assert_msg(strstr(log, "training done: 5 steps, 0 skipped, 3 validation passes"), "%s", log);
+    ck_assert_msg(strstr(log, "validation after step 1 (seqs 3..3, 1 batches)"), "%s", log);   /* mid-step */
+    free(log);
+    char path[900];
+    snprintf(path, sizeof path, "%s/state/train.json", run);
+    char *state = slurp(path, NULL);
+    ck_assert_int_eq(json_int(state, "step"), 5);
+    ck_assert_int_eq(json_int(state, "next_seq"), 12);
+    free(state);
+    p.nan_seq = 3;   /* a val item */
+    ck_assert_int_eq(train_against("train-valnan", p, ex, &log, run), 0);
+    ck_assert_msg(strstr(log, "training done: 5 steps, 0 skipped"), "%s", log);
+    ck_assert_msg(strstr(log, "val loss nan") || strstr(log, "val loss -nan"), "%s", log);
+    free(log);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- set-up */
 
 static int make_models(void) {
@@ -604,6 +634,7 @@ int main(void) {
     tcase_add_test(tc, bad_target_and_mask);
     tcase_add_test(tc, checkpoints);
     tcase_add_test(tc, nonfinite);
+    tcase_add_test(tc, val_items_are_not_micro_batches);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }
