@@ -379,9 +379,10 @@ int main(int argc, char **argv) {
             int n = snprintf(text, sizeof text, "%llu\n", (unsigned long long)p.cur.next_seq);
             LIB_CHECK(fs_write_atomic(path, text, (size_t)n, err, sizeof err), err);
         }
-        log_info("end of stream at seq %llu: %llu batches, %llu tokens (%.0f tokens/s), padding %.2f%%, %llu dropped, "
-                 "%llu truncated, %llu bad samples skipped", (unsigned long long)p.cur.next_seq,
-                 (unsigned long long)s->batches, (unsigned long long)s->tokens, el > 0 ? (double)s->tokens / el : 0,
+        log_info("end of stream at seq %llu: %llu batches (%llu of them val), %llu tokens (%.0f tokens/s), padding %.2f%%, "
+                 "%llu dropped, %llu truncated, %llu bad samples skipped", (unsigned long long)p.cur.next_seq,
+                 (unsigned long long)s->batches, (unsigned long long)s->val_batches, (unsigned long long)s->tokens,
+                 el > 0 ? (double)s->tokens / el : 0,
                  s->tokens ? 100.0 * (double)s->padding / (double)(s->tokens + s->padding) : 0.0,
                  (unsigned long long)s->dropped, (unsigned long long)s->truncated, (unsigned long long)ls.skipped_bad);
     } else if (res == RELAY_STOPPED) {
