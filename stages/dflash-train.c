@@ -35,7 +35,8 @@
  *   GPU ring, and copies the step's metrics to the host once, asynchronously; this file stays the same.
  * - End: the stream ends (the packer's --epochs), or --max-steps optimizer steps are done (the relay's
  *   RELAY_FINISH: the trainer leaves before the end of the stream). Either way a last partial accumulation
- *   is applied, a final checkpoint is written and the exit status is 0. SIGINT/SIGTERM: no checkpoint is
+ *   is applied, a final checkpoint is written and the exit status is 0. A validation pass the packer emits
+ *   after the --max-steps-th train batch is not read; one at the end of the stream is reported first. SIGINT/SIGTERM: no checkpoint is
  *   written (the last one stands), exit 3.
  */
 #include "core/bus.h"
