@@ -22,6 +22,10 @@
  *   uint64 payload_off (= 2304, a multiple of DESC_ALIGN); the msgpack batch descriptor at byte 32;
  *   zeros up to payload_off; payload_len payload bytes at payload_off (the file ends there).
  *
+ * Validation (--val-frac F --val-every N, stages/core/packer.h): the last round(F x rows) rows are held
+ * out and packed into val batches (descriptor split = val); after every N-th train batch comes one
+ * full pass over them, in the one seq stream, so seeking and the trainer's resume stay arithmetic.
+ *
  * --index OUT converts --data (JSONL) to the indexed format once and exits.
  */
 #include "core/bus.h"
@@ -204,7 +208,8 @@ int main(int argc, char **argv) {
     int spec_slots = RINGS_DEFAULT_SLOTS, skip_bad = 0;
     static const char *const on_bad_names[] = {"fail", "skip", NULL};
     struct flag_choice on_bad = {&skip_bad, on_bad_names};
-    int64_t seed = 0, max_batches = 0, vocab_size = 0, resume_from_seq = -1;
+    int64_t seed = 0, max_batches = 0, vocab_size = 0, resume_from_seq = -1, val_every = 0;
+    double val_frac = 0;
     struct flag table[] = {
         STAGE_COMMON_FLAGS(&common),
         {"data", FLAG_STRING, &data, "dataset: JSONL ({\"input_ids\": [...], \"loss_mask\": [...]} per line) or an index", 1, 0},
@@ -214,6 +219,11 @@ int main(int argc, char **argv) {
         {"seed", FLAG_INT64, &seed, "shuffle seed (epoch e uses (seed, e))", 0, INT64_MAX},
         {"epochs", FLAG_INT, &epochs, "epochs to emit (0: unlimited)", 0, INT32_MAX},
         {"max-batches", FLAG_INT64, &max_batches, "stop after this many batches in total (0: no limit)", 0, INT64_MAX},
+        {"val-frac", FLAG_DOUBLE, &val_frac, "hold out the last round(F x rows) rows (by row id) as a validation split, "
+         "packed into val batches (split = val in the descriptor) that the trainer evaluates forward only (< 1)", 0, 1},
+        {"val-every", FLAG_INT64, &val_every, "with --val-frac: after every N-th train batch (the last one included), one "
+         "full pass over this shard's val batches, in a fixed order; seqs count train and val batches alike", 0,
+         INT64_MAX},
         {"shard", FLAG_STRING, &shard, "i/n: emit shard i of n (several nodes; each gets every n-th batch)", 1, 0},
         {"vocab-size", FLAG_INT64, &vocab_size, "reject token ids >= this (0: no check)", 0, INT32_MAX},
         {"on-bad-sample", FLAG_CHOICE, &on_bad, "what a bad JSONL sample does", 1, 0},
@@ -238,7 +248,8 @@ int main(int argc, char **argv) {
     }
     if (!data) { fprintf(stderr, "dflash-pack: --data FILE is required (see --help)\n"); return 2; }
     struct packer_config cfg = {.budget = (uint32_t)tokens, .window = (uint32_t)window, .seed = (uint64_t)seed,
-                                .epochs = (uint32_t)epochs, .max_batches = (uint64_t)max_batches};
+                                .epochs = (uint32_t)epochs, .max_batches = (uint64_t)max_batches,
+                                .val_frac = val_frac, .val_every = (uint64_t)val_every};
     if (parse_shard(shard, &cfg.shard, &cfg.n_shards)) {
         fprintf(stderr, "dflash-pack: --shard: expected i/n with 0 <= i < n, got '%s'\n", shard);
         return 2;
@@ -275,6 +286,10 @@ int main(int argc, char **argv) {
              cfg.budget, cfg.window, (unsigned long long)cfg.seed, cfg.shard, cfg.n_shards,
              (unsigned long long)p.stats.eligible, (unsigned long long)p.stats.dropped,
              (unsigned long long)p.stats.truncated, cfg.budget, (long long)e0);
+    if (p.val_count)
+        log_info("validation: the last %llu rows held out (%llu packed), %llu val batches per pass for this shard, one pass "
+                 "after every %llu train batches", (unsigned long long)p.stats.val_rows,
+                 (unsigned long long)p.stats.val_eligible, (unsigned long long)p.val_count, (unsigned long long)val_every);
 
     char cursor_path[PATH_MAX];
     if (run_path(cursor_path, sizeof cursor_path, common.run_dir, "state/pack.cursor")) DIE("run directory path too long");
@@ -364,9 +379,10 @@ int main(int argc, char **argv) {
             int n = snprintf(text, sizeof text, "%llu\n", (unsigned long long)p.cur.next_seq);
             LIB_CHECK(fs_write_atomic(path, text, (size_t)n, err, sizeof err), err);
         }
-        log_info("end of stream at seq %llu: %llu batches, %llu tokens (%.0f tokens/s), padding %.2f%%, %llu dropped, "
-                 "%llu truncated, %llu bad samples skipped", (unsigned long long)p.cur.next_seq,
-                 (unsigned long long)s->batches, (unsigned long long)s->tokens, el > 0 ? (double)s->tokens / el : 0,
+        log_info("end of stream at seq %llu: %llu batches (%llu of them val), %llu tokens (%.0f tokens/s), padding %.2f%%, "
+                 "%llu dropped, %llu truncated, %llu bad samples skipped", (unsigned long long)p.cur.next_seq,
+                 (unsigned long long)s->batches, (unsigned long long)s->val_batches, (unsigned long long)s->tokens,
+                 el > 0 ? (double)s->tokens / el : 0,
                  s->tokens ? 100.0 * (double)s->padding / (double)(s->tokens + s->padding) : 0.0,
                  (unsigned long long)s->dropped, (unsigned long long)s->truncated, (unsigned long long)ls.skipped_bad);
     } else if (res == RELAY_STOPPED) {

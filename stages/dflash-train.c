@@ -14,6 +14,15 @@
  *     the non-finite guard (skip, or stop after --max-nonfinite in a row), Muon then AdamW at
  *     lr·sched(step), zero the gradients, one metric record on the bus, and every --ckpt-every steps
  *     (and at the end) a checkpoint and state/train.json.
+ * - Validation (dflash-pack --val-frac/--val-every): a features item whose batch split is `val` runs
+ *   drafter_step with train = 0 (no noise, no backward: gradients, optimizer and guard untouched) and
+ *   is not a micro-batch; consecutive val items form one pass, pooled and sent as ONE metric record
+ *   (val_loss, val_full_acc, val_eal, val_eal_marginal, val_position_j_acc, val_batches) when the next
+ *   train item arrives or the stream ends; its step is the optimizer steps done. Checkpoints happen
+ *   inside train items, after the pass before them was closed, so no val state needs saving. With
+ *   --grad-accum > 1 a pass may fall between the micro-batches of one step. Val seqs advance next_seq
+ *   like train seqs: a resume asks for the first seq after the last item before its checkpoint, so a
+ *   pass consumed after that checkpoint is evaluated (and reported) again, changing no weight.
  * - Exact resume: every random draw is counter-based on (seed, batch seq), so the state to save is the
  *   weights, the optimizer state, the guard's counters, the step and the next sequence number. --resume
  *   loads the newest valid checkpoint (a corrupt one is skipped and logged; one of another configuration is
@@ -26,7 +35,8 @@
  *   GPU ring, and copies the step's metrics to the host once, asynchronously; this file stays the same.
  * - End: the stream ends (the packer's --epochs), or --max-steps optimizer steps are done (the relay's
  *   RELAY_FINISH: the trainer leaves before the end of the stream). Either way a last partial accumulation
- *   is applied, a final checkpoint is written and the exit status is 0. SIGINT/SIGTERM: no checkpoint is
+ *   is applied, a final checkpoint is written and the exit status is 0. A validation pass the packer emits
+ *   after the --max-steps-th train batch is not read; one at the end of the stream is reported first. SIGINT/SIGTERM: no checkpoint is
  *   written (the last one stands), exit 3.
  */
 #include "core/bus.h"
@@ -100,6 +110,10 @@ struct trainer {
     double loss_sum;                 /* Σ per-batch losses of the current step */
     uint64_t step_tokens;
     double step_busy_s, last_step_t, lr;
+    struct drafter_metrics val;      /* the open validation pass, pooled over its batches */
+    int val_batches;                 /* batches in it (0: no pass open) */
+    uint64_t val_first_seq, val_tokens;
+    int64_t val_passes;
     struct relay *relay_;
 };
 
@@ -215,7 +229,38 @@ static int optimizer_step(struct trainer *tr, char *err, int err_len) {
     return 0;
 }
 
-/* One features item: a micro-batch. */
+/* Close the open validation pass: one metric record (step = optimizer steps done) with the pooled val_loss
+ * (mean of the batches' losses), val_full_acc, val_eal, val_eal_marginal and val_position_j_acc. */
+static void flush_val(struct trainer *tr) {
+    if (!tr->val_batches) return;
+    const struct drafter_metrics *m = &tr->val;
+    struct bus_kv kv[BUS_MAX_KV];
+    int n = 0;
+    double loss = m->loss_count ? m->loss_sum / (double)m->loss_count : 0;
+    kv[n++] = (struct bus_kv){"val_loss", loss};
+    kv[n++] = (struct bus_kv){"val_full_acc", m->full_total ? (double)m->full_correct / (double)m->full_total : 0};
+    kv[n++] = (struct bus_kv){"val_eal", m->eal_count ? m->eal_sum / (double)m->eal_count : 0};
+    kv[n++] = (struct bus_kv){"val_eal_marginal", drafter_metrics_eal_marginal(m)};
+    kv[n++] = (struct bus_kv){"val_batches", (double)tr->val_batches};
+    kv[n++] = (struct bus_kv){"val_tokens", (double)tr->val_tokens};
+    static char names[DRAFTER_MAX_B][32];
+    for (int j = tr->cfg->sample_from_anchor ? 0 : 1; j < m->B && n < BUS_MAX_KV; j++) {
+        snprintf(names[j], sizeof names[j], "val_position_%d_acc", j);
+        kv[n++] = (struct bus_kv){names[j], m->total[j] ? (double)m->correct[j] / (double)m->total[j] : 0};
+    }
+    struct bus *bus = relay_bus(tr->relay_);
+    if (bus && bus_metric(bus, tr->step, kv, n) < 0) log_warn("val metric record refused: %s", bus_error(bus));
+    log_info("validation after step %lld (seqs %llu..%llu, %d batches): val loss %.4f, full acc %.3f, eal %.3f",
+             (long long)tr->step, (unsigned long long)tr->val_first_seq,
+             (unsigned long long)(tr->val_first_seq + (uint64_t)tr->val_batches - 1), tr->val_batches, loss, kv[1].value,
+             kv[2].value);
+    tr->val_passes++;
+    tr->val_batches = 0;
+    tr->val_tokens = 0;
+    drafter_metrics_zero(&tr->val, tr->cfg->B);
+}
+
+/* One features item: a micro-batch (split = train), or a batch of a validation pass (split = val). */
 static int compute_train(void *ctx, struct relay_item *it, char *err, int err_len) {
     struct trainer *tr = ctx;
     const struct ring_slot *is = it->in;
@@ -248,6 +293,19 @@ static int compute_train(void *ctx, struct relay_item *it, char *err, int err_le
     struct drafter_batch b = {(int)T, (int)fd.batch.budget, ba.input_ids, ba.loss_mask, ba.position_ids, ba.doc_ids,
                               hidden, last};
     struct drafter_metrics m;
+    if (fd.batch.split == DESC_SPLIT_VAL) {
+        /* Forward only: no noise, no backward, the gradients and the optimizer untouched; not a micro-batch.
+         * Its seq still counts in next_seq, so a resume never asks for it again once a later step is saved. */
+        if (drafter_step(tr->d, &b, (uint64_t)tr->o->seed, fd.batch.seq, 0, &m, err, err_len)) return -1;
+        if (!tr->val_batches) tr->val_first_seq = fd.batch.seq;
+        drafter_metrics_add(&tr->val, &m);
+        tr->val_batches++;
+        tr->val_tokens += T;
+        tr->next_seq = (int64_t)fd.batch.seq + 1;
+        it->n_tokens = T;
+        return RELAY_DONE;
+    }
+    flush_val(tr);   /* a train batch after val batches closes that pass */
     if (drafter_step(tr->d, &b, (uint64_t)tr->o->seed, fd.batch.seq, 1, &m, err, err_len)) return -1;
     if (tr->micro == 0 && tr->o->dump_dir && tr->step == tr->o->dump_step) {
         /* The first micro-batch of this optimizer step: the gradients were zero before it. */
@@ -271,7 +329,7 @@ static int compute_train(void *ctx, struct relay_item *it, char *err, int err_le
 static int train_heartbeat_kv(void *ctx, struct bus_kv *kv, int max) {
     struct trainer *tr = ctx;
     if (max < 2) return 0;
-    kv[0] = (struct bus_kv){"optimizer_step", (double)tr->step};
+    kv[0] = (struct bus_kv){"steps_done", (double)tr->step};   /* "step" is a reserved record field (bus.h) */
     kv[1] = (struct bus_kv){"skipped_steps", (double)tr->guard.skipped_total};
     return 2;
 }
@@ -413,6 +471,8 @@ int main(int argc, char **argv) {
                         "(anchored blocks, block-sparse attention over the captured target states, fused LM-head "
                         "distillation loss; Muon + AdamW), pushes per-step metrics on the bus and writes lossless "
                         "checkpoints into RUN/checkpoints (state/train.json names the batch seq it needs next). "
+                        "Batches marked split=val (dflash-pack --val-frac/--val-every) are evaluated forward only (no "
+                        "noise, no backward, not a micro-batch); each pass sends one val_* metric record. "
                         "Exit 0 when --max-steps are done or the stream ends, 3 when stopped by a signal.",
                         NULL, 0);
     if (!o.target_model) { fprintf(stderr, "dflash-train: --target-model DIR is required (see --help)\n"); return 2; }
@@ -471,6 +531,7 @@ int main(int argc, char **argv) {
     ALLOC_CHECK(tr.hidden_f32);
     ALLOC_CHECK(tr.last_f32);
     drafter_metrics_zero(&tr.acc, tr.cfg->B);
+    drafter_metrics_zero(&tr.val, tr.cfg->B);
     if (snprintf(tr.ckpt_dir, sizeof tr.ckpt_dir, "%s/checkpoints", o.common.run_dir) >= (int)sizeof tr.ckpt_dir ||
         snprintf(tr.state_path, sizeof tr.state_path, "%s/state/train.json", o.common.run_dir) >= (int)sizeof tr.state_path)
         DIE("--run path too long");
@@ -529,6 +590,7 @@ int main(int argc, char **argv) {
     tr.last_step_t = time_mono_s();
     int res = relay_run(tr.relay_, err, sizeof err);
     if (res < 0) log_error("%s", err);
+    if (res == RELAY_DONE) flush_val(&tr);   /* a pass at the end of the stream */
     if (res == RELAY_DONE) {
         if (tr.micro > 0 && optimizer_step(&tr, err, sizeof err)) {   /* a last partial accumulation */
             log_error("%s", err);
@@ -541,8 +603,8 @@ int main(int argc, char **argv) {
                       err);
             log_info("exports written to %s/export%s%s", o.common.run_dir, skipped[0] ? "; " : "", skipped);
         }
-        if (res == RELAY_DONE) log_info("training done: %lld steps, %lld skipped", (long long)tr.step,
-                                        (long long)tr.guard.skipped_total);
+        if (res == RELAY_DONE) log_info("training done: %lld steps, %lld skipped, %lld validation passes", (long long)tr.step,
+                                        (long long)tr.guard.skipped_total, (long long)tr.val_passes);
     }
     relay_close(tr.relay_);
     ckpt_table_free(&tr.table);

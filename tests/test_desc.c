@@ -20,7 +20,7 @@ static int batch_eq(const struct desc_batch *a, const struct desc_batch *b) {
            a->n_docs == b->n_docs && a->n_loss == b->n_loss && a->payload_bytes == b->payload_bytes &&
            a->off_row_ids == b->off_row_ids && a->off_input_ids == b->off_input_ids &&
            a->off_loss_mask == b->off_loss_mask && a->off_position_ids == b->off_position_ids &&
-           a->off_doc_ids == b->off_doc_ids && a->off_cu_seqlens == b->off_cu_seqlens;
+           a->off_doc_ids == b->off_doc_ids && a->off_cu_seqlens == b->off_cu_seqlens && a->split == b->split;
 }
 
 /* ---------------------------------------------------------------- round trips */
@@ -44,6 +44,39 @@ START_TEST(batch_round_trip) {
     /* payload capacity smaller than payload_bytes is rejected */
     ck_assert_int_eq(desc_batch_decode(buf, len, d.payload_bytes - 1, &out, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "exceeds the slot's payload capacity"), "%s", err);
+}
+END_TEST
+
+/* The split travels: batch, hidden and features descriptors keep train|val through encode and decode, and
+ * a forwarded batch part (what dflash-target and dflash-hspack copy) keeps it through the layouts. */
+START_TEST(split_round_trip) {
+    char buf[DESC_MAX_BYTES], err[256];
+    size_t len = 0;
+    struct desc_batch d = sample_batch(300, 3), out;
+    ck_assert_int_eq(d.split, DESC_SPLIT_TRAIN);   /* zero-initialised = train */
+    d.split = DESC_SPLIT_VAL;
+    ck_assert_int_eq(desc_batch_encode(&d, buf, sizeof buf, &len, err, sizeof err), 0);
+    ck_assert_int_eq(desc_batch_decode(buf, len, 0, &out, err, sizeof err), 0);
+    ck_assert_int_eq(out.split, DESC_SPLIT_VAL);
+    struct desc_hidden h = {.batch = out, .n_layers = 2, .layers = {1, 3}, .dtype = DESC_DTYPE_F32, .hidden_size = 16}, h2;
+    desc_hidden_layout(&h);
+    ck_assert_int_eq(desc_hidden_encode(&h, buf, sizeof buf, &len, err, sizeof err), 0);
+    ck_assert_int_eq(desc_hidden_decode(buf, len, 0, &h2, err, sizeof err), 0);
+    ck_assert_int_eq(h2.batch.split, DESC_SPLIT_VAL);
+    struct desc_features f = {.batch = h2.batch, .layout = DESC_LAYOUT_CONCAT, .n_layers = 2, .layers = {1, 3},
+                              .dtype = DESC_DTYPE_BF16, .hidden_size = 16}, f2;
+    desc_features_layout(&f);
+    ck_assert_int_eq(desc_features_encode(&f, buf, sizeof buf, &len, err, sizeof err), 0);
+    ck_assert_int_eq(desc_features_decode(buf, len, 0, &f2, err, sizeof err), 0);
+    ck_assert_int_eq(f2.batch.split, DESC_SPLIT_VAL);
+    f.batch.split = DESC_SPLIT_TRAIN;
+    ck_assert_int_eq(desc_features_encode(&f, buf, sizeof buf, &len, err, sizeof err), 0);
+    ck_assert_int_eq(desc_features_decode(buf, len, 0, &f2, err, sizeof err), 0);
+    ck_assert_int_eq(f2.batch.split, DESC_SPLIT_TRAIN);
+    d.split = (enum desc_split)7;
+    ck_assert_int_eq(desc_batch_encode(&d, buf, sizeof buf, &len, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "split: expected train or val"), "%s", err);
+    ck_assert_str_eq(desc_split_name(DESC_SPLIT_VAL), "val");
 }
 END_TEST
 
@@ -131,6 +164,8 @@ struct mod {
     const char *override;      /* field whose value becomes override_value */
     uint64_t override_value;
     int trailing;              /* append a byte after the map */
+    const char *split;         /* the split string to write (NULL: "train") */
+    int drop_split;            /* leave the split field out */
 };
 
 static void pk_str(msgpack_packer *pk, const char *s) {
@@ -146,7 +181,7 @@ static void pack_batch_mod(const struct desc_batch *d, const struct mod *m, msgp
         {"off_input_ids", d->off_input_ids}, {"off_loss_mask", d->off_loss_mask}, {"off_position_ids", d->off_position_ids},
         {"off_doc_ids", d->off_doc_ids}, {"off_cu_seqlens", d->off_cu_seqlens}};
     int n = (int)(sizeof f / sizeof f[0]);
-    int count = 1 + n - (m->drop ? 1 : 0) + (m->dup ? 1 : 0) + (m->extra ? 1 : 0);
+    int count = 2 + n - (m->drop ? 1 : 0) + (m->dup ? 1 : 0) + (m->extra ? 1 : 0) - (m->drop_split ? 1 : 0);
     msgpack_packer pk;
     msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
     msgpack_pack_map(&pk, (size_t)count);
@@ -159,6 +194,10 @@ static void pack_batch_mod(const struct desc_batch *d, const struct mod *m, msgp
             if (m->as_string && !strcmp(m->as_string, f[i].k)) pk_str(&pk, "12");
             else msgpack_pack_uint64(&pk, (m->override && !strcmp(m->override, f[i].k)) ? m->override_value : f[i].v);
         }
+    }
+    if (!m->drop_split) {
+        pk_str(&pk, "split");
+        pk_str(&pk, m->split ? m->split : desc_split_name(d->split));
     }
     if (m->extra) {
         pk_str(&pk, m->extra);
@@ -197,9 +236,12 @@ START_TEST(malformed_rejected) {
 
     expect_reject((struct mod){.kind = "features"}, "expected 'batch', found 'features'");
     expect_reject((struct mod){.kind = "bogus"}, "expected batch, hidden or features, found 'bogus'");
-    expect_reject((struct mod){.version = 2}, "version: expected 1, found 2");
-    expect_reject((struct mod){.drop = "n_docs"}, "expected 15 fields, found 14");
-    expect_reject((struct mod){.extra = "color"}, "expected 15 fields, found 16");
+    expect_reject((struct mod){.version = 3}, "version: expected 2, found 3");
+    expect_reject((struct mod){.version = 1}, "version: expected 2, found 1");   /* before the split field */
+    expect_reject((struct mod){.drop = "n_docs"}, "expected 16 fields, found 15");
+    expect_reject((struct mod){.drop_split = 1}, "expected 16 fields, found 15");
+    expect_reject((struct mod){.extra = "color"}, "expected 16 fields, found 17");
+    expect_reject((struct mod){.split = "test"}, "split: expected 'train' or 'val', found 'test'");
     expect_reject((struct mod){.drop = "n_docs", .extra = "color"}, "unexpected field 'color'");
     expect_reject((struct mod){.drop = "epoch", .dup = "seq"}, "field 'seq' appears twice");
     expect_reject((struct mod){.as_string = "n_tokens"}, "field 'n_tokens': expected an unsigned integer, found a string");
@@ -326,6 +368,7 @@ int main(void) {
     tcase_set_timeout(tc, 20);
     tcase_add_test(tc, batch_round_trip);
     tcase_add_test(tc, hidden_features_round_trip);
+    tcase_add_test(tc, split_round_trip);
     tcase_add_test(tc, sizes_and_limits);
     tcase_add_test(tc, malformed_rejected);
     tcase_add_test(tc, hidden_malformed_rejected);

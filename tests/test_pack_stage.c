@@ -243,6 +243,59 @@ START_TEST(out_dir_deterministic) {
 }
 END_TEST
 
+
+/* --val-frac/--val-every: the last rows are held out into val batches (split = val), one pass after
+ * every N-th train batch; --resume-from-seq into the middle of a pass continues the same stream. */
+START_TEST(out_dir_validation_split) {
+    struct env e;
+    env_init(&e, "packval", 300);
+    char run1[600], run2[600], out1[600], out2[600];
+    snprintf(run1, sizeof run1, "%s/run1", e.dir);
+    snprintf(run2, sizeof run2, "%s/run2", e.dir);
+    snprintf(out1, sizeof out1, "%s/out1", e.dir);
+    snprintf(out2, sizeof out2, "%s/out2", e.dir);
+    char *a1[] = {e.pack, "--run", run1, "--data", e.idx, "--tokens", "2048", "--epochs", "1", "--val-frac", "0.2",
+                  "--val-every", "3", "--out-dir", out1, NULL};
+    ck_assert_int_eq(run(a1, e.log, 60), 0);
+    uint64_t n = done_count(out1), V = 0, n_train = 0;
+    enum desc_split *split = calloc(n, sizeof *split);
+    for (uint64_t q = 0; q < n; q++) {
+        struct bfile b;
+        struct desc_batch d;
+        char err[256];
+        ck_assert_int_eq(read_batch_file(out1, q, &b), 0);
+        ck_assert_msg(desc_batch_decode(b.desc, b.desc_len, b.payload_len, &d, err, sizeof err) == 0, "%s", err);
+        split[q] = d.split;
+        void *al = aligned_alloc(DESC_ALIGN, (b.payload_len + DESC_ALIGN - 1) / DESC_ALIGN * DESC_ALIGN);
+        memcpy(al, b.payload, b.payload_len);
+        struct desc_batch_arrays a;
+        desc_batch_arrays(&d, al, &a);
+        for (uint32_t i = 0; i < d.n_docs; i++)
+            ck_assert_msg(d.split == DESC_SPLIT_VAL ? a.row_ids[i] >= 240 : a.row_ids[i] < 240, "seq %llu row %lld",
+                          (unsigned long long)q, (long long)a.row_ids[i]);
+        free(al);
+        free(b.bytes);
+        n_train += d.split == DESC_SPLIT_TRAIN;
+    }
+    while (3 + V < n && split[3 + V] == DESC_SPLIT_VAL) V++;
+    ck_assert_uint_ge(V, 1);
+    for (uint64_t q = 0; q < n; q++) ck_assert_int_eq(split[q], q % (3 + V) >= 3 ? DESC_SPLIT_VAL : DESC_SPLIT_TRAIN);
+    ck_assert_uint_eq(n, n_train + n_train / 3 * V);
+    free(split);
+    ck_assert_int_ge(count_lines_with(e.log, "validation: the last 60 rows held out"), 1);
+    char from[32];
+    snprintf(from, sizeof from, "%llu", (unsigned long long)(3 + V + 3 + 1));
+    char *a2[] = {e.pack, "--run", run2, "--data", e.idx, "--tokens", "2048", "--epochs", "1", "--val-frac", "0.2",
+                  "--val-every", "3", "--resume-from-seq", from, "--out-dir", out2, NULL};
+    ck_assert_int_eq(run(a2, e.log, 60), 0);
+    same_stream(out1, out2, 3 + V + 3 + 1, n);
+    /* --val-frac without --val-every: one line, exit 1 */
+    char *a3[] = {e.pack, "--run", run2, "--data", e.idx, "--val-frac", "0.2", "--out-dir", out2, NULL};
+    ck_assert_int_eq(run(a3, e.log, 60), 1);
+    ck_assert_int_eq(count_lines_with(e.log, "--val-frac 0.2 needs --val-every N"), 1);
+}
+END_TEST
+
 /* Start the packer, SIGKILL it once the out dir holds at least `at` batches, and return. */
 static void kill_after(char *const argv[], const char *log, const char *out, uint64_t at) {
     pid_t pid = spawn(argv, log);
@@ -459,6 +512,7 @@ int main(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, bad_input_one_line);
     tcase_add_test(tc, out_dir_deterministic);
+    tcase_add_test(tc, out_dir_validation_split);
     tcase_add_test(tc, out_dir_resume_after_sigkill);
     tcase_add_test(tc, ring_resume_after_sigkill);
     suite_add_tcase(s, tc);

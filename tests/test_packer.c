@@ -2,7 +2,7 @@
  * tests/test_packer.c — stages/core/packer: packing invariants (budget, document boundaries,
  * positions, masks, cu_seqlens, contents equal to the dataset rows, every eligible row exactly
  * once per epoch, dropped and truncated rows counted), padding, determinism, seeking and cursor
- * resume, sharding, and the end of the stream.
+ * resume, sharding, the end of the stream, and the validation split (held-out rows, interleaved passes).
  */
 #include "core/packer.h"
 #include "testutil.h"
@@ -390,6 +390,170 @@ START_TEST(shards) {
 }
 END_TEST
 
+
+/* ---------------------------------------------------------------- validation split */
+
+struct vbatch { uint64_t seq, hash, payload_hash; uint32_t epoch, n_docs; enum desc_split split; int64_t rows[64]; };
+
+/* Emit the whole stream, keeping each batch's split, epoch, row ids (first 64) and hashes. */
+static struct vbatch *collect_v(struct packer *p, uint64_t *count) {
+    uint64_t cap = desc_batch_max_payload_bytes(p->cfg.budget), n = 0, room = 64;
+    void *payload = payload_alloc(cap);
+    struct vbatch *v = malloc(sizeof *v * room);
+    struct desc_batch d;
+    char err[256];
+    int rc;
+    while ((rc = packer_next(p, payload, cap, &d, err, sizeof err)) == 1) {
+        if (n == room) v = realloc(v, sizeof *v * (room *= 2));
+        struct desc_batch_arrays a;
+        desc_batch_arrays(&d, payload, &a);
+        ck_assert_msg(desc_batch_check_payload(&d, payload, 32000, err, sizeof err) == 0, "%s", err);
+        struct vbatch *b = &v[n++];
+        memset(b, 0, sizeof *b);
+        b->seq = d.seq;
+        b->epoch = d.epoch;
+        b->split = d.split;
+        b->n_docs = d.n_docs;
+        b->hash = batch_hash(&d, payload);
+        b->payload_hash = dataset_hash64(payload, d.payload_bytes, 5);
+        for (uint32_t i = 0; i < d.n_docs && i < 64; i++) b->rows[i] = a.row_ids[i];
+    }
+    ck_assert_msg(rc == 0, "packer_next failed: %s", err);
+    free(payload);
+    *count = n;
+    return v;
+}
+
+START_TEST(validation_split) {
+    struct mem_ds m;
+    mem_ds_init(&m, 1000, 300, 21);
+    struct packer_config c = cfg_default();
+    c.val_frac = 0.1;
+    c.val_every = 5;
+    struct packer p;
+    char err[256];
+    ck_assert_msg(packer_init(&p, &m.ds, &c, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(p.stats.val_rows, 100);
+    ck_assert_uint_gt(p.stats.val_eligible, 80);
+    uint64_t V = p.val_count, N = 5, P = N + V, n;
+    ck_assert_uint_ge(V, 2);
+    int64_t e0 = packer_epoch_batches(&p, 0, err, sizeof err), e1 = packer_epoch_batches(&p, 1, err, sizeof err);
+    uint64_t n_train = (uint64_t)(e0 + e1);
+    struct vbatch *all = collect_v(&p, &n);
+    /* the interleaving: V val batches after every N-th train batch, the last one included */
+    ck_assert_uint_eq(n, n_train + (n_train / N) * V);
+    uint64_t train_docs = 0, t_seen = 0, passes = 0;
+    uint8_t *in_pass = calloc(1000, 1);
+    for (uint64_t i = 0; i < n; i++) {
+        const struct vbatch *b = &all[i];
+        ck_assert_uint_eq(b->seq, i);
+        ck_assert_int_eq(b->split, i % P >= N ? DESC_SPLIT_VAL : DESC_SPLIT_TRAIN);
+        for (uint32_t d = 0; d < b->n_docs && d < 64; d++) {
+            if (b->split == DESC_SPLIT_TRAIN) ck_assert_int_lt(b->rows[d], 900);   /* held-out rows never train */
+            else ck_assert_int_ge(b->rows[d], 900);
+        }
+        if (b->split == DESC_SPLIT_TRAIN) {
+            train_docs += b->n_docs;
+            t_seen++;
+            ck_assert_uint_eq(b->epoch, t_seen <= (uint64_t)e0 ? 0 : 1);
+        } else {
+            /* every pass is the same batches (payload bytes) in the same order, and covers the held-out rows */
+            uint64_t k = i % P - N;
+            ck_assert_uint_eq(b->payload_hash, all[N + k].payload_hash);
+            ck_assert_uint_eq(b->epoch, all[i - k - 1].epoch);   /* the epoch of the train batch it follows */
+            for (uint32_t d = 0; d < b->n_docs && d < 64; d++) in_pass[b->rows[d]] = 1;
+            if (k == V - 1) passes++;
+        }
+    }
+    ck_assert_uint_eq(train_docs, 2 * p.stats.eligible);
+    ck_assert_uint_eq(passes, n_train / N);
+    uint64_t covered = 0;
+    for (int r = 900; r < 1000; r++) covered += in_pass[r];
+    ck_assert_uint_eq(covered, p.stats.val_eligible);   /* (a pass's batches hold < 64 docs each here) */
+    free(in_pass);
+    /* seeking lands anywhere, a val pass's middle included, and the stream continues identically */
+    uint64_t targets[] = {0, N - 1, N, N + 1, P - 1, P, 3 * P + N + V / 2, n - 1, n};
+    for (size_t t = 0; t < sizeof targets / sizeof targets[0]; t++) {
+        uint64_t S = targets[t], k;
+        ck_assert_msg(packer_seek(&p, S, err, sizeof err) == 0, "seek %llu: %s", (unsigned long long)S, err);
+        struct vbatch *h = collect_v(&p, &k);
+        ck_assert_uint_eq(k, n - S);
+        for (uint64_t i = 0; i < k; i++) ck_assert_uint_eq(h[i].hash, all[S + i].hash);
+        free(h);
+    }
+    ck_assert_int_eq(packer_seek(&p, n + 1, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "past the end"), "%s", err);
+    /* a cursor saved in the middle of a pass resumes in a fresh packer */
+    struct packer q;
+    ck_assert_int_eq(packer_init(&q, &m.ds, &c, err, sizeof err), 0);
+    ck_assert_int_eq(packer_seek(&q, 2 * P + N + 1, err, sizeof err), 0);
+    struct packer_cursor cur;
+    packer_get_cursor(&q, &cur);
+    packer_free(&q);
+    ck_assert_int_eq(packer_init(&q, &m.ds, &c, err, sizeof err), 0);
+    ck_assert_msg(packer_resume(&q, &cur, err, sizeof err) == 0, "%s", err);
+    uint64_t k;
+    struct vbatch *h = collect_v(&q, &k);
+    ck_assert_uint_eq(k, n - (2 * P + N + 1));
+    ck_assert_uint_eq(h[0].hash, all[2 * P + N + 1].hash);
+    free(h);
+    packer_free(&q);
+    /* the split is part of the fingerprint; without it the fingerprint is what it always was */
+    struct packer_config c0 = cfg_default();
+    ck_assert_int_eq(packer_init(&q, &m.ds, &c0, err, sizeof err), 0);
+    ck_assert_uint_ne(q.fingerprint, p.fingerprint);
+    ck_assert_uint_eq(q.val_count, 0);
+    packer_free(&q);
+    /* max_batches counts val batches too */
+    struct packer_config cm = c;
+    cm.max_batches = N + 2;
+    ck_assert_int_eq(packer_init(&q, &m.ds, &cm, err, sizeof err), 0);
+    h = collect_v(&q, &k);
+    ck_assert_uint_eq(k, N + 2);
+    ck_assert_int_eq(h[N + 1].split, DESC_SPLIT_VAL);
+    free(h);
+    packer_free(&q);
+    /* shards: each takes every n-th val batch; together they cover one pass */
+    uint64_t cov = 0;
+    uint8_t *seen = calloc(1000, 1);
+    for (uint32_t sh = 0; sh < 2; sh++) {
+        struct packer_config cs = c;
+        cs.shard = sh;
+        cs.n_shards = 2;
+        ck_assert_int_eq(packer_init(&q, &m.ds, &cs, err, sizeof err), 0);
+        ck_assert_uint_eq(q.val_count, (V + 1 - sh) / 2);
+        h = collect_v(&q, &k);
+        for (uint64_t i = N; i < N + q.val_count; i++) {
+            ck_assert_int_eq(h[i].split, DESC_SPLIT_VAL);
+            for (uint32_t d = 0; d < h[i].n_docs && d < 64; d++) cov += !seen[h[i].rows[d]]++;
+        }
+        free(h);
+        packer_free(&q);
+    }
+    ck_assert_uint_eq(cov, p.stats.val_eligible);
+    free(seen);
+    /* bad flags, one sentence each */
+    struct packer_config cb = c;
+    cb.val_every = 0;
+    ck_assert_int_eq(packer_init(&q, &m.ds, &cb, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "--val-frac 0.1 needs --val-every"), "%s", err);
+    cb = cfg_default();
+    cb.val_every = 3;
+    ck_assert_int_eq(packer_init(&q, &m.ds, &cb, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "--val-every needs --val-frac"), "%s", err);
+    cb = c;
+    cb.val_frac = 0.9999;
+    ck_assert_int_eq(packer_init(&q, &m.ds, &cb, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "leaving none to train on"), "%s", err);
+    cb.val_frac = 1.5;
+    ck_assert_int_eq(packer_init(&q, &m.ds, &cb, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "--val-frac: expected a fraction"), "%s", err);
+    free(all);
+    packer_free(&p);
+    mem_ds_free(&m);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("packer");
     TCase *tc = tcase_create("packer");
@@ -400,6 +564,7 @@ int main(void) {
     tcase_add_test(tc, seek_and_resume);
     tcase_add_test(tc, limits_and_end);
     tcase_add_test(tc, shards);
+    tcase_add_test(tc, validation_split);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

@@ -19,12 +19,12 @@
 
 enum field {
     F_KIND, F_VERSION, F_SEQ, F_EPOCH, F_N_TOKENS, F_BUDGET, F_N_DOCS, F_N_LOSS, F_PAYLOAD_BYTES,
-    F_OFF_ROW_IDS, F_OFF_INPUT_IDS, F_OFF_LOSS_MASK, F_OFF_POSITION_IDS, F_OFF_DOC_IDS, F_OFF_CU_SEQLENS,
+    F_OFF_ROW_IDS, F_OFF_INPUT_IDS, F_OFF_LOSS_MASK, F_OFF_POSITION_IDS, F_OFF_DOC_IDS, F_OFF_CU_SEQLENS, F_SPLIT,
     F_LAYERS, F_DTYPE, F_HIDDEN_SIZE, F_OFF_STATES, F_OFF_LAST,
     F_LAYOUT,
     F_COUNT
 };
-#define DESC_N_BATCH (F_OFF_CU_SEQLENS + 1)
+#define DESC_N_BATCH (F_SPLIT + 1)
 #define DESC_N_HIDDEN (F_OFF_LAST + 1)
 #define DESC_N_FEATURES F_COUNT
 
@@ -46,6 +46,7 @@ static const struct { const char *name; enum ftype type; } g_fields[F_COUNT] = {
     [F_OFF_POSITION_IDS] = {"off_position_ids", T_U64},
     [F_OFF_DOC_IDS] = {"off_doc_ids", T_U64},
     [F_OFF_CU_SEQLENS] = {"off_cu_seqlens", T_U64},
+    [F_SPLIT] = {"split", T_STR},
     [F_LAYERS] = {"layers", T_LAYERS},
     [F_DTYPE] = {"dtype", T_STR},
     [F_HIDDEN_SIZE] = {"hidden_size", T_U32},
@@ -75,6 +76,10 @@ const char *desc_layout_name(enum desc_layout layout) {
 }
 const char *desc_kind_name(enum desc_kind kind) {
     return kind == DESC_KIND_BATCH ? "batch" : kind == DESC_KIND_HIDDEN ? "hidden" : kind == DESC_KIND_FEATURES ? "features" : "?";
+}
+
+const char *desc_split_name(enum desc_split split) {
+    return split == DESC_SPLIT_TRAIN ? "train" : split == DESC_SPLIT_VAL ? "val" : "?";
 }
 
 static uint64_t align_up(uint64_t x) { return (x + DESC_ALIGN - 1) / DESC_ALIGN * DESC_ALIGN; }
@@ -169,6 +174,8 @@ static int check_spans(struct span *s, int n, uint64_t payload_bytes, uint64_t p
 }
 
 static int batch_ranges(const struct desc_batch *d, char *err, int err_len) {
+    if (d->split != DESC_SPLIT_TRAIN && d->split != DESC_SPLIT_VAL)
+        return err_fail(err, err_len, "descriptor split: expected train or val, found enum value %d", (int)d->split);
     if (d->n_tokens < 1 || d->n_tokens > INT32_MAX)
         return err_fail(err, err_len, "descriptor n_tokens: expected 1..%d, found %u", INT32_MAX, d->n_tokens);
     if (d->budget < d->n_tokens || d->budget > INT32_MAX)
@@ -294,9 +301,11 @@ static void gen_from_batch(struct gen *g, const struct desc_batch *d, const char
     g->u[F_OFF_POSITION_IDS] = d->off_position_ids;
     g->u[F_OFF_DOC_IDS] = d->off_doc_ids;
     g->u[F_OFF_CU_SEQLENS] = d->off_cu_seqlens;
+    snprintf(g->s[F_SPLIT], sizeof g->s[0], "%s", desc_split_name(d->split));
 }
 
-static void batch_from_gen(struct desc_batch *d, const struct gen *g) {
+/* The batch part from the record; 0, or -1 with a sentence for a split that is neither train nor val. */
+static int batch_from_gen(struct desc_batch *d, const struct gen *g, const char *kind, char *err, int err_len) {
     d->seq = g->u[F_SEQ];
     d->epoch = (uint32_t)g->u[F_EPOCH];
     d->n_tokens = (uint32_t)g->u[F_N_TOKENS];
@@ -310,6 +319,10 @@ static void batch_from_gen(struct desc_batch *d, const struct gen *g) {
     d->off_position_ids = g->u[F_OFF_POSITION_IDS];
     d->off_doc_ids = g->u[F_OFF_DOC_IDS];
     d->off_cu_seqlens = g->u[F_OFF_CU_SEQLENS];
+    if (!strcmp(g->s[F_SPLIT], "train")) d->split = DESC_SPLIT_TRAIN;
+    else if (!strcmp(g->s[F_SPLIT], "val")) d->split = DESC_SPLIT_VAL;
+    else return err_fail(err, err_len, "%s descriptor split: expected 'train' or 'val', found '%s'", kind, g->s[F_SPLIT]);
+    return 0;
 }
 
 static void gen_states(struct gen *g, uint32_t n_layers, const int32_t *layers, enum desc_dtype dtype, uint32_t H,
@@ -567,7 +580,7 @@ static int parse_dtype(const struct gen *g, enum desc_dtype *dtype, const char *
 int desc_batch_decode(const void *buf, size_t len, uint64_t payload_cap, struct desc_batch *d, char *err, int err_len) {
     struct gen g;
     if (gen_decode(buf, len, DESC_KIND_BATCH, DESC_N_BATCH, &g, err, err_len)) return -1;
-    batch_from_gen(d, &g);
+    if (batch_from_gen(d, &g, "batch", err, err_len)) return -1;
     return desc_batch_validate(d, payload_cap, err, err_len);
 }
 
@@ -575,7 +588,7 @@ int desc_hidden_decode(const void *buf, size_t len, uint64_t payload_cap, struct
     struct gen g;
     memset(d, 0, sizeof *d);
     if (gen_decode(buf, len, DESC_KIND_HIDDEN, DESC_N_HIDDEN, &g, err, err_len)) return -1;
-    batch_from_gen(&d->batch, &g);
+    if (batch_from_gen(&d->batch, &g, "hidden", err, err_len)) return -1;
     d->n_layers = g.n_layers;
     memcpy(d->layers, g.layers, sizeof d->layers);
     if (parse_dtype(&g, &d->dtype, "hidden", err, err_len)) return -1;
@@ -589,7 +602,7 @@ int desc_features_decode(const void *buf, size_t len, uint64_t payload_cap, stru
     struct gen g;
     memset(d, 0, sizeof *d);
     if (gen_decode(buf, len, DESC_KIND_FEATURES, DESC_N_FEATURES, &g, err, err_len)) return -1;
-    batch_from_gen(&d->batch, &g);
+    if (batch_from_gen(&d->batch, &g, "features", err, err_len)) return -1;
     d->n_layers = g.n_layers;
     memcpy(d->layers, g.layers, sizeof d->layers);
     if (parse_dtype(&g, &d->dtype, "features", err, err_len)) return -1;

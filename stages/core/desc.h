@@ -47,7 +47,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DESC_VERSION 1u
+#define DESC_VERSION 2u          /* 2: the batch part carries `split` (train|val) */
 #define DESC_ALIGN 256u          /* every array offset is a multiple of this (cudaMalloc alignment) */
 #define DESC_MAX_LAYERS 64       /* captured layers k at most */
 #define DESC_MAX_BYTES 2048u     /* an encoded descriptor of any kind never exceeds this */
@@ -55,6 +55,10 @@
 enum desc_kind { DESC_KIND_BATCH = 1, DESC_KIND_HIDDEN = 2, DESC_KIND_FEATURES = 3 };
 enum desc_dtype { DESC_DTYPE_BF16 = 1, DESC_DTYPE_F32 = 2 };            /* msgpack: "bf16" | "f32" */
 enum desc_layout { DESC_LAYOUT_CONCAT = 1, DESC_LAYOUT_SPLIT = 2 };     /* msgpack: "concat" | "split" */
+/* Which part of the dataset a batch comes from (dflash-pack --val-frac, stages/core/packer.h): a train batch
+ * is trained on, a val batch is evaluated forward only (no noise, no backward) and never counts as a
+ * micro-batch of an optimizer step. 0 = train, so a zero-initialised descriptor is a train batch. */
+enum desc_split { DESC_SPLIT_TRAIN = 0, DESC_SPLIT_VAL = 1 };            /* msgpack: "train" | "val" */
 
 /* The `batch` descriptor. Also the first part of `hidden` and `features`. */
 struct desc_batch {
@@ -71,6 +75,7 @@ struct desc_batch {
     uint64_t off_position_ids; /* int32[T]          reset to 0 at each document start */
     uint64_t off_doc_ids;      /* int32[T]          0..n_docs-1 (-1: padding, see above) */
     uint64_t off_cu_seqlens;   /* int32[n_docs+1]   0 = cu[0] < cu[1] < ... < cu[n_docs] = T */
+    enum desc_split split;     /* train | val; forwarded with the batch part by dflash-target and dflash-hspack */
 };
 
 /* The `hidden` descriptor: captured target states of one batch. */
@@ -115,6 +120,7 @@ size_t desc_dtype_bytes(enum desc_dtype dtype);
 const char *desc_dtype_name(enum desc_dtype dtype);
 const char *desc_layout_name(enum desc_layout layout);
 const char *desc_kind_name(enum desc_kind kind);
+const char *desc_split_name(enum desc_split split);   /* "train" / "val" / "?" */
 
 /* Fill the offsets and payload_bytes of d for the standard layout (arrays in the order of the
  * struct, each DESC_ALIGN-aligned, starting at offset 0), from d->n_tokens and d->n_docs, which the

@@ -45,14 +45,33 @@ void packer_free(struct packer *p) {
     free(p->bin_first);
     free(p->bin_last);
     free(p->epoch_count);
+    free(p->val_eligible);
+    free(p->val_rows);
+    free(p->val_start);
     memset(p, 0, sizeof *p);
 }
 
 static uint64_t fingerprint(const struct dataset *ds, const struct packer_config *c) {
     uint64_t v[10] = {PACKER_POLICY_VERSION, ds->data_hash, ds->n_rows, ds->n_tokens, c->budget, c->window, c->seed,
                       c->shard, c->n_shards, 0x706163u};
-    return dataset_hash64(v, sizeof v, 11);
+    uint64_t fp = dataset_hash64(v, sizeof v, 11);
+    if (c->val_frac > 0) {   /* only a held-out split changes the fingerprint: older cursors stay valid */
+        uint64_t frac_bits;
+        memcpy(&frac_bits, &c->val_frac, sizeof frac_bits);
+        uint64_t w[4] = {fp, frac_bits, c->val_every, 0x76616cu};
+        fp = dataset_hash64(w, sizeof w, 13);
+    }
+    return fp;
 }
+
+/* Rows held out for validation: the last round(val_frac * rows) row ids, at least 1 when val_frac > 0. */
+static uint64_t val_row_count(const struct packer_config *c, uint64_t n) {
+    if (c->val_frac <= 0) return 0;
+    uint64_t k = (uint64_t)(c->val_frac * (double)n + 0.5);
+    return k ? k : 1;
+}
+
+static uint64_t plan_fill(struct packer *p, const uint32_t *order, uint64_t m, uint32_t *rows_out, uint64_t *start_out);
 
 static int64_t epoch_count(struct packer *p, uint32_t e, char *err, int err_len);
 
@@ -64,6 +83,11 @@ int packer_init(struct packer *p, const struct dataset *ds, const struct packer_
         return err_fail(err, err_len, "--window: expected 1..%u, got %u", 1u << 24, cfg->window);
     if (cfg->n_shards < 1 || cfg->shard >= cfg->n_shards)
         return err_fail(err, err_len, "--shard: expected i/n with 0 <= i < n, got %u/%u", cfg->shard, cfg->n_shards);
+    if (!(cfg->val_frac >= 0 && cfg->val_frac < 1))
+        return err_fail(err, err_len, "--val-frac: expected a fraction in [0, 1), got %g", cfg->val_frac);
+    if ((cfg->val_frac > 0) != (cfg->val_every > 0))
+        return err_fail(err, err_len, cfg->val_frac > 0 ? "--val-frac %g needs --val-every N (train batches between two "
+                        "validation passes)" : "--val-every needs --val-frac F > 0 (the rows to hold out)", cfg->val_frac);
     if (ds->n_rows >= UINT32_MAX)
         return err_fail(err, err_len, "%s: %llu rows; the packer handles fewer than 2^32", ds->path, (unsigned long long)ds->n_rows);
     p->ds = ds;
@@ -73,9 +97,17 @@ int packer_init(struct packer *p, const struct dataset *ds, const struct packer_
     uint64_t n = ds->n_rows;
     p->eff_len = malloc(sizeof(uint32_t) * (n ? n : 1));
     p->eligible = malloc(sizeof(uint32_t) * (n ? n : 1));
-    if (!p->eff_len || !p->eligible) { packer_free(p); return err_fail(err, err_len, "packer: out of memory for %llu rows", (unsigned long long)n); }
+    p->val_eligible = malloc(sizeof(uint32_t) * (n ? n : 1));
+    if (!p->eff_len || !p->eligible || !p->val_eligible) { packer_free(p); return err_fail(err, err_len, "packer: out of memory for %llu rows", (unsigned long long)n); }
     struct packer_stats *s = &p->stats;
     s->rows = n;
+    uint64_t n_val = val_row_count(cfg, n);
+    if (n_val >= n) {
+        packer_free(p);
+        return err_fail(err, err_len, "%s: --val-frac %g holds out %llu of %llu rows, leaving none to train on", ds->path,
+                        cfg->val_frac, (unsigned long long)n_val, (unsigned long long)n);
+    }
+    s->val_rows = n_val;
     for (uint64_t r = 0; r < n; r++) {
         uint64_t len = dataset_row_len(ds, r);
         uint32_t eff = len > cfg->budget ? cfg->budget : (uint32_t)len;
@@ -85,21 +117,30 @@ int packer_init(struct packer *p, const struct dataset *ds, const struct packer_
             continue;
         }
         p->eff_len[r] = eff;
+        if (len > cfg->budget) s->truncated++;
+        if (r >= n - n_val) {   /* held out: packed into the validation batches only */
+            p->val_eligible[s->val_eligible++] = (uint32_t)r;
+            continue;
+        }
         p->eligible[s->eligible++] = (uint32_t)r;
         s->eligible_tokens += eff;
-        if (len > cfg->budget) s->truncated++;
+    }
+    if (n_val && !s->val_eligible) {
+        packer_free(p);
+        return err_fail(err, err_len, "%s: --val-frac %g holds out the last %llu rows, but none of them has a supervised "
+                        "token within the first %u tokens", ds->path, cfg->val_frac, (unsigned long long)n_val, cfg->budget);
     }
     if (!s->eligible) {
         packer_free(p);
         return err_fail(err, err_len, "%s: nothing to pack: %llu rows, none with a supervised token within the first %u tokens",
                     ds->path, (unsigned long long)n, cfg->budget);
     }
-    uint64_t m = s->eligible;
-    uint32_t w = cfg->window < m ? cfg->window : (uint32_t)m;
+    uint64_t m = s->eligible, mv = s->val_eligible, mm = m > mv ? m : mv;
+    uint32_t w = cfg->window < mm ? cfg->window : (uint32_t)mm;
     uint32_t leaves = pow2_at_least(w);
     p->plan_rows = malloc(sizeof(uint32_t) * m);
     p->plan_start = malloc(sizeof(uint64_t) * (m + 1));
-    p->perm = malloc(sizeof(uint32_t) * m);
+    p->perm = malloc(sizeof(uint32_t) * mm);
     p->sort_buf = malloc(sizeof(uint64_t) * w);
     p->bin_fill = malloc(sizeof(uint32_t) * 2 * leaves);   /* max-tree of remaining capacity */
     p->bin_next = malloc(sizeof(uint32_t) * w);
@@ -109,6 +150,22 @@ int packer_init(struct packer *p, const struct dataset *ds, const struct packer_
         !p->bin_last) {
         packer_free(p);
         return err_fail(err, err_len, "packer: out of memory planning %llu rows", (unsigned long long)m);
+    }
+    if (mv) {   /* the validation plan: held-out rows in row-id order, windowed first-fit decreasing, fixed */
+        p->val_rows = malloc(sizeof(uint32_t) * mv);
+        p->val_start = malloc(sizeof(uint64_t) * (mv + 1));
+        if (!p->val_rows || !p->val_start) {
+            packer_free(p);
+            return err_fail(err, err_len, "packer: out of memory planning %llu validation rows", (unsigned long long)mv);
+        }
+        p->val_plan_bins = plan_fill(p, p->val_eligible, mv, p->val_rows, p->val_start);
+        p->val_count = p->val_plan_bins > cfg->shard ? (p->val_plan_bins - cfg->shard + cfg->n_shards - 1) / cfg->n_shards : 0;
+        if (!p->val_count) {
+            packer_free(p);
+            return err_fail(err, err_len, "%s: the %llu held-out rows pack into %llu validation batches, fewer than the %u "
+                            "shards: raise --val-frac or use fewer shards", ds->path, (unsigned long long)mv,
+                            (unsigned long long)p->val_plan_bins, cfg->n_shards);
+        }
     }
     int64_t c0 = epoch_count(p, 0, err, err_len);
     if (c0 < 0) { packer_free(p); return -1; }
@@ -129,25 +186,16 @@ static int cmp_u64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Plan epoch e: fill plan_rows / plan_start / plan_n_bins. */
-static void plan_epoch(struct packer *p, uint32_t e) {
-    if (p->plan_epoch == e) return;
-    const uint64_t m = p->stats.eligible;
+static void plan_epoch(struct packer *p, uint32_t e);
+
+/* Windowed first-fit decreasing over rows `order`[0..m): writes the rows in emission order into rows_out and
+ * the batch boundaries into start_out[0..n_bins]; returns n_bins. Uses the planning scratch. */
+static uint64_t plan_fill(struct packer *p, const uint32_t *perm, uint64_t m, uint32_t *rows_out, uint64_t *start_out) {
     const uint32_t budget = p->cfg.budget;
-    uint32_t *perm = p->perm;
-    memcpy(perm, p->eligible, sizeof(uint32_t) * m);
-    uint64_t rng = p->cfg.seed * 0xD1342543DE82EF95ull ^ ((uint64_t)e + 1) * 0x9E3779B97F4A7C15ull;
-    (void)splitmix(&rng);
-    for (uint64_t i = m - 1; i > 0; i--) {   /* Fisher-Yates; j uniform in [0, i] by multiply-high */
-        uint64_t j = (uint64_t)(((unsigned __int128)splitmix(&rng) * (i + 1)) >> 64);
-        uint32_t t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
     uint64_t *keys = p->sort_buf;
     uint32_t *tree = p->bin_fill;
     uint64_t n_bins = 0, out = 0;
-    p->plan_start[0] = 0;
+    start_out[0] = 0;
     for (uint64_t w0 = 0; w0 < m; w0 += p->cfg.window) {
         uint32_t wn = (uint32_t)(m - w0 < p->cfg.window ? m - w0 : p->cfg.window);
         /* longest first; ties keep permutation order (the low bits hold the position) */
@@ -177,11 +225,28 @@ static void plan_epoch(struct packer *p, uint32_t e) {
         }
         for (uint32_t b = 0; b < nb; b++) {
             for (uint32_t k = p->bin_first[b]; k != UINT32_MAX; k = p->bin_next[k])
-                p->plan_rows[out++] = perm[w0 + (uint32_t)keys[k]];
-            p->plan_start[++n_bins] = out;
+                rows_out[out++] = perm[w0 + (uint32_t)keys[k]];
+            start_out[++n_bins] = out;
         }
     }
-    p->plan_n_bins = n_bins;
+    return n_bins;
+}
+
+/* Plan epoch e: fill plan_rows / plan_start / plan_n_bins. */
+static void plan_epoch(struct packer *p, uint32_t e) {
+    if (p->plan_epoch == e) return;
+    const uint64_t m = p->stats.eligible;
+    uint32_t *perm = p->perm;
+    memcpy(perm, p->eligible, sizeof(uint32_t) * m);
+    uint64_t rng = p->cfg.seed * 0xD1342543DE82EF95ull ^ ((uint64_t)e + 1) * 0x9E3779B97F4A7C15ull;
+    (void)splitmix(&rng);
+    for (uint64_t i = m - 1; i > 0; i--) {   /* Fisher-Yates; j uniform in [0, i] by multiply-high */
+        uint64_t j = (uint64_t)(((unsigned __int128)splitmix(&rng) * (i + 1)) >> 64);
+        uint32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    p->plan_n_bins = plan_fill(p, perm, m, p->plan_rows, p->plan_start);
     p->plan_epoch = e;
 }
 
@@ -221,8 +286,33 @@ static int normalize(struct packer *p, char *err, int err_len) {
     }
 }
 
+/* The stream interleaving (packer.h): with validation, period P = val_every + val_count; seq s is train
+ * batch (s / P) * val_every + min(s % P, val_every), or validation batch s % P - val_every when that is >= 0. */
+static int val_on(const struct packer *p) { return p->val_count > 0; }
+static uint64_t train_index(const struct packer *p, uint64_t seq) {
+    if (!val_on(p)) return seq;
+    uint64_t P = p->cfg.val_every + p->val_count, r = seq % P;
+    return seq / P * p->cfg.val_every + (r < p->cfg.val_every ? r : p->cfg.val_every);
+}
+static int64_t val_index(const struct packer *p, uint64_t seq) {   /* -1: a train batch */
+    if (!val_on(p)) return -1;
+    uint64_t P = p->cfg.val_every + p->val_count, r = seq % P;
+    return r < p->cfg.val_every ? -1 : (int64_t)(r - p->cfg.val_every);
+}
+
+/* The epoch of train batch ti (ti below the stream's train length). */
+static int64_t train_epoch(struct packer *p, uint64_t ti, char *err, int err_len) {
+    for (uint32_t e = 0; !epoch_done(p, e); e++) {
+        int64_t c = epoch_count(p, e, err, err_len);
+        if (c < 0) return -1;
+        if (ti < (uint64_t)c) return e;
+        ti -= (uint64_t)c;
+    }
+    return p->cfg.epochs ? p->cfg.epochs - 1 : 0;
+}
+
 int packer_seek(struct packer *p, uint64_t seq, char *err, int err_len) {
-    uint64_t rem = seq;
+    uint64_t rem = train_index(p, seq), ti = rem;
     uint32_t e = 0;
     for (; !epoch_done(p, e); e++) {
         int64_t c = epoch_count(p, e, err, err_len);
@@ -230,10 +320,15 @@ int packer_seek(struct packer *p, uint64_t seq, char *err, int err_len) {
         if (rem < (uint64_t)c) break;
         rem -= (uint64_t)c;
     }
-    if (epoch_done(p, e) && rem > 0)
+    if (epoch_done(p, e) && rem > 0) {
+        if (val_on(p))
+            return err_fail(err, err_len, "seq %llu is past the end of the stream, which has %llu train batches in %u "
+                            "epoch(s) (seq %llu would be train batch %llu)", (unsigned long long)seq,
+                            (unsigned long long)(ti - rem), p->cfg.epochs, (unsigned long long)seq, (unsigned long long)ti);
         return err_fail(err, err_len, "seq %llu is past the end of the stream, which has %llu batches in %u epoch(s) "
                         "(nothing would be packed; the last seq is %llu)", (unsigned long long)seq,
                         (unsigned long long)(seq - rem), p->cfg.epochs, (unsigned long long)(seq - rem) - 1);
+    }
     if (p->cfg.max_batches && seq > p->cfg.max_batches)
         return err_fail(err, err_len, "seq %llu is past the end of the stream, which stops after --max-batches %llu",
                         (unsigned long long)seq, (unsigned long long)p->cfg.max_batches);
@@ -276,8 +371,14 @@ static void zero_gaps(const struct desc_batch *d, void *payload) {
 int packer_at_end(struct packer *p, char *err, int err_len) {
     if (p->ended) return 1;
     if (normalize(p, err, err_len)) return -1;
-    return epoch_done(p, p->cur.epoch) || (p->cfg.max_batches && p->cur.next_seq >= p->cfg.max_batches);
+    if (p->cfg.max_batches && p->cur.next_seq >= p->cfg.max_batches) return 1;
+    if (val_index(p, p->cur.next_seq) >= 0) return 0;   /* a validation pass follows its N-th train batch, even the last */
+    return epoch_done(p, p->cur.epoch);
 }
+
+/* Write one batch of rows[0..n_docs) into payload and d (seq, epoch, split, counts, offsets). */
+static int fill_batch(struct packer *p, const uint32_t *rows, uint32_t n_docs, uint32_t epoch, enum desc_split split,
+                      void *payload, uint64_t payload_cap, struct desc_batch *d, char *err, int err_len);
 
 int packer_next(struct packer *p, void *payload, uint64_t payload_cap, struct desc_batch *d, char *err, int err_len) {
     int end = packer_at_end(p, err, err_len);
@@ -285,14 +386,38 @@ int packer_next(struct packer *p, void *payload, uint64_t payload_cap, struct de
         if (end > 0) p->ended = 1;
         return end > 0 ? 0 : -1;
     }
+    int64_t vi = val_index(p, p->cur.next_seq);
+    if (vi >= 0) {   /* validation batch vi of this shard: global validation batch vi * n + shard */
+        uint64_t ti = train_index(p, p->cur.next_seq);
+        int64_t e = train_epoch(p, ti - 1, err, err_len);   /* the epoch of the train batch the pass follows */
+        if (e < 0) return -1;
+        uint64_t b = (uint64_t)vi * p->cfg.n_shards + p->cfg.shard;
+        if (fill_batch(p, p->val_rows + p->val_start[b], (uint32_t)(p->val_start[b + 1] - p->val_start[b]), (uint32_t)e,
+                       DESC_SPLIT_VAL, payload, payload_cap, d, err, err_len))
+            return -1;
+        p->stats.val_batches++;
+        p->cur.next_seq++;
+        return 1;
+    }
     plan_epoch(p, p->cur.epoch);
     uint64_t b = p->cur.position * p->cfg.n_shards + p->cfg.shard;
-    const uint32_t *rows = p->plan_rows + p->plan_start[b];
-    uint32_t n_docs = (uint32_t)(p->plan_start[b + 1] - p->plan_start[b]), T = 0;
+    if (fill_batch(p, p->plan_rows + p->plan_start[b], (uint32_t)(p->plan_start[b + 1] - p->plan_start[b]), p->cur.epoch,
+                   DESC_SPLIT_TRAIN, payload, payload_cap, d, err, err_len))
+        return -1;
+    p->cur.position++;
+    p->cur.next_seq++;
+    if (normalize(p, err, err_len)) return -1;
+    return 1;
+}
+
+static int fill_batch(struct packer *p, const uint32_t *rows, uint32_t n_docs, uint32_t epoch, enum desc_split split,
+                      void *payload, uint64_t payload_cap, struct desc_batch *d, char *err, int err_len) {
+    uint32_t T = 0;
     for (uint32_t i = 0; i < n_docs; i++) T += p->eff_len[rows[i]];
     memset(d, 0, sizeof *d);
     d->seq = p->cur.next_seq;
-    d->epoch = p->cur.epoch;
+    d->epoch = epoch;
+    d->split = split;
     d->budget = p->cfg.budget;
     d->n_tokens = T;
     d->n_docs = n_docs;
@@ -329,10 +454,7 @@ int packer_next(struct packer *p, void *payload, uint64_t payload_cap, struct de
     p->stats.tokens += T;
     p->stats.loss_tokens += n_loss;
     p->stats.padding += p->cfg.budget - T;
-    p->cur.position++;
-    p->cur.next_seq++;
-    if (normalize(p, err, err_len)) return -1;
-    return 1;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- cursor text */

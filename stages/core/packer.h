@@ -17,8 +17,20 @@
  *     them, so all shards step equally often (up to n-1 tail batches per epoch are left out when
  *     n > 1, counted in tail_dropped). Sequence numbers are per shard stream: 0, 1, 2, ... across
  *     epochs.
- *   - End: after `epochs` epochs (0 = never) or once `max_batches` batches were emitted in total
- *     (0 = no limit), whichever is first.
+ *   - Validation split (--val-frac F --val-every N): the LAST round(F * rows) row ids (at least one)
+ *     are held out, as speculators' train_data_ratio splits a dataset (train first, val last); they
+ *     never appear in a train batch. They are planned once, in row-id order (no shuffle, the same
+ *     every pass), by the same windowed first-fit decreasing, into val batches; shard i takes the
+ *     val batches b with b % n == i (V of them, all of its share, none dropped). The stream
+ *     interleaves: after every N-th train batch (the last one included) comes one full pass over
+ *     this shard's V val batches, so seq s is, with P = N + V, train batch (s / P)·N + min(s % P, N)
+ *     or val batch s % P - N when s % P >= N. A val batch's descriptor says split = val and carries
+ *     the epoch of the train batch it follows. The trainer's step count is therefore unchanged by
+ *     validation (val batches are not micro-batches), and seeking stays arithmetic. Without
+ *     --val-frac the stream (and the fingerprint) is exactly what it was before the split existed.
+ *   - End: after `epochs` epochs (0 = never) or once `max_batches` batches (train and val) were
+ *     emitted in total (0 = no limit), whichever is first; a validation pass due after the last
+ *     train batch is still emitted.
  *   - Seeking: batch plans are recomputed per epoch (O(rows log window)), so packer_seek(S) walks
  *     the epochs' batch counts (cached) and lands on batch S without packing anything.
  *
@@ -41,10 +53,12 @@ struct packer_config {
     uint32_t shard, n_shards;  /* --shard i/n: 0 <= shard < n_shards */
     uint32_t epochs;           /* --epochs, 0 = unlimited */
     uint64_t max_batches;      /* --max-batches, 0 = unlimited */
+    double val_frac;           /* --val-frac: fraction of rows held out for validation, [0, 1); 0 = none */
+    uint64_t val_every;        /* --val-every: train batches between two validation passes (> 0 iff val_frac > 0) */
 };
 
-/* Where the stream stands: the next batch to emit is plan position `position` of epoch `epoch`
- * and gets sequence number `next_seq`. fingerprint identifies (dataset, budget, window, seed,
+/* Where the stream stands: the next TRAIN batch to emit is plan position `position` of epoch `epoch`
+ * and the next batch (train or val) gets sequence number `next_seq`. fingerprint identifies (dataset, budget, window, seed,
  * shard); a saved cursor is only valid for the same fingerprint. */
 struct packer_cursor {
     uint32_t epoch;
@@ -67,6 +81,9 @@ struct packer_stats {
     uint64_t loss_tokens;      /* loss_mask = 1 tokens in them */
     uint64_t padding;          /* sum of budget - n_tokens over them */
     uint64_t tail_dropped;     /* plan batches left out for equal shard lengths (n_shards > 1), all epochs computed */
+    uint64_t val_rows;         /* rows held out for validation (the last ones by row id) */
+    uint64_t val_eligible;     /* of them, rows packed into the val batches (eligible counts train rows only) */
+    uint64_t val_batches;      /* val batches emitted since init/seek (also counted in batches) */
 };
 
 struct packer {
@@ -75,7 +92,12 @@ struct packer {
     struct packer_stats stats;
     uint64_t fingerprint;
     uint32_t *eff_len;         /* [rows] packed length, 0 = dropped */
-    uint32_t *eligible;        /* [n_eligible] eligible row ids, ascending */
+    uint32_t *eligible;        /* [n_eligible] eligible train row ids, ascending */
+    uint32_t *val_eligible;    /* [stats.val_eligible] eligible held-out row ids, ascending */
+    uint32_t *val_rows;        /* the validation plan (global, before sharding): rows in emission order */
+    uint64_t *val_start;       /* [val_plan_bins+1] */
+    uint64_t val_plan_bins;
+    uint64_t val_count;        /* val batches of this shard per pass (V); 0 = no validation */
     /* the current epoch's plan (global, before sharding) */
     uint32_t plan_epoch;       /* epoch the plan below belongs to (UINT32_MAX: none) */
     uint32_t *plan_rows;       /* [n_eligible] row ids in emission order */
