@@ -249,7 +249,8 @@ static void flush_val(struct trainer *tr) {
         kv[n++] = (struct bus_kv){names[j], m->total[j] ? (double)m->correct[j] / (double)m->total[j] : 0};
     }
     struct bus *bus = relay_bus(tr->relay_);
-    if (bus && bus_metric(bus, tr->step, kv, n) < 0) log_warn("val metric record refused: %s", bus_error(bus));
+    char berr[256];
+    if (bus && bus_metric(bus, tr->step, kv, n, berr, sizeof berr) < 0) log_warn("val metric record refused: %s", berr);
     log_info("validation after step %lld (seqs %llu..%llu, %d batches): val loss %.4f, full acc %.3f, eal %.3f",
              (long long)tr->step, (unsigned long long)tr->val_first_seq,
              (unsigned long long)(tr->val_first_seq + (uint64_t)tr->val_batches - 1), tr->val_batches, loss, kv[1].value,
