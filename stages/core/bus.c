@@ -11,6 +11,7 @@
  * Invariant: seq counts every attempted record of a bus (sent or dropped), dropped counts the
  * dropped ones; both only grow, under the bus mutex.
  */
+#include "core/mpk.h"
 #include "core/bus.h"
 #include "core/err.h"
 #include "core/fsutil.h"
@@ -363,37 +364,16 @@ static int bus_scan(const uint8_t *p, size_t len, size_t *off, int depth, char *
 #undef NEED
 }
 
-static const char *type_name(msgpack_object_type t) {
-    switch (t) {
-    case MSGPACK_OBJECT_NIL: return "nil";
-    case MSGPACK_OBJECT_BOOLEAN: return "a boolean";
-    case MSGPACK_OBJECT_POSITIVE_INTEGER: return "a positive integer";
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return "a negative integer";
-    case MSGPACK_OBJECT_FLOAT32: case MSGPACK_OBJECT_FLOAT64: return "a float";
-    case MSGPACK_OBJECT_STR: return "a string";
-    case MSGPACK_OBJECT_ARRAY: return "an array";
-    case MSGPACK_OBJECT_MAP: return "a map";
-    case MSGPACK_OBJECT_BIN: return "binary data";
-    case MSGPACK_OBJECT_EXT: return "an extension object";
-    }
-    return "an unknown type";
-}
-
-static int key_is(const msgpack_object_str *k, const char *s) {
-    size_t l = strlen(s);
-    return k->size == l && !memcmp(k->ptr, s, l);
-}
-
 static int get_uint(const msgpack_object *o, const char *key, uint64_t *out, char *err, int err_len) {
     if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
-        return err_fail(err, err_len, "field '%s' must be a non-negative integer, found %s", key, type_name(o->type));
+        return err_fail(err, err_len, "field '%s' must be a non-negative integer, found %s", key, mpk_type_name(o->type));
     *out = o->via.u64;
     return 0;
 }
 
 static int get_str(const msgpack_object *o, const char *key, char *out, size_t cap, size_t min_len,
                    char *err, int err_len) {
-    if (o->type != MSGPACK_OBJECT_STR) return err_fail(err, err_len, "field '%s' must be a string, found %s", key, type_name(o->type));
+    if (o->type != MSGPACK_OBJECT_STR) return err_fail(err, err_len, "field '%s' must be a string, found %s", key, mpk_type_name(o->type));
     size_t l = o->via.str.size;
     if (l < min_len || l >= cap) return err_fail(err, err_len, "field '%s' must be %zu..%zu bytes, found %zu", key, min_len, cap - 1, l);
     if (memchr(o->via.str.ptr, 0, l)) return err_fail(err, err_len, "field '%s' contains a NUL byte", key);
@@ -403,7 +383,7 @@ static int get_str(const msgpack_object *o, const char *key, char *out, size_t c
 }
 
 static int decode_map(const msgpack_object *root, struct bus_record *out, char *err, int err_len) {
-    if (root->type != MSGPACK_OBJECT_MAP) return err_fail(err, err_len, "record must be a msgpack map, found %s", type_name(root->type));
+    if (root->type != MSGPACK_OBJECT_MAP) return err_fail(err, err_len, "record must be a msgpack map, found %s", mpk_type_name(root->type));
     const msgpack_object_map *m = &root->via.map;
     if (m->size > MAX_FIELDS) return err_fail(err, err_len, "record has %u fields, at most %d allowed", m->size, MAX_FIELDS);
 
@@ -412,15 +392,15 @@ static int decode_map(const msgpack_object *root, struct bus_record *out, char *
     const msgpack_object *v = NULL, *kind = NULL;
     for (uint32_t i = 0; i < m->size; i++) {
         const msgpack_object *k = &m->ptr[i].key;
-        if (k->type != MSGPACK_OBJECT_STR) return err_fail(err, err_len, "field key #%u must be a string, found %s", i, type_name(k->type));
+        if (k->type != MSGPACK_OBJECT_STR) return err_fail(err, err_len, "field key #%u must be a string, found %s", i, mpk_type_name(k->type));
         if (k->via.str.size == 0 || k->via.str.size >= BUS_NAME_MAX)
             return err_fail(err, err_len, "field key #%u must be 1..%d bytes, found %u", i, BUS_NAME_MAX - 1, k->via.str.size);
         if (memchr(k->via.str.ptr, 0, k->via.str.size)) return err_fail(err, err_len, "field key #%u contains a NUL byte", i);
         for (uint32_t j = 0; j < i; j++)
             if (m->ptr[j].key.via.str.size == k->via.str.size && !memcmp(m->ptr[j].key.via.str.ptr, k->via.str.ptr, k->via.str.size))
                 return err_fail(err, err_len, "field '%.*s' appears twice", (int)k->via.str.size, k->via.str.ptr);
-        if (key_is(&k->via.str, "v")) v = &m->ptr[i].val;
-        if (key_is(&k->via.str, "kind")) kind = &m->ptr[i].val;
+        if (mpk_str_is(&k->via.str, "v")) v = &m->ptr[i].val;
+        if (mpk_str_is(&k->via.str, "kind")) kind = &m->ptr[i].val;
     }
     if (!v) return err_fail(err, err_len, "record has no schema version field 'v'");
     uint64_t ver = 0;
@@ -462,7 +442,7 @@ static int decode_map(const msgpack_object *root, struct bus_record *out, char *
             have_pid = 1;
         } else if (!strcmp(kname, "t")) {
             if (val->type != MSGPACK_OBJECT_FLOAT64 && val->type != MSGPACK_OBJECT_FLOAT32)
-                return err_fail(err, err_len, "field 't' must be a float (unix seconds), found %s", type_name(val->type));
+                return err_fail(err, err_len, "field 't' must be a float (unix seconds), found %s", mpk_type_name(val->type));
             if (!isfinite(val->via.f64)) return err_fail(err, err_len, "field 't' is not finite");
             out->t = val->via.f64;
             have_t = 1;
@@ -492,7 +472,7 @@ static int decode_map(const msgpack_object *root, struct bus_record *out, char *
             if (val->type == MSGPACK_OBJECT_FLOAT64 || val->type == MSGPACK_OBJECT_FLOAT32) d = val->via.f64;
             else if (val->type == MSGPACK_OBJECT_POSITIVE_INTEGER) d = (double)val->via.u64;
             else if (val->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) d = (double)val->via.i64;
-            else return err_fail(err, err_len, "field '%s' must be a number, found %s", kname, type_name(val->type));
+            else return err_fail(err, err_len, "field '%s' must be a number, found %s", kname, mpk_type_name(val->type));
             if (out->n_kv >= BUS_MAX_KV) return err_fail(err, err_len, "record has more than %d named numbers", BUS_MAX_KV);
             memcpy(out->kv[out->n_kv].name, kname, key->size + 1);
             out->kv[out->n_kv].value = d;

@@ -7,6 +7,7 @@
  * order; the decoder fills the same record, checking type, presence and uniqueness of each key and
  * the exact count, then converts and validates ranges and array placement.
  */
+#include "core/mpk.h"
 #include "core/desc.h"
 #include "core/err.h"
 
@@ -406,28 +407,6 @@ int desc_features_encode(const struct desc_features *d, void *buf, size_t cap, s
 
 /* ---------------------------------------------------------------- msgpack decoding */
 
-static const char *obj_type_name(msgpack_object_type t) {
-    switch (t) {
-    case MSGPACK_OBJECT_NIL: return "nil";
-    case MSGPACK_OBJECT_BOOLEAN: return "a boolean";
-    case MSGPACK_OBJECT_POSITIVE_INTEGER: return "an unsigned integer";
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return "a negative integer";
-    case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64: return "a float";
-    case MSGPACK_OBJECT_STR: return "a string";
-    case MSGPACK_OBJECT_ARRAY: return "an array";
-    case MSGPACK_OBJECT_MAP: return "a map";
-    case MSGPACK_OBJECT_BIN: return "binary data";
-    case MSGPACK_OBJECT_EXT: return "an extension";
-    }
-    return "an unknown type";
-}
-
-static int key_is(const msgpack_object *k, const char *name) {
-    size_t n = strlen(name);
-    return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n && !memcmp(k->via.str.ptr, name, n);
-}
-
 /* Unpack buf into u (caller destroys it) and check it is exactly one map. */
 static int unpack_map(const void *buf, size_t len, msgpack_unpacked *u, char *err, int err_len) {
     size_t off = 0;
@@ -437,7 +416,7 @@ static int unpack_map(const void *buf, size_t len, msgpack_unpacked *u, char *er
     if (off != len)
         return err_fail(err, err_len, "descriptor: %zu trailing bytes after the msgpack map", len - off);
     if (u->data.type != MSGPACK_OBJECT_MAP)
-        return err_fail(err, err_len, "descriptor: expected a msgpack map, found %s", obj_type_name(u->data.type));
+        return err_fail(err, err_len, "descriptor: expected a msgpack map, found %s", mpk_type_name(u->data.type));
     return 0;
 }
 
@@ -445,14 +424,14 @@ static int unpack_map(const void *buf, size_t len, msgpack_unpacked *u, char *er
 static int map_kind(const msgpack_object *map, enum desc_kind *kind, char *err, int err_len) {
     const msgpack_object_map *m = &map->via.map;
     for (uint32_t i = 0; i < m->size; i++) {
-        if (!key_is(&m->ptr[i].key, "kind")) continue;
+        if (!mpk_key_is(&m->ptr[i].key, "kind")) continue;
         const msgpack_object *v = &m->ptr[i].val;
         if (v->type != MSGPACK_OBJECT_STR)
-            return err_fail(err, err_len, "descriptor field 'kind': expected a string, found %s", obj_type_name(v->type));
+            return err_fail(err, err_len, "descriptor field 'kind': expected a string, found %s", mpk_type_name(v->type));
         static const struct { const char *name; enum desc_kind kind; } kinds[] = {
             {"batch", DESC_KIND_BATCH}, {"hidden", DESC_KIND_HIDDEN}, {"features", DESC_KIND_FEATURES}};
         for (size_t j = 0; j < sizeof kinds / sizeof kinds[0]; j++)
-            if (key_is(v, kinds[j].name)) { *kind = kinds[j].kind; return 0; }
+            if (mpk_key_is(v, kinds[j].name)) { *kind = kinds[j].kind; return 0; }
         return err_fail(err, err_len, "descriptor kind: expected batch, hidden or features, found '%.*s'",
                     (int)(v->via.str.size > 32 ? 32 : v->via.str.size), v->via.str.ptr);
     }
@@ -482,7 +461,7 @@ static int gen_decode(const void *buf, size_t len, enum desc_kind want, int n_fi
     const msgpack_object_map *m = &u.data.via.map;
     /* The version first, so a newer producer gets "version" and not a confusing count error. */
     for (uint32_t i = 0; i < m->size; i++)
-        if (key_is(&m->ptr[i].key, "version")) {
+        if (mpk_key_is(&m->ptr[i].key, "version")) {
             const msgpack_object *v = &m->ptr[i].val;
             if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER || v->via.u64 != DESC_VERSION) {
                 if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
@@ -490,7 +469,7 @@ static int gen_decode(const void *buf, size_t len, enum desc_kind want, int n_fi
                          (unsigned long long)v->via.u64);
                 else
                     err_fail(err, err_len, "%s descriptor field 'version': expected an unsigned integer, found %s",
-                         desc_kind_name(want), obj_type_name(v->type));
+                         desc_kind_name(want), mpk_type_name(v->type));
                 goto out;
             }
         }
@@ -503,13 +482,13 @@ static int gen_decode(const void *buf, size_t len, enum desc_kind want, int n_fi
         const msgpack_object *k = &m->ptr[i].key, *v = &m->ptr[i].val;
         int f = -1;
         for (int j = 0; j < n_fields; j++)
-            if (key_is(k, g_fields[j].name)) { f = j; break; }
+            if (mpk_key_is(k, g_fields[j].name)) { f = j; break; }
         if (f < 0) {
             if (k->type == MSGPACK_OBJECT_STR)
                 err_fail(err, err_len, "%s descriptor: unexpected field '%.*s'", desc_kind_name(want),
                      (int)(k->via.str.size > 32 ? 32 : k->via.str.size), k->via.str.ptr);
             else
-                err_fail(err, err_len, "%s descriptor: a key is %s, expected a string", desc_kind_name(want), obj_type_name(k->type));
+                err_fail(err, err_len, "%s descriptor: a key is %s, expected a string", desc_kind_name(want), mpk_type_name(k->type));
             goto out;
         }
         if (seen[f]++) {
@@ -520,7 +499,7 @@ static int gen_decode(const void *buf, size_t len, enum desc_kind want, int n_fi
         case T_STR:
             if (v->type != MSGPACK_OBJECT_STR || v->via.str.size >= sizeof g->s[0]) {
                 err_fail(err, err_len, "%s descriptor field '%s': expected a short string, found %s", desc_kind_name(want),
-                     g_fields[f].name, obj_type_name(v->type));
+                     g_fields[f].name, mpk_type_name(v->type));
                 goto out;
             }
             memcpy(g->s[f], v->via.str.ptr, v->via.str.size);
@@ -530,7 +509,7 @@ static int gen_decode(const void *buf, size_t len, enum desc_kind want, int n_fi
         case T_U64:
             if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
                 err_fail(err, err_len, "%s descriptor field '%s': expected an unsigned integer, found %s", desc_kind_name(want),
-                     g_fields[f].name, obj_type_name(v->type));
+                     g_fields[f].name, mpk_type_name(v->type));
                 goto out;
             }
             if (g_fields[f].type == T_U32 && v->via.u64 > UINT32_MAX) {
@@ -543,7 +522,7 @@ static int gen_decode(const void *buf, size_t len, enum desc_kind want, int n_fi
         case T_LAYERS:
             if (v->type != MSGPACK_OBJECT_ARRAY) {
                 err_fail(err, err_len, "%s descriptor field 'layers': expected an array, found %s", desc_kind_name(want),
-                     obj_type_name(v->type));
+                     mpk_type_name(v->type));
                 goto out;
             }
             if (v->via.array.size < 1 || v->via.array.size > DESC_MAX_LAYERS) {
@@ -556,7 +535,7 @@ static int gen_decode(const void *buf, size_t len, enum desc_kind want, int n_fi
                 const msgpack_object *e = &v->via.array.ptr[j];
                 if (e->type != MSGPACK_OBJECT_POSITIVE_INTEGER || e->via.u64 > INT32_MAX) {
                     err_fail(err, err_len, "%s descriptor field 'layers'[%u]: expected a layer id >= 0, found %s",
-                         desc_kind_name(want), j, e->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? "a value past 2^31" : obj_type_name(e->type));
+                         desc_kind_name(want), j, e->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? "a value past 2^31" : mpk_type_name(e->type));
                     goto out;
                 }
                 g->layers[j] = (int32_t)e->via.u64;

@@ -6,6 +6,7 @@
  * checks each key against the table (type, uniqueness), then the exact count.
  */
 #include "shm/control.h"
+#include "core/mpk.h"
 #include "core/err.h"
 
 #include <jansson.h>
@@ -169,36 +170,10 @@ int shm_ctl_encode_reply(const struct shm_ctl_reply *r, char **buf, size_t *len,
 
 /* ---------------------------------------------------------------- decoding */
 
-static const char *obj_type_name(msgpack_object_type t) {
-    switch (t) {
-    case MSGPACK_OBJECT_NIL: return "nil";
-    case MSGPACK_OBJECT_BOOLEAN: return "a boolean";
-    case MSGPACK_OBJECT_POSITIVE_INTEGER: return "an unsigned integer";
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return "a negative integer";
-    case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64: return "a float";
-    case MSGPACK_OBJECT_STR: return "a string";
-    case MSGPACK_OBJECT_ARRAY: return "an array";
-    case MSGPACK_OBJECT_MAP: return "a map";
-    case MSGPACK_OBJECT_BIN: return "binary data";
-    case MSGPACK_OBJECT_EXT: return "an extension";
-    }
-    return "an unknown type";
-}
-
-static int key_is(const msgpack_object *k, const char *name) {
-    size_t n = strlen(name);
-    return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n && !memcmp(k->via.str.ptr, name, n);
-}
-
-static int is_int(const msgpack_object *v) {
-    return v->type == MSGPACK_OBJECT_POSITIVE_INTEGER || v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER;
-}
-
 /* A string value into out (cap bytes with the NUL). */
 static int get_str(const char *what, const char *key, const msgpack_object *v, char *out, size_t cap, char *err, int err_len) {
     if (v->type != MSGPACK_OBJECT_STR)
-        return err_fail(err, err_len, "%s field '%s': expected a string, found %s", what, key, obj_type_name(v->type));
+        return err_fail(err, err_len, "%s field '%s': expected a string, found %s", what, key, mpk_type_name(v->type));
     if (v->via.str.size >= cap)
         return err_fail(err, err_len, "%s field '%s': %u-byte string, at most %zu", what, key, v->via.str.size, cap - 1);
     memcpy(out, v->via.str.ptr, v->via.str.size);
@@ -209,7 +184,7 @@ static int get_str(const char *what, const char *key, const msgpack_object *v, c
 /* A signed value in [lo, hi]. */
 static int get_int(const char *what, const char *key, const msgpack_object *v, int64_t lo, int64_t hi, int64_t *out,
                    char *err, int err_len) {
-    if (!is_int(v)) return err_fail(err, err_len, "%s field '%s': expected an integer, found %s", what, key, obj_type_name(v->type));
+    if (!mpk_is_int(v)) return err_fail(err, err_len, "%s field '%s': expected an integer, found %s", what, key, mpk_type_name(v->type));
     if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? v->via.u64 > (uint64_t)hi : v->via.i64 < lo)
         return err_fail(err, err_len, "%s field '%s': value out of range [%lld, %lld]", what, key, (long long)lo, (long long)hi);
     *out = v->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? (int64_t)v->via.u64 : v->via.i64;
@@ -221,23 +196,23 @@ static int get_int(const char *what, const char *key, const msgpack_object *v, i
 
 static int get_bool(const char *what, const char *key, const msgpack_object *v, int *out, char *err, int err_len) {
     if (v->type != MSGPACK_OBJECT_BOOLEAN)
-        return err_fail(err, err_len, "%s field '%s': expected a boolean, found %s", what, key, obj_type_name(v->type));
+        return err_fail(err, err_len, "%s field '%s': expected a boolean, found %s", what, key, mpk_type_name(v->type));
     *out = v->via.boolean ? 1 : 0;
     return 0;
 }
 
 static int get_u64(const char *what, const char *key, const msgpack_object *v, uint64_t *out, char *err, int err_len) {
     if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
-        return err_fail(err, err_len, "%s field '%s': expected an unsigned integer, found %s", what, key, obj_type_name(v->type));
+        return err_fail(err, err_len, "%s field '%s': expected an unsigned integer, found %s", what, key, mpk_type_name(v->type));
     *out = v->via.u64;
     return 0;
 }
 
 /* The leading kind + version of a message map. */
 static int get_head(const msgpack_object *o, const char *what, enum shm_ctl_kind *kind, char *err, int err_len) {
-    if (o->type != MSGPACK_OBJECT_MAP) return err_fail(err, err_len, "%s: expected a msgpack map, found %s", what, obj_type_name(o->type));
+    if (o->type != MSGPACK_OBJECT_MAP) return err_fail(err, err_len, "%s: expected a msgpack map, found %s", what, mpk_type_name(o->type));
     const msgpack_object_map *m = &o->via.map;
-    if (m->size < 2 || !key_is(&m->ptr[0].key, "kind") || !key_is(&m->ptr[1].key, "version"))
+    if (m->size < 2 || !mpk_key_is(&m->ptr[0].key, "kind") || !mpk_key_is(&m->ptr[1].key, "version"))
         return err_fail(err, err_len, "%s: expected the map to start with 'kind' and 'version' (%u fields)", what, m->size);
     char k[16];
     if (get_str(what, "kind", &m->ptr[0].val, k, sizeof k, err, err_len)) return -1;
@@ -277,7 +252,7 @@ int shm_ctl_decode_request(const void *buf, size_t len, enum shm_ctl_kind *kind,
 
 static int decode_attached(const msgpack_object *v, struct ring_status *st, char *err, int err_len) {
     if (v->type != MSGPACK_OBJECT_ARRAY)
-        return err_fail(err, err_len, "ring '%s' field 'attached': expected an array, found %s", st->name, obj_type_name(v->type));
+        return err_fail(err, err_len, "ring '%s' field 'attached': expected an array, found %s", st->name, mpk_type_name(v->type));
     if (v->via.array.size > RING_MAX_ATTACH)
         return err_fail(err, err_len, "ring '%s' field 'attached': %u entries, at most %d", st->name, v->via.array.size, RING_MAX_ATTACH);
     st->n_attached = (int)v->via.array.size;
@@ -292,16 +267,16 @@ static int decode_attached(const msgpack_object *v, struct ring_status *st, char
             const msgpack_object *key = &e->via.map.ptr[k].key, *val = &e->via.map.ptr[k].val;
             int64_t x;
             unsigned bit;
-            if (key_is(key, "pid")) { bit = 1; if (get_int("attached entry", "pid", val, 0, INT32_MAX, &x, err, err_len)) return -1; a->pid = (int)x; }
-            else if (key_is(key, "role")) {
+            if (mpk_key_is(key, "pid")) { bit = 1; if (get_int("attached entry", "pid", val, 0, INT32_MAX, &x, err, err_len)) return -1; a->pid = (int)x; }
+            else if (mpk_key_is(key, "role")) {
                 bit = 2;
                 char role[16];
                 if (get_str("attached entry", "role", val, role, sizeof role, err, err_len)) return -1;
                 if (!strcmp(role, "producer")) a->role = RING_PRODUCER;
                 else if (!strcmp(role, "consumer")) a->role = RING_CONSUMER;
                 else return err_fail(err, err_len, "ring '%s' attached[%u] role '%s', expected producer or consumer", st->name, j, role);
-            } else if (key_is(key, "alive")) { bit = 4; if (get_bool("attached entry", "alive", val, &a->alive, err, err_len)) return -1; }
-            else if (key_is(key, "drained")) { bit = 8; if (get_bool("attached entry", "drained", val, &a->drained, err, err_len)) return -1; }
+            } else if (mpk_key_is(key, "alive")) { bit = 4; if (get_bool("attached entry", "alive", val, &a->alive, err, err_len)) return -1; }
+            else if (mpk_key_is(key, "drained")) { bit = 8; if (get_bool("attached entry", "drained", val, &a->drained, err, err_len)) return -1; }
             else return err_fail(err, err_len, "ring '%s' attached[%u]: unknown field", st->name, j);
             if (seen & bit) return err_fail(err, err_len, "ring '%s' attached[%u]: a field appears twice", st->name, j);
             seen |= bit;
@@ -313,7 +288,7 @@ static int decode_attached(const msgpack_object *v, struct ring_status *st, char
 static int decode_ring(const msgpack_object *o, int idx, struct ring_status *st, char *err, int err_len) {
     memset(st, 0, sizeof *st);
     if (o->type != MSGPACK_OBJECT_MAP)
-        return err_fail(err, err_len, "status rings[%d]: expected a map, found %s", idx, obj_type_name(o->type));
+        return err_fail(err, err_len, "status rings[%d]: expected a map, found %s", idx, mpk_type_name(o->type));
     const msgpack_object_map *m = &o->via.map;
     if (m->size != N_RING_FIELDS)
         return err_fail(err, err_len, "status rings[%d]: %u fields, expected exactly %d", idx, m->size, N_RING_FIELDS);
@@ -323,8 +298,8 @@ static int decode_ring(const msgpack_object *o, int idx, struct ring_status *st,
     for (uint32_t i = 0; i < m->size; i++) {
         int f = -1;
         for (int k = 0; k < N_RING_FIELDS; k++)
-            if (key_is(&m->ptr[i].key, g_ring_fields[k].name)) f = k;
-        if (f < 0) return err_fail(err, err_len, "%s: unknown field (%s key)", what, obj_type_name(m->ptr[i].key.type));
+            if (mpk_key_is(&m->ptr[i].key, g_ring_fields[k].name)) f = k;
+        if (f < 0) return err_fail(err, err_len, "%s: unknown field (%s key)", what, mpk_type_name(m->ptr[i].key.type));
         if (seen[f]++) return err_fail(err, err_len, "%s: field '%s' appears twice", what, g_ring_fields[f].name);
         const struct rfield *fd = &g_ring_fields[f];
         const msgpack_object *v = &m->ptr[i].val;
@@ -344,7 +319,7 @@ static int decode_ring(const msgpack_object *o, int idx, struct ring_status *st,
         }
     }
     for (uint32_t i = 0; i < m->size; i++)
-        if (key_is(&m->ptr[i].key, "attached") && decode_attached(&m->ptr[i].val, st, err, err_len)) return -1;
+        if (mpk_key_is(&m->ptr[i].key, "attached") && decode_attached(&m->ptr[i].val, st, err, err_len)) return -1;
     return 0;
 }
 
@@ -363,13 +338,13 @@ int shm_ctl_decode_reply(const void *buf, size_t len, struct shm_ctl_reply *r, c
         goto out;
     }
     if (r->kind == SHM_CTL_ERROR) {
-        if (!key_is(&m->ptr[2].key, "error")) { err_fail(err, err_len, "control reply 'error': third field must be 'error'"); goto out; }
+        if (!mpk_key_is(&m->ptr[2].key, "error")) { err_fail(err, err_len, "control reply 'error': third field must be 'error'"); goto out; }
         if (get_str("control reply", "error", &m->ptr[2].val, r->error, sizeof r->error, err, err_len)) goto out;
     } else if (r->kind == SHM_CTL_STATUS) {
         struct shm_ctl_status *st = &r->status;
         static const char *names[3] = {"pid", "source", "rings"};
         for (int i = 0; i < 3; i++)
-            if (!key_is(&m->ptr[2 + i].key, names[i])) {
+            if (!mpk_key_is(&m->ptr[2 + i].key, names[i])) {
                 err_fail(err, err_len, "control reply 'status': field %d must be '%s'", 3 + i, names[i]);
                 goto out;
             }
@@ -379,7 +354,7 @@ int shm_ctl_decode_reply(const void *buf, size_t len, struct shm_ctl_reply *r, c
         if (get_str("control reply", "source", &m->ptr[3].val, st->source, sizeof st->source, err, err_len)) goto out;
         const msgpack_object *rings = &m->ptr[4].val;
         if (rings->type != MSGPACK_OBJECT_ARRAY) {
-            err_fail(err, err_len, "control reply field 'rings': expected an array, found %s", obj_type_name(rings->type));
+            err_fail(err, err_len, "control reply field 'rings': expected an array, found %s", mpk_type_name(rings->type));
             goto out;
         }
         if (rings->via.array.size > SHM_CTL_MAX_RINGS) {
