@@ -8,6 +8,7 @@
  * temporary name and renamed into place; the reader trusts nothing in the file before checking it.
  */
 #include "core/dataset.h"
+#include "core/fsutil.h"
 #include "core/err.h"
 
 #include <errno.h>
@@ -400,12 +401,8 @@ int dataset_write_index(const struct dataset *ds, const char *path, char *err, i
     if (close(fd)) { fd = -1; err_fail(err, err_len, "%s: close failed: %s", tmp, strerror(errno)); goto bad; }
     fd = -1;
     if (rename(tmp, path)) { err_fail(err, err_len, "rename %s -> %s failed: %s", tmp, path, strerror(errno)); goto bad; }
-    snprintf(dir, sizeof dir, "%s", path);
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {   /* the rename is durable once the directory is synced; a failure here loses nothing now */
-        (void)fsync(dfd);
-        close(dfd);
-    }
+    /* the rename is durable once the directory is synced; a failure here loses nothing now */
+    (void)fs_fsync_parent(path, dir, sizeof dir);
     return 0;
 bad:
     if (fd >= 0) close(fd);

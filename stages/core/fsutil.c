@@ -47,18 +47,26 @@ int fs_write_atomic(const char *path, const void *data, size_t len, char *err, i
     if (close(fd) != 0) { snprintf(err, err_len, "close(%s) failed: %s", tmp, strerror(errno)); unlink(tmp); return -1; }
     if (rename(tmp, path) != 0) { snprintf(err, err_len, "rename(%s, %s) failed: %s", tmp, path, strerror(errno)); unlink(tmp); return -1; }
     /* fsync the directory so the rename itself survives a crash */
+    return fs_fsync_parent(path, err, err_len);
+}
+
+int fs_fsync_dir(const char *dir, char *err, int err_len) {
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) { snprintf(err, err_len, "open(%s) for fsync failed: %s", dir, strerror(errno)); return -1; }
+    int rc = fsync(dfd), e = errno;
+    close(dfd);
+    if (rc != 0) { snprintf(err, err_len, "fsync(%s) failed: %s", dir, strerror(e)); return -1; }
+    return 0;
+}
+
+int fs_fsync_parent(const char *path, char *err, int err_len) {
     char dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
     if (slash == dir) slash[1] = 0;
     else if (slash) *slash = 0;
     else snprintf(dir, sizeof dir, ".");
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) { snprintf(err, err_len, "open(%s) for fsync failed: %s", dir, strerror(errno)); return -1; }
-    int rc = fsync(dfd);
-    close(dfd);
-    if (rc != 0) { snprintf(err, err_len, "fsync(%s) failed: %s", dir, strerror(errno)); return -1; }
-    return 0;
+    return fs_fsync_dir(dir, err, err_len);
 }
 
 int fs_read_file(const char *path, char **out, size_t *len, char *err, int err_len) {

@@ -18,6 +18,10 @@ int fs_read_file(const char *path, char **out, size_t *len, char *err, int err_l
 /* mkdir -p with mode 0755. Existing directories are fine. */
 int fs_mkdir_p(const char *path, char *err, int err_len);
 int fs_exists(const char *path);
+/* fsync the directory dir, or the directory holding path, so that a create or rename inside it survives a
+ * crash. 0, or -1 with a sentence naming the directory. */
+int fs_fsync_dir(const char *dir, char *err, int err_len);
+int fs_fsync_parent(const char *path, char *err, int err_len);
 
 /* Permissions of what stages create in a run directory (issue 14 item 9): private by default,
  * directories 0700 and files 0600; with fs_set_share_group(1) (stage flag --share-group)

@@ -448,14 +448,6 @@ static int readme_text(const struct drafter_config *c, int format, const char *d
                : 0;
 }
 
-static int fsync_dir(const char *dir, char *err, int err_len) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return err_fail(err, err_len, "%s: open: %s", dir, strerror(errno));
-    int r = fsync(fd);
-    close(fd);
-    return r ? err_fail(err, err_len, "%s: fsync: %s", dir, strerror(errno)) : 0;
-}
-
 static const char *const export_files[] = {"config.json", "model.safetensors", "README.md", NULL};
 
 /* Remove an export directory we wrote (only our files, then the directory). */
@@ -511,7 +503,7 @@ int export_write(const struct drafter *d, int format, const char *out_dir, const
         snprintf(path, sizeof path, "%s/README.md", tmp);
         if (!rc) rc = fs_write_atomic(path, readme, strlen(readme), err, err_len);
     }
-    if (!rc) rc = fsync_dir(tmp, err, err_len);
+    if (!rc) rc = fs_fsync_dir(tmp, err, err_len);
     if (!rc && exists && rename(out_dir, old))
         rc = err_fail(err, err_len, "rename %s -> %s: %s", out_dir, old, strerror(errno));
     if (!rc && rename(tmp, out_dir)) {
@@ -527,7 +519,7 @@ int export_write(const struct drafter *d, int format, const char *out_dir, const
     snprintf(parent, sizeof parent, "%s", out_dir);
     char *slash = strrchr(parent, '/');
     if (slash) *slash = '\0'; else snprintf(parent, sizeof parent, ".");
-    if (fsync_dir(parent[0] ? parent : "/", err, err_len)) return -1;
+    if (fs_fsync_dir(parent[0] ? parent : "/", err, err_len)) return -1;
     if (exists && remove_export(old, err, err_len)) return -1;
     return 0;
 }

@@ -6,6 +6,7 @@
  * inside the mapping and belong to no other tensor. The writer streams: the header is computed
  * from the declarations alone, so a 16 GB checkpoint never has to sit in memory.
  */
+#include "core/fsutil.h"
 #include "model/safetensors.h"
 #include "core/err.h"
 
@@ -476,12 +477,8 @@ int st_writer_finish(struct st_writer *w, char *err, int err_len) {
     if (rename(w->tmp, w->path) != 0)
         return err_fail(err, err_len, "rename %s -> %s failed: %s", w->tmp, w->path, strerror(errno));
     w->finished = 1;
-    char *dcopy = strdup(w->path);
-    if (dcopy) {   /* make the rename durable; best effort, the data itself is already synced */
-        int dfd = open(dirname(dcopy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) { (void)fsync(dfd); close(dfd); }
-        free(dcopy);
-    }
+    char ignored[256];   /* make the rename durable; best effort, the data itself is already synced */
+    (void)fs_fsync_parent(w->path, ignored, sizeof ignored);
     return 0;
 }
 

@@ -160,22 +160,6 @@ static int wr_pad(struct wr *w, uint64_t len) {
     return pad ? wr_put(w, zeros, (size_t)pad, 1) : 0;
 }
 
-static int fsync_dir_of(const char *path, char *err, int err_len) {
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash == dir) slash[1] = 0;
-    else if (slash) *slash = 0;
-    else snprintf(dir, sizeof dir, ".");
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) return err_fail(err, err_len, "open(%s) for fsync failed: %s", dir, strerror(errno));
-    int rc = fsync(dfd);
-    int e = errno;
-    close(dfd);
-    if (rc != 0) return err_fail(err, err_len, "fsync(%s) failed: %s", dir, strerror(e));
-    return 0;
-}
-
 int ckpt_write(const char *path, const struct ckpt_meta *meta, const struct ckpt_tensor *t, int n,
                char *err, int err_len) {
     const char *cfg = meta->config_json ? meta->config_json : "{}";
@@ -242,7 +226,7 @@ int ckpt_write(const char *path, const struct ckpt_meta *meta, const struct ckpt
     if (close(w.fd) != 0 && !rc) rc = err_fail(err, err_len, "close(%s) failed: %s", tmp, strerror(errno));
     if (!rc && rename(tmp, path) != 0) rc = err_fail(err, err_len, "rename(%s, %s) failed: %s", tmp, path, strerror(errno));
     if (rc) { unlink(tmp); return -1; }
-    return fsync_dir_of(path, err, err_len);
+    return fs_fsync_parent(path, err, err_len);
 }
 
 /* ---------------------------------------------------------------- reading */
@@ -553,7 +537,7 @@ int ckpt_save(const char *dir, const struct ckpt_meta *meta, const struct ckpt_t
         unlink(old);   /* best effort: a leftover of a killed writer */
     }
     closedir(d);
-    return fsync_dir_of(path, err, err_len);
+    return fs_fsync_parent(path, err, err_len);
 }
 
 int ckpt_find_newest_valid(const char *dir, const char *run_config, const char *const *ignore,
