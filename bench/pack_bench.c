@@ -20,6 +20,7 @@
  * epoch (which also faults the mapping in); the median is printed. The target is >= 2 M tokens/s
  * for variant 2 (issue 4).
  */
+#include "kernels/common.h"
 #include "core/dataset.h"
 #include "core/desc.h"
 #include "core/packer.h"
@@ -37,13 +38,7 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static uint64_t rng(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double uniform(uint64_t *s) { return ((double)(rng(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+static double uniform(uint64_t *s) { return ((double)(kernels_rng_next(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
 
 static void die(const char *what, const char *err) {
     fprintf(stderr, "pack_bench: %s: %s\n", what, err);
@@ -70,7 +65,7 @@ static void make_index(const char *path, uint64_t rows, uint64_t seed) {
         uint64_t o = off[r];
         uint32_t prompt = (uint32_t)(len[r] * 3 / 10);
         for (uint32_t i = 0; i < len[r]; i++) {
-            tok[o + i] = (int32_t)(rng(&s) % 151936);
+            tok[o + i] = (int32_t)(kernels_rng_next(&s) % 151936);
             loss[o + i] = i >= prompt;
         }
         first[r] = prompt;

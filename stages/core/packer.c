@@ -7,6 +7,7 @@
  * tree. The plan of one epoch (row order + batch boundaries) is kept as a cache: anything that
  * needs another epoch replans, and packer_next replans the cursor's epoch when needed.
  */
+#include "kernels/common.h"
 #include "core/packer.h"
 #include "core/err.h"
 
@@ -17,13 +18,6 @@
 #include <string.h>
 
 #define PACKER_POLICY_VERSION 1u   /* bump when the plan for given inputs changes: it voids old cursors */
-
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 static uint32_t pow2_at_least(uint32_t x) {
     uint32_t p = 1;
@@ -239,9 +233,9 @@ static void plan_epoch(struct packer *p, uint32_t e) {
     uint32_t *perm = p->perm;
     memcpy(perm, p->eligible, sizeof(uint32_t) * m);
     uint64_t rng = p->cfg.seed * 0xD1342543DE82EF95ull ^ ((uint64_t)e + 1) * 0x9E3779B97F4A7C15ull;
-    (void)splitmix(&rng);
+    (void)kernels_rng_next(&rng);
     for (uint64_t i = m - 1; i > 0; i--) {   /* Fisher-Yates; j uniform in [0, i] by multiply-high */
-        uint64_t j = (uint64_t)(((unsigned __int128)splitmix(&rng) * (i + 1)) >> 64);
+        uint64_t j = (uint64_t)(((unsigned __int128)kernels_rng_next(&rng) * (i + 1)) >> 64);
         uint32_t t = perm[i];
         perm[i] = perm[j];
         perm[j] = t;

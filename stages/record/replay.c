@@ -1,25 +1,19 @@
 /*
  * stages/record/replay.c — replay order and descriptor re-sequencing (replay.h).
  */
+#include "kernels/common.h"
 #include "record/replay.h"
 #include "core/desc.h"
 #include "core/err.h"
 
 #include <string.h>
 
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 void replay_permutation(uint64_t n, uint64_t seed, uint32_t epoch, int shuffle, uint64_t *perm) {
     for (uint64_t i = 0; i < n; i++) perm[i] = i;
     if (!shuffle || n < 2) return;
     uint64_t s = seed ^ (0xD1B54A32D192ED03ull * ((uint64_t)epoch + 1));
     for (uint64_t i = n - 1; i > 0; i--) {
-        uint64_t j = splitmix(&s) % (i + 1);   /* modulo bias < n / 2^64: irrelevant here */
+        uint64_t j = kernels_rng_next(&s) % (i + 1);   /* modulo bias < n / 2^64: irrelevant here */
         uint64_t t = perm[i];
         perm[i] = perm[j];
         perm[j] = t;

@@ -36,10 +36,7 @@ __global__ void dg_noise_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *in, siz
     for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         float x = __bfloat162float(in[e]);
         if (e < n_noise) {
-            uint64_t z = base + (uint64_t)(e + 1) * 0x9E3779B97F4A7C15ull;   /* kernels_rng_next of base + e·γ */
-            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-            z ^= z >> 31;
+            uint64_t z = kernels_mix64(base + (uint64_t)(e + 1) * KERNELS_RNG_GAMMA);   /* kernels_rng_next of base + e·γ */
             double u = (double)(z >> 40) * (1.0 / 16777216.0);
             x = x + (float)(2.0 * (u - 0.5) * (double)scale);
         }
