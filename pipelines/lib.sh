@@ -379,7 +379,8 @@ finish_training_run() {
   done
   : >"$RUN/eval/tau.dat"
   if [ "${DEMO_EVAL:-1}" != 0 ] && [ -n "$prompts" ]; then
-    for c in $(ls "$RUN"/checkpoints/step-*.ckpt 2>/dev/null | sort -t- -k2 -n); do
+    # in step order: sort on the number after the last "step-" (the run path may hold '-' itself)
+    for c in $(ls "$RUN"/checkpoints/step-*.ckpt 2>/dev/null | sed 's/.*step-\([0-9]*\)\.ckpt$/\1 &/' | sort -n | cut -d' ' -f2-); do
       step=${c##*/step-}; step=${step%.ckpt}
       "$DFLASH_BIN/dflash-eval" --target-model "$model" --ckpt "$c" --prompts "$prompts" --max-new 24 \
         --out "$RUN/eval/tau-step-$step.json" >>"$LOGS/dflash-eval.out" 2>&1 || pdie "dflash-eval of $c failed; see $LOGS/dflash-eval.out"
