@@ -30,9 +30,36 @@
  *   stdout and in state/train.json, so the pipeline can rewind the packer. A batch consumed after the last
  *   checkpoint is therefore trained again after a crash, exactly as an uninterrupted run trained it.
  * - Memory: the drafter plans every buffer at start-up from (--tokens, --max-anchors, the model); this file
- *   adds two planned widening buffers. A step allocates nothing here.
- * - The GPU path (issue 20) replaces drafter_step_cpu by the device step, reads features in place from the
- *   GPU ring, and copies the step's metrics to the host once, asynchronously; this file stays the same.
+ *   adds two planned widening buffers (CPU path only). A step allocates nothing here.
+ * - The GPU path (issue 20; --device cuda:N, or auto on a machine with a GPU). Start-up, after
+ *   drafter_load_target and any checkpoint restore into the host drafter and struct optim: cudaSetDevice, one
+ *   blocking stream (it orders after the init's synchronous uploads), drafter_gpu_init (uploads the host
+ *   weights), optim_gpu_init (uploads the host optimizer state), drafter_gpu_warmup at --tokens (cuBLASLt
+ *   plans), then drafter_gpu_memory is logged as the peak (a step allocates nothing) and sent as gpu_mem_gib
+ *   in every metric and val record. Memory plan: the device allocation is the two inits' plans (logged region
+ *   by region); the host adds a pinned buffer for one batch's arrays (desc_batch_max_payload_bytes(--tokens))
+ *   and registers each host input slot's payload once (cudaHostRegister; a refusal is logged and the copies
+ *   run from pageable memory). Data flow of one micro-batch: decode + check as above; the ids, positions, doc
+ *   ids, mask, states and last are copied on the stream into drafter_gpu_inputs: host slots host-to-device
+ *   (bf16, checked on the host in place), device slots device-to-device (their batch arrays are first copied
+ *   to the pinned buffer on a side stream and checked there), fp32 host slots through drafter_gpu_load_batch
+ *   (rounded to bf16 on the host; synchronous, the slow path; fp32 device slots are refused); an event is
+ *   recorded after the copies; drafter_step_gpu (train 1, metrics left on the device); compute waits for that
+ *   event before returning, since the relay releases the slot then. Optimizer step: optim_gpu_grad_norm_start
+ *   (g *= 1/A, the norm on the device), optim_gpu_grad_norm_wait, drafter_gpu_metrics (the A micro-batches'
+ *   metrics, complete by then), the guard on the host as on the CPU, optim_gpu_step (clip to --clip on the
+ *   device, Muon + AdamW), drafter_gpu_zero_grad. A val batch first collects the pending train metrics (so a
+ *   pass between micro-batches is not pooled into them), then runs drafter_step_gpu with train 0 and waits for
+ *   its own metrics. Host waits, all of them: per micro-batch the copies event (the step itself runs on);
+ *   per optimizer step the grad-norm wait (the metrics wait after it finds them done); per val batch its
+ *   metrics; per device slot the batch-arrays copy; per fp32 host slot drafter_gpu_load_batch; every 256 train
+ *   micro-batches of one step a metrics collection (drafter_step_gpu's pending capacity); at a checkpoint and
+ *   before the exports the synchronous downloads (drafter_gpu_download_weights, optim_gpu_download_state) into
+ *   the host drafter and struct optim, which ckpt.c and export.c read as on the CPU path. --dump-dir is refused
+ *   on the GPU (the dump records the fp32 CPU step: run that step with --device cpu). Numerics are the
+ *   drafter_gpu's (bf16 storage, fp32 accumulation), so a GPU run tracks a CPU run (tests/gpu/
+ *   test_train_stage_gpu: loss within 5% per step) but is not bit-equal to it; a GPU run is deterministic and
+ *   resumes exactly on the GPU. step_s on the GPU is host time per step (the step runs asynchronously).
  * - End: the stream ends (the packer's --epochs), or --max-steps optimizer steps are done (the relay's
  *   RELAY_FINISH: the trainer leaves before the end of the stream). Either way a last partial accumulation
  *   is applied, a final checkpoint is written and the exit status is 0. A validation pass the packer emits
@@ -589,7 +616,9 @@ static void gpu_start(struct trainer *tr) {
     const struct opts *o = tr->o;
     cudaError_t e = cudaSetDevice(o->common.cuda_device);
     if (e != cudaSuccess) DIE("cudaSetDevice(%d): %s", o->common.cuda_device, cudaGetErrorString(e));
-    if ((e = cudaStreamCreateWithFlags(&tr->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+    /* a blocking stream: the synchronous cudaMemcpy uploads of drafter_gpu_init / optim_gpu_init run on the
+     * legacy default stream, and pageable host-to-device copies may return before their DMA lands */
+    if ((e = cudaStreamCreate(&tr->stream)) != cudaSuccess ||
         (e = cudaStreamCreateWithFlags(&tr->side, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&tr->copied, cudaEventDisableTiming)) != cudaSuccess)
         DIE("CUDA stream/event creation: %s", cudaGetErrorString(e));
