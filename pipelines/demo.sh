@@ -67,12 +67,7 @@ done
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=pipelines/lib.sh
 . "$here/lib.sh"
-DFLASH_BIN=${DFLASH_BIN:-$(cd "$BUILD/bin" 2>/dev/null && pwd)} || pdie "no $BUILD/bin: build first (make BUILD=$BUILD)"
-export DFLASH_BIN
-for b in dflash-mkmodel dflash-sample dflash-shm dflash-metrics dflash-pack dflash-target dflash-hspack dflash-train \
-         dflash-export dflash-eval; do
-  [ -x "$DFLASH_BIN/$b" ] || pdie "$DFLASH_BIN/$b is missing: build first (make BUILD=$BUILD)"
-done
+need_bins dflash-mkmodel dflash-sample dflash-shm dflash-metrics dflash-pack dflash-target dflash-hspack dflash-train dflash-export dflash-eval
 [[ $STEPS =~ ^[1-9][0-9]*$ ]] || pdie "--steps: '$STEPS' is not a positive integer"
 if [ "$DEVICE" = auto ]; then
   if have_gpu; then DEVICE=cuda:0; else DEVICE=cpu; fi

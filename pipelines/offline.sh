@@ -63,11 +63,7 @@ RUN=${RUN:-runs/offline}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=pipelines/lib.sh
 . "$here/lib.sh"
-DFLASH_BIN=${DFLASH_BIN:-$(cd "$BUILD/bin" 2>/dev/null && pwd)} || pdie "no $BUILD/bin: build first (make BUILD=$BUILD)"
-export DFLASH_BIN
-for b in dflash-shm dflash-metrics dflash-pack dflash-target dflash-hspack dflash-record dflash-replay dflash-train dflash-export; do
-  [ -x "$DFLASH_BIN/$b" ] || pdie "$DFLASH_BIN/$b is missing: build first (make BUILD=$BUILD)"
-done
+need_bins dflash-shm dflash-metrics dflash-pack dflash-target dflash-hspack dflash-record dflash-replay dflash-train dflash-export
 [ -d "$MODEL" ] || pdie "model directory $MODEL does not exist"
 [ -f "$MODEL/config.json" ] || pdie "$MODEL/config.json: missing (not a Hugging Face model directory)"
 [ -f "$DATA_IN" ] || pdie "dataset $DATA_IN does not exist"
@@ -114,11 +110,7 @@ if [ ! -e "$REC/index.txt" ]; then
   mkdir -p "$REC"
   next=0
   while [ -e "$(printf '%s/item-%012d.safetensors' "$REC" "$next")" ]; do next=$((next + 1)); done
-  BATCH_SPEC=$("$D/dflash-pack" "${PACK_FLAGS[@]}" --print-ring-spec) || pdie "dflash-pack --print-ring-spec failed"
-  HIDDEN_SPEC=$("$D/dflash-target" --model "$MODEL" --tokens "$TOKENS" --device "$DEVICE" ${LAYER_FLAGS[@]+"${LAYER_FLAGS[@]}"} \
-                  --print-ring-spec 2>"$LOGS/spec.out") || pdie "dflash-target --model $MODEL: $(first_error "$LOGS/spec.out")"
-  FEATURE_SPEC=$("$D/dflash-hspack" --tokens "$TOKENS" --n-layers "$K" --hidden-size "$H" --dtype "$DTYPE" \
-                   --device "$DEVICE" --print-ring-spec) || pdie "dflash-hspack --print-ring-spec failed"
+  online_ring_specs
   CMD_SHM=("$D/dflash-shm" --run "$RUN" --ring "$BATCH_SPEC" --ring "$HIDDEN_SPEC" --ring "$FEATURE_SPEC" ${HOST[@]+"${HOST[@]}"})
   CMD_METRICS=("$D/dflash-metrics" --run "$RUN" --plot-every-s 60 --csv-stage dflash-train)
   CMD_PACK=("$D/dflash-pack" --run "$RUN" --data "$DATA" --epochs 1 "${PACK_FLAGS[@]}" --resume-from-seq "$next")

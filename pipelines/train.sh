@@ -61,11 +61,7 @@ RUN=${RUN:-runs/train}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=pipelines/lib.sh
 . "$here/lib.sh"
-DFLASH_BIN=${DFLASH_BIN:-$(cd "$BUILD/bin" 2>/dev/null && pwd)} || pdie "no $BUILD/bin: build first (make BUILD=$BUILD)"
-export DFLASH_BIN
-for b in dflash-shm dflash-metrics dflash-pack dflash-target dflash-hspack dflash-train dflash-export; do
-  [ -x "$DFLASH_BIN/$b" ] || pdie "$DFLASH_BIN/$b is missing: build first (make BUILD=$BUILD)"
-done
+need_bins dflash-shm dflash-metrics dflash-pack dflash-target dflash-hspack dflash-train dflash-export
 # bad inputs stop here, each with one line, before anything is started
 [ -d "$MODEL" ] || pdie "model directory $MODEL does not exist"
 [ -f "$MODEL/config.json" ] || pdie "$MODEL/config.json: missing (not a Hugging Face model directory)"
@@ -112,11 +108,7 @@ if [ -z "$STEPS" ]; then
   rm -rf "$RUN/count"
   [ "$STEPS" -gt 0 ] || pdie "$DATA_IN gives no batch"
 fi
-BATCH_SPEC=$("$DFLASH_BIN/dflash-pack" "${PACK_FLAGS[@]}" --print-ring-spec) || pdie "dflash-pack --print-ring-spec failed"
-HIDDEN_SPEC=$("$DFLASH_BIN/dflash-target" --model "$MODEL" --tokens "$TOKENS" --device "$DEVICE" ${LAYER_FLAGS[@]+"${LAYER_FLAGS[@]}"} \
-                --print-ring-spec 2>"$LOGS/spec.out") || pdie "dflash-target --model $MODEL: $(first_error "$LOGS/spec.out")"
-FEATURE_SPEC=$("$DFLASH_BIN/dflash-hspack" --tokens "$TOKENS" --n-layers "$K" --hidden-size "$H" --dtype "$DTYPE" \
-                 --device "$DEVICE" --print-ring-spec) || pdie "dflash-hspack --print-ring-spec failed"
+online_ring_specs
 SHM_FLAGS=(--ring "$BATCH_SPEC" --ring "$HIDDEN_SPEC" --ring "$FEATURE_SPEC")
 [ "$DEVICE" != cpu ] || SHM_FLAGS+=(--host-only)
 
