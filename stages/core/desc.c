@@ -338,35 +338,15 @@ static void gen_states(struct gen *g, uint32_t n_layers, const int32_t *layers, 
 
 /* ---------------------------------------------------------------- msgpack encoding */
 
-struct fixbuf { char *p; size_t cap, len, need; };
-
-/* msgpack write callback into a fixed buffer; records the bytes needed even past the end so the
- * error can say how much room the descriptor wants. */
-static int fixbuf_write(void *data, const char *buf, size_t len) {
-    struct fixbuf *f = data;
-    if (f->len + len <= f->cap) {
-        memcpy(f->p + f->len, buf, len);
-        f->len += len;
-    }
-    f->need += len;
-    return 0;
-}
-
-static void pack_str(msgpack_packer *pk, const char *s) {
-    size_t n = strlen(s);
-    msgpack_pack_str(pk, n);
-    msgpack_pack_str_body(pk, s, n);
-}
-
 static int gen_encode(const struct gen *g, int n_fields, void *buf, size_t cap, size_t *len, char *err, int err_len) {
-    struct fixbuf f = {buf, cap, 0, 0};
+    struct mpk_fixbuf f = {buf, cap, 0, 0};
     msgpack_packer pk;
-    msgpack_packer_init(&pk, &f, fixbuf_write);
+    msgpack_packer_init(&pk, &f, mpk_fixbuf_write);
     msgpack_pack_map(&pk, (size_t)n_fields);
     for (int i = 0; i < n_fields; i++) {
-        pack_str(&pk, g_fields[i].name);
+        mpk_pack_str(&pk, g_fields[i].name);
         switch (g_fields[i].type) {
-        case T_STR: pack_str(&pk, g->s[i]); break;
+        case T_STR: mpk_pack_str(&pk, g->s[i]); break;
         case T_U32:
         case T_U64: msgpack_pack_uint64(&pk, g->u[i]); break;
         case T_LAYERS:

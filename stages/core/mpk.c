@@ -32,3 +32,19 @@ int mpk_key_is(const msgpack_object *k, const char *name) {
 int mpk_is_int(const msgpack_object *v) {
     return v->type == MSGPACK_OBJECT_POSITIVE_INTEGER || v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER;
 }
+
+int mpk_fixbuf_write(void *data, const char *buf, size_t len) {
+    struct mpk_fixbuf *f = data;
+    if (f->len + len <= f->cap) {
+        memcpy(f->p + f->len, buf, len);
+        f->len += len;
+    }
+    f->need += len;
+    return 0;
+}
+
+void mpk_pack_str(msgpack_packer *pk, const char *s) {
+    size_t n = strlen(s);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+}

@@ -18,4 +18,11 @@ int mpk_key_is(const msgpack_object *k, const char *name);
 /* 1 if v is an integer (either sign). */
 int mpk_is_int(const msgpack_object *v);
 
+/* A fixed output buffer for msgpack_packer (msgpack_packer_init(&pk, &fb, mpk_fixbuf_write)): bytes past cap are
+ * not written but counted in need, so an encoder can say how much room it wanted. */
+struct mpk_fixbuf { char *p; size_t cap, len, need; };
+int mpk_fixbuf_write(void *data, const char *buf, size_t len);
+/* Pack a NUL-terminated string as a msgpack str. */
+void mpk_pack_str(msgpack_packer *pk, const char *s);
+
 #endif /* STAGES_CORE_MPK_H */

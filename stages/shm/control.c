@@ -57,38 +57,20 @@ static const char *role_name(int role) { return role == RING_PRODUCER ? "produce
 
 /* ---------------------------------------------------------------- encoding */
 
-struct fixbuf { char *p; size_t cap, len, need; };
-
-static int fixbuf_write(void *data, const char *buf, size_t len) {
-    struct fixbuf *f = data;
-    if (f->len + len <= f->cap) {
-        memcpy(f->p + f->len, buf, len);
-        f->len += len;
-    }
-    f->need += len;
-    return 0;
-}
-
-static void pack_str(msgpack_packer *pk, const char *s) {
-    size_t n = strlen(s);
-    msgpack_pack_str(pk, n);
-    msgpack_pack_str_body(pk, s, n);
-}
-
 static void pack_head(msgpack_packer *pk, size_t n_fields, enum shm_ctl_kind kind) {
     msgpack_pack_map(pk, n_fields);
-    pack_str(pk, "kind");
-    pack_str(pk, shm_ctl_kind_name(kind));
-    pack_str(pk, "version");
+    mpk_pack_str(pk, "kind");
+    mpk_pack_str(pk, shm_ctl_kind_name(kind));
+    mpk_pack_str(pk, "version");
     msgpack_pack_uint32(pk, SHM_CTL_VERSION);
 }
 
 int shm_ctl_encode_request(enum shm_ctl_kind kind, void *buf, size_t cap, size_t *len, char *err, int err_len) {
     if (kind != SHM_CTL_STATUS && kind != SHM_CTL_SHUTDOWN)
         return err_fail(err, err_len, "control request: kind must be status or shutdown, got %d", (int)kind);
-    struct fixbuf f = {buf, cap, 0, 0};
+    struct mpk_fixbuf f = {buf, cap, 0, 0};
     msgpack_packer pk;
-    msgpack_packer_init(&pk, &f, fixbuf_write);
+    msgpack_packer_init(&pk, &f, mpk_fixbuf_write);
     pack_head(&pk, 2, kind);
     if (f.need > cap) return err_fail(err, err_len, "control request needs %zu bytes, buffer has %zu", f.need, cap);
     *len = f.len;
@@ -100,9 +82,9 @@ static void pack_ring(msgpack_packer *pk, const struct ring_status *st) {
     for (int i = 0; i < N_RING_FIELDS; i++) {
         const struct rfield *f = &g_ring_fields[i];
         const char *p = (const char *)st + f->off;
-        pack_str(pk, f->name);
+        mpk_pack_str(pk, f->name);
         switch (f->type) {
-        case T_STR: pack_str(pk, p); break;
+        case T_STR: mpk_pack_str(pk, p); break;
         case T_INT: msgpack_pack_int64(pk, *(const int *)p); break;
         case T_BOOL: if (*(const int *)p) msgpack_pack_true(pk); else msgpack_pack_false(pk); break;
         case T_U32: msgpack_pack_uint32(pk, *(const uint32_t *)p); break;
@@ -116,13 +98,13 @@ static void pack_ring(msgpack_packer *pk, const struct ring_status *st) {
             for (int j = 0; j < st->n_attached; j++) {
                 const struct ring_attached *a = &st->attached[j];
                 msgpack_pack_map(pk, N_ATTACHED_FIELDS);
-                pack_str(pk, "pid");
+                mpk_pack_str(pk, "pid");
                 msgpack_pack_int64(pk, a->pid);
-                pack_str(pk, "role");
-                pack_str(pk, role_name(a->role));
-                pack_str(pk, "alive");
+                mpk_pack_str(pk, "role");
+                mpk_pack_str(pk, role_name(a->role));
+                mpk_pack_str(pk, "alive");
                 if (a->alive) msgpack_pack_true(pk); else msgpack_pack_false(pk);
-                pack_str(pk, "drained");
+                mpk_pack_str(pk, "drained");
                 if (a->drained) msgpack_pack_true(pk); else msgpack_pack_false(pk);
             }
             break;
@@ -139,8 +121,8 @@ int shm_ctl_encode_reply(const struct shm_ctl_reply *r, char **buf, size_t *len,
     case SHM_CTL_SHUTDOWN: pack_head(&pk, 2, r->kind); break;
     case SHM_CTL_ERROR:
         pack_head(&pk, 3, r->kind);
-        pack_str(&pk, "error");
-        pack_str(&pk, r->error);
+        mpk_pack_str(&pk, "error");
+        mpk_pack_str(&pk, r->error);
         break;
     case SHM_CTL_STATUS: {
         const struct shm_ctl_status *st = &r->status;
@@ -149,11 +131,11 @@ int shm_ctl_encode_reply(const struct shm_ctl_reply *r, char **buf, size_t *len,
             return err_fail(err, err_len, "control reply: %d rings, at most %d", st->n_rings, SHM_CTL_MAX_RINGS);
         }
         pack_head(&pk, 5, r->kind);
-        pack_str(&pk, "pid");
+        mpk_pack_str(&pk, "pid");
         msgpack_pack_int64(&pk, st->pid);
-        pack_str(&pk, "source");
-        pack_str(&pk, st->source);
-        pack_str(&pk, "rings");
+        mpk_pack_str(&pk, "source");
+        mpk_pack_str(&pk, st->source);
+        mpk_pack_str(&pk, "rings");
         msgpack_pack_array(&pk, (size_t)st->n_rings);
         for (int i = 0; i < st->n_rings; i++) pack_ring(&pk, &st->rings[i]);
         break;
