@@ -287,14 +287,7 @@ static json_t *zlab_config(const struct drafter_config *c) {
                                                                                            : "full_attention"));
     }
     for (int i = 0; i < c->k; i++) json_array_append_new(jid, json_integer(ids[i]));
-    json_t *rope_scaling = json_null();
-    if (t->rope_type == HF_ROPE_LINEAR)
-        rope_scaling = json_pack("{s:s, s:f}", "rope_type", "linear", "factor", t->rope_factor);
-    else if (t->rope_type == HF_ROPE_LLAMA3)
-        rope_scaling = json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor", t->rope_factor,
-                                 "low_freq_factor", t->rope_low_freq_factor, "high_freq_factor",
-                                 t->rope_high_freq_factor, "original_max_position_embeddings",
-                                 t->rope_original_max_position_embeddings);
+    json_t *rope_scaling = hf_rope_scaling_json(t);
     json_t *dc = json_pack("{s:o, s:I, s:i}", "target_layer_ids", jid, "mask_token_id", (json_int_t)c->mask_token_id,
                            "block_size", c->B);
     /* vLLM applies dflash_config.causal to every layer; without it, sliding => causal, full => not, which is

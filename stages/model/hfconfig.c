@@ -631,3 +631,12 @@ int64_t hf_config_n_params(const struct model_config *c) {
     int64_t layer = C * q + 2 * C * kv + q * C + 3 * C * I + 2 * C + (c->qk_norm ? 2 * d : 0);
     return V * C + (int64_t)c->num_hidden_layers * layer + C + (c->tie_word_embeddings ? 0 : V * C);
 }
+
+json_t *hf_rope_scaling_json(const struct model_config *t) {
+    if (t->rope_type == HF_ROPE_LINEAR) return json_pack("{s:s, s:f}", "rope_type", "linear", "factor", t->rope_factor);
+    if (t->rope_type == HF_ROPE_LLAMA3)
+        return json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor", t->rope_factor,
+                         "low_freq_factor", t->rope_low_freq_factor, "high_freq_factor", t->rope_high_freq_factor,
+                         "original_max_position_embeddings", t->rope_original_max_position_embeddings);
+    return json_null();
+}

@@ -107,6 +107,9 @@ int hf_config_rotary_dim(const struct model_config *c);
  * 1 ulp (the former double-precision formula differed in 1072 of 2520, up to 6 ulp). The rotation is the
  * half-split (rotate_half) form over the first R dims: pairs (x[i], x[i + R/2]). */
 void hf_rope_inv_freq(const struct model_config *c, double *inv_freq /* (R/2) */);
+/* The config.json "rope_scaling" value of c as transformers writes it: a new JSON object for linear and llama3
+ * scaling, JSON null for none (the caller owns the reference; jansson's json_t). */
+struct json_t *hf_rope_scaling_json(const struct model_config *c);
 
 /* The z-lab default target layer ids (dflash-reference.md §3.1, build_target_layer_ids): for one
  * draft layer [n/2]; else round-half-even(1 + i*(n-4)/(L_d-1)), i < L_d. Writes n_draft_layers

@@ -50,14 +50,7 @@ static json_t *config_json(const struct drafter_config *c, const char *verifier_
         json_array_append_new(types, json_string(c->layer_type[l] == DRAFTER_LAYER_SLIDING ? "sliding_attention"
                                                                                            : "full_attention"));
     }
-    json_t *rope_scaling = json_null();
-    if (t->rope_type == HF_ROPE_LINEAR)
-        rope_scaling = json_pack("{s:s, s:f}", "rope_type", "linear", "factor", t->rope_factor);
-    else if (t->rope_type == HF_ROPE_LLAMA3)
-        rope_scaling = json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor", t->rope_factor,
-                                 "low_freq_factor", t->rope_low_freq_factor, "high_freq_factor",
-                                 t->rope_high_freq_factor, "original_max_position_embeddings",
-                                 t->rope_original_max_position_embeddings);
+    json_t *rope_scaling = hf_rope_scaling_json(t);
     int spec = c->sample_from_anchor ? c->B : c->B - 1;
     json_t *layer = json_pack(
         "{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:f, s:f, s:b, s:b, s:b, s:i, s:o, s:f, s:o}",
