@@ -203,11 +203,25 @@ def report(out):
                     f"busy {b:.1f} s, wait {w:.1f} s ({'summary' if summ else 'last heartbeat'}; wait = on its rings)")
         else:
             tab.add("pipeline", f"{s} busy / wait", None, "% busy", pwhy if pwhy != "ok" else "no record")
+    tlog = read(os.path.join(pdir, "logs", "dflash-train.log"))
+    tlog_gib = num(r"peak device memory ([0-9.]+) GiB in use", tlog)
     for s in ["dflash-shm"] + stages:
         have = mem is not None and s in mem
-        tab.add("pipeline", f"{s} peak GPU memory", mem[s] / 1024 if have else None, "GiB",
-                (mem_note + ("; the device rings" if s == "dflash-shm" else "")) if have else
-                ("no GPU memory (not on the GPU)" if mem is not None and pwhy == "ok" else "no nvidia-smi samples"), 2)
+        if have:
+            tab.add("pipeline", f"{s} peak GPU memory", mem[s] / 1024, "GiB",
+                    mem_note + ("; the device rings" if s == "dflash-shm" else ""), 2)
+            continue
+        own = [float(x["gpu_mem_bytes"]) for x in recs or [] if x.get("stage") == s and "gpu_mem_bytes" in x]
+        if own and max(own) > 0:   # the stage's own count (nvidia-smi saw no process: e.g. another PID namespace)
+            tab.add("pipeline", f"{s} peak GPU memory", max(own) / 2**30, "GiB",
+                    "max of the stage's heartbeat gpu_mem_bytes (its own allocations)", 2)
+        elif s == "dflash-train" and tlog_gib is not None:
+            tab.add("pipeline", f"{s} peak GPU memory", tlog_gib, "GiB",
+                    "trainer's log after start-up: cudaMemGetInfo, every process on the device counts", 2)
+        else:
+            tab.add("pipeline", f"{s} peak GPU memory", None, "GiB",
+                    "no nvidia-smi sample of this process (no device memory, or it ran < 0.5 s)" if mem is not None
+                    else "no nvidia-smi samples", 2)
     return tab
 
 

@@ -216,6 +216,8 @@ if [ "$MODE" != cpu ] && { want ceiling || want target || want train || want mod
   trap stop_sampler EXIT
 
   want ceiling && gpu_phase ceiling 60 "$BENCH/ceiling_bench" ${CEIL_ARGS[@]+"${CEIL_ARGS[@]}"}
+  PEAK=$(grep -soE '^RESULT ceiling gemm_bf16 n [0-9]+ TFLOP/s best [0-9.]+' "$OUT_DIR/ceiling.txt" | awk '{print $NF}' || true)
+  [ -z "$PEAK" ] || TARGET_ARGS+=(--gemm-peak "$PEAK")   # target_bench's own MFU line: this run's peak, no constant
   want target && gpu_phase target 120 "$BENCH/target_bench" "${TARGET_ARGS[@]}"
   want train && gpu_phase train 150 "$BENCH/train_bench" "${TRAIN_ARGS[@]}"
 
