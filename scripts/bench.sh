@@ -26,6 +26,7 @@
 #   --pkg DIR: binaries from a scripts/gpu-run.sh package (DIR/bin, DIR/bench, DIR/lib) instead of
 #              $BUILD/bin and $BUILD/bench. On the device tool (the results come back through $OUT):
 #              run(command="OUT_DIR=$OUT bash scripts/bench.sh --gpu --pkg build/gpu", carry=["build/gpu"])
+#              (or: bash build/gpu/run.sh standard, the same)
 #              then, here: cat <files_at>/RESULTS-entry.md >> kernels/bench/RESULTS.md
 #   --results FILE: where the report's entry is appended (default for --gpu: kernels/bench/RESULTS.md of
 #              this tree; none: only $OUT_DIR/RESULTS-entry.md). The entry has date, commit and shape.
