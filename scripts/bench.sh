@@ -3,7 +3,7 @@
 #
 #   scripts/bench.sh --cpu-only [--quick]      what `make bench` runs (no GPU): pack_bench,
 #                                              ring_bench, and the whole CPU pipeline (the demo:
-#                                              pack -> target -> record on the tiny model), ~15 s
+#                                              pack -> target -> hspack -> train on the tiny model), ~20 s
 #   scripts/bench.sh --gpu [--only LIST] [--pkg DIR] [--steps N] [--results FILE|none]
 #                                              on the H200, one command of ~9 minutes at most (issue 21):
 #     ceiling   bench/ceiling_bench: the bf16 GEMM peak and the device-copy bandwidth of THIS run (every
@@ -146,12 +146,14 @@ if want cpu; then
       row cpu "host ring, $size $unit slots, variant $var ($vname)" "$ips" "items/s" "$gbs GB/s payload"
     done < <(grep -E '^[0-9]+ (KB|MB) +[12] ' "$OUT_DIR/ring_bench.txt")
   fi
-  # The whole CPU pipeline: the demo (pack -> target -> record, tiny model, --device cpu).
+  # The whole CPU pipeline: the demo (pack -> target -> hspack -> train, tiny model, --device cpu, no tau
+  # evaluation); the trainer's summary record (tokens, tokens/s over its life in the run).
   drun=$(mktemp -d /tmp/dflash-bench-demo-XXXXXX)/run
-  if run_bench demo_pipeline 300 env RUN="$drun" DEVICE=cpu EPOCHS=3 DFLASH_BIN="$BIN" bash "$here/pipelines/demo.sh"; then
-    tps=$(grep -oE '"tokens_per_s": [0-9.]+' "$drun/record/DONE" | grep -oE '[0-9.]+$' || echo "?")
-    tok=$(grep -oE '"tokens": [0-9]+' "$drun/record/DONE" | grep -oE '[0-9]+$' || echo "?")
-    row cpu "whole CPU pipeline: demo, tiny model, $tok tokens" "${tps%.*}" "tok/s" "pack -> target -> record, fp32, 3 epochs"
+  if run_bench demo_pipeline 300 env RUN="$drun" DEVICE=cpu DEMO_EVAL=0 DFLASH_BIN="$BIN" bash "$here/pipelines/demo.sh"; then
+    sumrec=$(grep '"kind":"summary","stage":"dflash-train"' "$drun/metrics.jsonl" | tail -n 1 || true)
+    tps=$(grep -oE '"tokens_per_s":[0-9.]+' <<<"$sumrec" | grep -oE '[0-9.]+$' || echo "?")
+    tok=$(grep -oE '"tokens":[0-9.]+' <<<"$sumrec" | grep -oE '[0-9]+' | head -n 1 || echo "?")
+    row cpu "whole CPU pipeline: demo, tiny model, $tok tokens" "${tps%.*}" "tok/s" "pack -> target -> hspack -> train, fp32; trainer summary"
     rm -rf "$(dirname "$drun")"
   fi
 fi
@@ -247,7 +249,7 @@ if [ "$MODE" != cpu ] && { want ceiling || want target || want train || want mod
         phase dataset FAILED 0 "dflash-mkmodel --dataset: $(first_line "$OUT_DIR/model.txt")"
     fi
     if [ "$VOCAB_SIZE" -gt 0 ] && [ -s "$DATA" ] && [ ! -e "$VOCAB/d2t.npy" ]; then
-      V=$(grep -o '"vocab_size": *[0-9]*' "$MODEL/config.json" | head -n 1 | grep -o '[0-9]*$')
+      V=$(grep -o '"vocab_size": *[0-9]*' "$MODEL/config.json" | head -n 1 | grep -o '[0-9]*$' || echo 0)
       "$BIN/dflash-vocab" --data "$DATA" --vocab-size "$V" --draft-vocab-size "$VOCAB_SIZE" --out "$VOCAB" >>"$OUT_DIR/model.txt" 2>&1 ||
         phase vocab FAILED 0 "dflash-vocab: $(first_line "$OUT_DIR/model.txt")"
     fi
@@ -266,7 +268,7 @@ if [ "$MODE" != cpu ] && { want ceiling || want target || want train || want mod
     skip=""
     if ! grep -q 'cuda' "$probe/help"; then skip="dflash-train --help lists no cuda device"
     elif [ "$DEV" != cpu ] && grep -qE 'not built yet|no CUDA support|only 0 CUDA' "$probe/out"; then
-      skip="dflash-train has no GPU path: $(grep -m1 -oE '(the trainer.s GPU path is not built yet|--device [^ ]+: this build has no CUDA support|only 0 CUDA device.*)' "$probe/out")"
+      skip="dflash-train has no GPU path: $(grep -m1 -oE '(the trainer.s GPU path is not built yet|--device [^ ]+: this build has no CUDA support|only 0 CUDA device.*)' "$probe/out" || true)"
     fi
     rm -rf "$probe"
     if [ -n "$skip" ]; then
