@@ -3,34 +3,44 @@
 #
 #   scripts/bench.sh --cpu-only [--quick]      what `make bench` runs (no GPU): pack_bench,
 #                                              ring_bench, and the whole CPU pipeline (the demo:
-#                                              pack -> target -> record on the tiny model), ~15 s
-#   scripts/bench.sh --gpu [--only LIST] [--quick] [--pkg DIR]
-#                                              on the H200: every kernel benchmark, target_bench,
-#                                              ring_gpu_bench, and the whole pipeline pack ->
-#                                              target -> record on a Qwen3-8B-shaped random model
-#   LIST: comma-separated parts of: cpu, kernels, target, pipeline (default: all of them for --gpu)
+#                                              pack -> target -> hspack -> train on the tiny model), ~20 s
+#   scripts/bench.sh --gpu [--only LIST] [--pkg DIR] [--steps N] [--results FILE|none]
+#                                              on the H200, one command of ~9 minutes at most (issue 21):
+#     ceiling   bench/ceiling_bench: the bf16 GEMM peak and the device-copy bandwidth of THIS run (every
+#               MFU below divides by this peak; no constant)                                  timeout 60 s
+#     target    bench/target_bench: the target forward alone, Qwen3-8B shape, 8192-token batches,
+#               weights generated on the GPU                                                  timeout 120 s
+#     train     bench/train_bench: the trainer alone, design.md §10 drafter, synthetic features  timeout 150 s
+#     model     dflash-mkmodel --preset qwen3-8b --dtype bf16 --seed 42 (16 GB) + a dataset + a 32000-token
+#               draft vocabulary, written once into $BENCH_DIR (default /tmp/dflash-bench) and kept while
+#               the machine is held (a timed-out write leaves nothing half-written)            timeout 300 s
+#     pipeline  pipelines/train.sh on that model: pack -> target -> hspack -> train, target and trainer
+#               sharing cuda:0, --steps N optimizer steps (default 40); skipped, with the reason, when
+#               dflash-train has no GPU path                                  timeout: what is left of 540 s
+#   LIST: comma-separated phases (default ceiling,target,train,model,pipeline; also `kernels`: every
+#   kernel benchmark, not in the default: it does not fit the same 10 minutes).
+#   scripts/bench.sh --cpu-smoke               the same phases and the same report on the CPU in a few
+#                                              seconds: the tiny model, --device cpu, 6 steps of 512 tokens
+#                                              (the GPU benchmarks report "skipped"); tests/test_bench.c
+#   BENCH_DEVICE=D overrides the pipeline's device (cuda:0 for --gpu, cpu for --cpu-smoke).
 #   --pkg DIR: binaries from a scripts/gpu-run.sh package (DIR/bin, DIR/bench, DIR/lib) instead of
-#              $BUILD/bin and $BUILD/bench. On the device tool:
-#              run(command="bash scripts/bench.sh --gpu --pkg build/gpu", carry=["build/gpu"])
-#              One device command may run 10 minutes at most: the first run that has to write
-#              the 16 GB model is best split, e.g. --only kernels,target then --only pipeline
-#              (the model stays in $BENCH_DIR while the machine is held).
+#              $BUILD/bin and $BUILD/bench. On the device tool (the results come back through $OUT):
+#              run(command="OUT_DIR=$OUT bash scripts/bench.sh --gpu --pkg build/gpu", carry=["build/gpu"])
+#              (or: bash build/gpu/run.sh standard, the same)
+#              then, here: cat <files_at>/RESULTS-entry.md >> kernels/bench/RESULTS.md
+#   --results FILE: where the report's entry is appended (default for --gpu: kernels/bench/RESULTS.md of
+#              this tree; none: only $OUT_DIR/RESULTS-entry.md). The entry has date, commit and shape.
 #
-# Sources: kernel benchmarks in kernels/bench/ (one op each), stage/ring/target benchmarks in bench/;
-# all build into $BUILD/bench/ (make gpu-build, make bench).
+# What each figure covers is printed beside it (bench/bench_report.py). In particular the pipeline has two
+# rates: "steady" (trainer tokens between its first and last optimizer step / that time: no model load) and
+# "launch to last optimizer step" (every trained token / the time from starting train.sh: dataset index,
+# rings, the 16 GB target load, the trainer's init and warm-up included). Peak GPU memory is per process
+# (nvidia-smi --query-compute-apps, sampled every 0.5 s; the device rings count under dflash-shm).
 #
-# Whole pipeline (GPU): dflash-mkmodel --preset qwen3-8b writes the model once into
-# $BENCH_DIR (default /tmp/dflash-bench; ~16 GB of bf16 safetensors, a few minutes on 16 cores;
-# kept for later runs) plus a synthetic dataset (log-normal documents, median 1200, >= 64, 30%
-# prompt). dflash-shm owns `batches` (host) and `hidden` (cuda:0, 4 slots x ~400 MB);
-# dflash-pack sends $PIPE_BATCHES (64) batches of 8192 tokens; dflash-target captures layers
-# [1, 9, 17, 25, 33] + last; dflash-record consumes `hidden` on the GPU and discards it
-# (--verify none: descriptors only, so the recorder costs nothing). Tokens/s is the recorder's
-# steady rate (first to last item, model loading excluded); MFU = tokens/s x the FLOPs per token
-# target_bench prints / 989 TFLOP/s (H200 bf16 dense) and / 780 TFLOP/s (measured GEMM peak).
-#
-# Output: each benchmark's full output in $OUT_DIR (default $BUILD/bench-out or /tmp/bench-out),
-# then one table: part | what | number | unit | note. Exit 1 if any benchmark failed.
+# Output: each phase's output in $OUT_DIR (default $BUILD/bench-out or /tmp/bench-out): ceiling.txt,
+# target.txt, train.txt, model.txt, pipeline.txt + pipeline/ (metrics.jsonl, logs), gpu-mem.csv,
+# phases.tsv, summary.txt (the table) and RESULTS-entry.md. Exit 1 if any phase failed (a skipped phase
+# is not a failure).
 set -euo pipefail
 
 BUILD=${BUILD:-build}
@@ -38,30 +48,35 @@ MODE=""
 ONLY=""
 QUICK=0
 PKG=""
+RESULTS=default
 BENCH_DIR=${BENCH_DIR:-/tmp/dflash-bench}
-PIPE_BATCHES=${PIPE_BATCHES:-64}
-PIPE_TOKENS=${PIPE_TOKENS:-8192}
-PIPE_LAYERS=${PIPE_LAYERS:-1,9,17,25,33}
-PIPE_PRESET=${PIPE_PRESET:-qwen3-8b}   # PIPE_PRESET=tiny PIPE_LAYERS=1,3 PIPE_DEVICE=cpu: a dry run of this part
-PIPE_DEVICE=${PIPE_DEVICE:-cuda:0}
-PEAK_SPEC=989.4       # H200 bf16 dense TFLOP/s (spec)
-PEAK_GEMM=780         # measured bf16 GEMM TFLOP/s (gpu-machine.md)
+BUDGET_S=${BUDGET_S:-540}          # the whole --gpu command (the device tool allows 600 s)
+PIPE_STEPS=${PIPE_STEPS:-40}
 
 while [ $# -gt 0 ]; do
   case $1 in
     --cpu-only) MODE=cpu; shift ;;
     --gpu) MODE=gpu; shift ;;
+    --cpu-smoke) MODE=smoke; shift ;;
     --only) ONLY=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
     --pkg) PKG=$2; shift 2 ;;
+    --steps) PIPE_STEPS=$2; shift 2 ;;
+    --results) RESULTS=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-[ -n "$MODE" ] || { echo "bench.sh: give --cpu-only or --gpu (see --help)" >&2; exit 2; }
+[ -n "$MODE" ] || { echo "bench.sh: give --cpu-only, --gpu or --cpu-smoke (see --help)" >&2; exit 2; }
+[[ $PIPE_STEPS =~ ^[1-9][0-9]*$ ]] || { echo "bench.sh: --steps: '$PIPE_STEPS' is not a positive integer" >&2; exit 2; }
 if [ -z "$ONLY" ]; then
-  if [ "$MODE" = cpu ]; then ONLY=cpu; else ONLY=cpu,kernels,target,pipeline; fi
+  case $MODE in cpu) ONLY=cpu ;; *) ONLY=ceiling,target,train,model,pipeline ;; esac
 fi
+for p in ${ONLY//,/ }; do
+  case $p in cpu|kernels|ceiling|target|train|model|pipeline) ;;
+    *) echo "bench.sh: --only: unknown phase '$p' (cpu, kernels, ceiling, target, train, model, pipeline)" >&2; exit 2 ;;
+  esac
+done
 want() { [[ ",$ONLY," == *",$1,"* ]]; }
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -76,11 +91,15 @@ export DFLASH_BIN=$BIN
 OUT_DIR=${OUT_DIR:-$( [ -w "$BUILD" ] 2>/dev/null && echo "$BUILD/bench-out" || echo /tmp/bench-out)}
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
+T_START=$SECONDS
 
 ROWS=()
 FAILS=0
 row() { local w=$2; [ ${#w} -le 58 ] || w="${w:0:55}..."; ROWS+=("$(printf '%-9s|%-58s|%14s|%-10s|%s' "$1" "$w" "$3" "$4" "${5:-}")"); }
 note() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+# phase NAME STATUS SECONDS [REASON]: one line of $OUT_DIR/phases.tsv (bench_report.py reads it)
+phase() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" >>"$OUT_DIR/phases.tsv"; [ "$2" != FAILED ] || FAILS=$((FAILS + 1)); }
+first_line() { grep -v '^[[:space:]]*$' "$1" 2>/dev/null | grep -iE 'error|fail|fatal|refus|skipped|no ' | head -n 1 | cut -c1-160; }
 
 # run_bench NAME SECONDS CMD... : output to $OUT_DIR/NAME.txt (and the terminal); a failure is
 # counted and named in the table, never fatal.
@@ -98,7 +117,23 @@ run_bench() {
   return 0
 }
 
-# ---------------------------------------------------------------- CPU benchmarks
+# gpu_phase NAME SECONDS PROGRAM ARGS... : one benchmark binary of the --gpu / --cpu-smoke phases, output in
+# $OUT_DIR/NAME.txt; ok, FAILED (exit status or timeout) or skipped (not built, or it says "skipped").
+gpu_phase() {
+  local name=$1 secs=$2 prog=$3; shift 3
+  : >"$OUT_DIR/$name.txt"
+  if [ ! -x "$prog" ]; then phase "$name" skipped 0 "$prog not built (make gpu-build)"; return 0; fi
+  note "=== $name: $prog $*"
+  local t0=$SECONDS rc=0
+  timeout -k 10 "$secs" "$prog" "$@" >"$OUT_DIR/$name.txt" 2>&1 || rc=$?
+  tail -n 40 "$OUT_DIR/$name.txt" >&2
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then phase "$name" FAILED $((SECONDS - t0)) "timed out after $secs s"
+  elif [ $rc -ne 0 ]; then phase "$name" FAILED $((SECONDS - t0)) "exit $rc: $(first_line "$OUT_DIR/$name.txt")"
+  elif grep -q 'skipped' "$OUT_DIR/$name.txt"; then phase "$name" skipped $((SECONDS - t0)) "$(grep -m1 skipped "$OUT_DIR/$name.txt")"
+  else phase "$name" ok $((SECONDS - t0)); fi
+}
+
+# ---------------------------------------------------------------- CPU benchmarks (--cpu-only)
 if want cpu; then
   q=(); [ "$QUICK" = 0 ] || q=(--quick)
   if [ -x "$BENCH/pack_bench" ] && run_bench pack_bench 300 "$BENCH/pack_bench" "${q[@]}"; then
@@ -111,22 +146,24 @@ if want cpu; then
       row cpu "host ring, $size $unit slots, variant $var ($vname)" "$ips" "items/s" "$gbs GB/s payload"
     done < <(grep -E '^[0-9]+ (KB|MB) +[12] ' "$OUT_DIR/ring_bench.txt")
   fi
-  # The whole CPU pipeline: the demo (pack -> target -> record, tiny model, --device cpu).
+  # The whole CPU pipeline: the demo (pack -> target -> hspack -> train, tiny model, --device cpu, no tau
+  # evaluation); the trainer's summary record (tokens, tokens/s over its life in the run).
   drun=$(mktemp -d /tmp/dflash-bench-demo-XXXXXX)/run
-  if run_bench demo_pipeline 300 env RUN="$drun" DEVICE=cpu EPOCHS=3 DFLASH_BIN="$BIN" bash "$here/pipelines/demo.sh"; then
-    tps=$(grep -oE '"tokens_per_s": [0-9.]+' "$drun/record/DONE" | grep -oE '[0-9.]+$' || echo "?")
-    tok=$(grep -oE '"tokens": [0-9]+' "$drun/record/DONE" | grep -oE '[0-9]+$' || echo "?")
-    row cpu "whole CPU pipeline: demo, tiny model, $tok tokens" "${tps%.*}" "tok/s" "pack -> target -> record, fp32, 3 epochs"
+  if run_bench demo_pipeline 300 env RUN="$drun" DEVICE=cpu DEMO_EVAL=0 DFLASH_BIN="$BIN" bash "$here/pipelines/demo.sh"; then
+    sumrec=$(grep '"kind":"summary","stage":"dflash-train"' "$drun/metrics.jsonl" | tail -n 1 || true)
+    tps=$(grep -oE '"tokens_per_s":[0-9.]+' <<<"$sumrec" | grep -oE '[0-9.]+$' || echo "?")
+    tok=$(grep -oE '"tokens":[0-9.]+' <<<"$sumrec" | grep -oE '[0-9]+' | head -n 1 || echo "?")
+    row cpu "whole CPU pipeline: demo, tiny model, $tok tokens" "${tps%.*}" "tok/s" "pack -> target -> hspack -> train, fp32; trainer summary"
     rm -rf "$(dirname "$drun")"
   fi
 fi
 
-# ---------------------------------------------------------------- GPU kernels
+# ---------------------------------------------------------------- GPU kernels (--gpu --only kernels)
 if want kernels; then
   for b in "$BENCH"/*_bench; do
     [ -x "$b" ] || continue
     name=$(basename "$b")
-    case $name in pack_bench|ring_bench|target_bench) continue ;; esac
+    case $name in pack_bench|ring_bench|target_bench|train_bench|ceiling_bench) continue ;; esac
     run_bench "$name" 300 "$b" || continue
     # kernel benches print "<name> <shape> <ms> ms <rate> TFLOP/s|GB/s <pct>% of <peak>"
     while IFS= read -r line; do
@@ -143,106 +180,154 @@ if want kernels; then
   done
 fi
 
-# ---------------------------------------------------------------- target forward alone
-GFLOP_PER_TOKEN=""
-if want target || want pipeline; then
-  if [ -x "$BENCH/target_bench" ]; then
-    targs=(); [ "$QUICK" = 0 ] || targs=(--iters 4 --warmup 1)
-    if run_bench target_bench 480 "$BENCH/target_bench" "${targs[@]}"; then
-      r=$(grep -E '^RESULT target_forward' "$OUT_DIR/target_bench.txt" || true)
-      GFLOP_PER_TOKEN=$(grep -oE '[0-9.]+ GFLOP/token' "$OUT_DIR/target_bench.txt" | cut -d' ' -f1 || true)
-      if [ -n "$r" ]; then
-        tps=$(sed -E 's/.*tokens\/s ([0-9.]+).*/\1/' <<<"$r")
-        mfu=$(sed -E 's/.*MFU ([0-9.]+)%.*/\1/' <<<"$r")
-        tfl=$(sed -E 's/.*TFLOP\/s ([0-9.]+).*/\1/' <<<"$r")
-        row target "target forward alone, Qwen3-8B shape, 8192-token batches" "$tps" "tok/s" \
-          "$tfl TFLOP/s, MFU $mfu% of spec; target >= 35000"
+# ---------------------------------------------------------------- issue 21: ceilings, alone, whole pipeline
+if [ "$MODE" != cpu ] && { want ceiling || want target || want train || want model || want pipeline; }; then
+  : >"$OUT_DIR/phases.tsv"
+  rm -rf "$OUT_DIR/pipeline" "$OUT_DIR/gpu-mem.csv" "$OUT_DIR/RESULTS-entry.md"
+  mkdir -p "$OUT_DIR/pipeline"
+  if [ "$MODE" = smoke ]; then
+    PRESET=tiny DEV=${BENCH_DEVICE:-cpu} T=512 LAYERS=1,3 PIPE_STEPS=6 SAMPLES=200 MEDIAN=200 MAXLEN=512
+    MK_FLAGS=(--preset tiny --dtype f32 --seed 42 --threads 1 --embed-std 1 --std 0.06 --lm-head-std 0.45)
+    TRAIN_EXTRA=(--block-size 4 --max-anchors 32 --layer-types full,full --mask-token-id 511 --heartbeat-s 0.2)
+    VOCAB_SIZE=0
+    BENCH_DIR=$(mktemp -d /tmp/dflash-bench-smoke-XXXXXX)
+    CEIL_ARGS=(--n 256 --reps 2 --copy-mib 16) TARGET_ARGS=(--iters 2 --warmup 1) TRAIN_ARGS=(--steps 2 --warmup 1)
+  else
+    PRESET=qwen3-8b DEV=${BENCH_DEVICE:-cuda:0} T=8192 LAYERS=1,9,17,25,33 SAMPLES=1000 MEDIAN=1200 MAXLEN=16384
+    MK_FLAGS=(--preset qwen3-8b --dtype bf16 --shards 4 --seed 42)
+    # design.md §10: KL + exp-decay, a 32000-token draft vocabulary; the rest are dflash-train's defaults
+    # (4 sliding 2048 + 1 full layers, block 16, 512 anchors, Muon + AdamW), as bench/train_bench.c
+    TRAIN_EXTRA=(--loss kl --weighting exp-decay --mask-token-id 151669)
+    VOCAB_SIZE=32000
+    CEIL_ARGS=() TARGET_ARGS=(--iters 6 --warmup 2) TRAIN_ARGS=(--steps 8 --warmup 2)
+  fi
+  MODEL=$BENCH_DIR/$PRESET
+  DATA=$BENCH_DIR/$PRESET-data.jsonl
+  VOCAB=$BENCH_DIR/$PRESET-vocab$VOCAB_SIZE
+  mkdir -p "$BENCH_DIR"
+  printf '%s\n' "$PRESET random model ($MODEL), $T-token packed batches of log-normal documents (median $MEDIAN), layers [$LAYERS], $DEV, pipeline $PIPE_STEPS optimizer steps, trainer flags: ${TRAIN_EXTRA[*]}$( [ "$VOCAB_SIZE" = 0 ] || echo " --draft-vocab ($VOCAB_SIZE tokens)")" \
+    >"$OUT_DIR/pipeline/shape"
+
+  MEM_PID=""
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits -lms 500 \
+      >"$OUT_DIR/gpu-mem.csv" 2>/dev/null &
+    MEM_PID=$!
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >&2 || true
+  fi
+  stop_sampler() { [ -z "$MEM_PID" ] || { kill "$MEM_PID" 2>/dev/null || true; wait "$MEM_PID" 2>/dev/null || true; MEM_PID=""; }; }
+  trap stop_sampler EXIT
+
+  want ceiling && gpu_phase ceiling 60 "$BENCH/ceiling_bench" ${CEIL_ARGS[@]+"${CEIL_ARGS[@]}"}
+  PEAK=$(grep -soE '^RESULT ceiling gemm_bf16 n [0-9]+ TFLOP/s best [0-9.]+' "$OUT_DIR/ceiling.txt" | awk '{print $NF}' || true)
+  [ -z "$PEAK" ] || TARGET_ARGS+=(--gemm-peak "$PEAK")   # target_bench's own MFU line: this run's peak, no constant
+  want target && gpu_phase target 120 "$BENCH/target_bench" "${TARGET_ARGS[@]}"
+  want train && gpu_phase train 150 "$BENCH/train_bench" "${TRAIN_ARGS[@]}"
+
+  # ---- the model, the dataset and the draft vocabulary: written once, complete or not at all
+  if want model || want pipeline; then
+    t0=$SECONDS
+    : >"$OUT_DIR/model.txt"
+    if [ -e "$MODEL/config.json" ] && [ -e "$MODEL/.bench-complete" ]; then
+      phase model ok 0 "reused $MODEL"
+    elif want model; then
+      note "=== model: writing the $PRESET random model into $MODEL"
+      rm -rf "$MODEL" "$MODEL.tmp"
+      rc=0
+      timeout -k 10 300 "$BIN/dflash-mkmodel" --out "$MODEL.tmp" "${MK_FLAGS[@]}" >>"$OUT_DIR/model.txt" 2>&1 || rc=$?
+      if [ $rc -eq 0 ]; then
+        touch "$MODEL.tmp/.bench-complete" && mv "$MODEL.tmp" "$MODEL"
+        phase model ok $((SECONDS - t0)) "wrote $(du -sh "$MODEL" | cut -f1) in $((SECONDS - t0)) s"
       else
-        row target "target_bench printed no RESULT line" "-" "-" "$OUT_DIR/target_bench.txt"
+        rm -rf "$MODEL.tmp"
+        phase model FAILED $((SECONDS - t0)) "dflash-mkmodel exit $rc$( [ $rc != 124 ] || echo ' (timed out after 300 s: run --only model first)')"
       fi
     fi
-  else
-    row target "target_bench not built (make gpu-build)" "-" "-" ""
+    if [ -e "$MODEL/.bench-complete" ] && [ ! -s "$DATA" ]; then
+      "$BIN/dflash-mkmodel" --preset "$PRESET" --dataset "$DATA.tmp" --samples $SAMPLES --median-len $MEDIAN --len-sigma 0.6 \
+        --min-len 64 --max-len $MAXLEN --prompt-frac 0.3 --seed 7 >>"$OUT_DIR/model.txt" 2>&1 && mv "$DATA.tmp" "$DATA" ||
+        phase dataset FAILED 0 "dflash-mkmodel --dataset: $(first_line "$OUT_DIR/model.txt")"
+    fi
+    if [ "$VOCAB_SIZE" -gt 0 ] && [ -s "$DATA" ] && [ ! -e "$VOCAB/d2t.npy" ]; then
+      V=$(grep -o '"vocab_size": *[0-9]*' "$MODEL/config.json" | head -n 1 | grep -o '[0-9]*$' || echo 0)
+      "$BIN/dflash-vocab" --data "$DATA" --vocab-size "$V" --draft-vocab-size "$VOCAB_SIZE" --out "$VOCAB" >>"$OUT_DIR/model.txt" 2>&1 ||
+        phase vocab FAILED 0 "dflash-vocab: $(first_line "$OUT_DIR/model.txt")"
+    fi
   fi
-fi
 
-# ---------------------------------------------------------------- whole pipeline (GPU)
-if want pipeline; then
-  # shellcheck source=pipelines/lib.sh
-  . "$here/pipelines/lib.sh"
-  MODEL=$BENCH_DIR/$PIPE_PRESET
-  DATA=$BENCH_DIR/$PIPE_PRESET-data.jsonl
-  mkdir -p "$BENCH_DIR"
-  if [ ! -e "$MODEL/config.json" ]; then
-    note "writing the $PIPE_PRESET random model into $MODEL (qwen3-8b: ~16 GB)"
-    t0=$SECONDS
-    "$BIN/dflash-mkmodel" --out "$MODEL" --preset "$PIPE_PRESET" --dtype bf16 --shards 4 --seed 42 >"$OUT_DIR/mkmodel.txt" 2>&1 \
-      || { cat "$OUT_DIR/mkmodel.txt" >&2; echo "bench.sh: dflash-mkmodel failed" >&2; exit 1; }
-    row pipeline "dflash-mkmodel --preset $PIPE_PRESET (bf16, 4 shards)" "$((SECONDS - t0))" "s" "$(du -sh "$MODEL" | cut -f1) written"
+  # ---- the whole pipeline: pipelines/train.sh, target and trainer sharing the device
+  if want pipeline; then
+    left=$((BUDGET_S - (SECONDS - T_START) - 15))
+    [ "$MODE" = gpu ] || left=120
+    [ $left -le 300 ] || left=300
+    probe=$(mktemp -d /tmp/dflash-bench-probe-XXXXXX)
+    # Does dflash-train have a GPU path? --help lists --device cuda:N for every stage, so ask the binary:
+    # main before issue 20's wiring refuses cuda with "not built yet", a CUDA=0 build with "no CUDA support".
+    "$BIN/dflash-train" --help >"$probe/help" 2>&1 || true
+    "$BIN/dflash-train" --run "$probe/run" --target-model "$probe/none" --max-steps 1 --device "$DEV" >"$probe/out" 2>&1 || true
+    skip=""
+    if ! grep -q 'cuda' "$probe/help"; then skip="dflash-train --help lists no cuda device"
+    elif [ "$DEV" != cpu ] && grep -qE 'not built yet|no CUDA support|only 0 CUDA' "$probe/out"; then
+      skip="dflash-train has no GPU path: $(grep -m1 -oE '(the trainer.s GPU path is not built yet|--device [^ ]+: this build has no CUDA support|only 0 CUDA device.*)' "$probe/out" || true)"
+    fi
+    rm -rf "$probe"
+    if [ -n "$skip" ]; then
+      phase pipeline skipped 0 "$skip"
+      note "pipeline skipped: $skip"
+    elif [ ! -e "$MODEL/.bench-complete" ] || [ ! -s "$DATA" ] || { [ "$VOCAB_SIZE" -gt 0 ] && [ ! -e "$VOCAB/d2t.npy" ]; }; then
+      phase pipeline skipped 0 "no complete model/dataset/vocabulary in $BENCH_DIR (the model phase failed or was not run)"
+    elif [ $left -lt 60 ]; then
+      phase pipeline skipped 0 "only $left s of the $BUDGET_S s budget left (run --only pipeline)"
+    else
+      RUN=$BENCH_DIR/run
+      VFLAGS=(); [ "$VOCAB_SIZE" = 0 ] || VFLAGS=(--draft-vocab "$VOCAB")
+      note "=== pipeline: train.sh $PRESET on $DEV, $PIPE_STEPS steps (timeout $left s)"
+      date +%s.%N >"$OUT_DIR/pipeline/launch"
+      t0=$SECONDS rc=0
+      timeout -k 30 "$left" bash "$here/pipelines/train.sh" "$MODEL" "$DATA" --run "$RUN" --fresh --device "$DEV" \
+        --tokens "$T" --steps "$PIPE_STEPS" --layers "$LAYERS" -- "${TRAIN_EXTRA[@]}" ${VFLAGS[@]+"${VFLAGS[@]}"} \
+        --ckpt-every 0 --keep 1 >"$OUT_DIR/pipeline.txt" 2>&1 || rc=$?
+      tail -n 25 "$OUT_DIR/pipeline.txt" >&2
+      cp "$RUN/metrics.jsonl" "$OUT_DIR/pipeline/" 2>/dev/null || true
+      cp -r "$RUN/logs" "$OUT_DIR/pipeline/logs" 2>/dev/null || true
+      cp "$RUN/summary.txt" "$OUT_DIR/pipeline/" 2>/dev/null || true
+      if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then phase pipeline FAILED $((SECONDS - t0)) "timed out after $left s"
+      elif [ $rc -ne 0 ]; then phase pipeline FAILED $((SECONDS - t0)) "train.sh exit $rc: $(grep -m1 -iE 'error|fatal|failed' "$OUT_DIR/pipeline.txt" | cut -c1-160)"
+      else phase pipeline ok $((SECONDS - t0)); fi
+      rm -rf "$RUN"   # checkpoints and exports: GBs, not needed
+    fi
   fi
-  if [ ! -e "$DATA" ]; then
-    "$BIN/dflash-mkmodel" --preset "$PIPE_PRESET" --dataset "$DATA" --samples 3000 --median-len 1200 --len-sigma 0.6 \
-      --min-len 64 --max-len 16384 --prompt-frac 0.3 --seed 7 >>"$OUT_DIR/mkmodel.txt" 2>&1 \
-      || { echo "bench.sh: dataset generation failed" >&2; exit 1; }
-  fi
-  RUN=$(mktemp -d /tmp/dflash-bench-run-XXXXXX)
-  LOGS=$RUN/logs
-  mkdir -p "$LOGS"
-  set -m
-  trap 'stop_all' EXIT
-  HBYTES=$("$BIN/dflash-target" --model "$MODEL" --tokens $PIPE_TOKENS --layers $PIPE_LAYERS --device "$PIPE_DEVICE" --ring-bytes)
-  t0=$SECONDS
-  start_stage --service dflash-shm "$BIN/dflash-shm" --run "$RUN" \
-    --ring "batches:slots=8,bytes=$((25 * PIPE_TOKENS + 8 * 256)),desc=4k,dev=host" \
-    --ring "hidden:slots=4,bytes=$HBYTES,desc=4k,dev=${PIPE_DEVICE/cpu/host}"
-  ok=1
-  wait_for_file "$RUN/shm.json" 60 '"running"' || ok=0
-  if [ $ok = 1 ]; then
-    start_stage --service dflash-metrics "$BIN/dflash-metrics" --run "$RUN" --progress-s 5 --plot-every-s 0
-    wait_for_file "$RUN/bus/metrics.sock" 20 || true
-    start_stage dflash-record "$BIN/dflash-record" --run "$RUN" --device "$PIPE_DEVICE" --ring hidden --kind hidden \
-      --verify none --summary "$RUN/record.json"
-    start_stage dflash-target "$BIN/dflash-target" --run "$RUN" --model "$MODEL" --device "$PIPE_DEVICE" \
-      --tokens $PIPE_TOKENS --layers $PIPE_LAYERS
-    start_stage dflash-pack "$BIN/dflash-pack" --run "$RUN" --data "$DATA" --tokens $PIPE_TOKENS --epochs 0 \
-      --max-batches "$PIPE_BATCHES" --seed 1
-    MAX_RESTARTS=0
-    supervise dflash-pack dflash-target dflash-record || ok=0
-  fi
-  stop_all
+  stop_sampler
   trap - EXIT
-  if [ $ok = 1 ] && [ -e "$RUN/record.json" ]; then
-    tps=$(grep -oE '"tokens_per_s": [0-9.]+' "$RUN/record.json" | grep -oE '[0-9.]+$')
-    tok=$(grep -oE '"tokens": [0-9]+' "$RUN/record.json" | grep -oE '[0-9]+$')
-    mfu=""
-    if [ -z "$GFLOP_PER_TOKEN" ] && [ "$PIPE_PRESET" = qwen3-8b ]; then
-      # No target_bench in this invocation: 13.89 GFLOP/token of matmuls (target_bench's napkin
-      # math) + ~0.4 of causal attention at median 1200 (its printed share); approximate.
-      GFLOP_PER_TOKEN=14.3
-    fi
-    if [ -n "$GFLOP_PER_TOKEN" ]; then
-      mfu=$(awk -v t="$tps" -v g="$GFLOP_PER_TOKEN" -v a=$PEAK_SPEC -v b=$PEAK_GEMM \
-        'BEGIN {f = t * g / 1000; printf "%.1f TFLOP/s, MFU %.1f%% of spec, %.1f%% of GEMM peak", f, 100 * f / a, 100 * f / b}')
-    fi
-    row pipeline "pack -> target -> record, $PIPE_PRESET, $PIPE_BATCHES x $PIPE_TOKENS tokens" "${tps%.*}" "tok/s" \
-      "${mfu:-no MFU (FLOPs/token unknown for $PIPE_PRESET)}${GFLOP_PER_TOKEN:+ at $GFLOP_PER_TOKEN GFLOP/tok}; $tok tokens, wall $((SECONDS - t0)) s incl. load"
-    cp "$RUN/record.json" "$OUT_DIR/pipeline-record.json"
-    cp -r "$LOGS" "$OUT_DIR/pipeline-logs"
-    rm -rf "$RUN"
-  else
-    FAILS=$((FAILS + 1))
-    row pipeline "FAILED (see logs)" "-" "-" "$RUN/logs"
-    cp -r "$LOGS" "$OUT_DIR/pipeline-logs" 2>/dev/null || true
-  fi
+  [ "$MODE" = gpu ] || rm -rf "$BENCH_DIR"
 fi
 
-# ---------------------------------------------------------------- table
-{
-  echo
-  echo "=== dflash-pipe benchmarks ($MODE, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?'))"
-  printf '%-9s|%-58s|%14s|%-10s|%s\n' part what number unit note
-  printf '%s\n' "---------+----------------------------------------------------------+--------------+----------+-----"
-  for r in "${ROWS[@]}"; do echo "$r"; done
-  echo "full outputs in $OUT_DIR; $FAILS failure(s)"
-} | tee "$OUT_DIR/summary.txt"
+# ---------------------------------------------------------------- tables
+if [ -s "$OUT_DIR/phases.tsv" ] && [ "$MODE" != cpu ]; then
+  commit=$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?')
+  [ -z "$(git -C "$here" status --porcelain --untracked-files=no 2>/dev/null)" ] || commit="$commit+dirty"
+  python3 "$here/bench/bench_report.py" "$OUT_DIR" --append "$OUT_DIR/RESULTS-entry.md" --commit "$commit" \
+    --title "scripts/bench.sh --$MODE (issue 21)" >"$OUT_DIR/report.txt" || { cat "$OUT_DIR/report.txt" >&2; FAILS=$((FAILS + 1)); }
+  { printf '\n### phases\n```\n'; cat "$OUT_DIR/phases.tsv"; printf '```\n'; } >>"$OUT_DIR/RESULTS-entry.md"
+  [ "$RESULTS" != default ] || { [ "$MODE" = gpu ] && RESULTS=$here/kernels/bench/RESULTS.md || RESULTS=none; }
+  [ "$RESULTS" = none ] || { cat "$OUT_DIR/RESULTS-entry.md" >>"$RESULTS"; note "appended the entry to $RESULTS"; }
+  {
+    echo
+    echo "=== dflash-pipe benchmarks ($MODE, $(date -u +%Y-%m-%dT%H:%M:%SZ), $commit)"
+    grep -v '^appended to' "$OUT_DIR/report.txt"
+    echo "phases:"
+    awk -F'\t' '{ printf "  %-9s %-8s %5s s  %s\n", $1, $2, $3, $4 }' "$OUT_DIR/phases.tsv"
+    echo "full outputs in $OUT_DIR; $FAILS failure(s)"
+  } | tee "$OUT_DIR/summary.txt"
+fi
+if [ ${#ROWS[@]} -gt 0 ]; then
+  {
+    echo
+    echo "=== dflash-pipe benchmarks ($MODE, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?'))"
+    printf '%-9s|%-58s|%14s|%-10s|%s\n' part what number unit note
+    printf '%s\n' "---------+----------------------------------------------------------+--------------+----------+-----"
+    for r in "${ROWS[@]}"; do echo "$r"; done
+    echo "full outputs in $OUT_DIR; $FAILS failure(s)"
+  } | tee -a "$OUT_DIR/summary.txt"
+fi
 [ "$FAILS" -eq 0 ]

@@ -4,6 +4,8 @@
 #
 #   BUILD=build scripts/gpu-run.sh pack        (here; `make gpu-test` does this) -> $BUILD/gpu/
 #   bash build/gpu/run.sh [tests|bench|all] [FILTER]   (there; run from the repository root)
+#   bash build/gpu/run.sh standard [bench.sh flags]     (there: scripts/bench.sh --gpu with this package, issue 21:
+#                                                       ceilings, target alone, trainer alone, whole pipeline)
 #
 # The package holds the binaries plus libnanomsg.so.5 (the GPU machine has no nanomsg); msgpack,
 # jansson and Check are linked statically, cuBLAS/cudart come from /usr/local/cuda there.
@@ -28,6 +30,12 @@ fi
 
 # ---- on the GPU machine
 here=$(cd "$(dirname "$0")" && pwd)
+if [ "$mode" = standard ]; then
+  shift
+  # the tree's scripts/bench.sh, two levels above the package (build/gpu); results under $OUT when the device
+  # tool sets it, so they come back
+  OUT_DIR=${OUT_DIR:-${OUT:-/tmp/gpu-out}} exec bash "$here/../../scripts/bench.sh" --gpu --pkg "$here" "$@"
+fi
 export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export DFLASH_BIN="$here/bin"
 filter=${2:-}
