@@ -19,16 +19,6 @@
 
 #include <sys/wait.h>
 
-static char *slurp(const char *path) {
-    static char buf[1 << 18];
-    FILE *f = fopen(path, "r");
-    if (!f) return NULL;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    return buf;
-}
-
 static pid_t spawn(const char *run, const char *bin, const char **extra) {
     char path[800];
     snprintf(path, sizeof path, "%s/%s.out", run, bin);
@@ -139,7 +129,7 @@ START_TEST(three_producers_out_of_order_record_replay) {
     for (int i = 0; i < 3; i++) ck_assert_int_eq(tr_wait(w[i]), 0);
     ck_assert_int_eq(tr_wait(hs), 0);
     snprintf(path, sizeof path, "%s/logs/dflash-hspack.log", run);
-    char *log = slurp(path);
+    char *log = test_slurp_static(path);
     ck_assert_msg(log && strstr(log, "end of stream: 24 items out"), "%s", log ? log : "(no log)");
     ck_assert_msg(!strstr(log, "max reorder depth 0,") && !strstr(log, "max reorder depth 1,"),
                   "the producers finished out of order, the window must have held several: %s", log);
@@ -185,7 +175,7 @@ static void spill_case(int spill) {
     ck_assert_int_eq(tr_wait(hs), 0);
     char path[900];
     snprintf(path, sizeof path, "%s/logs/dflash-hspack.log", run);
-    char *log = slurp(path);
+    char *log = test_slurp_static(path);
     ck_assert_msg(log && strstr(log, spill ? "spilled)" : " 0 spilled)"), "%s", log ? log : "(no log)");
     if (spill) ck_assert_msg(!strstr(log, " 0 spilled)"), "with the trainer idle, items must have been spilled: %s", log);
     struct record_index ix;
@@ -248,7 +238,7 @@ START_TEST(sigkill_and_restart) {
     ck_assert_msg(res[1] <= 1, "at most the one item published before the kill's state write repeats (%d)", res[1]);
     char path[900];
     snprintf(path, sizeof path, "%s/logs/dflash-hspack.log", run);
-    char *log = slurp(path);
+    char *log = test_slurp_static(path);
     ck_assert_msg(log && strstr(log, "resuming at seq"), "%s", log ? log : "(no log)");
     tr_stop_shm(shm);
 }
@@ -272,7 +262,7 @@ START_TEST(bad_descriptor_names_the_batch) {
     ck_assert_int_eq(tr_wait(hs), 1);
     char path[900];
     snprintf(path, sizeof path, "%s/logs/dflash-hspack.log", run);
-    char *log = slurp(path);
+    char *log = test_slurp_static(path);
     ck_assert_msg(log && strstr(log, "batch seq 2 rejected") && strstr(log, "payload bytes"), "%s", log ? log : "(no log)");
     struct ring *f = ring_attach(run, "features", RING_OBSERVER, 1000, err, sizeof err);
     ck_assert_msg(f != NULL, "%s", err);
@@ -295,7 +285,7 @@ START_TEST(print_ring_spec) {
     char want[256], err[256];
     struct rings_geometry g = {8192, 5, 4096, DESC_DTYPE_F32};
     ck_assert_int_eq(rings_format_spec(want, sizeof want, "features", 4, DESC_KIND_FEATURES, &g, -1, err, sizeof err), 0);
-    char *got = slurp(out);
+    char *got = test_slurp_static(out);
     ck_assert_msg(got && !strncmp(got, want, strlen(want)), "got '%s', want '%s'", got ? got : "", want);
 }
 END_TEST

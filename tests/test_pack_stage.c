@@ -51,22 +51,8 @@ static int wait_exit(pid_t pid, double timeout_s) {
 
 static int run(char *const argv[], const char *log, double timeout_s) { return wait_exit(spawn(argv, log), timeout_s); }
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    ck_assert_uint_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = 0;
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return b;
-}
-
 static int count_lines_with(const char *path, const char *needle) {
-    char *t = slurp(path, NULL);
+    char *t = test_slurp(path, NULL);
     int n = 0;
     for (char *p = t; p && (p = strstr(p, needle)); p++) n++;
     free(t);
@@ -98,7 +84,7 @@ struct bfile { char *bytes; size_t len; const char *desc; uint32_t desc_len; con
 static int read_batch_file(const char *dir, uint64_t seq, struct bfile *b) {
     char path[700];
     snprintf(path, sizeof path, "%s/batch-%012llu.bin", dir, (unsigned long long)seq);
-    b->bytes = slurp(path, &b->len);
+    b->bytes = test_slurp(path, &b->len);
     if (!b->bytes) return -1;
     ck_assert_uint_ge(b->len, 32);
     ck_assert(!memcmp(b->bytes, "DFBATCH\n", 8));
@@ -120,7 +106,7 @@ static int read_batch_file(const char *dir, uint64_t seq, struct bfile *b) {
 static uint64_t done_count(const char *dir) {
     char path[700];
     snprintf(path, sizeof path, "%s/DONE", dir);
-    char *t = slurp(path, NULL);
+    char *t = test_slurp(path, NULL);
     ck_assert_msg(t != NULL, "%s missing", path);
     uint64_t n = strtoull(t, NULL, 10);
     free(t);
@@ -413,7 +399,7 @@ START_TEST(ring_resume_after_sigkill) {
     snprintf(spec_path, sizeof spec_path, "%s/spec.txt", e.dir);
     char *ps[] = {e.pack, "--tokens", "1024", "--print-ring-spec", NULL};
     ck_assert_int_eq(run(ps, spec_path, 10), 0);
-    char *spec_text = slurp(spec_path, NULL);
+    char *spec_text = test_slurp(spec_path, NULL);
     ck_assert_msg(sscanf(spec_text, "%255s", spec) == 1 && !strncmp(spec, "batches:slots=4,bytes=", 22), "%s", spec_text);
     free(spec_text);
     char *shm_argv[] = {shm, "--run", run_dir, "--ring", spec, NULL};

@@ -420,16 +420,6 @@ static void publish(struct ring *r, uint64_t seq, const void *desc_override, siz
     ck_assert_int_eq(ring_publish(r, &s, seq, (uint32_t)dlen, d.batch.payload_bytes), 0);
 }
 
-static char *slurp(const char *path) {
-    static char buf[1 << 16];
-    FILE *f = fopen(path, "r");
-    if (!f) return NULL;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    return buf;
-}
-
 /* Every file in out for seqs [0, n) reads back as make_hidden(seq) exactly. */
 static void check_out(const char *out, int n) {
     char path[800], err[1024];
@@ -491,13 +481,13 @@ START_TEST(stage_records_every_item_once) {
     check_out(out, 10);
     char path[900];
     snprintf(path, sizeof path, "%s/DONE", out);
-    char *done = slurp(path);
+    char *done = test_slurp_static(path);
     ck_assert_msg(done != NULL, "no DONE file in %s", out);
     ck_assert_msg(strstr(done, "\"complete\": true") && strstr(done, "\"recorded\": 10,") &&
                   strstr(done, "\"duplicates\": 1,") && strstr(done, "\"gaps\": 0,") &&
                   strstr(done, "\"min_seq\": 0,") && strstr(done, "\"max_seq\": 9,"), "DONE: %s", done);
     snprintf(path, sizeof path, "%s/logs/dflash-record.log", run);
-    char *log = slurp(path);
+    char *log = test_slurp_static(path);
     ck_assert_msg(log && strstr(log, "seq 3: duplicate dropped"), "log: %s", log ? log : "(none)");
 
     world_stop(&w);
@@ -529,7 +519,7 @@ START_TEST(stage_strict_order_gap_and_resume) {
     ck_assert_int_eq(ring_mark_drained(r), 0);
     ck_assert_int_eq(tr_wait(rec), 1);
     snprintf(path, sizeof path, "%s/logs/dflash-record.log", run);
-    char *log = slurp(path);
+    char *log = test_slurp_static(path);
     ck_assert_msg(log && strstr(log, "3 already on disk") && strstr(log, "--strict: seq 4 never arrived"), "log: %s",
                   log ? log : "(none)");
     ck_assert_msg(strstr(log, "1 duplicates dropped"), "log: %s", log);
@@ -560,7 +550,7 @@ START_TEST(stage_gap_is_never_complete) {
     snprintf(path, sizeof path, "%s/index.txt", out);
     ck_assert_msg(access(path, F_OK) != 0, "a stream with a gap must not write the index");
     snprintf(path, sizeof path, "%s/logs/dflash-record.log", run);
-    char *log = slurp(path);
+    char *log = test_slurp_static(path);
     ck_assert_msg(log && strstr(log, "seq 2 never arrived"), "log: %s", log ? log : "(none)");
     world_stop(&w);
 }
@@ -582,7 +572,7 @@ START_TEST(stage_rejects_corrupt_descriptor) {
     publish(r, 1, d, dl - 7);
     ck_assert_int_eq(tr_wait(rec), 1);
     snprintf(path, sizeof path, "%s/logs/dflash-record.log", run);
-    char *log = slurp(path);
+    char *log = test_slurp_static(path);
     ck_assert_msg(log && strstr(log, "item rejected: seq 1: ") && strstr(log, "descriptor rejected"), "log: %s",
                   log ? log : "(none)");
     /* the bad item is left READY for inspection; a recorder that skips bad items takes it */
@@ -592,7 +582,7 @@ START_TEST(stage_rejects_corrupt_descriptor) {
     publish(r, 2, NULL, 0);
     ck_assert_int_eq(ring_mark_drained(r), 0);
     ck_assert_int_eq(tr_wait(rec), 0);
-    log = slurp(path);
+    log = test_slurp_static(path);
     ck_assert_msg(strstr(log, "item rejected and skipped: seq 1") && strstr(log, "1 rejected"), "log: %s", log);
     ck_assert_msg(strstr(log, "summary: 1 items recorded"), "the skipping recorder takes seq 2 only: %s", log);
     world_stop(&w);
@@ -642,7 +632,7 @@ START_TEST(stage_stop_expect_on_disk_and_start_seq) {
                       access(path, F_OK) == 0 ? "recorded" : "not recorded");
     }
     snprintf(path, sizeof path, "%s/DONE", out2);
-    char *done = slurp(path);
+    char *done = test_slurp_static(path);
     ck_assert_msg(done && strstr(done, "\"complete\": true") && strstr(done, "\"min_seq\": 5,"), "DONE: %s",
                   done ? done : "(none)");
     ring_close(w.r);   /* 3 and 4 may still sit in the ring: end the run explicitly */
@@ -660,7 +650,7 @@ START_TEST(stage_bad_flags) {
     ck_assert_int_eq(tr_wait(spawn_record(run, a3)), 1);
     char path[800];
     snprintf(path, sizeof path, "%s/record.out", run);
-    char *o = slurp(path);
+    char *o = test_slurp_static(path);
     ck_assert_msg(o && strstr(o, "--kind: expected any, batch, hidden or features, got 'nonsense'"), "%s", o ? o : "");
 }
 END_TEST

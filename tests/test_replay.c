@@ -28,16 +28,6 @@ static size_t g_dlen[N_IT];
 static uint8_t g_pay[N_IT][HI_CAP] __attribute__((aligned(256)));
 static uint64_t g_plen[N_IT];
 
-static char *slurp(const char *path) {
-    static char buf[1 << 18];
-    FILE *f = fopen(path, "r");
-    if (!f) return NULL;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    return buf;
-}
-
 /* A recording of N_IT concat features items in dir; the originals stay in g_*. */
 static void make_recording(const char *dir) {
     static uint8_t hdesc[DESC_MAX_BYTES], hpay[HI_CAP] __attribute__((aligned(256)));
@@ -234,7 +224,7 @@ START_TEST(damaged_and_foreign_recordings) {
     fclose(f);
     const char *a1[] = {"--dir", rec, NULL};
     ck_assert_int_eq(tr_wait(spawn_replay(run, a1)), 1);
-    char *log = slurp(logp);
+    char *log = test_slurp_static(logp);
     ck_assert_msg(log && strstr(log, "item-000000000003.safetensors (batch seq 3)") && strstr(log, "checksum"), "%s",
                   log ? log : "(no log)");
     ck_assert_int_eq(drain(run, got), 3);
@@ -251,7 +241,7 @@ START_TEST(damaged_and_foreign_recordings) {
     unlink(logp);
     const char *a3[] = {"--dir", rec, "--start-pos", "0", NULL};
     ck_assert_int_eq(tr_wait(spawn_replay(run, a3)), 1);
-    log = slurp(logp);
+    log = test_slurp_static(logp);
     ck_assert_msg(log && strstr(log, "batch seq 5: ") && strstr(log, "item-000000000005.safetensors") && strstr(log, "truncated"),
                   "%s", log ? log : "");
     ck_assert_int_eq(drain(run, got), 5);
@@ -271,7 +261,7 @@ START_TEST(damaged_and_foreign_recordings) {
     copy_file(op, path);
     unlink(logp);
     ck_assert_int_eq(tr_wait(spawn_replay(run, a3)), 1);
-    log = slurp(logp);
+    log = test_slurp_static(logp);
     ck_assert_msg(log && strstr(log, "batch seq 6") && strstr(log, "belongs to another model") && strstr(log, "kind=hidden"),
                   "%s", log ? log : "");
     ck_assert_int_eq(drain(run, got), 6);
@@ -287,7 +277,7 @@ START_TEST(damaged_and_foreign_recordings) {
     ck_assert_int_eq(consume(run, got2, N_IT, 0, &dups, 0, 0, 0, NULL), N_IT - 1);
     ck_assert_int_eq(tr_wait(rp), 0);
     for (int i = 0; i < N_IT - 1; i++) ck_assert_int_eq(got2[i], i < 3 ? i : i + 1);
-    log = slurp(logp);
+    log = test_slurp_static(logp);
     ck_assert_msg(log && strstr(log, "damaged item skipped (1 so far), batch seq 3") && strstr(log, "1 items skipped as damaged"), "%s",
                   log ? log : "(no log)");
     /* 5. the trainer expects another model; 6. no index */
@@ -298,7 +288,7 @@ START_TEST(damaged_and_foreign_recordings) {
     ck_assert_int_eq(tr_wait(spawn_replay(run, a5)), 1);
     const char *a6[] = {"--dir", run, NULL};
     ck_assert_int_eq(tr_wait(spawn_replay(run, a6)), 1);
-    log = slurp(out);
+    log = test_slurp_static(out);
     ck_assert_msg(log && strstr(log, "belongs to another model: expected layers=(any) H=16") &&
                   strstr(log, "not a complete recording"), "%s", log ? log : "");
     tr_stop_shm(shm);
@@ -335,7 +325,7 @@ START_TEST(sigkill_and_restart) {
     for (int p = 0; p < E * N_IT; p++) ck_assert_int_eq(res[2 + p], p % N_IT);
     char path[900];
     snprintf(path, sizeof path, "%s/logs/dflash-replay.log", run);
-    char *log = slurp(path);
+    char *log = test_slurp_static(path);
     ck_assert_msg(log && strstr(log, "resuming at position"), "%s", log ? log : "");
     tr_stop_shm(shm);
 }

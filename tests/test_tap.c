@@ -20,16 +20,6 @@
 
 enum { N = 30 };
 
-static char *slurp(const char *path) {
-    static char buf[1 << 18];
-    FILE *f = fopen(path, "r");
-    if (!f) return NULL;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    return buf;
-}
-
 static pid_t spawn(const char *run, const char *bin, const char **extra) {
     char path[800];
     snprintf(path, sizeof path, "%s/%s.out", run, bin);
@@ -144,7 +134,7 @@ START_TEST(tap_inserted_mid_run) {
     record_index_free(&ix);
     check_items(out, 0, N - 1, scratch);
     snprintf(path, sizeof path, "%s/logs/dflash-record.log", run);
-    char *log = slurp(path);
+    char *log = test_slurp_static(path);
     ck_assert_msg(log && strstr(log, " 0 duplicates dropped") && strstr(log, " 0 gaps"), "%s", log ? log : "");
     /* the tap recorded exactly what it forwarded: the seqs after the stop */
     ck_assert_msg(record_index_read(trec, &ix, err, sizeof err) == 0, "%s", err);
@@ -229,7 +219,7 @@ START_TEST(tap_sigkill_and_restart) {
     record_index_free(&ix);
     check_items(out, 0, N - 1, scratch);
     snprintf(path, sizeof path, "%s/logs/dflash-record.log", run);
-    char *log = slurp(path);
+    char *log = test_slurp_static(path);
     ck_assert_msg(log && strstr(log, " 0 gaps") && (strstr(log, " 0 duplicates dropped") || strstr(log, " 1 duplicates dropped")),
                   "%s", log ? log : "");
     tr_stop_shm(shm);

@@ -50,21 +50,6 @@ static int run_wait(const char *log, const char *const argv[]) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-static char *slurp(const char *path, size_t *len_out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    ck_assert_ptr_nonnull(b);
-    size_t got = fread(b, 1, (size_t)n, f);
-    fclose(f);
-    b[got] = 0;
-    if (len_out) *len_out = got;
-    return b;
-}
-
 static int count_str(const char *s, const char *what) {
     int n = 0;
     for (const char *p = s; (p = strstr(p, what)) != NULL; p++) n++;
@@ -105,7 +90,7 @@ static pid_t start_shm(const char *run, const char *const rings[]) {
     snprintf(path, sizeof path, "%s/shm.json", run);
     double t0 = tr_now();
     for (;;) {
-        char *s = slurp(path, NULL);
+        char *s = test_slurp(path, NULL);
         int ok = s && strstr(s, "\"running\"");
         free(s);
         if (ok) return pid;
@@ -154,7 +139,7 @@ static pid_t spawn_train(const char *run, const char *tag, const char *model, co
 static char *read_log(const char *run, const char *tag) {
     char path[800];
     snprintf(path, sizeof path, "%s.%s.log", run, tag);
-    char *s = slurp(path, NULL);
+    char *s = test_slurp(path, NULL);
     ck_assert_msg(s != NULL, "no %s", path);
     return s;
 }
@@ -341,7 +326,7 @@ START_TEST(pipeline_and_exact_resume) {
     ck_assert(file_exists(runa, "export/zlab/model.safetensors"));
     char path[900];
     snprintf(path, sizeof path, "%s/state/train.json", runa);
-    char *state = slurp(path, NULL);
+    char *state = test_slurp(path, NULL);
     ck_assert_ptr_nonnull(state);
     ck_assert_int_eq(json_int(state, "step"), 30);
     /* 30 train seqs plus whole validation passes (after train batches 4, 8, ..., 28: 7 passes of V) */
@@ -352,7 +337,7 @@ START_TEST(pipeline_and_exact_resume) {
     /* the bus: a metric record per step (loss, accuracies, EAL, lr, grad norm, tokens/s, step time, skipped),
      * one val record per pass */
     snprintf(path, sizeof path, "%s/metrics.jsonl", runa);
-    char *m = slurp(path, NULL);
+    char *m = test_slurp(path, NULL);
     ck_assert_msg(m != NULL, "no metrics.jsonl");
     int n_train = 0, n_val = 0;
     for (char *line = m, *nl; line && *line; line = nl ? nl + 1 : NULL) {
@@ -387,7 +372,7 @@ START_TEST(pipeline_and_exact_resume) {
     snprintf(logb, sizeof logb, "%s.train.log", runb);
     double t0 = tr_now();
     for (;;) {   /* past checkpoint 8, before checkpoint 16 */
-        char *s = slurp(logb, NULL);
+        char *s = test_slurp(logb, NULL);
         int there = s && strstr(s, "step 12:");
         free(s);
         if (there) break;
@@ -401,7 +386,7 @@ START_TEST(pipeline_and_exact_resume) {
     ck_assert(!file_exists(runb, "checkpoints/step-30.ckpt"));
     stop_upstream(runb, &pb, SIGKILL);
     snprintf(path, sizeof path, "%s/state/train.json", runb);
-    state = slurp(path, NULL);
+    state = test_slurp(path, NULL);
     ck_assert_ptr_nonnull(state);
     int64_t step_b = json_int(state, "step"), next_b = json_int(state, "next_seq");
     free(state);
@@ -427,7 +412,7 @@ START_TEST(pipeline_and_exact_resume) {
     snprintf(pa_, sizeof pa_, "%s/checkpoints/step-30.ckpt", runa);
     snprintf(pb_, sizeof pb_, "%s/checkpoints/step-30.ckpt", runb);
     size_t la, lb;
-    char *ca = slurp(pa_, &la), *cb = slurp(pb_, &lb);
+    char *ca = test_slurp(pa_, &la), *cb = test_slurp(pb_, &lb);
     ck_assert_msg(ca && cb, "missing final checkpoints");
     ck_assert_uint_eq(la, lb);
     ck_assert_msg(!memcmp(ca, cb, la), "run B's final checkpoint differs from run A's");
@@ -435,8 +420,8 @@ START_TEST(pipeline_and_exact_resume) {
     free(cb);
     snprintf(pa_, sizeof pa_, "%s/export/zlab/model.safetensors", runa);
     snprintf(pb_, sizeof pb_, "%s/export/zlab/model.safetensors", runb);
-    ca = slurp(pa_, &la);
-    cb = slurp(pb_, &lb);
+    ca = test_slurp(pa_, &la);
+    cb = test_slurp(pb_, &lb);
     ck_assert_msg(ca && cb && la == lb && !memcmp(ca, cb, la), "the exports differ");
     free(ca);
     free(cb);
@@ -532,14 +517,14 @@ START_TEST(checkpoints) {
     off_t trunc_size = sb.st_size;
     /* another configuration: refused, the field named, nothing written */
     snprintf(path, sizeof path, "%s/state/train.json", run);
-    char *state0 = slurp(path, NULL);
+    char *state0 = test_slurp(path, NULL);
     const char *other[] = {"--max-steps", "12", "--ckpt-every", "4", "--keep", "0", "--wait-ms", "100", "--resume",
                            "--lr", "0.0003", NULL};
     ck_assert_int_eq(wait_for(spawn_train(run, "other", g_model, other), 20, "dflash-train"), 1);
     log = read_log(run, "other");
     expect_one_error(log, "field lr");
     free(log);
-    char *state1 = slurp(path, NULL);
+    char *state1 = test_slurp(path, NULL);
     ck_assert_str_eq(state0, state1);
     free(state0);
     free(state1);
@@ -584,7 +569,7 @@ START_TEST(val_items_are_not_micro_batches) {
     free(log);
     char path[900];
     snprintf(path, sizeof path, "%s/state/train.json", run);
-    char *state = slurp(path, NULL);
+    char *state = test_slurp(path, NULL);
     ck_assert_int_eq(json_int(state, "step"), 5);
     ck_assert_int_eq(json_int(state, "next_seq"), 12);
     free(state);

@@ -104,4 +104,39 @@ static inline int test_run_suite(Suite *s) {
     return failed == 0 ? 0 : 1;
 }
 
+/* The whole file at path, NUL-terminated, in a malloc'd buffer (the caller frees it; *len gets the size when len is
+ * not NULL), or NULL when it cannot be opened. */
+static inline char *test_slurp(const char *path, size_t *len) {
+    if (len) *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, n = 0;
+    char *b = malloc(cap);
+    ck_assert_ptr_nonnull(b);
+    for (size_t got; (got = fread(b + n, 1, cap - n - 1, f)) > 0;) {
+        n += got;
+        if (cap - n - 1 == 0) {
+            cap *= 2;
+            b = realloc(b, cap);
+            ck_assert_ptr_nonnull(b);
+        }
+    }
+    fclose(f);
+    b[n] = 0;
+    if (len) *len = n;
+    return b;
+}
+
+/* The first MiB of the file at path, NUL-terminated, in a buffer of this translation unit that the next call
+ * overwrites (for checks of log files that keep no copy), or NULL when it cannot be opened. */
+static inline char *test_slurp_static(const char *path) {
+    static char buf[1 << 20];
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return buf;
+}
+
 #endif /* TESTS_TESTUTIL_H */

@@ -104,16 +104,6 @@ static pid_t spawn_record(const char **extra) {
     return test_spawn_log(path, argv);
 }
 
-static char *slurp(const char *path) {
-    static char buf[1 << 16];
-    FILE *f = fopen(path, "r");
-    if (!f) return NULL;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    return buf;
-}
-
 static pid_t start(void) {
     g_run = tr_run("record-gpu");
     char spec[200];
@@ -146,7 +136,7 @@ START_TEST(gpu_items_recorded) {
         record_item_free(&it);
     }
     snprintf(path, sizeof path, "%s/DONE", out);
-    char *done = slurp(path);
+    char *done = test_slurp_static(path);
     ck_assert_msg(done && strstr(done, "\"recorded\": 6,") && strstr(done, "\"duplicates\": 1,"), "DONE: %s", done ? done : "");
     tr_stop_shm(shm);
     ck_assert_int_eq(tr_count_segments(g_run), 0);
@@ -170,7 +160,7 @@ START_TEST(gpu_nan_rejected_only_when_verified) {
     ck_assert_int_eq(tr_wait(tr_fork(producer_main, s1)), 0);
     ck_assert_int_eq(tr_wait(rec), 1);
     snprintf(path, sizeof path, "%s/logs/dflash-record.log", g_run);
-    char *log = slurp(path);
+    char *log = test_slurp_static(path);
     ck_assert_msg(log && strstr(log, "item rejected: seq 1: captured state value 5") && strstr(log, "is not finite"),
                   "log: %s", log ? log : "");
     tr_shutdown_shm(g_run, shm);

@@ -48,21 +48,6 @@ static int run_wait(const char *log, const char *const argv[]) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-static char *slurp(const char *path, size_t *len_out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    ck_assert_ptr_nonnull(b);
-    size_t got = fread(b, 1, (size_t)n, f);
-    fclose(f);
-    b[got] = 0;
-    if (len_out) *len_out = got;
-    return b;
-}
-
 /* ---------------------------------------------------------------- the producer */
 
 struct prod {
@@ -182,7 +167,7 @@ static void train(struct result *res, const char *run_dir, const char *dev, int 
     int prc = tr_wait(prod);
     tr_shutdown_shm(res->dir, shm);
     free(res->log);
-    res->log = slurp(log, NULL);
+    res->log = test_slurp(log, NULL);
     ck_assert_msg(rc == 0, "dflash-train --device %s exited %d; log:\n%s", dev, rc, res->log ? res->log : "(none)");
     ck_assert_msg(prc == 0, "the producer exited %d", prc);
     res->n = 0;
@@ -200,7 +185,7 @@ static void train(struct result *res, const char *run_dir, const char *dev, int 
 
 static int same_file(const char *a, const char *b) {
     size_t la, lb;
-    char *ca = slurp(a, &la), *cb = slurp(b, &lb);
+    char *ca = test_slurp(a, &la), *cb = test_slurp(b, &lb);
     int same = ca && cb && la == lb && !memcmp(ca, cb, la);
     free(ca);
     free(cb);
@@ -255,7 +240,7 @@ START_TEST(device_ring_and_resume) {
     train(&cut, NULL, "cuda:0", 0, 0, 8, 16, 0);
     char st[900];
     snprintf(st, sizeof st, "%s/state/train.json", cut.dir);
-    char *state = slurp(st, NULL);
+    char *state = test_slurp(st, NULL);
     ck_assert_ptr_nonnull(state);
     const char *ns = strstr(state, "\"next_seq\": ");
     ck_assert_ptr_nonnull(ns);
