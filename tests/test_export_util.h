@@ -16,6 +16,13 @@
 
 #include "testutil.h"
 
+#include <jansson.h>
+#include <string.h>
+
+#include "train/ckpt.h"
+#include "train/drafter.h"
+#include "train/optim.h"
+
 static char err[4096];
 static char base_dir[512];
 
@@ -63,6 +70,55 @@ static const char *tiny_target(void) {
     const char *argv[] = {test_bin("dflash-mkmodel"), "--preset", "tiny", "--out", dir, NULL};
     ck_assert_msg(run_argv(argv) == 0, "dflash-mkmodel: %s", out_text);
     return dir;
+}
+
+/* Save d as dflash-train does (its config_to_json keys, optimizer + guard table) into a new run directory. */
+static void save_ckpt(const struct drafter *d, char *ckpt, size_t len) {
+    const struct drafter_config *dc = drafter_config_of(d);
+    json_t *lt = json_array(), *ids = json_array();
+    for (int l = 0; l < dc->L; l++)
+        json_array_append_new(lt, json_string(dc->layer_type[l] == DRAFTER_LAYER_SLIDING ? "sliding" : "full"));
+    int zl[DESC_MAX_LAYERS];
+    drafter_zlab_ids(dc, zl);
+    for (int i = 0; i < dc->k; i++) json_array_append_new(ids, json_integer(zl[i]));
+    json_t *j = json_pack("{s:s, s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:o, s:i, s:b, s:i, s:i, s:o, s:b, s:I, s:f, s:s, "
+                          "s:s, s:f, s:f, s:f, s:i, s:s}",
+                          "format", "dflash-train config", "version", 1, "target_model_type", "qwen3", "hidden_size",
+                          dc->H, "target_layers", dc->target.num_hidden_layers, "vocab_size", dc->V_t,
+                          "draft_vocab_size", dc->V_d, "block_size", dc->B, "layer_types", lt, "sliding_window",
+                          dc->sliding_window, "sliding_window_non_causal", dc->sliding_window_non_causal, "max_anchors", dc->N, "tokens",
+                          dc->T_max, "target_layer_ids_zlab", ids, "sample_from_anchor", 0, "mask_token_id",
+                          (json_int_t)dc->mask_token_id, "noise", (double)dc->noise, "loss", "ce", "weighting", "dpace", "gamma",
+                          4.0, "alpha", 0.5, "init_std", 0.02, "seed", 7, "optimizer", "muon");
+    ck_assert_ptr_nonnull(j);
+    char *text = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    int n = drafter_n_params(d);
+    struct optim_tensor *t = calloc((size_t)n, sizeof *t);
+    for (int i = 0; i < n; i++) {
+        const struct drafter_param *p = drafter_param(d, i);
+        t[i] = (struct optim_tensor){p->name, p->ndim, {p->shape[0], p->shape[1]}, p->w, p->g, p->trainable,
+                                     p->is_matrix};
+    }
+    struct optim_config oc;
+    optim_config_default(&oc);
+    struct optim o;
+    memset(&o, 0, sizeof o);
+    ck_assert_msg(optim_init(&o, t, n, &oc, err, sizeof err) == 0, "%s", err);
+    struct optim_guard g;
+    optim_guard_init(&g, 3);
+    struct ckpt_table tab;
+    ckpt_table_init(&tab);
+    ck_assert_int_eq(ckpt_table_add_optim(&tab, &o, err, sizeof err), 0);
+    ck_assert_int_eq(ckpt_table_add_guard(&tab, &g, err, sizeof err), 0);
+    char cdir[600];
+    snprintf(cdir, sizeof cdir, "%s/checkpoints", test_tmpdir("export-run"));
+    struct ckpt_meta meta = {5, 10, 5, text, NULL, 0};
+    ck_assert_msg(ckpt_save(cdir, &meta, tab.t, tab.n, 0, ckpt, len, err, sizeof err) == 0, "%s", err);
+    ckpt_table_free(&tab);
+    optim_free(&o);
+    free(t);
+    free(text);
 }
 
 #endif /* TESTS_TEST_EXPORT_UTIL_H */
