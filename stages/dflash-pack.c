@@ -40,6 +40,7 @@
 #include "core/relay.h"
 #include "core/rings.h"
 #include "core/stage.h"
+#include "plan/plan.h"
 #include "shm/ring.h"
 
 #include <errno.h>
@@ -238,6 +239,25 @@ int main(int argc, char **argv) {
     flags_parse_or_exit(table, argc, argv, "--data FILE (--run DIR [--out-dir DIR] | --index OUT) [flags]",
                         "Packs a tokenized dataset into batches of at most --tokens tokens for the `batches` ring.", NULL, 0);
     char err[2048];
+    /* The run plan (RUN/plan.json, stages/plan/plan.h) owns the dataset, budget, seed, window and the
+     * batches the steps need; a flag may repeat the plan's value, never contradict it. */
+    struct plan plan;
+    int have_plan = index_out ? 0 : plan_open_run(common.run_dir, &plan, err, sizeof err);
+    if (have_plan < 0) { fprintf(stderr, "dflash-pack: %s\n", err); return 2; }
+    if (have_plan) {
+        if (!flags_given(argc, argv, "epochs")) epochs = 0;   /* --max-batches (the plan's batches) ends the stream */
+        if (plan_bind_str(&plan, "data", flags_given(argc, argv, "data"), &data, plan.data, "data", err, sizeof err) ||
+            plan_bind_int(&plan, "tokens", flags_given(argc, argv, "tokens"), &tokens, plan.tokens, "tokens", err,
+                          sizeof err) ||
+            plan_bind_int64(&plan, "seed", flags_given(argc, argv, "seed"), &seed, plan.seed, "seed", err, sizeof err) ||
+            plan_bind_int(&plan, "window", flags_given(argc, argv, "window"), &window, plan.window, "window", err,
+                          sizeof err) ||
+            plan_bind_int64(&plan, "max-batches", flags_given(argc, argv, "max-batches"), &max_batches, plan.batches,
+                            "batches (steps x grad_accum)", err, sizeof err)) {
+            fprintf(stderr, "dflash-pack: %s\n", err);
+            return 2;
+        }
+    }
     struct rings_geometry geo = {.budget = (uint32_t)tokens};
     if (print_spec) {
         char spec[256];
@@ -346,6 +366,7 @@ int main(int argc, char **argv) {
             .run_dir = common.run_dir, .out_ring = ring_name, .attach_wait_ms = ring_wait_ms,
             .wait_ms = 1000, .heartbeat_s = 1.0, .use_bus = 1, .item_name = "batch", .ctx = &ps,
             .compute = pack_compute, .at_end = pack_at_end, .heartbeat_kv = pack_kv, .published = pack_published,
+            .plan = have_plan ? plan.hash : 0,
         };
         check_hint("is dflash-shm running for this run with the ring (dflash-shm --run DIR --ring batches:...)?");
         relay = relay_open(&rc, err, sizeof err);

@@ -23,6 +23,7 @@
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "core/stage.h"
+#include "plan/plan.h"
 #include "shm/control.h"
 #include "shm/ring.h"
 
@@ -364,7 +365,21 @@ int main(int argc, char **argv) {
         return 0;
     }
 
-    if (n_specs == 0) { fprintf(stderr, "dflash-shm: give at least one --ring (see --help)\n"); return 2; }
+    /* The run plan (RUN/plan.json, stages/plan/plan.h) names the rings when no --ring is given; every ring
+     * carries the plan's hash in its header, so a stage that read another plan is refused at attach. */
+    struct plan plan;
+    int have_plan = plan_open_run(common.run_dir, &plan, err, sizeof err);
+    if (have_plan < 0) { fprintf(stderr, "dflash-shm: %s\n", err); return 2; }
+    if (have_plan && n_specs == 0)
+        for (int i = 0; i < plan.n_rings; i++)
+            if (ring_parse_specs(plan.rings[i], specs, MAX_RINGS, &n_specs, err, sizeof err) != 0) {
+                fprintf(stderr, "dflash-shm: %s: rings[%d]: %s\n", plan.path, i, err);
+                return 2;
+            }
+    if (have_plan)
+        for (int i = 0; i < n_specs; i++)
+            if (!specs[i].plan) specs[i].plan = plan.hash;
+    if (n_specs == 0) { fprintf(stderr, "dflash-shm: give at least one --ring, or a run with a plan.json (see --help)\n"); return 2; }
     stage_start(&common, 1);
     ring_set_log(ring_log_to_stage, NULL);
 

@@ -27,6 +27,7 @@
 #include "core/relay.h"
 #include "core/rings.h"
 #include "core/stage.h"
+#include "plan/plan.h"
 #include "model/safetensors.h"
 #include "model/target.h"
 #include "shm/ring.h"
@@ -53,6 +54,7 @@ struct opts {
     double heartbeat_s;
     const char *docs, *dump;
     int print_spec, spec_slots;
+    uint64_t plan;                              /* the run plan's hash (0: no plan.json in --run) */
 };
 
 /* "1,9,17" of the target's captured layer ids into buf. */
@@ -258,6 +260,7 @@ static int ring_mode(const struct opts *o, struct target *t) {
         .run_dir = o->common.run_dir, .in_ring = o->in_ring, .out_ring = o->out_ring,
         .attach_wait_ms = o->wait_ms, .heartbeat_s = o->heartbeat_s, .use_bus = 1, .item_name = "batch",
         .ctx = &ts, .compute = compute_hidden, .heartbeat_kv = target_heartbeat_kv, .metric = target_metric,
+        .plan = o->plan,
     };
     check_hint("is dflash-shm running for this --run, with the rings named by --in/--out?");
     struct relay *r = relay_open(&rc, err, sizeof err);
@@ -319,8 +322,25 @@ int main(int argc, char **argv) {
                         "published, so a SIGKILL and restart loses nothing; several replicas may share the rings. "
                         "Exit 0 at end of stream, 3 when stopped by a signal before it.",
                         NULL, 0);
-    if (!o.model) { fprintf(stderr, "dflash-target: --model DIR is required (see --help)\n"); return 2; }
     char err[1024];
+    /* The run plan (RUN/plan.json, stages/plan/plan.h) owns the model, budget, captured ids and device. */
+    struct plan plan;
+    int have_plan = o.docs ? 0 : plan_open_run(o.common.run_dir, &plan, err, sizeof err);
+    if (have_plan < 0) { fprintf(stderr, "dflash-target: %s\n", err); return 2; }
+    if (have_plan) {
+        if (plan_bind_str(&plan, "model", flags_given(argc, argv, "model"), &o.model, plan.model, "model", err,
+                          sizeof err) ||
+            plan_bind_int(&plan, "tokens", flags_given(argc, argv, "tokens"), &o.tokens, plan.tokens, "tokens", err,
+                          sizeof err) ||
+            plan_bind_list(&plan, "layers", flags_given(argc, argv, "layers"), o.layers, &o.n_layers, plan.ids,
+                           plan.n_ids, "capture.layer_ids", err, sizeof err) ||
+            plan_bind_device(&plan, flags_given(argc, argv, "device"), &o.common.device, err, sizeof err)) {
+            fprintf(stderr, "dflash-target: %s\n", err);
+            return 2;
+        }
+        o.plan = plan.hash;
+    }
+    if (!o.model) { fprintf(stderr, "dflash-target: --model DIR is required (see --help)\n"); return 2; }
     if (o.print_spec) {
         /* Sizing for pipeline scripts: needs only config.json, no weights and no run directory. */
         struct model_config cfg;

@@ -76,6 +76,7 @@
 #include "core/relay.h"
 #include "core/rings.h"
 #include "core/stage.h"
+#include "plan/plan.h"
 #include "export/export.h"
 #include "kernels/common.h"
 #include "kernels/lmhead_loss.h"
@@ -779,6 +780,35 @@ int main(int argc, char **argv) {
                         "noise, no backward, not a micro-batch); each pass sends one val_* metric record. "
                         "Exit 0 when --max-steps are done or the stream ends, 3 when stopped by a signal.",
                         NULL, 0);
+    /* The run plan (RUN/plan.json, stages/plan/plan.h) owns the target, budget, captured ids, the drafter's layer
+     * types and block size, the steps, the accumulation and the device. */
+    struct plan plan;
+    char perr[1024];
+    int have_plan = plan_open_run(o.common.run_dir, &plan, perr, sizeof perr);
+    if (have_plan < 0) { fprintf(stderr, "dflash-train: %s\n", perr); return 2; }
+    if (have_plan) {
+        int plan_ids[DESC_MAX_LAYERS], shift = o.convention == DRAFTER_IDS_SPECULATORS ? 1 : 0;
+        for (int i = 0; i < plan.n_ids; i++) plan_ids[i] = plan.ids[i] + shift;
+        if (plan_bind_str(&plan, "target-model", flags_given(argc, argv, "target-model"), &o.target_model, plan.model,
+                          "model", perr, sizeof perr) ||
+            plan_bind_int(&plan, "tokens", flags_given(argc, argv, "tokens"), &o.tokens, plan.tokens, "tokens", perr,
+                          sizeof perr) ||
+            plan_bind_list(&plan, "target-layer-ids", flags_given(argc, argv, "target-layer-ids"), o.layer_ids,
+                           &o.n_layer_ids, plan_ids, plan.n_ids, "capture.layer_ids", perr, sizeof perr) ||
+            plan_bind_list(&plan, "layer-types", flags_given(argc, argv, "layer-types"), o.layer_types,
+                           &o.n_layer_types, plan.layer_types, plan.draft_layers, "drafter.layer_types (0 sliding, 1 full)",
+                           perr, sizeof perr) ||
+            plan_bind_int(&plan, "block-size", flags_given(argc, argv, "block-size"), &o.block_size, plan.block_size,
+                          "drafter.block_size", perr, sizeof perr) ||
+            plan_bind_int64(&plan, "max-steps", flags_given(argc, argv, "max-steps"), &o.max_steps, plan.steps, "steps",
+                            perr, sizeof perr) ||
+            plan_bind_int(&plan, "grad-accum", flags_given(argc, argv, "grad-accum"), &o.grad_accum, plan.grad_accum,
+                          "grad_accum", perr, sizeof perr) ||
+            plan_bind_device(&plan, flags_given(argc, argv, "device"), &o.common.device, perr, sizeof perr)) {
+            fprintf(stderr, "dflash-train: %s\n", perr);
+            return 2;
+        }
+    }
     if (!o.target_model) { fprintf(stderr, "dflash-train: --target-model DIR is required (see --help)\n"); return 2; }
     if (!o.max_steps) { fprintf(stderr, "dflash-train: --max-steps N is required (it sets the schedule)\n"); return 2; }
     if (o.dump_step >= 0 && !o.dump_dir) { fprintf(stderr, "dflash-train: --dump-step needs --dump-dir\n"); return 2; }
@@ -893,7 +923,7 @@ int main(int argc, char **argv) {
     struct relay_config rc = {
         .run_dir = o.common.run_dir, .in_ring = o.in_ring, .attach_wait_ms = o.wait_ms,
         .heartbeat_s = o.heartbeat_s, .use_bus = 1, .in_order = 1, .dedup = 1, .item_name = "features",
-        .ctx = &tr, .compute = compute_train, .heartbeat_kv = train_heartbeat_kv,
+        .ctx = &tr, .compute = compute_train, .heartbeat_kv = train_heartbeat_kv, .plan = have_plan ? plan.hash : 0,
     };
     check_hint("is dflash-shm running for this --run, with a `features` ring (dflash-hspack or dflash-replay feed it)?");
     tr.relay_ = relay_open(&rc, err, sizeof err);

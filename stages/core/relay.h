@@ -150,6 +150,8 @@ struct relay_config {
     const char *in_ring;          /* input ring name (consumer), NULL for a source */
     const char *out_ring;         /* output ring name (producer), NULL for a sink */
     int attach_wait_ms;           /* how long ring_attach waits for the segments (0: once) */
+    uint64_t plan;                /* the run plan's hash (stages/plan/plan.h; 0: none): a ring made for
+                                   * another plan is refused at open (rings_check_plan) */
     int wait_ms;                  /* one ring wait, 0 -> RELAY_DEFAULT_WAIT_MS; the stop flag is polled between */
     double heartbeat_s;           /* seconds between heartbeats, 0 -> 1 */
     int use_bus;                  /* 1: open the metrics bus (a failure is a warning, not an error) */
