@@ -733,8 +733,9 @@ int main(int argc, char **argv) {
          "i, what dflash-target --layers takes) or speculators (= zlab + 1)", 1, 0},
         {"sample-from-anchor", FLAG_BOOL, &o.sample_from_anchor, "train slot 0 too (DSpark mode; vLLM may not serve "
          "it)", 1, 0},
-        {"mask-token-id", FLAG_INT64, &o.mask_token_id, "mask token id (default: the tokenizer's mask token, else the "
-         "first unused embedding row; never pad or EOS)", -1, INT64_MAX},
+        {"mask-token-id", FLAG_INT64, &o.mask_token_id, "mask token id (default: tokenizer_config.json's mask_token, "
+         "else the first embedding row past tokenizer.json's last id; a target without tokenizer.json needs this flag; "
+         "never pad or EOS)", -1, INT64_MAX},
         {"noise", FLAG_DOUBLE, &o.noise, "half-width of the uniform noise added to the captured states (train only)",
          0, 10},
         {"loss", FLAG_CHOICE, &ch_loss, "per-slot loss", 1, 0},

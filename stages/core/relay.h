@@ -9,7 +9,10 @@
  * DESIGN
  * - Shapes. A relay has an input ring, an output ring, or both:
  *     source     out only   (dflash-pack: items come from the `next` callback's own state)
- *     transform  in and out (dflash-target, dflash-hspack, dflash-tap)
+ *     transform  in and out (dflash-target, dflash-tap)
+ *   dflash-hspack is not a relay: it holds several input items at once (its reorder window) and
+ *   publishes them in seq order, which the one-item cycle below cannot express; it runs its own
+ *   loop on the same ring calls and uses struct relay_seen.
  *     sink       in only    (dflash-record, dflash-train)
  * - One cycle (relay_run): [sink/transform] claim an input item (ring_acquire_read, or
  *   ring_acquire_read_seq in order mode), waiting at most wait_ms at a time and polling the stop
