@@ -85,6 +85,7 @@
 #include "train/mask_token.h"
 #include "train/optim.h"
 #include "train/sched.h"
+#include "train/train_config.h"
 #include "train/vocab.h"
 
 #ifdef DFLASH_CUDA
@@ -98,13 +99,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const char *const loss_names[] = {"kl", "ce", NULL};                  /* LMHEAD_LOSS_* order */
-static const char *const weighting_names[] = {"none", "exp-decay", "dpace", NULL}; /* LMHEAD_WEIGHT_* */
-static const char *const optimizer_names[] = {"muon", "adamw", NULL};        /* enum optim_kind */
-static const char *const schedule_names[] = {"linear", "cosine", "none", NULL}; /* enum sched_kind */
-static const char *const convention_names[] = {"zlab", "speculators", NULL}; /* DRAFTER_IDS_* */
-static const char *const layer_type_names[] = {"sliding", "full", NULL};     /* DRAFTER_LAYER_* */
 
 struct opts {
     struct stage_common common;
@@ -195,49 +189,15 @@ static int gpu_to_host(struct trainer *tr, char *err, int err_len) {
 }
 #endif
 
-/* The configuration a checkpoint must match (everything that changes what the run computes). */
+/* The configuration a checkpoint must match (everything that changes what the run computes): its keys are
+ * owned by stages/train/train_config.h, which dflash-export reads them back with. */
 static char *config_to_json(const struct opts *o, const struct drafter_config *c, const struct optim_config *oc,
                             const struct sched *s) {
-    json_t *j = json_object(), *types = json_array(), *ids = json_array();
-    int zl[DESC_MAX_LAYERS];
-    drafter_zlab_ids(c, zl);
-    for (int l = 0; l < c->L; l++) json_array_append_new(types, json_string(layer_type_names[c->layer_type[l]]));
-    for (int i = 0; i < c->k; i++) json_array_append_new(ids, json_integer(zl[i]));
-    json_object_set_new(j, "format", json_string("dflash-train config"));
-    json_object_set_new(j, "version", json_integer(1));
-    json_object_set_new(j, "target_model_type", json_string(c->target.model_type));
-    json_object_set_new(j, "hidden_size", json_integer(c->H));
-    json_object_set_new(j, "target_layers", json_integer(c->target.num_hidden_layers));
-    json_object_set_new(j, "vocab_size", json_integer(c->V_t));
-    json_object_set_new(j, "draft_vocab_size", json_integer(c->V_d));
-    json_object_set_new(j, "block_size", json_integer(c->B));
-    json_object_set_new(j, "layer_types", types);
-    json_object_set_new(j, "sliding_window", json_integer(c->sliding_window));
-    json_object_set_new(j, "sliding_window_non_causal", json_boolean(c->sliding_window_non_causal));
-    json_object_set_new(j, "max_anchors", json_integer(c->N));
-    json_object_set_new(j, "tokens", json_integer(c->T_max));
-    json_object_set_new(j, "target_layer_ids_zlab", ids);
-    json_object_set_new(j, "sample_from_anchor", json_boolean(c->sample_from_anchor));
-    json_object_set_new(j, "mask_token_id", json_integer(c->mask_token_id));
-    json_object_set_new(j, "noise", json_real(c->noise));
-    json_object_set_new(j, "loss", json_string(loss_names[c->loss]));
-    json_object_set_new(j, "weighting", json_string(weighting_names[c->weighting]));
-    json_object_set_new(j, "gamma", json_real(c->gamma));
-    json_object_set_new(j, "alpha", json_real(c->alpha));
-    json_object_set_new(j, "init_std", json_real(c->init_std));
-    json_object_set_new(j, "seed", json_integer(o->seed));
-    json_object_set_new(j, "optimizer", json_string(optimizer_names[oc->kind]));
-    json_object_set_new(j, "lr", json_real(oc->lr));
-    json_object_set_new(j, "muon_lr", json_real(oc->muon_lr));
-    json_object_set_new(j, "weight_decay", json_real(oc->weight_decay));
-    json_object_set_new(j, "muon_weight_decay", json_real(oc->muon_weight_decay));
-    json_object_set_new(j, "schedule", json_string(sched_kind_name(s->kind)));
-    json_object_set_new(j, "total_steps", json_integer(s->total));
-    json_object_set_new(j, "warmup_steps", json_integer(s->warmup));
-    json_object_set_new(j, "grad_accum", json_integer(o->grad_accum));
-    json_object_set_new(j, "clip", json_real(o->clip));
-    char *text = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(j);
+    struct train_hparams h = {.seed = o->seed, .optimizer = (int)oc->kind, .lr = oc->lr, .muon_lr = oc->muon_lr,
+                              .weight_decay = oc->weight_decay, .muon_weight_decay = oc->muon_weight_decay,
+                              .schedule = (int)s->kind, .total_steps = s->total, .warmup_steps = s->warmup,
+                              .grad_accum = o->grad_accum, .clip = o->clip};
+    char *text = train_config_json(c, &h);
     ALLOC_CHECK(text);
     return text;
 }
@@ -708,11 +668,11 @@ int main(int argc, char **argv) {
     o.max_nonfinite = 3;
     o.wait_ms = 60000;
     o.heartbeat_s = 1.0;
-    struct flag_list types = {o.layer_types, &o.n_layer_types, DRAFTER_MAX_LAYERS, layer_type_names};
+    struct flag_list types = {o.layer_types, &o.n_layer_types, DRAFTER_MAX_LAYERS, train_layer_type_names};
     struct flag_list ids = {o.layer_ids, &o.n_layer_ids, DESC_MAX_LAYERS, NULL};
-    struct flag_choice ch_conv = {&o.convention, convention_names}, ch_loss = {&o.loss, loss_names},
-                       ch_w = {&o.weighting, weighting_names}, ch_opt = {&o.optimizer, optimizer_names},
-                       ch_sched = {&o.schedule, schedule_names};
+    struct flag_choice ch_conv = {&o.convention, train_convention_names}, ch_loss = {&o.loss, train_loss_names},
+                       ch_w = {&o.weighting, train_weighting_names}, ch_opt = {&o.optimizer, train_optimizer_names},
+                       ch_sched = {&o.schedule, train_schedule_names};
     struct flag table[] = {
         STAGE_COMMON_FLAGS(&o.common),
         {"target-model", FLAG_STRING, &o.target_model, "the target's Hugging Face directory: config.json, tokenizer "
@@ -888,8 +848,8 @@ int main(int argc, char **argv) {
     log_info("drafter: %d layers, block %d, %d anchors, H %d, target layers [%s] (z-lab ids), mask token %lld, "
              "vocab %d of %d, %lld trainable parameters, budget %d tokens; loss %s/%s, %s, lr %g, %lld steps",
              tr.cfg->L, tr.cfg->B, tr.cfg->N, tr.cfg->H, idl, (long long)tr.cfg->mask_token_id, tr.cfg->V_d,
-             tr.cfg->V_t, (long long)n_trainable, tr.cfg->T_max, loss_names[tr.cfg->loss],
-             weighting_names[tr.cfg->weighting], optimizer_names[o.optimizer], o.lr, (long long)o.max_steps);
+             tr.cfg->V_t, (long long)n_trainable, tr.cfg->T_max, train_loss_names[tr.cfg->loss],
+             train_weighting_names[tr.cfg->weighting], train_optimizer_names[o.optimizer], o.lr, (long long)o.max_steps);
 
     if (o.resume) {
         char path[PATH_MAX];

@@ -3,6 +3,7 @@
  * (stages/export/export.h).
  */
 #include "export/export.h"
+#include "train/train_config.h"
 
 #include "core/err.h"
 #include "core/fsutil.h"
@@ -63,73 +64,7 @@ static int int_array(const json_t *a, const char *key, int *ids, int max, const 
     return n;
 }
 
-static int name_index(const char *s, const char *const *names) {
-    for (int i = 0; s && names[i]; i++)
-        if (!strcmp(s, names[i])) return i;
-    return -1;
-}
-
 /* ---------------------------------------------------------------- checkpoint -> drafter */
-
-/* stages/dflash-train.c's spellings, in LMHEAD_LOSS_* / LMHEAD_WEIGHT_* / enum optim_kind order. */
-static const char *const loss_names[] = {"kl", "ce", NULL};
-static const char *const weighting_names[] = {"none", "exp-decay", "dpace", NULL};
-static const char *const optimizer_names[] = {"muon", "adamw", NULL};
-
-static int ckpt_to_config(const json_t *j, const char *what, struct drafter_config *c, int64_t *seed, int *opt_kind,
-                          int64_t *hidden, int64_t *layers, int64_t *vocab, int64_t *dvocab, char *err, int err_len) {
-    const char *fmt = json_string_value(json_object_get(j, "format"));
-    if (!fmt || strcmp(fmt, "dflash-train config"))
-        return err_fail(err, err_len, "%s: key \"format\" is not \"dflash-train config\": not a dflash-train "
-                        "checkpoint", what);
-    int64_t v;
-    drafter_config_defaults(c);
-    if (need_int(j, "block_size", &v, what, err, err_len)) return -1;
-    c->B = (int)v;
-    if (need_int(j, "sliding_window", &v, what, err, err_len)) return -1;
-    c->sliding_window = (int)v;
-    if (need_int(j, "max_anchors", &v, what, err, err_len)) return -1;
-    c->N = (int)v;
-    if (need_int(j, "tokens", &v, what, err, err_len)) return -1;
-    c->T_max = (int)v;
-    if (need_int(j, "mask_token_id", &c->mask_token_id, what, err, err_len)) return -1;
-    if (need_int(j, "seed", seed, what, err, err_len)) return -1;
-    if (need_int(j, "hidden_size", hidden, what, err, err_len) || need_int(j, "target_layers", layers, what, err, err_len) ||
-        need_int(j, "vocab_size", vocab, what, err, err_len) || need_int(j, "draft_vocab_size", dvocab, what, err, err_len))
-        return -1;
-    json_t *types = json_object_get(j, "layer_types");
-    if (!json_is_array(types) || json_array_size(types) < 1 || json_array_size(types) > DRAFTER_MAX_LAYERS)
-        return err_fail(err, err_len, "%s: key \"layer_types\" must be a list of 1..%d layer types", what,
-                        DRAFTER_MAX_LAYERS);
-    static const char *const lt[] = {"sliding", "full", NULL};   /* DRAFTER_LAYER_* */
-    c->L = (int)json_array_size(types);
-    for (int l = 0; l < c->L; l++) {
-        int t = name_index(json_string_value(json_array_get(types, (size_t)l)), lt);
-        if (t < 0) return err_fail(err, err_len, "%s: key \"layer_types\"[%d] must be \"sliding\" or \"full\"", what, l);
-        c->layer_type[l] = t;
-    }
-    int n = int_array(json_object_get(j, "target_layer_ids_zlab"), "target_layer_ids_zlab", c->layer_ids,
-                      DESC_MAX_LAYERS, what, err, err_len);
-    if (n < 0) return -1;
-    c->k = n;
-    c->ids_convention = DRAFTER_IDS_ZLAB;
-    c->sliding_window_non_causal = json_is_true(json_object_get(j, "sliding_window_non_causal"));
-    c->sample_from_anchor = json_is_true(json_object_get(j, "sample_from_anchor"));
-    c->noise = (float)json_number_value(json_object_get(j, "noise"));
-    c->gamma = (float)json_number_value(json_object_get(j, "gamma"));
-    c->alpha = (float)json_number_value(json_object_get(j, "alpha"));
-    c->init_std = (float)json_number_value(json_object_get(j, "init_std"));
-    int li = name_index(json_string_value(json_object_get(j, "loss")), loss_names);
-    int wi = name_index(json_string_value(json_object_get(j, "weighting")), weighting_names);
-    int oi = name_index(json_string_value(json_object_get(j, "optimizer")), optimizer_names);
-    if (li < 0) return err_fail(err, err_len, "%s: key \"loss\" must be kl or ce", what);
-    if (wi < 0) return err_fail(err, err_len, "%s: key \"weighting\" must be none, exp-decay or dpace", what);
-    if (oi < 0) return err_fail(err, err_len, "%s: key \"optimizer\" must be muon or adamw", what);
-    c->loss = li;
-    c->weighting = wi;
-    *opt_kind = oi;
-    return 0;
-}
 
 struct drafter *export_load_checkpoint(const char *ckpt_path, const char *target_dir, const char *draft_vocab_dir,
                                        int T_max, int N, int64_t *step, char *err, int err_len) {
@@ -145,9 +80,12 @@ struct drafter *export_load_checkpoint(const char *ckpt_path, const char *target
         return NULL;
     }
     struct drafter_config c;
-    int64_t seed = 0, hidden = 0, layers = 0, vocab = 0, dvocab = 0;
-    int opt_kind = 0;
-    int rc = ckpt_to_config(j, ckpt_path, &c, &seed, &opt_kind, &hidden, &layers, &vocab, &dvocab, err, err_len);
+    struct train_hparams hp;
+    struct train_config_target tt;
+    int rc = train_config_parse(j, ckpt_path, &c, &hp, &tt, err, err_len);   /* the keys' one owner */
+    int64_t seed = hp.seed, hidden = tt.hidden_size, layers = tt.target_layers, vocab = tt.vocab_size,
+            dvocab = tt.draft_vocab_size;
+    int opt_kind = hp.optimizer;
     json_decref(j);
     if (step) *step = info.step;
     ckpt_info_free(&info);
