@@ -29,37 +29,17 @@
  *   refused with the field named), drops every batch seq below its next_seq, and says which seq it needs on
  *   stdout and in state/train.json, so the pipeline can rewind the packer. A batch consumed after the last
  *   checkpoint is therefore trained again after a crash, exactly as an uninterrupted run trained it.
- * - Memory: the drafter plans every buffer at start-up from (--tokens, --max-anchors, the model); this file
- *   adds two planned widening buffers (CPU path only). A step allocates nothing here.
- * - The GPU path (issue 20; --device cuda:N, or auto on a machine with a GPU). Start-up, after
- *   drafter_load_target and any checkpoint restore into the host drafter and struct optim: cudaSetDevice, one
- *   blocking stream (it orders after the init's synchronous uploads), drafter_gpu_init (uploads the host
- *   weights), optim_gpu_init (uploads the host optimizer state), drafter_gpu_warmup at --tokens (cuBLASLt
- *   plans), then drafter_gpu_memory is logged as the peak (a step allocates nothing) and sent as gpu_mem_gib
- *   in every metric and val record. Memory plan: the device allocation is the two inits' plans (logged region
- *   by region); the host adds a pinned buffer for one batch's arrays (desc_batch_max_payload_bytes(--tokens))
- *   and registers each host input slot's payload once (cudaHostRegister; a refusal is logged and the copies
- *   run from pageable memory). Data flow of one micro-batch: decode + check as above; the ids, positions, doc
- *   ids, mask, states and last are copied on the stream into drafter_gpu_inputs: host slots host-to-device
- *   (bf16, checked on the host in place), device slots device-to-device (their batch arrays are first copied
- *   to the pinned buffer on a side stream and checked there), fp32 host slots through drafter_gpu_load_batch
- *   (rounded to bf16 on the host; synchronous, the slow path; fp32 device slots are refused); an event is
- *   recorded after the copies; drafter_step_gpu (train 1, metrics left on the device); compute waits for that
- *   event before returning, since the relay releases the slot then. Optimizer step: optim_gpu_grad_norm_start
- *   (g *= 1/A, the norm on the device), optim_gpu_grad_norm_wait, drafter_gpu_metrics (the A micro-batches'
- *   metrics, complete by then), the guard on the host as on the CPU, optim_gpu_step (clip to --clip on the
- *   device, Muon + AdamW), drafter_gpu_zero_grad. A val batch first collects the pending train metrics (so a
- *   pass between micro-batches is not pooled into them), then runs drafter_step_gpu with train 0 and waits for
- *   its own metrics. Host waits, all of them: per micro-batch the copies event (the step itself runs on);
- *   per optimizer step the grad-norm wait (the metrics wait after it finds them done); per val batch its
- *   metrics; per device slot the batch-arrays copy; per fp32 host slot drafter_gpu_load_batch; every 256 train
- *   micro-batches of one step a metrics collection (drafter_step_gpu's pending capacity); at a checkpoint and
- *   before the exports the synchronous downloads (drafter_gpu_download_weights, optim_gpu_download_state) into
- *   the host drafter and struct optim, which ckpt.c and export.c read as on the CPU path. --dump-dir is refused
- *   on the GPU (the dump records the fp32 CPU step: run that step with --device cpu). Numerics are the
- *   drafter_gpu's (bf16 storage, fp32 accumulation), so a GPU run tracks a CPU run (tests/gpu/
- *   test_train_stage_gpu: loss within 5% per step) but is not bit-equal to it; a GPU run is deterministic and
- *   resumes exactly on the GPU. step_s on the GPU is host time per step (the step runs asynchronously).
+ * - Memory: the drafter plans every buffer at start-up from (--tokens, --max-anchors, the model); step_cpu.c
+ *   adds two planned widening buffers (CPU path only), step_gpu.c the device plan. A step allocates nothing here.
+ * - The device work of a step sits behind struct step_exec (stages/train/step.h): step_cpu.c (the fp32 step on
+ *   host slots) or step_gpu.c (--device cuda:N, or auto on a machine with a GPU: the device drafter and optimizer,
+ *   the copies out of the input slots, the host waits, the memory plan; its file comment says which). This file
+ *   is the orchestration both share: decode and check, accumulate, guard, schedule, metrics, validation,
+ *   checkpoints. --dump-dir is refused on the GPU (the dump records the fp32 CPU step: run that step with
+ *   --device cpu). Numerics are the drafter_gpu's (bf16 storage, fp32 accumulation), so a GPU run tracks a CPU
+ *   run (tests/gpu/test_train_stage_gpu: loss within 5% per step) but is not bit-equal to it; a GPU run is
+ *   deterministic and resumes exactly on the GPU. step_s on the GPU is host time per step (the step runs
+ *   asynchronously).
  * - End: the stream ends (the packer's --epochs), or --max-steps optimizer steps are done (the relay's
  *   RELAY_FINISH: the trainer leaves before the end of the stream). Either way a last partial accumulation
  *   is applied, a final checkpoint is written and the exit status is 0. A validation pass the packer emits
@@ -85,13 +65,10 @@
 #include "train/mask_token.h"
 #include "train/optim.h"
 #include "train/sched.h"
+#include "train/step.h"
 #include "train/train_config.h"
 #include "train/vocab.h"
 
-#ifdef DFLASH_CUDA
-#include <cuda_runtime_api.h>
-#include "train/optim_gpu.h"
-#endif
 
 #include <jansson.h>
 #include <limits.h>
@@ -129,12 +106,10 @@ struct trainer {
     struct ckpt_table table;
     char *config_json;
     char ckpt_dir[PATH_MAX], state_path[PATH_MAX];
-    float *hidden_f32, *last_f32;    /* planned widening buffers: (T_max, k·H), (T_max, H) */
     int64_t step;                    /* optimizer steps done */
     int64_t next_seq;                /* the next batch seq this run needs */
     int micro;                       /* micro-batches accumulated into the gradients */
-    struct drafter_metrics acc;      /* metrics of the current optimizer step */
-    double loss_sum;                 /* Σ per-batch losses of the current step */
+    struct step_acc acc;             /* metrics and Σ per-batch losses of the current optimizer step */
     uint64_t step_tokens;
     double step_busy_s, last_step_t, lr;
     struct drafter_metrics val;      /* the open validation pass, pooled over its batches */
@@ -143,51 +118,8 @@ struct trainer {
     int64_t val_passes;
     struct relay *relay_;
     int gpu;                         /* 1: the GPU path (--device cuda:N); 0: the CPU path */
-    double gpu_mem_gib;              /* device memory in use after start-up (the peak: a step allocates nothing) */
-#ifdef DFLASH_CUDA
-    struct drafter_gpu *g;
-    struct optim_gpu *og;
-    cudaStream_t stream;             /* every device call of the step, the copies and the optimizer */
-    cudaStream_t side;               /* the copy of a device slot's batch arrays to the host for checking */
-    cudaEvent_t copied;              /* recorded after the copies out of an input slot */
-    void *h_batch;                   /* pinned: a device slot's batch arrays, checked on the host */
-    size_t h_batch_cap;
-    void **registered;               /* per input slot index: the host payload registered (cudaHostRegister) */
-    uint32_t n_registered;
-    int register_failed;             /* cudaHostRegister refused once: pageable copies from then on (logged) */
-    int gpu_pending;                 /* train steps whose metrics are still on the device */
-    int64_t host_fresh_step;         /* the host weights/optimizer state equal the device's at this step (-1) */
-#endif
+    struct step_exec x;              /* the step's device work: step_cpu_init or step_gpu_init (train/step.h) */
 };
-
-#ifdef DFLASH_CUDA
-#define TRAIN_GPU_METRIC_SLOTS 256   /* drafter_step_gpu holds at most this many steps' metrics (drafter.h) */
-#define CUDA_OK(call, what)                                                                                     \
-    do {                                                                                                        \
-        cudaError_t e_ = (call);                                                                                \
-        if (e_ != cudaSuccess) return err_fail(err, err_len, "%s: %s", (what), cudaGetErrorString(e_));       \
-    } while (0)
-
-/* Collect the metrics of the train steps enqueued since the last collection into the step's accumulators
- * (waits for the last step's metrics copy). */
-static int gpu_collect(struct trainer *tr, char *err, int err_len) {
-    if (!tr->gpu_pending) return 0;
-    struct drafter_metrics m;
-    if (drafter_gpu_metrics(tr->g, &m, err, err_len)) return -1;
-    drafter_metrics_add(&tr->acc, &m);
-    tr->loss_sum += m.loss_sum;   /* Σ of the steps' per-batch losses, as the CPU path adds them */
-    tr->gpu_pending = 0;
-    return 0;
-}
-
-/* Device weights and optimizer state -> the host drafter and struct optim (checkpoints, exports). */
-static int gpu_to_host(struct trainer *tr, char *err, int err_len) {
-    if (tr->host_fresh_step == tr->step) return 0;
-    if (drafter_gpu_download_weights(tr->g, err, err_len) || optim_gpu_download_state(tr->og, err, err_len)) return -1;
-    tr->host_fresh_step = tr->step;
-    return 0;
-}
-#endif
 
 /* The configuration a checkpoint must match (everything that changes what the run computes): its keys are
  * owned by stages/train/train_config.h, which dflash-export reads them back with. */
@@ -207,9 +139,7 @@ static void ckpt_log(void *ctx, const char *line) { (void)ctx; log_warn("%s", li
 /* Write checkpoint step-<step> and state/train.json. */
 static void save(struct trainer *tr) {
     char err[1024], path[PATH_MAX];
-#ifdef DFLASH_CUDA
-    if (tr->gpu) LIB_CHECK(gpu_to_host(tr, err, sizeof err), err);
-#endif
+    LIB_CHECK(tr->x.to_host(tr->x.impl, err, sizeof err), err);   /* the GPU path: device -> host first */
     struct ckpt_meta meta = {tr->step, tr->next_seq, tr->step, tr->config_json, NULL, 0};
     LIB_CHECK(ckpt_save(tr->ckpt_dir, &meta, tr->table.t, tr->table.n, tr->o->keep, path, sizeof path, err, sizeof err),
               err);
@@ -220,44 +150,21 @@ static void save(struct trainer *tr) {
 /* Apply the accumulated micro-batches as one optimizer step (or skip it: non-finite guard). */
 static int optimizer_step(struct trainer *tr, char *err, int err_len) {
     const struct opts *o = tr->o;
-    double norm;
-    if (!tr->gpu) {
-        optim_scale_grads(tr->tens, tr->n_tens, 1.0f / (float)tr->micro);
-        norm = optim_clip_grad_norm(tr->tens, tr->n_tens, o->clip);
-    } else {
-#ifdef DFLASH_CUDA
-        /* g *= 1/A and the global norm on the device; the wait is the optimizer step's host synchronisation
-         * (the metrics copies were enqueued before it on the same stream, so collecting them waits no more). */
-        if (optim_gpu_grad_norm_start(tr->og, 1.0f / (float)tr->micro, err, err_len) ||
-            optim_gpu_grad_norm_wait(tr->og, &norm, err, err_len) || gpu_collect(tr, err, err_len))
-            return -1;
-#else
-        return err_fail(err, err_len, "the GPU path is not in this build");
-#endif
-    }
-    double loss = tr->loss_sum / tr->micro;
+    double norm;   /* g *= 1/A, the global norm (the CPU clips here, the GPU in apply) */
+    if (tr->x.grad_norm(tr->x.impl, &tr->acc, 1.0f / (float)tr->micro, o->clip, &norm, err, err_len)) return -1;
+    double loss = tr->acc.loss_sum / tr->micro;
     char msg[512];
     enum optim_guard_action act = optim_guard_check(&tr->guard, tr->step, loss, norm, msg, sizeof msg);
     if (act == OPTIM_GUARD_STOP) return err_fail(err, err_len, "%s", msg);
     double f = sched_factor(&tr->sched, tr->step);
     tr->lr = o->lr * f;
     if (act == OPTIM_GUARD_SKIP) log_warn("%s", msg);
-#ifdef DFLASH_CUDA
-    else if (tr->gpu) {
-        if (optim_gpu_step(tr->og, f, o->clip, err, err_len)) return -1;   /* clips on the device to --clip */
-    }
-#endif
-    else if (optim_step(&tr->opt, f, err, err_len)) return -1;
-#ifdef DFLASH_CUDA
-    if (tr->gpu) {
-        if (drafter_gpu_zero_grad(tr->g, err, err_len)) return -1;
-    } else
-#endif
-        optim_zero_grad(tr->tens, tr->n_tens);
+    else if (tr->x.apply(tr->x.impl, f, o->clip, err, err_len)) return -1;
+    if (tr->x.zero_grad(tr->x.impl, err, err_len)) return -1;
 
     double now = time_mono_s(), wall = now - tr->last_step_t;
     tr->last_step_t = now;
-    const struct drafter_metrics *m = &tr->acc;
+    const struct drafter_metrics *m = &tr->acc.m;
     struct bus_kv kv[BUS_MAX_KV];
     int n = 0;
     kv[n++] = (struct bus_kv){BUS_K_LOSS, loss};
@@ -271,7 +178,7 @@ static int optimizer_step(struct trainer *tr, char *err, int err_len) {
     kv[n++] = (struct bus_kv){"skipped_steps", (double)tr->guard.skipped_total};
     kv[n++] = (struct bus_kv){BUS_K_TOTAL_STEPS, (double)tr->sched.total};
     kv[n++] = (struct bus_kv){"anchors", (double)m->n_anchors / tr->micro};
-    if (tr->gpu) kv[n++] = (struct bus_kv){"gpu_mem_gib", tr->gpu_mem_gib};
+    if (tr->gpu) kv[n++] = (struct bus_kv){"gpu_mem_gib", tr->x.mem_gib};
     static char names[DRAFTER_MAX_B][24];
     for (int j = tr->cfg->sample_from_anchor ? 0 : 1; j < m->B && n < BUS_MAX_KV; j++) {
         snprintf(names[j], sizeof names[j], "position_%d_acc", j);
@@ -286,10 +193,10 @@ static int optimizer_step(struct trainer *tr, char *err, int err_len) {
 
     tr->step++;
     tr->micro = 0;
-    tr->loss_sum = 0;
+    tr->acc.loss_sum = 0;
     tr->step_tokens = 0;
     tr->step_busy_s = 0;
-    drafter_metrics_zero(&tr->acc, tr->cfg->B);
+    drafter_metrics_zero(&tr->acc.m, tr->cfg->B);
     if (o->ckpt_every > 0 && tr->step % o->ckpt_every == 0) save(tr);
     return 0;
 }
@@ -308,7 +215,7 @@ static void flush_val(struct trainer *tr) {
     kv[n++] = (struct bus_kv){"val_eal_marginal", drafter_metrics_eal_marginal(m)};
     kv[n++] = (struct bus_kv){"val_batches", (double)tr->val_batches};
     kv[n++] = (struct bus_kv){"val_tokens", (double)tr->val_tokens};
-    if (tr->gpu) kv[n++] = (struct bus_kv){"gpu_mem_gib", tr->gpu_mem_gib};
+    if (tr->gpu) kv[n++] = (struct bus_kv){"gpu_mem_gib", tr->x.mem_gib};
     static char names[DRAFTER_MAX_B][32];
     for (int j = tr->cfg->sample_from_anchor ? 0 : 1; j < m->B && n < BUS_MAX_KV; j++) {
         snprintf(names[j], sizeof names[j], "val_position_%d_acc", j);
@@ -327,136 +234,6 @@ static void flush_val(struct trainer *tr) {
     drafter_metrics_zero(&tr->val, tr->cfg->B);
 }
 
-#ifdef DFLASH_CUDA
-/* Register a host input slot's payload with CUDA once (pinned, so the host-to-device copies run at full speed
- * and asynchronously). A refusal is logged once and the copies run from pageable memory (correct, slower). */
-static void gpu_register_slot(struct trainer *tr, const struct ring_slot *is) {
-    if (tr->register_failed || is->index >= tr->n_registered || tr->registered[is->index] == is->payload) return;
-    if (tr->registered[is->index]) cudaHostUnregister(tr->registered[is->index]);   /* a remap: not seen so far */
-    tr->registered[is->index] = NULL;
-    cudaError_t e = cudaHostRegister(is->payload, (size_t)is->payload_cap, cudaHostRegisterDefault);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        tr->register_failed = 1;
-        log_warn("cudaHostRegister of ring '%s' slot %u (%llu bytes) failed: %s; copying from pageable memory",
-                 tr->o->in_ring, is->index, (unsigned long long)is->payload_cap, cudaGetErrorString(e));
-        return;
-    }
-    tr->registered[is->index] = is->payload;
-}
-
-/* End of the batch arrays of b inside its payload (the standard layout puts them first). */
-static size_t batch_arrays_end(const struct desc_batch *b) {
-    uint64_t T = b->n_tokens, D = b->n_docs, e[6] = {b->off_row_ids + 8 * D, b->off_input_ids + 4 * T,
-                                                     b->off_loss_mask + T, b->off_position_ids + 4 * T,
-                                                     b->off_doc_ids + 4 * T, b->off_cu_seqlens + 4 * (D + 1)};
-    uint64_t m = 0;
-    for (int i = 0; i < 6; i++) if (e[i] > m) m = e[i];
-    return (size_t)m;
-}
-
-/* Fill the drafter_gpu's input buffers with one features item, all on tr->stream, and record tr->copied after
- * the copies out of the slot: host bf16 slots host-to-device (the batch arrays checked on the host in place),
- * device bf16 slots device-to-device (their batch arrays first copied to pinned memory on tr->side and checked
- * there: one extra host wait, device rings only), fp32 host slots through drafter_gpu_load_batch (checks,
- * rounds to bf16 on the host and copies synchronously: the slow path). */
-static int gpu_load(struct trainer *tr, const struct ring_slot *is, const struct desc_features *fd, char *err,
-                    int err_len) {
-    const struct drafter_config *c = tr->cfg;
-    const struct drafter_gpu_inputs *in = drafter_gpu_inputs(tr->g);
-    cudaStream_t s = tr->stream;
-    const size_t T = fd->batch.n_tokens, kH = (size_t)c->k * c->H, H = (size_t)c->H;
-    const unsigned long long seq = (unsigned long long)fd->batch.seq;
-    char e2[768];
-    if (is->on_device && is->device != tr->o->common.cuda_device)
-        return err_fail(err, err_len, "ring '%s' holds payloads on cuda:%d, the trainer runs on cuda:%d: use one device",
-                        tr->o->in_ring, is->device, tr->o->common.cuda_device);
-    if (fd->dtype == DESC_DTYPE_F32) {
-        if (is->on_device)
-            return err_fail(err, err_len, "features seq %llu: fp32 features in a GPU ring are not supported by the GPU "
-                            "trainer; write bf16 (dflash-hspack) or use a host ring", seq);
-        if (desc_batch_check_payload(&fd->batch, is->payload, c->V_t, e2, sizeof e2))
-            return err_fail(err, err_len, "features seq %llu: %s", seq, e2);
-        struct desc_batch_arrays ba;
-        desc_batch_arrays(&fd->batch, is->payload, &ba);
-        struct drafter_batch b = {(int)T, (int)fd->batch.budget, ba.input_ids, ba.loss_mask, ba.position_ids,
-                                  ba.doc_ids, (const float *)((const char *)is->payload + fd->off_states),
-                                  (const float *)((const char *)is->payload + fd->off_last)};
-        if (drafter_gpu_load_batch(tr->g, &b, err, err_len)) return -1;   /* synchronous: the slot is read */
-        CUDA_OK(cudaEventRecord(tr->copied, s), "cudaEventRecord");
-        return 0;
-    }
-    enum cudaMemcpyKind kind = is->on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
-    const void *check_base = is->payload;
-    if (is->on_device) {
-        size_t nb = batch_arrays_end(&fd->batch);
-        if (nb > tr->h_batch_cap)
-            return err_fail(err, err_len, "features seq %llu: batch arrays of %zu bytes exceed the planned %zu", seq, nb,
-                            tr->h_batch_cap);
-        CUDA_OK(cudaMemcpyAsync(tr->h_batch, is->payload, nb, cudaMemcpyDeviceToHost, tr->side), "batch arrays copy");
-        CUDA_OK(cudaStreamSynchronize(tr->side), "batch arrays copy");
-        check_base = tr->h_batch;
-    } else {
-        gpu_register_slot(tr, is);
-    }
-    if (desc_batch_check_payload(&fd->batch, check_base, c->V_t, e2, sizeof e2))
-        return err_fail(err, err_len, "features seq %llu: %s", seq, e2);
-    struct desc_batch_arrays ba;   /* pointers into the slot (host or device) */
-    desc_batch_arrays(&fd->batch, is->payload, &ba);
-    const char *pl = is->payload;
-    CUDA_OK(cudaMemcpyAsync(in->input_ids, ba.input_ids, 4 * T, kind, s), "input_ids copy");
-    CUDA_OK(cudaMemcpyAsync(in->position_ids, ba.position_ids, 4 * T, kind, s), "position_ids copy");
-    CUDA_OK(cudaMemcpyAsync(in->doc_ids, ba.doc_ids, 4 * T, kind, s), "doc_ids copy");
-    CUDA_OK(cudaMemcpyAsync(in->loss_mask, ba.loss_mask, T, kind, s), "loss_mask copy");
-    CUDA_OK(cudaMemcpyAsync(in->hidden, pl + fd->off_states, 2 * T * kH, kind, s), "hidden copy");
-    CUDA_OK(cudaMemcpyAsync(in->last, pl + fd->off_last, 2 * T * H, kind, s), "last copy");
-    CUDA_OK(cudaEventRecord(tr->copied, s), "cudaEventRecord");
-    return 0;
-}
-
-/* compute_train on the GPU. Host waits per item: a train micro-batch waits for its slot's copies (tr->copied)
- * before returning, since the relay releases the slot then; the step itself runs on. The A-th micro-batch also
- * runs optimizer_step, whose grad-norm wait is the step's one synchronisation with the device's work. A val
- * batch waits for its own metrics (drafter_step_gpu with m), after collecting the pending train metrics (which
- * the metrics wait pools otherwise). A device slot adds the wait for its batch arrays (gpu_load). */
-static int compute_train_gpu(struct trainer *tr, struct relay_item *it, const struct desc_features *fd, double t0,
-                             char *err, int err_len) {
-    const int T = (int)fd->batch.n_tokens, budget = (int)fd->batch.budget;
-    const uint64_t seed = (uint64_t)tr->o->seed, seq = fd->batch.seq;
-    int rc = gpu_load(tr, it->in, fd, err, err_len);
-    if (!rc && fd->batch.split == DESC_SPLIT_VAL) {
-        struct drafter_metrics m;
-        rc = gpu_collect(tr, err, err_len);
-        if (!rc) rc = drafter_step_gpu(tr->g, T, budget, seed, seq, 0, &m, err, err_len);
-        if (!rc) {
-            if (!tr->val_batches) tr->val_first_seq = seq;
-            drafter_metrics_add(&tr->val, &m);
-            tr->val_batches++;
-            tr->val_tokens += (uint64_t)T;
-        }
-    } else if (!rc) {
-        flush_val(tr);   /* a train batch after val batches closes that pass */
-        if (tr->gpu_pending >= TRAIN_GPU_METRIC_SLOTS) rc = gpu_collect(tr, err, err_len);
-        if (!rc) rc = drafter_step_gpu(tr->g, T, budget, seed, seq, 1, NULL, err, err_len);
-        if (!rc) tr->gpu_pending++;
-    }
-    /* the slot is released when this returns: its copies must be done (also on failure) */
-    cudaError_t e = cudaEventSynchronize(tr->copied);
-    if (rc) return -1;
-    if (e != cudaSuccess) return err_fail(err, err_len, "waiting for the copies out of the input slot: %s",
-                                          cudaGetErrorString(e));
-    tr->next_seq = (int64_t)seq + 1;
-    it->n_tokens = (uint64_t)T;
-    if (fd->batch.split == DESC_SPLIT_VAL) return RELAY_DONE;
-    tr->micro++;
-    tr->step_tokens += (uint64_t)T;
-    tr->step_busy_s += time_mono_s() - t0;
-    if (tr->micro == tr->o->grad_accum && optimizer_step(tr, err, err_len)) return -1;
-    if (tr->o->max_steps > 0 && tr->step >= tr->o->max_steps) return RELAY_FINISH;
-    return RELAY_DONE;
-}
-#endif
-
 /* One features item: a micro-batch (split = train), or a batch of a validation pass (split = val). */
 static int compute_train(void *ctx, struct relay_item *it, char *err, int err_len) {
     struct trainer *tr = ctx;
@@ -471,55 +248,31 @@ static int compute_train(void *ctx, struct relay_item *it, char *err, int err_le
     if (drafter_check_features(c, &fd, e2, sizeof e2))
         return err_fail(err, err_len, "features seq %llu: %s", (unsigned long long)fd.batch.seq, e2);
     if (rings_check_budget(fd.batch.seq, fd.batch.n_tokens, fd.batch.budget, (uint32_t)c->T_max, err, err_len)) return -1;
-#ifdef DFLASH_CUDA
-    if (tr->gpu) return compute_train_gpu(tr, it, &fd, t0, err, err_len);
-#endif
-    if (is->on_device)
-        return err_fail(err, err_len, "ring '%s' holds GPU payloads, but the trainer runs on the CPU: run with "
-                        "--device cuda:N, or create the ring with dev=host", tr->o->in_ring);
-    if (desc_batch_check_payload(&fd.batch, is->payload, c->V_t, e2, sizeof e2))
-        return err_fail(err, err_len, "features seq %llu: %s", (unsigned long long)fd.batch.seq, e2);
-    struct desc_batch_arrays ba;
-    desc_batch_arrays(&fd.batch, is->payload, &ba);
-    size_t T = fd.batch.n_tokens, kH = (size_t)c->k * c->H;
-    const float *hidden = (const float *)((const char *)is->payload + fd.off_states);
-    const float *last = (const float *)((const char *)is->payload + fd.off_last);
-    if (fd.dtype == DESC_DTYPE_BF16) {   /* widened exactly into the planned buffers */
-        floats_from_bf16(tr->hidden_f32, (const bf16 *)hidden, T * kH);
-        floats_from_bf16(tr->last_f32, (const bf16 *)last, T * (size_t)c->H);
-        hidden = tr->hidden_f32;
-        last = tr->last_f32;
-    }
-    struct drafter_batch b = {(int)T, (int)fd.batch.budget, ba.input_ids, ba.loss_mask, ba.position_ids, ba.doc_ids,
-                              hidden, last};
+    const int train = fd.batch.split != DESC_SPLIT_VAL;
+    const uint64_t T = fd.batch.n_tokens, seq = fd.batch.seq;
+    if (train) flush_val(tr);   /* a train batch after val batches closes that pass */
+    struct step_dump dump = {tr->o->dump_dir, {(uint64_t)tr->step, (uint64_t)tr->o->seed, "float32", tr->o->target_model}};
+    /* the first micro-batch of the step asked for: the gradients were zero before it */
+    int dumping = train && tr->micro == 0 && tr->o->dump_dir && tr->step == tr->o->dump_step;
     struct drafter_metrics m;
-    if (fd.batch.split == DESC_SPLIT_VAL) {
-        /* Forward only: no noise, no backward, the gradients and the optimizer untouched; not a micro-batch.
-         * Its seq still counts in next_seq, so a resume never asks for it again once a later step is saved. */
-        if (drafter_step(tr->d, &b, (uint64_t)tr->o->seed, fd.batch.seq, 0, &m, err, err_len)) return -1;
-        if (!tr->val_batches) tr->val_first_seq = fd.batch.seq;
+    if (tr->x.micro(tr->x.impl, is, &fd, train, (uint64_t)tr->o->seed, &tr->acc, &m, dumping ? &dump : NULL, err,
+                    err_len))
+        return -1;
+    if (dumping)
+        log_info("dumped step %lld (batch seq %llu) into %s/step-%lld", (long long)tr->step, (unsigned long long)seq,
+                 tr->o->dump_dir, (long long)tr->step);
+    /* a val seq counts in next_seq too, so a resume never asks for it again once a later step is saved */
+    tr->next_seq = (int64_t)seq + 1;
+    it->n_tokens = T;
+    if (!train) {   /* forward only: no noise, no backward, the gradients and the optimizer untouched */
+        if (!tr->val_batches) tr->val_first_seq = seq;
         drafter_metrics_add(&tr->val, &m);
         tr->val_batches++;
         tr->val_tokens += T;
-        tr->next_seq = (int64_t)fd.batch.seq + 1;
-        it->n_tokens = T;
         return RELAY_DONE;
     }
-    flush_val(tr);   /* a train batch after val batches closes that pass */
-    if (drafter_step(tr->d, &b, (uint64_t)tr->o->seed, fd.batch.seq, 1, &m, err, err_len)) return -1;
-    if (tr->micro == 0 && tr->o->dump_dir && tr->step == tr->o->dump_step) {
-        /* The first micro-batch of this optimizer step: the gradients were zero before it. */
-        struct drafter_dump_info info = {(uint64_t)tr->step, (uint64_t)tr->o->seed, "float32", tr->o->target_model};
-        if (drafter_dump_step(tr->d, tr->o->dump_dir, &b, &m, &info, err, err_len)) return -1;
-        log_info("dumped step %lld (batch seq %llu) into %s/step-%lld", (long long)tr->step,
-                 (unsigned long long)fd.batch.seq, tr->o->dump_dir, (long long)tr->step);
-    }
-    drafter_metrics_add(&tr->acc, &m);
-    tr->loss_sum += m.loss_sum;
     tr->micro++;
     tr->step_tokens += T;
-    tr->next_seq = (int64_t)fd.batch.seq + 1;
-    it->n_tokens = T;
     tr->step_busy_s += time_mono_s() - t0;
     if (tr->micro == tr->o->grad_accum && optimizer_step(tr, err, err_len)) return -1;
     if (tr->o->max_steps > 0 && tr->step >= tr->o->max_steps) return RELAY_FINISH;
@@ -562,70 +315,7 @@ static void build_config(const struct opts *o, struct drafter_config *c) {
     LIB_CHECK(drafter_config_from_target(c, o->target_model, err, sizeof err), err);
 }
 
-#ifdef DFLASH_CUDA
-/* log_info each line of a memory plan captured by open_memstream. */
-static void log_lines(const char *what, char *text) {
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) log_info("%s: %s", what, line);
-}
-
-/* The GPU path's start-up, on --device cuda:N, after drafter_load_target and any checkpoint restore: the device
- * drafter (weights uploaded from the host), the device optimizer (state uploaded from the host struct optim),
- * a warm-up step at the full budget (cuBLASLt plans), the memory in use (the peak: a step allocates nothing),
- * and the pinned buffer for a device slot's batch arrays. Exits on failure. */
-static void gpu_start(struct trainer *tr) {
-    char err[1024];
-    const struct opts *o = tr->o;
-    cudaError_t e = cudaSetDevice(o->common.cuda_device);
-    if (e != cudaSuccess) DIE("cudaSetDevice(%d): %s", o->common.cuda_device, cudaGetErrorString(e));
-    /* a blocking stream: the synchronous cudaMemcpy uploads of drafter_gpu_init / optim_gpu_init run on the
-     * legacy default stream, and pageable host-to-device copies may return before their DMA lands */
-    if ((e = cudaStreamCreate(&tr->stream)) != cudaSuccess ||
-        (e = cudaStreamCreateWithFlags(&tr->side, cudaStreamNonBlocking)) != cudaSuccess ||
-        (e = cudaEventCreateWithFlags(&tr->copied, cudaEventDisableTiming)) != cudaSuccess)
-        DIE("CUDA stream/event creation: %s", cudaGetErrorString(e));
-    char *plan = NULL;
-    size_t plan_len = 0;
-    FILE *pf = open_memstream(&plan, &plan_len);
-    ALLOC_CHECK(pf);
-    tr->g = drafter_gpu_init(tr->d, tr->stream, pf, err, sizeof err);
-    if (tr->g) tr->og = optim_gpu_init(&tr->opt, tr->g, pf, err, sizeof err);
-    fclose(pf);
-    if (!tr->g || !tr->og) DIE("%s", err);
-    log_lines("device memory plan", plan);
-    free(plan);
-    LIB_CHECK(drafter_gpu_warmup(tr->g, o->tokens, err, sizeof err), err);
-    e = cudaStreamSynchronize(tr->stream);
-    if (e != cudaSuccess) DIE("warm-up step: %s", cudaGetErrorString(e));
-    size_t in_use = 0, total = 0;
-    LIB_CHECK(drafter_gpu_memory(tr->g, &in_use, &total, err, sizeof err), err);
-    tr->gpu_mem_gib = (double)in_use / 1073741824.0;
-    tr->h_batch_cap = (size_t)desc_batch_max_payload_bytes((uint32_t)tr->cfg->T_max);
-    if ((e = cudaMallocHost(&tr->h_batch, tr->h_batch_cap)) != cudaSuccess)
-        DIE("cudaMallocHost of %zu bytes: %s", tr->h_batch_cap, cudaGetErrorString(e));
-    tr->host_fresh_step = tr->step;
-    log_info("GPU path on cuda:%d: peak device memory %.2f GiB in use of %.2f GiB (planned %.2f GiB drafter + "
-             "%.2f GiB optimizer; every process on the device counts)", o->common.cuda_device, tr->gpu_mem_gib,
-             (double)total / 1073741824.0, (double)drafter_gpu_planned_bytes(tr->g) / 1073741824.0,
-             (double)optim_gpu_planned_bytes(tr->og) / 1073741824.0);
-}
-
-static void gpu_stop(struct trainer *tr) {
-    if (tr->stream) cudaStreamSynchronize(tr->stream);
-    for (uint32_t i = 0; i < tr->n_registered; i++)
-        if (tr->registered[i]) cudaHostUnregister(tr->registered[i]);
-    free(tr->registered);
-    tr->registered = NULL;
-    tr->n_registered = 0;
-    optim_gpu_free(tr->og);
-    drafter_gpu_free(tr->g);
-    if (tr->h_batch) cudaFreeHost(tr->h_batch);
-    if (tr->copied) cudaEventDestroy(tr->copied);
-    if (tr->side) cudaStreamDestroy(tr->side);
-    if (tr->stream) cudaStreamDestroy(tr->stream);
-    tr->og = NULL;
-    tr->g = NULL;
-}
-#endif
+static void log_plan_line(const char *line) { log_info("GPU path: %s", line); }
 
 int main(int argc, char **argv) {
     log_init("dflash-train");
@@ -824,14 +514,7 @@ int main(int argc, char **argv) {
     LIB_CHECK(ckpt_table_add_optim(&tr.table, &tr.opt, err, sizeof err), err);
     LIB_CHECK(ckpt_table_add_guard(&tr.table, &tr.guard, err, sizeof err), err);
     tr.config_json = config_to_json(&o, tr.cfg, &oc, &tr.sched);
-    size_t kH = (size_t)tr.cfg->k * tr.cfg->H;
-    if (!tr.gpu) {   /* the GPU path copies bf16 features as they are */
-        tr.hidden_f32 = malloc((size_t)tr.cfg->T_max * kH * sizeof(float));
-        tr.last_f32 = malloc((size_t)tr.cfg->T_max * tr.cfg->H * sizeof(float));
-        ALLOC_CHECK(tr.hidden_f32);
-        ALLOC_CHECK(tr.last_f32);
-    }
-    drafter_metrics_zero(&tr.acc, tr.cfg->B);
+    drafter_metrics_zero(&tr.acc.m, tr.cfg->B);
     drafter_metrics_zero(&tr.val, tr.cfg->B);
     if (snprintf(tr.ckpt_dir, sizeof tr.ckpt_dir, "%s/checkpoints", o.common.run_dir) >= (int)sizeof tr.ckpt_dir ||
         snprintf(tr.state_path, sizeof tr.state_path, "%s/state/train.json", o.common.run_dir) >= (int)sizeof tr.state_path)
@@ -877,9 +560,13 @@ int main(int argc, char **argv) {
                  (long long)o.max_steps);
         return 0;
     }
-#ifdef DFLASH_CUDA
-    if (tr.gpu) gpu_start(&tr);   /* after the restore: the device copies start from the host state */
-#endif
+    /* after the restore: the device copies start from the host state; before the rings (the GPU path makes its
+     * device current, where the rings' IPC handles open) */
+    if (tr.gpu)
+        LIB_CHECK(step_gpu_init(&tr.x, tr.d, &tr.opt, o.common.cuda_device, o.in_ring, log_plan_line, err, sizeof err),
+                  err);
+    else
+        LIB_CHECK(step_cpu_init(&tr.x, tr.d, &tr.opt, tr.tens, tr.n_tens, o.in_ring, err, sizeof err), err);
 
     struct relay_config rc = {
         .run_dir = o.common.run_dir, .in_ring = o.in_ring, .attach_wait_ms = o.wait_ms,
@@ -890,13 +577,7 @@ int main(int argc, char **argv) {
     tr.relay_ = relay_open(&rc, err, sizeof err);
     if (!tr.relay_) DIE("%s", err);
     check_hint(NULL);
-#ifdef DFLASH_CUDA
-    if (tr.gpu) {
-        tr.n_registered = ring_get_spec(relay_in(tr.relay_))->n_slots;
-        tr.registered = calloc(tr.n_registered, sizeof *tr.registered);
-        ALLOC_CHECK(tr.registered);
-    }
-#endif
+    if (tr.gpu) LIB_CHECK(step_gpu_plan_slots(&tr.x, ring_get_spec(relay_in(tr.relay_))->n_slots, err, sizeof err), err);
     relay_set_next_seq(tr.relay_, (uint64_t)tr.next_seq);
     tr.last_step_t = time_mono_s();
     int res = relay_run(tr.relay_, err, sizeof err);
@@ -910,9 +591,7 @@ int main(int argc, char **argv) {
         if (res == RELAY_DONE && (o.ckpt_every == 0 || tr.step % o.ckpt_every != 0)) save(&tr);
         if (res == RELAY_DONE) {   /* the serving exports (issue 17): RUN/export/{zlab,speculators}, checked */
             char skipped[768];
-#ifdef DFLASH_CUDA
-            if (tr.gpu) LIB_CHECK(gpu_to_host(&tr, err, sizeof err), err);
-#endif
+            LIB_CHECK(tr.x.to_host(tr.x.impl, err, sizeof err), err);
             LIB_CHECK(export_write_run(tr.d, o.common.run_dir, o.target_model, skipped, sizeof skipped, err, sizeof err),
                       err);
             log_info("exports written to %s/export%s%s", o.common.run_dir, skipped[0] ? "; " : "", skipped);
@@ -920,16 +599,12 @@ int main(int argc, char **argv) {
         if (res == RELAY_DONE) log_info("training done: %lld steps, %lld skipped, %lld validation passes", (long long)tr.step,
                                         (long long)tr.guard.skipped_total, (long long)tr.val_passes);
     }
-#ifdef DFLASH_CUDA
-    if (tr.gpu) gpu_stop(&tr);   /* before relay_close: the registered slots are still mapped */
-#endif
+    tr.x.free(tr.x.impl);   /* before relay_close: registered slots are still mapped */
     relay_close(tr.relay_);
     ckpt_table_free(&tr.table);
     optim_free(&tr.opt);
     drafter_free(tr.d);
     free(tr.tens);
-    free(tr.hidden_f32);
-    free(tr.last_f32);
     free(tr.config_json);
     return relay_exit_code(res);
 }
