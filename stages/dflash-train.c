@@ -80,12 +80,10 @@
 struct opts {
     struct stage_common common;
     const char *target_model, *in_ring, *draft_vocab, *dump_dir;
-    int tokens, block_size, max_anchors, sliding_window, non_causal, sample_from_anchor;
-    int layer_types[DRAFTER_MAX_LAYERS], n_layer_types;
-    int layer_ids[DESC_MAX_LAYERS], n_layer_ids, convention;
-    int64_t mask_token_id;
-    double noise, gamma, alpha, init_std;
-    int loss, weighting, optimizer, schedule;
+    struct drafter_config dc;        /* the drafter's options, defined once (drafter_config_defaults); the flags
+                                      * write into it, the target's fields come from drafter_config_from_target */
+    double noise, gamma, alpha, init_std;   /* FLAG_DOUBLE views of dc's float options */
+    int optimizer, schedule;
     double lr, muon_lr, weight_decay, muon_weight_decay, clip, warmup_ratio;
     int64_t warmup_steps, max_steps, seed, dump_step;
     int grad_accum, ckpt_every, keep, resume, max_nonfinite, wait_ms;
@@ -291,27 +289,11 @@ static int train_heartbeat_kv(void *ctx, struct bus_kv *kv, int max) {
 
 static void build_config(const struct opts *o, struct drafter_config *c) {
     char err[1024];
-    drafter_config_defaults(c);
-    c->B = o->block_size;
-    c->N = o->max_anchors;
-    c->T_max = o->tokens;
-    c->sliding_window = o->sliding_window;
-    c->sliding_window_non_causal = o->non_causal;
-    c->sample_from_anchor = o->sample_from_anchor;
-    c->mask_token_id = o->mask_token_id;
+    *c = o->dc;
     c->noise = (float)o->noise;
-    c->loss = o->loss;
-    c->weighting = o->weighting;
     c->gamma = (float)o->gamma;
     c->alpha = (float)o->alpha;
     c->init_std = (float)o->init_std;
-    if (o->n_layer_types) {
-        c->L = o->n_layer_types;
-        memcpy(c->layer_type, o->layer_types, (size_t)o->n_layer_types * sizeof o->layer_types[0]);
-    }
-    c->ids_convention = o->convention;
-    c->k = o->n_layer_ids;
-    memcpy(c->layer_ids, o->layer_ids, (size_t)o->n_layer_ids * sizeof o->layer_ids[0]);
     LIB_CHECK(drafter_config_from_target(c, o->target_model, err, sizeof err), err);
 }
 
@@ -322,23 +304,13 @@ int main(int argc, char **argv) {
     struct opts o;
     memset(&o, 0, sizeof o);
     stage_common_defaults(&o.common);
+    drafter_config_defaults(&o.dc);
     struct drafter_config dc;
-    drafter_config_defaults(&dc);
     o.in_ring = RING_NAME_FEATURES;
-    o.tokens = dc.T_max;
-    o.block_size = dc.B;
-    o.max_anchors = dc.N;
-    o.sliding_window = dc.sliding_window;
-    o.n_layer_types = dc.L;
-    memcpy(o.layer_types, dc.layer_type, sizeof o.layer_types);
-    o.convention = DRAFTER_IDS_ZLAB;
-    o.mask_token_id = -1;
-    o.noise = dc.noise;
-    o.gamma = dc.gamma;
-    o.alpha = dc.alpha;
-    o.init_std = dc.init_std;
-    o.loss = dc.loss;
-    o.weighting = dc.weighting;
+    o.noise = o.dc.noise;
+    o.gamma = o.dc.gamma;
+    o.alpha = o.dc.alpha;
+    o.init_std = o.dc.init_std;
     struct optim_config oc;
     optim_config_default(&oc);
     o.optimizer = (int)oc.kind;
@@ -358,32 +330,32 @@ int main(int argc, char **argv) {
     o.max_nonfinite = 3;
     o.wait_ms = 60000;
     o.heartbeat_s = 1.0;
-    struct flag_list types = {o.layer_types, &o.n_layer_types, DRAFTER_MAX_LAYERS, train_layer_type_names};
-    struct flag_list ids = {o.layer_ids, &o.n_layer_ids, DESC_MAX_LAYERS, NULL};
-    struct flag_choice ch_conv = {&o.convention, train_convention_names}, ch_loss = {&o.loss, train_loss_names},
-                       ch_w = {&o.weighting, train_weighting_names}, ch_opt = {&o.optimizer, train_optimizer_names},
+    struct flag_list types = {o.dc.layer_type, &o.dc.L, DRAFTER_MAX_LAYERS, train_layer_type_names};
+    struct flag_list ids = {o.dc.layer_ids, &o.dc.k, DESC_MAX_LAYERS, NULL};
+    struct flag_choice ch_conv = {&o.dc.ids_convention, train_convention_names}, ch_loss = {&o.dc.loss, train_loss_names},
+                       ch_w = {&o.dc.weighting, train_weighting_names}, ch_opt = {&o.optimizer, train_optimizer_names},
                        ch_sched = {&o.schedule, train_schedule_names};
     struct flag table[] = {
         STAGE_COMMON_FLAGS(&o.common),
         {"target-model", FLAG_STRING, &o.target_model, "the target's Hugging Face directory: config.json, tokenizer "
          "files and only the embedding, final norm and LM head tensors are read", 1, 0},
         {"in", FLAG_STRING, &o.in_ring, "input ring (features descriptors)", 1, 0},
-        {"tokens", FLAG_INT, &o.tokens, "token budget of a batch (the packer's --tokens): plans memory and the anchor "
+        {"tokens", FLAG_INT, &o.dc.T_max, "token budget of a batch (the packer's --tokens): plans memory and the anchor "
          "candidates (p < budget - B)", 2, 1 << 24},
-        {"block-size", FLAG_INT, &o.block_size, "block size B", 2, DRAFTER_MAX_B},
+        {"block-size", FLAG_INT, &o.dc.B, "block size B", 2, DRAFTER_MAX_B},
         {"layer-types", FLAG_LIST, &types, "draft layer types, one per layer (the count is the layer count); "
          "all-sliding as speculators ships: sliding,sliding,sliding,sliding,sliding", 1, 0},
-        {"sliding-window", FLAG_INT, &o.sliding_window, "window W of the sliding layers", 1, INT_MAX},
-        {"sliding-window-non-causal", FLAG_BOOL, &o.non_causal, "sliding layers see their whole block (full layers "
+        {"sliding-window", FLAG_INT, &o.dc.sliding_window, "window W of the sliding layers", 1, INT_MAX},
+        {"sliding-window-non-causal", FLAG_BOOL, &o.dc.sliding_window_non_causal, "sliding layers see their whole block (full layers "
          "always do)", 1, 0},
-        {"max-anchors", FLAG_INT, &o.max_anchors, "anchors (blocks) per batch N", 1, 1 << 20},
+        {"max-anchors", FLAG_INT, &o.dc.N, "anchors (blocks) per batch N", 1, 1 << 20},
         {"target-layer-ids", FLAG_LIST, &ids, "captured target layer ids in --layer-ids-convention, concat order "
          "(default: the z-lab formula for the layer count)", 0, 4096},
         {"layer-ids-convention", FLAG_CHOICE, &ch_conv, "how --target-layer-ids count: zlab (output of decoder layer "
          "i, what dflash-target --layers takes) or speculators (= zlab + 1)", 1, 0},
-        {"sample-from-anchor", FLAG_BOOL, &o.sample_from_anchor, "train slot 0 too (DSpark mode; vLLM may not serve "
+        {"sample-from-anchor", FLAG_BOOL, &o.dc.sample_from_anchor, "train slot 0 too (DSpark mode; vLLM may not serve "
          "it)", 1, 0},
-        {"mask-token-id", FLAG_INT64, &o.mask_token_id, "mask token id (default: tokenizer_config.json's mask_token, "
+        {"mask-token-id", FLAG_INT64, &o.dc.mask_token_id, "mask token id (default: tokenizer_config.json's mask_token, "
          "else the first embedding row past tokenizer.json's last id; a target without tokenizer.json needs this flag; "
          "never pad or EOS)", -1, INT64_MAX},
         {"noise", FLAG_DOUBLE, &o.noise, "half-width of the uniform noise added to the captured states (train only)",
@@ -438,18 +410,18 @@ int main(int argc, char **argv) {
     int have_plan = plan_open_run(o.common.run_dir, &plan, perr, sizeof perr);
     if (have_plan < 0) { fprintf(stderr, "dflash-train: %s\n", perr); return 2; }
     if (have_plan) {
-        int plan_ids[DESC_MAX_LAYERS], shift = o.convention == DRAFTER_IDS_SPECULATORS ? 1 : 0;
+        int plan_ids[DESC_MAX_LAYERS], shift = o.dc.ids_convention == DRAFTER_IDS_SPECULATORS ? 1 : 0;
         for (int i = 0; i < plan.n_ids; i++) plan_ids[i] = plan.ids[i] + shift;
         if (plan_bind_str(&plan, "target-model", flags_given(argc, argv, "target-model"), &o.target_model, plan.model,
                           "model", perr, sizeof perr) ||
-            plan_bind_int(&plan, "tokens", flags_given(argc, argv, "tokens"), &o.tokens, plan.tokens, "tokens", perr,
+            plan_bind_int(&plan, "tokens", flags_given(argc, argv, "tokens"), &o.dc.T_max, plan.tokens, "tokens", perr,
                           sizeof perr) ||
-            plan_bind_list(&plan, "target-layer-ids", flags_given(argc, argv, "target-layer-ids"), o.layer_ids,
-                           &o.n_layer_ids, plan_ids, plan.n_ids, "capture.layer_ids", perr, sizeof perr) ||
-            plan_bind_list(&plan, "layer-types", flags_given(argc, argv, "layer-types"), o.layer_types,
-                           &o.n_layer_types, plan.layer_types, plan.draft_layers, "drafter.layer_types (0 sliding, 1 full)",
+            plan_bind_list(&plan, "target-layer-ids", flags_given(argc, argv, "target-layer-ids"), o.dc.layer_ids,
+                           &o.dc.k, plan_ids, plan.n_ids, "capture.layer_ids", perr, sizeof perr) ||
+            plan_bind_list(&plan, "layer-types", flags_given(argc, argv, "layer-types"), o.dc.layer_type,
+                           &o.dc.L, plan.layer_types, plan.draft_layers, "drafter.layer_types (0 sliding, 1 full)",
                            perr, sizeof perr) ||
-            plan_bind_int(&plan, "block-size", flags_given(argc, argv, "block-size"), &o.block_size, plan.block_size,
+            plan_bind_int(&plan, "block-size", flags_given(argc, argv, "block-size"), &o.dc.B, plan.block_size,
                           "drafter.block_size", perr, sizeof perr) ||
             plan_bind_int64(&plan, "max-steps", flags_given(argc, argv, "max-steps"), &o.max_steps, plan.steps, "steps",
                             perr, sizeof perr) ||
