@@ -36,7 +36,7 @@
 #include "core/stage.h"
 #include "kernels/common.h"
 #include "model/hfconfig.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "model/weights.h"
 
 #define CHUNK_ELEMS (1 << 20)          /* one generator stream per chunk */

@@ -7,7 +7,7 @@
  * `shutdown` request; then it marks every ring closed, unlinks every segment it created and
  * exits 0. It owns the GPU memory so that no compute stage owns memory another stage reads.
  *
- * Control protocol: msgpack over NN_REQ/NN_REP, encoded and decoded by stages/shm/control.h
+ * Control protocol: msgpack over NN_REQ/NN_REP, encoded and decoded by stages/shmctl/control.h
  * (kind + version, exact field counts). The socket is created with mode 0600 (umask 0177 around
  * nn_bind, then chmod and a check) and clients talk to it only when it is a socket owned by their
  * own uid with no group/other bits. Why not SO_PEERCRED: nanomsg hides the accepted connection's
@@ -24,7 +24,7 @@
 #include "core/log.h"
 #include "core/stage.h"
 #include "plan/plan.h"
-#include "shm/control.h"
+#include "shmctl/control.h"
 #include "shm/ring.h"
 
 #include <errno.h>

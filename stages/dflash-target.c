@@ -28,7 +28,7 @@
 #include "core/rings.h"
 #include "core/stage.h"
 #include "plan/plan.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "model/target.h"
 #include "shm/ring.h"
 

@@ -16,7 +16,7 @@
 #include "core/fsutil.h"
 #include "export/export.h"
 #include "kernels/common.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "train/ckpt.h"
 #include "train/optim.h"
 #include "train/vocab.h"

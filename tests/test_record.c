@@ -19,7 +19,7 @@
 #include "core/record.h"
 #include "core/relay.h"
 #include "shm/ring.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "test_ring_util.h"
 
 #include <fcntl.h>

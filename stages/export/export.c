@@ -10,7 +10,7 @@
 #include "kernels/common.h"
 #include "kernels/lmhead_loss.h"
 #include "model/hfconfig.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "model/weights.h"
 #include "train/ckpt.h"
 #include "train/optim.h"

@@ -30,7 +30,7 @@
 #ifndef STAGES_MODEL_HFCONFIG_H
 #define STAGES_MODEL_HFCONFIG_H
 
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {

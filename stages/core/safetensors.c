@@ -1,5 +1,5 @@
 /*
- * stages/model/safetensors.c — safetensors reader, writer and sharded checkpoints (safetensors.h).
+ * stages/core/safetensors.c — safetensors reader, writer and sharded checkpoints (safetensors.h).
  *
  * The reader maps the whole file read-only and validates the JSON header (jansson, duplicate keys
  * rejected) before handing out any pointer, so later code can trust every st_tensor: its bytes lie
@@ -7,7 +7,7 @@
  * from the declarations alone, so a 16 GB checkpoint never has to sit in memory.
  */
 #include "core/fsutil.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "core/err.h"
 
 #include <errno.h>
