@@ -2,7 +2,7 @@
  * stages/dflash-pack.c — the dataset packing stage (design.md §2, §6, §8; issue 4).
  *
  * Reads a dataset (JSONL or the indexed format, stages/core/dataset.h), packs it with the policy
- * of stages/core/packer.h, and publishes one `batch` descriptor + host payload per sequence
+ * of stages/pack/packer.h, and publishes one `batch` descriptor + host payload per sequence
  * number to the `batches` ring (shm/ring.h), or with --out-dir writes each batch as a file. The
  * stream is a pure function of (dataset, --tokens, --window, --seed, --shard); --epochs and
  * --max-batches only say where it ends.
@@ -22,7 +22,7 @@
  *   uint64 payload_off (= 2304, a multiple of DESC_ALIGN); the msgpack batch descriptor at byte 32;
  *   zeros up to payload_off; payload_len payload bytes at payload_off (the file ends there).
  *
- * Validation (--val-frac F --val-every N, stages/core/packer.h): the last round(F x rows) rows are held
+ * Validation (--val-frac F --val-every N, stages/pack/packer.h): the last round(F x rows) rows are held
  * out and packed into val batches (descriptor split = val); after every N-th train batch comes one
  * full pass over them, in the one seq stream, so seeking and the trainer's resume stay arithmetic.
  *
@@ -36,7 +36,7 @@
 #include "core/flags.h"
 #include "core/fsutil.h"
 #include "core/log.h"
-#include "core/packer.h"
+#include "pack/packer.h"
 #include "core/relay.h"
 #include "core/rings.h"
 #include "core/stage.h"

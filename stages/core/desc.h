@@ -55,7 +55,7 @@
 enum desc_kind { DESC_KIND_BATCH = 1, DESC_KIND_HIDDEN = 2, DESC_KIND_FEATURES = 3 };
 enum desc_dtype { DESC_DTYPE_BF16 = 1, DESC_DTYPE_F32 = 2 };            /* msgpack: "bf16" | "f32" */
 enum desc_layout { DESC_LAYOUT_CONCAT = 1, DESC_LAYOUT_SPLIT = 2 };     /* msgpack: "concat" | "split" */
-/* Which part of the dataset a batch comes from (dflash-pack --val-frac, stages/core/packer.h): a train batch
+/* Which part of the dataset a batch comes from (dflash-pack --val-frac, stages/pack/packer.h): a train batch
  * is trained on, a val batch is evaluated forward only (no noise, no backward) and never counts as a
  * micro-batch of an optimizer step. 0 = train, so a zero-initialised descriptor is a train batch. */
 enum desc_split { DESC_SPLIT_TRAIN = 0, DESC_SPLIT_VAL = 1 };            /* msgpack: "train" | "val" */

@@ -7,7 +7,7 @@
 #include "core/dataset.h"
 #include "core/err.h"
 #include "core/fsutil.h"
-#include "core/packer.h"
+#include "pack/packer.h"
 #include "core/rings.h"
 #include "model/hfconfig.h"
 #include "train/drafter.h"
