@@ -297,7 +297,7 @@ static void build_config(const struct opts *o, struct drafter_config *c) {
     LIB_CHECK(drafter_config_from_target(c, o->target_model, err, sizeof err), err);
 }
 
-static void log_plan_line(const char *line) { log_info("GPU path: %s", line); }
+static void log_plan_line(const char *line) { log_info("%s", line); }
 
 int main(int argc, char **argv) {
     log_init("dflash-train");

@@ -259,7 +259,11 @@ int step_gpu_init(struct step_exec *x, struct drafter *d, struct optim *opt, int
     if (s->g) s->og = optim_gpu_init(opt, s->g, pf, err, err_len);
     fclose(pf);
     if (plan && text)
-        for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) plan(line);
+        for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+            char l2[600];
+            snprintf(l2, sizeof l2, "device memory plan: %s", line);
+            plan(l2);
+        }
     free(text);
     if (!s->g || !s->og) { gpu_free(s); return -1; }
     if (drafter_gpu_warmup(s->g, c->T_max, err, err_len)) { gpu_free(s); return -1; }
@@ -279,8 +283,9 @@ int step_gpu_init(struct step_exec *x, struct drafter *d, struct optim *opt, int
                             gpu_zero_grad, gpu_to_host, gpu_free};
     if (plan) {
         char line[256];
-        snprintf(line, sizeof line, "peak device memory %.2f GiB in use of %.2f GiB (planned %.2f GiB drafter + %.2f GiB "
-                 "optimizer; every process on the device counts)", x->mem_gib, (double)total / 1073741824.0,
+        snprintf(line, sizeof line, "GPU path on cuda:%d: peak device memory %.2f GiB in use of %.2f GiB (planned %.2f GiB "
+                 "drafter + %.2f GiB optimizer; every process on the device counts)", device, x->mem_gib,
+                 (double)total / 1073741824.0,
                  (double)drafter_gpu_planned_bytes(s->g) / 1073741824.0,
                  (double)optim_gpu_planned_bytes(s->og) / 1073741824.0);
         plan(line);
