@@ -20,6 +20,7 @@
 
 static char g_model[600], g_data[600], g_base[512];
 
+/* once per suite (an unchecked fixture: the forked tests inherit the paths) */
 static void make_inputs(void) {
     if (g_model[0]) return;
     snprintf(g_base, sizeof g_base, "%s", test_tmpdir("plan"));
@@ -284,6 +285,7 @@ int main(void) {
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("plan");
     tcase_set_timeout(tc, 200);
+    tcase_add_unchecked_fixture(tc, make_inputs, NULL);
     tcase_add_test(tc, binding);
     tcase_add_test(tc, make_write_read);
     tcase_add_test(tc, stages_refuse_conflicts);
