@@ -474,13 +474,3 @@ need_bins() {
     [ -x "$DFLASH_BIN/$b" ] || pdie "$DFLASH_BIN/$b is missing: build first (make BUILD=${BUILD:-build})"
   done
 }
-
-# online_ring_specs: BATCH_SPEC, HIDDEN_SPEC and FEATURE_SPEC of the pack -> target -> hspack chain, each from the
-# stage's own --print-ring-spec. Reads PACK_FLAGS, MODEL, TOKENS, DEVICE, LAYER_FLAGS, K, H, DTYPE and LOGS.
-online_ring_specs() {
-  BATCH_SPEC=$("$DFLASH_BIN/dflash-pack" "${PACK_FLAGS[@]}" --print-ring-spec) || pdie "dflash-pack --print-ring-spec failed"
-  HIDDEN_SPEC=$("$DFLASH_BIN/dflash-target" --model "$MODEL" --tokens "$TOKENS" --device "$DEVICE" ${LAYER_FLAGS[@]+"${LAYER_FLAGS[@]}"} \
-                  --print-ring-spec 2>"$LOGS/spec.out") || pdie "dflash-target --model $MODEL: $(first_error "$LOGS/spec.out")"
-  FEATURE_SPEC=$("$DFLASH_BIN/dflash-hspack" --tokens "$TOKENS" --n-layers "$K" --hidden-size "$H" --dtype "$DTYPE" \
-                   --device "$DEVICE" --print-ring-spec) || pdie "dflash-hspack --print-ring-spec failed"
-}

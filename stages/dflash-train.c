@@ -243,9 +243,9 @@ static int compute_train(void *ctx, struct relay_item *it, char *err, int err_le
     if (desc_features_decode(is->desc, is->desc_len, is->payload_cap, &fd, e2, sizeof e2))
         return err_fail(err, err_len, "ring '%s' slot %u (seq %llu): %s", tr->o->in_ring, is->index,
                         (unsigned long long)is->seq, e2);
+    /* k, H, layout, dtype, layer ids, and the batch's tokens and budget against the planned T_max: checked once */
     if (drafter_check_features(c, &fd, e2, sizeof e2))
         return err_fail(err, err_len, "features seq %llu: %s", (unsigned long long)fd.batch.seq, e2);
-    if (rings_check_budget(fd.batch.seq, fd.batch.n_tokens, fd.batch.budget, (uint32_t)c->T_max, err, err_len)) return -1;
     const int train = fd.batch.split != DESC_SPLIT_VAL;
     const uint64_t T = fd.batch.n_tokens, seq = fd.batch.seq;
     if (train) flush_val(tr);   /* a train batch after val batches closes that pass */
