@@ -38,9 +38,9 @@ int attention_forward_ref(float *out, float *lse, const float *q, const float *k
  * memory, max_seqlen = the longest document (host value: it sizes the grid; a smaller value leaves
  * rows unwritten). HD 64 or 128, NH % NKV == 0, 16-byte aligned pointers; checked. scale is usually
  * 1/sqrt(HD). Asynchronous; 0 or -1 with kernels_error(). Rows with no document (T beyond
- * cu_seqlens[ND]) are not written. Kernel: wgmma, two warpgroups ×
+ * cu_seqlens[ND]) are not written. Kernel: attention_bench variant 34 (wgmma, two warpgroups ×
  * 64 query rows with a ping-pong issue order, 128-key tiles, staged output stores, lazy rescaling,
- * longest-first tile order (its benchmark history: kernels/bench/RESULTS.md). */
+ * longest-first tile order). */
 int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                       const int32_t *cu_seqlens, int ND, int max_seqlen, int T, int NH, int NKV,
                       int HD, float scale, cudaStream_t stream);
