@@ -403,7 +403,7 @@ int main(int argc, char **argv) {
                        "target.hidden_size", err, sizeof err) ||
          plan_bind_int(&plan, "dtype", flags_given(argc, argv, "dtype"), &o.dtype, plan.dtype == DESC_DTYPE_F32 ? 1 : 0,
                        "dtype (0 bf16, 1 f32)", err, sizeof err) ||
-         plan_bind_device(&plan, flags_given(argc, argv, "device"), &o.common.device, err, sizeof err))) {
+         plan_bind_device(&plan, flags_given(argc, argv, "device"), &o.common.device, plan.device, err, sizeof err))) {
         fprintf(stderr, "dflash-hspack: %s\n", err);
         return 2;
     }

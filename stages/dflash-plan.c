@@ -27,8 +27,8 @@ static const char *const DESCRIPTION =
     "may repeat a plan value, never contradict it; a run without plan.json runs on flags alone). Keys: "
     "kind (\"dflash-plan\"), version (1), hash (FNV-1a 64 of the rest, 16 hex digits; goes into every ring header, "
     "so a stage that read another plan is refused), model (absolute target dir; dflash-target --model, dflash-train "
-    "--target-model), data (absolute dataset path; dflash-pack --data), device (cpu | cuda:N; --device of target, "
-    "hspack, train), tokens (packed batch budget; --tokens of pack, target, hspack, train), target.layers and "
+    "--target-model), data (absolute dataset path; dflash-pack --data), device (cpu | cuda:N; --device of target and "
+    "hspack, and the GPU rings' device), train_device (dflash-train --device; default: device), tokens (packed batch budget; --tokens of pack, target, hspack, train), target.layers and "
     "target.hidden_size (from config.json; hspack --hidden-size), capture.convention (zlab: output of decoder layer "
     "i) and capture.layer_ids (dflash-target --layers, dflash-train --target-layer-ids, hspack --n-layers = their "
     "count; default: the z-lab formula for the drafter's layer count, plan_default_layer_ids in "
@@ -73,6 +73,7 @@ static int print_key(const struct plan *p, const char *key) {
     else if (!strcmp(key, "batches")) printf("%lld\n", (long long)p->batches);
     else if (!strcmp(key, "grad_accum")) printf("%d\n", p->grad_accum);
     else if (!strcmp(key, "device")) printf("%s\n", p->device);
+    else if (!strcmp(key, "train_device")) printf("%s\n", p->train_device);
     else if (!strcmp(key, "model")) printf("%s\n", p->model);
     else if (!strcmp(key, "data")) printf("%s\n", p->data);
     else if (!strcmp(key, "hash")) printf("%016llx\n", (unsigned long long)p->hash);
@@ -80,7 +81,7 @@ static int print_key(const struct plan *p, const char *key) {
     else if (!strcmp(key, "hidden_size")) printf("%d\n", p->hidden_size);
     else if (!strcmp(key, "dtype")) printf("%s\n", desc_dtype_name(p->dtype));
     else {
-        fprintf(stderr, "dflash-plan: --get %s: unknown key (tokens, steps, batches, grad_accum, device, model, data, "
+        fprintf(stderr, "dflash-plan: --get %s: unknown key (tokens, steps, batches, grad_accum, device, train_device, model, data, "
                 "hash, layer_ids, hidden_size, dtype)\n", key);
         return 2;
     }
@@ -96,14 +97,17 @@ int main(int argc, char **argv) {
     char **train = argv + (own < argc ? own + 1 : argc);
     int n_train = own < argc ? argc - own - 1 : 0;
 
-    const char *run = NULL, *device = "auto", *layer_types = NULL, *get = NULL;
+    const char *run = NULL, *device = "auto", *train_device = NULL, *layer_types = NULL, *get = NULL;
     int tokens = 0, epochs = 0, grad_accum = 0, block_size = 0, window = 0, slots = 0, rehash = 0;
     int64_t steps = 0, seed = -1;
     int ids[DESC_MAX_LAYERS], n_ids = 0;
     struct flag_list ids_list = {ids, &n_ids, DESC_MAX_LAYERS, NULL};
     struct flag table[] = {
         {"run", FLAG_STRING, &run, "run directory: the plan is written to RUN/plan.json", 1, 0},
-        {"device", FLAG_STRING, &device, "cpu, cuda:N, or auto (cuda:0 when a GPU is present)", 1, 0},
+        {"device", FLAG_STRING, &device, "cpu, cuda:N, or auto (cuda:0 when a GPU is present): the target's, "
+         "hspack's and the GPU rings' device", 1, 0},
+        {"train-device", FLAG_STRING, &train_device, "the trainer's device (default: --device; a GPU trainer with "
+         "--device cpu reads the CPU target's fp32 features from host rings)", 1, 0},
         {"tokens", FLAG_INT, &tokens, "packed batch budget (0: 8192)", 0, 1 << 24},
         {"layers", FLAG_LIST, &ids_list, "captured target layer ids, z-lab convention (default: the z-lab formula for "
          "the drafter's layer count)", 0, 4096},
@@ -174,10 +178,17 @@ int main(int argc, char **argv) {
 
     int cuda = -1;
     if (stage_parse_device(device, &cuda, err, sizeof err)) { fprintf(stderr, "dflash-plan: --device: %s\n", err); return 2; }
-    char dev[32];
+    char dev[32], tdev[32];
     if (cuda < 0) snprintf(dev, sizeof dev, "cpu");
     else snprintf(dev, sizeof dev, "cuda:%d", cuda);
-    struct plan_inputs in = {.model = pos[0], .data = pos[1], .device = dev, .tokens = tokens, .n_ids = n_ids,
+    snprintf(tdev, sizeof tdev, "%s", dev);
+    if (train_device) {
+        int tc = -1;
+        if (stage_parse_device(train_device, &tc, err, sizeof err)) { fprintf(stderr, "dflash-plan: --train-device: %s\n", err); return 2; }
+        if (tc < 0) snprintf(tdev, sizeof tdev, "cpu");
+        else snprintf(tdev, sizeof tdev, "cuda:%d", tc);
+    }
+    struct plan_inputs in = {.model = pos[0], .data = pos[1], .device = dev, .train_device = tdev, .tokens = tokens, .n_ids = n_ids,
                              .layer_types = layer_types, .block_size = block_size, .steps = steps, .epochs = epochs,
                              .grad_accum = grad_accum, .seed = seed, .window = window, .ring_slots = slots};
     memcpy(in.ids, ids, sizeof ids);

@@ -334,7 +334,7 @@ int main(int argc, char **argv) {
                           sizeof err) ||
             plan_bind_list(&plan, "layers", flags_given(argc, argv, "layers"), o.layers, &o.n_layers, plan.ids,
                            plan.n_ids, "capture.layer_ids", err, sizeof err) ||
-            plan_bind_device(&plan, flags_given(argc, argv, "device"), &o.common.device, err, sizeof err)) {
+            plan_bind_device(&plan, flags_given(argc, argv, "device"), &o.common.device, plan.device, err, sizeof err)) {
             fprintf(stderr, "dflash-target: %s\n", err);
             return 2;
         }

@@ -427,7 +427,7 @@ int main(int argc, char **argv) {
                             perr, sizeof perr) ||
             plan_bind_int(&plan, "grad-accum", flags_given(argc, argv, "grad-accum"), &o.grad_accum, plan.grad_accum,
                           "grad_accum", perr, sizeof perr) ||
-            plan_bind_device(&plan, flags_given(argc, argv, "device"), &o.common.device, perr, sizeof perr)) {
+            plan_bind_device(&plan, flags_given(argc, argv, "device"), &o.common.device, plan.train_device, perr, sizeof perr)) {
             fprintf(stderr, "dflash-train: %s\n", perr);
             return 2;
         }

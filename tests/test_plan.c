@@ -82,6 +82,7 @@ START_TEST(make_write_read) {
     ck_assert_int_eq(p.hidden_size, 64);
     ck_assert_int_eq(p.target_layers, 4);
     ck_assert_int_eq(p.dtype, DESC_DTYPE_F32);
+    ck_assert_str_eq(p.train_device, "cpu");   /* default: the other stages' device */
     /* steps = ceil(epoch batches / 4), counted by the packer itself: one epoch's batches is what dflash-pack
      * --out-dir writes, which train.sh used to count */
     char odir[800], out[8192], n_files[64];
@@ -113,6 +114,7 @@ START_TEST(make_write_read) {
     ck_assert_str_eq(q.model, p.model);
     ck_assert_int_eq(q.tokens, 256);
     ck_assert_int_eq(q.batches, p.batches);
+    ck_assert_str_eq(q.train_device, "cpu");
     ck_assert_int_eq(plan_open_run(run, &q, err, sizeof err), 1);
     char empty[800];
     snprintf(empty, sizeof empty, "%s/none", run);
@@ -168,12 +170,19 @@ START_TEST(binding) {
     ck_assert_int_eq(n, 2);
     ck_assert_int_eq(ids[1], 3);
     snprintf(p.device, sizeof p.device, "cpu");
+    snprintf(p.train_device, sizeof p.train_device, "cuda:0");   /* a GPU trainer on host rings */
     const char *dev = "auto";
-    ck_assert_int_eq(plan_bind_device(&p, 0, &dev, err, sizeof err), 0);
+    ck_assert_int_eq(plan_bind_device(&p, 0, &dev, p.device, err, sizeof err), 0);
     ck_assert_str_eq(dev, "cpu");
     dev = "cuda:1";
-    ck_assert_int_eq(plan_bind_device(&p, 1, &dev, err, sizeof err), -1);
+    ck_assert_int_eq(plan_bind_device(&p, 1, &dev, p.device, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "--device cuda:1 conflicts with the plan's device cpu"), "%s", err);
+    dev = "auto";
+    ck_assert_int_eq(plan_bind_device(&p, 0, &dev, p.train_device, err, sizeof err), 0);
+    ck_assert_str_eq(dev, "cuda:0");
+    dev = "cpu";
+    ck_assert_int_eq(plan_bind_device(&p, 1, &dev, p.train_device, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "--device cpu conflicts with the plan's train_device cuda:0"), "%s", err);
     char *argv[] = {"x", "--tokens=5", "--no-resume", "--", "--layers", NULL};
     ck_assert_int_eq(flags_given(5, argv, "tokens"), 1);
     ck_assert_int_eq(flags_given(5, argv, "resume"), 1);

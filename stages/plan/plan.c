@@ -49,6 +49,7 @@ static json_t *to_json(const struct plan *p, int with_hash) {
     json_object_set_new(j, "model", json_string(p->model));
     json_object_set_new(j, "data", json_string(p->data));
     json_object_set_new(j, "device", json_string(p->device));
+    json_object_set_new(j, "train_device", json_string(p->train_device));
     json_object_set_new(j, "tokens", json_integer(p->tokens));
     json_object_set_new(j, "target", json_pack("{s:i, s:i}", "layers", p->target_layers, "hidden_size", p->hidden_size));
     json_object_set_new(j, "capture", json_pack("{s:s, s:o}", "convention", "zlab", "layer_ids", ids));
@@ -105,6 +106,10 @@ int plan_make(const struct plan_inputs *in, struct plan *p, char *err, int err_l
         abs_path(in->data, p->data, sizeof p->data, "dataset", err, err_len))
         return -1;
     snprintf(p->device, sizeof p->device, "%s", in->device ? in->device : "cpu");
+    snprintf(p->train_device, sizeof p->train_device, "%s", in->train_device ? in->train_device : p->device);
+    int tdev;
+    if (strcmp(p->train_device, "cpu") && sscanf(p->train_device, "cuda:%d", &tdev) != 1)
+        return err_fail(err, err_len, "train device '%s': expected cpu or cuda:N", p->train_device);
     p->tokens = in->tokens > 0 ? (uint32_t)in->tokens : PLAN_DEFAULT_TOKENS;
     char cfg_path[PATH_MAX + 16];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", p->model);
@@ -199,7 +204,7 @@ static int get_str(json_t *o, const char *key, const char *path, char *out, size
     return 0;
 }
 
-static const char *const known_keys[] = {"kind", "version", "hash", "model", "data", "device", "tokens", "target",
+static const char *const known_keys[] = {"kind", "version", "hash", "model", "data", "device", "train_device", "tokens", "target",
                                          "capture", "dtype", "drafter", "seed", "window", "epochs", "steps",
                                          "grad_accum", "batches", "rings", NULL};
 
@@ -221,11 +226,14 @@ static int parse(json_t *j, const char *path, struct plan *p, char *err, int err
                         "dflash-plan)", path, (long long)x, PLAN_VERSION);
     if (get_str(j, "model", path, p->model, sizeof p->model, err, err_len) ||
         get_str(j, "data", path, p->data, sizeof p->data, err, err_len) ||
-        get_str(j, "device", path, p->device, sizeof p->device, err, err_len))
+        get_str(j, "device", path, p->device, sizeof p->device, err, err_len) ||
+        get_str(j, "train_device", path, p->train_device, sizeof p->train_device, err, err_len))
         return -1;
     int dev;
     if (strcmp(p->device, "cpu") && sscanf(p->device, "cuda:%d", &dev) != 1)
         return err_fail(err, err_len, "%s: key 'device' = '%s': expected cpu or cuda:N", path, p->device);
+    if (strcmp(p->train_device, "cpu") && sscanf(p->train_device, "cuda:%d", &dev) != 1)
+        return err_fail(err, err_len, "%s: key 'train_device' = '%s': expected cpu or cuda:N", path, p->train_device);
     if (get_int(j, "tokens", path, 1, 1 << 24, &x, err, err_len)) return -1;
     p->tokens = (uint32_t)x;
     json_t *t = json_object_get(j, "target");
@@ -371,8 +379,10 @@ int plan_bind_list(const struct plan *p, const char *flag, int given, int *items
                     plan_format_ids(plan_items, plan_count, b, sizeof b), err, err_len);
 }
 
-int plan_bind_device(const struct plan *p, int given, const char **device, char *err, int err_len) {
-    if (!given || !*device) { *device = p->device; return 0; }
-    if (!strcmp(*device, p->device)) return 0;
-    return conflict(p, "device", *device, "device", p->device, err, err_len);
+int plan_bind_device(const struct plan *p, int given, const char **device, const char *plan_device, char *err,
+                     int err_len) {
+    if (!given || !*device) { *device = plan_device; return 0; }
+    if (!strcmp(*device, plan_device)) return 0;
+    return conflict(p, "device", *device, plan_device == p->train_device ? "train_device" : "device", plan_device, err,
+                    err_len);
 }

@@ -9,7 +9,10 @@
  *
  *   key                  what                                              read by
  *   model, data          absolute paths of the target dir and dataset      pack (data), target, train
- *   device               cpu | cuda:N, the device of every stage            target, hspack, train
+ *   device               cpu | cuda:N: the target's and hspack's device,     target, hspack
+ *                        and the GPU rings'
+ *   train_device         the trainer's device (default: device; a GPU       train
+ *                        trainer reads host rings when device is cpu)
  *   tokens               the packed batch budget                           pack, target, hspack, train
  *   target.layers        the target's decoder layer count (config.json)    (the ids' range)
  *   target.hidden_size   H (config.json)                                   hspack
@@ -58,7 +61,8 @@ struct plan {
     char path[PATH_MAX];            /* the file it was read from or written to ("" before) */
     uint64_t hash;
     char model[PATH_MAX], data[PATH_MAX];
-    char device[32];                /* "cpu" or "cuda:N" */
+    char device[32];                /* "cpu" or "cuda:N": target, hspack and the rings' payloads */
+    char train_device[32];          /* "cpu" or "cuda:N": dflash-train */
     uint32_t tokens;
     int target_layers, hidden_size;
     int n_ids, ids[DESC_MAX_LAYERS];        /* z-lab convention */
@@ -76,6 +80,7 @@ struct plan {
 struct plan_inputs {
     const char *model, *data;       /* data: the dataset (JSONL or index) the batches are counted from */
     const char *device;             /* cpu | cuda:N (auto is resolved by the caller) */
+    const char *train_device;       /* cpu | cuda:N, or NULL: device */
     int tokens;                     /* 0: PLAN_DEFAULT_TOKENS */
     int n_ids, ids[DESC_MAX_LAYERS];/* 0: plan_default_layer_ids for the drafter's layer count */
     const char *layer_types;        /* "sliding,full" or NULL: the drafter's default (drafter_config_defaults) */
@@ -118,8 +123,10 @@ int plan_bind_str(const struct plan *p, const char *flag, int given, const char 
                   const char *key, char *err, int err_len);
 int plan_bind_list(const struct plan *p, const char *flag, int given, int *items, int *count, const int *plan_items,
                    int plan_count, const char *key, char *err, int err_len);
-/* --device: "auto" (not given) becomes the plan's; a given device must equal it. */
-int plan_bind_device(const struct plan *p, int given, const char **device, char *err, int err_len);
+/* --device: "auto" (not given) becomes plan_device (p->device, or p->train_device for the trainer); a given
+ * device must equal it. */
+int plan_bind_device(const struct plan *p, int given, const char **device, const char *plan_device, char *err,
+                     int err_len);
 
 /* "1,9,17" of n ints into buf. */
 const char *plan_format_ids(const int *ids, int n, char *buf, int len);
