@@ -109,6 +109,7 @@ struct opts {
     struct stage_common common;
     const char *target_model, *in_ring, *draft_vocab, *dump_dir;
     int tokens, block_size, max_anchors, sliding_window, non_causal, sample_from_anchor;
+    int allow_unservable;   /* issue 26: train a configuration no serving engine serves (research) */
     int layer_types[DRAFTER_MAX_LAYERS], n_layer_types;
     int layer_ids[DESC_MAX_LAYERS], n_layer_ids, convention;
     int64_t mask_token_id;
@@ -730,8 +731,10 @@ int main(int argc, char **argv) {
          "(default: the z-lab formula for the layer count)", 0, 4096},
         {"layer-ids-convention", FLAG_CHOICE, &ch_conv, "how --target-layer-ids count: zlab (output of decoder layer "
          "i, what dflash-target --layers takes) or speculators (= zlab + 1)", 1, 0},
-        {"sample-from-anchor", FLAG_BOOL, &o.sample_from_anchor, "train slot 0 too (DSpark mode; vLLM may not serve "
-         "it)", 1, 0},
+        {"sample-from-anchor", FLAG_BOOL, &o.sample_from_anchor, "train slot 0 too (DSpark mode; no serving engine "
+         "serves it: needs --allow-unservable)", 1, 0},
+        {"allow-unservable", FLAG_BOOL, &o.allow_unservable, "train a configuration that neither vLLM nor SGLang "
+         "serves as trained (refused at start-up otherwise; see dflash-export --help)", 1, 0},
         {"mask-token-id", FLAG_INT64, &o.mask_token_id, "mask token id (default: the tokenizer's mask token, else the "
          "first unused embedding row; never pad or EOS)", -1, INT64_MAX},
         {"noise", FLAG_DOUBLE, &o.noise, "half-width of the uniform noise added to the captured states (train only)",
@@ -801,6 +804,11 @@ int main(int argc, char **argv) {
         int64_t V_d;
         LIB_CHECK(vocab_load(o.draft_vocab, dc.V_t, &V_d, &t2d, &d2t, err, sizeof err), err);
         dc.V_d = (int)V_d;
+    }
+    /* issue 26: a configuration no serving engine serves is refused now, not found out after the run */
+    if (export_unservable(&dc, err, sizeof err)) {
+        if (!o.allow_unservable) DIE("%s", err);
+        log_warn("--allow-unservable: %s", err);
     }
     tr.d = drafter_init(&dc, (uint64_t)o.seed, err, sizeof err);
     if (!tr.d) DIE("%s", err);
