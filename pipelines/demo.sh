@@ -13,7 +13,7 @@
 # plots/{loss,eal,tokens_per_s,tau,stages}.png (gnuplot), summary.txt (the table printed at the end)
 # and DONE. Size and time: ~8 MB in all (6 checkpoints); STEPS (300) AdamW steps of 256-token
 # batches: about 25 s on a 2-core CPU (--device cpu; 12 s of it training, ~4 s the τ evaluation);
-# τ rises from 1.03 (step 50) to 1.94 (step 300).
+# τ rises from 1.03 (step 50) to 1.85 (step 300).
 #
 # Resume: run the same command again. After any crash (of a stage or of this script) the trainer
 # resumes from its newest checkpoint, and the packer, target and hspack restart on fresh rings from

@@ -591,6 +591,30 @@ START_TEST(rules_table_rows) {
 }
 END_TEST
 
+/* dflash-train refuses a configuration no serving engine serves (--sample-from-anchor) at start-up, before it waits
+ * for any input, with one line naming the engines and the flag; --allow-unservable trains it anyway (here it then
+ * waits for its input ring, which does not exist, and says so). */
+START_TEST(trainer_refuses_unservable) {
+    const char *model = test_tmpdir("export-unserv-model");
+    const char *mk[] = {test_bin("dflash-mkmodel"), "--preset", "tiny", "--out", model, NULL};
+    ck_assert_msg(run_argv(mk) == 0, "%s", out_text);
+    char run[700];
+    snprintf(run, sizeof run, "%s/run", test_tmpdir("export-unserv-run"));
+    const char *tr[] = {test_bin("dflash-train"), "--run", run, "--target-model", model, "--device", "cpu", "--tokens",
+                        "128", "--layer-types", "full,full", "--target-layer-ids", "0,2", "--mask-token-id", "511",
+                        "--max-steps", "1", "--wait-ms", "300", "--sample-from-anchor", NULL, NULL};
+    ck_assert_int_ne(run_argv(tr), 0);
+    ck_assert_msg(strstr(out_text, "no serving engine serves this drafter") && strstr(out_text, "vLLM 0.33.0") &&
+                  strstr(out_text, "SGLang 0.5.23") && strstr(out_text, "--sample-from-anchor") &&
+                  strstr(out_text, "--allow-unservable") && !strstr(out_text, "does not exist after waiting"),
+                  "%s", out_text);
+    tr[sizeof tr / sizeof tr[0] - 2] = "--allow-unservable";
+    ck_assert_int_ne(run_argv(tr), 0);
+    ck_assert_msg(strstr(out_text, "--allow-unservable: no serving engine") && strstr(out_text, "does not exist"), "%s",
+                  out_text);
+}
+END_TEST
+
 /* README.md holds the rules table as the code prints it (run from the repository root, as make test does). */
 START_TEST(readme_has_rules_table) {
     static char table[16384];
@@ -922,6 +946,7 @@ int main(void) {
     tcase_add_test(tc, last_layer_capture);
     tcase_add_loop_test(tc, rules_table_rows, 0, export_rules_n_rows());
     tcase_add_test(tc, readme_has_rules_table);
+    tcase_add_test(tc, trainer_refuses_unservable);
 
     tcase_add_test(tc, refuses_bad_inputs);
     tcase_add_test(tc, cli_end_to_end);
