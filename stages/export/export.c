@@ -1,5 +1,6 @@
 /*
- * stages/export/export.c — exports for vLLM / SGLang, their checker, and a drafter rebuilt from a checkpoint
+ * stages/export/export.c — exports for vLLM / SGLang, the loaders' rules (export_rules: one function, read from
+ * the loaders' code at the versions export.h names), their checker, and a drafter rebuilt from a checkpoint
  * (stages/export/export.h).
  */
 #include "export/export.h"

@@ -181,9 +181,9 @@ int export_speculators_vllm_servable(const struct drafter_config *c);
 /* 1 when SGLang serves the z-lab layout of c as trained (export_rules' SGLang verdict is ""). */
 int export_sglang_servable(const struct drafter_config *c);
 
-/* A drafter from an export directory (either layout; accepted by export_check, SGLang's rules skipped): the config
- * as the loaders derive it + target_dir, the exported tensors widened from bf16 (the embedding and LM head come
- * from the target for the z-lab layout). T_max / N override the planned sizes when > 0. NULL with a sentence. */
+/* A drafter from an export directory (either layout; accepted by export_check with no engine required): the config
+ * as the loaders derive it + target_dir, the exported tensors widened from bf16 (the z-lab layout takes the
+ * embedding, and the LM head unless the vocabulary is pruned, from the target). T_max / N override the planned sizes when > 0. NULL with a sentence. */
 struct drafter *export_load_dir(const char *dir, const char *target_dir, int T_max, int N, char *err, int err_len);
 
 /* The exact serving lines for this export and target into buf: a launch line only for the engines whose verdict
