@@ -1,8 +1,11 @@
 /*
  * tests/test_export.c — exports (stages/export/export.h): both layouts round-trip from a checkpoint (export ->
  * check/reload -> identical bf16 weights and config), an existing export is replaced atomically, a directory that
- * is not an export is refused, bad checkpoints/targets fail with a sentence, dflash-export runs end to end, and the
- * checker refuses a corpus of broken exports, one per loader rule (each made from a good export by one edit).
+ * is not an export is refused, bad checkpoints/targets fail with a sentence, dflash-export runs end to end, one
+ * export per row of the loaders' rules table gets the verdicts the rules give (and README.md holds the table),
+ * dflash-train refuses an unservable configuration at start-up, the z-lab export's dflash.py drafts what
+ * dflash-eval's proposer drafts (when python3 has torch and transformers), and the checker refuses a corpus of
+ * broken exports, one per loader rule (each made from a good export by one edit).
  */
 #include "testutil.h"
 
