@@ -54,7 +54,8 @@ int main(int argc, char **argv) {
         {"format", FLAG_CHOICE, &ch_format, "export layout: zlab (config.json + dflash_config, body weights) or "
          "speculators (vLLM's speculators config, body + embedding + LM head)", 1, 0},
         {"out", FLAG_STRING, &out, "export directory (replaced atomically if it holds an export)", 1, 0},
-        {"check", FLAG_STRING, &check, "check an export directory the way vLLM and SGLang read it", 1, 0},
+        {"check", FLAG_STRING, &check, "check an export directory the way each loader (vLLM, SGLang, speculators, "
+         "z-lab) reads it", 1, 0},
         {"ckpt", FLAG_STRING, &ckpt_flag, "with --check: compare the weights with this checkpoint", 1, 0},
         {"draft-vocab", FLAG_STRING, &vocab, "directory with t2d.npy / d2t.npy when the checkpoint's draft vocabulary "
          "is pruned", 1, 0},

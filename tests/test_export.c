@@ -739,7 +739,7 @@ static const struct breakage corpus[] = {
     {EXPORT_ZLAB, "sliding,sliding", "rename", "layers.0.mlp.gate_proj.weight", "midlayer.mlp.gate_proj.weight",
      "midlayer"},
     {EXPORT_SPECULATORS, "sliding,sliding", "rename", "layers.0.mlp.gate_proj.weight", "midlayer.mlp.gate_proj.weight",
-     NULL},   /* the speculators layout is not for SGLang: vLLM's rename accepts it */
+     "speculators 0.9.0 does not know the midlayer"},
     /* a NaN / inf weight (every loader would serve it) */
     {EXPORT_ZLAB, "sliding,sliding", "nan", "layers.1.mlp.up_proj.weight", "0x7fc0", "is NaN"},
     {EXPORT_SPECULATORS, "sliding,sliding", "nan", "fc.weight", "0xff80", "is inf"},

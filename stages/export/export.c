@@ -1182,9 +1182,10 @@ static int check_inner(const char *dir, const json_t *j, const char *what, const
             snprintf(x->why[EXPORT_SGLANG], EXPORT_WHY_LEN, "SGLang (dflash) runs layer %d %s (is_causal, else sliding "
                      "=> causal, full => bidirectional; it reads no dflash_config.causal), training ran it %s", l,
                      sg_causal[l] ? "causal" : "bidirectional", tc[l] ? "causal" : "bidirectional");
-    if (x->format == EXPORT_ZLAB && midlayer && !x->why[EXPORT_SGLANG][0])
-        snprintf(x->why[EXPORT_SGLANG], EXPORT_WHY_LEN, "SGLang does not know the midlayer.* names and would serve "
-                 "layer 0 uninitialised");
+    for (int e = EXPORT_SGLANG; midlayer && e < EXPORT_N_ENGINES; e++)   /* only vLLM renames midlayer. */
+        if (!x->why[e][0])
+            snprintf(x->why[e], EXPORT_WHY_LEN, "%s does not know the midlayer.* names (only vLLM renames them) and "
+                     "would leave layer 0 uninitialised", export_engine_name(e));
     for (int l = 0; l < x->L && !x->why[EXPORT_SPECLIB][0] && (pipe || x->format == EXPORT_SPECULATORS); l++)
         if (tc[l] != sp_causal[l])
             snprintf(x->why[EXPORT_SPECLIB], EXPORT_WHY_LEN, "speculators runs layer %d %s (%s), training ran it %s", l,

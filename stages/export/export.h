@@ -47,7 +47,8 @@
  *   midlayer.; leaves a missing tensor uninitialised.
  *   speculators: its layout loads exactly; the z-lab layout goes through its converter, which drops the last
  *   target layer from the ids (fc's shape then fails), takes draft_vocab_size = vocab_size and
- *   sliding_window_non_causal false.
+ *   sliding_window_non_causal false. speculators and the z-lab reference load through transformers, which does
+ *   not rename midlayer.* (layer 0 would stay uninitialised).
  *   z-lab reference: its layout only; every layer bidirectional with no mask (no window with its default
  *   attention), hidden_states[id + 1] (after the final norm for the last layer), the target's full LM head.
  * - The checker (export_check) detects the layout, refuses what no loader reads as trained (a missing or unknown
