@@ -114,6 +114,9 @@ $(BUILD)/obj/%.cu.o: %.cu | $(DEPS_OK)
 	@mkdir -p $(@D)
 	$(NVCC) $(CPPFLAGS) $(NVFLAGS) -c $< -o $@
 
+# dflash_py.c links stages/export/dflash.py in with .incbin (issue 26): rebuild it when the .py changes.
+$(BUILD)/obj/stages/export/dflash_py.c.o: stages/export/dflash.py
+
 $(SHM_LIB): $(call obj,$(SHM_C))
 $(KERN_LIB): $(call obj,$(KERN_C) $(KERN_CU))
 $(CORE_LIB): $(call obj,$(CORE_C) $(CORE_CU))

@@ -84,6 +84,7 @@ struct opts {
                                       * write into it, the target's fields come from drafter_config_from_target */
     double noise, gamma, alpha, init_std;   /* FLAG_DOUBLE views of dc's float options */
     int optimizer, schedule;
+    int allow_unservable;   /* issue 26: train a configuration no serving engine serves (research) */
     double lr, muon_lr, weight_decay, muon_weight_decay, clip, warmup_ratio;
     int64_t warmup_steps, max_steps, seed, dump_step;
     int grad_accum, ckpt_every, keep, resume, max_nonfinite, wait_ms;
@@ -353,8 +354,10 @@ int main(int argc, char **argv) {
          "(default: the z-lab formula for the layer count)", 0, 4096},
         {"layer-ids-convention", FLAG_CHOICE, &ch_conv, "how --target-layer-ids count: zlab (output of decoder layer "
          "i, what dflash-target --layers takes) or speculators (= zlab + 1)", 1, 0},
-        {"sample-from-anchor", FLAG_BOOL, &o.dc.sample_from_anchor, "train slot 0 too (DSpark mode; vLLM may not serve "
-         "it)", 1, 0},
+        {"sample-from-anchor", FLAG_BOOL, &o.dc.sample_from_anchor, "train slot 0 too (DSpark mode; no serving engine "
+         "serves it: needs --allow-unservable)", 1, 0},
+        {"allow-unservable", FLAG_BOOL, &o.allow_unservable, "train a configuration that neither vLLM nor SGLang "
+         "serves as trained (refused at start-up otherwise; see dflash-export --help)", 1, 0},
         {"mask-token-id", FLAG_INT64, &o.dc.mask_token_id, "mask token id (default: tokenizer_config.json's mask_token, "
          "else the first embedding row past tokenizer.json's last id; a target without tokenizer.json needs this flag; "
          "never pad or EOS)", -1, INT64_MAX},
@@ -454,6 +457,11 @@ int main(int argc, char **argv) {
         int64_t V_d;
         LIB_CHECK(vocab_load(o.draft_vocab, dc.V_t, &V_d, &t2d, &d2t, err, sizeof err), err);
         dc.V_d = (int)V_d;
+    }
+    /* issue 26: a configuration no serving engine serves is refused now, not found out after the run */
+    if (export_unservable(&dc, err, sizeof err)) {
+        if (!o.allow_unservable) DIE("%s", err);
+        log_warn("--allow-unservable: %s", err);
     }
     tr.d = drafter_init(&dc, (uint64_t)o.seed, err, sizeof err);
     if (!tr.d) DIE("%s", err);
