@@ -29,6 +29,9 @@
  *   refused with the field named), drops every batch seq below its next_seq, and says which seq it needs on
  *   stdout and in state/train.json, so the pipeline can rewind the packer. A batch consumed after the last
  *   checkpoint is therefore trained again after a crash, exactly as an uninterrupted run trained it.
+ * - Never a short success (issue 24): the run trains --max-steps steps or exits 1 with one line saying how many it
+ *   trained (a stream that ends early; a partial --grad-accum accumulation at its end is never applied). A resume
+ *   at --max-steps trains nothing and writes the exports again from the final checkpoint.
  * - Memory: the drafter plans every buffer at start-up from (--tokens, --max-anchors, the model); this file
  *   adds two planned widening buffers (CPU path only). A step allocates nothing here.
  * - The GPU path (issue 20; --device cuda:N, or auto on a machine with a GPU). Start-up, after
@@ -254,6 +257,31 @@ static void save(struct trainer *tr) {
               err);
     LIB_CHECK(ckpt_write_state(tr->state_path, tr->step, tr->next_seq, path, err, sizeof err), err);
     log_info("checkpoint %s: step %lld, next batch seq %lld", path, (long long)tr->step, (long long)tr->next_seq);
+}
+
+/* The serving exports (issue 17): RUN/export/{zlab,speculators}, each checked. Written at the end of training and
+ * again by a run that resumes at --max-steps (issue 24: a fault after the final checkpoint left them missing). */
+static void write_exports(struct trainer *tr) {
+    char err[1024], skipped[768];
+#ifdef DFLASH_CUDA
+    if (tr->gpu) LIB_CHECK(gpu_to_host(tr, err, sizeof err), err);
+#endif
+    LIB_CHECK(export_write_run(tr->d, tr->o->common.run_dir, tr->o->target_model, skipped, sizeof skipped, err,
+                               sizeof err), err);
+    log_info("exports written to %s/export%s%s", tr->o->common.run_dir, skipped[0] ? "; " : "", skipped);
+}
+
+/* A run asked for --max-steps optimizer steps trains them all or fails (issue 24): the stream ended early. One
+ * line: how many steps were trained and why the rest were not. Never applies a partial accumulation. */
+static void log_short_stream(const struct trainer *tr) {
+    char partial[160] = "";
+    if (tr->micro > 0)
+        snprintf(partial, sizeof partial, " and %d of the %d batches of step %lld (a partial accumulation is not "
+                 "applied)", tr->micro, tr->o->grad_accum, (long long)tr->step + 1);
+    log_error("training incomplete: the features stream ended after %lld of --max-steps %lld optimizer steps%s; its "
+              "producers gave fewer than --max-steps x --grad-accum = %lld train batches (the last checkpoint stays; "
+              "nothing exported)", (long long)tr->step, (long long)tr->o->max_steps, partial,
+              (long long)(tr->o->max_steps * tr->o->grad_accum));
 }
 
 /* Apply the accumulated micro-batches as one optimizer step (or skip it: non-finite guard). */
@@ -777,7 +805,8 @@ int main(int argc, char **argv) {
                         "checkpoints into RUN/checkpoints (state/train.json names the batch seq it needs next). "
                         "Batches marked split=val (dflash-pack --val-frac/--val-every) are evaluated forward only (no "
                         "noise, no backward, not a micro-batch); each pass sends one val_* metric record. "
-                        "Exit 0 when --max-steps are done or the stream ends, 3 when stopped by a signal.",
+                        "Exit 0 when --max-steps are done (a run resumed at --max-steps writes the exports again), 1 when the stream ends "
+                        "before them (the line says how many were trained), 3 when stopped by a signal.",
                         NULL, 0);
     if (!o.target_model) { fprintf(stderr, "dflash-train: --target-model DIR is required (see --help)\n"); return 2; }
     if (!o.max_steps) { fprintf(stderr, "dflash-train: --max-steps N is required (it sets the schedule)\n"); return 2; }
@@ -882,8 +911,11 @@ int main(int argc, char **argv) {
     printf("dflash-train: needs batch seq %lld next (step %lld)\n", (long long)tr.next_seq, (long long)tr.step);
     fflush(stdout);
     if (o.max_steps > 0 && tr.step >= o.max_steps) {
-        log_info("already at step %lld of --max-steps %lld: nothing to train", (long long)tr.step,
-                 (long long)o.max_steps);
+        /* the exports may be missing (a fault after the final checkpoint): written again from that checkpoint */
+        log_info("already at step %lld of --max-steps %lld: nothing to train; writing the exports again",
+                 (long long)tr.step, (long long)o.max_steps);
+        tr.gpu = 0;   /* the device state was never started: the weights are the host copy just loaded */
+        write_exports(&tr);
         return 0;
     }
 #ifdef DFLASH_CUDA
@@ -911,22 +943,14 @@ int main(int argc, char **argv) {
     int res = relay_run(tr.relay_, err, sizeof err);
     if (res < 0) log_error("%s", err);
     if (res == RELAY_DONE) flush_val(&tr);   /* a pass at the end of the stream */
+    if (res == RELAY_DONE && tr.step < o.max_steps) {   /* the stream ended early: a failure, not "done" */
+        log_short_stream(&tr);
+        res = -1;
+    }
     if (res == RELAY_DONE) {
-        if (tr.micro > 0 && optimizer_step(&tr, err, sizeof err)) {   /* a last partial accumulation */
-            log_error("%s", err);
-            res = -1;
-        }
-        if (res == RELAY_DONE && (o.ckpt_every == 0 || tr.step % o.ckpt_every != 0)) save(&tr);
-        if (res == RELAY_DONE) {   /* the serving exports (issue 17): RUN/export/{zlab,speculators}, checked */
-            char skipped[768];
-#ifdef DFLASH_CUDA
-            if (tr.gpu) LIB_CHECK(gpu_to_host(&tr, err, sizeof err), err);
-#endif
-            LIB_CHECK(export_write_run(tr.d, o.common.run_dir, o.target_model, skipped, sizeof skipped, err, sizeof err),
-                      err);
-            log_info("exports written to %s/export%s%s", o.common.run_dir, skipped[0] ? "; " : "", skipped);
-        }
-        if (res == RELAY_DONE) log_info("training done: %lld steps, %lld skipped, %lld validation passes", (long long)tr.step,
+        if (o.ckpt_every == 0 || tr.step % o.ckpt_every != 0) save(&tr);
+        write_exports(&tr);
+        log_info("training done: %lld steps, %lld skipped, %lld validation passes", (long long)tr.step,
                                         (long long)tr.guard.skipped_total, (long long)tr.val_passes);
     }
 #ifdef DFLASH_CUDA
