@@ -122,7 +122,7 @@ CMD_TRAIN=("$D/dflash-train" --run "$RUN" --target-model "$MODEL" --device "$DEV
 FEEDERS="dflash-pack dflash-target dflash-hspack"
 # the producers of one chain, rewound to seq $1: the packer's cursor, hspack's next (its state file)
 start_feeders() {
-  write_state "$RUN/state/hspack.features.next" "$(printf '%020d' "$1")"
+  rewind_online_feeders "$1"
   start_stage dflash-hspack "${CMD_HSPACK[@]}"
   start_stage dflash-target "${CMD_TARGET[@]}"
   start_stage dflash-pack "${CMD_PACK[@]}" --resume-from-seq "$1"

@@ -121,7 +121,7 @@ if [ ! -e "$REC/index.txt" ]; then
     dflash-shm CMD_SHM dflash-metrics CMD_METRICS dflash-pack CMD_PACK dflash-target CMD_TARGET dflash-hspack CMD_HSPACK \
     dflash-record CMD_RECORD
   [ "$next" = 0 ] || plog "resuming the recording: $next batches already in $REC; packer and hspack start at seq $next"
-  write_state "$RUN/state/hspack.features.next" "$(printf '%020d' "$next")"
+  rewind_online_feeders "$next"
   rm -f "$RUN/shm.json" "$RUN/bus/metrics.sock"
   start_stage --service dflash-shm "${CMD_SHM[@]}"
   wait_for_file "$RUN/shm.json" 20 '"running"' || pdie "dflash-shm did not come up; see $LOGS/dflash-shm.out"

@@ -122,7 +122,7 @@ CMD_TRAIN=("$D/dflash-train" --run "$RUN" --target-model "$MODEL" --device "$DEV
            ${TRAIN_LAYER_FLAGS[@]+"${TRAIN_LAYER_FLAGS[@]}"} ${EXTRA_TRAIN[@]+"${EXTRA_TRAIN[@]}"})
 FEEDERS="dflash-pack dflash-target dflash-hspack"
 start_feeders() {
-  write_state "$RUN/state/hspack.features.next" "$(printf '%020d' "$1")"
+  rewind_online_feeders "$1"
   start_stage dflash-hspack "${CMD_HSPACK[@]}"
   start_stage dflash-target "${CMD_TARGET[@]}"
   start_stage dflash-pack "${CMD_PACK[@]}" --resume-from-seq "$1"
