@@ -542,6 +542,15 @@ need_bins() {
   done
 }
 
+# check_model_config MODEL DEVICE: the target's config.json parsed as the stages parse it (dflash-target
+# --print-ring-spec), or exit 1 with its sentence (issue 24: a config.json that is not JSON showed as "no
+# hidden_size").
+check_model_config() {
+  local out
+  out=$("$DFLASH_BIN/dflash-target" --model "$1" --tokens 16 --device "$2" --print-ring-spec 2>&1 >/dev/null) ||
+    pdie "$(printf '%s\n' "$out" | grep -m1 ' [EF] dflash-[a-z]*\[[0-9]*\] ' | sed 's/^.* [EF] dflash-[a-z]*\[[0-9]*\] //' || echo "$1: dflash-target cannot read this model")"
+}
+
 # grad_accum_of ARG...: the --grad-accum value among dflash-train flags (1 when absent). The scripts feed
 # --max-steps x this many batches (issue 24: feeding --max-steps batches trained a quarter of the run at 4).
 grad_accum_of() {

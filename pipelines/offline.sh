@@ -87,10 +87,12 @@ stop_leftover_stages
 set -m
 install_traps offline.sh
 
+check_model_config "$MODEL" "$DEVICE"
+VOCAB=$(grep -o '"vocab_size": *[0-9]*' "$MODEL/config.json" | head -n 1 | grep -o '[0-9]*$' || true)
 DATA=$RUN/data.idx
 if [ ! -e "$DATA" ] || [ "$DATA_IN" -nt "$DATA" ]; then
-  plog "validating and indexing $DATA_IN"
-  "$DFLASH_BIN/dflash-pack" --data "$DATA_IN" --index "$DATA.tmp" >"$LOGS/index.out" 2>&1 ||
+  plog "validating and indexing $DATA_IN${VOCAB:+ (token ids below vocab_size $VOCAB)}"
+  "$DFLASH_BIN/dflash-pack" --data "$DATA_IN" --index "$DATA.tmp" ${VOCAB:+--vocab-size "$VOCAB"} >"$LOGS/index.out" 2>&1 ||
     { rm -f "$DATA.tmp"; pdie "$(first_error "$LOGS/index.out")"; }
   mv "$DATA.tmp" "$DATA"
 fi
@@ -139,7 +141,15 @@ fi
 
 # ---------------------------------------------------------------- 2. training from the recording
 N_ITEMS=$(grep -c '^item ' "$REC/index.txt") || pdie "$REC/index.txt lists no item"
-[ -n "$STEPS" ] || STEPS=$((EPOCHS * N_ITEMS))
+ACCUM=$(grad_accum_of ${EXTRA_TRAIN[@]+"${EXTRA_TRAIN[@]}"})   # batches per optimizer step
+if [ -z "$STEPS" ]; then
+  STEPS=$((EPOCHS * N_ITEMS / ACCUM))
+  [ "$STEPS" -gt 0 ] || pdie "$REC holds $N_ITEMS batches: $EPOCHS epoch(s) are fewer than one step of --grad-accum $ACCUM"
+  [ $((EPOCHS * N_ITEMS % ACCUM)) = 0 ] || plog "$EPOCHS epoch(s) of $N_ITEMS batches make $STEPS steps of --grad-accum $ACCUM; the last $((EPOCHS * N_ITEMS % ACCUM)) are not used"
+fi
+# the replayer ends after --epochs: a run that needs more batches would fail at its end, so it fails here
+[ $((STEPS * ACCUM)) -le $((EPOCHS * N_ITEMS)) ] ||
+  pdie "--steps $STEPS x --grad-accum $ACCUM needs $((STEPS * ACCUM)) batches; $EPOCHS epoch(s) of $REC give $((EPOCHS * N_ITEMS)) (raise --epochs)"
 REPLAY_FLAGS=(--dir "$REC" --epochs "$EPOCHS")
 [ "$SHUFFLE" = 0 ] || REPLAY_FLAGS+=(--shuffle --seed 1)
 FEATURE_SPEC=$("$D/dflash-replay" "${REPLAY_FLAGS[@]}" --device "$DEVICE" --print-ring-spec) || pdie "dflash-replay --print-ring-spec failed"

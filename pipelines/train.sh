@@ -10,7 +10,8 @@
 # MODEL_DIR is a Hugging Face checkpoint directory (config.json + safetensors; Qwen3, Llama,
 # Qwen3.5); DATA is JSONL with {"input_ids": [...], "loss_mask": [...]} per line (README "Preparing
 # data") or its index. --steps is the trainer's --max-steps (default: one per packed batch of
-# --epochs epochs, counted by indexing the dataset); --layers the captured layer ids (z-lab
+# --epochs epochs, counted by indexing the dataset, divided by --grad-accum; the packer feeds steps x
+# --grad-accum batches); --layers the captured layer ids (z-lab
 # convention; default: the z-lab formula for a 5-layer drafter), passed to dflash-target and as the
 # trainer's --target-layer-ids. Flags after -- go to dflash-train unchanged (e.g. --lr 3e-4
 # --ckpt-every 500).
@@ -85,11 +86,14 @@ stop_leftover_stages
 set -m
 install_traps train.sh
 
-# ---------------------------------------------------------------- dataset: validated and indexed once
+# ---------------------------------------------------------------- the model's config, then the dataset: validated and indexed once
+check_model_config "$MODEL" "$DEVICE"
+VOCAB=$(grep -o '"vocab_size": *[0-9]*' "$MODEL/config.json" | head -n 1 | grep -o '[0-9]*$' || true)
 DATA=$RUN/data.idx
 if [ ! -e "$DATA" ] || [ "$DATA_IN" -nt "$DATA" ]; then
-  plog "validating and indexing $DATA_IN"
-  "$DFLASH_BIN/dflash-pack" --data "$DATA_IN" --index "$DATA.tmp" >"$LOGS/index.out" 2>&1 ||
+  plog "validating and indexing $DATA_IN${VOCAB:+ (token ids below vocab_size $VOCAB)}"
+  # --vocab-size: an id outside the target's vocabulary is refused here, naming its dataset line
+  "$DFLASH_BIN/dflash-pack" --data "$DATA_IN" --index "$DATA.tmp" ${VOCAB:+--vocab-size "$VOCAB"} >"$LOGS/index.out" 2>&1 ||
     { rm -f "$DATA.tmp"; pdie "$(first_error "$LOGS/index.out")"; }
   mv "$DATA.tmp" "$DATA"
 fi
@@ -102,11 +106,15 @@ DTYPE=f32; [ "$DEVICE" = cpu ] || DTYPE=bf16
 LAYER_FLAGS=(); TRAIN_LAYER_FLAGS=()
 [ -z "$LAYERS" ] || { LAYER_FLAGS=(--layers "$LAYERS"); TRAIN_LAYER_FLAGS=(--target-layer-ids "$LAYERS"); }
 PACK_FLAGS=(--tokens "$TOKENS" --seed 1)
+ACCUM=$(grad_accum_of ${EXTRA_TRAIN[@]+"${EXTRA_TRAIN[@]}"})   # batches per optimizer step
 if [ -z "$STEPS" ]; then
-  STEPS=$("$DFLASH_BIN/dflash-pack" --data "$DATA" --run "$RUN/count" --out-dir "$RUN/count/batches" --epochs "$EPOCHS" \
+  NB=$("$DFLASH_BIN/dflash-pack" --data "$DATA" --run "$RUN/count" --out-dir "$RUN/count/batches" --epochs "$EPOCHS" \
             "${PACK_FLAGS[@]}" >/dev/null 2>&1 && find "$RUN/count/batches" -name 'batch-*' | wc -l) || pdie "counting batches failed"
   rm -rf "$RUN/count"
-  [ "$STEPS" -gt 0 ] || pdie "$DATA_IN gives no batch"
+  [ "$NB" -gt 0 ] || pdie "$DATA_IN gives no batch"
+  STEPS=$((NB / ACCUM))
+  [ "$STEPS" -gt 0 ] || pdie "$DATA_IN gives $NB batch(es) in $EPOCHS epoch(s), fewer than one step of --grad-accum $ACCUM"
+  [ $((NB % ACCUM)) = 0 ] || plog "$NB batches in $EPOCHS epoch(s) make $STEPS steps of --grad-accum $ACCUM; the last $((NB % ACCUM)) are not used"
 fi
 online_ring_specs
 SHM_FLAGS=(--ring "$BATCH_SPEC" --ring "$HIDDEN_SPEC" --ring "$FEATURE_SPEC")
@@ -115,7 +123,7 @@ SHM_FLAGS=(--ring "$BATCH_SPEC" --ring "$HIDDEN_SPEC" --ring "$FEATURE_SPEC")
 D=$DFLASH_BIN
 CMD_SHM=("$D/dflash-shm" --run "$RUN" "${SHM_FLAGS[@]}")
 CMD_METRICS=("$D/dflash-metrics" --run "$RUN" --plot-every-s 60 --csv-stage dflash-train)
-CMD_PACK=("$D/dflash-pack" --run "$RUN" --data "$DATA" --epochs 0 --max-batches "$STEPS" "${PACK_FLAGS[@]}")
+CMD_PACK=("$D/dflash-pack" --run "$RUN" --data "$DATA" --epochs 0 --max-batches "$((STEPS * ACCUM))" "${PACK_FLAGS[@]}")
 CMD_TARGET=("$D/dflash-target" --run "$RUN" --model "$MODEL" --device "$DEVICE" --tokens "$TOKENS" ${LAYER_FLAGS[@]+"${LAYER_FLAGS[@]}"})
 CMD_HSPACK=("$D/dflash-hspack" --run "$RUN" --device "$DEVICE" --tokens "$TOKENS")
 CMD_TRAIN=("$D/dflash-train" --run "$RUN" --target-model "$MODEL" --device "$DEVICE" --tokens "$TOKENS" --max-steps "$STEPS"
