@@ -220,7 +220,7 @@ END_TEST
  * and what they create is 0600 whatever the umask. */
 START_TEST(tmp_and_state_refuse_symlinks) {
     const char *d = test_tmpdir("tmpsym");
-    char target[600], link[600], tmp[600], err[512];
+    char target[600], link[600], tmp[600];
     snprintf(target, sizeof target, "%s/elsewhere", d);
     snprintf(link, sizeof link, "%s/hspack.features.next", d);
     ck_assert_int_eq(symlink(target, link), 0);
