@@ -24,7 +24,7 @@
 #
 #   pipelines/demo.sh [--run DIR] [--fresh] [--device auto|cpu|cuda:N] [--steps N]
 #   environment: BUILD (build dir, default build), RUN, DEVICE, STEPS, MAX_RESTARTS, DEMO_EVAL
-#   (0: skip the τ evaluation, for tests)
+#   (0: skip the τ evaluation, for tests), STALL_S (dflash-metrics --stall-s, default 30)
 set -euo pipefail
 
 # ---------------------------------------------------------------- configuration
@@ -46,7 +46,8 @@ HSPACK_FLAGS=(--tokens "$TOKENS" --heartbeat-s 0.2)
 TRAIN_FLAGS=(--tokens "$TOKENS" --block-size 4 --max-anchors 64 --layer-types full,full --target-layer-ids "$LAYERS"
              --mask-token-id 511 --optimizer adamw --lr 5e-3 --weight-decay 0 --noise 0 --schedule none
              --warmup-steps 0 --ckpt-every 50 --keep 0 --heartbeat-s 0.2)
-METRICS_FLAGS=(--progress-s 2 --plot-every-s 0 --stall-s 30 --csv-stage dflash-train)
+STALL_S=${STALL_S:-30}   # dflash-metrics' stall warning (the kill campaign lowers it to SIGSTOP a stage past it)
+METRICS_FLAGS=(--progress-s 2 --plot-every-s 0 --stall-s "$STALL_S" --csv-stage dflash-train)
 BATCH_SLOTS=8
 HIDDEN_SLOTS=4
 FEATURE_SLOTS=4

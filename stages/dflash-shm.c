@@ -37,6 +37,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -384,6 +385,13 @@ int main(int argc, char **argv) {
 
     char url[PATH_MAX + 16];
     if (control_url(common.run_dir, url, sizeof url)) DIE("run directory path too long for the control socket: %s", common.run_dir);
+    {   /* said before binding (issue 24: nanomsg's "Invalid argument" came with a hint about another dflash-shm) */
+        struct sockaddr_un un;
+        size_t path_len = strlen(url) - strlen("ipc://");
+        if (path_len >= sizeof un.sun_path)
+            DIE("control socket path is %zu bytes, a Unix socket allows %zu: %s (hint: use a shorter --run path)",
+                path_len, sizeof un.sun_path - 1, url + strlen("ipc://"));
+    }
     int sock = nn_socket(AF_SP, NN_REP);
     NN_CHECK(sock);
     int rcv_ms = 250;
