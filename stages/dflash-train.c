@@ -141,6 +141,7 @@ struct trainer {
     int64_t step;                    /* optimizer steps done */
     int64_t next_seq;                /* the next batch seq this run needs */
     int micro;                       /* micro-batches accumulated into the gradients */
+    uint64_t target_id;              /* desc_target_id of --target-model: what every features item must name */
     struct drafter_metrics acc;      /* metrics of the current optimizer step */
     double loss_sum;                 /* Σ per-batch losses of the current step */
     uint64_t step_tokens;
@@ -537,6 +538,11 @@ static int compute_train(void *ctx, struct relay_item *it, char *err, int err_le
                         (unsigned long long)is->seq, e2);
     if (drafter_check_features(c, &fd, e2, sizeof e2))
         return err_fail(err, err_len, "features seq %llu: %s", (unsigned long long)fd.batch.seq, e2);
+    if (fd.target_id != tr->target_id)   /* same shape, another target (issue 24) */
+        return err_fail(err, err_len, "features seq %llu: computed by another target (id %016llx), not by --target-model "
+                        "%s (id %016llx: a hash of its config.json): train with the target that made the features",
+                        (unsigned long long)fd.batch.seq, (unsigned long long)fd.target_id, tr->o->target_model,
+                        (unsigned long long)tr->target_id);
     if (rings_check_budget(fd.batch.seq, fd.batch.n_tokens, fd.batch.budget, (uint32_t)c->T_max, err, err_len)) return -1;
 #ifdef DFLASH_CUDA
     if (tr->gpu) return compute_train_gpu(tr, it, &fd, t0, err, err_len);
@@ -838,6 +844,7 @@ int main(int argc, char **argv) {
     free(t2d);
     free(d2t);
     LIB_CHECK(drafter_load_target(tr.d, o.target_model, err, sizeof err), err);
+    LIB_CHECK(desc_target_id_of_model(o.target_model, &tr.target_id, err, sizeof err), err);
 
     tr.n_tens = drafter_n_params(tr.d);
     tr.tens = calloc((size_t)tr.n_tens, sizeof *tr.tens);

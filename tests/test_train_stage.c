@@ -14,8 +14,8 @@
  *   state, guard, step, next_seq), and so do the exports. The val records with val_batches = V show
  *   that the batch descriptor's split travelled through dflash-target and dflash-hspack.
  * - A test producer writes features items into the ring directly for the rest:
- *   bad_features (k, H, layer ids, layout that do not match the drafter; token ids outside the
- *   target's vocabulary), bad_target_and_mask (a mask
+ *   bad_features (k, H, layer ids, layout that do not match the drafter; features of another target of the
+ *   same shape, issue 24; token ids outside the target's vocabulary), bad_target_and_mask (a mask
  *   token outside the embedding, a target directory whose embedding does not match its config),
  *   checkpoints (a truncated newest checkpoint is skipped with a log line naming it and the older
  *   one is used; a checkpoint of another configuration is refused naming the field, nothing
@@ -33,7 +33,7 @@
 #include <limits.h>
 #include <sys/stat.h>
 
-static char g_dir[600], g_model[700], g_badmodel[700], g_data[700];
+static char g_dir[600], g_model[700], g_badmodel[700], g_data[700], g_othermodel[700];
 
 #define TOKENS "512"
 #define H 64
@@ -192,6 +192,7 @@ struct fprod {
     enum desc_layout layout;   /* 0: concat */
     int id_mod;            /* input ids are < this (0: 500, inside the vocabulary) */
     int val_mod;           /* > 0: item q is a val batch when q % val_mod == val_mod - 1 */
+    const char *target;    /* the model directory the items name as their target (NULL: g_model) */
 };
 
 static float fval(uint64_t seq, int l, int t, int h) {
@@ -224,6 +225,7 @@ static int produce(void *arg) {
         for (int i = 0; i < p->k; i++) d.layers[i] = p->layers[i];
         d.dtype = DESC_DTYPE_F32;
         d.hidden_size = (uint32_t)p->h;
+        if (desc_target_id_of_model(p->target ? p->target : g_model, &d.target_id, err, sizeof err)) return 7;
         desc_features_layout(&d);
         if (d.batch.payload_bytes > s.payload_cap) return 4;
         uint8_t *pay = s.payload;
@@ -263,7 +265,7 @@ static int produce(void *arg) {
 }
 
 static struct fprod good_prod(const char *run, int n) {
-    return (struct fprod){run, n, 2, {1, 3}, H, -1, 1, 0, 0, 0};
+    return (struct fprod){run, n, 2, {1, 3}, H, -1, 1, 0, 0, 0, NULL};
 }
 
 /* ---------------------------------------------------------------- (a) + (b): the pipeline, exact resume */
@@ -473,6 +475,12 @@ START_TEST(bad_features) {
     expect_one_error(log, "features: layout split, the drafter expects concat");
     free(log);
     p = good_prod(NULL, 4);
+    p.target = g_othermodel;   /* issue 24: same shape (H 64, the tiny preset), another target (seed) */
+    ck_assert_int_eq(train_against("train-target", p, ex, &log, run), 1);
+    expect_one_error(log, "features seq 0: computed by another target (id ");
+    ck_assert(count_ckpts(run) == 0);
+    free(log);
+    p = good_prod(NULL, 4);
     p.id_mod = 700;   /* token ids past the target's vocabulary of 512 */
     ck_assert_int_eq(train_against("train-vocab", p, ex, &log, run), 1);
     expect_one_error(log, "is outside [0, 512)");
@@ -659,6 +667,11 @@ static int make_models(void) {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s'/*.json '%s'/ && cp '%s'/model.safetensors '%s'/", g_badmodel,
              g_model, g_badmodel, m32, g_badmodel);
+    if (system(cmd) != 0) return -1;
+    /* othermodel: the same shape, another target (its config.json says another rope_theta) */
+    snprintf(g_othermodel, sizeof g_othermodel, "%s/othermodel", g_dir);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && sed -i 's/\"rope_theta\": [0-9.e+]*/\"rope_theta\": 10000.0/' '%s/config.json' "
+             "&& ! cmp -s '%s/config.json' '%s/config.json'", g_model, g_othermodel, g_othermodel, g_model, g_othermodel);
     return system(cmd) == 0 ? 0 : -1;
 }
 
