@@ -61,7 +61,7 @@ static void wait_ckpt(const char *run, int step, pid_t script, const char *what)
 /* copy the reference's model and data so a run skips dflash-mkmodel/dflash-sample (same inputs) */
 static void seed_inputs(const char *ref, const char *run) {
     char cmd[3000];
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp -r '%s/model' '%s/data.jsonl' '%s/held-out.jsonl' '%s/'", run, ref, ref,
+    snprintf(cmd, sizeof cmd, "mkdir -m 700 '%s' && cp -r '%s/model' '%s/data.jsonl' '%s/held-out.jsonl' '%s/'", run, ref, ref,
              ref, run);
     ck_assert_int_eq(system(cmd), 0);
 }

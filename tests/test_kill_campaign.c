@@ -72,7 +72,7 @@ static void summary_field(const char *run, const char *key, char *out, size_t ca
 }
 
 static void finish_and_check(const char *run, const char *ref, pid_t demo, const char *what, int trainer_may_restart) {
-    char out[700], tail[4096], a[900], b[900];
+    char out[700], tail[2500], a[900], b[900];   /* Check refuses a failure message of about 4 KiB or more */
     snprintf(out, sizeof out, "%s.out", run);
     int rc = e2e_wait(demo, TRIAL_S, out, what);
     e2e_tail(out, tail, sizeof tail);
