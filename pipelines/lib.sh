@@ -273,6 +273,10 @@ train_seq_from_log() {   # train_seq_from_log SKIP_LINES SECS: the seq the train
 shutdown_rings() {
   "$DFLASH_BIN/dflash-shm" --run "$RUN" --shutdown >>"$LOGS/dflash-shm.out" 2>&1 || true
   stop_stage dflash-shm TERM 20
+  # A dflash-shm that was signalled while the chain stopped (or that a restart had just replaced) leaves its
+  # segments for a restart to adopt, items included; the next chain must start on empty rings (issue 24: it
+  # adopted seqs past the trainer's and hspack waited for a seq stuck behind them), so what is left goes now.
+  remove_run_segments "$RUN"
 }
 
 run_train_chain() {
