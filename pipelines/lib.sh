@@ -218,15 +218,24 @@ wait_for_file() {
   return 1
 }
 
-# wait_stage_file NAME PATH SECS [PAT]: as wait_for_file, for a file the stage NAME writes once it is up; returns
-# 1 at once, naming the stage's error, when the stage exits first (a refusal is said when it happens, not after
-# SECS), or after SECS with "did not come up".
+# wait_stage_file NAME PATH SECS [PAT]: as wait_for_file, for a file the stage NAME writes once it is up. A stage
+# stopped during its start-up (a signal, exit 3) is started again as supervise would (up to $MAX_RESTARTS); one that
+# fails otherwise makes it return 1 at once, naming the stage's error (a refusal is said when it happens, not after
+# SECS); after SECS it returns 1 with "did not come up".
 wait_stage_file() {
-  local name=$1 path=$2 secs=$3 pat=${4:-} i
+  local name=$1 path=$2 secs=$3 pat=${4:-} i rc
   for ((i = 0; i < secs * 20; i++)); do
     if [ -e "$path" ] && { [ -z "$pat" ] || grep -q -- "$pat" "$path" 2>/dev/null; }; then return 0; fi
     if ! _alive "$name"; then
-      plog "$name exited during start-up: $(first_error "$LOGS/$name.out" "${STAGE_LOG_SKIP[$name]:-0}")"
+      rc=0; wait "${STAGE_PID[$name]}" 2>/dev/null || rc=$?
+      if { [ "$rc" -gt 128 ] || [ "$rc" -eq "$STAGE_EXIT_STOPPED" ]; } && [ "${STAGE_RESTARTS[$name]}" -lt "$MAX_RESTARTS" ]; then
+        STAGE_RESTARTS[$name]=$((STAGE_RESTARTS[$name] + 1))
+        plog "$name stopped during its start-up (status $rc); starting it again (restart ${STAGE_RESTARTS[$name]} of at most $MAX_RESTARTS)"
+        eval "_launch $(printf '%q' "$name") ${STAGE_CMD[$name]}"
+        continue
+      fi
+      STAGE_PID[$name]=""
+      plog "$name exited during start-up (status $rc): $(first_error "$LOGS/$name.out" "${STAGE_LOG_SKIP[$name]:-0}")"
       return 1
     fi
     sleep 0.05
@@ -292,18 +301,24 @@ run_train_chain() {
     fi
     start_stage --chain dflash-train "${CMD_TRAIN[@]}" --resume
     skip=${STAGE_LOG_SKIP[dflash-train]}
-    if ! train_seq_from_log "$skip" 120; then
-      rc=0; [ -z "${STAGE_PID[dflash-train]}" ] || wait "${STAGE_PID[dflash-train]}" 2>/dev/null || rc=$?
-      STAGE_PID[dflash-train]=""
-      plog "dflash-train did not start (status $rc): $(first_error "$LOGS/dflash-train.out" "$skip")"
-      plog "last lines of $LOGS/dflash-train.out:"
-      tail -n +"$((skip + 1))" "$LOGS/dflash-train.out" | tail -n 5 | sed 's/^/    /' >&2
-      return 1
-    fi
-    plog "dflash-train needs batch seq $TRAIN_NEXT_SEQ next: the producers start there"
-    start_feeders "$TRAIN_NEXT_SEQ"
     rc=0
-    supervise dflash-train || rc=$?
+    if ! train_seq_from_log "$skip" 120; then
+      [ -z "${STAGE_PID[dflash-train]}" ] || wait "${STAGE_PID[dflash-train]}" 2>/dev/null || rc=$?
+      STAGE_PID[dflash-train]=""
+      if [ "$rc" -gt 128 ] || [ "$rc" -eq "$STAGE_EXIT_STOPPED" ]; then   # stopped while starting: as a death later
+        plog "dflash-train stopped during its start-up (status $rc); the chain restarts"
+        rc=2
+      else
+        plog "dflash-train did not start (status $rc): $(first_error "$LOGS/dflash-train.out" "$skip")"
+        plog "last lines of $LOGS/dflash-train.out:"
+        tail -n +"$((skip + 1))" "$LOGS/dflash-train.out" | tail -n 5 | sed 's/^/    /' >&2
+        return 1
+      fi
+    else
+      plog "dflash-train needs batch seq $TRAIN_NEXT_SEQ next: the producers start there"
+      start_feeders "$TRAIN_NEXT_SEQ"
+      supervise dflash-train || rc=$?
+    fi
     if [ "$rc" = 0 ]; then break; fi
     if [ "$rc" != 2 ]; then return 1; fi
     round=$((round + 1))
