@@ -527,9 +527,12 @@ START_TEST(senders_kill_and_restart) {
     ck_assert_int_eq(waitpid(sink, NULL, 0), sink);
     usleep(500000);   /* generous: the senders' nanomsg must see the hang-up before they resume */
 
-    /* phase 2: sink down, senders run and drop */
+    /* phase 2: sink down, senders run and drop: until each made 100 attempts (a fixed sleep gave too few on a
+     * loaded machine) */
     __atomic_store_n(&sh->pause, 0, __ATOMIC_RELEASE);
     usleep(300000);
+    ck_assert(WAIT_UNTIL(__atomic_load_n(&sh->s[0].n, __ATOMIC_ACQUIRE) >= n_at_kill[0] + 100 &&
+                         __atomic_load_n(&sh->s[1].n, __ATOMIC_ACQUIRE) >= n_at_kill[1] + 100, 20));
 
     /* phase 3: the same command again; it removes the stale socket and keeps appending */
     sink = start_sink(run, 2);
