@@ -22,6 +22,7 @@
  * - nan_weight_refused (item 10): a NaN or infinite checkpoint weight fails the conversion with a
  *   sentence naming file, tensor and element (f32 and bf16 paths).
  * - list_stale_by_other_user (issue 24): another user's --list-stale gives a 0600 segment's true uid and mode.
+ * - control_socket_path_too_long (issue 24): said before anything is created, with the right hint.
  * - shm_sigterm_mid_stream (item 2): dflash-shm SIGTERMed with items in a ring exits 3, leaves
  *   the segment, and its restart adopts it with the item intact.
  */
@@ -362,6 +363,19 @@ START_TEST(list_stale_by_other_user) {
 }
 END_TEST
 
+/* Issue 24: a run path too long for the control socket is said at once, with the right hint (nanomsg's "Invalid
+ * argument" came with "is another dflash-shm serving this run?"), and no segment is left. */
+START_TEST(control_socket_path_too_long) {
+    char run[600], out[8192];
+    snprintf(run, sizeof run, "%s/%0120d", tr_run("flong"), 0);
+    char *argv[] = {(char *)test_bin("dflash-shm"), "--run", run, "--ring", "x:slots=2,bytes=1k,dev=host", NULL};
+    ck_assert_int_eq(run_capture(argv, out, sizeof out), 1);
+    ck_assert_msg(strstr(out, "a Unix socket allows 107") && strstr(out, "use a shorter --run path") &&
+                  !strstr(out, "another dflash-shm"), "%s", out);
+    ck_assert_int_eq(tr_count_segments(run), 0);
+}
+END_TEST
+
 static int child_shm_umask0(void *arg) {
     const char *run = arg;
     umask(0);
@@ -514,6 +528,7 @@ int main(void) {
     tcase_add_test(tc, mode_not_0600_refused);
     tcase_add_test(tc, planted_by_other_user);
     tcase_add_test(tc, list_stale_by_other_user);
+    tcase_add_test(tc, control_socket_path_too_long);
     tcase_add_test(tc, control_socket_owner_only);
     tcase_add_test(tc, shm_sigterm_mid_stream);
     tcase_add_test(tc, nan_weight_refused);
