@@ -811,8 +811,9 @@ int main(int argc, char **argv) {
                         "checkpoints into RUN/checkpoints (state/train.json names the batch seq it needs next). "
                         "Batches marked split=val (dflash-pack --val-frac/--val-every) are evaluated forward only (no "
                         "noise, no backward, not a micro-batch); each pass sends one val_* metric record. "
-                        "Exit 0 when --max-steps are done (a run resumed at --max-steps writes the exports again), 1 when the stream ends "
-                        "before them (the line says how many were trained), 3 when stopped by a signal.",
+                        "Exit 0 when --max-steps are done (a run resumed at --max-steps writes the exports again), "
+                        "1 when the stream ends before them (the line says how many were trained), 3 when stopped by "
+                        "a signal.",
                         NULL, 0);
     if (!o.target_model) { fprintf(stderr, "dflash-train: --target-model DIR is required (see --help)\n"); return 2; }
     if (!o.max_steps) { fprintf(stderr, "dflash-train: --max-steps N is required (it sets the schedule)\n"); return 2; }
