@@ -24,7 +24,7 @@
 #
 #   pipelines/demo.sh [--run DIR] [--fresh] [--device auto|cpu|cuda:N] [--steps N]
 #   environment: BUILD (build dir, default build), RUN, DEVICE, STEPS, MAX_RESTARTS, DEMO_EVAL
-#   (0: skip the τ evaluation, for tests)
+#   (0: skip the τ evaluation, for tests), STALL_S (dflash-metrics --stall-s, default 30)
 set -euo pipefail
 
 # ---------------------------------------------------------------- configuration
@@ -48,7 +48,8 @@ HSPACK_FLAGS=(--heartbeat-s 0.2)
 TRAIN_FLAGS=(--block-size 4 --max-anchors 64 --layer-types full,full
              --mask-token-id 511 --optimizer adamw --lr 5e-3 --weight-decay 0 --noise 0 --schedule none
              --warmup-steps 0 --ckpt-every 50 --keep 0 --heartbeat-s 0.2)
-METRICS_FLAGS=(--progress-s 2 --plot-every-s 0 --stall-s 30 --csv-stage dflash-train)
+STALL_S=${STALL_S:-30}   # dflash-metrics' stall warning (the kill campaign lowers it to SIGSTOP a stage past it)
+METRICS_FLAGS=(--progress-s 2 --plot-every-s 0 --stall-s "$STALL_S" --csv-stage dflash-train)
 EXTRA_TRAIN=()
 
 while [ $# -gt 0 ]; do
@@ -114,7 +115,7 @@ CMD_TRAIN=("$D/dflash-train" --run "$RUN" "${TRAIN_FLAGS[@]}" ${EXTRA_TRAIN[@]+"
 FEEDERS="dflash-pack dflash-target dflash-hspack"
 # the producers of one chain, rewound to seq $1: the packer's cursor, hspack's next (its state file)
 start_feeders() {
-  write_state "$RUN/state/hspack.features.next" "$(printf '%020d' "$1")"
+  rewind_online_feeders "$1"
   start_stage dflash-hspack "${CMD_HSPACK[@]}"
   start_stage dflash-target "${CMD_TARGET[@]}"
   start_stage dflash-pack "${CMD_PACK[@]}" --resume-from-seq "$1"

@@ -81,10 +81,12 @@ stop_leftover_stages
 set -m
 install_traps offline.sh
 
+check_model_config "$MODEL" cpu   # the config parsed as the stages parse it; the device is the plan's
+VOCAB=$(grep -o '"vocab_size": *[0-9]*' "$MODEL/config.json" | head -n 1 | grep -o '[0-9]*$' || true)
 DATA=$RUN/data.idx
 if [ ! -e "$DATA" ] || [ "$DATA_IN" -nt "$DATA" ]; then
-  plog "validating and indexing $DATA_IN"
-  "$DFLASH_BIN/dflash-pack" --data "$DATA_IN" --index "$DATA.tmp" >"$LOGS/index.out" 2>&1 ||
+  plog "validating and indexing $DATA_IN${VOCAB:+ (token ids below vocab_size $VOCAB)}"
+  "$DFLASH_BIN/dflash-pack" --data "$DATA_IN" --index "$DATA.tmp" ${VOCAB:+--vocab-size "$VOCAB"} >"$LOGS/index.out" 2>&1 ||
     { rm -f "$DATA.tmp"; pdie "$(first_error "$LOGS/index.out")"; }
   mv "$DATA.tmp" "$DATA"
 fi
@@ -115,7 +117,7 @@ if [ ! -e "$REC/index.txt" ]; then
     dflash-shm CMD_SHM dflash-metrics CMD_METRICS dflash-pack CMD_PACK dflash-target CMD_TARGET dflash-hspack CMD_HSPACK \
     dflash-record CMD_RECORD
   [ "$next" = 0 ] || plog "resuming the recording: $next batches already in $REC; packer and hspack start at seq $next"
-  write_state "$RUN/state/hspack.features.next" "$(printf '%020d' "$next")"
+  rewind_online_feeders "$next"
   rm -f "$RUN/shm.json" "$RUN/bus/metrics.sock"
   start_stage --service dflash-shm "${CMD_SHM[@]}"
   wait_for_file "$RUN/shm.json" 20 '"running"' || pdie "dflash-shm did not come up; see $LOGS/dflash-shm.out"
@@ -133,8 +135,15 @@ fi
 
 # ---------------------------------------------------------------- 2. training from the recording
 N_ITEMS=$(grep -c '^item ' "$REC/index.txt") || pdie "$REC/index.txt lists no item"
-A=$(plan_get grad_accum)
-[ -n "$STEPS" ] || STEPS=$(( (EPOCHS * N_ITEMS + A - 1) / A ))   # the optimizer steps of EPOCHS passes
+A=$(plan_get grad_accum)   # batches per optimizer step
+if [ -z "$STEPS" ]; then
+  STEPS=$((EPOCHS * N_ITEMS / A))   # never a partial accumulation (issue 24)
+  [ "$STEPS" -gt 0 ] || pdie "$REC holds $N_ITEMS batches: $EPOCHS epoch(s) are fewer than one step of --grad-accum $A"
+  [ $((EPOCHS * N_ITEMS % A)) = 0 ] || plog "$EPOCHS epoch(s) of $N_ITEMS batches make $STEPS steps of --grad-accum $A; the last $((EPOCHS * N_ITEMS % A)) are not used"
+fi
+# the replayer ends after --epochs: a run that needs more batches would fail at its end, so it fails here
+[ $((STEPS * A)) -le $((EPOCHS * N_ITEMS)) ] ||
+  pdie "--steps $STEPS x --grad-accum $A needs $((STEPS * A)) batches; $EPOCHS epoch(s) of $REC give $((EPOCHS * N_ITEMS)) (raise --epochs)"
 make_plan --steps "$STEPS"
 REPLAY_FLAGS=(--dir "$REC" --epochs "$EPOCHS")
 [ "$SHUFFLE" = 0 ] || REPLAY_FLAGS+=(--shuffle --seed 1)

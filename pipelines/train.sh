@@ -73,11 +73,14 @@ stop_leftover_stages
 set -m
 install_traps train.sh
 
-# ---------------------------------------------------------------- dataset: validated and indexed once
+# ---------------------------------------------------------------- the model's config, then the dataset: validated and indexed once
+check_model_config "$MODEL" cpu   # the config parsed as the stages parse it; the device is the plan's
+VOCAB=$(grep -o '"vocab_size": *[0-9]*' "$MODEL/config.json" | head -n 1 | grep -o '[0-9]*$' || true)
 DATA=$RUN/data.idx
 if [ ! -e "$DATA" ] || [ "$DATA_IN" -nt "$DATA" ]; then
-  plog "validating and indexing $DATA_IN"
-  "$DFLASH_BIN/dflash-pack" --data "$DATA_IN" --index "$DATA.tmp" >"$LOGS/index.out" 2>&1 ||
+  plog "validating and indexing $DATA_IN${VOCAB:+ (token ids below vocab_size $VOCAB)}"
+  # --vocab-size: an id outside the target's vocabulary is refused here, naming its dataset line
+  "$DFLASH_BIN/dflash-pack" --data "$DATA_IN" --index "$DATA.tmp" ${VOCAB:+--vocab-size "$VOCAB"} >"$LOGS/index.out" 2>&1 ||
     { rm -f "$DATA.tmp"; pdie "$(first_error "$LOGS/index.out")"; }
   mv "$DATA.tmp" "$DATA"
 fi
@@ -100,7 +103,7 @@ CMD_HSPACK=("$D/dflash-hspack" --run "$RUN")
 CMD_TRAIN=("$D/dflash-train" --run "$RUN" ${EXTRA_TRAIN[@]+"${EXTRA_TRAIN[@]}"})
 FEEDERS="dflash-pack dflash-target dflash-hspack"
 start_feeders() {
-  write_state "$RUN/state/hspack.features.next" "$(printf '%020d' "$1")"
+  rewind_online_feeders "$1"
   start_stage dflash-hspack "${CMD_HSPACK[@]}"
   start_stage dflash-target "${CMD_TARGET[@]}"
   start_stage dflash-pack "${CMD_PACK[@]}" --resume-from-seq "$1"

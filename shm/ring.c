@@ -1230,6 +1230,16 @@ int ring_scan_segments(const char *prefix, void (*fn)(void *ctx, const struct ri
         snprintf(seg, sizeof seg, "/%s", e->d_name);
         int fd = shm_open(seg, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
         if (fd >= 0) { peek_segment(fd, &info); close(fd); }
+        else {   /* another user's 0600 segment cannot be opened: its owner and mode from the directory entry */
+            char path[300];
+            struct stat sb;
+            snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+            if (lstat(path, &sb) == 0) {
+                info.uid = (unsigned)sb.st_uid;
+                info.mode = (unsigned)(sb.st_mode & 07777);
+                info.bytes = (uint64_t)sb.st_size;
+            }
+        }
         fn(ctx, &info);
         n++;
     }

@@ -495,7 +495,7 @@ int main(int argc, char **argv) {
     LIB_CHECK(fs_mkdir_p(sdir, err, sizeof err), err);
     snprintf(spath, sizeof spath, "%s/hspack.%s.next", sdir, o.out_ring);
     uint64_t next = 0;
-    h.state_fd = open(spath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    h.state_fd = fs_open_state(spath);   /* private, O_NOFOLLOW */
     SYS_CHECK(h.state_fd);
     char sbuf[64] = {0};
     ssize_t sn = pread(h.state_fd, sbuf, sizeof sbuf - 1, 0);

@@ -90,8 +90,9 @@ static int parse_shard(const char *s, uint32_t *i, uint32_t *n) {
 static void write_fast(const char *path, const void *data, size_t len) {
     char tmp[PATH_MAX + 32];
     if (snprintf(tmp, sizeof tmp, "%s.fast.%d", path, (int)getpid()) >= (int)sizeof tmp) DIE("path too long: %s", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) DIE("fopen(%s): %s", tmp, strerror(errno));
+    int fd = fs_create_tmp(tmp);   /* private, O_EXCL | O_NOFOLLOW */
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "wb");
+    if (!f) DIE("cannot create %s: %s", tmp, strerror(errno));
     if (fwrite(data, 1, len, f) != len) DIE("write(%s): %s", tmp, strerror(errno));
     if (fclose(f)) DIE("close(%s): %s", tmp, strerror(errno));
     SYS_CHECK(rename(tmp, path));

@@ -38,6 +38,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -383,6 +384,16 @@ int main(int argc, char **argv) {
     stage_start(&common, 1);
     ring_set_log(ring_log_to_stage, NULL);
 
+    char url[PATH_MAX + 16];
+    if (control_url(common.run_dir, url, sizeof url)) DIE("run directory path too long for the control socket: %s", common.run_dir);
+    {   /* said before any ring is created or the socket bound (issue 24: nanomsg's "Invalid argument" came with a hint about another dflash-shm) */
+        struct sockaddr_un un;
+        size_t path_len = strlen(url) - strlen("ipc://");
+        if (path_len >= sizeof un.sun_path)
+            DIE("control socket path is %zu bytes, a Unix socket allows %zu: %s (hint: use a shorter --run path)",
+                path_len, sizeof un.sun_path - 1, url + strlen("ipc://"));
+    }
+
     struct ring *rings[MAX_RINGS] = {0};
     for (int i = 0; i < n_specs; i++) {
         if (host_only) specs[i].device = -1;
@@ -397,8 +408,6 @@ int main(int argc, char **argv) {
                  ring_format_bytes(specs[i].desc_bytes, db, sizeof db), specs[i].n_producers);
     }
 
-    char url[PATH_MAX + 16];
-    if (control_url(common.run_dir, url, sizeof url)) DIE("run directory path too long for the control socket: %s", common.run_dir);
     int sock = nn_socket(AF_SP, NN_REP);
     NN_CHECK(sock);
     int rcv_ms = 250;

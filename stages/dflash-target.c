@@ -160,6 +160,7 @@ struct tstage {
     struct target *t;
     int k, H;
     enum desc_dtype dtype;
+    uint64_t target_id;    /* desc_target_id of --model: every hidden item names its target */
     double flops;          /* cumulative, for tflops_per_s_busy */
     double item_flops;     /* of the last item, for its metric record */
     struct relay *relay_;  /* for busy_s in heartbeats */
@@ -190,6 +191,7 @@ static int compute_hidden(void *ctx, struct relay_item *it, char *err, int err_l
     for (int j = 0; j < ts->k; j++) hd.layers[j] = target_capture(ts->t)[j];
     hd.dtype = ts->dtype;
     hd.hidden_size = (uint32_t)ts->H;
+    hd.target_id = ts->target_id;
     desc_hidden_layout(&hd);
     if (hd.batch.payload_bytes > os->payload_cap)
         return err_fail(err, err_len, "hidden item of batch seq %llu needs %llu payload bytes, ring '%s' slots hold %llu",
@@ -256,6 +258,7 @@ static int ring_mode(const struct opts *o, struct target *t) {
     struct tstage ts = {.o = o, .t = t, .k = target_n_capture(t), .H = target_config(t)->hidden_size};
     int dev = target_device(t);
     ts.dtype = dev >= 0 ? DESC_DTYPE_BF16 : DESC_DTYPE_F32;
+    LIB_CHECK(desc_target_id_of_model(o->model, &ts.target_id, err, sizeof err), err);
     struct relay_config rc = {
         .run_dir = o->common.run_dir, .in_ring = o->in_ring, .out_ring = o->out_ring,
         .attach_wait_ms = o->wait_ms, .heartbeat_s = o->heartbeat_s, .use_bus = 1, .item_name = "batch",

@@ -29,6 +29,9 @@
  *   refused with the field named), drops every batch seq below its next_seq, and says which seq it needs on
  *   stdout and in state/train.json, so the pipeline can rewind the packer. A batch consumed after the last
  *   checkpoint is therefore trained again after a crash, exactly as an uninterrupted run trained it.
+ * - Never a short success (issue 24): the run trains --max-steps steps or exits 1 with one line saying how many it
+ *   trained (a stream that ends early; a partial --grad-accum accumulation at its end is never applied). A resume
+ *   at --max-steps trains nothing and writes the exports again from the final checkpoint.
  * - Memory: the drafter plans every buffer at start-up from (--tokens, --max-anchors, the model); step_cpu.c
  *   adds two planned widening buffers (CPU path only), step_gpu.c the device plan. A step allocates nothing here.
  * - The device work of a step sits behind struct step_exec (stages/train/step.h): step_cpu.c (the fp32 step on
@@ -108,6 +111,7 @@ struct trainer {
     int64_t step;                    /* optimizer steps done */
     int64_t next_seq;                /* the next batch seq this run needs */
     int micro;                       /* micro-batches accumulated into the gradients */
+    uint64_t target_id;              /* desc_target_id of --target-model: what every features item must name */
     struct step_acc acc;             /* metrics and Σ per-batch losses of the current optimizer step */
     uint64_t step_tokens;
     double step_busy_s, last_step_t, lr;
@@ -144,6 +148,30 @@ static void save(struct trainer *tr) {
               err);
     LIB_CHECK(ckpt_write_state(tr->state_path, tr->step, tr->next_seq, path, err, sizeof err), err);
     log_info("checkpoint %s: step %lld, next batch seq %lld", path, (long long)tr->step, (long long)tr->next_seq);
+}
+
+/* The serving exports (issue 17): RUN/export/{zlab,speculators}, each checked. Written at the end of training and
+ * again by a run that resumes at --max-steps (issue 24: a fault after the final checkpoint left them missing). */
+static void write_exports(struct trainer *tr) {
+    char err[1024], skipped[768];
+    /* the device path first copies its weights to the host drafter; a run resumed at --max-steps never started it */
+    if (tr->x.to_host) LIB_CHECK(tr->x.to_host(tr->x.impl, err, sizeof err), err);
+    LIB_CHECK(export_write_run(tr->d, tr->o->common.run_dir, tr->o->target_model, skipped, sizeof skipped, err,
+                               sizeof err), err);
+    log_info("exports written to %s/export%s%s", tr->o->common.run_dir, skipped[0] ? "; " : "", skipped);
+}
+
+/* A run asked for --max-steps optimizer steps trains them all or fails (issue 24): the stream ended early. One
+ * line: how many steps were trained and why the rest were not. Never applies a partial accumulation. */
+static void log_short_stream(const struct trainer *tr) {
+    char partial[160] = "";
+    if (tr->micro > 0)
+        snprintf(partial, sizeof partial, " and %d of the %d batches of step %lld (a partial accumulation is not "
+                 "applied)", tr->micro, tr->o->grad_accum, (long long)tr->step + 1);
+    log_error("training incomplete: the features stream ended after %lld of --max-steps %lld optimizer steps%s; its "
+              "producers gave fewer than --max-steps x --grad-accum = %lld train batches (the last checkpoint stays; "
+              "nothing exported)", (long long)tr->step, (long long)tr->o->max_steps, partial,
+              (long long)(tr->o->max_steps * tr->o->grad_accum));
 }
 
 /* Apply the accumulated micro-batches as one optimizer step (or skip it: non-finite guard). */
@@ -247,6 +275,11 @@ static int compute_train(void *ctx, struct relay_item *it, char *err, int err_le
     /* k, H, layout, dtype, layer ids, and the batch's tokens and budget against the planned T_max: checked once */
     if (drafter_check_features(c, &fd, e2, sizeof e2))
         return err_fail(err, err_len, "features seq %llu: %s", (unsigned long long)fd.batch.seq, e2);
+    if (fd.target_id != tr->target_id)   /* same shape, another target (issue 24) */
+        return err_fail(err, err_len, "features seq %llu: computed by another target (id %016llx), not by --target-model "
+                        "%s (id %016llx: a hash of its config.json): train with the target that made the features",
+                        (unsigned long long)fd.batch.seq, (unsigned long long)fd.target_id, tr->o->target_model,
+                        (unsigned long long)tr->target_id);
     const int train = fd.batch.split != DESC_SPLIT_VAL;
     const uint64_t T = fd.batch.n_tokens, seq = fd.batch.seq;
     if (train) flush_val(tr);   /* a train batch after val batches closes that pass */
@@ -404,7 +437,9 @@ int main(int argc, char **argv) {
                         "checkpoints into RUN/checkpoints (state/train.json names the batch seq it needs next). "
                         "Batches marked split=val (dflash-pack --val-frac/--val-every) are evaluated forward only (no "
                         "noise, no backward, not a micro-batch); each pass sends one val_* metric record. "
-                        "Exit 0 when --max-steps are done or the stream ends, 3 when stopped by a signal.",
+                        "Exit 0 when --max-steps are done (a run resumed at --max-steps writes the exports again), "
+                        "1 when the stream ends before them (the line says how many were trained), 3 when stopped by "
+                        "a signal.",
                         NULL, 0);
     /* The run plan (RUN/plan.json, stages/plan/plan.h) owns the target, budget, captured ids, the drafter's layer
      * types and block size, the steps, the accumulation and the device. */
@@ -470,6 +505,7 @@ int main(int argc, char **argv) {
     free(t2d);
     free(d2t);
     LIB_CHECK(drafter_load_target(tr.d, o.target_model, err, sizeof err), err);
+    LIB_CHECK(desc_target_id_of_model(o.target_model, &tr.target_id, err, sizeof err), err);
 
     tr.n_tens = drafter_n_params(tr.d);
     tr.tens = calloc((size_t)tr.n_tens, sizeof *tr.tens);
@@ -536,8 +572,11 @@ int main(int argc, char **argv) {
     printf("dflash-train: needs batch seq %lld next (step %lld)\n", (long long)tr.next_seq, (long long)tr.step);
     fflush(stdout);
     if (o.max_steps > 0 && tr.step >= o.max_steps) {
-        log_info("already at step %lld of --max-steps %lld: nothing to train", (long long)tr.step,
-                 (long long)o.max_steps);
+        /* the exports may be missing (a fault after the final checkpoint): written again from that checkpoint */
+        log_info("already at step %lld of --max-steps %lld: nothing to train; writing the exports again",
+                 (long long)tr.step, (long long)o.max_steps);
+        /* the device state was never started (tr.x is unset): the weights are the host copy just loaded */
+        write_exports(&tr);
         return 0;
     }
     /* after the restore: the device copies start from the host state; before the rings (the GPU path makes its
@@ -563,20 +602,14 @@ int main(int argc, char **argv) {
     int res = relay_run(tr.relay_, err, sizeof err);
     if (res < 0) log_error("%s", err);
     if (res == RELAY_DONE) flush_val(&tr);   /* a pass at the end of the stream */
+    if (res == RELAY_DONE && tr.step < o.max_steps) {   /* the stream ended early: a failure, not "done" */
+        log_short_stream(&tr);
+        res = -1;
+    }
     if (res == RELAY_DONE) {
-        if (tr.micro > 0 && optimizer_step(&tr, err, sizeof err)) {   /* a last partial accumulation */
-            log_error("%s", err);
-            res = -1;
-        }
-        if (res == RELAY_DONE && (o.ckpt_every == 0 || tr.step % o.ckpt_every != 0)) save(&tr);
-        if (res == RELAY_DONE) {   /* the serving exports (issue 17): RUN/export/{zlab,speculators}, checked */
-            char skipped[768];
-            LIB_CHECK(tr.x.to_host(tr.x.impl, err, sizeof err), err);
-            LIB_CHECK(export_write_run(tr.d, o.common.run_dir, o.target_model, skipped, sizeof skipped, err, sizeof err),
-                      err);
-            log_info("exports written to %s/export%s%s", o.common.run_dir, skipped[0] ? "; " : "", skipped);
-        }
-        if (res == RELAY_DONE) log_info("training done: %lld steps, %lld skipped, %lld validation passes", (long long)tr.step,
+        if (o.ckpt_every == 0 || tr.step % o.ckpt_every != 0) save(&tr);
+        write_exports(&tr);
+        log_info("training done: %lld steps, %lld skipped, %lld validation passes", (long long)tr.step,
                                         (long long)tr.guard.skipped_total, (long long)tr.val_passes);
     }
     tr.x.free(tr.x.impl);   /* before relay_close: registered slots are still mapped */

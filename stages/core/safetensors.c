@@ -313,7 +313,7 @@ struct st_writer *st_writer_create(const char *path, char *err, int err_len) {
     w->tmp = malloc(tl);
     if (!w->path || !w->tmp) { err_fail(err, err_len, "%s: out of memory", path); st_writer_free(w); return NULL; }
     snprintf(w->tmp, tl, "%s.tmp.%d", path, (int)getpid());
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    w->fd = fs_create_tmp(w->tmp);   /* private, O_EXCL | O_NOFOLLOW */
     if (w->fd < 0) {
         err_fail(err, err_len, "%s: cannot create: %s", w->tmp, strerror(errno));
         free(w->tmp);
