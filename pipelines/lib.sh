@@ -107,7 +107,8 @@ start_stage() {
   local name=$1; shift
   # SWAP_<stage, dashes as underscores>=PROGRAM runs PROGRAM in the stage's place with the same
   # arguments (a modified build, an instrumented binary): SWAP_dflash_target=build-exp/bin/dflash-target
-  local swap="SWAP_${name//-/_}"
+  local base=${name%%.*}   # a replica dflash-target.I is swapped as dflash-target
+  local swap="SWAP_${base//-/_}"
   if [ -n "${!swap:-}" ]; then
     [ -x "${!swap}" ] || pdie "$swap=${!swap}: not an executable"
     plog "$name: running ${!swap} in place of $1 ($swap)"

@@ -6,6 +6,9 @@
 #
 #   pipelines/train.sh MODEL_DIR DATA [--run DIR] [--fresh] [dflash-plan flags] [-- dflash-train flags]
 #
+# --target-replicas R (a dflash-plan flag): R dflash-target processes share the rings (one per GPU
+# of a device list, or several on the CPU); the run ends bit-identical to one replica.
+#
 # MODEL_DIR is a Hugging Face checkpoint directory (config.json + safetensors; Qwen3, Llama,
 # Qwen3.5); DATA is JSONL with {"input_ids": [...], "loss_mask": [...]} per line (README "Preparing
 # data") or its index. The script validates and indexes DATA, writes the run plan RUN/plan.json with
@@ -101,11 +104,21 @@ CMD_PACK=("$D/dflash-pack" --run "$RUN")
 CMD_TARGET=("$D/dflash-target" --run "$RUN")
 CMD_HSPACK=("$D/dflash-hspack" --run "$RUN")
 CMD_TRAIN=("$D/dflash-train" --run "$RUN" ${EXTRA_TRAIN[@]+"${EXTRA_TRAIN[@]}"})
-FEEDERS="dflash-pack dflash-target dflash-hspack"
+# --target-replicas R (the plan's target_replicas): R dflash-target processes, named dflash-target.0 ..
+# dflash-target.R-1 (logs/dflash-target.I.out), share the batches ring (each batch is claimed by one) and
+# publish into hidden out of order; dflash-hspack restores seq order. Each is supervised (and restarted) alone.
+REPLICAS=$(plan_get target_replicas)
+TARGETS=dflash-target
+if [ "$REPLICAS" -gt 1 ]; then
+  TARGETS=$(seq -f 'dflash-target.%g' 0 $((REPLICAS - 1)) | tr '\n' ' ')
+  [ "$REPLICAS" -lt 4 ] || CMD_HSPACK+=(--window $((REPLICAS + 1)))   # the reorder window holds what replicas run ahead
+fi
+FEEDERS="dflash-pack $TARGETS dflash-hspack"
 start_feeders() {
+  local t
   rewind_online_feeders "$1"
   start_stage dflash-hspack "${CMD_HSPACK[@]}"
-  start_stage dflash-target "${CMD_TARGET[@]}"
+  for t in $TARGETS; do start_stage "$t" "${CMD_TARGET[@]}"; done
   start_stage dflash-pack "${CMD_PACK[@]}" --resume-from-seq "$1"
 }
 write_run_json train "\"steps\": $STEPS, \"plan\": $(json_str "$RUN/plan.json"), \"model\": $(json_str "$MODEL"), \"data\": $(json_str "$DATA_IN")" \

@@ -359,8 +359,15 @@ int relay_run(struct relay *r, char *err, int err_len) {
             if (rc < 0) return -1;
             if (rc) return end_of_stream(r, err, err_len);
         }
+        int early_out = r->cfg.out_first && r->in && r->out;
+        if (early_out) {
+            rc = claim_output(r, &os, err, err_len);
+            if (rc) return rc == RELAY_STOPPED ? stopped(r) : -1;
+            it.out = &os;
+        }
         if (r->in) {
             rc = claim_input(r, &is, &ordered, err, err_len);
+            if (rc && early_out) give_back(r, NULL, &os);   /* the claimed output slot goes back FREE */
             if (rc == RELAY_STOPPED) return stopped(r);
             if (rc == RING_END) {
                 if (!ring_is_drained(r->in))
@@ -374,7 +381,7 @@ int relay_run(struct relay *r, char *err, int err_len) {
         } else {
             tick(r);
         }
-        if (r->out) {
+        if (r->out && !early_out) {
             rc = claim_output(r, &os, err, err_len);
             if (rc) {
                 give_back(r, it.in ? &is : NULL, NULL);

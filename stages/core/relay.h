@@ -160,6 +160,10 @@ struct relay_config {
     int use_bus;                  /* 1: open the metrics bus (a failure is a warning, not an error) */
     int dedup;                    /* 1: drop input seqs the seen set already holds (sinks, reorder) */
     int in_order;                 /* 1: take input in exact seq order from relay_seen.next (implies dedup) */
+    int out_first;                /* 1: claim the output slot BEFORE the input item (replicas sharing rings,
+                                   * issue 29): a replica that holds seq s always holds a slot to publish s
+                                   * in, so a reorder stage waiting for s downstream never deadlocks on an
+                                   * output ring its faster peers filled with later seqs */
     uint32_t seen_window;         /* seen set window (0: RELAY_DEFAULT_SEEN_WINDOW) */
     const char *item_name;        /* "batch", "item" ...: used in log lines (NULL: "item") */
     void *ctx;                    /* passed to every callback */
