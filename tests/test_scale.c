@@ -4,7 +4,10 @@
  *     publishing into hidden out of order, dflash-hspack restoring the order) ends with the same final
  *     checkpoint and z-lab export bytes as one replica;
  *   - replica kill: the same with replica 1 SIGKILLed mid-run; the supervisor restarts it alone (the ring's
- *     recovery gives back what it held) and the run still ends bit-identical.
+ *     recovery gives back what it held) and the run still ends bit-identical;
+ *   - trainer ranks: train.sh --ranks 2 (mpirun -np 2, each rank taking one of a step's 2 micro-batches) ends
+ *     bit-identical to one rank with --grad-accum 2; rank 1 SIGKILLed mid-run stops the job with a line naming
+ *     rank 1 and the resumed run still ends bit-identical.
  */
 #include "plan/plan.h"
 
@@ -12,6 +15,7 @@
 #include "testutil.h"
 
 #include <check.h>
+#include <dirent.h>
 
 static char g_model[600], g_data[600], g_base[512];
 
@@ -29,14 +33,50 @@ static void make_inputs(void) {
 }
 
 /* Start train.sh on the tiny model into RUN with R target replicas (12 steps x 2 accumulated batches). */
-static pid_t start_train(const char *run, const char *replicas) {
+static pid_t start_train_ranks(const char *run, const char *replicas, const char *ranks, const char *ckpt_every) {
     char out[800];
     snprintf(out, sizeof out, "%s.out", run);
     const char *argv[] = {"bash", e2e_script("train.sh"), g_model, g_data, "--run", run, "--device", "cpu", "--tokens",
-                          "256", "--steps", "12", "--target-replicas", replicas, "--", "--grad-accum", "2",
+                          "256", "--steps", "12", "--target-replicas", replicas, "--ranks", ranks, "--", "--grad-accum", "2",
                           "--mask-token-id", "511", "--layer-types", "full,full", "--block-size", "4", "--max-anchors",
-                          "16", "--optimizer", "adamw", "--lr", "5e-3", "--ckpt-every", "0", NULL};
+                          "16", "--optimizer", "adamw", "--lr", "5e-3", "--ckpt-every", ckpt_every, NULL};
     return e2e_start(out, NULL, "0", NULL, argv);
+}
+
+static pid_t start_train(const char *run, const char *replicas) { return start_train_ranks(run, replicas, "1", "0"); }
+
+/* the pid of trainer rank `rank` of RUN (a dflash-train process whose environment says so), or 0 */
+static int rank_pid(const char *run, int rank) {
+    DIR *d = opendir("/proc");
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    int found = 0;
+    char want[64];
+    snprintf(want, sizeof want, "OMPI_COMM_WORLD_RANK=%d", rank);
+    while (!found && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        char path[300], buf[8192];
+        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+        int fd = open(path, O_RDONLY);
+        if (fd < 0) continue;
+        ssize_t k = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (k <= 0 || !strstr(buf, "dflash-train")) continue;   /* argv[0] */
+        for (ssize_t i = 0; i < k; i++) if (!buf[i]) buf[i] = ' ';
+        buf[k] = 0;
+        if (!strstr(buf, run) || strstr(buf, "mpirun")) continue;
+        snprintf(path, sizeof path, "/proc/%s/environ", e->d_name);
+        fd = open(path, O_RDONLY);
+        if (fd < 0) continue;
+        k = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (k <= 0) continue;
+        buf[k] = 0;
+        for (char *v = buf; v < buf + k; v += strlen(v) + 1)
+            if (!strcmp(v, want)) { found = atoi(e->d_name); break; }
+    }
+    closedir(d);
+    return found;
 }
 
 static void finish(pid_t p, const char *run, const char *what, char *tail, size_t cap) {
@@ -129,6 +169,40 @@ START_TEST(replicas) {
     assert_same_run(one, killed, "replica 1 killed vs 1 replica");
     e2e_nothing_left(killed, "replica kill");
     fprintf(stderr, "test_scale: replica 1 SIGKILLed after step 2: restarted alone, bit-identical\n");
+
+    /* 2 trainer ranks (mpirun), each taking one of the step's 2 micro-batches: the 1-rank --grad-accum 2 run */
+    if (access("/usr/bin/mpirun", X_OK) != 0 && system("command -v mpirun >/dev/null 2>&1") != 0)
+        ck_abort_msg("mpirun not found: Open MPI comes from scripts/install-deps.sh (openmpi-bin)");
+    char ranks[700], rkill[700];
+    snprintf(ranks, sizeof ranks, "%s/ranks", g_base);
+    finish(start_train_ranks(ranks, "1", "2", "0"), ranks, "2 ranks", tail, sizeof tail);
+    snprintf(path, sizeof path, "%s/logs/dflash-train.out", ranks);
+    static char tlog[1 << 18];
+    e2e_slurp(path, tlog, sizeof tlog);
+    ck_assert_msg(strstr(tlog, "rank 0 of 2: initial weights identical") && strstr(tlog, "rank 1 of 2: initial weights "
+                  "identical"), "2 ranks: the ranks did not both start:\n%.2000s", tlog);
+    assert_same_run(one, ranks, "2 ranks vs 1 rank --grad-accum 2");
+    e2e_nothing_left(ranks, "2 ranks");
+    fprintf(stderr, "test_scale: 2 MPI ranks == 1 rank with --grad-accum 2: bit-identical\n");
+
+    /* rank 1 SIGKILLed after step 4 (checkpoints every 3 steps): mpirun stops rank 0 and names rank 1; the run
+     * resumes every rank from rank 0's checkpoint (the script restarts the chain, or the same command again) */
+    snprintf(rkill, sizeof rkill, "%s/rank-kill", g_base);
+    p = start_train_ranks(rkill, "1", "2", "3");
+    wait_step(rkill, 4, p, "rank kill");
+    int rp = 0;
+    for (int i = 0; i < 100 && !rp; i++) { rp = rank_pid(rkill, 1); if (!rp) usleep(20000); }
+    ck_assert_msg(rp > 0, "rank kill: no process of rank 1 found");
+    ck_assert_int_eq(kill(rp, SIGKILL), 0);
+    snprintf(path, sizeof path, "%s.out", rkill);
+    int rc = e2e_wait(p, 180, path, "rank kill");
+    if (rc != 0) finish(start_train_ranks(rkill, "1", "2", "3"), rkill, "rank kill, the same command again", tail,
+                        sizeof tail);
+    e2e_slurp(path, all, sizeof all);
+    ck_assert_msg(strstr(all, "process rank 1 "), "rank kill: no line names rank 1:\n%.3000s", all);
+    assert_same_run(one, rkill, "rank 1 killed vs 1 rank --grad-accum 2");
+    e2e_nothing_left(rkill, "rank kill");
+    fprintf(stderr, "test_scale: trainer rank 1 SIGKILLed after step 4: stopped, resumed, bit-identical\n");
 }
 END_TEST
 
