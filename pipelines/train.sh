@@ -119,6 +119,9 @@ if [ "$RANKS" -gt 1 ]; then
   # shellcheck disable=SC2206
   MPI_LAUNCH+=(${MPIRUN_FLAGS:-})
   CMD_TRAIN=("${MPI_LAUNCH[@]}" "${CMD_TRAIN[@]}")
+  # GPU ranks (rank i of a host on cuda:(train_device + i)) sum their gradients with NCCL; NVLink multicast
+  # (NVLS) stays off (gpu-machine.md)
+  export NCCL_NVLS_ENABLE=0
 fi
 # --target-replicas R (the plan's target_replicas): R dflash-target processes, named dflash-target.0 ..
 # dflash-target.R-1 (logs/dflash-target.I.out), share the batches ring (each batch is claimed by one) and

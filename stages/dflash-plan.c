@@ -35,8 +35,9 @@ static const char *const DESCRIPTION =
     "stages/plan/plan.c), dtype (bf16 on a GPU, f32 on the CPU path; hspack --dtype), drafter.layer_types and "
     "drafter.block_size (dflash-train --layer-types, --block-size), seed and window (dflash-pack --seed, --window), "
     "epochs (the passes the steps were counted from), steps (dflash-train --max-steps; default: the packed batches "
-    "of --epochs epochs / --grad-accum, rounded up), grad_accum (dflash-train --grad-accum), batches (steps x "
-    "grad_accum; dflash-pack --max-batches), rings (the dflash-shm --ring specs; dflash-shm --run RUN with no --ring "
+    "of --epochs epochs / --grad-accum, rounded up), grad_accum (dflash-train --grad-accum: the step's total over all trainer ranks), batches (steps x "
+    "grad_accum; dflash-pack --max-batches), target_replicas (only when > 1: dflash-target processes sharing the "
+    "rings; pipelines/train.sh starts that many; the hidden ring gets producers=R and R-1 more slots), rings (the dflash-shm --ring specs; dflash-shm --run RUN with no --ring "
     "creates them). After editing the file by hand run dflash-plan --run RUN --rehash.";
 
 /* The value of --NAME in args[0..n) (`--NAME v` or `--NAME=v`), or NULL. */

@@ -170,16 +170,10 @@ static int reduce_metrics(struct trainer *tr, char *err, int err_len) {
     return 0;
 }
 
-/* The gradients summed over the ranks, tensor by tensor (the CPU path's host gradients). */
+/* The gradients summed over the ranks (MPI on the CPU path's host gradients, NCCL on the GPU's). */
 static int reduce_grads(struct trainer *tr, char *err, int err_len) {
     if (tr->dp.world <= 1) return 0;
-    for (int i = 0; i < tr->n_tens; i++) {
-        const struct optim_tensor *t = &tr->tens[i];
-        if (!t->g) continue;
-        size_t n = (size_t)(t->ndim == 2 ? t->shape[0] * t->shape[1] : t->shape[0]);
-        if (dp_sum_f32(&tr->dp, t->g, n, err, err_len)) return -1;
-    }
-    return 0;
+    return tr->x.sum_grads(tr->x.impl, &tr->dp, err, err_len);
 }
 
 /* The configuration a checkpoint must match (everything that changes what the run computes): its keys are
@@ -239,10 +233,9 @@ static int optimizer_step(struct trainer *tr, char *err, int err_len) {
     const struct opts *o = tr->o;
     double norm;   /* g *= 1/A, the global norm (the CPU clips here, the GPU in apply) */
     int total = tr->micro * tr->dp.world;   /* micro-batches of this step over all ranks */
-    if (reduce_grads(tr, err, err_len) || reduce_metrics(tr, err, err_len) ||
-        dp_max_i64(&tr->dp, &tr->next_seq, err, err_len))
-        return -1;
+    if (reduce_grads(tr, err, err_len) || dp_max_i64(&tr->dp, &tr->next_seq, err, err_len)) return -1;
     if (tr->x.grad_norm(tr->x.impl, &tr->acc, 1.0f / (float)total, o->clip, &norm, err, err_len)) return -1;
+    if (reduce_metrics(tr, err, err_len)) return -1;   /* after grad_norm: the GPU path collects its metrics there */
     double loss = tr->acc.loss_sum / total;
     char msg[512];
     enum optim_guard_action act = optim_guard_check(&tr->guard, tr->step, loss, norm, msg, sizeof msg);
@@ -566,14 +559,18 @@ int main(int argc, char **argv) {
     struct trainer tr;
     memset(&tr, 0, sizeof tr);
     tr.o = &o;
+    if (dp.world > 1 && o.common.cuda_device >= 0) {   /* one GPU per rank of a host: the plan's device + local rank */
+        o.common.cuda_device += dp_local_rank();
+        log_info("rank %d of %d: cuda:%d", dp.rank, dp.world, o.common.cuda_device);
+    }
     tr.gpu = o.common.cuda_device >= 0;
     tr.dp = dp;
     tr.accum = o.grad_accum / dp.world;
     tr.red = calloc(16 + 2 * DRAFTER_MAX_B, sizeof *tr.red);
     ALLOC_CHECK(tr.red);
-    if (tr.gpu && dp.world > 1)
-        DIE("%d trainer ranks on the GPU path: not built yet (the NCCL all-reduce is issue 29's next step); run the "
-            "ranks with --device cpu", dp.world);
+    if (!tr.gpu && dp.world > 1 && !dp.mpi)
+        DIE("launched as one of %d ranks on the CPU path, but this dflash-train was built without MPI (install "
+            "libopenmpi-dev and build again, or start one rank)", dp.world);
     build_config(&o, &dc);
     uint8_t *t2d = NULL;
     int64_t *d2t = NULL;
@@ -656,6 +653,11 @@ int main(int argc, char **argv) {
         } else {
             log_info("--resume: no checkpoint in %s yet; starting fresh", tr.ckpt_dir);
         }
+    }
+    if (dp.world > 1 && tr.gpu) {   /* NCCL between the ranks' GPUs; its id through the run's state directory */
+        LIB_CHECK(dp_use_nccl(&dp, o.common.cuda_device, state_dir, 300, err, sizeof err), err);
+        tr.dp = dp;
+        log_info("rank %d of %d: NCCL communicator on cuda:%d", dp.rank, dp.world, o.common.cuda_device);
     }
     if (dp.world > 1) {   /* the same weights, step and data position on every rank, or no start */
         uint64_t h = DP_HASH_INIT;

@@ -5,6 +5,7 @@
 #include "train/dp.h"
 
 #include "core/err.h"
+#include "train/dp_nccl.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -19,13 +20,35 @@ uint64_t dp_hash(uint64_t h, const void *p, size_t n) {
 }
 
 /* The world size the launcher announces (Open MPI, PMIx, Slurm's srun), or 1. */
-static int launcher_world(void) {
-    const char *keys[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", NULL};
+static int launcher_env(const char *const *keys, int dflt) {
     for (int i = 0; keys[i]; i++) {
         const char *v = getenv(keys[i]);
-        if (v && atoi(v) > 0) return atoi(v);
+        if (v && *v) return atoi(v);
     }
-    return 1;
+    return dflt;
+}
+static int launcher_world(void) {
+    static const char *const keys[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS", NULL};
+    int w = launcher_env(keys, 1);
+    return w > 0 ? w : 1;
+}
+#ifndef DFLASH_MPI
+static int launcher_rank(void) {
+    static const char *const keys[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", NULL};
+    return launcher_env(keys, 0);
+}
+#endif
+
+int dp_local_rank(void) {
+    static const char *const keys[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", NULL};
+    int r = launcher_env(keys, 0);
+    return r > 0 ? r : 0;
+}
+
+int dp_use_nccl(struct dp *d, int device, const char *id_dir, double timeout_s, char *err, int err_len) {
+    if (d->world <= 1) return 0;
+    d->nccl = dp_nccl_open(d->rank, d->world, device, id_dir, timeout_s, err, err_len);
+    return d->nccl ? 0 : -1;
 }
 
 int dp_init(struct dp *d, int *argc, char ***argv, char *err, int err_len) {
@@ -42,13 +65,18 @@ int dp_init(struct dp *d, int *argc, char ***argv, char *err, int err_len) {
         MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
         MPI_Comm_rank(MPI_COMM_WORLD, &d->rank);
         MPI_Comm_size(MPI_COMM_WORLD, &d->world);
+        d->mpi = 1;
     }
     return 0;
 #else
     (void)argc, (void)argv;
-    if (want > 1)
-        return err_fail(err, err_len, "launched as one of %d ranks, but this dflash-train was built without MPI "
-                        "(install libopenmpi-dev and build again, or start one rank)", want);
+    if (want > 1) {   /* the caller decides: NCCL on the GPU path, or a refusal */
+        d->world = want;
+        d->rank = launcher_rank();
+        if (d->rank < 0 || d->rank >= want)
+            return err_fail(err, err_len, "the launcher says rank %d of %d", d->rank, want);
+    }
+    (void)err, (void)err_len;
     return 0;
 #endif
 }
@@ -80,6 +108,7 @@ int dp_sum_f32(struct dp *d, float *x, size_t n, char *err, int err_len) {
 
 int dp_sum_f64(struct dp *d, double *x, size_t n, char *err, int err_len) {
     if (d->world <= 1 || n == 0) return 0;
+    if (d->nccl) return dp_nccl_sum_host_f64(d->nccl, x, n, err, err_len);
 #ifdef DFLASH_MPI
     int rc = MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "the metrics sum", err, err_len);
@@ -91,6 +120,7 @@ int dp_sum_f64(struct dp *d, double *x, size_t n, char *err, int err_len) {
 
 int dp_max_i64(struct dp *d, int64_t *x, char *err, int err_len) {
     if (d->world <= 1) return 0;
+    if (d->nccl) return dp_nccl_max_host_i64(d->nccl, x, err, err_len);
 #ifdef DFLASH_MPI
     int rc = MPI_Allreduce(MPI_IN_PLACE, x, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
     return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "the data position", err, err_len);
@@ -102,6 +132,14 @@ int dp_max_i64(struct dp *d, int64_t *x, char *err, int err_len) {
 
 int dp_check_same(struct dp *d, uint64_t hash, const char *what, char *err, int err_len) {
     if (d->world <= 1) return 0;
+    if (d->nccl) {
+        uint64_t lo, hi;
+        if (dp_nccl_minmax_host_u64(d->nccl, hash, &lo, &hi, err, err_len)) return -1;
+        if (lo != hi)
+            return err_fail(err, err_len, "the ranks' %s differ (hashes from %016llx to %016llx; this rank %d: %016llx)",
+                            what, (unsigned long long)lo, (unsigned long long)hi, d->rank, (unsigned long long)hash);
+        return 0;
+    }
 #ifdef DFLASH_MPI
     uint64_t root = hash;
     int rc = MPI_Bcast(&root, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
@@ -120,6 +158,8 @@ int dp_check_same(struct dp *d, uint64_t hash, const char *what, char *err, int 
 }
 
 void dp_finish(struct dp *d) {
+    dp_nccl_close(d->nccl);
+    d->nccl = NULL;
 #ifdef DFLASH_MPI
     if (d->inited) MPI_Finalize();
 #endif

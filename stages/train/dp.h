@@ -30,21 +30,33 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct dp_nccl;
 struct dp {
-    int rank, world;   /* 0 and 1 without MPI */
+    int rank, world;   /* 0 and 1 without a launcher */
     int inited;        /* MPI_Init was called here (dp_finish finalizes) */
+    int mpi;           /* 1: the collectives below go over MPI (CPU path) */
+    struct dp_nccl *nccl;   /* the GPU path's communicator (dp_use_nccl): the collectives go over NCCL */
 };
 
-/* The launcher's world: under mpirun (OMPI_COMM_WORLD_SIZE, PMIX_RANK) with world > 1, MPI_Init;
- * otherwise rank 0 of 1. 0, or -1 with a sentence. */
+/* The launcher's world: under mpirun (OMPI_COMM_WORLD_SIZE/RANK, PMIX, PMI) or srun (SLURM_NTASKS/PROCID) with
+ * world > 1: MPI_Init in a build with MPI (d->mpi = 1); without MPI only rank and world are read from the
+ * environment (d->mpi = 0: the caller must give the ranks NCCL, dp_use_nccl, or refuse). Otherwise rank 0 of 1.
+ * 0, or -1 with a sentence. */
 int dp_init(struct dp *d, int *argc, char ***argv, char *err, int err_len);
-/* In-place sum over ranks of n floats / doubles (a no-op for one rank). 0, or -1 with a sentence. */
+/* The GPU path: from now on the collectives go over NCCL (on CUDA device `device`; the id through id_dir,
+ * every wait bounded by timeout_s; dp_nccl.h). 0, or -1 with a sentence. */
+int dp_use_nccl(struct dp *d, int device, const char *id_dir, double timeout_s, char *err, int err_len);
+/* In-place sum over ranks of n floats / doubles (a no-op for one rank). 0, or -1 with a sentence. dp_sum_f32 is
+ * for host buffers over MPI (the CPU path); device gradients go through dp_nccl_sum_dev_f32. */
 int dp_sum_f32(struct dp *d, float *x, size_t n, char *err, int err_len);
 int dp_sum_f64(struct dp *d, double *x, size_t n, char *err, int err_len);
 /* The max over ranks of *x, in place. */
 int dp_max_i64(struct dp *d, int64_t *x, char *err, int err_len);
 /* Every rank's hash equals rank 0's; -1 with "rank R's <what> differ from rank 0's (hash X vs Y)". */
 int dp_check_same(struct dp *d, uint64_t hash, const char *what, char *err, int err_len);
+/* This rank's index among the ranks of its host (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, ...; 0 when none is
+ * set): a GPU rank uses cuda:(the plan's device + local rank). */
+int dp_local_rank(void);
 /* MPI_Finalize when dp_init initialized (after the last collective). */
 void dp_finish(struct dp *d);
 /* Stop every rank now (a rank that fails alone must not leave the others in a collective). */

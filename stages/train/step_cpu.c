@@ -114,6 +114,17 @@ static int cpu_to_host(void *impl, char *err, int err_len) {
     return 0;
 }
 
+static int cpu_sum_grads(void *impl, struct dp *dp, char *err, int err_len) {
+    struct step_cpu *s = impl;
+    for (int i = 0; i < s->n_tens; i++) {
+        const struct optim_tensor *t = &s->tens[i];
+        if (!t->g) continue;
+        size_t n = (size_t)(t->ndim == 2 ? t->shape[0] * t->shape[1] : t->shape[0]);
+        if (dp_sum_f32(dp, t->g, n, err, err_len)) return -1;
+    }
+    return 0;
+}
+
 static void cpu_free(void *impl) {
     struct step_cpu *s = impl;
     if (!s) return;
@@ -141,6 +152,7 @@ int step_cpu_init(struct step_exec *x, struct drafter *d, struct optim *opt, str
         return err_fail(err, err_len, "out of memory planning the widening buffers (%d tokens x %zu floats)", c->T_max,
                         kH + (size_t)c->H);
     }
-    *x = (struct step_exec){s, "cpu", 0, cpu_micro, cpu_grad_norm, cpu_apply, cpu_zero_grad, cpu_to_host, cpu_free};
+    *x = (struct step_exec){s, "cpu", 0, cpu_micro, cpu_grad_norm, cpu_apply, cpu_zero_grad, cpu_to_host, cpu_free,
+                            cpu_sum_grads};
     return 0;
 }
