@@ -39,7 +39,9 @@
  *   metrics are summed over ranks; rank 0 alone prints the seq it needs, sends metric records and writes
  *   checkpoints (next_seq = the highest seq any rank consumed + 1), state/train.json and the exports. Two
  *   ranks with --grad-accum 2 end bit-identical to one rank with --grad-accum 2 (tests/test_scale.c).
- *   Validation items are refused with ranks (they break the stride); the GPU path has no ranks yet.
+ *   Validation items are refused with ranks (they break the stride). On the GPU path (rank i of a host on
+ *   cuda:(train_device + i)) the sums go over NCCL (train/dp_nccl.h; written, not yet run on GPUs), and one rank's
+ *   gradients accumulate inside the backward as before, so GPU ranks are not bit-equal to one GPU rank.
  * - Never a short success (issue 24): the run trains --max-steps steps or exits 1 with one line saying how many it
  *   trained (a stream that ends early; a partial --grad-accum accumulation at its end is never applied). A resume
  *   at --max-steps trains nothing and writes the exports again from the final checkpoint.

@@ -28,7 +28,7 @@ static int launcher_env(const char *const *keys, int dflt) {
     return dflt;
 }
 static int launcher_world(void) {
-    static const char *const keys[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS", NULL};
+    static const char *const keys[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", NULL};
     int w = launcher_env(keys, 1);
     return w > 0 ? w : 1;
 }

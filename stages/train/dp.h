@@ -2,9 +2,10 @@
  * stages/train/dp.h — data-parallel trainer ranks on the CPU path (issue 29; design.md §8 "Scale").
  *
  * dflash-train runs as W ranks when launched by `mpirun -np W` (Open MPI; the build defines DFLASH_MPI
- * when mpicc/pkg-config ompi-c is present, `make MPI=0` leaves it out). Without mpirun, or in a build
- * without MPI, it is one rank and nothing here talks to anyone. A build without MPI started under an
- * mpirun of world > 1 refuses to start (one line), so W copies never train W separate drafters.
+ * when pkg-config ompi-c is present in a CPU build, `make MPI=0` leaves it out) or `srun`. Without a launcher
+ * it is one rank and nothing here talks to anyone. The CPU path's collectives are MPI's; the GPU path's are
+ * NCCL's (dp_use_nccl, dp_nccl.h), which needs no MPI. A CPU trainer built without MPI started as one of
+ * W > 1 ranks refuses to start (one line), so W copies never train W separate drafters.
  *
  * The contract (dflash-train's DESIGN carries the user side):
  * - Data: every rank attaches the same `features` ring; rank r claims only the seqs s with s % W == r
@@ -38,8 +39,8 @@ struct dp {
     struct dp_nccl *nccl;   /* the GPU path's communicator (dp_use_nccl): the collectives go over NCCL */
 };
 
-/* The launcher's world: under mpirun (OMPI_COMM_WORLD_SIZE/RANK, PMIX, PMI) or srun (SLURM_NTASKS/PROCID) with
- * world > 1: MPI_Init in a build with MPI (d->mpi = 1); without MPI only rank and world are read from the
+/* The launcher's world: under mpirun (OMPI_COMM_WORLD_SIZE/RANK, PMI) or srun (SLURM_STEP_NUM_TASKS and
+ * SLURM_PROCID: set for an srun step, not for a batch script) with world > 1: MPI_Init in a build with MPI (d->mpi = 1); without MPI only rank and world are read from the
  * environment (d->mpi = 0: the caller must give the ranks NCCL, dp_use_nccl, or refuse). Otherwise rank 0 of 1.
  * 0, or -1 with a sentence. */
 int dp_init(struct dp *d, int *argc, char ***argv, char *err, int err_len);
