@@ -53,7 +53,13 @@ endif
 
 # msgpack-c, jansson and Check link statically so the binaries run on the GPU machine, which has
 # none of them; nanomsg stays dynamic (scripts/gpu-run.sh ships libnanomsg.so.5 beside them).
-LIBS      := -Wl,-Bstatic -lmsgpackc -ljansson -Wl,-Bdynamic -lnanomsg -lrt -lm
+# OpenBLAS (the CPU trainer's GEMMs, stages/train/cpu_ops.c) links statically from Debian's pthread build
+# (libopenblas-pthread-dev; its SGEMM needs no libgfortran); the serial build is not safe to call from
+# several threads at once.
+OPENBLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-pthread
+OPENBLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-pthread
+CPPFLAGS  += -isystem $(OPENBLAS_INC)
+LIBS      := -Wl,-Bstatic -lmsgpackc -ljansson -Wl,-Bdynamic $(OPENBLAS_DIR)/libopenblas.a -lnanomsg -lrt -lm
 TEST_LIBS := -Wl,-Bstatic -lcheck_pic -lsubunit -Wl,-Bdynamic
 
 ifeq ($(CUDA),1)

@@ -11,6 +11,7 @@
 
 #include "core/err.h"
 #include "model/weights.h"
+#include "train/cpu_ops.h"
 #include "train/mask_token.h"
 
 #include "kernels/anchors.h"
@@ -235,6 +236,9 @@ struct drafter {
     float *dout, *dq;                  /* (R, n_h·d_h) */
     float *dk, *dv, *dkraw;            /* (KV, n_kv·d_h) */
     float *dctx, *dctx_fc;             /* (T_max, H) */
+    /* fast CPU path (stages/train/cpu_ops.h) */
+    int n_threads;
+    float *lm_ws;                      /* cpu_ops_lmhead_ws_floats(n_threads) */
     /* last step */
     int last_T;
     float last_loss;
@@ -286,7 +290,8 @@ void drafter_free(struct drafter *d) {
     free(d->act);
     void *p[] = {d->hid_used, d->ctx_fc, d->ctx, d->rstd_c, d->x_out, d->xn, d->rstd_f, d->pos, d->tok, d->maskpad,
                  d->anchors, d->valid, d->row_loss, d->row_weight, d->pred, d->tgt, d->row_mask, d->dx, d->dh,
-                 d->dxn, d->dxn1, d->dact, d->dgate, d->dup, d->dout, d->dq, d->dk, d->dv, d->dkraw, d->dctx, d->dctx_fc};
+                 d->dxn, d->dxn1, d->dact, d->dgate, d->dup, d->dout, d->dq, d->dk, d->dv, d->dkraw, d->dctx, d->dctx_fc,
+                 d->lm_ws};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
     free(d);
 }
@@ -384,6 +389,10 @@ struct drafter *drafter_init(const struct drafter_config *c, uint64_t seed, char
     d->dkraw = falloc((size_t)KV * KD, &fail);
     d->dctx = falloc((size_t)T * H, &fail);
     d->dctx_fc = falloc((size_t)T * H, &fail);
+    cpu_ops_blas_init();
+    d->n_threads = cpu_ops_default_threads();
+    lmhead_loss_config lc = {T, c->N, c->B, H, c->V_d, c->loss, c->weighting, c->gamma, c->alpha, c->eps};
+    d->lm_ws = falloc((size_t)cpu_ops_lmhead_ws_floats(&lc, d->n_threads), &fail);
     if (fail || !d->pos || !d->tok || !d->maskpad || !d->anchors || !d->valid || !d->pred || !d->tgt || !d->row_mask) {
         drafter_free(d);
         err_fail(err, err_len, "drafter_init: out of memory planning buffers for T_max=%d N=%d B=%d H=%d", T, c->N,
@@ -406,6 +415,22 @@ struct drafter *drafter_init(const struct drafter_config *c, uint64_t seed, char
 }
 
 const struct drafter_config *drafter_config_of(const struct drafter *d) { return &d->cfg; }
+
+int drafter_set_threads(struct drafter *d, int n_threads, char *err, int err_len) {
+    if (n_threads < 1 || n_threads > CPU_OPS_MAX_THREADS)
+        return err_fail(err, err_len, "drafter_set_threads: %d threads, expected 1..%d", n_threads, CPU_OPS_MAX_THREADS);
+    const struct drafter_config *c = &d->cfg;
+    lmhead_loss_config lc = {c->T_max, c->N, c->B, c->H, d->V_d_cap, c->loss, c->weighting, c->gamma, c->alpha, c->eps};
+    float *ws = calloc((size_t)cpu_ops_lmhead_ws_floats(&lc, n_threads), sizeof *ws);
+    if (!ws) return err_fail(err, err_len, "drafter_set_threads: out of memory for the LM-head workspace of %d threads",
+                             n_threads);
+    free(d->lm_ws);
+    d->lm_ws = ws;
+    d->n_threads = n_threads;
+    return 0;
+}
+
+int drafter_threads(const struct drafter *d) { return d->n_threads; }
 int drafter_n_params(const struct drafter *d) { return d->n_params; }
 const struct drafter_param *drafter_param(const struct drafter *d, int i) {
     return i >= 0 && i < d->n_params ? &d->params[i] : NULL;
@@ -551,9 +576,20 @@ uint64_t drafter_noise_base(uint64_t seed, uint64_t step) {
 #define LW(l, j) W(d->i_layer0 + LP_N * (l) + (j))
 #define LG(l, j) G(d->i_layer0 + LP_N * (l) + (j))
 
+/* y[M,N] = x[M,K]·w[N,K]ᵀ: the reference, or BLAS on d->n_threads threads when fast. */
+static void lin_fwd(const struct drafter *d, int fast, float *y, const float *x, const float *w, int M, int N, int K) {
+    if (fast) cpu_ops_linear_forward(d->n_threads, y, x, w, M, N, K);
+    else gemm_linear_forward_ref(y, x, w, NULL, M, N, K);
+}
+
 /* dx (=, or += when dx_acc) = dy·w and dw += dyᵀ·x for a linear y[M,N] = x[M,K]·w[N,K]ᵀ; either may be NULL. */
-static void lin_bwd(float *dx, int dx_acc, float *dw, const float *dy, const float *x, const float *w, int M, int N,
-                    int K) {
+static void lin_bwd(const struct drafter *d, int fast, float *dx, int dx_acc, float *dw, const float *dy,
+                    const float *x, const float *w, int M, int N, int K) {
+    if (fast) {
+        if (dx) cpu_ops_linear_backward_dx(d->n_threads, dx, dy, w, M, N, K, dx_acc);
+        if (dw) cpu_ops_linear_backward_dw(d->n_threads, dw, dy, x, M, N, K);
+        return;
+    }
     if (dx) gemm_linear_backward_ref(dx, NULL, NULL, dy, x, w, M, N, K, dx_acc);
     if (dw) gemm_linear_backward_ref(NULL, dw, NULL, dy, x, w, M, N, K, 1);
 }
@@ -578,13 +614,28 @@ static int check_batch(const struct drafter *d, const struct drafter_batch *b, c
     return 0;
 }
 
+static int step_impl(struct drafter *d, const struct drafter_batch *b, uint64_t seed, uint64_t step, int train,
+                     int fast, struct drafter_metrics *m, char *err, int err_len);
+
 int drafter_step(struct drafter *d, const struct drafter_batch *b, uint64_t seed, uint64_t step, int train,
                  struct drafter_metrics *m, char *err, int err_len) {
-    return drafter_step_cpu(d, b, seed, step, train, m, err, err_len);
+    return step_impl(d, b, seed, step, train, 1, m, err, err_len);
+}
+
+int drafter_step_fast(struct drafter *d, const struct drafter_batch *b, uint64_t seed, uint64_t step, int train,
+                      struct drafter_metrics *m, char *err, int err_len) {
+    return step_impl(d, b, seed, step, train, 1, m, err, err_len);
 }
 
 int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t seed, uint64_t step, int train,
                      struct drafter_metrics *m, char *err, int err_len) {
+    return step_impl(d, b, seed, step, train, 0, m, err, err_len);
+}
+
+/* The step, fast = 0: every op a kernels/<op>_ref.c reference; fast = 1: the linear layers and the LM head + loss
+ * from stages/train/cpu_ops.h (BLAS, fused, threaded), everything else the same calls. */
+static int step_impl(struct drafter *d, const struct drafter_batch *b, uint64_t seed, uint64_t step, int train,
+                     int fast, struct drafter_metrics *m, char *err, int err_len) {
     if (check_batch(d, b, err, err_len)) return -1;
     const struct drafter_config *c = &d->cfg;
     const int T = b->T, N = c->N, B = c->B, R = N * B, H = c->H, I = c->I, kH = c->k * H;
@@ -621,7 +672,7 @@ int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t 
     }
 
     /* context c = hidden_norm(fc(features)) (§4.2 step 3) */
-    gemm_linear_forward_ref(d->ctx_fc, d->hid_used, W(d->i_fc), NULL, T, H, kH);
+    lin_fwd(d, fast, d->ctx_fc, d->hid_used, W(d->i_fc), T, H, kH);
     rmsnorm_forward_ref(d->ctx, d->rstd_c, d->ctx_fc, W(d->i_hnorm), T, H, eps);
 
     block_attn_config ac = {T, N, B, nh, nkv, dh, 0, 0, 1.0f / sqrtf((float)dh)};
@@ -631,26 +682,28 @@ int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t 
         ac.window = sliding ? c->sliding_window : 0;
         ac.causal = sliding && !c->sliding_window_non_causal;
         rmsnorm_forward_ref(a->xn1, a->rstd1, a->xin, LW(l, LP_IN_LN), R, H, eps);
-        gemm_linear_forward_ref(a->qraw, a->xn1, LW(l, LP_Q), NULL, R, QD, H);
-        gemm_linear_forward_ref(a->kraw, d->ctx, LW(l, LP_K), NULL, T, KD, H);
-        gemm_linear_forward_ref(a->kraw + (size_t)T * KD, a->xn1, LW(l, LP_K), NULL, R, KD, H);
-        gemm_linear_forward_ref(a->v, d->ctx, LW(l, LP_V), NULL, T, KD, H);
-        gemm_linear_forward_ref(a->v + (size_t)T * KD, a->xn1, LW(l, LP_V), NULL, R, KD, H);
+        lin_fwd(d, fast, a->qraw, a->xn1, LW(l, LP_Q), R, QD, H);
+        lin_fwd(d, fast, a->kraw, d->ctx, LW(l, LP_K), T, KD, H);
+        lin_fwd(d, fast, a->kraw + (size_t)T * KD, a->xn1, LW(l, LP_K), R, KD, H);
+        lin_fwd(d, fast, a->v, d->ctx, LW(l, LP_V), T, KD, H);
+        lin_fwd(d, fast, a->v + (size_t)T * KD, a->xn1, LW(l, LP_V), R, KD, H);
         rmsnorm_forward_ref(a->q, a->rstdq, a->qraw, LW(l, LP_QN), R * nh, dh, eps);
         rmsnorm_forward_ref(a->k, a->rstdk, a->kraw, LW(l, LP_KN), KV * nkv, dh, eps);
         rope_forward_ref(a->q, NULL, d->pos + T, d->inv_freq, R, nh, 0, dh);
         rope_forward_ref(a->k, NULL, d->pos, d->inv_freq, KV, nkv, 0, dh);
-        if (block_attn_forward_ref(&ac, a->q, a->k, a->v, d->anchors, b->doc_ids, 0, a->o, a->lse, err, err_len))
+        if (fast ? cpu_ops_block_attn_forward(d->n_threads, &ac, a->q, a->k, a->v, d->anchors, b->doc_ids, a->o, a->lse,
+                                              err, err_len)
+                 : block_attn_forward_ref(&ac, a->q, a->k, a->v, d->anchors, b->doc_ids, 0, a->o, a->lse, err, err_len))
             return -1;
         /* h = x + o_proj(attn) */
-        gemm_linear_forward_ref(a->h, a->o, LW(l, LP_O), NULL, R, H, QD);
+        lin_fwd(d, fast, a->h, a->o, LW(l, LP_O), R, H, QD);
         for (size_t e = 0; e < (size_t)R * H; e++) a->h[e] += a->xin[e];
         rmsnorm_forward_ref(a->xn2, a->rstd2, a->h, LW(l, LP_POST_LN), R, H, eps);
-        gemm_linear_forward_ref(a->gate, a->xn2, LW(l, LP_GATE), NULL, R, I, H);
-        gemm_linear_forward_ref(a->up, a->xn2, LW(l, LP_UP), NULL, R, I, H);
+        lin_fwd(d, fast, a->gate, a->xn2, LW(l, LP_GATE), R, I, H);
+        lin_fwd(d, fast, a->up, a->xn2, LW(l, LP_UP), R, I, H);
         swiglu_forward_ref(a->act, a->gate, a->up, R, I, I);
         float *xo = l + 1 < c->L ? d->act[l + 1].xin : d->x_out;
-        gemm_linear_forward_ref(xo, a->act, LW(l, LP_DOWN), NULL, R, H, I);
+        lin_fwd(d, fast, xo, a->act, LW(l, LP_DOWN), R, H, I);
         for (size_t e = 0; e < (size_t)R * H; e++) xo[e] += a->h[e];
     }
     rmsnorm_forward_ref(d->xn, d->rstd_f, d->x_out, W(d->i_norm), R, H, eps);
@@ -659,13 +712,21 @@ int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t 
     lmhead_loss_config lc = {T, N, B, H, c->V_d, c->loss, c->weighting, c->gamma, c->alpha, eps};
     lmhead_loss_mode md = {b->budget, c->sample_from_anchor};
     float loss;
-    if (lmhead_loss_forward_mode_ref(&lc, &md, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last, d->anchors, d->valid,
-                                b->loss_mask, 0, &loss, d->row_loss, d->row_weight, d->correct, d->total, err,
+    if (fast) {   /* forward, metrics and (train) dL/dxn in one pass over the vocabulary */
+        if (cpu_ops_lmhead_loss(d->n_threads, &lc, &md, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last,
+                                d->anchors, d->valid, b->loss_mask, d->lm_ws, &loss, d->row_loss, d->row_weight,
+                                d->correct, d->total, d->pred, d->tgt, d->row_mask, train ? d->dxn : NULL, err,
                                 err_len))
-        return -1;
-    if (lmhead_argmax_ref(&lc, &md, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last, d->anchors, d->valid,
-                          b->loss_mask, 0, d->pred, d->tgt, d->row_mask, err, err_len))
-        return -1;
+            return -1;
+    } else {
+        if (lmhead_loss_forward_mode_ref(&lc, &md, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last, d->anchors,
+                                         d->valid, b->loss_mask, 0, &loss, d->row_loss, d->row_weight, d->correct,
+                                         d->total, err, err_len))
+            return -1;
+        if (lmhead_argmax_ref(&lc, &md, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last, d->anchors, d->valid,
+                              b->loss_mask, 0, d->pred, d->tgt, d->row_mask, err, err_len))
+            return -1;
+    }
     d->last_T = T;
     d->last_loss = loss;
     if (m) {
@@ -688,8 +749,9 @@ int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t 
     if (!train) return 0;
 
     /* ---- backward: gradients added into g */
-    if (lmhead_loss_backward_mode_ref(&lc, &md, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last, d->anchors, d->valid,
-                                 b->loss_mask, 0, d->row_weight, d->dxn, err, err_len))
+    if (!fast && lmhead_loss_backward_mode_ref(&lc, &md, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last,
+                                               d->anchors, d->valid, b->loss_mask, 0, d->row_weight, d->dxn, err,
+                                               err_len))
         return -1;
     rmsnorm_backward_ref(d->dx, G(d->i_norm), d->dxn, d->x_out, W(d->i_norm), d->rstd_f, R, H, 0);
     memset(d->dctx, 0, sizeof(float) * (size_t)T * H);
@@ -699,16 +761,18 @@ int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t 
         ac.window = sliding ? c->sliding_window : 0;
         ac.causal = sliding && !c->sliding_window_non_causal;
         /* MLP: x_out = h + down(swiglu(gate(xn2), up(xn2))) */
-        lin_bwd(d->dact, 0, LG(l, LP_DOWN), d->dx, a->act, LW(l, LP_DOWN), R, H, I);
+        lin_bwd(d, fast, d->dact, 0, LG(l, LP_DOWN), d->dx, a->act, LW(l, LP_DOWN), R, H, I);
         swiglu_backward_ref(d->dgate, d->dup, d->dact, a->gate, a->up, R, I, I);
-        lin_bwd(d->dxn, 0, LG(l, LP_GATE), d->dgate, a->xn2, LW(l, LP_GATE), R, I, H);
-        lin_bwd(d->dxn, 1, LG(l, LP_UP), d->dup, a->xn2, LW(l, LP_UP), R, I, H);
+        lin_bwd(d, fast, d->dxn, 0, LG(l, LP_GATE), d->dgate, a->xn2, LW(l, LP_GATE), R, I, H);
+        lin_bwd(d, fast, d->dxn, 1, LG(l, LP_UP), d->dup, a->xn2, LW(l, LP_UP), R, I, H);
         memcpy(d->dh, d->dx, sizeof(float) * (size_t)R * H);
         rmsnorm_backward_ref(d->dh, LG(l, LP_POST_LN), d->dxn, a->h, LW(l, LP_POST_LN), a->rstd2, R, H, 1);
         /* attention: h = xin + o_proj(attn(q, k, v)) */
-        lin_bwd(d->dout, 0, LG(l, LP_O), d->dh, a->o, LW(l, LP_O), R, H, QD);
-        if (block_attn_backward_ref(&ac, a->q, a->k, a->v, d->anchors, b->doc_ids, a->o, d->dout, a->lse, d->dq,
-                                    d->dk, d->dv, err, err_len))
+        lin_bwd(d, fast, d->dout, 0, LG(l, LP_O), d->dh, a->o, LW(l, LP_O), R, H, QD);
+        if (fast ? cpu_ops_block_attn_backward(d->n_threads, &ac, a->q, a->k, a->v, d->anchors, b->doc_ids, a->o,
+                                               d->dout, a->lse, d->dq, d->dk, d->dv, err, err_len)
+                 : block_attn_backward_ref(&ac, a->q, a->k, a->v, d->anchors, b->doc_ids, a->o, d->dout, a->lse, d->dq,
+                                           d->dk, d->dv, err, err_len))
             return -1;
         rope_backward_ref(d->dq, NULL, d->pos + T, d->inv_freq, R, nh, 0, dh);
         rope_backward_ref(d->dk, NULL, d->pos, d->inv_freq, KV, nkv, 0, dh);
@@ -717,18 +781,18 @@ int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t 
         rmsnorm_backward_ref(dqraw, LG(l, LP_QN), d->dq, a->qraw, LW(l, LP_QN), a->rstdq, R * nh, dh, 0);
         rmsnorm_backward_ref(dkraw, LG(l, LP_KN), d->dk, a->kraw, LW(l, LP_KN), a->rstdk, KV * nkv, dh, 0);
         /* projections: block rows from xn1, context rows from ctx */
-        lin_bwd(d->dxn1, 0, LG(l, LP_Q), dqraw, a->xn1, LW(l, LP_Q), R, QD, H);
-        lin_bwd(d->dxn1, 1, LG(l, LP_K), dkraw + (size_t)T * KD, a->xn1, LW(l, LP_K), R, KD, H);
-        lin_bwd(d->dxn1, 1, LG(l, LP_V), d->dv + (size_t)T * KD, a->xn1, LW(l, LP_V), R, KD, H);
-        lin_bwd(d->dctx, 1, LG(l, LP_K), dkraw, d->ctx, LW(l, LP_K), T, KD, H);
-        lin_bwd(d->dctx, 1, LG(l, LP_V), d->dv, d->ctx, LW(l, LP_V), T, KD, H);
+        lin_bwd(d, fast, d->dxn1, 0, LG(l, LP_Q), dqraw, a->xn1, LW(l, LP_Q), R, QD, H);
+        lin_bwd(d, fast, d->dxn1, 1, LG(l, LP_K), dkraw + (size_t)T * KD, a->xn1, LW(l, LP_K), R, KD, H);
+        lin_bwd(d, fast, d->dxn1, 1, LG(l, LP_V), d->dv + (size_t)T * KD, a->xn1, LW(l, LP_V), R, KD, H);
+        lin_bwd(d, fast, d->dctx, 1, LG(l, LP_K), dkraw, d->ctx, LW(l, LP_K), T, KD, H);
+        lin_bwd(d, fast, d->dctx, 1, LG(l, LP_V), d->dv, d->ctx, LW(l, LP_V), T, KD, H);
         /* residual: dx_in = dh + input_layernorm backward */
         memcpy(d->dx, d->dh, sizeof(float) * (size_t)R * H);
         rmsnorm_backward_ref(d->dx, LG(l, LP_IN_LN), d->dxn1, a->xin, LW(l, LP_IN_LN), a->rstd1, R, H, 1);
     }
     /* the block input is the frozen embedding: d->dx stops here. Context: hidden_norm then fc. */
     rmsnorm_backward_ref(d->dctx_fc, G(d->i_hnorm), d->dctx, d->ctx_fc, W(d->i_hnorm), d->rstd_c, T, H, 0);
-    lin_bwd(NULL, 0, G(d->i_fc), d->dctx_fc, d->hid_used, W(d->i_fc), T, H, kH);
+    lin_bwd(d, fast, NULL, 0, G(d->i_fc), d->dctx_fc, d->hid_used, W(d->i_fc), T, H, kH);
     return 0;
 }
 

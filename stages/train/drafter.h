@@ -200,6 +200,16 @@ int drafter_step(struct drafter *d, const struct drafter_batch *b, uint64_t seed
                  struct drafter_metrics *m, char *err, int err_len);
 int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t seed, uint64_t step, int train,
                      struct drafter_metrics *m, char *err, int err_len);
+/* drafter_step_cpu: the reference composition (every op a kernels/<op>_ref.c call; the specification the GPU
+ * path and drafter_step_fast are tested against). drafter_step_fast: the same sequence with the linear layers on
+ * BLAS and the LM head + loss fused (stages/train/cpu_ops.h), on drafter_threads(d) threads; its bits depend on
+ * the inputs and shapes only, not on the thread count. drafter_step runs drafter_step_fast. */
+int drafter_step_fast(struct drafter *d, const struct drafter_batch *b, uint64_t seed, uint64_t step, int train,
+                      struct drafter_metrics *m, char *err, int err_len);
+/* Threads of drafter_step_fast (default: online CPUs, at most 8; results do not depend on it). Re-plans the
+ * LM-head workspace; call between steps. 0/-1 with a sentence (n outside 1..8, out of memory). */
+int drafter_set_threads(struct drafter *d, int n_threads, char *err, int err_len);
+int drafter_threads(const struct drafter *d);
 #ifdef DFLASH_CUDA
 /* ---------------------------------------------------------------- GPU path (issue 20; stages/train/drafter_gpu.c)
  *
