@@ -192,7 +192,7 @@ static void lm_chunk(void *ctx, int chunk, int thread) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, V, D, 1.0f, a->xn + (size_t)r0 * D, D, a->lm, D, 0.0f, z, V);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, V, D, 1.0f, th, D, a->vlm, D, 0.0f, t, V);
 
-    /* per row: argmaxes (first maximum), log-sum-exps and the loss; z becomes softmax(z) on supervised rows */
+    /* per row: argmaxes (first maximum), log-sum-exps and the loss */
     double lz_row[1024];   /* chunk rows <= max(64, B) <= 1024 (lmhead_loss_check: B small; checked below) */
     for (int i = 0; i < n; i++) {
         int s = r0 + i, b = s / B, j = s % B;
@@ -207,14 +207,21 @@ static void lm_chunk(void *ctx, int chunk, int thread) {
         a->row_mask[s] = (uint8_t)m;
         a->row_loss[s] = 0;
         if (!m) continue;
-        double mz = zr[pa], sz = 0;
-        for (int v = 0; v < V; v++) sz += exp(zr[v] - mz);
-        double lz = mz + log(sz);
-        lz_row[i] = lz;
-        double l;
-        if (c->loss == LMHEAD_LOSS_CE) {
-            l = lz - zr[ta];
+        double mz = zr[pa], sz = 0, l;
+        if (c->loss == LMHEAD_LOSS_CE) {   /* z becomes exp(z − max) (one exp per logit, reused by the backward) */
+            double zt = zr[ta];
+            float mzf = zr[pa];
+            for (int v = 0; v < V; v++) {
+                float e = expf(zr[v] - mzf);
+                zr[v] = e;
+                sz += e;
+            }
+            lz_row[i] = 1.0 / sz;   /* the backward's softmax scale */
+            l = mz + log(sz) - zt;
         } else {
+            for (int v = 0; v < V; v++) sz += exp(zr[v] - mz);
+            double lz = mz + log(sz);
+            lz_row[i] = lz;
             double mt = tr[ta], st = 0;
             for (int v = 0; v < V; v++) st += exp(tr[v] - mt);
             double lt = mt + log(st);
@@ -261,11 +268,13 @@ static void lm_chunk(void *ctx, int chunk, int thread) {
             memset(zr, 0, sizeof *zr * (size_t)V);
             continue;
         }
-        double lz = lz_row[i];
-        if (c->loss == LMHEAD_LOSS_CE) {
+        if (c->loss == LMHEAD_LOSS_CE) {   /* zr holds exp(z − max); lz_row the 1 / Σ */
             int tg = a->tgt[s];
-            for (int v = 0; v < V; v++) zr[v] = (float)(coef * (exp(zr[v] - lz) - (double)(v == tg)));
+            float cf = (float)coef, q = (float)lz_row[i];
+            for (int v = 0; v < V; v++) zr[v] = cf * (zr[v] * q);
+            zr[tg] -= cf;
         } else {
+            double lz = lz_row[i];
             const float *pr = t + (size_t)i * V;
             for (int v = 0; v < V; v++) zr[v] = (float)(coef * (exp(zr[v] - lz) - (double)pr[v]));
         }
