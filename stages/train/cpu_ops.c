@@ -327,6 +327,11 @@ int cpu_ops_lmhead_loss(int n_threads, const lmhead_loss_config *c, const lmhead
 
 static int ba_args(const block_attn_config *c, const int32_t *anchors, char *err, int err_len) {
     if (block_attn_check(c, err, err_len)) return -1;
+    if ((c->n_h / c->n_kv) * c->B > 1024) {
+        snprintf(err, err_len, "cpu_ops block attention: %d query heads per kv head x block %d > 1024 rows",
+                 c->n_h / c->n_kv, c->B);
+        return -1;
+    }
     for (int b = 0; b < c->N; b++)
         if (anchors[b] < 0 || anchors[b] >= c->T) {
             snprintf(err, err_len, "block_attn: anchors[%d]=%d is outside [0, T=%d)", b, anchors[b], c->T);
@@ -355,48 +360,73 @@ static float dotf(const float *a, const float *b, int D) {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + t;
 }
 
+/* Per-thread scratch of the attention chunks, in floats: keys and values of one (block, kv head) gathered (cap, D)
+ * x2 and their gradients x2, the G·B queries, output gradients and query gradients (GB, D) x3, scores and their
+ * gradients (GB, cap) x2. */
+static size_t ba_ws_floats(const block_attn_config *c) {
+    size_t cap = (size_t)c->T + c->B, GB = (size_t)(c->n_h / c->n_kv) * c->B, D = (size_t)c->d_h;
+    return 4 * cap * D + 3 * GB * D + 2 * GB * cap;
+}
+
 struct ba {
     const block_attn_config *c;
     const float *q, *k, *v, *out, *dout, *lse;
     const int32_t *anchors, *doc_ids;
     float *o, *l, *dq, *dk, *dv;
     int *idx;       /* (threads, T + B) */
-    float *s;       /* (threads, T + B) */
+    float *ws;      /* (threads, ba_ws_floats) */
 };
+
+/* Gather block b's keys (context rows, then its B slots) for kv head g into kg, vg (n, D), its queries of the heads
+ * of g into qg (GB, D), row r = j·G + hh; and, when dout is given, the output gradients into dog. Returns n. */
+static int ba_gather(const struct ba *a, int b, int g, int *idx, float *kg, float *vg, float *qg, float *dog) {
+    const block_attn_config *c = a->c;
+    int D = c->d_h, G = c->n_h / c->n_kv;
+    int nc = ba_context(c, a->anchors, a->doc_ids, b, idx), n = nc + c->B;
+    for (int jj = 0; jj < c->B; jj++) idx[nc + jj] = c->T + b * c->B + jj;
+    for (int i = 0; i < n; i++) {
+        size_t ko = ((size_t)idx[i] * c->n_kv + g) * D;
+        memcpy(kg + (size_t)i * D, a->k + ko, sizeof(float) * (size_t)D);
+        memcpy(vg + (size_t)i * D, a->v + ko, sizeof(float) * (size_t)D);
+    }
+    for (int j = 0; j < c->B; j++) {
+        size_t qo = (((size_t)b * c->B + j) * c->n_h + (size_t)g * G) * D;
+        memcpy(qg + (size_t)j * G * D, a->q + qo, sizeof(float) * (size_t)G * D);
+        if (dog) memcpy(dog + (size_t)j * G * D, a->dout + qo, sizeof(float) * (size_t)G * D);
+    }
+    return n;
+}
 
 static void ba_fwd_chunk(void *ctx, int b, int thread) {
     struct ba *a = ctx;
     const block_attn_config *c = a->c;
-    int D = c->d_h, G = c->n_h / c->n_kv, cap = c->T + c->B;
+    int D = c->d_h, G = c->n_h / c->n_kv, GB = G * c->B, cap = c->T + c->B;
     int *idx = a->idx + (size_t)thread * cap;
-    float *s = a->s + (size_t)thread * cap;
-    int nc = ba_context(c, a->anchors, a->doc_ids, b, idx);
-    for (int jj = 0; jj < c->B; jj++) idx[nc + jj] = c->T + b * c->B + jj;
-    for (int j = 0; j < c->B; j++) {
-        int n = nc + (c->causal ? j + 1 : c->B);
-        size_t row = (size_t)b * c->B + j;
-        for (int h = 0; h < c->n_h; h++) {
-            const float *qr = a->q + (row * c->n_h + h) * D;
-            int g = h / G;
-            float m = -INFINITY;
-            for (int i = 0; i < n; i++) {
-                s[i] = dotf(qr, a->k + ((size_t)idx[i] * c->n_kv + g) * D, D) * c->scale;
-                if (s[i] > m) m = s[i];
-            }
-            float acc[512];
-            float *o = a->o + (row * c->n_h + h) * D;
-            float *ac = D <= 512 ? acc : o;   /* d_h > 512: accumulate in the output row itself */
-            memset(ac, 0, sizeof *ac * (size_t)D);
+    float *kg = a->ws + (size_t)thread * ba_ws_floats(c), *vg = kg + (size_t)cap * D;
+    float *qg = vg + 3 * (size_t)cap * D, *og = qg + (size_t)GB * D, *sc = og + 2 * (size_t)GB * D;
+    for (int g = 0; g < c->n_kv; g++) {
+        int n = ba_gather(a, b, g, idx, kg, vg, qg, NULL), nc = n - c->B;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, GB, n, D, c->scale, qg, D, kg, D, 0.0f, sc, n);
+        double lsum[1024];   /* GB <= n_h·B: checked by the caller */
+        for (int r = 0; r < GB; r++) {
+            int j = r / G, nv = nc + (c->causal ? j + 1 : c->B);
+            float *sr = sc + (size_t)r * n, m = -INFINITY;
+            for (int i = 0; i < nv; i++) if (sr[i] > m) m = sr[i];
             double l = 0;
-            for (int i = 0; i < n; i++) {
-                float p = expf(s[i] - m);
-                l += p;
-                const float *vr = a->v + ((size_t)idx[i] * c->n_kv + g) * D;
-                for (int e = 0; e < D; e++) ac[e] += p * vr[e];
+            for (int i = 0; i < nv; i++) {
+                sr[i] = expf(sr[i] - m);
+                l += sr[i];
             }
-            float inv = (float)(1.0 / l);
-            for (int e = 0; e < D; e++) o[e] = ac[e] * inv;
-            a->l[(size_t)h * c->N * c->B + row] = (float)(m + log(l));
+            for (int i = nv; i < n; i++) sr[i] = 0;
+            lsum[r] = l;
+            int h = g * G + r % G;
+            a->l[(size_t)h * c->N * c->B + (size_t)b * c->B + j] = (float)(m + log(l));
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, GB, D, n, 1.0f, sc, n, vg, D, 0.0f, og, D);
+        for (int r = 0; r < GB; r++) {
+            int j = r / G, h = g * G + r % G;
+            float inv = (float)(1.0 / lsum[r]), *o = a->o + (((size_t)b * c->B + j) * c->n_h + h) * D;
+            for (int e = 0; e < D; e++) o[e] = og[(size_t)r * D + e] * inv;
         }
     }
 }
@@ -406,52 +436,58 @@ int cpu_ops_block_attn_forward(int n_threads, const block_attn_config *c, const 
                                char *err, int err_len) {
     if (ba_args(c, anchors, err, err_len)) return -1;
     int nt = n_threads < 1 ? 1 : n_threads > CPU_OPS_MAX_THREADS ? CPU_OPS_MAX_THREADS : n_threads;
+    if (nt > c->N) nt = c->N;
     size_t cap = (size_t)c->T + c->B;
     struct ba a = {c, q, k, v, NULL, NULL, NULL, anchors, doc_ids, out, lse, NULL, NULL, NULL,
-                   malloc(sizeof(int) * cap * nt), malloc(sizeof(float) * cap * nt)};
-    if (!a.idx || !a.s) {
-        free(a.idx); free(a.s);
+                   malloc(sizeof(int) * cap * nt), malloc(sizeof(float) * ba_ws_floats(c) * nt)};
+    if (!a.idx || !a.ws) {
+        free(a.idx); free(a.ws);
         snprintf(err, err_len, "cpu_ops_block_attn_forward: out of memory");
         return -1;
     }
     cpu_ops_parallel(nt, c->N, ba_fwd_chunk, &a);
-    free(a.idx); free(a.s);
+    free(a.idx); free(a.ws);
     return 0;
 }
 
 static void ba_bwd_chunk(void *ctx, int g, int thread) {
     struct ba *a = ctx;
     const block_attn_config *c = a->c;
-    int D = c->d_h, G = c->n_h / c->n_kv, cap = c->T + c->B, KV = c->T + c->N * c->B;
+    int D = c->d_h, G = c->n_h / c->n_kv, GB = G * c->B, cap = c->T + c->B, KV = c->T + c->N * c->B;
     int *idx = a->idx + (size_t)thread * cap;
+    float *kg = a->ws + (size_t)thread * ba_ws_floats(c), *vg = kg + (size_t)cap * D, *dkg = vg + (size_t)cap * D;
+    float *dvg = dkg + (size_t)cap * D, *qg = dvg + (size_t)cap * D, *dog = qg + (size_t)GB * D;
+    float *dqg = dog + (size_t)GB * D, *pr = dqg + (size_t)GB * D, *dp = pr + (size_t)GB * cap;
     for (int r = 0; r < KV; r++) {
         memset(a->dk + ((size_t)r * c->n_kv + g) * D, 0, sizeof(float) * (size_t)D);
         memset(a->dv + ((size_t)r * c->n_kv + g) * D, 0, sizeof(float) * (size_t)D);
     }
-    for (int b = 0; b < c->N; b++) {
-        int nc = ba_context(c, a->anchors, a->doc_ids, b, idx);
-        for (int jj = 0; jj < c->B; jj++) idx[nc + jj] = c->T + b * c->B + jj;
-        for (int j = 0; j < c->B; j++) {
-            int n = nc + (c->causal ? j + 1 : c->B);
-            size_t row = (size_t)b * c->B + j;
-            for (int h = g * G; h < (g + 1) * G; h++) {
-                size_t qo = (row * c->n_h + h) * D;
-                const float *qr = a->q + qo, *dor = a->dout + qo;
-                float Di = dotf(dor, a->out + qo, D), lse = a->lse[(size_t)h * c->N * c->B + row];
-                float *dqr = a->dq + qo;
-                memset(dqr, 0, sizeof *dqr * (size_t)D);
-                for (int i = 0; i < n; i++) {
-                    size_t ko = ((size_t)idx[i] * c->n_kv + g) * D;
-                    const float *kr = a->k + ko;
-                    float p = expf(dotf(qr, kr, D) * c->scale - lse);
-                    float ds = p * (dotf(dor, a->v + ko, D) - Di) * c->scale;
-                    float *dkr = a->dk + ko, *dvr = a->dv + ko;
-                    for (int e = 0; e < D; e++) {
-                        dqr[e] += ds * kr[e];
-                        dkr[e] += ds * qr[e];
-                        dvr[e] += p * dor[e];
-                    }
-                }
+    for (int b = 0; b < c->N; b++) {   /* in order: dk/dv rows shared by blocks are summed block by block */
+        int n = ba_gather(a, b, g, idx, kg, vg, qg, dog), nc = n - c->B;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, GB, n, D, c->scale, qg, D, kg, D, 0.0f, pr, n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, GB, n, D, 1.0f, dog, D, vg, D, 0.0f, dp, n);
+        for (int r = 0; r < GB; r++) {   /* P = exp(S − lse); dS = P ⊙ (dP − Di)·scale */
+            int j = r / G, h = g * G + r % G, nv = nc + (c->causal ? j + 1 : c->B);
+            size_t row = (size_t)b * c->B + j, qo = (row * c->n_h + h) * D;
+            float lse = a->lse[(size_t)h * c->N * c->B + row], Di = dotf(a->dout + qo, a->out + qo, D);
+            float *p = pr + (size_t)r * n, *ds = dp + (size_t)r * n;
+            for (int i = 0; i < nv; i++) {
+                p[i] = expf(p[i] - lse);
+                ds[i] = p[i] * (ds[i] - Di) * c->scale;
+            }
+            for (int i = nv; i < n; i++) p[i] = ds[i] = 0;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, GB, D, n, 1.0f, dp, n, kg, D, 0.0f, dqg, D);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, D, GB, 1.0f, dp, n, qg, D, 0.0f, dkg, D);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, D, GB, 1.0f, pr, n, dog, D, 0.0f, dvg, D);
+        for (int j = 0; j < c->B; j++)
+            memcpy(a->dq + (((size_t)b * c->B + j) * c->n_h + (size_t)g * G) * D, dqg + (size_t)j * G * D,
+                   sizeof(float) * (size_t)G * D);
+        for (int i = 0; i < n; i++) {
+            size_t ko = ((size_t)idx[i] * c->n_kv + g) * D;
+            for (int e = 0; e < D; e++) {
+                a->dk[ko + e] += dkg[(size_t)i * D + e];
+                a->dv[ko + e] += dvg[(size_t)i * D + e];
             }
         }
     }
@@ -466,12 +502,13 @@ int cpu_ops_block_attn_backward(int n_threads, const block_attn_config *c, const
     if (nt > c->n_kv) nt = c->n_kv;
     size_t cap = (size_t)c->T + c->B;
     struct ba a = {c, q, k, v, out, dout, lse, anchors, doc_ids, NULL, NULL, dq, dk, dv,
-                   malloc(sizeof(int) * cap * nt), NULL};
-    if (!a.idx) {
+                   malloc(sizeof(int) * cap * nt), malloc(sizeof(float) * ba_ws_floats(c) * nt)};
+    if (!a.idx || !a.ws) {
+        free(a.idx); free(a.ws);
         snprintf(err, err_len, "cpu_ops_block_attn_backward: out of memory");
         return -1;
     }
     cpu_ops_parallel(nt, c->n_kv, ba_bwd_chunk, &a);
-    free(a.idx);
+    free(a.idx); free(a.ws);
     return 0;
 }

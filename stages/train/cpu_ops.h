@@ -46,11 +46,12 @@ void cpu_ops_linear_backward_dx(int n_threads, float *dx, const float *dy, const
 /* dw (N, K) += dy (M, N)ᵀ · x (M, K). */
 void cpu_ops_linear_backward_dw(int n_threads, float *dw, const float *dy, const float *x, int M, int N, int K);
 
-/* Anchored block attention (kernels/block_attn.h semantics, round_p = 0) in fp32. Forward: chunks of one block
- * (all its slots and heads). Backward: one chunk per kv head (the dk/dv rows of a kv head are written by that
- * chunk only, accumulated block by block in order), so n_kv threads at most. Scratch is allocated per call
- * (O(threads·(T + B)) in the forward, none in the backward). 0/-1 with a sentence (bad config or anchors, out of
- * memory). */
+/* Anchored block attention (kernels/block_attn.h semantics, round_p = 0) in fp32: per (block, kv head) the visible
+ * keys and values and the block's queries are gathered, and scores, P·V and the backward's five products are SGEMMs.
+ * Forward: one chunk per block. Backward: one chunk per kv head (the dk/dv rows of a kv head are written by that
+ * chunk only, summed block by block in order), so n_kv threads at most. Scratch is allocated per call:
+ * O(threads·(T + B)·(4·d_h + 2·G·B)) floats, G = n_h / n_kv. 0/-1 with a sentence (bad config or anchors,
+ * G·B > 1024, out of memory). */
 int cpu_ops_block_attn_forward(int n_threads, const block_attn_config *c, const float *q, const float *k,
                                const float *v, const int32_t *anchors, const int32_t *doc_ids, float *out, float *lse,
                                char *err, int err_len);
