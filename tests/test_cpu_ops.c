@@ -2,7 +2,8 @@
  * tests/test_cpu_ops.c — the fast CPU ops of the trainer (stages/train/cpu_ops.h) against the kernels/<op>_ref.c
  * references: the BLAS linear layers (forward, dx, dw) against gemm_ref, the fused LM head + loss against the three
  * lmhead references in every loss/weighting/mode combination, block attention forward and backward against
- * block_attn_ref; and for each, bitwise the same result on 1 and 3 threads (chunks depend on the shapes only).
+ * block_attn_ref; and for each, bitwise the same result on 1 and 3 threads (chunks depend on the shapes only). The
+ * row-wise ops (rmsnorm, swiglu, rope on row chunks) must equal their references bit for bit.
  *
  * Tolerances: the references accumulate in double, the fast ops in fp32 (OpenBLAS SGEMM, fp32 dot products), so
  * the error of a K-term dot product is a few fp32 ulps times sqrt(K) times the typical term: we bound each element
@@ -14,6 +15,9 @@
 #include "kernels/block_attn.h"
 #include "kernels/gemm.h"
 #include "kernels/lmhead_loss.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
 #include "train/cpu_ops.h"
 
 static double max_abs_diff(const float *a, const float *b, size_t n) {
@@ -221,6 +225,65 @@ START_TEST(cpu_ops_block_attn) {
 }
 END_TEST
 
+
+/* ---------------------------------------------------------------- row-wise ops: bitwise the references */
+
+START_TEST(cpu_ops_rows_bitwise) {
+    int shapes[][2] = {{1, 1}, {2049, 32}, {517, 128}, {300, 385}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int N = shapes[si][0], C = shapes[si][1];
+        size_t n = (size_t)N * C;
+        uint64_t rng = 50 + si;
+        float *x = malloc(4 * n), *dy = malloc(4 * n), *w = malloc(4 * (size_t)C), *y1 = malloc(4 * n),
+              *y2 = malloc(4 * n), *r1 = malloc(4 * (size_t)N), *r2 = malloc(4 * (size_t)N), *d1 = malloc(4 * n),
+              *d2 = malloc(4 * n), *dw1 = malloc(4 * (size_t)C), *dw2 = malloc(4 * (size_t)C);
+        test_rng_fill(&rng, x, n, -2, 2);
+        test_rng_fill(&rng, dy, n, -1, 1);
+        test_rng_fill(&rng, w, (size_t)C, 0.5f, 1.5f);
+        rmsnorm_forward_ref(y1, r1, x, w, N, C, 1e-6f);
+        cpu_ops_rmsnorm_forward(3, y2, r2, x, w, N, C, 1e-6f);
+        ck_assert(!memcmp(y1, y2, 4 * n) && !memcmp(r1, r2, 4 * (size_t)N));
+        for (int acc = 0; acc < 2; acc++) {
+            test_rng_fill(&rng, d1, n, -1, 1);
+            memcpy(d2, d1, 4 * n);
+            test_rng_fill(&rng, dw1, (size_t)C, -1, 1);
+            memcpy(dw2, dw1, 4 * (size_t)C);
+            rmsnorm_backward_ref(d1, dw1, dy, x, w, r1, N, C, acc);
+            cpu_ops_rmsnorm_backward(3, d2, dw2, dy, x, w, r1, N, C, acc);
+            ck_assert_msg(!memcmp(d1, d2, 4 * n) && !memcmp(dw1, dw2, 4 * (size_t)C), "rmsnorm backward %dx%d acc %d",
+                          N, C, acc);
+        }
+        swiglu_forward_ref(y1, x, dy, N, C, C);
+        cpu_ops_swiglu_forward(3, y2, x, dy, N, C);
+        ck_assert(!memcmp(y1, y2, 4 * n));
+        float *u1 = malloc(4 * n), *u2 = malloc(4 * n);   /* dout: the forward output */
+        swiglu_backward_ref(d1, u1, y1, x, dy, N, C, C);
+        cpu_ops_swiglu_backward(3, d2, u2, y1, x, dy, N, C);
+        ck_assert(!memcmp(d1, d2, 4 * n) && !memcmp(u1, u2, 4 * n));
+        free(u1);
+        free(u2);
+        if (C % 2 == 0) {   /* rope: rows of NH = 2 heads of C / 2 */
+            int32_t *pos = malloc(4 * (size_t)N);
+            float inv[512];
+            for (int i = 0; i < N; i++) pos[i] = (int32_t)(test_rng_next(&rng) % 5000);
+            for (int i = 0; i < C / 4; i++) inv[i] = powf(10000.0f, -4.0f * i / C);
+            if (C >= 4) {
+                memcpy(y1, x, 4 * n);
+                memcpy(y2, x, 4 * n);
+                rope_forward_ref(y1, NULL, pos, inv, N, 2, 0, C / 2);
+                cpu_ops_rope_forward(3, y2, pos, inv, N, 2, C / 2);
+                ck_assert(!memcmp(y1, y2, 4 * n));
+                rope_backward_ref(y1, NULL, pos, inv, N, 2, 0, C / 2);
+                cpu_ops_rope_backward(3, y2, pos, inv, N, 2, C / 2);
+                ck_assert(!memcmp(y1, y2, 4 * n));
+            }
+            free(pos);
+        }
+        free(x); free(dy); free(w); free(y1); free(y2); free(r1); free(r2); free(d1); free(d2); free(dw1); free(dw2);
+    }
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("cpu_ops");
     TCase *tc = tcase_create("cpu");
@@ -228,6 +291,7 @@ int main(void) {
     tcase_add_test(tc, cpu_ops_linear);
     tcase_add_test(tc, cpu_ops_lmhead);
     tcase_add_test(tc, cpu_ops_block_attn);
+    tcase_add_test(tc, cpu_ops_rows_bitwise);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

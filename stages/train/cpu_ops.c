@@ -512,3 +512,99 @@ int cpu_ops_block_attn_backward(int n_threads, const block_attn_config *c, const
     free(a.idx); free(a.ws);
     return 0;
 }
+
+/* ---------------------------------------------------------------- row-wise references on row chunks */
+
+enum { ROW_RMS_FWD, ROW_RMS_DX, ROW_RMS_DW, ROW_SWIGLU_FWD, ROW_SWIGLU_BWD, ROW_ROPE_FWD, ROW_ROPE_BWD };
+
+struct rows {
+    int op, N, C, rows, acc, NH;
+    float eps;
+    float *y, *y2;
+    const float *x, *x2, *x3, *w, *r;
+    const int32_t *pos;
+};
+
+/* Rows per chunk: about 32K elements (shape only). */
+static int rows_per_chunk(int C) {
+    int r = 32768 / (C > 0 ? C : 1);
+    return r < 1 ? 1 : r;
+}
+
+static void rows_chunk(void *ctx, int c, int thread) {
+    (void)thread;
+    struct rows *a = ctx;
+    int lim = a->op == ROW_RMS_DW ? a->C : a->N;
+    int r0 = c * a->rows, n = (r0 + a->rows < lim ? r0 + a->rows : lim) - r0;
+    size_t o = (size_t)r0 * a->C;
+    switch (a->op) {
+    case ROW_RMS_FWD: rmsnorm_forward_ref(a->y + o, a->y2 + r0, a->x + o, a->w, n, a->C, a->eps); break;
+    case ROW_RMS_DX:
+        rmsnorm_backward_ref(a->y + o, NULL, a->x + o, a->x2 + o, a->w, a->r + r0, n, a->C, a->acc);
+        break;
+    case ROW_RMS_DW:   /* columns [r0, r0 + n): rmsnorm_backward_ref's dw arithmetic, rows in order */
+        for (int row = 0; row < a->N; row++) {
+            const float *xr = a->x2 + (size_t)row * a->C, *dyr = a->x + (size_t)row * a->C;
+            double rs = a->r[row];
+            for (int col = r0; col < r0 + n; col++) {
+                double xhat = xr[col] * rs;
+                a->y[col] += (float)(dyr[col] * xhat);
+            }
+        }
+        break;
+    case ROW_SWIGLU_FWD: swiglu_forward_ref(a->y + o, a->x + o, a->x2 + o, n, a->C, a->C); break;
+    case ROW_SWIGLU_BWD: swiglu_backward_ref(a->y + o, a->y2 + o, a->x + o, a->x2 + o, a->x3 + o, n, a->C, a->C); break;
+    case ROW_ROPE_FWD:
+        rope_forward_ref(a->y + o * a->NH, NULL, a->pos + r0, a->w, n, a->NH, 0, a->C);
+        break;
+    case ROW_ROPE_BWD:
+        rope_backward_ref(a->y + o * a->NH, NULL, a->pos + r0, a->w, n, a->NH, 0, a->C);
+        break;
+    }
+}
+
+static void rows_run(int n_threads, struct rows *a) {
+    int lim = a->op == ROW_RMS_DW ? a->C : a->N;
+    if (lim <= 0) return;
+    a->rows = a->op == ROW_RMS_DW ? 32 : rows_per_chunk(a->op >= ROW_ROPE_FWD ? a->C * a->NH : a->C);
+    cpu_ops_parallel(n_threads, (lim + a->rows - 1) / a->rows, rows_chunk, a);
+}
+
+void cpu_ops_rmsnorm_forward(int n_threads, float *y, float *rstd, const float *x, const float *w, int N, int C,
+                             float eps) {
+    struct rows a = {.op = ROW_RMS_FWD, .N = N, .C = C, .eps = eps, .y = y, .y2 = rstd, .x = x, .w = w};
+    rows_run(n_threads, &a);
+}
+
+void cpu_ops_rmsnorm_backward(int n_threads, float *dx, float *dw, const float *dy, const float *x, const float *w,
+                              const float *rstd, int N, int C, int accumulate_dx) {
+    struct rows a = {.op = ROW_RMS_DX, .N = N, .C = C, .acc = accumulate_dx, .y = dx, .x = dy, .x2 = x, .w = w,
+                     .r = rstd};
+    rows_run(n_threads, &a);
+    if (!dw) return;
+    a.op = ROW_RMS_DW;
+    a.y = dw;
+    rows_run(n_threads, &a);
+}
+
+void cpu_ops_swiglu_forward(int n_threads, float *out, const float *gate, const float *up, int T, int width) {
+    struct rows a = {.op = ROW_SWIGLU_FWD, .N = T, .C = width, .y = out, .x = gate, .x2 = up};
+    rows_run(n_threads, &a);
+}
+
+void cpu_ops_swiglu_backward(int n_threads, float *dgate, float *dup, const float *dout, const float *gate,
+                             const float *up, int T, int width) {
+    struct rows a = {.op = ROW_SWIGLU_BWD, .N = T, .C = width, .y = dgate, .y2 = dup, .x = dout, .x2 = gate, .x3 = up};
+    rows_run(n_threads, &a);
+}
+
+void cpu_ops_rope_forward(int n_threads, float *q, const int32_t *pos, const float *inv_freq, int T, int NH, int HD) {
+    struct rows a = {.op = ROW_ROPE_FWD, .N = T, .C = HD, .NH = NH, .y = q, .w = inv_freq, .pos = pos};
+    rows_run(n_threads, &a);
+}
+
+void cpu_ops_rope_backward(int n_threads, float *dq, const int32_t *pos, const float *inv_freq, int T, int NH,
+                           int HD) {
+    struct rows a = {.op = ROW_ROPE_BWD, .N = T, .C = HD, .NH = NH, .y = dq, .w = inv_freq, .pos = pos};
+    rows_run(n_threads, &a);
+}

@@ -25,6 +25,9 @@
 
 #include "kernels/block_attn.h"
 #include "kernels/lmhead_loss.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
 
 #define CPU_OPS_MAX_THREADS 8
 
@@ -45,6 +48,20 @@ void cpu_ops_linear_backward_dx(int n_threads, float *dx, const float *dy, const
                                 int accumulate);
 /* dw (N, K) += dy (M, N)ᵀ · x (M, K). */
 void cpu_ops_linear_backward_dw(int n_threads, float *dw, const float *dy, const float *x, int M, int N, int K);
+
+/* The row-wise references on row chunks in parallel: each chunk calls the kernels/<op>_ref.c function on its rows,
+ * so the results are bitwise those of one call on all rows. rmsnorm backward: dx by row chunks (the reference with
+ * dw = NULL), then dw (+=) by column chunks, each walking the rows in order with the reference's arithmetic, so dw
+ * is bitwise the reference's too. Arguments as the references (rope: k = NULL form, rows T of NH heads). */
+void cpu_ops_rmsnorm_forward(int n_threads, float *y, float *rstd, const float *x, const float *w, int N, int C,
+                             float eps);
+void cpu_ops_rmsnorm_backward(int n_threads, float *dx, float *dw, const float *dy, const float *x, const float *w,
+                              const float *rstd, int N, int C, int accumulate_dx);
+void cpu_ops_swiglu_forward(int n_threads, float *out, const float *gate, const float *up, int T, int width);
+void cpu_ops_swiglu_backward(int n_threads, float *dgate, float *dup, const float *dout, const float *gate,
+                             const float *up, int T, int width);
+void cpu_ops_rope_forward(int n_threads, float *q, const int32_t *pos, const float *inv_freq, int T, int NH, int HD);
+void cpu_ops_rope_backward(int n_threads, float *dq, const int32_t *pos, const float *inv_freq, int T, int NH, int HD);
 
 /* Anchored block attention (kernels/block_attn.h semantics, round_p = 0) in fp32: per (block, kv head) the visible
  * keys and values and the block's queries are gathered, and scores, P·V and the backward's five products are SGEMMs.

@@ -594,6 +594,29 @@ static void lin_bwd(const struct drafter *d, int fast, float *dx, int dx_acc, fl
     if (dw) gemm_linear_backward_ref(NULL, dw, NULL, dy, x, w, M, N, K, 1);
 }
 
+/* The row-wise ops: the reference, or the same reference on row chunks in parallel (bitwise equal) when fast. */
+static void rms_fwd(const struct drafter *d, int fast, float *y, float *rstd, const float *x, const float *w, int N,
+                    int C, float eps) {
+    if (fast) cpu_ops_rmsnorm_forward(d->n_threads, y, rstd, x, w, N, C, eps);
+    else rmsnorm_forward_ref(y, rstd, x, w, N, C, eps);
+}
+
+static void rms_bwd(const struct drafter *d, int fast, float *dx, float *dw, const float *dy, const float *x,
+                    const float *w, const float *rstd, int N, int C, int accumulate_dx) {
+    if (fast) cpu_ops_rmsnorm_backward(d->n_threads, dx, dw, dy, x, w, rstd, N, C, accumulate_dx);
+    else rmsnorm_backward_ref(dx, dw, dy, x, w, rstd, N, C, accumulate_dx);
+}
+
+static void rope_fwd(const struct drafter *d, int fast, float *q, const int32_t *pos, int T, int NH, int HD) {
+    if (fast) cpu_ops_rope_forward(d->n_threads, q, pos, d->inv_freq, T, NH, HD);
+    else rope_forward_ref(q, NULL, pos, d->inv_freq, T, NH, 0, HD);
+}
+
+static void rope_bwd(const struct drafter *d, int fast, float *dq, const int32_t *pos, int T, int NH, int HD) {
+    if (fast) cpu_ops_rope_backward(d->n_threads, dq, pos, d->inv_freq, T, NH, HD);
+    else rope_backward_ref(dq, NULL, pos, d->inv_freq, T, NH, 0, HD);
+}
+
 static int check_batch(const struct drafter *d, const struct drafter_batch *b, char *err, int err_len) {
     const struct drafter_config *c = &d->cfg;
     if (b->T < 1 || b->T > c->T_max)
@@ -632,8 +655,9 @@ int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t 
     return step_impl(d, b, seed, step, train, 0, m, err, err_len);
 }
 
-/* The step, fast = 0: every op a kernels/<op>_ref.c reference; fast = 1: the linear layers and the LM head + loss
- * from stages/train/cpu_ops.h (BLAS, fused, threaded), everything else the same calls. */
+/* The step, fast = 0: every op a kernels/<op>_ref.c reference; fast = 1: stages/train/cpu_ops.h: the linear layers,
+ * block attention and the LM head + loss on BLAS (fused, threaded), the row-wise ops as the references on row
+ * chunks in parallel (bitwise equal to the references). */
 static int step_impl(struct drafter *d, const struct drafter_batch *b, uint64_t seed, uint64_t step, int train,
                      int fast, struct drafter_metrics *m, char *err, int err_len) {
     if (check_batch(d, b, err, err_len)) return -1;
@@ -673,7 +697,7 @@ static int step_impl(struct drafter *d, const struct drafter_batch *b, uint64_t 
 
     /* context c = hidden_norm(fc(features)) (§4.2 step 3) */
     lin_fwd(d, fast, d->ctx_fc, d->hid_used, W(d->i_fc), T, H, kH);
-    rmsnorm_forward_ref(d->ctx, d->rstd_c, d->ctx_fc, W(d->i_hnorm), T, H, eps);
+    rms_fwd(d, fast, d->ctx, d->rstd_c, d->ctx_fc, W(d->i_hnorm), T, H, eps);
 
     block_attn_config ac = {T, N, B, nh, nkv, dh, 0, 0, 1.0f / sqrtf((float)dh)};
     for (int l = 0; l < c->L; l++) {
@@ -681,16 +705,16 @@ static int step_impl(struct drafter *d, const struct drafter_batch *b, uint64_t 
         int sliding = c->layer_type[l] == DRAFTER_LAYER_SLIDING;
         ac.window = sliding ? c->sliding_window : 0;
         ac.causal = sliding && !c->sliding_window_non_causal;
-        rmsnorm_forward_ref(a->xn1, a->rstd1, a->xin, LW(l, LP_IN_LN), R, H, eps);
+        rms_fwd(d, fast, a->xn1, a->rstd1, a->xin, LW(l, LP_IN_LN), R, H, eps);
         lin_fwd(d, fast, a->qraw, a->xn1, LW(l, LP_Q), R, QD, H);
         lin_fwd(d, fast, a->kraw, d->ctx, LW(l, LP_K), T, KD, H);
         lin_fwd(d, fast, a->kraw + (size_t)T * KD, a->xn1, LW(l, LP_K), R, KD, H);
         lin_fwd(d, fast, a->v, d->ctx, LW(l, LP_V), T, KD, H);
         lin_fwd(d, fast, a->v + (size_t)T * KD, a->xn1, LW(l, LP_V), R, KD, H);
-        rmsnorm_forward_ref(a->q, a->rstdq, a->qraw, LW(l, LP_QN), R * nh, dh, eps);
-        rmsnorm_forward_ref(a->k, a->rstdk, a->kraw, LW(l, LP_KN), KV * nkv, dh, eps);
-        rope_forward_ref(a->q, NULL, d->pos + T, d->inv_freq, R, nh, 0, dh);
-        rope_forward_ref(a->k, NULL, d->pos, d->inv_freq, KV, nkv, 0, dh);
+        rms_fwd(d, fast, a->q, a->rstdq, a->qraw, LW(l, LP_QN), R * nh, dh, eps);
+        rms_fwd(d, fast, a->k, a->rstdk, a->kraw, LW(l, LP_KN), KV * nkv, dh, eps);
+        rope_fwd(d, fast, a->q, d->pos + T, R, nh, dh);
+        rope_fwd(d, fast, a->k, d->pos, KV, nkv, dh);
         if (fast ? cpu_ops_block_attn_forward(d->n_threads, &ac, a->q, a->k, a->v, d->anchors, b->doc_ids, a->o, a->lse,
                                               err, err_len)
                  : block_attn_forward_ref(&ac, a->q, a->k, a->v, d->anchors, b->doc_ids, 0, a->o, a->lse, err, err_len))
@@ -698,15 +722,16 @@ static int step_impl(struct drafter *d, const struct drafter_batch *b, uint64_t 
         /* h = x + o_proj(attn) */
         lin_fwd(d, fast, a->h, a->o, LW(l, LP_O), R, H, QD);
         for (size_t e = 0; e < (size_t)R * H; e++) a->h[e] += a->xin[e];
-        rmsnorm_forward_ref(a->xn2, a->rstd2, a->h, LW(l, LP_POST_LN), R, H, eps);
+        rms_fwd(d, fast, a->xn2, a->rstd2, a->h, LW(l, LP_POST_LN), R, H, eps);
         lin_fwd(d, fast, a->gate, a->xn2, LW(l, LP_GATE), R, I, H);
         lin_fwd(d, fast, a->up, a->xn2, LW(l, LP_UP), R, I, H);
-        swiglu_forward_ref(a->act, a->gate, a->up, R, I, I);
+        if (fast) cpu_ops_swiglu_forward(d->n_threads, a->act, a->gate, a->up, R, I);
+        else swiglu_forward_ref(a->act, a->gate, a->up, R, I, I);
         float *xo = l + 1 < c->L ? d->act[l + 1].xin : d->x_out;
         lin_fwd(d, fast, xo, a->act, LW(l, LP_DOWN), R, H, I);
         for (size_t e = 0; e < (size_t)R * H; e++) xo[e] += a->h[e];
     }
-    rmsnorm_forward_ref(d->xn, d->rstd_f, d->x_out, W(d->i_norm), R, H, eps);
+    rms_fwd(d, fast, d->xn, d->rstd_f, d->x_out, W(d->i_norm), R, H, eps);
 
     /* loss and metrics (§7, §8) */
     lmhead_loss_config lc = {T, N, B, H, c->V_d, c->loss, c->weighting, c->gamma, c->alpha, eps};
@@ -753,7 +778,7 @@ static int step_impl(struct drafter *d, const struct drafter_batch *b, uint64_t 
                                                d->anchors, d->valid, b->loss_mask, 0, d->row_weight, d->dxn, err,
                                                err_len))
         return -1;
-    rmsnorm_backward_ref(d->dx, G(d->i_norm), d->dxn, d->x_out, W(d->i_norm), d->rstd_f, R, H, 0);
+    rms_bwd(d, fast, d->dx, G(d->i_norm), d->dxn, d->x_out, W(d->i_norm), d->rstd_f, R, H, 0);
     memset(d->dctx, 0, sizeof(float) * (size_t)T * H);
     for (int l = c->L - 1; l >= 0; l--) {
         struct drafter_act *a = &d->act[l];
@@ -762,11 +787,12 @@ static int step_impl(struct drafter *d, const struct drafter_batch *b, uint64_t 
         ac.causal = sliding && !c->sliding_window_non_causal;
         /* MLP: x_out = h + down(swiglu(gate(xn2), up(xn2))) */
         lin_bwd(d, fast, d->dact, 0, LG(l, LP_DOWN), d->dx, a->act, LW(l, LP_DOWN), R, H, I);
-        swiglu_backward_ref(d->dgate, d->dup, d->dact, a->gate, a->up, R, I, I);
+        if (fast) cpu_ops_swiglu_backward(d->n_threads, d->dgate, d->dup, d->dact, a->gate, a->up, R, I);
+        else swiglu_backward_ref(d->dgate, d->dup, d->dact, a->gate, a->up, R, I, I);
         lin_bwd(d, fast, d->dxn, 0, LG(l, LP_GATE), d->dgate, a->xn2, LW(l, LP_GATE), R, I, H);
         lin_bwd(d, fast, d->dxn, 1, LG(l, LP_UP), d->dup, a->xn2, LW(l, LP_UP), R, I, H);
         memcpy(d->dh, d->dx, sizeof(float) * (size_t)R * H);
-        rmsnorm_backward_ref(d->dh, LG(l, LP_POST_LN), d->dxn, a->h, LW(l, LP_POST_LN), a->rstd2, R, H, 1);
+        rms_bwd(d, fast, d->dh, LG(l, LP_POST_LN), d->dxn, a->h, LW(l, LP_POST_LN), a->rstd2, R, H, 1);
         /* attention: h = xin + o_proj(attn(q, k, v)) */
         lin_bwd(d, fast, d->dout, 0, LG(l, LP_O), d->dh, a->o, LW(l, LP_O), R, H, QD);
         if (fast ? cpu_ops_block_attn_backward(d->n_threads, &ac, a->q, a->k, a->v, d->anchors, b->doc_ids, a->o,
@@ -774,12 +800,12 @@ static int step_impl(struct drafter *d, const struct drafter_batch *b, uint64_t 
                  : block_attn_backward_ref(&ac, a->q, a->k, a->v, d->anchors, b->doc_ids, a->o, d->dout, a->lse, d->dq,
                                            d->dk, d->dv, err, err_len))
             return -1;
-        rope_backward_ref(d->dq, NULL, d->pos + T, d->inv_freq, R, nh, 0, dh);
-        rope_backward_ref(d->dk, NULL, d->pos, d->inv_freq, KV, nkv, 0, dh);
+        rope_bwd(d, fast, d->dq, d->pos + T, R, nh, dh);
+        rope_bwd(d, fast, d->dk, d->pos, KV, nkv, dh);
         /* q/k norms: the gradients of the raw projections (dout is free again after the attention backward) */
         float *dqraw = d->dout, *dkraw = d->dkraw;
-        rmsnorm_backward_ref(dqraw, LG(l, LP_QN), d->dq, a->qraw, LW(l, LP_QN), a->rstdq, R * nh, dh, 0);
-        rmsnorm_backward_ref(dkraw, LG(l, LP_KN), d->dk, a->kraw, LW(l, LP_KN), a->rstdk, KV * nkv, dh, 0);
+        rms_bwd(d, fast, dqraw, LG(l, LP_QN), d->dq, a->qraw, LW(l, LP_QN), a->rstdq, R * nh, dh, 0);
+        rms_bwd(d, fast, dkraw, LG(l, LP_KN), d->dk, a->kraw, LW(l, LP_KN), a->rstdk, KV * nkv, dh, 0);
         /* projections: block rows from xn1, context rows from ctx */
         lin_bwd(d, fast, d->dxn1, 0, LG(l, LP_Q), dqraw, a->xn1, LW(l, LP_Q), R, QD, H);
         lin_bwd(d, fast, d->dxn1, 1, LG(l, LP_K), dkraw + (size_t)T * KD, a->xn1, LW(l, LP_K), R, KD, H);
@@ -788,10 +814,10 @@ static int step_impl(struct drafter *d, const struct drafter_batch *b, uint64_t 
         lin_bwd(d, fast, d->dctx, 1, LG(l, LP_V), d->dv, d->ctx, LW(l, LP_V), T, KD, H);
         /* residual: dx_in = dh + input_layernorm backward */
         memcpy(d->dx, d->dh, sizeof(float) * (size_t)R * H);
-        rmsnorm_backward_ref(d->dx, LG(l, LP_IN_LN), d->dxn1, a->xin, LW(l, LP_IN_LN), a->rstd1, R, H, 1);
+        rms_bwd(d, fast, d->dx, LG(l, LP_IN_LN), d->dxn1, a->xin, LW(l, LP_IN_LN), a->rstd1, R, H, 1);
     }
     /* the block input is the frozen embedding: d->dx stops here. Context: hidden_norm then fc. */
-    rmsnorm_backward_ref(d->dctx_fc, G(d->i_hnorm), d->dctx, d->ctx_fc, W(d->i_hnorm), d->rstd_c, T, H, 0);
+    rms_bwd(d, fast, d->dctx_fc, G(d->i_hnorm), d->dctx, d->ctx_fc, W(d->i_hnorm), d->rstd_c, T, H, 0);
     lin_bwd(d, fast, NULL, 0, G(d->i_fc), d->dctx_fc, d->hid_used, W(d->i_fc), T, H, kH);
     return 0;
 }
