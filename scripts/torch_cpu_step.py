@@ -131,7 +131,7 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(p.values()), 1.0)
         opt.step()
-        return float(loss)
+        return loss.item()
 
     times, cpus = [], []
     for s in range(a.warmup + a.steps):
