@@ -4,7 +4,9 @@
  *
  * The CPU step is the forward of §4.2 and its backward written over the kernels/<op>_ref.c references, buffer by
  * buffer, so every intermediate the backward needs is kept (nothing is recomputed except what the refs
- * recompute themselves: P in block attention, the logit rows in the loss). Row layouts: block rows R = N·B
+ * recompute themselves: P in block attention, the logit rows in the loss). One sequence (step_impl) serves both
+ * CPU steps: drafter_step_cpu calls the references, drafter_step_fast the stages/train/cpu_ops.h ops in their
+ * place (BLAS linear layers and attention, the fused LM head + loss, row ops on threads). Row layouts: block rows R = N·B
  * (block-major), context rows T, key/value rows T + R (context first, then the block rows, §6).
  */
 #include "train/drafter.h"
