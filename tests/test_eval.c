@@ -18,6 +18,7 @@
 #include "export/eval.h"
 #include "export/export.h"
 #include "kernels/common.h"
+#include "model/decode.h"
 #include "model/safetensors.h"
 #include "train/ckpt.h"
 #include "train/optim.h"
@@ -166,6 +167,206 @@ START_TEST(cli_reports_and_refuses) {
 }
 END_TEST
 
+
+/* ---------------------------------------------------------------- KV cache (issue 30 item 3) */
+
+/* The cached step is bitwise the full forward: slot 0 gets a prompt, one token, a block, a rollback and another
+ * block (the last step shared with slot 1's prompt); every row of states and last equals target_forward's over the
+ * final sequences. */
+START_TEST(decode_equals_full_forward) {
+    const char *target = tiny_target();
+    struct target_options o;
+    target_options_defaults(&o);
+    o.max_tokens = 64;
+    o.n_capture = 2;
+    o.capture[0] = 0;
+    o.capture[1] = 2;
+    struct target *t = target_load(target, &o, err, sizeof err);
+    ck_assert_msg(t != NULL, "%s", err);
+    int H = target_config(t)->hidden_size;
+    struct decode *d = decode_init(t, 2, 32, 32, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    int32_t s0[32], s1[32];
+    uint64_t r = 5;
+    for (int i = 0; i < 32; i++) {
+        s0[i] = (int32_t)(test_rng_next(&r) % 500);
+        s1[i] = (int32_t)(test_rng_next(&r) % 500);
+    }
+    static float st[2 * 32 * 64], la[32 * 64], fst[2 * 64 * 64], fla[64 * 64];
+    float keep_st[2][20][64], keep_la[20][64];   /* slot 0's committed rows, by position */
+    int slot0 = 0, both[2] = {0, 1};
+    /* steps for slot 0: 9 (prefill), 1, 4; roll back to 12; then 5 together with slot 1's 7 */
+    int lens[3] = {9, 1, 4}, at = 0;
+    for (int k = 0; k < 3; k++) {
+        int32_t cu[2] = {0, lens[k]};
+        ck_assert_msg(decode_extend(d, 1, &slot0, s0 + at, cu, st, la, err, sizeof err) == 0, "%s", err);
+        for (int i = 0; i < lens[k]; i++) {
+            memcpy(keep_la[at + i], la + (size_t)i * H, sizeof(float) * (size_t)H);
+            for (int c = 0; c < 2; c++) memcpy(keep_st[c][at + i], st + ((size_t)c * lens[k] + i) * H, sizeof(float) * (size_t)H);
+        }
+        at += lens[k];
+    }
+    ck_assert_int_eq(decode_len(d, 0), 14);
+    ck_assert_int_eq(decode_truncate(d, 0, 12, err, sizeof err), 0);
+    ck_assert_int_eq(decode_truncate(d, 0, 13, err, sizeof err), -1);   /* only backwards */
+    /* slot 0 continues at 12 with other tokens than before: s0[12..17) := s1[20..25) */
+    memcpy(s0 + 12, s1 + 20, sizeof(int32_t) * 5);
+    int32_t ids[12], cu2[3] = {0, 5, 12};
+    memcpy(ids, s0 + 12, sizeof(int32_t) * 5);
+    memcpy(ids + 5, s1, sizeof(int32_t) * 7);
+    ck_assert_msg(decode_extend(d, 2, both, ids, cu2, st, la, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < 5; i++) {
+        memcpy(keep_la[12 + i], la + (size_t)i * H, sizeof(float) * (size_t)H);
+        for (int c = 0; c < 2; c++) memcpy(keep_st[c][12 + i], st + ((size_t)c * 12 + i) * H, sizeof(float) * (size_t)H);
+    }
+    /* the full forward over both final sequences, as two documents */
+    int32_t all[24], pos[24], cu[3] = {0, 17, 24};
+    memcpy(all, s0, sizeof(int32_t) * 17);
+    memcpy(all + 17, s1, sizeof(int32_t) * 7);
+    for (int i = 0; i < 24; i++) pos[i] = i < 17 ? i : i - 17;
+    struct target_batch b = {0, 24, 2, all, pos, cu};
+    ck_assert_msg(target_forward(t, &b, fst, fla, err, sizeof err) == 0, "%s", err);
+    for (int p = 0; p < 17; p++) {
+        ck_assert_msg(!memcmp(keep_la[p], fla + (size_t)p * H, sizeof(float) * (size_t)H), "slot 0 last row %d differs", p);
+        for (int c = 0; c < 2; c++)
+            ck_assert_msg(!memcmp(keep_st[c][p], fst + ((size_t)c * 24 + p) * H, sizeof(float) * (size_t)H),
+                          "slot 0 state %d row %d differs", c, p);
+    }
+    for (int p = 0; p < 7; p++)
+        ck_assert_msg(!memcmp(la + (size_t)(5 + p) * H, fla + (size_t)(17 + p) * H, sizeof(float) * (size_t)H),
+                      "slot 1 last row %d differs", p);
+    /* bad steps are refused with a sentence */
+    int32_t cbig[2] = {0, 33};
+    ck_assert_int_eq(decode_extend(d, 1, &slot0, s0, cbig, NULL, la, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "33 new tokens"), "%s", err);
+    int same[2] = {1, 1};
+    ck_assert_int_eq(decode_extend(d, 2, same, ids, cu2, NULL, la, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "slot 1 twice"), "%s", err);
+    int32_t c20[2] = {0, 20};
+    ck_assert_int_eq(decode_extend(d, 1, &slot0, s0, c20, NULL, la, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "would hold 37 tokens"), "%s", err);
+    decode_free(d);
+    target_free(t);
+
+    /* a Qwen3.5 hybrid is refused with one sentence */
+    const char *hy = test_tmpdir("decode-qwen35");
+    const char *argv[] = {test_bin("dflash-mkmodel"), "--preset", "qwen3.5-tiny", "--out", hy, NULL};
+    ck_assert_msg(run_argv(argv) == 0, "%s", out_text);
+    target_options_defaults(&o);
+    o.max_tokens = 16;
+    struct target *th = target_load(hy, &o, err, sizeof err);
+    ck_assert_msg(th != NULL, "%s", err);
+    ck_assert_ptr_null(decode_init(th, 1, 16, 16, err, sizeof err));
+    ck_assert_msg(strstr(err, "Qwen3.5/3.6 targets (Gated DeltaNet layers) need a recurrent-state cache"), "%s", err);
+    target_free(th);
+}
+END_TEST
+
+/* eval_generate: KV-cached plain greedy decoding equals the uncached eval_greedy; speculative decoding (drafter
+ * and oracle) equals it token for token, batched in groups of 2 over 5 prompts of different lengths; the oracle
+ * gives tau = B; stop tokens end a response; sampled decoding is deterministic for a seed whatever the grouping,
+ * and its speculative form accepts with probability p(d) (the oracle then stays below B). */
+START_TEST(cached_generation) {
+    const char *target = tiny_target();
+    char ckpt[1024];
+    struct drafter *d0 = make_ckpt(target, "sliding,full", 0, ckpt, sizeof ckpt);
+    drafter_free(d0);
+    enum { NP = 5, NEW = 20, MAXP = 14 };
+    struct drafter *d = export_load_checkpoint(ckpt, target, NULL, MAXP + NEW + 8, 1, NULL, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    int zl[DESC_MAX_LAYERS];
+    drafter_zlab_ids(drafter_config_of(d), zl);
+    int B = drafter_config_of(d)->B;
+    struct eval_target et;
+    ck_assert_msg(eval_target_open(&et, target, MAXP + NEW + 2 * B, zl, 2, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eval_target_enable_cache(&et, 2, MAXP + NEW + 2 * B, err, sizeof err) == 0, "%s", err);
+    struct eval_drafter ed;
+    ck_assert_int_eq(eval_drafter_init(&ed, d, err, sizeof err), 0);
+    int32_t prompts[NP][MAXP], *pp[NP], *og[NP], *os[NP], *oo[NP], *ref[NP], *tmp[NP];
+    int P[NP], lg[NP], ls[NP], lo[NP];
+    for (int i = 0; i < NP; i++) {
+        P[i] = 6 + 2 * i;
+        prompt_of(i, prompts[i], P[i]);
+        pp[i] = prompts[i];
+        og[i] = malloc(sizeof(int32_t) * 64);
+        os[i] = malloc(sizeof(int32_t) * 64);
+        oo[i] = malloc(sizeof(int32_t) * 64);
+        ref[i] = malloc(sizeof(int32_t) * 64);
+        tmp[i] = malloc(sizeof(int32_t) * 64);
+        ck_assert_msg(eval_greedy(&et, prompts[i], P[i], NEW, ref[i], err, sizeof err) == 0, "%s", err);
+    }
+    struct eval_gen_opts plain = {.max_new = NEW}, spec = {.max_new = NEW, .B = B, .fn = eval_drafter_propose,
+                                                          .ctx = &ed},
+                         orac = {.max_new = NEW, .B = B, .fn = oracle_propose};
+    struct eval_stats ss, so;
+    eval_stats_init(&ss, B);
+    eval_stats_init(&so, B);
+    const int32_t *const *cp = (const int32_t *const *)pp;
+    ck_assert_msg(eval_generate(&et, NP, cp, P, &plain, og, lg, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eval_generate(&et, NP, cp, P, &spec, os, ls, &ss, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eval_generate(&et, NP, cp, P, &orac, oo, lo, &so, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < NP; i++) {
+        ck_assert_int_eq(lg[i], P[i] + NEW);
+        ck_assert_int_eq(ls[i], P[i] + NEW);
+        ck_assert_int_eq(lo[i], P[i] + NEW);
+        for (int t = 0; t < P[i] + NEW; t++) {
+            ck_assert_msg(og[i][t] == ref[i][t], "prompt %d: cached greedy differs from uncached at %d", i, t);
+            ck_assert_msg(os[i][t] == ref[i][t], "prompt %d: cached speculative differs from greedy at %d", i, t);
+            ck_assert_msg(oo[i][t] == ref[i][t], "prompt %d: oracle run differs from greedy at %d", i, t);
+        }
+    }
+    ck_assert_int_eq(so.responses, NP);
+    ck_assert_double_eq_tol(eval_stats_tau(&so), B, 1e-12);
+    ck_assert_int_eq(ss.responses, NP);
+    double tu = eval_stats_tau(&ss);
+    ck_assert_msg(tu >= 1.0 && tu < 1.3, "untrained tau %g", tu);
+    /* a stop token: prompt 1's 4th generated token (its first occurrence in the response) */
+    int32_t stop = ref[1][P[1] + 3];
+    int first = 0;
+    while (ref[1][P[1] + first] != stop) first++;
+    struct eval_gen_opts st = {.max_new = NEW, .B = B, .fn = eval_drafter_propose, .ctx = &ed, .stop = &stop,
+                               .n_stop = 1};
+    ck_assert_msg(eval_generate(&et, NP, cp, P, &st, os, ls, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(ls[1], P[1] + first + 1);
+    ck_assert_int_eq(os[1][ls[1] - 1], stop);
+    /* sampled: same seed, groups of 2 vs one prompt at a time -> the same tokens */
+    struct eval_gen_opts sa = {.max_new = NEW, .temperature = 0.8, .top_p = 0.9, .seed = 11};
+    ck_assert_msg(eval_generate(&et, NP, cp, P, &sa, og, lg, NULL, err, sizeof err) == 0, "%s", err);
+    int differs = 0;
+    for (int i = 0; i < NP; i++) {
+        struct eval_gen_opts one = sa;
+        one.index_base = i;
+        ck_assert_msg(eval_generate(&et, 1, cp + i, P + i, &one, tmp + i, lo + i, NULL, err, sizeof err) == 0, "%s",
+                      err);
+        ck_assert_int_eq(lo[i], lg[i]);
+        for (int t = 0; t < lg[i]; t++) ck_assert_msg(tmp[i][t] == og[i][t], "prompt %d: sampled run depends on grouping", i);
+        for (int t = P[i]; t < lg[i]; t++) differs += og[i][t] != ref[i][t];
+    }
+    ck_assert_msg(differs > 0, "temperature 0.8 gave exactly the greedy tokens");
+    /* the oracle's tokens are the argmax: near temperature 0 nearly every one is accepted (p(d) ~ 1); at 0.8 on
+     * this flat random model p(d) is tiny and nearly every round rejects at once */
+    double taus[2];
+    for (int k = 0; k < 2; k++) {
+        struct eval_gen_opts so2 = {.max_new = NEW, .B = B, .fn = oracle_propose, .temperature = k ? 0.8 : 1e-4,
+                                    .top_p = 0.95, .seed = 11};
+        eval_stats_init(&so, B);
+        ck_assert_msg(eval_generate(&et, NP, cp, P, &so2, oo, lo, &so, err, sizeof err) == 0, "%s", err);
+        taus[k] = eval_stats_tau(&so);
+    }
+    ck_assert_msg(taus[0] > 0.75 * B && taus[0] <= B, "sampled oracle tau %g at temperature 1e-4", taus[0]);
+    ck_assert_msg(taus[1] >= 1.0 && taus[1] < 1.5, "sampled oracle tau %g at temperature 0.8", taus[1]);
+    for (int i = 0; i < NP; i++) {
+        free(og[i]);
+        free(os[i]);
+        free(oo[i]);
+        free(ref[i]);
+        free(tmp[i]);
+    }
+    eval_drafter_free(&ed);
+    eval_target_close(&et);
+    drafter_free(d);
+}
+END_TEST
 
 /* ---------------------------------------------------------------- training moves tau (issue 17 item 4) */
 
@@ -383,6 +584,8 @@ int main(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, speculative_equals_greedy_and_tau);
     tcase_add_test(tc, cli_reports_and_refuses);
+    tcase_add_test(tc, decode_equals_full_forward);
+    tcase_add_test(tc, cached_generation);
     tcase_add_test(tc, training_moves_tau);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
