@@ -135,7 +135,8 @@ START_TEST(cli_reports_and_refuses) {
     snprintf(pf, sizeof pf, "%s/prompts.jsonl", dir);
     snprintf(of, sizeof of, "%s/eval.json", dir);
     snprintf(bad, sizeof bad, "%s/bad.jsonl", dir);
-    const char *text = "[1, 2, 3, 4, 5, 6, 7, 8]\n{\"input_ids\": [9, 8, 7, 6, 5, 4, 3, 2], \"loss_mask\": [0, 0, 0, 0, 0, 1, 1, 1]}\n";
+    const char *text = "[1, 2, 3, 4, 5, 6, 7, 8]\n{\"input_ids\": [9, 8, 7, 6, 5, 4, 3, 2], \"loss_mask\": [0, 0, 0, 0, 0, 1, 1, 1]}\n"
+                       "{\"input_ids\": [11, 12, 13, 14, 15, 16], \"set\": \"code\"}\n{\"input_ids\": [21, 22, 23], \"set\": \"code\"}\n";
     ck_assert_int_eq(fs_write_atomic(pf, text, strlen(text), err, sizeof err), 0);
     char mf[700];
     snprintf(mf, sizeof mf, "%s/metrics.jsonl", dir);
@@ -152,13 +153,37 @@ START_TEST(cli_reports_and_refuses) {
     json_t *j = json_loads(js, 0, NULL);
     free(js);
     ck_assert_ptr_nonnull(j);
-    ck_assert_int_eq(json_integer_value(json_object_get(j, "responses")), 2);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "responses")), 4);
+    ck_assert_msg(strstr(out_text, "tau per prompt set: all ") && strstr(out_text, " code ") &&
+                  strstr(out_text, "speed-up over plain decoding: "), "%s", out_text);
+    json_t *sets = json_object_get(j, "sets");
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(sets, "all"), "responses")), 2);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(sets, "code"), "responses")), 2);
+    ck_assert(json_is_true(json_object_get(j, "kv_cache")));
+    ck_assert(json_number_value(json_object_get(j, "speedup")) > 0);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "generated_tokens")), 4 * 12);
+    double tau_cached = json_number_value(json_object_get(j, "tau"));
     ck_assert(json_number_value(json_object_get(j, "tau")) >= 1.0);
     ck_assert_int_eq(json_array_size(json_object_get(j, "tau_histogram")), 4);
     ck_assert_int_eq(json_array_size(json_object_get(j, "acceptance_at_pos")), 3);
     ck_assert(json_number_value(json_object_get(j, "offline_simulated_tau")) >= 1.0);
     ck_assert_double_eq_tol(json_number_value(json_object_get(j, "train_simulated_tau")), 1.6, 1e-12);
     json_decref(j);
+    /* the old path (no cache, one prompt at a time) measures the same tau: the cached features are the same */
+    const char *a2[] = {test_bin("dflash-eval"), "--target-model", target, "--ckpt", ckpt, "--prompts", pf, "--max-new",
+                        "12", "--out", of, "--no-kv-cache", "--no-offline", NULL};
+    ck_assert_msg(run_argv(a2) == 0, "%s", out_text);
+    ck_assert_int_eq(fs_read_file(of, &js, &len, err, sizeof err), 0);
+    j = json_loads(js, 0, NULL);
+    free(js);
+    ck_assert(json_is_false(json_object_get(j, "kv_cache")));
+    ck_assert_double_eq_tol(json_number_value(json_object_get(j, "tau")), tau_cached, 1e-12);
+    json_decref(j);
+    /* sampled: runs, reports, and is deterministic for a seed */
+    const char *a3[] = {test_bin("dflash-eval"), "--target-model", target, "--ckpt", ckpt, "--prompts", pf, "--max-new",
+                        "12", "--temperature", "0.7", "--top-p", "0.9", "--batch", "3", "--no-offline", NULL};
+    ck_assert_msg(run_argv(a3) == 0, "%s", out_text);
+    ck_assert_msg(strstr(out_text, "sampled at temperature 0.7"), "%s", out_text);
     const char *btext = "[1, 2, 3]\n[4, 512, 6]\n";
     ck_assert_int_eq(fs_write_atomic(bad, btext, strlen(btext), err, sizeof err), 0);
     const char *b[] = {test_bin("dflash-eval"), "--target-model", target, "--ckpt", ckpt, "--prompts", bad, NULL};
