@@ -393,6 +393,129 @@ START_TEST(cached_generation) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- dflash-sample --prompts (issue 30 item 2) */
+
+static int count_rows(const char *path) {
+    size_t len;
+    char *t = test_slurp(path, &len);
+    ck_assert_ptr_nonnull(t);
+    int n = 0;
+    for (size_t i = 0; i < len; i++) n += t[i] == '\n';
+    free(t);
+    return n;
+}
+
+/* Regeneration: one row per supervised span, its prompt the original tokens before the span, its response the
+ * target's greedy continuation (checked against eval_greedy) up to a stop token; a killed run (a torn last line)
+ * resumes to the same bytes as an uninterrupted one; sampled output is the same for a seed whatever --batch; bad
+ * rows are named by line. */
+START_TEST(sample_regenerates_and_resumes) {
+    const char *target = tiny_target();
+    const char *dir = test_tmpdir("regen");
+    char data[700], o1[700], o2[700], o3[700], o4[700], bad[700];
+    snprintf(data, sizeof data, "%s/train.jsonl", dir);
+    snprintf(o1, sizeof o1, "%s/full.jsonl", dir);
+    snprintf(o2, sizeof o2, "%s/resumed.jsonl", dir);
+    snprintf(o3, sizeof o3, "%s/s1.jsonl", dir);
+    snprintf(o4, sizeof o4, "%s/s3.jsonl", dir);
+    snprintf(bad, sizeof bad, "%s/bad.jsonl", dir);
+    /* row 2 has two assistant spans: [4, 6) and [9, 11) */
+    const char *text = "{\"input_ids\": [1, 2, 3, 4, 5, 6], \"loss_mask\": [0, 0, 0, 1, 1, 1]}\n"
+                       "{\"input_ids\": [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], \"loss_mask\": [0, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1]}\n"
+                       "{\"input_ids\": [20, 21, 22, 23, 24], \"loss_mask\": [0, 0, 1, 1, 1]}\n";
+    ck_assert_int_eq(fs_write_atomic(data, text, strlen(text), err, sizeof err), 0);
+    const char *a[] = {test_bin("dflash-sample"), "--target-model", target, "--prompts", data, "--out", o1, "--gen-len",
+                       "10", "--temperature", "0", "--batch", "3", "--stop-ids", "999999", NULL};
+    ck_assert_msg(run_argv(a) == 0, "%s", out_text);
+    ck_assert_msg(strstr(out_text, "4/4 rows") && strstr(out_text, "ETA"), "%s", out_text);
+    ck_assert_int_eq(count_rows(o1), 4);
+    /* each row: the prompt, then the target's greedy continuation */
+    int zero = 0;
+    struct eval_target et;
+    ck_assert_msg(eval_target_open(&et, target, 64, &zero, 1, err, sizeof err) == 0, "%s", err);
+    static const int32_t prompts[4][9] = {{1, 2, 3}, {7, 8, 9, 10}, {7, 8, 9, 10, 11, 12, 13, 14, 15}, {20, 21}};
+    static const int plen[4] = {3, 4, 9, 2};
+    char *all = test_slurp(o1, NULL), *line = all;
+    for (int r = 0; r < 4; r++) {
+        char *e = strchr(line, '\n');
+        *e = '\0';
+        json_t *j = json_loads(line, 0, NULL);
+        ck_assert_ptr_nonnull(j);
+        json_t *ids = json_object_get(j, "input_ids"), *lm = json_object_get(j, "loss_mask");
+        int n = (int)json_array_size(ids);
+        ck_assert_int_eq(n, plen[r] + 10);   /* 999999 is no token: no stop */
+        ck_assert_int_eq((int)json_array_size(lm), n);
+        int32_t g[32];
+        ck_assert_msg(eval_greedy(&et, prompts[r], plen[r], 10, g, err, sizeof err) == 0, "%s", err);
+        for (int t = 0; t < n; t++) {
+            ck_assert_int_eq(json_integer_value(json_array_get(ids, (size_t)t)), g[t]);
+            ck_assert_int_eq(json_integer_value(json_array_get(lm, (size_t)t)), t >= plen[r]);
+        }
+        json_decref(j);
+        line = e + 1;
+    }
+    free(all);
+    /* a stop token: row 0 ends at the first occurrence of its 3rd generated token */
+    int32_t g0[32];
+    ck_assert_int_eq(eval_greedy(&et, prompts[0], 3, 10, g0, err, sizeof err), 0);
+    int first = 0;
+    while (g0[3 + first] != g0[5]) first++;
+    char stop[16];
+    snprintf(stop, sizeof stop, "%d", g0[5]);
+    const char *as[] = {test_bin("dflash-sample"), "--target-model", target, "--prompts", data, "--out", o3, "--gen-len",
+                        "10", "--temperature", "0", "--stop-ids", stop, "--limit", "1", NULL};
+    ck_assert_msg(run_argv(as) == 0, "%s", out_text);
+    char *r0 = test_slurp(o3, NULL);
+    json_t *j0 = json_loads(r0, JSON_DISABLE_EOF_CHECK, NULL);
+    ck_assert_int_eq((int)json_array_size(json_object_get(j0, "input_ids")), 3 + first + 1);
+    json_decref(j0);
+    free(r0);
+    unlink(o3);
+    eval_target_close(&et);
+
+    /* resume: 2 jobs, then a torn line as a kill mid-write leaves, then the whole run again */
+    const char *b1[] = {test_bin("dflash-sample"), "--target-model", target, "--prompts", data, "--out", o2, "--gen-len",
+                        "10", "--temperature", "0", "--batch", "2", "--stop-ids", "999999", "--limit", "2", NULL};
+    ck_assert_msg(run_argv(b1) == 0, "%s", out_text);
+    ck_assert_int_eq(count_rows(o2), 2);
+    int fd = open(o2, O_WRONLY | O_APPEND);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "{\"input_ids\": [7, 8", 19), 19);
+    close(fd);
+    const char *b2[] = {test_bin("dflash-sample"), "--target-model", target, "--prompts", data, "--out", o2, "--gen-len",
+                        "10", "--temperature", "0", "--batch", "2", "--stop-ids", "999999", NULL};
+    ck_assert_msg(run_argv(b2) == 0, "%s", out_text);
+    ck_assert_msg(strstr(out_text, "cutting a torn last line") && strstr(out_text, "2 of 4 rows already written"), "%s",
+                  out_text);
+    char *x = test_slurp(o1, NULL), *y = test_slurp(o2, NULL);
+    ck_assert_str_eq(x, y);
+    free(x);
+    free(y);
+
+    /* sampled: the same seed gives the same file with --batch 1 and --batch 3 */
+    const char *c1[] = {test_bin("dflash-sample"), "--target-model", target, "--prompts", data, "--out", o3, "--gen-len",
+                        "10", "--temperature", "0.9", "--top-p", "0.95", "--seed", "5", "--batch", "1", NULL};
+    const char *c3[] = {test_bin("dflash-sample"), "--target-model", target, "--prompts", data, "--out", o4, "--gen-len",
+                        "10", "--temperature", "0.9", "--top-p", "0.95", "--seed", "5", "--batch", "3", NULL};
+    ck_assert_msg(run_argv(c1) == 0, "%s", out_text);
+    ck_assert_msg(run_argv(c3) == 0, "%s", out_text);
+    x = test_slurp(o3, NULL);
+    y = test_slurp(o4, NULL);
+    ck_assert_str_eq(x, y);
+    char *g = test_slurp(o1, NULL);
+    ck_assert_msg(strcmp(x, g) != 0, "temperature 0.9 gave the greedy file");
+    free(x);
+    free(y);
+    free(g);
+
+    const char *btext = "{\"input_ids\": [1, 2, 3], \"loss_mask\": [0, 1, 1]}\n{\"input_ids\": [1, 2, 3]}\n";
+    ck_assert_int_eq(fs_write_atomic(bad, btext, strlen(btext), err, sizeof err), 0);
+    const char *d[] = {test_bin("dflash-sample"), "--target-model", target, "--prompts", bad, "--out", o3, NULL};
+    ck_assert_int_eq(run_argv(d), 1);
+    ck_assert_msg(strstr(out_text, "bad.jsonl:2: key loss_mask"), "%s", out_text);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- training moves tau (issue 17 item 4) */
 
 /* Make the tiny target learnable: embedding N(0, 1), LM head N(0, 0.45), the layers' matrices N(0, 0.06) (what
@@ -611,6 +734,7 @@ int main(void) {
     tcase_add_test(tc, cli_reports_and_refuses);
     tcase_add_test(tc, decode_equals_full_forward);
     tcase_add_test(tc, cached_generation);
+    tcase_add_test(tc, sample_regenerates_and_resumes);
     tcase_add_test(tc, training_moves_tau);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
