@@ -7,6 +7,9 @@ Checks, per format: which tokens are supervised (exactly the assistant turns and
 user, tool output or the generation prompt), that ShareGPT and OpenAI messages give identical rows, tool calls, long
 conversations truncated / split / dropped, the report, bad rows named by line, a JSON-array file and --chat-template.
 """
+import contextlib
+import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -16,6 +19,9 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "..", "..", "scripts", "make_jsonl.py")
+_spec = importlib.util.spec_from_file_location("make_jsonl", SCRIPT)
+make_jsonl = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_jsonl)
 
 TEMPLATE = (
     "{%- if messages[0].role == 'system' or tools %}<|im_start|>system"
@@ -90,16 +96,25 @@ class MakeJsonl(unittest.TestCase):
         for p in (out, rep):
             if os.path.exists(p):
                 os.unlink(p)
-        r = subprocess.run([sys.executable, SCRIPT, self.tokdir, inp, out, *args, "--report", rep],
-                           capture_output=True, text=True)
-        self.assertEqual(r.returncode, expect, r.stderr)
+        # in-process (one transformers import for the whole suite): main() as the command line runs it
+        buf = io.StringIO()
+        rc = 0
+        with contextlib.redirect_stderr(buf):
+            try:
+                rc = make_jsonl.main([self.tokdir, inp, out, *args, "--report", rep])
+            except SystemExit as e:
+                rc = e.code if isinstance(e.code, int) else 1
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+        stderr = buf.getvalue()
+        self.assertEqual(rc, expect, stderr)
         if expect:
-            return r.stderr, None, None
+            return stderr, None, None
         with open(out) as f:
             res = [json.loads(x) for x in f]
         with open(rep) as f:
             report = json.load(f)
-        return r.stderr, res, report
+        return stderr, res, report
 
     def supervised(self, row):
         toks = self.tok.convert_ids_to_tokens(row["input_ids"])
