@@ -51,9 +51,9 @@ CFLAGS  += -fsanitize=$(SAN) -fno-omit-frame-pointer
 LDFLAGS += -fsanitize=$(SAN)
 endif
 
-# msgpack-c, jansson and Check link statically so the binaries run on the GPU machine, which has
-# none of them; nanomsg stays dynamic (scripts/gpu-run.sh ships libnanomsg.so.5 beside them).
-LIBS      := -Wl,-Bstatic -lmsgpackc -ljansson -Wl,-Bdynamic -lnanomsg -lrt -lm
+# msgpack-c, jansson, protobuf-c and Check link statically so the binaries run on the GPU machine, which
+# has none of them; nanomsg stays dynamic (scripts/gpu-run.sh ships libnanomsg.so.5 beside them).
+LIBS      := -Wl,-Bstatic -lmsgpackc -ljansson -lprotobuf-c -Wl,-Bdynamic -lnanomsg -lrt -lm
 TEST_LIBS := -Wl,-Bstatic -lcheck_pic -lsubunit -Wl,-Bdynamic
 
 ifeq ($(CUDA),1)
@@ -90,7 +90,7 @@ BENCHES  := $(patsubst kernels/bench/%,$(BUILD)/bench/%,$(basename $(BENCH_C) $(
 
 DEPS_OK  := $(BUILD)/.deps-ok
 
-.PHONY: all test run bench gpu-test gpu-build clean deps config campaign
+.PHONY: all test run bench gpu-test gpu-build clean deps config campaign tfevents-proto
 .DEFAULT_GOAL := all
 
 all: $(BINS)
@@ -179,6 +179,11 @@ gpu-build: $(BINS) $(GTEST_BINS) $(BENCHES)
 
 gpu-test: gpu-build
 	@BUILD=$(BUILD) scripts/gpu-run.sh pack
+
+# The TensorBoard Event messages: the generated C is committed (a build needs libprotobuf-c only);
+# regenerate after editing the .proto (protoc-c from protobuf-c-compiler, scripts/install-deps.sh).
+tfevents-proto:
+	cd stages && protoc-c --c_out=. metrics/tfevents.proto
 
 clean:
 	rm -rf $(BUILD)
