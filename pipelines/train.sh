@@ -5,14 +5,16 @@
 #        (dflash-shm owns the rings; every stage reports to dflash-metrics)
 #
 #   pipelines/train.sh MODEL_DIR DATA [--run DIR] [--device D] [--tokens N] [--steps N] [--epochs N]
-#                      [--layers IDS] [--fresh] [-- dflash-train flags]
+#                      [--layers IDS] [--grad-accum A] [--fresh] [-- dflash-train flags]
 #
 # MODEL_DIR is a Hugging Face checkpoint directory (config.json + safetensors; Qwen3, Llama,
 # Qwen3.5); DATA is JSONL with {"input_ids": [...], "loss_mask": [...]} per line (README "Preparing
 # data") or its index. --steps is the trainer's --max-steps (default: one per packed batch of
 # --epochs epochs, counted by indexing the dataset); --layers the captured layer ids (z-lab
 # convention; default: the z-lab formula for a 5-layer drafter), passed to dflash-target and as the
-# trainer's --target-layer-ids. Flags after -- go to dflash-train unchanged (e.g. --lr 3e-4
+# trainer's --target-layer-ids. --grad-accum A: A packed batches per optimizer step (the trainer's
+# --grad-accum; the packer then sends --steps x A batches, and the default --steps is the batch count / A).
+# Flags after -- go to dflash-train unchanged (e.g. --lr 3e-4
 # --ckpt-every 500).
 #
 # Produces runs/train (or --run DIR): run.json, logs/, metrics.jsonl/.csv, plots/,
@@ -35,6 +37,7 @@ TOKENS=8192
 STEPS=""
 EPOCHS=1
 LAYERS=""
+GRAD_ACCUM=1
 FRESH=0
 EXTRA_TRAIN=()
 ARGS=()
@@ -46,6 +49,7 @@ while [ $# -gt 0 ]; do
     --steps) STEPS=$2; shift 2 ;;
     --epochs) EPOCHS=$2; shift 2 ;;
     --layers) LAYERS=$2; shift 2 ;;
+    --grad-accum) GRAD_ACCUM=$2; shift 2 ;;
     --fresh) FRESH=1; shift ;;
     --) shift; EXTRA_TRAIN=("$@"); break ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -68,6 +72,7 @@ need_bins dflash-shm dflash-metrics dflash-pack dflash-target dflash-hspack dfla
 [ -f "$DATA_IN" ] || pdie "dataset $DATA_IN does not exist"
 [[ $TOKENS =~ ^[1-9][0-9]*$ ]] || pdie "--tokens: '$TOKENS' is not a positive integer"
 [ -z "$STEPS" ] || [[ $STEPS =~ ^[1-9][0-9]*$ ]] || pdie "--steps: '$STEPS' is not a positive integer"
+[[ $GRAD_ACCUM =~ ^[1-9][0-9]*$ ]] || pdie "--grad-accum: '$GRAD_ACCUM' is not a positive integer"
 [[ $EPOCHS =~ ^[1-9][0-9]*$ ]] || pdie "--epochs: '$EPOCHS' is not a positive integer"
 MODEL=$(cd "$MODEL" && pwd)
 DATA_IN=$(cd "$(dirname "$DATA_IN")" && pwd)/$(basename "$DATA_IN")
@@ -107,6 +112,7 @@ if [ -z "$STEPS" ]; then
             "${PACK_FLAGS[@]}" >/dev/null 2>&1 && find "$RUN/count/batches" -name 'batch-*' | wc -l) || pdie "counting batches failed"
   rm -rf "$RUN/count"
   [ "$STEPS" -gt 0 ] || pdie "$DATA_IN gives no batch"
+  STEPS=$(( STEPS / GRAD_ACCUM )); [ "$STEPS" -gt 0 ] || STEPS=1
 fi
 online_ring_specs
 SHM_FLAGS=(--ring "$BATCH_SPEC" --ring "$HIDDEN_SPEC" --ring "$FEATURE_SPEC")
@@ -115,11 +121,11 @@ SHM_FLAGS=(--ring "$BATCH_SPEC" --ring "$HIDDEN_SPEC" --ring "$FEATURE_SPEC")
 D=$DFLASH_BIN
 CMD_SHM=("$D/dflash-shm" --run "$RUN" "${SHM_FLAGS[@]}")
 CMD_METRICS=("$D/dflash-metrics" --run "$RUN" --plot-every-s 60 --csv-stage dflash-train)
-CMD_PACK=("$D/dflash-pack" --run "$RUN" --data "$DATA" --epochs 0 --max-batches "$STEPS" "${PACK_FLAGS[@]}")
+CMD_PACK=("$D/dflash-pack" --run "$RUN" --data "$DATA" --epochs 0 --max-batches "$(( STEPS * GRAD_ACCUM ))" "${PACK_FLAGS[@]}")
 CMD_TARGET=("$D/dflash-target" --run "$RUN" --model "$MODEL" --device "$DEVICE" --tokens "$TOKENS" ${LAYER_FLAGS[@]+"${LAYER_FLAGS[@]}"})
 CMD_HSPACK=("$D/dflash-hspack" --run "$RUN" --device "$DEVICE" --tokens "$TOKENS")
 CMD_TRAIN=("$D/dflash-train" --run "$RUN" --target-model "$MODEL" --device "$DEVICE" --tokens "$TOKENS" --max-steps "$STEPS"
-           ${TRAIN_LAYER_FLAGS[@]+"${TRAIN_LAYER_FLAGS[@]}"} ${EXTRA_TRAIN[@]+"${EXTRA_TRAIN[@]}"})
+           --grad-accum "$GRAD_ACCUM" ${TRAIN_LAYER_FLAGS[@]+"${TRAIN_LAYER_FLAGS[@]}"} ${EXTRA_TRAIN[@]+"${EXTRA_TRAIN[@]}"})
 FEEDERS="dflash-pack dflash-target dflash-hspack"
 start_feeders() {
   write_state "$RUN/state/hspack.features.next" "$(printf '%020d' "$1")"
