@@ -148,6 +148,11 @@ struct trainer {
     int64_t val_passes;
     struct relay *relay_;
     int gpu;                         /* 1: the GPU path (--device cuda:N); 0: the CPU path */
+    /* the start-up timeline (issue 28): seconds of each phase since the previous mark, logged at the first step */
+    double tl_launch, tl_last;
+    const char *tl_name[12];
+    double tl_s[12];
+    int tl_n, tl_logged;
     double gpu_mem_gib;              /* device memory in use after start-up (the peak: a step allocates nothing) */
 #ifdef DFLASH_CUDA
     struct drafter_gpu *g;
@@ -164,6 +169,28 @@ struct trainer {
     int64_t host_fresh_step;         /* the host weights/optimizer state equal the device's at this step (-1) */
 #endif
 };
+
+/* Close the start-up phase `name` (time since the previous mark). */
+static void tl_mark(struct trainer *tr, const char *name) {
+    double now = time_mono_s();
+    if (tr->tl_n < (int)(sizeof tr->tl_s / sizeof tr->tl_s[0])) {
+        tr->tl_name[tr->tl_n] = name;
+        tr->tl_s[tr->tl_n++] = now - tr->tl_last;
+    }
+    tr->tl_last = now;
+}
+
+/* At the first optimizer step: one log line with every start-up phase and the time from launch. */
+static void tl_log_first_step(struct trainer *tr) {
+    if (tr->tl_logged) return;
+    tr->tl_logged = 1;
+    tl_mark(tr, "first batches and the first step");
+    char line[1024];
+    int n = 0;
+    for (int i = 0; i < tr->tl_n && n < (int)sizeof line - 80; i++)
+        n += snprintf(line + n, sizeof line - (size_t)n, "%s%s %.2f s", i ? ", " : "", tr->tl_name[i], tr->tl_s[i]);
+    log_info("start-up timeline: %s; first optimizer step done %.2f s after launch", line, tr->tl_last - tr->tl_launch);
+}
 
 #ifdef DFLASH_CUDA
 #define TRAIN_GPU_METRIC_SLOTS 256   /* drafter_step_gpu holds at most this many steps' metrics (drafter.h) */
@@ -294,6 +321,7 @@ static int optimizer_step(struct trainer *tr, char *err, int err_len) {
 #endif
         optim_zero_grad(tr->tens, tr->n_tens);
 
+    tl_log_first_step(tr);
     double now = time_mono_s(), wall = now - tr->last_step_t;
     tr->last_step_t = now;
     const struct drafter_metrics *m = &tr->acc;
@@ -616,6 +644,8 @@ static void gpu_start(struct trainer *tr) {
     const struct opts *o = tr->o;
     cudaError_t e = cudaSetDevice(o->common.cuda_device);
     if (e != cudaSuccess) DIE("cudaSetDevice(%d): %s", o->common.cuda_device, cudaGetErrorString(e));
+    if ((e = cudaFree(0)) != cudaSuccess) DIE("CUDA context creation: %s", cudaGetErrorString(e));   /* timed alone */
+    tl_mark(tr, "CUDA init");
     /* a blocking stream: the synchronous cudaMemcpy uploads of drafter_gpu_init / optim_gpu_init run on the
      * legacy default stream, and pageable host-to-device copies may return before their DMA lands */
     if ((e = cudaStreamCreate(&tr->stream)) != cudaSuccess ||
@@ -627,14 +657,17 @@ static void gpu_start(struct trainer *tr) {
     FILE *pf = open_memstream(&plan, &plan_len);
     ALLOC_CHECK(pf);
     tr->g = drafter_gpu_init(tr->d, tr->stream, pf, err, sizeof err);
+    if (tr->g) tl_mark(tr, "drafter on the GPU (plan, weights upload)");
     if (tr->g) tr->og = optim_gpu_init(&tr->opt, tr->g, pf, err, sizeof err);
     fclose(pf);
     if (!tr->g || !tr->og) DIE("%s", err);
+    tl_mark(tr, "optimizer plan (GPU state)");
     log_lines("device memory plan", plan);
     free(plan);
     LIB_CHECK(drafter_gpu_warmup(tr->g, o->tokens, err, sizeof err), err);
     e = cudaStreamSynchronize(tr->stream);
     if (e != cudaSuccess) DIE("warm-up step: %s", cudaGetErrorString(e));
+    tl_mark(tr, "cuBLASLt heuristics (warm-up step)");
     size_t in_use = 0, total = 0;
     LIB_CHECK(drafter_gpu_memory(tr->g, &in_use, &total, err, sizeof err), err);
     tr->gpu_mem_gib = (double)in_use / 1073741824.0;
@@ -667,6 +700,7 @@ static void gpu_stop(struct trainer *tr) {
 #endif
 
 int main(int argc, char **argv) {
+    const double t_launch = time_mono_s();
     log_init("dflash-train");
     struct opts o;
     memset(&o, 0, sizeof o);
@@ -792,6 +826,8 @@ int main(int argc, char **argv) {
 
     struct trainer tr;
     memset(&tr, 0, sizeof tr);
+    tr.tl_launch = tr.tl_last = t_launch;
+    tl_mark(&tr, "flags and bus");
     tr.o = &o;
     tr.gpu = o.common.cuda_device >= 0;
     build_config(&o, &dc);
@@ -804,11 +840,13 @@ int main(int argc, char **argv) {
     }
     tr.d = drafter_init(&dc, (uint64_t)o.seed, err, sizeof err);
     if (!tr.d) DIE("%s", err);
+    tl_mark(&tr, "drafter init (host weights)");
     tr.cfg = drafter_config_of(tr.d);
     if (t2d) LIB_CHECK(drafter_set_vocab(tr.d, t2d, d2t, dc.V_d, err, sizeof err), err);
     free(t2d);
     free(d2t);
     LIB_CHECK(drafter_load_target(tr.d, o.target_model, err, sizeof err), err);
+    tl_mark(&tr, "weights read (the target's frozen tables)");
 
     tr.n_tens = drafter_n_params(tr.d);
     tr.tens = calloc((size_t)tr.n_tens, sizeof *tr.tens);
@@ -886,6 +924,7 @@ int main(int argc, char **argv) {
                  (long long)o.max_steps);
         return 0;
     }
+    tl_mark(&tr, "optimizer plan (host state), checkpoint restore");
 #ifdef DFLASH_CUDA
     if (tr.gpu) gpu_start(&tr);   /* after the restore: the device copies start from the host state */
 #endif
@@ -898,6 +937,7 @@ int main(int argc, char **argv) {
     check_hint("is dflash-shm running for this --run, with a `features` ring (dflash-hspack or dflash-replay feed it)?");
     tr.relay_ = relay_open(&rc, err, sizeof err);
     if (!tr.relay_) DIE("%s", err);
+    tl_mark(&tr, "rings and bus attach");
     check_hint(NULL);
 #ifdef DFLASH_CUDA
     if (tr.gpu) {
