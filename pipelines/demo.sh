@@ -24,13 +24,18 @@
 #
 #   pipelines/demo.sh [--run DIR] [--fresh] [--device auto|cpu|cuda:N] [--steps N]
 #   environment: BUILD (build dir, default build), RUN, DEVICE, STEPS, MAX_RESTARTS, DEMO_EVAL
-#   (0: skip the τ evaluation, for tests)
+#   (0: skip the τ evaluation, for tests), TRAIN_DEVICE (the trainer's device, default DEVICE: the
+#   other stages stay on DEVICE, so DEVICE=cpu TRAIN_DEVICE=cuda:0 trains on the GPU from the CPU
+#   target's fp32 features on host rings), MODEL_SHAPE (extra dflash-mkmodel flags, e.g. "--hidden 128
+#   --heads 2 --kv-heads 1 --head-dim 64 --intermediate 256": a tiny target whose head dim the GPU kernels take)
 set -euo pipefail
 
 # ---------------------------------------------------------------- configuration
 BUILD=${BUILD:-build}
 RUN=${RUN:-runs/demo}
 DEVICE=${DEVICE:-auto}
+TRAIN_DEVICE=${TRAIN_DEVICE:-}
+MODEL_SHAPE=${MODEL_SHAPE:-}
 STEPS=${STEPS:-300}
 FRESH=0
 DEMO_EVAL=${DEMO_EVAL:-1}
@@ -39,6 +44,8 @@ LAYERS=1,3           # captured target layers (zlab ids) of the tiny 4-layer mod
 TRAIN_ROWS=160
 HELD_ROWS=12
 MKMODEL_FLAGS=(--preset tiny --dtype f32 --seed 42 --threads 1 --embed-std 1 --std 0.06 --lm-head-std 0.45)
+# shellcheck disable=SC2206
+[ -z "${MODEL_SHAPE:-}" ] || MKMODEL_FLAGS+=($MODEL_SHAPE)
 SAMPLE_FLAGS=(--samples $((TRAIN_ROWS + HELD_ROWS)) --prompt-len 8 --gen-len 24 --temperature 0.3 --max-token 500 --seed 1)
 PACK_FLAGS=(--tokens "$TOKENS" --window 64 --seed 1 --vocab-size 512)
 TARGET_FLAGS=(--tokens "$TOKENS" --layers "$LAYERS" --heartbeat-s 0.2)
@@ -72,6 +79,7 @@ need_bins dflash-mkmodel dflash-sample dflash-shm dflash-metrics dflash-pack dfl
 if [ "$DEVICE" = auto ]; then
   if have_gpu; then DEVICE=cuda:0; else DEVICE=cpu; fi
 fi
+TRAIN_DEVICE=${TRAIN_DEVICE:-$DEVICE}
 
 prepare_run_dir demo
 MODEL=$RUN/model
@@ -102,11 +110,13 @@ fi
 
 # ---------------------------------------------------------------- rings and commands
 DTYPE=f32; [ "$DEVICE" = cpu ] || DTYPE=bf16
+HIDDEN=$(grep -o '"hidden_size": *[0-9]*' "$MODEL/config.json" | head -n 1 | grep -o '[0-9]*$') ||
+  pdie "no hidden_size in $MODEL/config.json"
 BATCH_SPEC=$("$DFLASH_BIN/dflash-pack" "${PACK_FLAGS[@]}" --ring-slots "$BATCH_SLOTS" --print-ring-spec) ||
   pdie "dflash-pack --print-ring-spec failed"
 HIDDEN_SPEC=$("$DFLASH_BIN/dflash-target" --model "$MODEL" "${TARGET_FLAGS[@]}" --device "$DEVICE" \
                 --ring-slots "$HIDDEN_SLOTS" --print-ring-spec) || pdie "dflash-target --print-ring-spec failed"
-FEATURE_SPEC=$("$DFLASH_BIN/dflash-hspack" "${HSPACK_FLAGS[@]}" --n-layers 2 --hidden-size 64 --dtype "$DTYPE" \
+FEATURE_SPEC=$("$DFLASH_BIN/dflash-hspack" "${HSPACK_FLAGS[@]}" --n-layers 2 --hidden-size "$HIDDEN" --dtype "$DTYPE" \
                  --device "$DEVICE" --ring-slots "$FEATURE_SLOTS" --print-ring-spec) || pdie "dflash-hspack --print-ring-spec failed"
 SHM_FLAGS=(--ring "$BATCH_SPEC" --ring "$HIDDEN_SPEC" --ring "$FEATURE_SPEC")
 [ "$DEVICE" != cpu ] || SHM_FLAGS+=(--host-only)
@@ -117,7 +127,7 @@ CMD_METRICS=("$D/dflash-metrics" --run "$RUN" "${METRICS_FLAGS[@]}")
 CMD_PACK=("$D/dflash-pack" --run "$RUN" --data "$DATA" --epochs 0 --max-batches "$STEPS" "${PACK_FLAGS[@]}")
 CMD_TARGET=("$D/dflash-target" --run "$RUN" --model "$MODEL" --device "$DEVICE" "${TARGET_FLAGS[@]}")
 CMD_HSPACK=("$D/dflash-hspack" --run "$RUN" --device "$DEVICE" "${HSPACK_FLAGS[@]}")
-CMD_TRAIN=("$D/dflash-train" --run "$RUN" --target-model "$MODEL" --device "$DEVICE" --max-steps "$STEPS"
+CMD_TRAIN=("$D/dflash-train" --run "$RUN" --target-model "$MODEL" --device "$TRAIN_DEVICE" --max-steps "$STEPS"
            "${TRAIN_FLAGS[@]}" ${EXTRA_TRAIN[@]+"${EXTRA_TRAIN[@]}"})
 FEEDERS="dflash-pack dflash-target dflash-hspack"
 # the producers of one chain, rewound to seq $1: the packer's cursor, hspack's next (its state file)
@@ -133,7 +143,7 @@ write_run_json demo "\"steps\": $STEPS, \"tokens\": $TOKENS, \"layers\": $(json_
 
 # ---------------------------------------------------------------- train
 t0=$(date +%s.%N)
-plog "run $RUN on $DEVICE (attempt $ATTEMPT): $STEPS steps"
+plog "run $RUN on $DEVICE (trainer on $TRAIN_DEVICE; attempt $ATTEMPT): $STEPS steps"
 run_train_chain || exit 1
 train_s=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
 stop_stage dflash-metrics TERM 20       # drains what is queued, draws the plots, logs its summary table
