@@ -26,8 +26,8 @@
 #   environment: BUILD (build dir, default build), RUN, DEVICE, STEPS, MAX_RESTARTS, DEMO_EVAL
 #   (0: skip the τ evaluation, for tests), TRAIN_DEVICE (the trainer's device, default DEVICE: the
 #   other stages stay on DEVICE, so DEVICE=cpu TRAIN_DEVICE=cuda:0 trains on the GPU from the CPU
-#   target's fp32 features on host rings), MODEL_SHAPE (extra dflash-mkmodel flags, e.g. "--hidden 128
-#   --heads 2 --kv-heads 1 --head-dim 64 --intermediate 256": a tiny target whose head dim the GPU kernels take)
+#   target's fp32 features on host rings), MODEL_SHAPE (extra dflash-mkmodel flags, e.g. "--heads 1
+#   --kv-heads 1 --head-dim 64": one head of 64, a tiny target whose head dim the GPU kernels take)
 set -euo pipefail
 
 # ---------------------------------------------------------------- configuration
