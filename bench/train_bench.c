@@ -36,6 +36,7 @@
 #include "train/optim.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,9 +140,36 @@ static double gemm_peak(void) {
     return best;
 }
 
+/* U(-a, a) from the splitmix64 stream of seed; element i is draw i + 1, so threads over ranges give the same values
+ * (the frozen tables are 1.9G values: single-threaded this dominated the bench's start-up). */
+struct fill_job {
+    float *w;
+    size_t i0, i1;
+    uint64_t seed;
+    float a;
+};
+
+static void *fill_range(void *arg) {
+    const struct fill_job *j = arg;
+    uint64_t st = j->seed + (uint64_t)j->i0 * KERNELS_RNG_GAMMA;
+    for (size_t i = j->i0; i < j->i1; i++)
+        j->w[i] = j->a * (float)(((kernels_rng_next(&st) >> 40) * (1.0 / 16777216.0)) * 2 - 1);
+    return NULL;
+}
+
 static void fill_host(float *w, size_t n, uint64_t seed, float a) {
-    uint64_t st = seed;
-    for (size_t i = 0; i < n; i++) w[i] = a * (float)(((kernels_rng_next(&st) >> 40) * (1.0 / 16777216.0)) * 2 - 1);
+    enum { NT = 16 };
+    struct fill_job jobs[NT];
+    pthread_t th[NT];
+    int started[NT] = {0};
+    for (int t = 0; t < NT; t++) {
+        jobs[t] = (struct fill_job){w, n * t / NT, n * (t + 1) / NT, seed, a};
+        started[t] = t > 0 && pthread_create(&th[t], NULL, fill_range, &jobs[t]) == 0;
+    }
+    for (int t = 0; t < NT; t++)
+        if (!started[t]) fill_range(&jobs[t]);
+    for (int t = 1; t < NT; t++)
+        if (started[t]) pthread_join(th[t], NULL);
 }
 
 /* One optimizer x accumulation variant of the benchmark: "muon", "adamw", or either with "-gaA" (A micro-batches of
