@@ -146,8 +146,8 @@ static int plan_batches(struct optim_gpu *o, char *err, int err_len) {
 struct optim_gpu *optim_gpu_init_table(struct optim *host, const struct optim_gpu_tensor *dev, cudaStream_t s,
                                        FILE *plan, char *err, int err_len) {
     static const char fn[] = "optim_gpu_init";
-    for (int i = 0; i < host->n; i++)
-        if (!dev[i].w || (host->group[i] != OPTIM_GROUP_NONE && !dev[i].g)) {
+    for (int i = 0; i < host->n; i++)   /* frozen tensors are never touched (the GPU drafter may keep no fp32 copy) */
+        if (host->group[i] != OPTIM_GROUP_NONE && (!dev[i].w || !dev[i].g)) {
             err_fail(err, err_len, "%s: tensor %d (%s) has no device %s", fn, i, host->t[i].name,
                      dev[i].w ? "gradient" : "weights");
             return NULL;

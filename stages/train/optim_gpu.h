@@ -51,7 +51,8 @@ struct optim;
 struct drafter_gpu;
 struct optim_gpu;
 
-/* The device pointers of one table entry: fp32 master and gradient (g NULL when frozen), bf16 copy (nullable). */
+/* The device pointers of one table entry: fp32 master and gradient (both may be NULL when frozen: never read), bf16
+ * copy (nullable). */
 struct optim_gpu_tensor {
     float *w;
     float *g;

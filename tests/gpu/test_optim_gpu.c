@@ -82,7 +82,10 @@ static void orun_init(struct orun *r, const struct spec *sp, int n, enum optim_k
         r->dcopy[i] = (bf16 *)k1_malloc(2 * (size_t)(r->numel[i] + 1)) + off;
         K1_CUDA(cudaMemcpy(r->dw[i], r->w[i], 4 * (size_t)r->numel[i], cudaMemcpyHostToDevice));
         k1_poison(r->dcopy[i], 2 * (size_t)r->numel[i]);
-        dev[i] = (struct optim_gpu_tensor){r->dw[i], sp[i].trainable ? r->dg[i] : NULL, r->dcopy[i]};
+        /* frozen tensors: the Muon run hands its pointers (and checks they never move), the AdamW runs hand NULL as
+         * drafter_gpu does for tables it keeps no fp32 copy of */
+        int no_ptr = !sp[i].trainable && kind == OPTIM_ADAMW;
+        dev[i] = (struct optim_gpu_tensor){no_ptr ? NULL : r->dw[i], sp[i].trainable ? r->dg[i] : NULL, r->dcopy[i]};
     }
     r->og = optim_gpu_init_table(&r->o, dev, 0, stderr, err, sizeof err);
     ck_assert_msg(r->og != NULL, "optim_gpu_init_table: %s", err);
