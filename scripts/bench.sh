@@ -298,7 +298,7 @@ if [ "$MODE" != cpu ] && { want ceiling || want target || want train || want mod
           adamw) VF=(--optimizer adamw); VSTEPS=$PIPE_STEPS ;;
           muon) VF=(--optimizer muon); VSTEPS=$PIPE_STEPS ;;
           muon-ga[1-9]*|adamw-ga[1-9]*)
-            A=${v##*-ga}; VF=(--optimizer "${v%%-ga*}")
+            A=${v##*-ga}; VF=(--optimizer "${v%%-ga*}" --grad-accum "$A")   # dflash-plan reads it: steps x A batches
             VSTEPS=$(( PIPE_STEPS / A )); [ $VSTEPS -ge 3 ] || VSTEPS=3 ;;
           *) phase "pipeline.$v" FAILED 0 "unknown variant '$v' (adamw, muon, muon-gaA, adamw-gaA)"; p_bad+=("$v"); continue ;;
         esac
@@ -318,7 +318,7 @@ if [ "$MODE" != cpu ] && { want ceiling || want target || want train || want mod
         date +%s.%N >"$OUT_DIR/pipeline/$v/launch"
         t0=$SECONDS rc=0
         timeout -k 30 "$left" bash "$here/pipelines/train.sh" "$MODEL" "$DATA" --run "$RUN" --fresh --device "$DEV" \
-          --tokens "$T" --steps "$VSTEPS" --grad-accum "$A" --layers "$LAYERS" -- "${TRAIN_EXTRA[@]}" ${VFLAGS[@]+"${VFLAGS[@]}"} "${VF[@]}" \
+          --tokens "$T" --steps "$VSTEPS" --layers "$LAYERS" -- "${TRAIN_EXTRA[@]}" ${VFLAGS[@]+"${VFLAGS[@]}"} "${VF[@]}" \
           --ckpt-every 0 --keep 1 >"$OUT_DIR/pipeline-$v.txt" 2>&1 || rc=$?
         [ -z "$MEMV_PID" ] || { kill "$MEMV_PID" 2>/dev/null || true; wait "$MEMV_PID" 2>/dev/null || true; }
         tail -n 25 "$OUT_DIR/pipeline-$v.txt" >&2
