@@ -51,15 +51,15 @@ CFLAGS  += -fsanitize=$(SAN) -fno-omit-frame-pointer
 LDFLAGS += -fsanitize=$(SAN)
 endif
 
-# msgpack-c, jansson and Check link statically so the binaries run on the GPU machine, which has
-# none of them; nanomsg stays dynamic (scripts/gpu-run.sh ships libnanomsg.so.5 beside them).
+# msgpack-c, jansson, protobuf-c and Check link statically so the binaries run on the GPU machine, which
+# has none of them; nanomsg stays dynamic (scripts/gpu-run.sh ships libnanomsg.so.5 beside them).
 # OpenBLAS (the CPU trainer's GEMMs, stages/train/cpu_ops.c) links statically from Debian's pthread build
 # (libopenblas-pthread-dev; its SGEMM needs no libgfortran); the serial build is not safe to call from
 # several threads at once.
 OPENBLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-pthread
 OPENBLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-pthread
 CPPFLAGS  += -isystem $(OPENBLAS_INC)
-LIBS      := -Wl,-Bstatic -lmsgpackc -ljansson -Wl,-Bdynamic $(OPENBLAS_DIR)/libopenblas.a -lnanomsg -lrt -lm
+LIBS      := -Wl,-Bstatic -lmsgpackc -ljansson -lprotobuf-c -Wl,-Bdynamic $(OPENBLAS_DIR)/libopenblas.a -lnanomsg -lrt -lm
 TEST_LIBS := -Wl,-Bstatic -lcheck_pic -lsubunit -Wl,-Bdynamic
 
 ifeq ($(CUDA),1)
@@ -96,7 +96,7 @@ BENCHES  := $(patsubst kernels/bench/%,$(BUILD)/bench/%,$(basename $(BENCH_C) $(
 
 DEPS_OK  := $(BUILD)/.deps-ok
 
-.PHONY: all test run bench gpu-test gpu-build clean deps config
+.PHONY: all test run bench gpu-test gpu-build clean deps config campaign tfevents-proto
 .DEFAULT_GOAL := all
 
 all: $(BINS)
@@ -119,6 +119,9 @@ $(BUILD)/obj/%.c.o: %.c | $(DEPS_OK)
 $(BUILD)/obj/%.cu.o: %.cu | $(DEPS_OK)
 	@mkdir -p $(@D)
 	$(NVCC) $(CPPFLAGS) $(NVFLAGS) -c $< -o $@
+
+# dflash_py.c links stages/export/dflash.py in with .incbin (issue 26): rebuild it when the .py changes.
+$(BUILD)/obj/stages/export/dflash_py.c.o: stages/export/dflash.py
 
 $(SHM_LIB): $(call obj,$(SHM_C))
 $(KERN_LIB): $(call obj,$(KERN_C) $(KERN_CU))
@@ -167,6 +170,14 @@ test: $(BINS) $(TESTS)
 run: $(BINS)
 	@BUILD=$(BUILD) pipelines/demo.sh
 
+# The long kill campaign (issue 24): CAMPAIGN_TRIALS seeded trials of tests/test_kill_campaign (CI runs 8 in `make
+# test`); a failure names its seed, and CAMPAIGN_SEED=that reruns it. About 10-20 s a trial on 2 cores.
+CAMPAIGN_TRIALS ?= 60
+CAMPAIGN_SEED ?= $(shell date +%s)
+campaign: $(BINS) $(BUILD)/tests/test_kill_campaign
+	@DFLASH_BIN=$(abspath $(BUILD)/bin) DFLASH_KILL_TRIALS=$(CAMPAIGN_TRIALS) DFLASH_KILL_SEED=$(CAMPAIGN_SEED) \
+	  $(BUILD)/tests/test_kill_campaign
+
 bench: $(BINS) $(BENCHES)
 	@BUILD=$(BUILD) scripts/bench.sh --cpu-only
 
@@ -174,6 +185,11 @@ gpu-build: $(BINS) $(GTEST_BINS) $(BENCHES)
 
 gpu-test: gpu-build
 	@BUILD=$(BUILD) scripts/gpu-run.sh pack
+
+# The TensorBoard Event messages: the generated C is committed (a build needs libprotobuf-c only);
+# regenerate after editing the .proto (protoc-c from protobuf-c-compiler, scripts/install-deps.sh).
+tfevents-proto:
+	cd stages && protoc-c --c_out=. metrics/tfevents.proto
 
 clean:
 	rm -rf $(BUILD)

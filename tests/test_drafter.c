@@ -962,6 +962,43 @@ START_TEST(drafter_fast_vs_reference) {
     check_fast(LMHEAD_LOSS_CE, LMHEAD_WEIGHT_NONE, 1, 0);
     check_fast(LMHEAD_LOSS_KL, LMHEAD_WEIGHT_EXP_DECAY, 0, 1);
 }
+/* drafter_init_weights splits a large matrix's init stream over threads (start-up, issue 28): every matrix must
+ * equal the sequential stream of the header's definition bit for bit. I = 2^17 makes the MLP matrices 2^21 values,
+ * large enough for two threads on a 2-core machine. */
+START_TEST(drafter_init_threads_bitwise) {
+    struct drafter_config c;
+    tiny_config(&c);
+    c.I = 1 << 17;
+    char err[512];
+    struct drafter *d = drafter_init(&c, 99, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    int big = 0;
+    for (int i = 0; i < drafter_n_params(d); i++) {
+        const struct drafter_param *p = drafter_param(d, i);
+        if (!p->trainable) continue;
+        if (p->ndim == 1) {
+            for (int64_t e = 0; e < p->numel; e++) ck_assert_float_eq(p->w[e], 1.0f);
+            continue;
+        }
+        big |= p->numel >= ((int64_t)1 << 21);
+        int64_t bad = 0, first = 0;
+        uint64_t st = anchors_mix64(anchors_mix64(99) ^ (uint64_t)i);
+        for (int64_t e = 0; e < p->numel; e += 2) {
+            double u1 = ((kernels_rng_next(&st) >> 11) + 1.0) * 0x1.0p-53;
+            double u2 = (kernels_rng_next(&st) >> 11) * 0x1.0p-53;
+            double r = sqrt(-2.0 * log(u1));
+            float a = (float)(c.init_std * r * cos(2 * M_PI * u2)), b = (float)(c.init_std * r * sin(2 * M_PI * u2));
+            /* one assertion per tensor below (Check's per-assertion mark costs a pipe write) */
+            if (memcmp(&p->w[e], &a, 4) || (e + 1 < p->numel && memcmp(&p->w[e + 1], &b, 4))) {
+                if (!bad++) first = e;
+            }
+        }
+        ck_assert_msg(bad == 0, "%s: %lld pairs differ from the sequential stream, the first at %lld (%.9g)", p->name,
+                      (long long)bad, (long long)first, p->w[first]);
+    }
+    ck_assert_msg(big, "no matrix large enough for the threaded init");
+    drafter_free(d);
+}
 END_TEST
 
 int main(void) {
@@ -982,6 +1019,7 @@ int main(void) {
     tcase_add_test(tc, drafter_noise);
     tcase_add_test(tc, drafter_overfit_one_batch);
     tcase_add_test(tc, drafter_fast_vs_reference);
+    tcase_add_test(tc, drafter_init_threads_bitwise);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

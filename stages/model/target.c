@@ -11,7 +11,7 @@
 #include "model/target.h"
 #include "core/err.h"
 #include "model/gdn.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "model/weights.h"
 
 #include "kernels/attention.h"
@@ -855,3 +855,18 @@ int target_forward(struct target *t, const struct target_batch *b, void *states,
     if (is_hybrid(&t->cfg)) return forward_cpu_hybrid(t, b, states, last, err, err_len);
     return forward_cpu(t, b, states, last, err, err_len);
 }
+
+/* ---------------------------------------------------------------- CPU weight views (model/decode.c) */
+
+int target_cpu_layer(const struct target *t, int l, struct target_layer_view *out, char *err, int err_len) {
+    if (t->dev >= 0) return err_fail(err, err_len, "target: the CPU weight view of a GPU target (cuda:%d)", t->dev);
+    if (l < 0 || l >= t->cfg.num_hidden_layers)
+        return err_fail(err, err_len, "target: layer %d of %d", l, t->cfg.num_hidden_layers);
+    const struct target_layer *ly = &t->layers[l];
+    *out = (struct target_layer_view){ly->w_qkv, ly->w_o, ly->w_gu, ly->w_down, ly->ln_in, ly->ln_post, ly->q_norm,
+                                      ly->k_norm, ly->linear};
+    return 0;
+}
+
+const float *target_cpu_embed(const struct target *t) { return t->dev >= 0 ? NULL : t->embed; }
+const float *target_cpu_inv_freq(const struct target *t) { return t->dev >= 0 ? NULL : t->inv_freq; }

@@ -123,6 +123,18 @@ size_t target_work_bytes(const struct target *t);      /* bytes of planned worki
  * Σ_docs len·(len+1)/2 (QKᵀ and PV over the visible pairs, 2 FLOPs per multiply-add). */
 double target_flops(const struct target *t, const int32_t *cu_seqlens, int n_docs);
 
+/* Read-only views of a CPU target's fp32 weights, for stages/model/decode.c (the same layers run over a KV cache).
+ * Matrices in the fused layout described above. 0, or -1 with a sentence for a GPU target or l out of range. */
+struct target_layer_view {
+    const float *w_qkv, *w_o, *w_gu, *w_down;  /* (QKV, C), (C, NH·HD), (2·I, C), (C, I) */
+    const float *ln_in, *ln_post;              /* (C) */
+    const float *q_norm, *k_norm;              /* (HD) Qwen3 only, else NULL */
+    int linear;                                /* 1: a Gated DeltaNet layer (Qwen3.5; no w_qkv / w_o) */
+};
+int target_cpu_layer(const struct target *t, int l, struct target_layer_view *out, char *err, int err_len);
+const float *target_cpu_embed(const struct target *t);       /* (V, C); NULL on a GPU */
+const float *target_cpu_inv_freq(const struct target *t);    /* (R/2) RoPE inverse frequencies; NULL on a GPU */
+
 #ifdef DFLASH_CUDA
 #include <cuda_runtime_api.h>
 /* ---------------------------------------------------------------- glue kernels (target.cu) */

@@ -27,9 +27,11 @@
 #include "kernels/swiglu.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- config */
 
@@ -447,7 +449,37 @@ void drafter_zero_grad(struct drafter *d) {
         if (d->params[i].g) memset(d->params[i].g, 0, sizeof(float) * (size_t)d->params[i].numel);
 }
 
+/* Elements [e0, e1) of one matrix's init stream (e0 even): pair k = e/2 takes draws 2k+1 and 2k+2 of the splitmix64
+ * stream from st0, so a range starts from the state st0 + e0·gamma and any split of the pairs gives the same values
+ * bit for bit (the counter form of kernels/common.h). */
+struct init_job {
+    float *w;
+    int64_t numel, e0, e1;
+    uint64_t st0;
+    double std;
+};
+
+static void *init_range(void *arg) {
+    const struct init_job *j = arg;
+    uint64_t st = j->st0 + (uint64_t)j->e0 * KERNELS_RNG_GAMMA;
+    for (int64_t e = j->e0; e < j->e1; e += 2) {
+        /* Box–Muller on two 53-bit uniforms; u1 in (0, 1] so the log is finite */
+        double u1 = ((kernels_rng_next(&st) >> 11) + 1.0) * 0x1.0p-53;
+        double u2 = (kernels_rng_next(&st) >> 11) * 0x1.0p-53;
+        double r = sqrt(-2.0 * log(u1));
+        j->w[e] = (float)(j->std * r * cos(2 * M_PI * u2));
+        if (e + 1 < j->numel) j->w[e + 1] = (float)(j->std * r * sin(2 * M_PI * u2));
+    }
+    return NULL;
+}
+
+/* Threads for the init of a large matrix (start-up of the standard drafter: 1.05B values, ~40 s on one core). */
+#define INIT_MAX_THREADS 32
+#define INIT_MIN_PER_THREAD ((int64_t)1 << 20)
+
 void drafter_init_weights(struct drafter *d, uint64_t seed) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt_max = cores < 1 ? 1 : cores > INIT_MAX_THREADS ? INIT_MAX_THREADS : (int)cores;
     for (int i = 0; i < d->n_params; i++) {
         struct drafter_param *p = &d->params[i];
         if (!p->trainable) continue;
@@ -455,15 +487,23 @@ void drafter_init_weights(struct drafter *d, uint64_t seed) {
             for (int64_t e = 0; e < p->numel; e++) p->w[e] = 1.0f;
             continue;
         }
-        uint64_t st = anchors_mix64(anchors_mix64(seed) ^ (uint64_t)i);
-        for (int64_t e = 0; e < p->numel; e += 2) {
-            /* Box–Muller on two 53-bit uniforms; u1 in (0, 1] so the log is finite */
-            double u1 = ((kernels_rng_next(&st) >> 11) + 1.0) * 0x1.0p-53;
-            double u2 = (kernels_rng_next(&st) >> 11) * 0x1.0p-53;
-            double r = sqrt(-2.0 * log(u1));
-            p->w[e] = (float)(d->cfg.init_std * r * cos(2 * M_PI * u2));
-            if (e + 1 < p->numel) p->w[e + 1] = (float)(d->cfg.init_std * r * sin(2 * M_PI * u2));
+        const uint64_t st0 = anchors_mix64(anchors_mix64(seed) ^ (uint64_t)i);
+        int nt = (int)(p->numel / INIT_MIN_PER_THREAD);
+        nt = nt < 1 ? 1 : nt > nt_max ? nt_max : nt;
+        struct init_job jobs[INIT_MAX_THREADS];
+        pthread_t th[INIT_MAX_THREADS];
+        int started[INIT_MAX_THREADS] = {0};
+        const int64_t pairs = (p->numel + 1) / 2;
+        for (int t = 0; t < nt; t++) {
+            int64_t a = 2 * (pairs * t / nt), b = 2 * (pairs * (t + 1) / nt);
+            jobs[t] = (struct init_job){p->w, p->numel, a, b < p->numel ? b : p->numel, st0, (double)d->cfg.init_std};
+            /* a thread that cannot start runs its range here: the values do not depend on who computes them */
+            started[t] = t > 0 && pthread_create(&th[t], NULL, init_range, &jobs[t]) == 0;
         }
+        for (int t = 0; t < nt; t++)
+            if (!started[t]) init_range(&jobs[t]);
+        for (int t = 1; t < nt; t++)
+            if (started[t]) pthread_join(th[t], NULL);
     }
 }
 

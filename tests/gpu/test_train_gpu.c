@@ -1,7 +1,7 @@
 /*
  * tests/gpu/test_train_gpu.c — the GPU training step (train/drafter.h drafter_step_gpu, train/optim_gpu.h) against
  * the CPU step on a small drafter: one step (forward outputs and every gradient), determinism (a step run twice is
- * bitwise equal), a 50-step run whose loss curve tracks the CPU run's, exact resume (a run split in two with a
+ * bitwise equal), exact resume (a run split in two with a
  * state round trip through the host equals the straight run bit for bit), the non-finite guard with an injected
  * NaN, and the planned-memory contract (free device memory is the same before and after steps). Runs on the GPU
  * machine (scripts/gpu-run.sh); CUDA is initialised inside each test (Check forks).
@@ -16,9 +16,9 @@
  * gradient tensor. Measured on the CPU (2026-12-01, this suite's drafter and batch): the emulation's relative L2
  * error against the fp32 step is 8.3e-3 on the final state and 0.7e-2..1.7e-2 on the gradients, and without its
  * roundings it equals drafter_step_cpu bit for bit (so it mirrors the step). Every comparison is NaN-aware (a NaN or Inf anywhere fails); relative L2 errors are printed
- * beside. The 50-step run compares loss curves (within 5% per step, both learning: the CPU run measured 3.31 at
- * step 0 and 1.96 at step 49, 56 s on 2 shared cores). NOT RUN ON A GPU YET
- * (written 2026-12-01).
+ * beside. The training quality of the GPU path against the CPU path is tests/gpu/test_train_tau_gpu.c (τ of
+ * drafters trained on the same batches; issue 28 replaced the 50-step loss-curve check here, whose per-step 5%
+ * bound failed on curves that cross back and forth under bf16).
  */
 #include <cuda_runtime_api.h>
 
@@ -654,38 +654,6 @@ static double run_step(struct run *r, struct sbatch *sb, int64_t step, struct op
     return m.loss_sum;
 }
 
-START_TEST(test_50_steps_track_cpu) {
-    struct drafter_config c;
-    small_config(&c);
-    c.noise = 0;   /* the same features on both paths (the GPU rounds noised features to bf16) */
-    struct sbatch sb[N_BATCHES];
-    for (int i = 0; i < N_BATCHES; i++) make_batch(&sb[i], &c, 100 + (uint64_t)i);
-    struct run rc, rg;
-    run_init(&rc, &c, 0);
-    run_init(&rg, &c, 1);
-    double first_c = 0, first_g = 0, last_c = 0, last_g = 0, worst = 0;
-    for (int s = 0; s < 50; s++) {
-        int sk;
-        double lc = run_step(&rc, &sb[s % N_BATCHES], s, NULL, &sk);
-        double lg = run_step(&rg, &sb[s % N_BATCHES], s, NULL, &sk);
-        ck_assert_msg(isfinite(lg), "GPU loss at step %d is %g", s, lg);
-        double rel = fabs(lg - lc) / fabs(lc);
-        if (rel > worst) worst = rel;
-        if (s % 10 == 0 || s == 49) fprintf(stderr, "step %2d loss cpu %.5f gpu %.5f (rel %.2e)\n", s, lc, lg, rel);
-        ck_assert_msg(rel <= 5e-2, "step %d: loss cpu %g gpu %g differ by %.1f%%", s, lc, lg, 100 * rel);
-        if (s < N_BATCHES) first_c += lc, first_g += lg;
-        if (s >= 50 - N_BATCHES) last_c += lc, last_g += lg;
-    }
-    fprintf(stderr, "worst relative loss gap over 50 steps %.3e; mean loss of the first/last %d steps: cpu %.4f -> "
-            "%.4f, gpu %.4f -> %.4f\n", worst, N_BATCHES, first_c / N_BATCHES, last_c / N_BATCHES, first_g / N_BATCHES,
-            last_g / N_BATCHES);
-    ck_assert_msg(last_c < 0.9 * first_c && last_g < 0.9 * first_g, "the runs did not learn");
-    run_free(&rc);
-    run_free(&rg);
-    for (int i = 0; i < N_BATCHES; i++) free_batch(&sb[i]);
-}
-END_TEST
-
 /* The straight run of 6 steps and the run stopped after 3 (weights and optimizer state to the host, device state
  * freed, rebuilt from the host) end bit-identical. */
 START_TEST(test_exact_resume) {
@@ -765,7 +733,6 @@ int main(void) {
     tcase_add_test(tc, test_one_step_vs_cpu);
     tcase_add_test(tc, test_one_step_vs_cpu_sample_from_anchor);
     tcase_add_test(tc, test_step_twice_bitwise);
-    tcase_add_test(tc, test_50_steps_track_cpu);
     tcase_add_test(tc, test_exact_resume);
     tcase_add_test(tc, test_nonfinite_guard);
     suite_add_tcase(s, tc);
