@@ -17,7 +17,8 @@
  * error against the fp32 step is 8.3e-3 on the final state and 0.7e-2..1.7e-2 on the gradients, and without its
  * roundings it equals drafter_step_cpu bit for bit (so it mirrors the step). Every comparison is NaN-aware (a NaN or Inf anywhere fails); relative L2 errors are printed
  * beside. The 50-step run compares loss curves (within 5% per step, both learning: the CPU run measured 3.31 at
- * step 0 and 1.96 at step 49, 56 s on 2 shared cores). NOT RUN ON A GPU YET
+ * step 0 and 1.96 at step 49, 56 s on 2 shared cores). The one-step comparison also runs at head dim 256 with 8 / 1
+ * heads at B 16 (the fp32 block attention, G·B = 128) and at the demo's head dim 16. NOT RUN ON A GPU YET
  * (written 2026-12-01).
  */
 #include <cuda_runtime_api.h>
@@ -438,9 +439,16 @@ static int rule_ok(const char *what, const float *gpu, const float *emu, const f
 
 /* ---------------------------------------------------------------- one step against the CPU */
 
-static void one_step_vs_cpu(int sample_from_anchor) {
+/* One step against the CPU; d_h > 0 replaces the head layout (n_h / n_kv heads of d_h, block B). */
+static void one_step_vs_cpu_shape(int sample_from_anchor, int n_h, int n_kv, int d_h, int B) {
     struct drafter_config c;
     small_config(&c);
+    if (d_h > 0) {
+        c.n_h = n_h;
+        c.n_kv = n_kv;
+        c.d_h = c.target.head_dim = d_h;
+        c.B = B;
+    }
     c.sample_from_anchor = sample_from_anchor;
     if (sample_from_anchor) c.weighting = LMHEAD_WEIGHT_EXP_DECAY, c.loss = LMHEAD_LOSS_KL;
     struct drafter *d = small_drafter(&c, 11);
@@ -527,6 +535,8 @@ static void one_step_vs_cpu(int sample_from_anchor) {
     drafter_free(d);
 }
 
+static void one_step_vs_cpu(int sample_from_anchor) { one_step_vs_cpu_shape(sample_from_anchor, 0, 0, 0, 0); }
+
 START_TEST(test_one_step_vs_cpu) { one_step_vs_cpu(0); }
 END_TEST
 
@@ -535,6 +545,15 @@ START_TEST(test_one_step_vs_cpu_sample_from_anchor) { one_step_vs_cpu(1); }
 END_TEST
 
 /* ---------------------------------------------------------------- determinism and planned memory */
+
+/* Head dim 256 with a GQA group of 8 at B = 16 (G·B = 128): the Qwen3.5/3.6 drafter's attention shape on the
+ * fp32 SIMT block attention (kernels/block_attn_simt.cu), rope and q/k norms at 256 */
+START_TEST(test_one_step_vs_cpu_hd256) { one_step_vs_cpu_shape(0, 8, 1, 256, 16); }
+END_TEST
+
+/* The demo's head dim (16; 4 / 2 heads, B 8) */
+START_TEST(test_one_step_vs_cpu_hd16) { one_step_vs_cpu_shape(0, 4, 2, 16, 8); }
+END_TEST
 
 START_TEST(test_step_twice_bitwise) {
     struct drafter_config c;
@@ -764,6 +783,8 @@ int main(void) {
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, test_one_step_vs_cpu);
     tcase_add_test(tc, test_one_step_vs_cpu_sample_from_anchor);
+    tcase_add_test(tc, test_one_step_vs_cpu_hd256);
+    tcase_add_test(tc, test_one_step_vs_cpu_hd16);
     tcase_add_test(tc, test_step_twice_bitwise);
     tcase_add_test(tc, test_50_steps_track_cpu);
     tcase_add_test(tc, test_exact_resume);
