@@ -11,7 +11,7 @@
 #include "model/target.h"
 #include "core/err.h"
 #include "model/gdn.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "model/weights.h"
 
 #include "kernels/attention.h"
