@@ -136,9 +136,9 @@ static int check_shape_config(const struct model_config *c, int dev, char *err, 
         return err_fail(err, err_len, "target: num_attention_heads %d is not a multiple of num_key_value_heads %d",
                     c->num_attention_heads, c->num_key_value_heads);
     if (dev >= 0) {
-        if (c->head_dim != 64 && c->head_dim != 128)
-            return err_fail(err, err_len, "target: the GPU attention supports head_dim 64 or 128, the config has %d",
-                        c->head_dim);
+        char aerr[200];
+        if (attention_shape_supported(c->num_attention_heads, c->num_key_value_heads, c->head_dim, aerr, sizeof aerr))
+            return err_fail(err, err_len, "target: %s", aerr);
         if (c->hidden_size % 8 || c->intermediate_size % 8)
             return err_fail(err, err_len, "target: the GPU path needs hidden_size and intermediate_size multiples "
                         "of 8 (got %d, %d)", c->hidden_size, c->intermediate_size);
