@@ -139,11 +139,16 @@ static void fill_host(float *w, size_t n, uint64_t seed, float a) {
 
 int main(int argc, char **argv) {
     const double t_launch = now_s();
-    int steps = 20, warmup = 3;
+    int steps = 20, warmup = 3, q36 = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        if (!strcmp(argv[i], "--config") && i + 1 < argc) {
+            /* qwen3.6-27b (issue 27): the drafter of a Qwen3.6-27B target, SpecForge's published shape */
+            const char *v = argv[++i];
+            if (!strcmp(v, "qwen3.6-27b")) q36 = 1;
+            else if (strcmp(v, "qwen3-8b")) { fprintf(stderr, "train_bench: --config qwen3-8b | qwen3.6-27b\n"); return 2; }
+        } else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
-        else { fprintf(stderr, "usage: %s [--steps 20] [--warmup 3]\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s [--config qwen3-8b|qwen3.6-27b] [--steps 20] [--warmup 3]\n", argv[0]); return 2; }
     }
     if (steps < 1 || warmup < 0) { fprintf(stderr, "train_bench: need --steps >= 1 and --warmup >= 0\n"); return 2; }
     int n_dev = 0;
@@ -160,6 +165,16 @@ int main(int argc, char **argv) {
     int ids[5] = {1, 9, 17, 25, 33};
     memcpy(c.layer_ids, ids, sizeof ids);
     c.mask_token_id = 151669;
+    if (q36) {   /* 5 layers, hidden 5120, head dim 256, 24 / 4 heads, MLP 17408 (~1.83 B trainable) */
+        c.target.num_hidden_layers = 64;
+        c.target.rope_theta = 1e7;
+        c.target.head_dim = 256;
+        c.H = 5120, c.n_h = 24, c.n_kv = 4, c.d_h = 256, c.I = 17408;
+        c.V_t = 248320;
+        int ids36[5] = {1, 16, 31, 46, 61};
+        memcpy(c.layer_ids, ids36, sizeof ids36);
+        c.mask_token_id = 248077;
+    }
     c.loss = LMHEAD_LOSS_KL;
     c.weighting = LMHEAD_WEIGHT_EXP_DECAY;
     const int T = c.T_max;   /* 8192 */

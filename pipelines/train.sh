@@ -109,6 +109,16 @@ if [ -z "$STEPS" ]; then
   [ "$STEPS" -gt 0 ] || pdie "$DATA_IN gives no batch"
 fi
 online_ring_specs
+# The job's device-memory plan on one GPU (target + trainer + rings), printed and checked before any stage
+# starts: a configuration that cannot fit stops here with one line naming the shortfall (issue 27).
+if [ "$DEVICE" != cpu ] && [ -x "$DFLASH_BIN/dflash-memplan" ]; then
+  MP=(--model "$MODEL" --tokens "$TOKENS" --layers "$K" --device "$DEVICE")
+  for ((i = 0; i + 1 < ${#EXTRA_TRAIN[@]}; i++)); do
+    case ${EXTRA_TRAIN[$i]} in --max-anchors|--block-size|--grad-accum) MP+=("${EXTRA_TRAIN[$i]}" "${EXTRA_TRAIN[$((i + 1))]}") ;; esac
+  done
+  "$DFLASH_BIN/dflash-memplan" "${MP[@]}" >"$LOGS/memplan.txt" 2>&1 || pdie "$(tail -n 1 "$LOGS/memplan.txt")"
+  plog "$(grep -m1 'memory plan: total' "$LOGS/memplan.txt" || true) (details: $LOGS/memplan.txt)"
+fi
 SHM_FLAGS=(--ring "$BATCH_SPEC" --ring "$HIDDEN_SPEC" --ring "$FEATURE_SPEC")
 [ "$DEVICE" != cpu ] || SHM_FLAGS+=(--host-only)
 
