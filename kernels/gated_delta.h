@@ -11,14 +11,14 @@
  *
  * The GPU form is chunked (64 tokens, restarted at every document start; a chunk never crosses a
  * document), the WY / UT organisation of flash-linear-attention's chunk_gated_delta_rule written
- * for one CTA per (document, value head, 32 value columns). With G_t the cumulative g inside the
+ * for one CTA per (document, value head, 64 value columns). With G_t the cumulative g inside the
  * chunk (G_t = Σ_{s<=t} g_s) and S0 the state at the chunk start:
  *     A[t,s]  = beta_t exp(G_t − G_s) k_t·k_s              (s < t; strictly lower)
  *     U       = (I + A)⁻¹ · beta ⊙ (V − exp(G) ⊙ K S0)      (forward substitution, the "new values")
  *     o_t     = exp(G_t) q_t S0 + Σ_{s<=t} exp(G_t − G_s) (q_t·k_s) U_s
  *     S_end   = exp(G_last) S0 + Σ_s exp(G_last − G_s) k_s ⊗ U_s
  * Every exponent is <= 0 (g <= 0), so nothing overflows. The value columns of S evolve
- * independently, which is what lets 32-column tiles run in separate CTAs.
+ * independently, which is what lets 64-column tiles run in separate CTAs.
  *
  * Precision: fp32 everywhere (state, inputs, outputs); b and a are read from the bf16 fused
  * projection row on the GPU. References: the per-token recurrence with double accumulators (the

@@ -54,7 +54,7 @@ void gated_delta_forward_ref(float *o, const float *q, const float *k, const flo
 }
 
 /* One chunk of n <= 64 tokens starting at row c0 for value head j, every column of S (the kernel
- * runs 32 columns per CTA; columns are independent, so the result is the same). fp32 sums in the
+ * runs 64 columns per CTA; columns are independent, so the result is the same). fp32 sums in the
  * kernel's order: dot products over i ascending, substitutions over s ascending. */
 static void chunk_(float *o, const float *q, const float *k, const float *v, const float *b, const float *a,
                    float a_neg, float dtb, const struct gated_delta_shape *s, int j, int c0, int n, float *S) {

@@ -100,12 +100,12 @@ static void gated_delta_case(int n_k, int n_v, int d_k, int d_v, const int *lens
 }
 
 START_TEST(gated_delta_tiny_layout) {
-    gated_delta_case(2, 4, 8, 12, awkward, 5, 1);   /* qwen3.5-tiny: d_v 12 < one 32-column tile */
+    gated_delta_case(2, 4, 8, 12, awkward, 5, 1);   /* qwen3.5-tiny: d_v 12 < one 64-column tile */
 }
 END_TEST
 
 START_TEST(gated_delta_mid_layout) {
-    gated_delta_case(1, 2, 64, 40, awkward, 5, 2);  /* a partial second value tile */
+    gated_delta_case(1, 2, 64, 80, awkward, 5, 2);  /* a partial second value tile (64 + 16 columns) */
     int single[] = {1};
     gated_delta_case(2, 2, 32, 32, single, 1, 3);   /* T = 1 */
 }
