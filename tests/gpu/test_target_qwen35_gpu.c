@@ -138,7 +138,8 @@ START_TEST(qwen35_mid_gpu_matches_cpu) { gpu_vs_cpu(1); }
 END_TEST
 
 /* Seeded random weights generated on the device (the benchmark's path) at the 27B's head shapes:
- * the forward runs and every captured state is finite. */
+ * the allocation equals target_plan_bytes (the memory plan), the forward runs and every captured
+ * state is finite. */
 START_TEST(qwen35_random_init_on_gpu) {
     struct model_config c;
     char err[512];
@@ -156,6 +157,11 @@ START_TEST(qwen35_random_init_on_gpu) {
     o.max_tokens = 512;
     struct target *t = target_init_random(&c, &o, 5, 0.05f, err, sizeof err);
     ck_assert_msg(t != NULL, "%s", err);
+    /* the memory plan's target line is exactly what the GPU path allocated */
+    size_t pw = 0, pk = 0;
+    target_plan_bytes(&c, 512, 1, &pw, &pk);
+    ck_assert_msg(pw == target_weight_bytes(t) && pk == target_work_bytes(t), "planned %zu + %zu bytes, allocated "
+                  "%zu + %zu", pw, pk, target_weight_bytes(t), target_work_bytes(t));
     int32_t ids[512], pos[512], cu[3] = {0, 100, 512};
     for (int i = 0; i < 512; i++) { ids[i] = (i * 37) % 1000; pos[i] = i < 100 ? i : i - 100; }
     struct target_batch b = {1, 512, 2, ids, pos, cu};
