@@ -90,7 +90,7 @@ BENCHES  := $(patsubst kernels/bench/%,$(BUILD)/bench/%,$(basename $(BENCH_C) $(
 
 DEPS_OK  := $(BUILD)/.deps-ok
 
-.PHONY: all test run bench gpu-test gpu-build clean deps config
+.PHONY: all test run bench gpu-test gpu-build clean deps config campaign
 .DEFAULT_GOAL := all
 
 all: $(BINS)
@@ -113,6 +113,9 @@ $(BUILD)/obj/%.c.o: %.c | $(DEPS_OK)
 $(BUILD)/obj/%.cu.o: %.cu | $(DEPS_OK)
 	@mkdir -p $(@D)
 	$(NVCC) $(CPPFLAGS) $(NVFLAGS) -c $< -o $@
+
+# dflash_py.c links stages/export/dflash.py in with .incbin (issue 26): rebuild it when the .py changes.
+$(BUILD)/obj/stages/export/dflash_py.c.o: stages/export/dflash.py
 
 $(SHM_LIB): $(call obj,$(SHM_C))
 $(KERN_LIB): $(call obj,$(KERN_C) $(KERN_CU))
@@ -160,6 +163,14 @@ test: $(BINS) $(TESTS)
 
 run: $(BINS)
 	@BUILD=$(BUILD) pipelines/demo.sh
+
+# The long kill campaign (issue 24): CAMPAIGN_TRIALS seeded trials of tests/test_kill_campaign (CI runs 8 in `make
+# test`); a failure names its seed, and CAMPAIGN_SEED=that reruns it. About 10-20 s a trial on 2 cores.
+CAMPAIGN_TRIALS ?= 60
+CAMPAIGN_SEED ?= $(shell date +%s)
+campaign: $(BINS) $(BUILD)/tests/test_kill_campaign
+	@DFLASH_BIN=$(abspath $(BUILD)/bin) DFLASH_KILL_TRIALS=$(CAMPAIGN_TRIALS) DFLASH_KILL_SEED=$(CAMPAIGN_SEED) \
+	  $(BUILD)/tests/test_kill_campaign
 
 bench: $(BINS) $(BENCHES)
 	@BUILD=$(BUILD) scripts/bench.sh --cpu-only

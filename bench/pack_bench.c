@@ -1,5 +1,5 @@
 /*
- * bench/pack_bench.c — packing throughput of dflash-pack's core (stages/core/packer.h)
+ * bench/pack_bench.c — packing throughput of dflash-pack's core (stages/pack/packer.h)
  * from the indexed format on one core.
  *
  *   make BUILD=build build/bench/pack_bench && build/bench/pack_bench [--rows N] [--tokens T] [--quick]
@@ -23,7 +23,7 @@
 #include "kernels/common.h"
 #include "core/dataset.h"
 #include "core/desc.h"
-#include "core/packer.h"
+#include "pack/packer.h"
 
 #include <math.h>
 #include <stdio.h>

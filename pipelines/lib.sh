@@ -10,6 +10,9 @@
 #   start_stage NAME CMD...     start CMD in its own process group; output -> $LOGS/NAME.out; pid in
 #                               $RUN/pids/NAME.pid; remembered so stop_all stops it. SWAP_<NAME with
 #                               dashes as underscores>=PROGRAM runs PROGRAM instead of CMD's program
+#   Everything the scripts create is private to the caller (umask 077 below, as the stages' own
+#   umask: 0700 directories, 0600 files, whatever the caller's umask); prepare_run_dir refuses a run
+#   directory owned by another user or open to group/other (issue 24).
 #   supervise NAME...           wait until every named stage ended (exit 0 = its stream ended).
 #                               Any stage (services too) killed by a signal (a crash, kill -9) or
 #                               stopped before the end of its stream (exit 3, STAGE_EXIT_STOPPED of
@@ -17,7 +20,9 @@
 #                               the same command, up to $MAX_RESTARTS times per stage (design.md §8:
 #                               the same command continues the run); any other non-zero exit, or a
 #                               service stage (start_stage --service: dflash-shm, dflash-metrics)
-#                               exiting at all, fails the run: supervise returns 1 after naming it.
+#                               exiting otherwise (exit 0 included), fails the run: supervise returns 1
+#                               after naming it. A service is restarted like any stage: dflash-metrics
+#                               SIGTERMed mid-run exits 3 and is started again.
 #                               Deaths are found by polling every 0.1 s and collected with `wait PID`
 #                               per stage, so several stages dying at once are each restarted.
 #                               A chain stage (start_stage --chain: dflash-train) is not restarted
@@ -36,7 +41,10 @@
 
 : "${MAX_RESTARTS:=3}"
 STAGE_EXIT_STOPPED=3   # stages/core/stage.h STAGE_EXIT_STOPPED: stopped by a signal before end of stream
-declare -gA STAGE_PID=() STAGE_CMD=() STAGE_RESTARTS=() STAGE_SERVICE=() STAGE_CHAIN=()
+# Private whatever the caller's umask (issue 24): run directory, logs, state, data files, temporaries. The stages
+# set the same umask themselves (stages/core/stage.c; --share-group widens theirs to 027).
+umask 077
+declare -gA STAGE_PID=() STAGE_CMD=() STAGE_RESTARTS=() STAGE_SERVICE=() STAGE_CHAIN=() STAGE_LOG_SKIP=()
 declare -ga STAGE_ORDER=()
 
 plog() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
@@ -76,6 +84,11 @@ lock_run() {
 
 _launch() {
   local name=$1; shift
+  # a symlink at the log's name is refused, not written through (bash's >> follows it)
+  [ ! -L "$LOGS/$name.out" ] || pdie "$LOGS/$name.out is a symbolic link; refusing to write through it"
+  # this launch's lines start after these: first_error reports this attempt's error, not an earlier one's
+  STAGE_LOG_SKIP[$name]=0
+  [ ! -e "$LOGS/$name.out" ] || STAGE_LOG_SKIP[$name]=$(wc -l <"$LOGS/$name.out")
   if [ -n "${RUN_LOCK_FD:-}" ]; then
     "$@" >>"$LOGS/$name.out" 2>&1 </dev/null {RUN_LOCK_FD}>&- &
   else
@@ -187,7 +200,7 @@ supervise() {
       plog "$name stopped before the end of its stream (status $rc) and has been restarted $MAX_RESTARTS times; giving up"
       return 1
     else
-      plog "$name failed (status $rc): $(first_error "$LOGS/$name.out")"
+      plog "$name failed (status $rc): $(first_error "$LOGS/$name.out" "${STAGE_LOG_SKIP[$name]:-0}")"
       plog "last lines of $LOGS/$name.out:"
       tail -n 5 "$LOGS/$name.out" | sed 's/^/    /' >&2
       return 1
@@ -202,6 +215,32 @@ wait_for_file() {
     if [ -e "$path" ] && { [ -z "$pat" ] || grep -q -- "$pat" "$path" 2>/dev/null; }; then return 0; fi
     sleep 0.05
   done
+  return 1
+}
+
+# wait_stage_file NAME PATH SECS [PAT]: as wait_for_file, for a file the stage NAME writes once it is up. A stage
+# stopped during its start-up (a signal, exit 3) is started again as supervise would (up to $MAX_RESTARTS); one that
+# fails otherwise makes it return 1 at once, naming the stage's error (a refusal is said when it happens, not after
+# SECS); after SECS it returns 1 with "did not come up".
+wait_stage_file() {
+  local name=$1 path=$2 secs=$3 pat=${4:-} i rc
+  for ((i = 0; i < secs * 20; i++)); do
+    if [ -e "$path" ] && { [ -z "$pat" ] || grep -q -- "$pat" "$path" 2>/dev/null; }; then return 0; fi
+    if ! _alive "$name"; then
+      rc=0; wait "${STAGE_PID[$name]}" 2>/dev/null || rc=$?
+      if { [ "$rc" -gt 128 ] || [ "$rc" -eq "$STAGE_EXIT_STOPPED" ]; } && [ "${STAGE_RESTARTS[$name]}" -lt "$MAX_RESTARTS" ]; then
+        STAGE_RESTARTS[$name]=$((STAGE_RESTARTS[$name] + 1))
+        plog "$name stopped during its start-up (status $rc); starting it again (restart ${STAGE_RESTARTS[$name]} of at most $MAX_RESTARTS)"
+        eval "_launch $(printf '%q' "$name") ${STAGE_CMD[$name]}"
+        continue
+      fi
+      STAGE_PID[$name]=""
+      plog "$name exited during start-up (status $rc): $(first_error "$LOGS/$name.out" "${STAGE_LOG_SKIP[$name]:-0}")"
+      return 1
+    fi
+    sleep 0.05
+  done
+  plog "$name did not come up within ${secs}s (no $path); see $LOGS/$name.out"
   return 1
 }
 
@@ -229,11 +268,12 @@ wait_ring_drained() {
 # down and the producers stopped), 1 on failure.
 TRAIN_NEXT_SEQ=""
 train_seq_from_log() {   # train_seq_from_log SKIP_LINES SECS: the seq the trainer prints at start
-  local skip=$1 secs=$2 i line
+  local skip=$1 secs=$2 i line dead
   for ((i = 0; i < secs * 10; i++)); do
+    dead=0; _alive dflash-train || dead=1   # before reading: a trainer that printed and exited at once is read
     line=$(tail -n +"$((skip + 1))" "$LOGS/dflash-train.out" 2>/dev/null | grep -m1 -o 'needs batch seq [0-9]* next' || true)
     if [ -n "$line" ]; then TRAIN_NEXT_SEQ=${line//[^0-9]/}; return 0; fi
-    _alive dflash-train || return 1
+    [ "$dead" = 0 ] || return 1
     sleep 0.1
   done
   return 1
@@ -242,6 +282,10 @@ train_seq_from_log() {   # train_seq_from_log SKIP_LINES SECS: the seq the train
 shutdown_rings() {
   "$DFLASH_BIN/dflash-shm" --run "$RUN" --shutdown >>"$LOGS/dflash-shm.out" 2>&1 || true
   stop_stage dflash-shm TERM 20
+  # A dflash-shm that was signalled while the chain stopped (or that a restart had just replaced) leaves its
+  # segments for a restart to adopt, items included; the next chain must start on empty rings (issue 24: it
+  # adopted seqs past the trainer's and hspack waited for a seq stuck behind them), so what is left goes now.
+  remove_run_segments "$RUN"
 }
 
 run_train_chain() {
@@ -249,25 +293,32 @@ run_train_chain() {
   while :; do
     rm -f "$RUN/shm.json"
     start_stage --service dflash-shm "${CMD_SHM[@]}"
-    wait_for_file "$RUN/shm.json" 20 '"running"' || { plog "dflash-shm did not come up; see $LOGS/dflash-shm.out"; return 1; }
+    wait_stage_file dflash-shm "$RUN/shm.json" 20 '"running"' || return 1
     if [ -n "${CMD_METRICS+x}" ] && ! _alive dflash-metrics; then
       rm -f "$RUN/bus/metrics.sock"
       start_stage --service dflash-metrics "${CMD_METRICS[@]}"
-      wait_for_file "$RUN/bus/metrics.sock" 20 || { plog "dflash-metrics did not bind its socket; see $LOGS/dflash-metrics.out"; return 1; }
+      wait_stage_file dflash-metrics "$RUN/bus/metrics.sock" 20 || return 1
     fi
-    skip=0; [ ! -e "$LOGS/dflash-train.out" ] || skip=$(wc -l <"$LOGS/dflash-train.out")
     start_stage --chain dflash-train "${CMD_TRAIN[@]}" --resume
-    if ! train_seq_from_log "$skip" 120; then
-      rc=0; [ -z "${STAGE_PID[dflash-train]}" ] || wait "${STAGE_PID[dflash-train]}" 2>/dev/null || rc=$?
-      plog "dflash-train did not start (status $rc): $(first_error "$LOGS/dflash-train.out")"
-      plog "last lines of $LOGS/dflash-train.out:"
-      tail -n 5 "$LOGS/dflash-train.out" | sed 's/^/    /' >&2
-      return 1
-    fi
-    plog "dflash-train needs batch seq $TRAIN_NEXT_SEQ next: the producers start there"
-    start_feeders "$TRAIN_NEXT_SEQ"
+    skip=${STAGE_LOG_SKIP[dflash-train]}
     rc=0
-    supervise dflash-train || rc=$?
+    if ! train_seq_from_log "$skip" 120; then
+      [ -z "${STAGE_PID[dflash-train]}" ] || wait "${STAGE_PID[dflash-train]}" 2>/dev/null || rc=$?
+      STAGE_PID[dflash-train]=""
+      if [ "$rc" -gt 128 ] || [ "$rc" -eq "$STAGE_EXIT_STOPPED" ]; then   # stopped while starting: as a death later
+        plog "dflash-train stopped during its start-up (status $rc); the chain restarts"
+        rc=2
+      else
+        plog "dflash-train did not start (status $rc): $(first_error "$LOGS/dflash-train.out" "$skip")"
+        plog "last lines of $LOGS/dflash-train.out:"
+        tail -n +"$((skip + 1))" "$LOGS/dflash-train.out" | tail -n 5 | sed 's/^/    /' >&2
+        return 1
+      fi
+    else
+      plog "dflash-train needs batch seq $TRAIN_NEXT_SEQ next: the producers start there"
+      start_feeders "$TRAIN_NEXT_SEQ"
+      supervise dflash-train || rc=$?
+    fi
     if [ "$rc" = 0 ]; then break; fi
     if [ "$rc" != 2 ]; then return 1; fi
     round=$((round + 1))
@@ -281,8 +332,23 @@ run_train_chain() {
   return 0
 }
 
-# write_state FILE TEXT: a stage's state file, atomically (the producers' rewind points).
-write_state() { printf '%s\n' "$2" >"$1.tmp" && mv "$1.tmp" "$1"; }
+# write_state FILE TEXT: a stage's state file, atomically (the producers' rewind points): a fresh temporary of
+# mktemp (O_EXCL, 0600; never a planted name), then rename.
+write_state() {
+  local tmp
+  tmp=$(mktemp "$1.XXXXXX") || pdie "cannot create a temporary file beside $1"
+  printf '%s\n' "$2" >"$tmp" && mv -f -T "$tmp" "$1"
+}
+
+# rewind_online_feeders SEQ: where a chain of dflash-pack -> dflash-target -> dflash-hspack starts: at batch SEQ,
+# whatever an earlier chain left (issue 24). The packer's saved cursor is removed, so --resume-from-seq SEQ seeks
+# there (a cursor that was rewound to the same SEQ by an earlier chain would make it continue past SEQ, and
+# hspack would wait for SEQ forever); hspack's next seq is set to SEQ. Within the chain, a packer restarted alone
+# continues from the cursor it writes from then on.
+rewind_online_feeders() {
+  rm -f "$RUN/state/pack.cursor"
+  write_state "$RUN/state/hspack.features.next" "$(printf '%020d' "$1")"
+}
 
 # ---------------------------------------------------------------- what every pipeline script does
 # prepare_run_dir NAME: --fresh (FRESH=1) removal of a run directory this script made, the run
@@ -300,10 +366,29 @@ prepare_run_dir() {
     plog "--fresh: removing $RUN"
     rm -rf "$RUN"
   fi
+  check_run_dir_private "$RUN"
   mkdir -p "$RUN/logs" "$RUN/state"
   RUN=$(cd "$RUN" && pwd)
   lock_run "$RUN"   # a second pipeline on this run directory stops here, naming the holder
   LOGS=$RUN/logs
+}
+
+# check_run_dir_private RUN: a run directory that exists must be the caller's and closed to group and other, and so
+# must everything directly in it (another user could otherwise plant a symlink or append to a state file); an
+# empty one of ours is closed (chmod 700) instead. One line and exit 1 otherwise. A new one is made 0700.
+check_run_dir_private() {
+  local run=$1 me bad mode
+  me=$(id -u)
+  if [ ! -e "$run" ]; then mkdir -p -m 700 "$run" || pdie "cannot create the run directory $run"; return 0; fi
+  [ -d "$run" ] && [ ! -L "$run" ] || pdie "run directory $run is not a directory (or is a symbolic link); refusing it"
+  [ "$(stat -c %u "$run")" = "$me" ] || pdie "run directory $run belongs to uid $(stat -c %u "$run"), not to this user (uid $me); refusing to use it"
+  mode=$(stat -c %a "$run")
+  if [ $((8#$mode & 8#077)) -ne 0 ]; then
+    [ -z "$(ls -A "$run")" ] || pdie "run directory $run has mode $mode (open to group/other); refusing it: use a new --run, or chmod -R go-rwx it if nobody else wrote into it"
+    chmod 700 "$run" || pdie "chmod 700 $run failed"
+  fi
+  bad=$(find "$run" -mindepth 1 -maxdepth 2 \( ! -user "$me" -o \( ! -type l -perm /022 \) \) -print -quit 2>/dev/null)
+  [ -z "$bad" ] || pdie "run directory $run holds $bad, which belongs to another user or is writable by group/other; refusing it"
 }
 
 # A stage of an earlier attempt that still runs (its script was killed) would race with ours.
@@ -457,11 +542,12 @@ stage_busy() {
   ' "$1/metrics.jsonl"
 }
 
-# first_error FILE: a stage log's first error line without its timestamp/level/pid prefix (or its last line).
+# first_error FILE [SKIP]: a stage log's first error line after its first SKIP lines (this attempt's) without its
+# timestamp/level/pid prefix (or its last line).
 first_error() {
-  local l
-  l=$(grep -m1 ' [EF] dflash-[a-z]*\[[0-9]*\] ' "$1" 2>/dev/null | sed 's/^.* [EF] dflash-[a-z]*\[[0-9]*\] //') || true
-  [ -n "$l" ] || l=$(tail -n 1 "$1" 2>/dev/null)
+  local l skip=${2:-0}
+  l=$(tail -n +"$((skip + 1))" "$1" 2>/dev/null | grep -m1 ' [EF] dflash-[a-z]*\[[0-9]*\] ' | sed 's/^.* [EF] dflash-[a-z]*\[[0-9]*\] //') || true
+  [ -n "$l" ] || l=$(tail -n +"$((skip + 1))" "$1" 2>/dev/null | tail -n 1)
   printf '%s' "$l"
 }
 
@@ -475,12 +561,11 @@ need_bins() {
   done
 }
 
-# online_ring_specs: BATCH_SPEC, HIDDEN_SPEC and FEATURE_SPEC of the pack -> target -> hspack chain, each from the
-# stage's own --print-ring-spec. Reads PACK_FLAGS, MODEL, TOKENS, DEVICE, LAYER_FLAGS, K, H, DTYPE and LOGS.
-online_ring_specs() {
-  BATCH_SPEC=$("$DFLASH_BIN/dflash-pack" "${PACK_FLAGS[@]}" --print-ring-spec) || pdie "dflash-pack --print-ring-spec failed"
-  HIDDEN_SPEC=$("$DFLASH_BIN/dflash-target" --model "$MODEL" --tokens "$TOKENS" --device "$DEVICE" ${LAYER_FLAGS[@]+"${LAYER_FLAGS[@]}"} \
-                  --print-ring-spec 2>"$LOGS/spec.out") || pdie "dflash-target --model $MODEL: $(first_error "$LOGS/spec.out")"
-  FEATURE_SPEC=$("$DFLASH_BIN/dflash-hspack" --tokens "$TOKENS" --n-layers "$K" --hidden-size "$H" --dtype "$DTYPE" \
-                   --device "$DEVICE" --print-ring-spec) || pdie "dflash-hspack --print-ring-spec failed"
+# check_model_config MODEL DEVICE: the target's config.json parsed as the stages parse it (dflash-target
+# --print-ring-spec), or exit 1 with its sentence (issue 24: a config.json that is not JSON showed as "no
+# hidden_size").
+check_model_config() {
+  local out
+  out=$("$DFLASH_BIN/dflash-target" --model "$1" --tokens 16 --device "$2" --print-ring-spec 2>&1 >/dev/null) ||
+    pdie "$(printf '%s\n' "$out" | grep -m1 ' [EF] dflash-[a-z]*\[[0-9]*\] ' | sed 's/^.* [EF] dflash-[a-z]*\[[0-9]*\] //' || echo "$1: dflash-target cannot read this model")"
 }

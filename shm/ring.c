@@ -68,6 +68,7 @@ struct ring_header {
     int32_t device;
     uint32_t n_producers;
     uint32_t slot_hdr_bytes;        /* SLOT_HDR_BYTES */
+    uint64_t plan;                  /* the run plan's hash (spec plan=), 0 for none */
     int32_t owner_pid;              /* the creating process (dflash-shm) */
     uint64_t owner_start;           /* its start time, clock ticks since boot */
     char name[RING_NAME_MAX];
@@ -546,6 +547,7 @@ struct ring *ring_create(const char *run_dir, const struct ring_spec *spec, char
     h->desc_bytes = spec->desc_bytes;
     h->device = spec->device < 0 ? -1 : spec->device;
     h->n_producers = spec->n_producers;
+    h->plan = spec->plan;
     h->slot_hdr_bytes = SLOT_HDR_BYTES;
     h->owner_pid = (int32_t)getpid();
     h->owner_start = ring_pid_start(h->owner_pid);
@@ -623,7 +625,7 @@ static int try_adopt(struct ring *r, const char *run_dir) {
     int old_pid = hc.owner_pid;
     if (validate_header(r->segment, &hc, (uint64_t)sb.st_size, why, sizeof why) != 0 || hc.device >= 0 ||
         hc.n_slots != r->spec.n_slots || hc.payload_bytes != r->spec.payload_bytes ||
-        hc.desc_bytes != r->spec.desc_bytes || hc.n_producers != r->spec.n_producers ||
+        hc.desc_bytes != r->spec.desc_bytes || hc.n_producers != r->spec.n_producers || hc.plan != r->spec.plan ||
         strncmp(hc.name, r->spec.name, RING_NAME_MAX) != 0 ||
         !__atomic_compare_exchange_n(&h->owner_pid, &old_pid, (int32_t)getpid(), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
         munmap(base, (size_t)sb.st_size);
@@ -735,6 +737,7 @@ struct ring *ring_attach(const char *run_dir, const char *name, int role, int wa
     r->spec.desc_bytes = h->desc_bytes;
     r->spec.device = h->device;
     r->spec.n_producers = h->n_producers;
+    r->spec.plan = h->plan;
     r->L = (struct layout){h->slots_offset, h->slot_stride, h->payload_offset, h->payload_stride, h->segment_bytes};
     if (strcmp(r->spec.name, name) != 0) {
         set_err(err, err_len, "segment %s names ring '%s', expected '%s'", r->segment, r->spec.name, name);
@@ -1227,6 +1230,16 @@ int ring_scan_segments(const char *prefix, void (*fn)(void *ctx, const struct ri
         snprintf(seg, sizeof seg, "/%s", e->d_name);
         int fd = shm_open(seg, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
         if (fd >= 0) { peek_segment(fd, &info); close(fd); }
+        else {   /* another user's 0600 segment cannot be opened: its owner and mode from the directory entry */
+            char path[300];
+            struct stat sb;
+            snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+            if (lstat(path, &sb) == 0) {
+                info.uid = (unsigned)sb.st_uid;
+                info.mode = (unsigned)(sb.st_mode & 07777);
+                info.bytes = (uint64_t)sb.st_size;
+            }
+        }
         fn(ctx, &info);
         n++;
     }
@@ -1304,8 +1317,17 @@ int ring_parse_specs(const char *text, struct ring_spec *specs, int max_specs, i
                 }
                 cur->device = (int)x;
             }
+        } else if (!strcmp(k, "plan")) {
+            char *end;
+            errno = 0;
+            unsigned long long h = strtoull(v, &end, 16);
+            if (errno || end == v || *end || v[0] == '-' || strlen(v) > 16) {
+                set_err(err, err_len, "ring '%s': plan=%s is not a plan hash (up to 16 hex digits)", cur->name, v);
+                return -1;
+            }
+            cur->plan = (uint64_t)h;
         } else {
-            set_err(err, err_len, "ring '%s': unknown key '%s' (known: slots, bytes, desc, dev, producers)", cur->name, k);
+            set_err(err, err_len, "ring '%s': unknown key '%s' (known: slots, bytes, desc, dev, producers, plan)", cur->name, k);
             return -1;
         }
     }

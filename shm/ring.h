@@ -72,7 +72,7 @@ extern "C" {
 #endif
 
 #define RING_MAGIC   0x31474e4952464c44ull   /* "DLFRING1" little-endian */
-#define RING_VERSION 1u
+#define RING_VERSION 2u                      /* 2: the header carries the run plan's hash (spec key plan=) */
 #define RING_NAME_MAX 32                     /* ring names: [A-Za-z0-9_-], at most 31 chars */
 #define RING_MAX_ATTACH 64                   /* attach-table entries per ring */
 
@@ -90,6 +90,7 @@ struct ring_spec {
     uint32_t desc_bytes;       /* capacity of one slot's descriptor (msgpack), >= 1 */
     int device;                /* -1: host payload in the segment; N: payloads on CUDA device N */
     uint32_t n_producers;      /* producers that must drain before the end of stream; 0 = any (>= 1) */
+    uint64_t plan;             /* hash of the run plan the ring was made for (stages/plan/plan.h); 0: none */
 };
 
 /* One claimed slot, filled by the acquire calls. The pointers stay valid until the slot is
@@ -138,6 +139,7 @@ struct ring;
  * where a new ring starts at each item holding ':' before any '=', and keys are
  *   slots=N (default 8)  bytes=SIZE (payload per slot, default 1M)  desc=SIZE (default 4k)
  *   dev=host|cpu|cuda:N|N (default host)  producers=N (default 0, see DESIGN)
+ *   plan=HEX (the run plan's hash, 16 hex digits; default 0: made without a plan)
  * SIZE takes k/M/G suffixes (powers of 1024). Appends to specs[*n_specs..max_specs). Returns 0,
  * or -1 with a sentence naming the offending item. Pure function; thread-safe. */
 int ring_parse_specs(const char *text, struct ring_spec *specs, int max_specs, int *n_specs,

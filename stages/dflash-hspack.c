@@ -37,6 +37,7 @@
 #include "core/record.h"
 #include "core/rings.h"
 #include "core/stage.h"
+#include "plan/plan.h"
 #include "hspack/hspack.h"
 #include "shm/ring.h"
 
@@ -389,6 +390,23 @@ int main(int argc, char **argv) {
                         "dflash-replay. Exit 0 at end of stream, 3 when stopped by a signal, 1 on bad input.",
                         NULL, 0);
     char err[2048];
+    /* The run plan (RUN/plan.json, stages/plan/plan.h) owns the budget, k, H, dtype and device. */
+    struct plan plan;
+    int have_plan = plan_open_run(o.common.run_dir, &plan, err, sizeof err);
+    if (have_plan < 0) { fprintf(stderr, "dflash-hspack: %s\n", err); return 2; }
+    if (have_plan &&
+        (plan_bind_int(&plan, "tokens", flags_given(argc, argv, "tokens"), &o.tokens, plan.tokens, "tokens", err,
+                       sizeof err) ||
+         plan_bind_int(&plan, "n-layers", flags_given(argc, argv, "n-layers"), &o.n_layers, plan.n_ids,
+                       "capture.layer_ids count", err, sizeof err) ||
+         plan_bind_int(&plan, "hidden-size", flags_given(argc, argv, "hidden-size"), &o.hidden_size, plan.hidden_size,
+                       "target.hidden_size", err, sizeof err) ||
+         plan_bind_int(&plan, "dtype", flags_given(argc, argv, "dtype"), &o.dtype, plan.dtype == DESC_DTYPE_F32 ? 1 : 0,
+                       "dtype (0 bf16, 1 f32)", err, sizeof err) ||
+         plan_bind_device(&plan, flags_given(argc, argv, "device"), &o.common.device, plan.device, err, sizeof err))) {
+        fprintf(stderr, "dflash-hspack: %s\n", err);
+        return 2;
+    }
     if (o.print_spec) {
         if (!o.tokens || !o.n_layers || !o.hidden_size) {
             fprintf(stderr, "dflash-hspack: --print-ring-spec needs --tokens, --n-layers and --hidden-size\n");
@@ -431,6 +449,8 @@ int main(int argc, char **argv) {
     if (!h.in) DIE("%s", err);
     h.out = ring_attach(o.common.run_dir, o.out_ring, RING_PRODUCER, o.wait_ms, err, sizeof err);
     if (!h.out) DIE("%s", err);
+    if (have_plan && (rings_check_plan(h.in, plan.hash, err, sizeof err) || rings_check_plan(h.out, plan.hash, err, sizeof err)))
+        DIE("%s", err);
     check_hint(NULL);
     h.is = ring_get_spec(h.in);
     h.os = ring_get_spec(h.out);
@@ -475,7 +495,7 @@ int main(int argc, char **argv) {
     LIB_CHECK(fs_mkdir_p(sdir, err, sizeof err), err);
     snprintf(spath, sizeof spath, "%s/hspack.%s.next", sdir, o.out_ring);
     uint64_t next = 0;
-    h.state_fd = open(spath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    h.state_fd = fs_open_state(spath);   /* private, O_NOFOLLOW */
     SYS_CHECK(h.state_fd);
     char sbuf[64] = {0};
     ssize_t sn = pread(h.state_fd, sbuf, sizeof sbuf - 1, 0);

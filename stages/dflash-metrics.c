@@ -8,7 +8,8 @@
  * to the same files; senders reconnect on their own. It ends on SIGINT/SIGTERM, with
  * --exit-when-done once every stage that sent a heartbeat has sent its summary or is gone, or
  * after --idle-exit-s without a message; in every case it drains what is queued, draws the final
- * plots and logs the summary table.
+ * plots and logs the summary table. Exit status: 3 (STAGE_EXIT_STOPPED) after SIGINT/SIGTERM, as any
+ * stage stopped by a signal (a supervisor starts it again), 0 after --exit-when-done or --idle-exit-s.
  *
  * Why a receive thread: nanomsg tears a connection down as soon as the peer hangs up, and a
  * message it has read but we have not yet nn_recv'd goes with it. A sender's last records before
@@ -233,5 +234,7 @@ int main(int argc, char **argv) {
     msink_close(s);
     nn_close(sock);
     unlink(path);
-    return 0;
+    /* Stopped by a signal: 3 (STAGE_EXIT_STOPPED) like every stage, so a supervisor restarts a sink that was
+     * stopped while the run goes on (issue 24: exit 0 here read as "the service left" and failed the run). */
+    return stage_stopping() ? STAGE_EXIT_STOPPED : 0;
 }

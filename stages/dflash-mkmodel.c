@@ -36,7 +36,7 @@
 #include "core/stage.h"
 #include "kernels/common.h"
 #include "model/hfconfig.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "model/weights.h"
 
 #define CHUNK_ELEMS (1 << 20)          /* one generator stream per chunk */
@@ -420,7 +420,8 @@ static double normal(uint64_t *s) {
 static void write_dataset(const char *path, const struct ds_opts *o) {
     char tmp[4096], err[1024];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "w");
+    int fd = fs_create_tmp(tmp);   /* private, O_EXCL | O_NOFOLLOW */
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "w");
     if (!f) DIE("cannot create %s: %s", tmp, strerror(errno));
     static char iobuf[1 << 20];
     setvbuf(f, iobuf, _IOFBF, sizeof iobuf);

@@ -2,7 +2,7 @@
  * stages/dflash-pack.c — the dataset packing stage (design.md §2, §6, §8; issue 4).
  *
  * Reads a dataset (JSONL or the indexed format, stages/core/dataset.h), packs it with the policy
- * of stages/core/packer.h, and publishes one `batch` descriptor + host payload per sequence
+ * of stages/pack/packer.h, and publishes one `batch` descriptor + host payload per sequence
  * number to the `batches` ring (shm/ring.h), or with --out-dir writes each batch as a file. The
  * stream is a pure function of (dataset, --tokens, --window, --seed, --shard); --epochs and
  * --max-batches only say where it ends.
@@ -22,7 +22,7 @@
  *   uint64 payload_off (= 2304, a multiple of DESC_ALIGN); the msgpack batch descriptor at byte 32;
  *   zeros up to payload_off; payload_len payload bytes at payload_off (the file ends there).
  *
- * Validation (--val-frac F --val-every N, stages/core/packer.h): the last round(F x rows) rows are held
+ * Validation (--val-frac F --val-every N, stages/pack/packer.h): the last round(F x rows) rows are held
  * out and packed into val batches (descriptor split = val); after every N-th train batch comes one
  * full pass over them, in the one seq stream, so seeking and the trainer's resume stay arithmetic.
  *
@@ -36,10 +36,11 @@
 #include "core/flags.h"
 #include "core/fsutil.h"
 #include "core/log.h"
-#include "core/packer.h"
+#include "pack/packer.h"
 #include "core/relay.h"
 #include "core/rings.h"
 #include "core/stage.h"
+#include "plan/plan.h"
 #include "shm/ring.h"
 
 #include <errno.h>
@@ -89,8 +90,9 @@ static int parse_shard(const char *s, uint32_t *i, uint32_t *n) {
 static void write_fast(const char *path, const void *data, size_t len) {
     char tmp[PATH_MAX + 32];
     if (snprintf(tmp, sizeof tmp, "%s.fast.%d", path, (int)getpid()) >= (int)sizeof tmp) DIE("path too long: %s", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) DIE("fopen(%s): %s", tmp, strerror(errno));
+    int fd = fs_create_tmp(tmp);   /* private, O_EXCL | O_NOFOLLOW */
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "wb");
+    if (!f) DIE("cannot create %s: %s", tmp, strerror(errno));
     if (fwrite(data, 1, len, f) != len) DIE("write(%s): %s", tmp, strerror(errno));
     if (fclose(f)) DIE("close(%s): %s", tmp, strerror(errno));
     SYS_CHECK(rename(tmp, path));
@@ -238,6 +240,25 @@ int main(int argc, char **argv) {
     flags_parse_or_exit(table, argc, argv, "--data FILE (--run DIR [--out-dir DIR] | --index OUT) [flags]",
                         "Packs a tokenized dataset into batches of at most --tokens tokens for the `batches` ring.", NULL, 0);
     char err[2048];
+    /* The run plan (RUN/plan.json, stages/plan/plan.h) owns the dataset, budget, seed, window and the
+     * batches the steps need; a flag may repeat the plan's value, never contradict it. */
+    struct plan plan;
+    int have_plan = index_out ? 0 : plan_open_run(common.run_dir, &plan, err, sizeof err);
+    if (have_plan < 0) { fprintf(stderr, "dflash-pack: %s\n", err); return 2; }
+    if (have_plan) {
+        if (!flags_given(argc, argv, "epochs")) epochs = 0;   /* --max-batches (the plan's batches) ends the stream */
+        if (plan_bind_str(&plan, "data", flags_given(argc, argv, "data"), &data, plan.data, "data", err, sizeof err) ||
+            plan_bind_int(&plan, "tokens", flags_given(argc, argv, "tokens"), &tokens, plan.tokens, "tokens", err,
+                          sizeof err) ||
+            plan_bind_int64(&plan, "seed", flags_given(argc, argv, "seed"), &seed, plan.seed, "seed", err, sizeof err) ||
+            plan_bind_int(&plan, "window", flags_given(argc, argv, "window"), &window, plan.window, "window", err,
+                          sizeof err) ||
+            plan_bind_int64(&plan, "max-batches", flags_given(argc, argv, "max-batches"), &max_batches, plan.batches,
+                            "batches (steps x grad_accum)", err, sizeof err)) {
+            fprintf(stderr, "dflash-pack: %s\n", err);
+            return 2;
+        }
+    }
     struct rings_geometry geo = {.budget = (uint32_t)tokens};
     if (print_spec) {
         char spec[256];
@@ -346,6 +367,7 @@ int main(int argc, char **argv) {
             .run_dir = common.run_dir, .out_ring = ring_name, .attach_wait_ms = ring_wait_ms,
             .wait_ms = 1000, .heartbeat_s = 1.0, .use_bus = 1, .item_name = "batch", .ctx = &ps,
             .compute = pack_compute, .at_end = pack_at_end, .heartbeat_kv = pack_kv, .published = pack_published,
+            .plan = have_plan ? plan.hash : 0,
         };
         check_hint("is dflash-shm running for this run with the ring (dflash-shm --run DIR --ring batches:...)?");
         relay = relay_open(&rc, err, sizeof err);

@@ -269,7 +269,7 @@ int main(int argc, char **argv) {
         {"summary", FLAG_STRING, &o.summary, "also write the end-of-run summary (JSON) to FILE, atomically", 1, 0},
         {"durable", FLAG_BOOL, &o.durable, "kept for old scripts: every item file is fsync'ed before its rename anyway (record.h)", 1, 0},
         {"wait-ms", FLAG_INT, &o.wait_ms, "how long to wait for the ring to appear", 0, INT_MAX},
-        {"heartbeat-s", FLAG_DOUBLE, &o.heartbeat_s, "seconds between metrics heartbeats", 1, 0},
+        {"heartbeat-s", FLAG_DOUBLE, &o.heartbeat_s, "seconds between metrics heartbeats", 0, 86400},
         FLAGS_END,
     };
     flags_parse_or_exit(table, argc, argv, "--run DIR [--ring NAME] [--out DIR] [--strict] [--expect N] [flags]",

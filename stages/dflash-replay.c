@@ -270,7 +270,7 @@ int main(int argc, char **argv) {
     if (run_path(sdir, sizeof sdir, o.common.run_dir, "state")) DIE("--run path too long");
     LIB_CHECK(fs_mkdir_p(sdir, err, sizeof err), err);
     snprintf(spath, sizeof spath, "%s/replay.%s.pos", sdir, o.out_ring);
-    r.state_fd = open(spath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    r.state_fd = fs_open_state(spath);   /* private, O_NOFOLLOW */
     SYS_CHECK(r.state_fd);
     char sbuf[128] = {0};
     ssize_t sn = pread(r.state_fd, sbuf, sizeof sbuf - 1, 0);

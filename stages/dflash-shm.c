@@ -7,7 +7,7 @@
  * `shutdown` request; then it marks every ring closed, unlinks every segment it created and
  * exits 0. It owns the GPU memory so that no compute stage owns memory another stage reads.
  *
- * Control protocol: msgpack over NN_REQ/NN_REP, encoded and decoded by stages/shm/control.h
+ * Control protocol: msgpack over NN_REQ/NN_REP, encoded and decoded by stages/shmctl/control.h
  * (kind + version, exact field counts). The socket is created with mode 0600 (umask 0177 around
  * nn_bind, then chmod and a check) and clients talk to it only when it is a socket owned by their
  * own uid with no group/other bits. Why not SO_PEERCRED: nanomsg hides the accepted connection's
@@ -23,7 +23,8 @@
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "core/stage.h"
-#include "shm/control.h"
+#include "plan/plan.h"
+#include "shmctl/control.h"
 #include "shm/ring.h"
 
 #include <errno.h>
@@ -37,6 +38,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -364,9 +366,33 @@ int main(int argc, char **argv) {
         return 0;
     }
 
-    if (n_specs == 0) { fprintf(stderr, "dflash-shm: give at least one --ring (see --help)\n"); return 2; }
+    /* The run plan (RUN/plan.json, stages/plan/plan.h) names the rings when no --ring is given; every ring
+     * carries the plan's hash in its header, so a stage that read another plan is refused at attach. */
+    struct plan plan;
+    int have_plan = plan_open_run(common.run_dir, &plan, err, sizeof err);
+    if (have_plan < 0) { fprintf(stderr, "dflash-shm: %s\n", err); return 2; }
+    if (have_plan && n_specs == 0)
+        for (int i = 0; i < plan.n_rings; i++)
+            if (ring_parse_specs(plan.rings[i], specs, MAX_RINGS, &n_specs, err, sizeof err) != 0) {
+                fprintf(stderr, "dflash-shm: %s: rings[%d]: %s\n", plan.path, i, err);
+                return 2;
+            }
+    if (have_plan)
+        for (int i = 0; i < n_specs; i++)
+            if (!specs[i].plan) specs[i].plan = plan.hash;
+    if (n_specs == 0) { fprintf(stderr, "dflash-shm: give at least one --ring, or a run with a plan.json (see --help)\n"); return 2; }
     stage_start(&common, 1);
     ring_set_log(ring_log_to_stage, NULL);
+
+    char url[PATH_MAX + 16];
+    if (control_url(common.run_dir, url, sizeof url)) DIE("run directory path too long for the control socket: %s", common.run_dir);
+    {   /* said before any ring is created or the socket bound (issue 24: nanomsg's "Invalid argument" came with a hint about another dflash-shm) */
+        struct sockaddr_un un;
+        size_t path_len = strlen(url) - strlen("ipc://");
+        if (path_len >= sizeof un.sun_path)
+            DIE("control socket path is %zu bytes, a Unix socket allows %zu: %s (hint: use a shorter --run path)",
+                path_len, sizeof un.sun_path - 1, url + strlen("ipc://"));
+    }
 
     struct ring *rings[MAX_RINGS] = {0};
     for (int i = 0; i < n_specs; i++) {
@@ -382,8 +408,6 @@ int main(int argc, char **argv) {
                  ring_format_bytes(specs[i].desc_bytes, db, sizeof db), specs[i].n_producers);
     }
 
-    char url[PATH_MAX + 16];
-    if (control_url(common.run_dir, url, sizeof url)) DIE("run directory path too long for the control socket: %s", common.run_dir);
     int sock = nn_socket(AF_SP, NN_REP);
     NN_CHECK(sock);
     int rcv_ms = 250;

@@ -27,7 +27,8 @@
 #include "core/relay.h"
 #include "core/rings.h"
 #include "core/stage.h"
-#include "model/safetensors.h"
+#include "plan/plan.h"
+#include "core/safetensors.h"
 #include "model/target.h"
 #include "shm/ring.h"
 
@@ -53,6 +54,7 @@ struct opts {
     double heartbeat_s;
     const char *docs, *dump;
     int print_spec, spec_slots;
+    uint64_t plan;                              /* the run plan's hash (0: no plan.json in --run) */
 };
 
 /* "1,9,17" of the target's captured layer ids into buf. */
@@ -158,6 +160,7 @@ struct tstage {
     struct target *t;
     int k, H;
     enum desc_dtype dtype;
+    uint64_t target_id;    /* desc_target_id of --model: every hidden item names its target */
     double flops;          /* cumulative, for tflops_per_s_busy */
     double item_flops;     /* of the last item, for its metric record */
     struct relay *relay_;  /* for busy_s in heartbeats */
@@ -188,6 +191,7 @@ static int compute_hidden(void *ctx, struct relay_item *it, char *err, int err_l
     for (int j = 0; j < ts->k; j++) hd.layers[j] = target_capture(ts->t)[j];
     hd.dtype = ts->dtype;
     hd.hidden_size = (uint32_t)ts->H;
+    hd.target_id = ts->target_id;
     desc_hidden_layout(&hd);
     if (hd.batch.payload_bytes > os->payload_cap)
         return err_fail(err, err_len, "hidden item of batch seq %llu needs %llu payload bytes, ring '%s' slots hold %llu",
@@ -254,10 +258,12 @@ static int ring_mode(const struct opts *o, struct target *t) {
     struct tstage ts = {.o = o, .t = t, .k = target_n_capture(t), .H = target_config(t)->hidden_size};
     int dev = target_device(t);
     ts.dtype = dev >= 0 ? DESC_DTYPE_BF16 : DESC_DTYPE_F32;
+    LIB_CHECK(desc_target_id_of_model(o->model, &ts.target_id, err, sizeof err), err);
     struct relay_config rc = {
         .run_dir = o->common.run_dir, .in_ring = o->in_ring, .out_ring = o->out_ring,
         .attach_wait_ms = o->wait_ms, .heartbeat_s = o->heartbeat_s, .use_bus = 1, .item_name = "batch",
         .ctx = &ts, .compute = compute_hidden, .heartbeat_kv = target_heartbeat_kv, .metric = target_metric,
+        .plan = o->plan,
     };
     check_hint("is dflash-shm running for this --run, with the rings named by --in/--out?");
     struct relay *r = relay_open(&rc, err, sizeof err);
@@ -319,8 +325,25 @@ int main(int argc, char **argv) {
                         "published, so a SIGKILL and restart loses nothing; several replicas may share the rings. "
                         "Exit 0 at end of stream, 3 when stopped by a signal before it.",
                         NULL, 0);
-    if (!o.model) { fprintf(stderr, "dflash-target: --model DIR is required (see --help)\n"); return 2; }
     char err[1024];
+    /* The run plan (RUN/plan.json, stages/plan/plan.h) owns the model, budget, captured ids and device. */
+    struct plan plan;
+    int have_plan = o.docs ? 0 : plan_open_run(o.common.run_dir, &plan, err, sizeof err);
+    if (have_plan < 0) { fprintf(stderr, "dflash-target: %s\n", err); return 2; }
+    if (have_plan) {
+        if (plan_bind_str(&plan, "model", flags_given(argc, argv, "model"), &o.model, plan.model, "model", err,
+                          sizeof err) ||
+            plan_bind_int(&plan, "tokens", flags_given(argc, argv, "tokens"), &o.tokens, plan.tokens, "tokens", err,
+                          sizeof err) ||
+            plan_bind_list(&plan, "layers", flags_given(argc, argv, "layers"), o.layers, &o.n_layers, plan.ids,
+                           plan.n_ids, "capture.layer_ids", err, sizeof err) ||
+            plan_bind_device(&plan, flags_given(argc, argv, "device"), &o.common.device, plan.device, err, sizeof err)) {
+            fprintf(stderr, "dflash-target: %s\n", err);
+            return 2;
+        }
+        o.plan = plan.hash;
+    }
+    if (!o.model) { fprintf(stderr, "dflash-target: --model DIR is required (see --help)\n"); return 2; }
     if (o.print_spec) {
         /* Sizing for pipeline scripts: needs only config.json, no weights and no run directory. */
         struct model_config cfg;

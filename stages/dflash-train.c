@@ -29,37 +29,20 @@
  *   refused with the field named), drops every batch seq below its next_seq, and says which seq it needs on
  *   stdout and in state/train.json, so the pipeline can rewind the packer. A batch consumed after the last
  *   checkpoint is therefore trained again after a crash, exactly as an uninterrupted run trained it.
- * - Memory: the drafter plans every buffer at start-up from (--tokens, --max-anchors, the model); this file
- *   adds two planned widening buffers (CPU path only). A step allocates nothing here.
- * - The GPU path (issue 20; --device cuda:N, or auto on a machine with a GPU). Start-up, after
- *   drafter_load_target and any checkpoint restore into the host drafter and struct optim: cudaSetDevice, one
- *   blocking stream (it orders after the init's synchronous uploads), drafter_gpu_init (uploads the host
- *   weights), optim_gpu_init (uploads the host optimizer state), drafter_gpu_warmup at --tokens (cuBLASLt
- *   plans), then drafter_gpu_memory is logged as the peak (a step allocates nothing) and sent as gpu_mem_gib
- *   in every metric and val record. Memory plan: the device allocation is the two inits' plans (logged region
- *   by region); the host adds a pinned buffer for one batch's arrays (desc_batch_max_payload_bytes(--tokens))
- *   and registers each host input slot's payload once (cudaHostRegister; a refusal is logged and the copies
- *   run from pageable memory). Data flow of one micro-batch: decode + check as above; the ids, positions, doc
- *   ids, mask, states and last are copied on the stream into drafter_gpu_inputs: host slots host-to-device
- *   (bf16, checked on the host in place), device slots device-to-device (their batch arrays are first copied
- *   to the pinned buffer on a side stream and checked there), fp32 host slots through drafter_gpu_load_batch
- *   (rounded to bf16 on the host; synchronous, the slow path; fp32 device slots are refused); an event is
- *   recorded after the copies; drafter_step_gpu (train 1, metrics left on the device); compute waits for that
- *   event before returning, since the relay releases the slot then. Optimizer step: optim_gpu_grad_norm_start
- *   (g *= 1/A, the norm on the device), optim_gpu_grad_norm_wait, drafter_gpu_metrics (the A micro-batches'
- *   metrics, complete by then), the guard on the host as on the CPU, optim_gpu_step (clip to --clip on the
- *   device, Muon + AdamW), drafter_gpu_zero_grad. A val batch first collects the pending train metrics (so a
- *   pass between micro-batches is not pooled into them), then runs drafter_step_gpu with train 0 and waits for
- *   its own metrics. Host waits, all of them: per micro-batch the copies event (the step itself runs on);
- *   per optimizer step the grad-norm wait (the metrics wait after it finds them done); per val batch its
- *   metrics; per device slot the batch-arrays copy; per fp32 host slot drafter_gpu_load_batch; every 256 train
- *   micro-batches of one step a metrics collection (drafter_step_gpu's pending capacity); at a checkpoint and
- *   before the exports the synchronous downloads (drafter_gpu_download_weights, optim_gpu_download_state) into
- *   the host drafter and struct optim, which ckpt.c and export.c read as on the CPU path. --dump-dir is refused
- *   on the GPU (the dump records the fp32 CPU step: run that step with --device cpu). Numerics are the
- *   drafter_gpu's (bf16 storage, fp32 accumulation), so a GPU run tracks a CPU run (tests/gpu/
- *   test_train_stage_gpu: loss within 5% per step) but is not bit-equal to it; a GPU run is deterministic and
- *   resumes exactly on the GPU. step_s on the GPU is host time per step (the step runs asynchronously).
+ * - Never a short success (issue 24): the run trains --max-steps steps or exits 1 with one line saying how many it
+ *   trained (a stream that ends early; a partial --grad-accum accumulation at its end is never applied). A resume
+ *   at --max-steps trains nothing and writes the exports again from the final checkpoint.
+ * - Memory: the drafter plans every buffer at start-up from (--tokens, --max-anchors, the model); step_cpu.c
+ *   adds two planned widening buffers (CPU path only), step_gpu.c the device plan. A step allocates nothing here.
+ * - The device work of a step sits behind struct step_exec (stages/train/step.h): step_cpu.c (the fp32 step on
+ *   host slots) or step_gpu.c (--device cuda:N, or auto on a machine with a GPU: the device drafter and optimizer,
+ *   the copies out of the input slots, the host waits, the memory plan; its file comment says which). This file
+ *   is the orchestration both share: decode and check, accumulate, guard, schedule, metrics, validation,
+ *   checkpoints. --dump-dir is refused on the GPU (the dump records the fp32 CPU step: run that step with
+ *   --device cpu). Numerics are the drafter_gpu's (bf16 storage, fp32 accumulation), so a GPU run tracks a CPU
+ *   run (tests/gpu/test_train_stage_gpu: loss within 5% per step) but is not bit-equal to it; a GPU run is
+ *   deterministic and resumes exactly on the GPU. step_s on the GPU is host time per step (the step runs
+ *   asynchronously).
  * - End: the stream ends (the packer's --epochs), or --max-steps optimizer steps are done (the relay's
  *   RELAY_FINISH: the trainer leaves before the end of the stream). Either way a last partial accumulation
  *   is applied, a final checkpoint is written and the exit status is 0. A validation pass the packer emits
@@ -76,6 +59,7 @@
 #include "core/relay.h"
 #include "core/rings.h"
 #include "core/stage.h"
+#include "plan/plan.h"
 #include "export/export.h"
 #include "kernels/common.h"
 #include "kernels/lmhead_loss.h"
@@ -84,12 +68,10 @@
 #include "train/mask_token.h"
 #include "train/optim.h"
 #include "train/sched.h"
+#include "train/step.h"
+#include "train/train_config.h"
 #include "train/vocab.h"
 
-#ifdef DFLASH_CUDA
-#include <cuda_runtime_api.h>
-#include "train/optim_gpu.h"
-#endif
 
 #include <jansson.h>
 #include <limits.h>
@@ -98,22 +80,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const loss_names[] = {"kl", "ce", NULL};                  /* LMHEAD_LOSS_* order */
-static const char *const weighting_names[] = {"none", "exp-decay", "dpace", NULL}; /* LMHEAD_WEIGHT_* */
-static const char *const optimizer_names[] = {"muon", "adamw", NULL};        /* enum optim_kind */
-static const char *const schedule_names[] = {"linear", "cosine", "none", NULL}; /* enum sched_kind */
-static const char *const convention_names[] = {"zlab", "speculators", NULL}; /* DRAFTER_IDS_* */
-static const char *const layer_type_names[] = {"sliding", "full", NULL};     /* DRAFTER_LAYER_* */
-
 struct opts {
     struct stage_common common;
     const char *target_model, *in_ring, *draft_vocab, *dump_dir;
-    int tokens, block_size, max_anchors, sliding_window, non_causal, sample_from_anchor;
-    int layer_types[DRAFTER_MAX_LAYERS], n_layer_types;
-    int layer_ids[DESC_MAX_LAYERS], n_layer_ids, convention;
-    int64_t mask_token_id;
-    double noise, gamma, alpha, init_std;
-    int loss, weighting, optimizer, schedule;
+    struct drafter_config dc;        /* the drafter's options, defined once (drafter_config_defaults); the flags
+                                      * write into it, the target's fields come from drafter_config_from_target */
+    double noise, gamma, alpha, init_std;   /* FLAG_DOUBLE views of dc's float options */
+    int optimizer, schedule;
+    int allow_unservable;   /* issue 26: train a configuration no serving engine serves (research) */
     double lr, muon_lr, weight_decay, muon_weight_decay, clip, warmup_ratio;
     int64_t warmup_steps, max_steps, seed, dump_step;
     int grad_accum, ckpt_every, keep, resume, max_nonfinite, wait_ms;
@@ -134,12 +108,11 @@ struct trainer {
     struct ckpt_table table;
     char *config_json;
     char ckpt_dir[PATH_MAX], state_path[PATH_MAX];
-    float *hidden_f32, *last_f32;    /* planned widening buffers: (T_max, k·H), (T_max, H) */
     int64_t step;                    /* optimizer steps done */
     int64_t next_seq;                /* the next batch seq this run needs */
     int micro;                       /* micro-batches accumulated into the gradients */
-    struct drafter_metrics acc;      /* metrics of the current optimizer step */
-    double loss_sum;                 /* Σ per-batch losses of the current step */
+    uint64_t target_id;              /* desc_target_id of --target-model: what every features item must name */
+    struct step_acc acc;             /* metrics and Σ per-batch losses of the current optimizer step */
     uint64_t step_tokens;
     double step_busy_s, last_step_t, lr;
     struct drafter_metrics val;      /* the open validation pass, pooled over its batches */
@@ -148,95 +121,18 @@ struct trainer {
     int64_t val_passes;
     struct relay *relay_;
     int gpu;                         /* 1: the GPU path (--device cuda:N); 0: the CPU path */
-    double gpu_mem_gib;              /* device memory in use after start-up (the peak: a step allocates nothing) */
-#ifdef DFLASH_CUDA
-    struct drafter_gpu *g;
-    struct optim_gpu *og;
-    cudaStream_t stream;             /* every device call of the step, the copies and the optimizer */
-    cudaStream_t side;               /* the copy of a device slot's batch arrays to the host for checking */
-    cudaEvent_t copied;              /* recorded after the copies out of an input slot */
-    void *h_batch;                   /* pinned: a device slot's batch arrays, checked on the host */
-    size_t h_batch_cap;
-    void **registered;               /* per input slot index: the host payload registered (cudaHostRegister) */
-    uint32_t n_registered;
-    int register_failed;             /* cudaHostRegister refused once: pageable copies from then on (logged) */
-    int gpu_pending;                 /* train steps whose metrics are still on the device */
-    int64_t host_fresh_step;         /* the host weights/optimizer state equal the device's at this step (-1) */
-#endif
+    struct step_exec x;              /* the step's device work: step_cpu_init or step_gpu_init (train/step.h) */
 };
 
-#ifdef DFLASH_CUDA
-#define TRAIN_GPU_METRIC_SLOTS 256   /* drafter_step_gpu holds at most this many steps' metrics (drafter.h) */
-#define CUDA_OK(call, what)                                                                                     \
-    do {                                                                                                        \
-        cudaError_t e_ = (call);                                                                                \
-        if (e_ != cudaSuccess) return err_fail(err, err_len, "%s: %s", (what), cudaGetErrorString(e_));       \
-    } while (0)
-
-/* Collect the metrics of the train steps enqueued since the last collection into the step's accumulators
- * (waits for the last step's metrics copy). */
-static int gpu_collect(struct trainer *tr, char *err, int err_len) {
-    if (!tr->gpu_pending) return 0;
-    struct drafter_metrics m;
-    if (drafter_gpu_metrics(tr->g, &m, err, err_len)) return -1;
-    drafter_metrics_add(&tr->acc, &m);
-    tr->loss_sum += m.loss_sum;   /* Σ of the steps' per-batch losses, as the CPU path adds them */
-    tr->gpu_pending = 0;
-    return 0;
-}
-
-/* Device weights and optimizer state -> the host drafter and struct optim (checkpoints, exports). */
-static int gpu_to_host(struct trainer *tr, char *err, int err_len) {
-    if (tr->host_fresh_step == tr->step) return 0;
-    if (drafter_gpu_download_weights(tr->g, err, err_len) || optim_gpu_download_state(tr->og, err, err_len)) return -1;
-    tr->host_fresh_step = tr->step;
-    return 0;
-}
-#endif
-
-/* The configuration a checkpoint must match (everything that changes what the run computes). */
+/* The configuration a checkpoint must match (everything that changes what the run computes): its keys are
+ * owned by stages/train/train_config.h, which dflash-export reads them back with. */
 static char *config_to_json(const struct opts *o, const struct drafter_config *c, const struct optim_config *oc,
                             const struct sched *s) {
-    json_t *j = json_object(), *types = json_array(), *ids = json_array();
-    int zl[DESC_MAX_LAYERS];
-    drafter_zlab_ids(c, zl);
-    for (int l = 0; l < c->L; l++) json_array_append_new(types, json_string(layer_type_names[c->layer_type[l]]));
-    for (int i = 0; i < c->k; i++) json_array_append_new(ids, json_integer(zl[i]));
-    json_object_set_new(j, "format", json_string("dflash-train config"));
-    json_object_set_new(j, "version", json_integer(1));
-    json_object_set_new(j, "target_model_type", json_string(c->target.model_type));
-    json_object_set_new(j, "hidden_size", json_integer(c->H));
-    json_object_set_new(j, "target_layers", json_integer(c->target.num_hidden_layers));
-    json_object_set_new(j, "vocab_size", json_integer(c->V_t));
-    json_object_set_new(j, "draft_vocab_size", json_integer(c->V_d));
-    json_object_set_new(j, "block_size", json_integer(c->B));
-    json_object_set_new(j, "layer_types", types);
-    json_object_set_new(j, "sliding_window", json_integer(c->sliding_window));
-    json_object_set_new(j, "sliding_window_non_causal", json_boolean(c->sliding_window_non_causal));
-    json_object_set_new(j, "max_anchors", json_integer(c->N));
-    json_object_set_new(j, "tokens", json_integer(c->T_max));
-    json_object_set_new(j, "target_layer_ids_zlab", ids);
-    json_object_set_new(j, "sample_from_anchor", json_boolean(c->sample_from_anchor));
-    json_object_set_new(j, "mask_token_id", json_integer(c->mask_token_id));
-    json_object_set_new(j, "noise", json_real(c->noise));
-    json_object_set_new(j, "loss", json_string(loss_names[c->loss]));
-    json_object_set_new(j, "weighting", json_string(weighting_names[c->weighting]));
-    json_object_set_new(j, "gamma", json_real(c->gamma));
-    json_object_set_new(j, "alpha", json_real(c->alpha));
-    json_object_set_new(j, "init_std", json_real(c->init_std));
-    json_object_set_new(j, "seed", json_integer(o->seed));
-    json_object_set_new(j, "optimizer", json_string(optimizer_names[oc->kind]));
-    json_object_set_new(j, "lr", json_real(oc->lr));
-    json_object_set_new(j, "muon_lr", json_real(oc->muon_lr));
-    json_object_set_new(j, "weight_decay", json_real(oc->weight_decay));
-    json_object_set_new(j, "muon_weight_decay", json_real(oc->muon_weight_decay));
-    json_object_set_new(j, "schedule", json_string(sched_kind_name(s->kind)));
-    json_object_set_new(j, "total_steps", json_integer(s->total));
-    json_object_set_new(j, "warmup_steps", json_integer(s->warmup));
-    json_object_set_new(j, "grad_accum", json_integer(o->grad_accum));
-    json_object_set_new(j, "clip", json_real(o->clip));
-    char *text = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(j);
+    struct train_hparams h = {.seed = o->seed, .optimizer = (int)oc->kind, .lr = oc->lr, .muon_lr = oc->muon_lr,
+                              .weight_decay = oc->weight_decay, .muon_weight_decay = oc->muon_weight_decay,
+                              .schedule = (int)s->kind, .total_steps = s->total, .warmup_steps = s->warmup,
+                              .grad_accum = o->grad_accum, .clip = o->clip};
+    char *text = train_config_json(c, &h);
     ALLOC_CHECK(text);
     return text;
 }
@@ -246,9 +142,7 @@ static void ckpt_log(void *ctx, const char *line) { (void)ctx; log_warn("%s", li
 /* Write checkpoint step-<step> and state/train.json. */
 static void save(struct trainer *tr) {
     char err[1024], path[PATH_MAX];
-#ifdef DFLASH_CUDA
-    if (tr->gpu) LIB_CHECK(gpu_to_host(tr, err, sizeof err), err);
-#endif
+    LIB_CHECK(tr->x.to_host(tr->x.impl, err, sizeof err), err);   /* the GPU path: device -> host first */
     struct ckpt_meta meta = {tr->step, tr->next_seq, tr->step, tr->config_json, NULL, 0};
     LIB_CHECK(ckpt_save(tr->ckpt_dir, &meta, tr->table.t, tr->table.n, tr->o->keep, path, sizeof path, err, sizeof err),
               err);
@@ -256,47 +150,48 @@ static void save(struct trainer *tr) {
     log_info("checkpoint %s: step %lld, next batch seq %lld", path, (long long)tr->step, (long long)tr->next_seq);
 }
 
+/* The serving exports (issue 17): RUN/export/{zlab,speculators}, each checked. Written at the end of training and
+ * again by a run that resumes at --max-steps (issue 24: a fault after the final checkpoint left them missing). */
+static void write_exports(struct trainer *tr) {
+    char err[1024], skipped[768];
+    /* the device path first copies its weights to the host drafter; a run resumed at --max-steps never started it */
+    if (tr->x.to_host) LIB_CHECK(tr->x.to_host(tr->x.impl, err, sizeof err), err);
+    LIB_CHECK(export_write_run(tr->d, tr->o->common.run_dir, tr->o->target_model, skipped, sizeof skipped, err,
+                               sizeof err), err);
+    log_info("exports written to %s/export%s%s", tr->o->common.run_dir, skipped[0] ? "; " : "", skipped);
+}
+
+/* A run asked for --max-steps optimizer steps trains them all or fails (issue 24): the stream ended early. One
+ * line: how many steps were trained and why the rest were not. Never applies a partial accumulation. */
+static void log_short_stream(const struct trainer *tr) {
+    char partial[160] = "";
+    if (tr->micro > 0)
+        snprintf(partial, sizeof partial, " and %d of the %d batches of step %lld (a partial accumulation is not "
+                 "applied)", tr->micro, tr->o->grad_accum, (long long)tr->step + 1);
+    log_error("training incomplete: the features stream ended after %lld of --max-steps %lld optimizer steps%s; its "
+              "producers gave fewer than --max-steps x --grad-accum = %lld train batches (the last checkpoint stays; "
+              "nothing exported)", (long long)tr->step, (long long)tr->o->max_steps, partial,
+              (long long)(tr->o->max_steps * tr->o->grad_accum));
+}
+
 /* Apply the accumulated micro-batches as one optimizer step (or skip it: non-finite guard). */
 static int optimizer_step(struct trainer *tr, char *err, int err_len) {
     const struct opts *o = tr->o;
-    double norm;
-    if (!tr->gpu) {
-        optim_scale_grads(tr->tens, tr->n_tens, 1.0f / (float)tr->micro);
-        norm = optim_clip_grad_norm(tr->tens, tr->n_tens, o->clip);
-    } else {
-#ifdef DFLASH_CUDA
-        /* g *= 1/A and the global norm on the device; the wait is the optimizer step's host synchronisation
-         * (the metrics copies were enqueued before it on the same stream, so collecting them waits no more). */
-        if (optim_gpu_grad_norm_start(tr->og, 1.0f / (float)tr->micro, err, err_len) ||
-            optim_gpu_grad_norm_wait(tr->og, &norm, err, err_len) || gpu_collect(tr, err, err_len))
-            return -1;
-#else
-        return err_fail(err, err_len, "the GPU path is not in this build");
-#endif
-    }
-    double loss = tr->loss_sum / tr->micro;
+    double norm;   /* g *= 1/A, the global norm (the CPU clips here, the GPU in apply) */
+    if (tr->x.grad_norm(tr->x.impl, &tr->acc, 1.0f / (float)tr->micro, o->clip, &norm, err, err_len)) return -1;
+    double loss = tr->acc.loss_sum / tr->micro;
     char msg[512];
     enum optim_guard_action act = optim_guard_check(&tr->guard, tr->step, loss, norm, msg, sizeof msg);
     if (act == OPTIM_GUARD_STOP) return err_fail(err, err_len, "%s", msg);
     double f = sched_factor(&tr->sched, tr->step);
     tr->lr = o->lr * f;
     if (act == OPTIM_GUARD_SKIP) log_warn("%s", msg);
-#ifdef DFLASH_CUDA
-    else if (tr->gpu) {
-        if (optim_gpu_step(tr->og, f, o->clip, err, err_len)) return -1;   /* clips on the device to --clip */
-    }
-#endif
-    else if (optim_step(&tr->opt, f, err, err_len)) return -1;
-#ifdef DFLASH_CUDA
-    if (tr->gpu) {
-        if (drafter_gpu_zero_grad(tr->g, err, err_len)) return -1;
-    } else
-#endif
-        optim_zero_grad(tr->tens, tr->n_tens);
+    else if (tr->x.apply(tr->x.impl, f, o->clip, err, err_len)) return -1;
+    if (tr->x.zero_grad(tr->x.impl, err, err_len)) return -1;
 
     double now = time_mono_s(), wall = now - tr->last_step_t;
     tr->last_step_t = now;
-    const struct drafter_metrics *m = &tr->acc;
+    const struct drafter_metrics *m = &tr->acc.m;
     struct bus_kv kv[BUS_MAX_KV];
     int n = 0;
     kv[n++] = (struct bus_kv){BUS_K_LOSS, loss};
@@ -310,7 +205,7 @@ static int optimizer_step(struct trainer *tr, char *err, int err_len) {
     kv[n++] = (struct bus_kv){"skipped_steps", (double)tr->guard.skipped_total};
     kv[n++] = (struct bus_kv){BUS_K_TOTAL_STEPS, (double)tr->sched.total};
     kv[n++] = (struct bus_kv){"anchors", (double)m->n_anchors / tr->micro};
-    if (tr->gpu) kv[n++] = (struct bus_kv){"gpu_mem_gib", tr->gpu_mem_gib};
+    if (tr->gpu) kv[n++] = (struct bus_kv){"gpu_mem_gib", tr->x.mem_gib};
     static char names[DRAFTER_MAX_B][24];
     for (int j = tr->cfg->sample_from_anchor ? 0 : 1; j < m->B && n < BUS_MAX_KV; j++) {
         snprintf(names[j], sizeof names[j], "position_%d_acc", j);
@@ -325,10 +220,10 @@ static int optimizer_step(struct trainer *tr, char *err, int err_len) {
 
     tr->step++;
     tr->micro = 0;
-    tr->loss_sum = 0;
+    tr->acc.loss_sum = 0;
     tr->step_tokens = 0;
     tr->step_busy_s = 0;
-    drafter_metrics_zero(&tr->acc, tr->cfg->B);
+    drafter_metrics_zero(&tr->acc.m, tr->cfg->B);
     if (o->ckpt_every > 0 && tr->step % o->ckpt_every == 0) save(tr);
     return 0;
 }
@@ -347,7 +242,7 @@ static void flush_val(struct trainer *tr) {
     kv[n++] = (struct bus_kv){"val_eal_marginal", drafter_metrics_eal_marginal(m)};
     kv[n++] = (struct bus_kv){"val_batches", (double)tr->val_batches};
     kv[n++] = (struct bus_kv){"val_tokens", (double)tr->val_tokens};
-    if (tr->gpu) kv[n++] = (struct bus_kv){"gpu_mem_gib", tr->gpu_mem_gib};
+    if (tr->gpu) kv[n++] = (struct bus_kv){"gpu_mem_gib", tr->x.mem_gib};
     static char names[DRAFTER_MAX_B][32];
     for (int j = tr->cfg->sample_from_anchor ? 0 : 1; j < m->B && n < BUS_MAX_KV; j++) {
         snprintf(names[j], sizeof names[j], "val_position_%d_acc", j);
@@ -366,136 +261,6 @@ static void flush_val(struct trainer *tr) {
     drafter_metrics_zero(&tr->val, tr->cfg->B);
 }
 
-#ifdef DFLASH_CUDA
-/* Register a host input slot's payload with CUDA once (pinned, so the host-to-device copies run at full speed
- * and asynchronously). A refusal is logged once and the copies run from pageable memory (correct, slower). */
-static void gpu_register_slot(struct trainer *tr, const struct ring_slot *is) {
-    if (tr->register_failed || is->index >= tr->n_registered || tr->registered[is->index] == is->payload) return;
-    if (tr->registered[is->index]) cudaHostUnregister(tr->registered[is->index]);   /* a remap: not seen so far */
-    tr->registered[is->index] = NULL;
-    cudaError_t e = cudaHostRegister(is->payload, (size_t)is->payload_cap, cudaHostRegisterDefault);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        tr->register_failed = 1;
-        log_warn("cudaHostRegister of ring '%s' slot %u (%llu bytes) failed: %s; copying from pageable memory",
-                 tr->o->in_ring, is->index, (unsigned long long)is->payload_cap, cudaGetErrorString(e));
-        return;
-    }
-    tr->registered[is->index] = is->payload;
-}
-
-/* End of the batch arrays of b inside its payload (the standard layout puts them first). */
-static size_t batch_arrays_end(const struct desc_batch *b) {
-    uint64_t T = b->n_tokens, D = b->n_docs, e[6] = {b->off_row_ids + 8 * D, b->off_input_ids + 4 * T,
-                                                     b->off_loss_mask + T, b->off_position_ids + 4 * T,
-                                                     b->off_doc_ids + 4 * T, b->off_cu_seqlens + 4 * (D + 1)};
-    uint64_t m = 0;
-    for (int i = 0; i < 6; i++) if (e[i] > m) m = e[i];
-    return (size_t)m;
-}
-
-/* Fill the drafter_gpu's input buffers with one features item, all on tr->stream, and record tr->copied after
- * the copies out of the slot: host bf16 slots host-to-device (the batch arrays checked on the host in place),
- * device bf16 slots device-to-device (their batch arrays first copied to pinned memory on tr->side and checked
- * there: one extra host wait, device rings only), fp32 host slots through drafter_gpu_load_batch (checks,
- * rounds to bf16 on the host and copies synchronously: the slow path). */
-static int gpu_load(struct trainer *tr, const struct ring_slot *is, const struct desc_features *fd, char *err,
-                    int err_len) {
-    const struct drafter_config *c = tr->cfg;
-    const struct drafter_gpu_inputs *in = drafter_gpu_inputs(tr->g);
-    cudaStream_t s = tr->stream;
-    const size_t T = fd->batch.n_tokens, kH = (size_t)c->k * c->H, H = (size_t)c->H;
-    const unsigned long long seq = (unsigned long long)fd->batch.seq;
-    char e2[768];
-    if (is->on_device && is->device != tr->o->common.cuda_device)
-        return err_fail(err, err_len, "ring '%s' holds payloads on cuda:%d, the trainer runs on cuda:%d: use one device",
-                        tr->o->in_ring, is->device, tr->o->common.cuda_device);
-    if (fd->dtype == DESC_DTYPE_F32) {
-        if (is->on_device)
-            return err_fail(err, err_len, "features seq %llu: fp32 features in a GPU ring are not supported by the GPU "
-                            "trainer; write bf16 (dflash-hspack) or use a host ring", seq);
-        if (desc_batch_check_payload(&fd->batch, is->payload, c->V_t, e2, sizeof e2))
-            return err_fail(err, err_len, "features seq %llu: %s", seq, e2);
-        struct desc_batch_arrays ba;
-        desc_batch_arrays(&fd->batch, is->payload, &ba);
-        struct drafter_batch b = {(int)T, (int)fd->batch.budget, ba.input_ids, ba.loss_mask, ba.position_ids,
-                                  ba.doc_ids, (const float *)((const char *)is->payload + fd->off_states),
-                                  (const float *)((const char *)is->payload + fd->off_last)};
-        if (drafter_gpu_load_batch(tr->g, &b, err, err_len)) return -1;   /* synchronous: the slot is read */
-        CUDA_OK(cudaEventRecord(tr->copied, s), "cudaEventRecord");
-        return 0;
-    }
-    enum cudaMemcpyKind kind = is->on_device ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
-    const void *check_base = is->payload;
-    if (is->on_device) {
-        size_t nb = batch_arrays_end(&fd->batch);
-        if (nb > tr->h_batch_cap)
-            return err_fail(err, err_len, "features seq %llu: batch arrays of %zu bytes exceed the planned %zu", seq, nb,
-                            tr->h_batch_cap);
-        CUDA_OK(cudaMemcpyAsync(tr->h_batch, is->payload, nb, cudaMemcpyDeviceToHost, tr->side), "batch arrays copy");
-        CUDA_OK(cudaStreamSynchronize(tr->side), "batch arrays copy");
-        check_base = tr->h_batch;
-    } else {
-        gpu_register_slot(tr, is);
-    }
-    if (desc_batch_check_payload(&fd->batch, check_base, c->V_t, e2, sizeof e2))
-        return err_fail(err, err_len, "features seq %llu: %s", seq, e2);
-    struct desc_batch_arrays ba;   /* pointers into the slot (host or device) */
-    desc_batch_arrays(&fd->batch, is->payload, &ba);
-    const char *pl = is->payload;
-    CUDA_OK(cudaMemcpyAsync(in->input_ids, ba.input_ids, 4 * T, kind, s), "input_ids copy");
-    CUDA_OK(cudaMemcpyAsync(in->position_ids, ba.position_ids, 4 * T, kind, s), "position_ids copy");
-    CUDA_OK(cudaMemcpyAsync(in->doc_ids, ba.doc_ids, 4 * T, kind, s), "doc_ids copy");
-    CUDA_OK(cudaMemcpyAsync(in->loss_mask, ba.loss_mask, T, kind, s), "loss_mask copy");
-    CUDA_OK(cudaMemcpyAsync(in->hidden, pl + fd->off_states, 2 * T * kH, kind, s), "hidden copy");
-    CUDA_OK(cudaMemcpyAsync(in->last, pl + fd->off_last, 2 * T * H, kind, s), "last copy");
-    CUDA_OK(cudaEventRecord(tr->copied, s), "cudaEventRecord");
-    return 0;
-}
-
-/* compute_train on the GPU. Host waits per item: a train micro-batch waits for its slot's copies (tr->copied)
- * before returning, since the relay releases the slot then; the step itself runs on. The A-th micro-batch also
- * runs optimizer_step, whose grad-norm wait is the step's one synchronisation with the device's work. A val
- * batch waits for its own metrics (drafter_step_gpu with m), after collecting the pending train metrics (which
- * the metrics wait pools otherwise). A device slot adds the wait for its batch arrays (gpu_load). */
-static int compute_train_gpu(struct trainer *tr, struct relay_item *it, const struct desc_features *fd, double t0,
-                             char *err, int err_len) {
-    const int T = (int)fd->batch.n_tokens, budget = (int)fd->batch.budget;
-    const uint64_t seed = (uint64_t)tr->o->seed, seq = fd->batch.seq;
-    int rc = gpu_load(tr, it->in, fd, err, err_len);
-    if (!rc && fd->batch.split == DESC_SPLIT_VAL) {
-        struct drafter_metrics m;
-        rc = gpu_collect(tr, err, err_len);
-        if (!rc) rc = drafter_step_gpu(tr->g, T, budget, seed, seq, 0, &m, err, err_len);
-        if (!rc) {
-            if (!tr->val_batches) tr->val_first_seq = seq;
-            drafter_metrics_add(&tr->val, &m);
-            tr->val_batches++;
-            tr->val_tokens += (uint64_t)T;
-        }
-    } else if (!rc) {
-        flush_val(tr);   /* a train batch after val batches closes that pass */
-        if (tr->gpu_pending >= TRAIN_GPU_METRIC_SLOTS) rc = gpu_collect(tr, err, err_len);
-        if (!rc) rc = drafter_step_gpu(tr->g, T, budget, seed, seq, 1, NULL, err, err_len);
-        if (!rc) tr->gpu_pending++;
-    }
-    /* the slot is released when this returns: its copies must be done (also on failure) */
-    cudaError_t e = cudaEventSynchronize(tr->copied);
-    if (rc) return -1;
-    if (e != cudaSuccess) return err_fail(err, err_len, "waiting for the copies out of the input slot: %s",
-                                          cudaGetErrorString(e));
-    tr->next_seq = (int64_t)seq + 1;
-    it->n_tokens = (uint64_t)T;
-    if (fd->batch.split == DESC_SPLIT_VAL) return RELAY_DONE;
-    tr->micro++;
-    tr->step_tokens += (uint64_t)T;
-    tr->step_busy_s += time_mono_s() - t0;
-    if (tr->micro == tr->o->grad_accum && optimizer_step(tr, err, err_len)) return -1;
-    if (tr->o->max_steps > 0 && tr->step >= tr->o->max_steps) return RELAY_FINISH;
-    return RELAY_DONE;
-}
-#endif
-
 /* One features item: a micro-batch (split = train), or a batch of a validation pass (split = val). */
 static int compute_train(void *ctx, struct relay_item *it, char *err, int err_len) {
     struct trainer *tr = ctx;
@@ -507,58 +272,39 @@ static int compute_train(void *ctx, struct relay_item *it, char *err, int err_le
     if (desc_features_decode(is->desc, is->desc_len, is->payload_cap, &fd, e2, sizeof e2))
         return err_fail(err, err_len, "ring '%s' slot %u (seq %llu): %s", tr->o->in_ring, is->index,
                         (unsigned long long)is->seq, e2);
+    /* k, H, layout, dtype, layer ids, and the batch's tokens and budget against the planned T_max: checked once */
     if (drafter_check_features(c, &fd, e2, sizeof e2))
         return err_fail(err, err_len, "features seq %llu: %s", (unsigned long long)fd.batch.seq, e2);
-    if (rings_check_budget(fd.batch.seq, fd.batch.n_tokens, fd.batch.budget, (uint32_t)c->T_max, err, err_len)) return -1;
-#ifdef DFLASH_CUDA
-    if (tr->gpu) return compute_train_gpu(tr, it, &fd, t0, err, err_len);
-#endif
-    if (is->on_device)
-        return err_fail(err, err_len, "ring '%s' holds GPU payloads, but the trainer runs on the CPU: run with "
-                        "--device cuda:N, or create the ring with dev=host", tr->o->in_ring);
-    if (desc_batch_check_payload(&fd.batch, is->payload, c->V_t, e2, sizeof e2))
-        return err_fail(err, err_len, "features seq %llu: %s", (unsigned long long)fd.batch.seq, e2);
-    struct desc_batch_arrays ba;
-    desc_batch_arrays(&fd.batch, is->payload, &ba);
-    size_t T = fd.batch.n_tokens, kH = (size_t)c->k * c->H;
-    const float *hidden = (const float *)((const char *)is->payload + fd.off_states);
-    const float *last = (const float *)((const char *)is->payload + fd.off_last);
-    if (fd.dtype == DESC_DTYPE_BF16) {   /* widened exactly into the planned buffers */
-        floats_from_bf16(tr->hidden_f32, (const bf16 *)hidden, T * kH);
-        floats_from_bf16(tr->last_f32, (const bf16 *)last, T * (size_t)c->H);
-        hidden = tr->hidden_f32;
-        last = tr->last_f32;
-    }
-    struct drafter_batch b = {(int)T, (int)fd.batch.budget, ba.input_ids, ba.loss_mask, ba.position_ids, ba.doc_ids,
-                              hidden, last};
+    if (fd.target_id != tr->target_id)   /* same shape, another target (issue 24) */
+        return err_fail(err, err_len, "features seq %llu: computed by another target (id %016llx), not by --target-model "
+                        "%s (id %016llx: a hash of its config.json): train with the target that made the features",
+                        (unsigned long long)fd.batch.seq, (unsigned long long)fd.target_id, tr->o->target_model,
+                        (unsigned long long)tr->target_id);
+    const int train = fd.batch.split != DESC_SPLIT_VAL;
+    const uint64_t T = fd.batch.n_tokens, seq = fd.batch.seq;
+    if (train) flush_val(tr);   /* a train batch after val batches closes that pass */
+    struct step_dump dump = {tr->o->dump_dir, {(uint64_t)tr->step, (uint64_t)tr->o->seed, "float32", tr->o->target_model}};
+    /* the first micro-batch of the step asked for: the gradients were zero before it */
+    int dumping = train && tr->micro == 0 && tr->o->dump_dir && tr->step == tr->o->dump_step;
     struct drafter_metrics m;
-    if (fd.batch.split == DESC_SPLIT_VAL) {
-        /* Forward only: no noise, no backward, the gradients and the optimizer untouched; not a micro-batch.
-         * Its seq still counts in next_seq, so a resume never asks for it again once a later step is saved. */
-        if (drafter_step(tr->d, &b, (uint64_t)tr->o->seed, fd.batch.seq, 0, &m, err, err_len)) return -1;
-        if (!tr->val_batches) tr->val_first_seq = fd.batch.seq;
+    if (tr->x.micro(tr->x.impl, is, &fd, train, (uint64_t)tr->o->seed, &tr->acc, &m, dumping ? &dump : NULL, err,
+                    err_len))
+        return -1;
+    if (dumping)
+        log_info("dumped step %lld (batch seq %llu) into %s/step-%lld", (long long)tr->step, (unsigned long long)seq,
+                 tr->o->dump_dir, (long long)tr->step);
+    /* a val seq counts in next_seq too, so a resume never asks for it again once a later step is saved */
+    tr->next_seq = (int64_t)seq + 1;
+    it->n_tokens = T;
+    if (!train) {   /* forward only: no noise, no backward, the gradients and the optimizer untouched */
+        if (!tr->val_batches) tr->val_first_seq = seq;
         drafter_metrics_add(&tr->val, &m);
         tr->val_batches++;
         tr->val_tokens += T;
-        tr->next_seq = (int64_t)fd.batch.seq + 1;
-        it->n_tokens = T;
         return RELAY_DONE;
     }
-    flush_val(tr);   /* a train batch after val batches closes that pass */
-    if (drafter_step(tr->d, &b, (uint64_t)tr->o->seed, fd.batch.seq, 1, &m, err, err_len)) return -1;
-    if (tr->micro == 0 && tr->o->dump_dir && tr->step == tr->o->dump_step) {
-        /* The first micro-batch of this optimizer step: the gradients were zero before it. */
-        struct drafter_dump_info info = {(uint64_t)tr->step, (uint64_t)tr->o->seed, "float32", tr->o->target_model};
-        if (drafter_dump_step(tr->d, tr->o->dump_dir, &b, &m, &info, err, err_len)) return -1;
-        log_info("dumped step %lld (batch seq %llu) into %s/step-%lld", (long long)tr->step,
-                 (unsigned long long)fd.batch.seq, tr->o->dump_dir, (long long)tr->step);
-    }
-    drafter_metrics_add(&tr->acc, &m);
-    tr->loss_sum += m.loss_sum;
     tr->micro++;
     tr->step_tokens += T;
-    tr->next_seq = (int64_t)fd.batch.seq + 1;
-    it->n_tokens = T;
     tr->step_busy_s += time_mono_s() - t0;
     if (tr->micro == tr->o->grad_accum && optimizer_step(tr, err, err_len)) return -1;
     if (tr->o->max_steps > 0 && tr->step >= tr->o->max_steps) return RELAY_FINISH;
@@ -577,117 +323,28 @@ static int train_heartbeat_kv(void *ctx, struct bus_kv *kv, int max) {
 
 static void build_config(const struct opts *o, struct drafter_config *c) {
     char err[1024];
-    drafter_config_defaults(c);
-    c->B = o->block_size;
-    c->N = o->max_anchors;
-    c->T_max = o->tokens;
-    c->sliding_window = o->sliding_window;
-    c->sliding_window_non_causal = o->non_causal;
-    c->sample_from_anchor = o->sample_from_anchor;
-    c->mask_token_id = o->mask_token_id;
+    *c = o->dc;
     c->noise = (float)o->noise;
-    c->loss = o->loss;
-    c->weighting = o->weighting;
     c->gamma = (float)o->gamma;
     c->alpha = (float)o->alpha;
     c->init_std = (float)o->init_std;
-    if (o->n_layer_types) {
-        c->L = o->n_layer_types;
-        memcpy(c->layer_type, o->layer_types, (size_t)o->n_layer_types * sizeof o->layer_types[0]);
-    }
-    c->ids_convention = o->convention;
-    c->k = o->n_layer_ids;
-    memcpy(c->layer_ids, o->layer_ids, (size_t)o->n_layer_ids * sizeof o->layer_ids[0]);
     LIB_CHECK(drafter_config_from_target(c, o->target_model, err, sizeof err), err);
 }
 
-#ifdef DFLASH_CUDA
-/* log_info each line of a memory plan captured by open_memstream. */
-static void log_lines(const char *what, char *text) {
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) log_info("%s: %s", what, line);
-}
-
-/* The GPU path's start-up, on --device cuda:N, after drafter_load_target and any checkpoint restore: the device
- * drafter (weights uploaded from the host), the device optimizer (state uploaded from the host struct optim),
- * a warm-up step at the full budget (cuBLASLt plans), the memory in use (the peak: a step allocates nothing),
- * and the pinned buffer for a device slot's batch arrays. Exits on failure. */
-static void gpu_start(struct trainer *tr) {
-    char err[1024];
-    const struct opts *o = tr->o;
-    cudaError_t e = cudaSetDevice(o->common.cuda_device);
-    if (e != cudaSuccess) DIE("cudaSetDevice(%d): %s", o->common.cuda_device, cudaGetErrorString(e));
-    /* a blocking stream: the synchronous cudaMemcpy uploads of drafter_gpu_init / optim_gpu_init run on the
-     * legacy default stream, and pageable host-to-device copies may return before their DMA lands */
-    if ((e = cudaStreamCreate(&tr->stream)) != cudaSuccess ||
-        (e = cudaStreamCreateWithFlags(&tr->side, cudaStreamNonBlocking)) != cudaSuccess ||
-        (e = cudaEventCreateWithFlags(&tr->copied, cudaEventDisableTiming)) != cudaSuccess)
-        DIE("CUDA stream/event creation: %s", cudaGetErrorString(e));
-    char *plan = NULL;
-    size_t plan_len = 0;
-    FILE *pf = open_memstream(&plan, &plan_len);
-    ALLOC_CHECK(pf);
-    tr->g = drafter_gpu_init(tr->d, tr->stream, pf, err, sizeof err);
-    if (tr->g) tr->og = optim_gpu_init(&tr->opt, tr->g, pf, err, sizeof err);
-    fclose(pf);
-    if (!tr->g || !tr->og) DIE("%s", err);
-    log_lines("device memory plan", plan);
-    free(plan);
-    LIB_CHECK(drafter_gpu_warmup(tr->g, o->tokens, err, sizeof err), err);
-    e = cudaStreamSynchronize(tr->stream);
-    if (e != cudaSuccess) DIE("warm-up step: %s", cudaGetErrorString(e));
-    size_t in_use = 0, total = 0;
-    LIB_CHECK(drafter_gpu_memory(tr->g, &in_use, &total, err, sizeof err), err);
-    tr->gpu_mem_gib = (double)in_use / 1073741824.0;
-    tr->h_batch_cap = (size_t)desc_batch_max_payload_bytes((uint32_t)tr->cfg->T_max);
-    if ((e = cudaMallocHost(&tr->h_batch, tr->h_batch_cap)) != cudaSuccess)
-        DIE("cudaMallocHost of %zu bytes: %s", tr->h_batch_cap, cudaGetErrorString(e));
-    tr->host_fresh_step = tr->step;
-    log_info("GPU path on cuda:%d: peak device memory %.2f GiB in use of %.2f GiB (planned %.2f GiB drafter + "
-             "%.2f GiB optimizer; every process on the device counts)", o->common.cuda_device, tr->gpu_mem_gib,
-             (double)total / 1073741824.0, (double)drafter_gpu_planned_bytes(tr->g) / 1073741824.0,
-             (double)optim_gpu_planned_bytes(tr->og) / 1073741824.0);
-}
-
-static void gpu_stop(struct trainer *tr) {
-    if (tr->stream) cudaStreamSynchronize(tr->stream);
-    for (uint32_t i = 0; i < tr->n_registered; i++)
-        if (tr->registered[i]) cudaHostUnregister(tr->registered[i]);
-    free(tr->registered);
-    tr->registered = NULL;
-    tr->n_registered = 0;
-    optim_gpu_free(tr->og);
-    drafter_gpu_free(tr->g);
-    if (tr->h_batch) cudaFreeHost(tr->h_batch);
-    if (tr->copied) cudaEventDestroy(tr->copied);
-    if (tr->side) cudaStreamDestroy(tr->side);
-    if (tr->stream) cudaStreamDestroy(tr->stream);
-    tr->og = NULL;
-    tr->g = NULL;
-}
-#endif
+static void log_plan_line(const char *line) { log_info("%s", line); }
 
 int main(int argc, char **argv) {
     log_init("dflash-train");
     struct opts o;
     memset(&o, 0, sizeof o);
     stage_common_defaults(&o.common);
+    drafter_config_defaults(&o.dc);
     struct drafter_config dc;
-    drafter_config_defaults(&dc);
     o.in_ring = RING_NAME_FEATURES;
-    o.tokens = dc.T_max;
-    o.block_size = dc.B;
-    o.max_anchors = dc.N;
-    o.sliding_window = dc.sliding_window;
-    o.n_layer_types = dc.L;
-    memcpy(o.layer_types, dc.layer_type, sizeof o.layer_types);
-    o.convention = DRAFTER_IDS_ZLAB;
-    o.mask_token_id = -1;
-    o.noise = dc.noise;
-    o.gamma = dc.gamma;
-    o.alpha = dc.alpha;
-    o.init_std = dc.init_std;
-    o.loss = dc.loss;
-    o.weighting = dc.weighting;
+    o.noise = o.dc.noise;
+    o.gamma = o.dc.gamma;
+    o.alpha = o.dc.alpha;
+    o.init_std = o.dc.init_std;
     struct optim_config oc;
     optim_config_default(&oc);
     o.optimizer = (int)oc.kind;
@@ -707,33 +364,36 @@ int main(int argc, char **argv) {
     o.max_nonfinite = 3;
     o.wait_ms = 60000;
     o.heartbeat_s = 1.0;
-    struct flag_list types = {o.layer_types, &o.n_layer_types, DRAFTER_MAX_LAYERS, layer_type_names};
-    struct flag_list ids = {o.layer_ids, &o.n_layer_ids, DESC_MAX_LAYERS, NULL};
-    struct flag_choice ch_conv = {&o.convention, convention_names}, ch_loss = {&o.loss, loss_names},
-                       ch_w = {&o.weighting, weighting_names}, ch_opt = {&o.optimizer, optimizer_names},
-                       ch_sched = {&o.schedule, schedule_names};
+    struct flag_list types = {o.dc.layer_type, &o.dc.L, DRAFTER_MAX_LAYERS, train_layer_type_names};
+    struct flag_list ids = {o.dc.layer_ids, &o.dc.k, DESC_MAX_LAYERS, NULL};
+    struct flag_choice ch_conv = {&o.dc.ids_convention, train_convention_names}, ch_loss = {&o.dc.loss, train_loss_names},
+                       ch_w = {&o.dc.weighting, train_weighting_names}, ch_opt = {&o.optimizer, train_optimizer_names},
+                       ch_sched = {&o.schedule, train_schedule_names};
     struct flag table[] = {
         STAGE_COMMON_FLAGS(&o.common),
         {"target-model", FLAG_STRING, &o.target_model, "the target's Hugging Face directory: config.json, tokenizer "
          "files and only the embedding, final norm and LM head tensors are read", 1, 0},
         {"in", FLAG_STRING, &o.in_ring, "input ring (features descriptors)", 1, 0},
-        {"tokens", FLAG_INT, &o.tokens, "token budget of a batch (the packer's --tokens): plans memory and the anchor "
+        {"tokens", FLAG_INT, &o.dc.T_max, "token budget of a batch (the packer's --tokens): plans memory and the anchor "
          "candidates (p < budget - B)", 2, 1 << 24},
-        {"block-size", FLAG_INT, &o.block_size, "block size B", 2, DRAFTER_MAX_B},
+        {"block-size", FLAG_INT, &o.dc.B, "block size B", 2, DRAFTER_MAX_B},
         {"layer-types", FLAG_LIST, &types, "draft layer types, one per layer (the count is the layer count); "
          "all-sliding as speculators ships: sliding,sliding,sliding,sliding,sliding", 1, 0},
-        {"sliding-window", FLAG_INT, &o.sliding_window, "window W of the sliding layers", 1, INT_MAX},
-        {"sliding-window-non-causal", FLAG_BOOL, &o.non_causal, "sliding layers see their whole block (full layers "
+        {"sliding-window", FLAG_INT, &o.dc.sliding_window, "window W of the sliding layers", 1, INT_MAX},
+        {"sliding-window-non-causal", FLAG_BOOL, &o.dc.sliding_window_non_causal, "sliding layers see their whole block (full layers "
          "always do)", 1, 0},
-        {"max-anchors", FLAG_INT, &o.max_anchors, "anchors (blocks) per batch N", 1, 1 << 20},
+        {"max-anchors", FLAG_INT, &o.dc.N, "anchors (blocks) per batch N", 1, 1 << 20},
         {"target-layer-ids", FLAG_LIST, &ids, "captured target layer ids in --layer-ids-convention, concat order "
          "(default: the z-lab formula for the layer count)", 0, 4096},
         {"layer-ids-convention", FLAG_CHOICE, &ch_conv, "how --target-layer-ids count: zlab (output of decoder layer "
          "i, what dflash-target --layers takes) or speculators (= zlab + 1)", 1, 0},
-        {"sample-from-anchor", FLAG_BOOL, &o.sample_from_anchor, "train slot 0 too (DSpark mode; vLLM may not serve "
-         "it)", 1, 0},
-        {"mask-token-id", FLAG_INT64, &o.mask_token_id, "mask token id (default: the tokenizer's mask token, else the "
-         "first unused embedding row; never pad or EOS)", -1, INT64_MAX},
+        {"sample-from-anchor", FLAG_BOOL, &o.dc.sample_from_anchor, "train slot 0 too (DSpark mode; no serving engine "
+         "serves it: needs --allow-unservable)", 1, 0},
+        {"allow-unservable", FLAG_BOOL, &o.allow_unservable, "train a configuration that neither vLLM nor SGLang "
+         "serves as trained (refused at start-up otherwise; see dflash-export --help)", 1, 0},
+        {"mask-token-id", FLAG_INT64, &o.dc.mask_token_id, "mask token id (default: tokenizer_config.json's mask_token, "
+         "else the first embedding row past tokenizer.json's last id; a target without tokenizer.json needs this flag; "
+         "never pad or EOS)", -1, INT64_MAX},
         {"noise", FLAG_DOUBLE, &o.noise, "half-width of the uniform noise added to the captured states (train only)",
          0, 10},
         {"loss", FLAG_CHOICE, &ch_loss, "per-slot loss", 1, 0},
@@ -777,8 +437,39 @@ int main(int argc, char **argv) {
                         "checkpoints into RUN/checkpoints (state/train.json names the batch seq it needs next). "
                         "Batches marked split=val (dflash-pack --val-frac/--val-every) are evaluated forward only (no "
                         "noise, no backward, not a micro-batch); each pass sends one val_* metric record. "
-                        "Exit 0 when --max-steps are done or the stream ends, 3 when stopped by a signal.",
+                        "Exit 0 when --max-steps are done (a run resumed at --max-steps writes the exports again), "
+                        "1 when the stream ends before them (the line says how many were trained), 3 when stopped by "
+                        "a signal.",
                         NULL, 0);
+    /* The run plan (RUN/plan.json, stages/plan/plan.h) owns the target, budget, captured ids, the drafter's layer
+     * types and block size, the steps, the accumulation and the device. */
+    struct plan plan;
+    char perr[1024];
+    int have_plan = plan_open_run(o.common.run_dir, &plan, perr, sizeof perr);
+    if (have_plan < 0) { fprintf(stderr, "dflash-train: %s\n", perr); return 2; }
+    if (have_plan) {
+        int plan_ids[DESC_MAX_LAYERS], shift = o.dc.ids_convention == DRAFTER_IDS_SPECULATORS ? 1 : 0;
+        for (int i = 0; i < plan.n_ids; i++) plan_ids[i] = plan.ids[i] + shift;
+        if (plan_bind_str(&plan, "target-model", flags_given(argc, argv, "target-model"), &o.target_model, plan.model,
+                          "model", perr, sizeof perr) ||
+            plan_bind_int(&plan, "tokens", flags_given(argc, argv, "tokens"), &o.dc.T_max, plan.tokens, "tokens", perr,
+                          sizeof perr) ||
+            plan_bind_list(&plan, "target-layer-ids", flags_given(argc, argv, "target-layer-ids"), o.dc.layer_ids,
+                           &o.dc.k, plan_ids, plan.n_ids, "capture.layer_ids", perr, sizeof perr) ||
+            plan_bind_list(&plan, "layer-types", flags_given(argc, argv, "layer-types"), o.dc.layer_type,
+                           &o.dc.L, plan.layer_types, plan.draft_layers, "drafter.layer_types (0 sliding, 1 full)",
+                           perr, sizeof perr) ||
+            plan_bind_int(&plan, "block-size", flags_given(argc, argv, "block-size"), &o.dc.B, plan.block_size,
+                          "drafter.block_size", perr, sizeof perr) ||
+            plan_bind_int64(&plan, "max-steps", flags_given(argc, argv, "max-steps"), &o.max_steps, plan.steps, "steps",
+                            perr, sizeof perr) ||
+            plan_bind_int(&plan, "grad-accum", flags_given(argc, argv, "grad-accum"), &o.grad_accum, plan.grad_accum,
+                          "grad_accum", perr, sizeof perr) ||
+            plan_bind_device(&plan, flags_given(argc, argv, "device"), &o.common.device, plan.train_device, perr, sizeof perr)) {
+            fprintf(stderr, "dflash-train: %s\n", perr);
+            return 2;
+        }
+    }
     if (!o.target_model) { fprintf(stderr, "dflash-train: --target-model DIR is required (see --help)\n"); return 2; }
     if (!o.max_steps) { fprintf(stderr, "dflash-train: --max-steps N is required (it sets the schedule)\n"); return 2; }
     if (o.dump_step >= 0 && !o.dump_dir) { fprintf(stderr, "dflash-train: --dump-step needs --dump-dir\n"); return 2; }
@@ -802,6 +493,11 @@ int main(int argc, char **argv) {
         LIB_CHECK(vocab_load(o.draft_vocab, dc.V_t, &V_d, &t2d, &d2t, err, sizeof err), err);
         dc.V_d = (int)V_d;
     }
+    /* issue 26: a configuration no serving engine serves is refused now, not found out after the run */
+    if (export_unservable(&dc, err, sizeof err)) {
+        if (!o.allow_unservable) DIE("%s", err);
+        log_warn("--allow-unservable: %s", err);
+    }
     tr.d = drafter_init(&dc, (uint64_t)o.seed, err, sizeof err);
     if (!tr.d) DIE("%s", err);
     tr.cfg = drafter_config_of(tr.d);
@@ -809,6 +505,7 @@ int main(int argc, char **argv) {
     free(t2d);
     free(d2t);
     LIB_CHECK(drafter_load_target(tr.d, o.target_model, err, sizeof err), err);
+    LIB_CHECK(desc_target_id_of_model(o.target_model, &tr.target_id, err, sizeof err), err);
 
     tr.n_tens = drafter_n_params(tr.d);
     tr.tens = calloc((size_t)tr.n_tens, sizeof *tr.tens);
@@ -833,14 +530,7 @@ int main(int argc, char **argv) {
     LIB_CHECK(ckpt_table_add_optim(&tr.table, &tr.opt, err, sizeof err), err);
     LIB_CHECK(ckpt_table_add_guard(&tr.table, &tr.guard, err, sizeof err), err);
     tr.config_json = config_to_json(&o, tr.cfg, &oc, &tr.sched);
-    size_t kH = (size_t)tr.cfg->k * tr.cfg->H;
-    if (!tr.gpu) {   /* the GPU path copies bf16 features as they are */
-        tr.hidden_f32 = malloc((size_t)tr.cfg->T_max * kH * sizeof(float));
-        tr.last_f32 = malloc((size_t)tr.cfg->T_max * tr.cfg->H * sizeof(float));
-        ALLOC_CHECK(tr.hidden_f32);
-        ALLOC_CHECK(tr.last_f32);
-    }
-    drafter_metrics_zero(&tr.acc, tr.cfg->B);
+    drafter_metrics_zero(&tr.acc.m, tr.cfg->B);
     drafter_metrics_zero(&tr.val, tr.cfg->B);
     if (snprintf(tr.ckpt_dir, sizeof tr.ckpt_dir, "%s/checkpoints", o.common.run_dir) >= (int)sizeof tr.ckpt_dir ||
         snprintf(tr.state_path, sizeof tr.state_path, "%s/state/train.json", o.common.run_dir) >= (int)sizeof tr.state_path)
@@ -857,8 +547,8 @@ int main(int argc, char **argv) {
     log_info("drafter: %d layers, block %d, %d anchors, H %d, target layers [%s] (z-lab ids), mask token %lld, "
              "vocab %d of %d, %lld trainable parameters, budget %d tokens; loss %s/%s, %s, lr %g, %lld steps",
              tr.cfg->L, tr.cfg->B, tr.cfg->N, tr.cfg->H, idl, (long long)tr.cfg->mask_token_id, tr.cfg->V_d,
-             tr.cfg->V_t, (long long)n_trainable, tr.cfg->T_max, loss_names[tr.cfg->loss],
-             weighting_names[tr.cfg->weighting], optimizer_names[o.optimizer], o.lr, (long long)o.max_steps);
+             tr.cfg->V_t, (long long)n_trainable, tr.cfg->T_max, train_loss_names[tr.cfg->loss],
+             train_weighting_names[tr.cfg->weighting], train_optimizer_names[o.optimizer], o.lr, (long long)o.max_steps);
 
     if (o.resume) {
         char path[PATH_MAX];
@@ -882,63 +572,52 @@ int main(int argc, char **argv) {
     printf("dflash-train: needs batch seq %lld next (step %lld)\n", (long long)tr.next_seq, (long long)tr.step);
     fflush(stdout);
     if (o.max_steps > 0 && tr.step >= o.max_steps) {
-        log_info("already at step %lld of --max-steps %lld: nothing to train", (long long)tr.step,
-                 (long long)o.max_steps);
+        /* the exports may be missing (a fault after the final checkpoint): written again from that checkpoint */
+        log_info("already at step %lld of --max-steps %lld: nothing to train; writing the exports again",
+                 (long long)tr.step, (long long)o.max_steps);
+        /* the device state was never started (tr.x is unset): the weights are the host copy just loaded */
+        write_exports(&tr);
         return 0;
     }
-#ifdef DFLASH_CUDA
-    if (tr.gpu) gpu_start(&tr);   /* after the restore: the device copies start from the host state */
-#endif
+    /* after the restore: the device copies start from the host state; before the rings (the GPU path makes its
+     * device current, where the rings' IPC handles open) */
+    if (tr.gpu)
+        LIB_CHECK(step_gpu_init(&tr.x, tr.d, &tr.opt, o.common.cuda_device, o.in_ring, log_plan_line, err, sizeof err),
+                  err);
+    else
+        LIB_CHECK(step_cpu_init(&tr.x, tr.d, &tr.opt, tr.tens, tr.n_tens, o.in_ring, err, sizeof err), err);
 
     struct relay_config rc = {
         .run_dir = o.common.run_dir, .in_ring = o.in_ring, .attach_wait_ms = o.wait_ms,
         .heartbeat_s = o.heartbeat_s, .use_bus = 1, .in_order = 1, .dedup = 1, .item_name = "features",
-        .ctx = &tr, .compute = compute_train, .heartbeat_kv = train_heartbeat_kv,
+        .ctx = &tr, .compute = compute_train, .heartbeat_kv = train_heartbeat_kv, .plan = have_plan ? plan.hash : 0,
     };
     check_hint("is dflash-shm running for this --run, with a `features` ring (dflash-hspack or dflash-replay feed it)?");
     tr.relay_ = relay_open(&rc, err, sizeof err);
     if (!tr.relay_) DIE("%s", err);
     check_hint(NULL);
-#ifdef DFLASH_CUDA
-    if (tr.gpu) {
-        tr.n_registered = ring_get_spec(relay_in(tr.relay_))->n_slots;
-        tr.registered = calloc(tr.n_registered, sizeof *tr.registered);
-        ALLOC_CHECK(tr.registered);
-    }
-#endif
+    if (tr.gpu) LIB_CHECK(step_gpu_plan_slots(&tr.x, ring_get_spec(relay_in(tr.relay_))->n_slots, err, sizeof err), err);
     relay_set_next_seq(tr.relay_, (uint64_t)tr.next_seq);
     tr.last_step_t = time_mono_s();
     int res = relay_run(tr.relay_, err, sizeof err);
     if (res < 0) log_error("%s", err);
     if (res == RELAY_DONE) flush_val(&tr);   /* a pass at the end of the stream */
+    if (res == RELAY_DONE && tr.step < o.max_steps) {   /* the stream ended early: a failure, not "done" */
+        log_short_stream(&tr);
+        res = -1;
+    }
     if (res == RELAY_DONE) {
-        if (tr.micro > 0 && optimizer_step(&tr, err, sizeof err)) {   /* a last partial accumulation */
-            log_error("%s", err);
-            res = -1;
-        }
-        if (res == RELAY_DONE && (o.ckpt_every == 0 || tr.step % o.ckpt_every != 0)) save(&tr);
-        if (res == RELAY_DONE) {   /* the serving exports (issue 17): RUN/export/{zlab,speculators}, checked */
-            char skipped[768];
-#ifdef DFLASH_CUDA
-            if (tr.gpu) LIB_CHECK(gpu_to_host(&tr, err, sizeof err), err);
-#endif
-            LIB_CHECK(export_write_run(tr.d, o.common.run_dir, o.target_model, skipped, sizeof skipped, err, sizeof err),
-                      err);
-            log_info("exports written to %s/export%s%s", o.common.run_dir, skipped[0] ? "; " : "", skipped);
-        }
-        if (res == RELAY_DONE) log_info("training done: %lld steps, %lld skipped, %lld validation passes", (long long)tr.step,
+        if (o.ckpt_every == 0 || tr.step % o.ckpt_every != 0) save(&tr);
+        write_exports(&tr);
+        log_info("training done: %lld steps, %lld skipped, %lld validation passes", (long long)tr.step,
                                         (long long)tr.guard.skipped_total, (long long)tr.val_passes);
     }
-#ifdef DFLASH_CUDA
-    if (tr.gpu) gpu_stop(&tr);   /* before relay_close: the registered slots are still mapped */
-#endif
+    tr.x.free(tr.x.impl);   /* before relay_close: registered slots are still mapped */
     relay_close(tr.relay_);
     ckpt_table_free(&tr.table);
     optim_free(&tr.opt);
     drafter_free(tr.d);
     free(tr.tens);
-    free(tr.hidden_f32);
-    free(tr.last_f32);
     free(tr.config_json);
     return relay_exit_code(res);
 }

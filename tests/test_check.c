@@ -1,7 +1,8 @@
 /*
  * tests/test_check.c — stages/core/check.h and log.h: a failed check prints stage, pid, file:line,
  * the call's text, the library's error string and the hint, mirrors it into the log file, and
- * exits 1; log lines carry a timestamp, level and stage.
+ * exits 1; log lines carry a timestamp, level and stage. sentence_first (issue 24): the error line starts
+ * with the sentence, the call's text (none for LIB_CHECK) and file:line follow it.
  */
 #include "core/check.h"
 #include "core/fsutil.h"
@@ -75,6 +76,30 @@ START_TEST(die_formats_reason) {
 }
 END_TEST
 
+static int lib_call(char *err, int err_len) {
+    snprintf(err, (size_t)err_len, "model/config.json: not valid JSON (line 1)");
+    return -1;
+}
+
+static void fail_lib(const char *arg) {
+    (void)arg;
+    log_init("dflash-testing");
+    char err[128];
+    LIB_CHECK(lib_call(err, sizeof err), err);
+}
+
+/* Issue 24: the user reads a sentence, not a C expression: the error line's text starts with the library's
+ * sentence (file:line may follow), and a LIB_CHECK does not print its call's text. */
+START_TEST(sentence_first) {
+    char out[4096];
+    ck_assert_int_eq(run_captured(fail_lib, NULL, out, sizeof out), 1);
+    ck_assert_msg(strstr(out, "] model/config.json: not valid JSON (line 1) (at tests/test_check.c:"), "%s", out);
+    ck_assert_msg(!strstr(out, "lib_call(") && !strstr(out, "FATAL"), "%s", out);
+    ck_assert_int_eq(run_captured(fail_die, NULL, out, sizeof out), 1);
+    ck_assert_msg(strstr(out, "] batch 7 has 9000 tokens, budget is 8192 (at tests/test_check.c:"), "%s", out);
+}
+END_TEST
+
 static void log_levels(const char *arg) {
     (void)arg;
     log_init("dflash-lv");
@@ -100,6 +125,7 @@ int main(void) {
     tcase_set_timeout(tc, 20);
     tcase_add_test(tc, sys_check_reports_everything);
     tcase_add_test(tc, die_formats_reason);
+    tcase_add_test(tc, sentence_first);
     tcase_add_test(tc, log_filters_levels);
     suite_add_tcase(s, tc);
     return test_run_suite(s);

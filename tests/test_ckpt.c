@@ -24,6 +24,7 @@ struct small {
 static void small_fill(struct small *s, uint64_t seed) {
     memset(s, 0, sizeof *s);   /* the padding too: the round trip compares whole structs with memcmp */
     uint64_t r = seed;
+    memset(s, 0, sizeof *s);   /* the padding after f[37] too: the tests memcmp whole structs */
     test_rng_fill(&r, s->f, 37, -1, 1);
     s->f[3] = -0.0f;
     s->f[4] = NAN;   /* exact bits, NaN included */

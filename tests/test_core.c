@@ -215,6 +215,40 @@ START_TEST(log_refuses_symlink) {
 }
 END_TEST
 
+/* Issue 24 defect 6: a symlink planted at a temporary's name (fs_create_tmp: checkpoints, safetensors, the
+ * packer's cursor, datasets) or at a state file's name (fs_open_state: hspack, replay) is never written through,
+ * and what they create is 0600 whatever the umask. */
+START_TEST(tmp_and_state_refuse_symlinks) {
+    const char *d = test_tmpdir("tmpsym");
+    char target[600], link[600], tmp[600];
+    snprintf(target, sizeof target, "%s/elsewhere", d);
+    snprintf(link, sizeof link, "%s/hspack.features.next", d);
+    ck_assert_int_eq(symlink(target, link), 0);
+    ck_assert_int_eq(fs_open_state(link), -1);
+    ck_assert_int_eq(access(target, F_OK), -1);
+    snprintf(tmp, sizeof tmp, "%s/x.ckpt.tmp.%d", d, (int)getpid());
+    ck_assert_int_eq(symlink(target, tmp), 0);
+    mode_t old = umask(0);
+    int fd = fs_create_tmp(tmp);
+    umask(old);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "y", 1), 1);
+    close(fd);
+    ck_assert_int_eq(access(target, F_OK), -1);   /* the planted link was replaced, not followed */
+    struct stat st;
+    ck_assert_int_eq(lstat(tmp, &st), 0);
+    ck_assert(S_ISREG(st.st_mode) && (st.st_mode & 0777) == 0600);
+    snprintf(link, sizeof link, "%s/state.pos", d);
+    old = umask(0);
+    fd = fs_open_state(link);
+    umask(old);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    ck_assert_int_eq(stat(link, &st), 0);
+    ck_assert_int_eq(st.st_mode & 0777, 0600);
+}
+END_TEST
+
 /* A run directory owned by someone else is refused with one sentence. */
 START_TEST(run_dir_of_another_user_refused) {
     char run[700], err[512];
@@ -245,6 +279,7 @@ int main(void) {
     tcase_add_test(tc, run_dir_private_by_default);
     tcase_add_test(tc, log_refuses_symlink);
     tcase_add_test(tc, run_dir_of_another_user_refused);
+    tcase_add_test(tc, tmp_and_state_refuse_symlinks);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

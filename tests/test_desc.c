@@ -84,7 +84,7 @@ START_TEST(hidden_features_round_trip) {
     char buf[DESC_MAX_BYTES], err[256];
     size_t len;
     struct desc_hidden h = {.batch = sample_batch(8192, 5), .n_layers = 5, .layers = {1, 9, 17, 25, 33},
-                            .dtype = DESC_DTYPE_BF16, .hidden_size = 4096};
+                            .dtype = DESC_DTYPE_BF16, .hidden_size = 4096, .target_id = 0xfedcba9876543210ull};
     uint64_t bytes = desc_hidden_layout(&h);
     ck_assert_uint_eq(bytes, h.batch.payload_bytes);
     ck_assert_uint_eq(h.off_last - h.off_states, 5ull * 8192 * 4096 * 2);
@@ -99,13 +99,14 @@ START_TEST(hidden_features_round_trip) {
     ck_assert_uint_eq(h2.hidden_size, 4096);
     ck_assert_uint_eq(h2.off_states, h.off_states);
     ck_assert_uint_eq(h2.off_last, h.off_last);
+    ck_assert_uint_eq(h2.target_id, 0xfedcba9876543210ull);   /* issue 24: the target travels */
     /* a hidden descriptor is not a batch descriptor */
     struct desc_batch b;
     ck_assert_int_eq(desc_batch_decode(buf, len, 0, &b, err, sizeof err), -1);
     ck_assert_str_eq(err, "descriptor kind: expected 'batch', found 'hidden'");
 
     struct desc_features f = {.batch = sample_batch(97, 1), .layout = DESC_LAYOUT_SPLIT, .n_layers = 3, .layers = {2, 18, 33},
-                              .dtype = DESC_DTYPE_F32, .hidden_size = 64};
+                              .dtype = DESC_DTYPE_F32, .hidden_size = 64, .target_id = 42};
     desc_features_layout(&f);
     ck_assert_int_eq(desc_features_encode(&f, buf, sizeof buf, &len, err, sizeof err), 0);
     struct desc_features f2;
@@ -114,7 +115,12 @@ START_TEST(hidden_features_round_trip) {
     ck_assert_int_eq(f2.dtype, DESC_DTYPE_F32);
     ck_assert_uint_eq(f2.n_layers, 3);
     ck_assert_int_eq(f2.layers[1], 18);
+    ck_assert_uint_eq(f2.target_id, 42);
     ck_assert(batch_eq(&f.batch, &f2.batch));
+    /* the identity: of the config.json bytes, never 0, another config another id */
+    ck_assert_uint_ne(desc_target_id("{\"hidden_size\": 64}", 19), desc_target_id("{\"hidden_size\": 65}", 19));
+    ck_assert_uint_eq(desc_target_id("{\"hidden_size\": 64}", 19), desc_target_id("{\"hidden_size\": 64}", 19));
+    ck_assert_uint_ne(desc_target_id("", 0), 0);
     enum desc_kind k;
     ck_assert_int_eq(desc_peek_kind(buf, len, &k, err, sizeof err), 0);
     ck_assert_int_eq(k, DESC_KIND_FEATURES);
@@ -236,8 +242,9 @@ START_TEST(malformed_rejected) {
 
     expect_reject((struct mod){.kind = "features"}, "expected 'batch', found 'features'");
     expect_reject((struct mod){.kind = "bogus"}, "expected batch, hidden or features, found 'bogus'");
-    expect_reject((struct mod){.version = 3}, "version: expected 2, found 3");
-    expect_reject((struct mod){.version = 1}, "version: expected 2, found 1");   /* before the split field */
+    expect_reject((struct mod){.version = 4}, "version: expected 3, found 4");
+    expect_reject((struct mod){.version = 2}, "version: expected 3, found 2");   /* before the target field */
+    expect_reject((struct mod){.version = 1}, "version: expected 3, found 1");   /* before the split field */
     expect_reject((struct mod){.drop = "n_docs"}, "expected 16 fields, found 15");
     expect_reject((struct mod){.drop_split = 1}, "expected 16 fields, found 15");
     expect_reject((struct mod){.extra = "color"}, "expected 16 fields, found 17");

@@ -8,7 +8,7 @@
 #include <jansson.h>
 
 #include "kernels/lmhead_loss.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "train/drafter.h"
 #include "train/mask_token.h"
 

@@ -61,7 +61,7 @@ static void wait_ckpt(const char *run, int step, pid_t script, const char *what)
 /* copy the reference's model and data so a run skips dflash-mkmodel/dflash-sample (same inputs) */
 static void seed_inputs(const char *ref, const char *run) {
     char cmd[3000];
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp -r '%s/model' '%s/data.jsonl' '%s/held-out.jsonl' '%s/'", run, ref, ref,
+    snprintf(cmd, sizeof cmd, "mkdir -m 700 '%s' && cp -r '%s/model' '%s/data.jsonl' '%s/held-out.jsonl' '%s/'", run, ref, ref,
              ref, run);
     ck_assert_int_eq(system(cmd), 0);
 }
@@ -279,6 +279,22 @@ START_TEST(bad_inputs) {
     ck_assert_int_eq(system(cmd), 0);
     snprintf(run, sizeof run, "%s/bad-data", base);
     expect_failure(run, model, bad, NULL, "bad.jsonl:3:", "malformed dataset line");
+
+    /* issue 24: a config.json that is not JSON is named with its parse error (it read "no hidden_size") */
+    snprintf(bad, sizeof bad, "%s/notjson-model", base);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && printf '{\"hidden_size\": 64, oops' >'%s/config.json'", model, bad, bad);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(run, sizeof run, "%s/notjson", base);
+    expect_failure(run, bad, data, NULL, "config.json: not valid JSON", "a config.json that is not JSON");
+    /* issue 24: a token id outside the target's vocabulary is named at its dataset line (train.sh indexes with the
+     * config's vocab_size; it was caught later, at dflash-target, without the line) */
+    snprintf(bad, sizeof bad, "%s/vocab.jsonl", base);
+    snprintf(cmd, sizeof cmd, "head -n 3 '%s' >'%s' && echo '{\"input_ids\": [1, 2, 600], \"loss_mask\": [0, 1, 1]}' >>'%s'",
+             data, bad, bad);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(run, sizeof run, "%s/bad-vocab", base);
+    expect_failure(run, model, bad, NULL, "vocab.jsonl:4: input_ids[2] = 600 is >= --vocab-size 512",
+                   "a token id outside the vocabulary");
 
     /* a stage binary that exits at once (dflash-target answers --print-ring-spec, then fails) */
     snprintf(bin, sizeof bin, "%s/bin", base);

@@ -69,7 +69,7 @@ static inline int e2e_wait(pid_t pid, double secs, const char *out, const char *
         ck_assert_int_ge(r, 0);
         if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         if (tr_now() - t0 > secs) {
-            char tail[4096];
+            char tail[2500];   /* Check refuses a failure message of about 4 KiB or more */
             kill(pid, SIGTERM);
             tr_wait(pid);
             e2e_tail(out, tail, sizeof tail);

@@ -18,7 +18,7 @@
 #include "export/eval.h"
 #include "export/export.h"
 #include "kernels/common.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "train/ckpt.h"
 #include "train/optim.h"
 

@@ -21,6 +21,8 @@
  *   consumer's log says so and its wait times out instead of ending the stream.
  * - nan_weight_refused (item 10): a NaN or infinite checkpoint weight fails the conversion with a
  *   sentence naming file, tensor and element (f32 and bf16 paths).
+ * - list_stale_by_other_user (issue 24): another user's --list-stale gives a 0600 segment's true uid and mode.
+ * - control_socket_path_too_long (issue 24): said before anything is created, with the right hint.
  * - shm_sigterm_mid_stream (item 2): dflash-shm SIGTERMed with items in a ring exits 3, leaves
  *   the segment, and its restart adopts it with the item intact.
  */
@@ -45,11 +47,15 @@
 #define SLOT_OFF_PAYLOAD_LEN 16
 #define SLOT_OFF_DESC_LEN 24
 
+static int g_capture_as_other;   /* run_capture's child becomes the throwaway user first */
+static void become_other(void);
+
 static int run_capture(char *const argv[], char *out, size_t cap) {
     int fds[2];
     ck_assert_int_eq(pipe(fds), 0);
     pid_t pid = fork();
     if (pid == 0) {
+        if (g_capture_as_other) become_other();
         dup2(fds[1], 1);
         dup2(fds[1], 2);
         close(fds[0]);
@@ -331,6 +337,45 @@ START_TEST(planted_by_other_user) {
 }
 END_TEST
 
+/* Issue 24: another user's --list-stale showed mode 0000 (and uid 0) for a 0600 segment it cannot open: the
+ * owner and mode now come from the directory entry. */
+START_TEST(list_stale_by_other_user) {
+    if (other_user() != 0) return;
+    const char *run = tr_run("flist");
+    char seg[256], err[512], out[8192];
+    ck_assert_int_eq(ring_segment_name(run, "q", seg, sizeof seg, err, sizeof err), 0);
+    shm_unlink(seg);
+    int fd = shm_open(seg, O_RDWR | O_CREAT | O_EXCL, 0600);   /* ours (root's), 0600, no header: not openable by them */
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(fchmod(fd, 0600), 0);
+    ck_assert_int_eq(ftruncate(fd, 8192), 0);
+    close(fd);
+    char *ls[] = {(char *)test_bin("dflash-shm"), "--list-stale", NULL};   /* no --run: they cannot resolve our run dir */
+    g_capture_as_other = 1;
+    int rc = run_capture(ls, out, sizeof out);
+    g_capture_as_other = 0;
+    drop_user();
+    shm_unlink(seg);
+    ck_assert_msg(rc == 0, "status %d: %s", rc, out);
+    char want[400];
+    snprintf(want, sizeof want, "%s (uid %u, mode 0600:", seg + 1, (unsigned)geteuid());
+    ck_assert_msg(strstr(out, want), "want '%s' in: %s", want, out);
+}
+END_TEST
+
+/* Issue 24: a run path too long for the control socket is said at once, with the right hint (nanomsg's "Invalid
+ * argument" came with "is another dflash-shm serving this run?"), and no segment is left. */
+START_TEST(control_socket_path_too_long) {
+    char run[600], out[8192];
+    snprintf(run, sizeof run, "%s/%0120d", tr_run("flong"), 0);
+    char *argv[] = {(char *)test_bin("dflash-shm"), "--run", run, "--ring", "x:slots=2,bytes=1k,dev=host", NULL};
+    ck_assert_int_eq(run_capture(argv, out, sizeof out), 1);
+    ck_assert_msg(strstr(out, "a Unix socket allows 107") && strstr(out, "use a shorter --run path") &&
+                  !strstr(out, "another dflash-shm"), "%s", out);
+    ck_assert_int_eq(tr_count_segments(run), 0);
+}
+END_TEST
+
 static int child_shm_umask0(void *arg) {
     const char *run = arg;
     umask(0);
@@ -482,6 +527,8 @@ int main(void) {
     tcase_add_test(tc, stale_means_nothing_attached);
     tcase_add_test(tc, mode_not_0600_refused);
     tcase_add_test(tc, planted_by_other_user);
+    tcase_add_test(tc, list_stale_by_other_user);
+    tcase_add_test(tc, control_socket_path_too_long);
     tcase_add_test(tc, control_socket_owner_only);
     tcase_add_test(tc, shm_sigterm_mid_stream);
     tcase_add_test(tc, nan_weight_refused);

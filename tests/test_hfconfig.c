@@ -416,6 +416,15 @@ START_TEST(zlab_layer_ids) {
     ck_assert_int_eq(hf_zlab_layer_ids(2, 3, ids), -1);   /* ids below 0 */
     ck_assert_int_eq(hf_zlab_layer_ids(0, 3, ids), -1);
     ck_assert_int_eq(hf_zlab_layer_ids(36, 0, ids), -1);
+    /* issue 26: never the target's last layer, for every layer count (n = 2, one draft layer: [0]; n = 1: none) */
+    ck_assert_int_eq(hf_zlab_layer_ids(2, 1, ids), 0);
+    ck_assert_int_eq(ids[0], 0);
+    ck_assert_int_eq(hf_zlab_layer_ids(1, 1, ids), -1);
+    for (int n = 1; n <= 128; n++)
+        for (int L = 1; L <= 8; L++)
+            if (hf_zlab_layer_ids(n, L, ids) == 0)
+                for (int i = 0; i < L; i++)
+                    ck_assert_msg(ids[i] >= 0 && ids[i] < n - 1, "n=%d L=%d: id %d", n, L, ids[i]);
 }
 END_TEST
 

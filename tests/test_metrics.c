@@ -337,6 +337,32 @@ START_TEST(binary_flags) {
 }
 END_TEST
 
+/* Issue 24: SIGTERM mid-run is "stopped" (exit 3, STAGE_EXIT_STOPPED), so lib.sh starts the sink again; it exited
+ * 0, which the supervisor read as a service that left, failing the run. */
+START_TEST(sigterm_exits_stopped) {
+    const char *bin = test_bin("dflash-metrics");
+    const char *run = test_tmpdir("msigterm");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/bus/metrics.sock", run);
+    pid_t p = fork();
+    ck_assert_int_ge(p, 0);
+    if (p == 0) {
+        int nul = open("/dev/null", O_WRONLY);
+        dup2(nul, 1);
+        dup2(nul, 2);
+        execl(bin, bin, "--run", run, "--idle-exit-s", "60", (char *)NULL);
+        _exit(126);
+    }
+    for (int i = 0; i < 2000 && !fs_exists(path); i++) usleep(5000);
+    ck_assert_msg(fs_exists(path), "dflash-metrics did not bind %s within 10 s", path);
+    kill(p, SIGTERM);
+    int st;
+    ck_assert_int_eq(waitpid(p, &st, 0), p);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 3, "dflash-metrics after SIGTERM: status %d, want exit 3", st);
+    ck_assert_int_eq(fs_exists(path), 0);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- multi-process */
 
 /*
@@ -501,9 +527,12 @@ START_TEST(senders_kill_and_restart) {
     ck_assert_int_eq(waitpid(sink, NULL, 0), sink);
     usleep(500000);   /* generous: the senders' nanomsg must see the hang-up before they resume */
 
-    /* phase 2: sink down, senders run and drop */
+    /* phase 2: sink down, senders run and drop: until each made 100 attempts (a fixed sleep gave too few on a
+     * loaded machine) */
     __atomic_store_n(&sh->pause, 0, __ATOMIC_RELEASE);
     usleep(300000);
+    ck_assert(WAIT_UNTIL(__atomic_load_n(&sh->s[0].n, __ATOMIC_ACQUIRE) >= n_at_kill[0] + 100 &&
+                         __atomic_load_n(&sh->s[1].n, __ATOMIC_ACQUIRE) >= n_at_kill[1] + 100, 20));
 
     /* phase 3: the same command again; it removes the stale socket and keeps appending */
     sink = start_sink(run, 2);
@@ -646,6 +675,7 @@ int main(void) {
     tcase_add_test(unit, progress_rate_fallback);
     tcase_add_test(unit, plots_drawn_or_warned);
     tcase_add_test(unit, binary_flags);
+    tcase_add_test(unit, sigterm_exits_stopped);
     suite_add_tcase(s, unit);
     TCase *mp = tcase_create("multiprocess");
     tcase_set_timeout(mp, 60);

@@ -7,7 +7,7 @@
  */
 #include "core/fsutil.h"
 #include "model/hfconfig.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "model/weights.h"
 #include "testutil.h"
 

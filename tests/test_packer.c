@@ -1,10 +1,10 @@
 /*
- * tests/test_packer.c — stages/core/packer: packing invariants (budget, document boundaries,
+ * tests/test_packer.c — stages/pack/packer: packing invariants (budget, document boundaries,
  * positions, masks, cu_seqlens, contents equal to the dataset rows, every eligible row exactly
  * once per epoch, dropped and truncated rows counted), padding, determinism, seeking and cursor
  * resume, sharding, the end of the stream, and the validation split (held-out rows, interleaved passes).
  */
-#include "core/packer.h"
+#include "pack/packer.h"
 #include "testutil.h"
 
 /* ---------------------------------------------------------------- an in-memory dataset */

@@ -21,7 +21,7 @@
  *   torch and transformers with models/qwen3_5; otherwise prints why it is skipped.
  */
 #include "model/hfconfig.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "model/target.h"
 #include "testutil.h"
 

@@ -19,7 +19,7 @@
 #include "core/record.h"
 #include "core/relay.h"
 #include "shm/ring.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "test_ring_util.h"
 
 #include <fcntl.h>
@@ -648,6 +648,8 @@ START_TEST(stage_bad_flags) {
     ck_assert_int_eq(tr_wait(spawn_record(run, a2)), 2);
     const char *a3[] = {"--ring", "absent", "--wait-ms", "0", NULL};
     ck_assert_int_eq(tr_wait(spawn_record(run, a3)), 1);
+    const char *a4[] = {"--heartbeat-s", "-1", NULL};   /* issue 24: was accepted */
+    ck_assert_int_eq(tr_wait(spawn_record(run, a4)), 2);
     char path[800];
     snprintf(path, sizeof path, "%s/record.out", run);
     char *o = test_slurp_static(path);

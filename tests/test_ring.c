@@ -47,6 +47,9 @@ START_TEST(spec_parse) {
     ck_assert_str_eq(s[2].name, "features");
     ck_assert_uint_eq(s[2].payload_bytes, 3072);
     ck_assert_uint_eq(s[2].n_slots, 8);   /* default */
+    ck_assert_uint_eq(s[2].plan, 0);      /* default: made without a run plan */
+    ck_assert_int_eq(ring_parse_specs("plans:slots=2,plan=00ab12cd34ef5678", s, 8, &n, err, sizeof err), 0);
+    ck_assert_uint_eq(s[3].plan, 0x00ab12cd34ef5678ull);
     struct { const char *text, *needle; } bad[] = {
         {"slots=8", "must start with NAME:"},
         {"x:slots=0", "not a count"},
@@ -55,6 +58,8 @@ START_TEST(spec_parse) {
         {"x:color=red", "unknown key 'color'"},
         {"x:slots", "expected key=value"},
         {"batches:slots=2", "given twice"},
+        {"x:plan=xyz", "not a plan hash"},
+        {"x:plan=123456789abcdef01", "not a plan hash"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int m = 1;
@@ -285,7 +290,7 @@ START_TEST(bad_segments_give_sentences) {
     memcpy(&v0, seg + 8, 4);
     memcpy(seg + 8, &v, 4);
     ck_assert_ptr_null(ring_attach(run, "bad", RING_CONSUMER, 0, err, sizeof err));
-    ck_assert_msg(strstr(err, "has layout version 99, this binary expects version 1"), "unexpected: %s", err);
+    ck_assert_msg(strstr(err, "has layout version 99, this binary expects version 2"), "unexpected: %s", err);
     memcpy(seg + 8, &v0, 4);
     ck_assert_int_eq(munmap(seg, len), 0);
     /* wrong size: the file is shorter than the header says */

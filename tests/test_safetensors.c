@@ -1,12 +1,12 @@
 /*
- * tests/test_safetensors.c — stages/model/safetensors (reader, writer, sharded checkpoints) and
+ * tests/test_safetensors.c — stages/core/safetensors (reader, writer, sharded checkpoints) and
  * stages/model/weights (checked fetch + dtype conversion).
  *
  * Corrupt files are built byte by byte (8-byte length + header text + data) so each test breaks
  * exactly one invariant, and every rejection must name the file and, where there is one, the tensor.
  */
 #include "core/fsutil.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "model/weights.h"
 #include "testutil.h"
 

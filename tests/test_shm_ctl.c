@@ -1,10 +1,10 @@
 /*
- * tests/test_shm_ctl.c — dflash-shm's control protocol (stages/shm/control.h): msgpack
+ * tests/test_shm_ctl.c — dflash-shm's control protocol (stages/shmctl/control.h): msgpack
  * encode/decode round trips, decoders refusing wrong types, missing/extra/duplicate fields,
  * other versions and trailing bytes with a sentence; --field and --json of a live dflash-shm,
  * and a raw request of another version answered with kind "error".
  */
-#include "shm/control.h"
+#include "shmctl/control.h"
 #include "test_ring_util.h"
 
 #include <msgpack.h>

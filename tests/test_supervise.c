@@ -10,6 +10,8 @@
  *   pid, and starts once the first is gone.
  * - dead_shm_segments_removed (item 6): dflash-shm SIGKILLed, then stop_all: no segment of the
  *   run is left; wait_ring_drained reads --status --field.
+ * Issue 24: private_whatever_umask and foreign_run_dir_refused (defect 6), metrics_sigterm_restarted
+ * (defect 4), refusal_said_at_once (defect 7: a service's refusal said at once; defect 5: this attempt's error).
  */
 #include "test_ring_util.h"
 
@@ -130,7 +132,7 @@ START_TEST(run_lock) {
     pid_t holder = fork();
     if (holder == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        run_script(dir, "lock_run \"$RUN\"\ntouch \"$RUN/locked\"\nsleep 3\n", 20, out, sizeof out);
+        run_script(dir, "lock_run \"$RUN\"\ntouch \"$RUN/locked\"\nsleep 8\n", 30, out, sizeof out);   /* the second script must reach flock -w 2 before this ends, also on a loaded machine */
         _exit(0);
     }
     double t0 = tr_now();
@@ -167,6 +169,102 @@ START_TEST(dead_shm_segments_removed) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- issue 24 */
+
+/* Defect 6: whatever the caller's umask (000 here), what lib.sh and its stages create is private (0700
+ * directories, 0600 files: run dir, lock, logs/NAME.out, state, data), and write_state never writes through a
+ * planted temporary name (a symlink at STATE.tmp wrote into its target). */
+START_TEST(private_whatever_umask) {
+    const char *dir = test_tmpdir("suppriv");
+    static char out[65536];
+    const char *body =
+        "RUN=$RUN/p\n"
+        "prepare_run_dir t\n"
+        "start_stage s1 bash -c 'echo hi'\n"
+        "supervise s1\n"
+        "write_state \"$RUN/state/x.next\" 7\n"
+        "ln -s \"$RUN/../victim\" \"$RUN/state/y.next.tmp\"\n"
+        "write_state \"$RUN/state/y.next\" 9\n"
+        "rm \"$RUN/state/y.next.tmp\"\n"
+        "echo data >\"$RUN/data.f\"\n"
+        "find \"$RUN\" \\( -type d ! -perm 700 -o -type f ! -perm 600 \\) -printf 'WIDE %m %p\\n'\n"
+        "[ ! -e \"$RUN/../victim\" ] || echo WROTE-THROUGH\n"
+        "echo PRIVATE-DONE\n";
+    mode_t old = umask(0);
+    int rc = run_script(dir, body, 20, out, sizeof out);
+    umask(old);
+    ck_assert_msg(rc == 0 && strstr(out, "PRIVATE-DONE"), "status %d:\n%s", rc, out);
+    ck_assert_msg(!strstr(out, "WIDE ") && !strstr(out, "WROTE-THROUGH"), "%s", out);
+}
+END_TEST
+
+/* Defect 6: a run directory that another user owns, or that is open to group/other and not empty, is refused with
+ * one line; an empty one of ours is closed (0700) and used; a log that is a symlink is not written through. */
+START_TEST(foreign_run_dir_refused) {
+    const char *dir = test_tmpdir("supforeign");
+    static char out[65536];
+    char cmd[2000];
+    snprintf(cmd, sizeof cmd, "cd '%s' && mkdir -m 755 wide && touch wide/run.json && mkdir -m 700 theirs && "
+             "chown 54321 theirs && mkdir -m 755 empty && mkdir -p -m 700 sym/logs && chmod 700 sym && ln -s ../../victim sym/logs/s.out",
+             dir);
+    ck_assert_int_eq(system(cmd), 0);
+    char body[1000];
+    snprintf(body, sizeof body, "RUN='%s/wide'\nprepare_run_dir t\necho WRONGLY-USED\n", dir);
+    ck_assert_int_eq(run_script(dir, body, 20, out, sizeof out), 1);
+    ck_assert_msg(strstr(out, "has mode 755 (open to group/other); refusing it") && !strstr(out, "WRONGLY"), "%s", out);
+    snprintf(body, sizeof body, "RUN='%s/theirs'\nprepare_run_dir t\necho WRONGLY-USED\n", dir);
+    ck_assert_int_eq(run_script(dir, body, 20, out, sizeof out), 1);
+    ck_assert_msg(strstr(out, "belongs to uid 54321, not to this user") && !strstr(out, "WRONGLY"), "%s", out);
+    snprintf(body, sizeof body, "RUN='%s/empty'\nprepare_run_dir t\nstat -c 'MODE %%a' \"$RUN\"\n", dir);
+    ck_assert_int_eq(run_script(dir, body, 20, out, sizeof out), 0);
+    ck_assert_msg(strstr(out, "MODE 700"), "%s", out);
+    snprintf(body, sizeof body, "RUN='%s/sym'\nprepare_run_dir t\nstart_stage s bash -c 'echo x'\necho WRONGLY-USED\n", dir);
+    ck_assert_int_eq(run_script(dir, body, 20, out, sizeof out), 1);
+    ck_assert_msg(strstr(out, "s.out is a symbolic link; refusing") && !strstr(out, "WRONGLY"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s/victim", dir);
+    ck_assert_int_ne(access(cmd, F_OK), 0);
+}
+END_TEST
+
+/* Defect 4: dflash-metrics SIGTERMed mid-run is restarted like any stage (it exited 0 and the run failed with
+ * "dflash-metrics exited (status 0) while the pipeline still needs it"). */
+START_TEST(metrics_sigterm_restarted) {
+    const char *dir = test_tmpdir("supmetrics");
+    static char out[65536];
+    const char *body =
+        "start_stage --service dflash-metrics \"$DFLASH_BIN/dflash-metrics\" --run \"$RUN\"\n"
+        "wait_for_file \"$RUN/bus/metrics.sock\" 10\n"
+        "start_stage w bash -c 'sleep 2'\n"
+        "kill -TERM \"$(cat \"$RUN/pids/dflash-metrics.pid\")\"\n"
+        "supervise w && echo SUPERVISE-OK\n"
+        "_alive dflash-metrics && echo METRICS-ALIVE\n";
+    int rc = run_script(dir, body, 30, out, sizeof out);
+    ck_assert_msg(rc == 0, "status %d:\n%s", rc, out);
+    ck_assert_msg(strstr(out, "dflash-metrics stopped before the end of its stream (status 3); starting it again"), "%s", out);
+    ck_assert_msg(strstr(out, "SUPERVISE-OK") && strstr(out, "METRICS-ALIVE"), "%s", out);
+}
+END_TEST
+
+/* Defect 7 / 5: a service that refuses to start is reported at once with its reason (it was "did not come up"
+ * after 20 s), and a stage's error is this attempt's, not an earlier attempt's first error in the same log. */
+START_TEST(refusal_said_at_once) {
+    const char *dir = test_tmpdir("suprefuse");
+    static char out[65536];
+    const char *body =
+        "t0=$SECONDS\n"
+        "start_stage --service dflash-shm \"$DFLASH_BIN/dflash-shm\" --run \"$RUN\" --ring 'x:slots=0,bytes=1k,dev=host'\n"
+        "wait_stage_file dflash-shm \"$RUN/shm.json\" 20 '\"running\"' || echo \"REFUSED after $((SECONDS - t0)) s\"\n"
+        "printf '%s\\n' '2026-01-01T00:00:00Z E dflash-x[1] the old attempt' '2026-01-01T00:00:01Z E dflash-x[2] this attempt' >\"$LOGS/x.out\"\n"
+        "echo \"FIRST: $(first_error \"$LOGS/x.out\" 1)\"\n";
+    int rc = run_script(dir, body, 30, out, sizeof out);
+    ck_assert_msg(rc == 0, "status %d:\n%s", rc, out);
+    ck_assert_msg(strstr(out, "dflash-shm exited during start-up (status ") && strstr(out, "slots"), "%s", out);
+    const char *r = strstr(out, "REFUSED after ");
+    ck_assert_msg(r && atoi(r + 14) < 10, "%s", out);
+    ck_assert_msg(strstr(out, "FIRST: this attempt"), "%s", out);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("supervise");
     TCase *tc = tcase_create("lib.sh");
@@ -175,6 +273,10 @@ int main(void) {
     tcase_add_test(tc, stopped_is_not_finished);
     tcase_add_test(tc, run_lock);
     tcase_add_test(tc, dead_shm_segments_removed);
+    tcase_add_test(tc, private_whatever_umask);
+    tcase_add_test(tc, foreign_run_dir_refused);
+    tcase_add_test(tc, metrics_sigterm_restarted);
+    tcase_add_test(tc, refusal_said_at_once);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

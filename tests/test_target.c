@@ -14,7 +14,7 @@
  * the Llama-3 scaling each move states by more than 1e-3.
  */
 #include "model/hfconfig.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "model/target.h"
 #include "testutil.h"
 

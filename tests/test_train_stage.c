@@ -14,13 +14,15 @@
  *   state, guard, step, next_seq), and so do the exports. The val records with val_batches = V show
  *   that the batch descriptor's split travelled through dflash-target and dflash-hspack.
  * - A test producer writes features items into the ring directly for the rest:
- *   bad_features (k, H, layer ids, layout that do not match the drafter; token ids outside the
- *   target's vocabulary), bad_target_and_mask (a mask
+ *   bad_features (k, H, layer ids, layout that do not match the drafter; features of another target of the
+ *   same shape, issue 24; token ids outside the target's vocabulary), bad_target_and_mask (a mask
  *   token outside the embedding, a target directory whose embedding does not match its config),
  *   checkpoints (a truncated newest checkpoint is skipped with a log line naming it and the older
  *   one is used; a checkpoint of another configuration is refused naming the field, nothing
  *   overwritten), nonfinite (a NaN features item: --max-nonfinite 1 stops with the line naming the
  *   step, --max-nonfinite 2 skips that step and finishes).
+ * - short_stream_fails / resume_at_max_steps_exports (issue 24): a stream ending before --max-steps (or with a
+ *   partial --grad-accum accumulation) fails with one line; a resume at --max-steps writes the exports again.
  * Every failure must be exit 1 with exactly one error line.
  */
 #include "core/desc.h"
@@ -31,7 +33,7 @@
 #include <limits.h>
 #include <sys/stat.h>
 
-static char g_dir[600], g_model[700], g_badmodel[700], g_data[700];
+static char g_dir[600], g_model[700], g_badmodel[700], g_data[700], g_othermodel[700];
 
 #define TOKENS "512"
 #define H 64
@@ -190,6 +192,7 @@ struct fprod {
     enum desc_layout layout;   /* 0: concat */
     int id_mod;            /* input ids are < this (0: 500, inside the vocabulary) */
     int val_mod;           /* > 0: item q is a val batch when q % val_mod == val_mod - 1 */
+    const char *target;    /* the model directory the items name as their target (NULL: g_model) */
 };
 
 static float fval(uint64_t seq, int l, int t, int h) {
@@ -222,6 +225,7 @@ static int produce(void *arg) {
         for (int i = 0; i < p->k; i++) d.layers[i] = p->layers[i];
         d.dtype = DESC_DTYPE_F32;
         d.hidden_size = (uint32_t)p->h;
+        if (desc_target_id_of_model(p->target ? p->target : g_model, &d.target_id, err, sizeof err)) return 7;
         desc_features_layout(&d);
         if (d.batch.payload_bytes > s.payload_cap) return 4;
         uint8_t *pay = s.payload;
@@ -261,7 +265,7 @@ static int produce(void *arg) {
 }
 
 static struct fprod good_prod(const char *run, int n) {
-    return (struct fprod){run, n, 2, {1, 3}, H, -1, 1, 0, 0, 0};
+    return (struct fprod){run, n, 2, {1, 3}, H, -1, 1, 0, 0, 0, NULL};
 }
 
 /* ---------------------------------------------------------------- (a) + (b): the pipeline, exact resume */
@@ -302,7 +306,7 @@ static void stop_upstream(const char *run, struct pipe *p, int sig) {
     stop(p->target, sig);
     stop(p->hspack, sig);
     shutdown_shm(run, p->shm);
-    if (p->metrics) ck_assert_int_eq(wait_for((kill(p->metrics, SIGTERM), p->metrics), 20, "dflash-metrics"), 0);
+    if (p->metrics) ck_assert_int_eq(wait_for((kill(p->metrics, SIGTERM), p->metrics), 20, "dflash-metrics"), 3);
 }
 
 static const char *const g_train_a[] = {"--max-steps", "30", "--ckpt-every", "8", "--keep", "0", "--wait-ms", "10000",
@@ -471,6 +475,12 @@ START_TEST(bad_features) {
     expect_one_error(log, "features: layout split, the drafter expects concat");
     free(log);
     p = good_prod(NULL, 4);
+    p.target = g_othermodel;   /* issue 24: same shape (H 64, the tiny preset), another target (seed) */
+    ck_assert_int_eq(train_against("train-target", p, ex, &log, run), 1);
+    expect_one_error(log, "features seq 0: computed by another target (id ");
+    ck_assert(count_ckpts(run) == 0);
+    free(log);
+    p = good_prod(NULL, 4);
     p.id_mod = 700;   /* token ids past the target's vocabulary of 512 */
     ck_assert_int_eq(train_against("train-vocab", p, ex, &log, run), 1);
     expect_one_error(log, "is outside [0, 512)");
@@ -553,31 +563,85 @@ START_TEST(nonfinite) {
 }
 END_TEST
 
-/* Val items are not micro-batches: with --grad-accum 2 and the pattern T T T V ..., 12 items (9 train) make
- * 4 optimizer steps and a last partial one, 3 validation passes, one falling between the micro-batches of a
- * step (seq 3, between train seqs 2 and 4), and a NaN in a
+/* Val items are not micro-batches: with --grad-accum 2 and the pattern T T T V ..., 12 items (9 train) hold
+ * --max-steps 4 optimizer steps (train seqs 0,1 | 2,4 | 5,6 | 8,9) and 2 validation passes, one falling between
+ * the micro-batches of a step (seq 3, between train seqs 2 and 4), and a NaN in a
  * val item does not trip the guard (nothing of it reaches the gradients; its val_loss is reported as is). */
 START_TEST(val_items_are_not_micro_batches) {
     char *log, run[700];
     struct fprod p = good_prod(NULL, 12);
     p.val_mod = 4;
-    const char *ex[] = {"--max-steps", "100", "--grad-accum", "2", "--ckpt-every", "2", "--keep", "0", "--wait-ms", "5000",
+    const char *ex[] = {"--max-steps", "4", "--grad-accum", "2", "--ckpt-every", "2", "--keep", "0", "--wait-ms", "5000",
                         "--max-nonfinite", "1", NULL};
     ck_assert_int_eq(train_against("train-val", p, ex, &log, run), 0);
-    ck_assert_msg(strstr(log, "training done: 5 steps, 0 skipped, 3 validation passes"), "%s", log);
+    ck_assert_msg(strstr(log, "training done: 4 steps, 0 skipped, 2 validation passes"), "%s", log);
     ck_assert_msg(strstr(log, "validation after step 1 (seqs 3..3, 1 batches)"), "%s", log);   /* mid-step */
     free(log);
     char path[900];
     snprintf(path, sizeof path, "%s/state/train.json", run);
     char *state = test_slurp(path, NULL);
-    ck_assert_int_eq(json_int(state, "step"), 5);
-    ck_assert_int_eq(json_int(state, "next_seq"), 12);
+    ck_assert_int_eq(json_int(state, "step"), 4);
+    ck_assert_int_eq(json_int(state, "next_seq"), 10);
     free(state);
     p.nan_seq = 3;   /* a val item */
     ck_assert_int_eq(train_against("train-valnan", p, ex, &log, run), 0);
-    ck_assert_msg(strstr(log, "training done: 5 steps, 0 skipped"), "%s", log);
+    ck_assert_msg(strstr(log, "training done: 4 steps, 0 skipped"), "%s", log);
     ck_assert_msg(strstr(log, "val loss nan") || strstr(log, "val loss -nan"), "%s", log);
     free(log);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- (e) never a short success (issue 24) */
+
+/* A stream that ends before --max-steps is a failure with one line saying how many steps were trained (it was
+ * "training done" with exit 0), nothing exported; with --grad-accum a last partial accumulation is not applied
+ * as a step (it was, silently: --max-steps 3 --grad-accum 4 over 6 batches reported "training done: 2 steps"). */
+START_TEST(short_stream_fails) {
+    char *log, run[700];
+    const char *ex[] = {"--max-steps", "10", "--wait-ms", "5000", NULL};
+    ck_assert_int_eq(train_against("train-short", good_prod(NULL, 6), ex, &log, run), 1);
+    expect_one_error(log, "training incomplete: the features stream ended after 6 of --max-steps 10 optimizer steps;");
+    ck_assert_msg(!strstr(log, "training done"), "%s", log);
+    ck_assert(!file_exists(run, "export/zlab/model.safetensors"));
+    free(log);
+    const char *acc[] = {"--max-steps", "3", "--grad-accum", "4", "--wait-ms", "5000", NULL};
+    ck_assert_int_eq(train_against("train-short-acc", good_prod(NULL, 6), acc, &log, run), 1);
+    expect_one_error(log, "ended after 1 of --max-steps 3 optimizer steps and 2 of the 4 batches of step 2 (a partial "
+                          "accumulation is not applied)");
+    ck_assert(!file_exists(run, "export/zlab/model.safetensors"));
+    free(log);
+    char path[900];
+    snprintf(path, sizeof path, "%s/state/train.json", run);
+    char *state = test_slurp(path, NULL);
+    ck_assert_int_eq(json_int(state, "step"), 0);   /* no checkpoint of a step that was not asked for */
+    free(state);
+}
+END_TEST
+
+/* A run resumed at --max-steps (the trainer died after its final checkpoint, before or while writing the exports)
+ * writes the exports again from that checkpoint and exits 0, without rings (it used to exit 0 with no export). */
+START_TEST(resume_at_max_steps_exports) {
+    char *log, run[700], path[900];
+    const char *ex[] = {"--max-steps", "4", "--ckpt-every", "2", "--keep", "0", "--wait-ms", "5000", NULL};
+    ck_assert_int_eq(train_against("train-late", good_prod(NULL, 4), ex, &log, run), 0);
+    free(log);
+    snprintf(path, sizeof path, "%s/export/zlab/model.safetensors", run);
+    size_t la, lb;
+    char *a = test_slurp(path, &la);
+    ck_assert_ptr_nonnull(a);
+    char cmd[1000];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/export'", run);
+    ck_assert_int_eq(system(cmd), 0);
+    const char *resume[] = {"--max-steps", "4", "--ckpt-every", "2", "--keep", "0", "--wait-ms", "100", "--resume", NULL};
+    ck_assert_int_eq(wait_for(spawn_train(run, "again", g_model, resume), 30, "dflash-train (resumed at the end)"), 0);
+    log = read_log(run, "again");
+    ck_assert_msg(strstr(log, "already at step 4") && strstr(log, "exports written"), "%s", log);
+    free(log);
+    char *b = test_slurp(path, &lb);
+    ck_assert_msg(b && la == lb && !memcmp(a, b, la), "the export written again differs from the first");
+    ck_assert(file_exists(run, "export/speculators/model.safetensors"));
+    free(a);
+    free(b);
 }
 END_TEST
 
@@ -603,6 +667,11 @@ static int make_models(void) {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s'/*.json '%s'/ && cp '%s'/model.safetensors '%s'/", g_badmodel,
              g_model, g_badmodel, m32, g_badmodel);
+    if (system(cmd) != 0) return -1;
+    /* othermodel: the same shape, another target (its config.json says another rope_theta) */
+    snprintf(g_othermodel, sizeof g_othermodel, "%s/othermodel", g_dir);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s' && sed -i 's/\"rope_theta\": [0-9.e+]*/\"rope_theta\": 10000.0/' '%s/config.json' "
+             "&& ! cmp -s '%s/config.json' '%s/config.json'", g_model, g_othermodel, g_othermodel, g_model, g_othermodel);
     return system(cmd) == 0 ? 0 : -1;
 }
 
@@ -618,6 +687,8 @@ int main(void) {
     tcase_add_test(tc, bad_features);
     tcase_add_test(tc, bad_target_and_mask);
     tcase_add_test(tc, checkpoints);
+    tcase_add_test(tc, short_stream_fails);
+    tcase_add_test(tc, resume_at_max_steps_exports);
     tcase_add_test(tc, nonfinite);
     tcase_add_test(tc, val_items_are_not_micro_batches);
     suite_add_tcase(s, tc);

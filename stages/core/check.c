@@ -35,8 +35,13 @@ static void fail_exit(void) {
 
 void check_fail(const char *file, int line, const char *call, const char *what, const char *hint) {
     const char *h = hint ? hint : pending_hint;
-    log_error("FATAL at %s:%d: %s failed: %s%s%s", file, line, call, what ? what : "(no reason)",
-              h ? "\n  hint: " : "", h ? h : "");
+    /* The sentence first, for the user; where it happened after it (issue 24: lines that began with a C
+     * expression). A library call of ours (call NULL: LIB_CHECK) already says in its sentence what failed. */
+    if (call)
+        log_error("%s (%s failed at %s:%d)%s%s", what ? what : "(no reason)", call, file, line, h ? "\n  hint: " : "",
+                  h ? h : "");
+    else
+        log_error("%s (at %s:%d)%s%s", what ? what : "(no reason)", file, line, h ? "\n  hint: " : "", h ? h : "");
     fail_exit();
 }
 
@@ -46,8 +51,7 @@ void check_die(const char *file, int line, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    log_error("FATAL at %s:%d: %s%s%s", file, line, msg, pending_hint ? "\n  hint: " : "",
-              pending_hint ? pending_hint : "");
+    log_error("%s (at %s:%d)%s%s", msg, file, line, pending_hint ? "\n  hint: " : "", pending_hint ? pending_hint : "");
     fail_exit();
 }
 

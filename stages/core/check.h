@@ -2,8 +2,9 @@
  * stages/core/check.h — fail-loudly checks for stage code.
  *
  * Every call that can fail in a stage goes through one of these macros. On failure they print one
- * block to stderr (and the stage log): stage name, pid, file:line, the call's text, the library's
- * own error string and, when given, a "hint:" line; then flush and exit(1). With DEBUG=1 in the
+ * block to stderr (and the stage log): stage name, pid, the sentence first (the library's own error
+ * string), then in parentheses the call's text and file:line (LIB_CHECK and DIE: file:line only,
+ * their sentence says what failed) and, when given, a "hint:" line; then flush and exit(1). With DEBUG=1 in the
  * environment they abort() instead so a core file is kept.
  *
  * Only stage mains and stage-level glue use these. Library code in shm/, kernels/ and
@@ -15,7 +16,8 @@
 
 #include <stddef.h>
 
-/* Print the failure block and exit(1) (abort() under DEBUG=1). Never returns. Thread-safe. */
+/* Print the failure block and exit(1) (abort() under DEBUG=1). call may be NULL (a library call of ours whose
+ * sentence names what failed). Never returns. Thread-safe. */
 void check_fail(const char *file, int line, const char *call, const char *what, const char *hint)
     __attribute__((noreturn));
 
@@ -32,7 +34,7 @@ void check_hint(const char *hint);
 /* An allocation returning NULL. */
 #define ALLOC_CHECK(ptr) do { if ((ptr) == NULL) check_fail(__FILE__, __LINE__, #ptr, "out of memory", NULL); } while (0)
 /* A library call of ours returning 0/-1 with a message in `errbuf`. */
-#define LIB_CHECK(call, errbuf) do { if ((call) != 0) check_fail(__FILE__, __LINE__, #call, (errbuf), NULL); } while (0)
+#define LIB_CHECK(call, errbuf) do { if ((call) != 0) check_fail(__FILE__, __LINE__, NULL, (errbuf), NULL); } while (0)
 /* A nanomsg call returning -1. */
 #define NN_CHECK(call) do { if ((call) < 0) check_fail(__FILE__, __LINE__, #call, check_nn_str(), NULL); } while (0)
 /* A msgpack-c call returning non-zero (pack functions) — the packer only fails on allocation. */

@@ -386,7 +386,7 @@ int dataset_write_index(const struct dataset *ds, const char *path, char *err, i
     h.data_hash = data_hash(ds);   /* recomputed: never trust a caller-built struct's field */
     h.header_hash = header_hash(&h);
     memcpy(hdr, &h, sizeof h);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = fs_create_tmp(tmp);   /* private, O_EXCL | O_NOFOLLOW */
     if (fd < 0) return err_fail(err, err_len, "%s: open for writing failed: %s", tmp, strerror(errno));
     uint64_t pos = 0;
     if (write_section(fd, &pos, 0, hdr, sizeof hdr) ||

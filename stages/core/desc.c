@@ -10,10 +10,12 @@
 #include "core/mpk.h"
 #include "core/desc.h"
 #include "core/err.h"
+#include "core/fsutil.h"
 
 #include <msgpack.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------- field table */
@@ -21,12 +23,12 @@
 enum field {
     F_KIND, F_VERSION, F_SEQ, F_EPOCH, F_N_TOKENS, F_BUDGET, F_N_DOCS, F_N_LOSS, F_PAYLOAD_BYTES,
     F_OFF_ROW_IDS, F_OFF_INPUT_IDS, F_OFF_LOSS_MASK, F_OFF_POSITION_IDS, F_OFF_DOC_IDS, F_OFF_CU_SEQLENS, F_SPLIT,
-    F_LAYERS, F_DTYPE, F_HIDDEN_SIZE, F_OFF_STATES, F_OFF_LAST,
+    F_LAYERS, F_DTYPE, F_HIDDEN_SIZE, F_OFF_STATES, F_OFF_LAST, F_TARGET,
     F_LAYOUT,
     F_COUNT
 };
 #define DESC_N_BATCH (F_SPLIT + 1)
-#define DESC_N_HIDDEN (F_OFF_LAST + 1)
+#define DESC_N_HIDDEN (F_TARGET + 1)
 #define DESC_N_FEATURES F_COUNT
 
 enum ftype { T_STR, T_U32, T_U64, T_LAYERS };
@@ -53,6 +55,7 @@ static const struct { const char *name; enum ftype type; } g_fields[F_COUNT] = {
     [F_HIDDEN_SIZE] = {"hidden_size", T_U32},
     [F_OFF_STATES] = {"off_states", T_U64},
     [F_OFF_LAST] = {"off_last", T_U64},
+    [F_TARGET] = {"target", T_U64},
     [F_LAYOUT] = {"layout", T_STR},
 };
 
@@ -327,7 +330,8 @@ static int batch_from_gen(struct desc_batch *d, const struct gen *g, const char 
 }
 
 static void gen_states(struct gen *g, uint32_t n_layers, const int32_t *layers, enum desc_dtype dtype, uint32_t H,
-                       uint64_t off_states, uint64_t off_last) {
+                       uint64_t off_states, uint64_t off_last, uint64_t target_id) {
+    g->u[F_TARGET] = target_id;
     g->n_layers = n_layers;
     memcpy(g->layers, layers, sizeof(int32_t) * (n_layers > DESC_MAX_LAYERS ? DESC_MAX_LAYERS : n_layers));
     snprintf(g->s[F_DTYPE], sizeof g->s[0], "%s", desc_dtype_name(dtype));
@@ -372,7 +376,7 @@ int desc_hidden_encode(const struct desc_hidden *d, void *buf, size_t cap, size_
     if (desc_hidden_validate(d, 0, err, err_len)) return -1;
     struct gen g;
     gen_from_batch(&g, &d->batch, "hidden");
-    gen_states(&g, d->n_layers, d->layers, d->dtype, d->hidden_size, d->off_states, d->off_last);
+    gen_states(&g, d->n_layers, d->layers, d->dtype, d->hidden_size, d->off_states, d->off_last, d->target_id);
     return gen_encode(&g, DESC_N_HIDDEN, buf, cap, len, err, err_len);
 }
 
@@ -380,7 +384,7 @@ int desc_features_encode(const struct desc_features *d, void *buf, size_t cap, s
     if (desc_features_validate(d, 0, err, err_len)) return -1;
     struct gen g;
     gen_from_batch(&g, &d->batch, "features");
-    gen_states(&g, d->n_layers, d->layers, d->dtype, d->hidden_size, d->off_states, d->off_last);
+    gen_states(&g, d->n_layers, d->layers, d->dtype, d->hidden_size, d->off_states, d->off_last, d->target_id);
     snprintf(g.s[F_LAYOUT], sizeof g.s[0], "%s", desc_layout_name(d->layout));
     return gen_encode(&g, DESC_N_FEATURES, buf, cap, len, err, err_len);
 }
@@ -554,6 +558,7 @@ int desc_hidden_decode(const void *buf, size_t len, uint64_t payload_cap, struct
     d->hidden_size = (uint32_t)g.u[F_HIDDEN_SIZE];
     d->off_states = g.u[F_OFF_STATES];
     d->off_last = g.u[F_OFF_LAST];
+    d->target_id = g.u[F_TARGET];
     return desc_hidden_validate(d, payload_cap, err, err_len);
 }
 
@@ -571,5 +576,26 @@ int desc_features_decode(const void *buf, size_t len, uint64_t payload_cap, stru
     d->hidden_size = (uint32_t)g.u[F_HIDDEN_SIZE];
     d->off_states = g.u[F_OFF_STATES];
     d->off_last = g.u[F_OFF_LAST];
+    d->target_id = g.u[F_TARGET];
     return desc_features_validate(d, payload_cap, err, err_len);
+}
+
+/* ---------------------------------------------------------------- the target's identity */
+
+uint64_t desc_target_id(const void *config_json, size_t len) {
+    const unsigned char *p = config_json;
+    uint64_t h = 0xcbf29ce484222325ull;   /* FNV-1a 64 */
+    for (size_t i = 0; i < len; i++) { h ^= p[i]; h *= 0x100000001b3ull; }
+    return h ? h : 1;
+}
+
+int desc_target_id_of_model(const char *model_dir, uint64_t *id, char *err, int err_len) {
+    char path[4096], *text = NULL, e2[512];
+    size_t len = 0;
+    if (snprintf(path, sizeof path, "%s/config.json", model_dir) >= (int)sizeof path)
+        return err_fail(err, err_len, "model directory path too long: %s", model_dir);
+    if (fs_read_file(path, &text, &len, e2, sizeof e2)) return err_fail(err, err_len, "the target's identity: %s", e2);
+    *id = desc_target_id(text, len);
+    free(text);
+    return 0;
 }

@@ -34,6 +34,8 @@
  *             dtype bf16 or f32.
  *   features: the batch arrays + states laid out as `concat` [T, k*H] (row t = [layer a_1 | a_2 |
  *             ...]) or `split` k x [T, H] (identical to hidden's [k][T, H]) + last [T, H].
+ *   hidden and features also carry `target` (uint64): desc_target_id of the target model that computed the
+ *   states, so a trainer refuses features of another target with the same shape (issue 24).
  *
  * Slot sizing: desc_*_max_payload_bytes(budget, ...) is the payload capacity a ring slot needs for
  * any batch of at most `budget` tokens (it assumes the worst case n_docs = budget);
@@ -47,7 +49,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DESC_VERSION 2u          /* 2: the batch part carries `split` (train|val) */
+#define DESC_VERSION 3u          /* 2: the batch part carries `split` (train|val); 3: hidden and features carry
+                                  * `target`, the identity of the target that computed them (desc_target_id) */
 #define DESC_ALIGN 256u          /* every array offset is a multiple of this (cudaMalloc alignment) */
 #define DESC_MAX_LAYERS 64       /* captured layers k at most */
 #define DESC_MAX_BYTES 2048u     /* an encoded descriptor of any kind never exceeds this */
@@ -55,7 +58,7 @@
 enum desc_kind { DESC_KIND_BATCH = 1, DESC_KIND_HIDDEN = 2, DESC_KIND_FEATURES = 3 };
 enum desc_dtype { DESC_DTYPE_BF16 = 1, DESC_DTYPE_F32 = 2 };            /* msgpack: "bf16" | "f32" */
 enum desc_layout { DESC_LAYOUT_CONCAT = 1, DESC_LAYOUT_SPLIT = 2 };     /* msgpack: "concat" | "split" */
-/* Which part of the dataset a batch comes from (dflash-pack --val-frac, stages/core/packer.h): a train batch
+/* Which part of the dataset a batch comes from (dflash-pack --val-frac, stages/pack/packer.h): a train batch
  * is trained on, a val batch is evaluated forward only (no noise, no backward) and never counts as a
  * micro-batch of an optimizer step. 0 = train, so a zero-initialised descriptor is a train batch. */
 enum desc_split { DESC_SPLIT_TRAIN = 0, DESC_SPLIT_VAL = 1 };            /* msgpack: "train" | "val" */
@@ -87,6 +90,7 @@ struct desc_hidden {
     uint32_t hidden_size;      /* H */
     uint64_t off_states;       /* [k][T, H] of dtype */
     uint64_t off_last;         /* [T, H] of dtype, last decoder layer output before the final norm */
+    uint64_t target_id;        /* desc_target_id of the target that computed the states */
 };
 
 /* The `features` descriptor: drafter-ready layout of one batch. */
@@ -99,6 +103,7 @@ struct desc_features {
     uint32_t hidden_size;      /* H */
     uint64_t off_states;       /* concat: [T, k*H]; split: k x [T, H] back to back; of dtype */
     uint64_t off_last;         /* [T, H] of dtype */
+    uint64_t target_id;        /* copied from the hidden item: desc_target_id of the target */
 };
 
 /* Typed views of a batch's arrays inside a payload (host or device pointers alike: only pointer
@@ -141,6 +146,15 @@ uint64_t desc_features_max_payload_bytes(uint32_t budget, uint32_t n_layers, uin
 
 /* Typed pointers to the batch arrays of d inside `payload` (host or device base pointer). */
 void desc_batch_arrays(const struct desc_batch *d, void *payload, struct desc_batch_arrays *a);
+
+/* ---------------------------------------------------------------- the target's identity */
+
+/* The identity of a target model: 64-bit FNV-1a of its config.json bytes (architecture, sizes, vocabulary, rope,
+ * ...). Two targets of the same shape but another config (another model, revision or family) differ; the captured
+ * layers travel in the descriptor's `layers` and are checked on their own. Never 0 (0 is mapped to 1). */
+uint64_t desc_target_id(const void *config_json, size_t len);
+/* desc_target_id of MODEL_DIR/config.json. 0, or -1 with a sentence naming the file. */
+int desc_target_id_of_model(const char *model_dir, uint64_t *id, char *err, int err_len);
 
 /* ---------------------------------------------------------------- encode / decode */
 

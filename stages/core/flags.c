@@ -267,3 +267,16 @@ int flags_parse_or_exit(const struct flag *table, int argc, char **argv, const c
         exit(2);
     }
 }
+
+int flags_given(int argc, char **argv, const char *name) {
+    size_t len = strlen(name);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) break;
+        if (strncmp(a, "--", 2) != 0) continue;
+        a += 2;
+        if (!strncmp(a, "no-", 3) && !strcmp(a + 3, name)) return 1;
+        if (!strncmp(a, name, len) && (a[len] == 0 || a[len] == '=')) return 1;
+    }
+    return 0;
+}

@@ -68,4 +68,8 @@ void flags_usage(FILE *out, const char *prog, const char *synopsis, const char *
 int flags_parse_or_exit(const struct flag *table, int argc, char **argv, const char *synopsis,
                         const char *description, char **positional, int max_positional);
 
+/* 1 when --name (or --name=..., or --no-name) is on the command line before any "--": whether a value
+ * came from the user or from the default (the run plan binds only what was not given, plan.h). */
+int flags_given(int argc, char **argv, const char *name);
+
 #endif /* STAGES_CORE_FLAGS_H */

@@ -23,13 +23,22 @@ void fs_set_share_group(int on) { g_share_group = on != 0; }
 unsigned fs_dir_mode(void) { return g_share_group ? 0750u : 0700u; }
 unsigned fs_file_mode(void) { return g_share_group ? 0640u : 0600u; }
 
+int fs_create_tmp(const char *tmp) {
+    if (unlink(tmp) != 0 && errno != ENOENT) return -1;
+    return open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, (mode_t)fs_file_mode());
+}
+
+int fs_open_state(const char *path) {
+    return open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, (mode_t)fs_file_mode());
+}
+
 int fs_write_atomic(const char *path, const void *data, size_t len, char *err, int err_len) {
     char tmp[PATH_MAX];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
         snprintf(err, err_len, "path too long: %s", path);
         return -1;
     }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, (mode_t)fs_file_mode());
+    int fd = fs_create_tmp(tmp);
     if (fd < 0) { snprintf(err, err_len, "open(%s) failed: %s", tmp, strerror(errno)); return -1; }
     const char *p = data;
     size_t left = len;

@@ -31,6 +31,14 @@ void fs_set_share_group(int on);
 unsigned fs_dir_mode(void);
 unsigned fs_file_mode(void);
 
+/* Create the temporary file tmp for writing, private (fs_file_mode()): a file or symlink already at that name is
+ * removed first and the new one made with O_EXCL | O_NOFOLLOW, so nothing planted there is written through.
+ * Returns the fd (O_CLOEXEC) or -1 with errno set. */
+int fs_create_tmp(const char *tmp);
+
+/* Open (creating, private) a state file read-write without following a symlink at path. fd or -1 (errno). */
+int fs_open_state(const char *path);
+
 /* Create the run directory layout (run dir, bus/, logs/, state/, checkpoints/, export/, plots/)
  * with fs_dir_mode() (set exactly with chmod on what this call creates, whatever the umask; the
  * parents of the run directory get mkdir -p's 0755). Whoever comes first creates it; concurrent

@@ -10,7 +10,7 @@
 #include "shm/ring.h"
 #include "core/err.h"
 #include "core/fsutil.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 
 #include <dirent.h>
 #include <errno.h>

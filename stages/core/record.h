@@ -21,7 +21,7 @@
  *       writes it for a stream with gaps): "dflash-rec 2", "model <model string>", then one line
  *       "item <seq> <file> <n_tokens> <payload bytes> <data_fnv hex>" per item in seq order, then
  *       "end <n_items>".
- * A shard is written to a temporary and renamed into place (stages/model/safetensors.h writer:
+ * A shard is written to a temporary and renamed into place (stages/core/safetensors.h writer:
  * fsync'ed), so a reader sees a complete file or none, even after SIGKILL. Only the arrays are
  * stored, never the slot's alignment padding, so two identical runs write identical files.
  * record_read_into rebuilds the canonical payload (padding zeroed) and checks everything:

@@ -9,7 +9,10 @@
  * DESIGN
  * - Shapes. A relay has an input ring, an output ring, or both:
  *     source     out only   (dflash-pack: items come from the `next` callback's own state)
- *     transform  in and out (dflash-target, dflash-hspack, dflash-tap)
+ *     transform  in and out (dflash-target, dflash-tap)
+ *   dflash-hspack is not a relay: it holds several input items at once (its reorder window) and
+ *   publishes them in seq order, which the one-item cycle below cannot express; it runs its own
+ *   loop on the same ring calls and uses struct relay_seen.
  *     sink       in only    (dflash-record, dflash-train)
  * - One cycle (relay_run): [sink/transform] claim an input item (ring_acquire_read, or
  *   ring_acquire_read_seq in order mode), waiting at most wait_ms at a time and polling the stop
@@ -150,6 +153,8 @@ struct relay_config {
     const char *in_ring;          /* input ring name (consumer), NULL for a source */
     const char *out_ring;         /* output ring name (producer), NULL for a sink */
     int attach_wait_ms;           /* how long ring_attach waits for the segments (0: once) */
+    uint64_t plan;                /* the run plan's hash (stages/plan/plan.h; 0: none): a ring made for
+                                   * another plan is refused at open (rings_check_plan) */
     int wait_ms;                  /* one ring wait, 0 -> RELAY_DEFAULT_WAIT_MS; the stop flag is polled between */
     double heartbeat_s;           /* seconds between heartbeats, 0 -> 1 */
     int use_bus;                  /* 1: open the metrics bus (a failure is a warning, not an error) */

@@ -46,3 +46,12 @@ int rings_check_budget(uint64_t seq, uint32_t n_tokens, uint32_t budget, uint32_
     return err_fail(err, err_len, "batch seq %llu: %u tokens, this stage planned memory for --tokens %u",
                     (unsigned long long)seq, worst, planned);
 }
+
+int rings_check_plan(const struct ring *r, uint64_t plan, char *err, int err_len) {
+    const struct ring_spec *s = ring_get_spec(r);
+    if (!plan || !s->plan || s->plan == plan) return 0;
+    return err_fail(err, err_len, "ring '%s' was made for run plan %016llx, this stage read plan %016llx from its run's "
+                    "plan.json: the plan changed after dflash-shm started (restart dflash-shm with the new plan, or start "
+                    "the stage with the plan the rings were made for)", s->name, (unsigned long long)s->plan,
+                    (unsigned long long)plan);
+}

@@ -10,6 +10,7 @@
 #define STAGES_CORE_RINGS_H
 
 #include "core/desc.h"
+#include "shm/ring.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -49,5 +50,10 @@ int rings_format_spec(char *out, size_t out_len, const char *name, uint32_t n_sl
 /* Check a descriptor's token counts against the budget this stage planned its memory for:
  * 0, or -1 with "batch seq S: N tokens, this stage planned memory for --tokens M". Pure. */
 int rings_check_budget(uint64_t seq, uint32_t n_tokens, uint32_t budget, uint32_t planned, char *err, int err_len);
+
+/* A stage that read a run plan (stages/plan/plan.h) checks each ring it attached: a ring made for
+ * another plan (its header's plan hash differs) is refused with one sentence naming both hashes.
+ * plan 0 (the stage has no plan) or a ring made without a plan (hash 0) passes. Pure. */
+int rings_check_plan(const struct ring *r, uint64_t plan, char *err, int err_len);
 
 #endif /* STAGES_CORE_RINGS_H */

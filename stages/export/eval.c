@@ -4,7 +4,7 @@
 #include "export/eval.h"
 
 #include "core/err.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "model/weights.h"
 
 #include <math.h>

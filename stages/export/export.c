@@ -1,15 +1,17 @@
 /*
- * stages/export/export.c — exports for vLLM / SGLang, their checker, and a drafter rebuilt from a checkpoint
+ * stages/export/export.c — exports for vLLM / SGLang, the loaders' rules (export_rules: one function, read from
+ * the loaders' code at the versions export.h names), their checker, and a drafter rebuilt from a checkpoint
  * (stages/export/export.h).
  */
 #include "export/export.h"
+#include "train/train_config.h"
 
 #include "core/err.h"
 #include "core/fsutil.h"
 #include "kernels/common.h"
 #include "kernels/lmhead_loss.h"
 #include "model/hfconfig.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "model/weights.h"
 #include "train/ckpt.h"
 #include "train/optim.h"
@@ -63,73 +65,7 @@ static int int_array(const json_t *a, const char *key, int *ids, int max, const 
     return n;
 }
 
-static int name_index(const char *s, const char *const *names) {
-    for (int i = 0; s && names[i]; i++)
-        if (!strcmp(s, names[i])) return i;
-    return -1;
-}
-
 /* ---------------------------------------------------------------- checkpoint -> drafter */
-
-/* stages/dflash-train.c's spellings, in LMHEAD_LOSS_* / LMHEAD_WEIGHT_* / enum optim_kind order. */
-static const char *const loss_names[] = {"kl", "ce", NULL};
-static const char *const weighting_names[] = {"none", "exp-decay", "dpace", NULL};
-static const char *const optimizer_names[] = {"muon", "adamw", NULL};
-
-static int ckpt_to_config(const json_t *j, const char *what, struct drafter_config *c, int64_t *seed, int *opt_kind,
-                          int64_t *hidden, int64_t *layers, int64_t *vocab, int64_t *dvocab, char *err, int err_len) {
-    const char *fmt = json_string_value(json_object_get(j, "format"));
-    if (!fmt || strcmp(fmt, "dflash-train config"))
-        return err_fail(err, err_len, "%s: key \"format\" is not \"dflash-train config\": not a dflash-train "
-                        "checkpoint", what);
-    int64_t v;
-    drafter_config_defaults(c);
-    if (need_int(j, "block_size", &v, what, err, err_len)) return -1;
-    c->B = (int)v;
-    if (need_int(j, "sliding_window", &v, what, err, err_len)) return -1;
-    c->sliding_window = (int)v;
-    if (need_int(j, "max_anchors", &v, what, err, err_len)) return -1;
-    c->N = (int)v;
-    if (need_int(j, "tokens", &v, what, err, err_len)) return -1;
-    c->T_max = (int)v;
-    if (need_int(j, "mask_token_id", &c->mask_token_id, what, err, err_len)) return -1;
-    if (need_int(j, "seed", seed, what, err, err_len)) return -1;
-    if (need_int(j, "hidden_size", hidden, what, err, err_len) || need_int(j, "target_layers", layers, what, err, err_len) ||
-        need_int(j, "vocab_size", vocab, what, err, err_len) || need_int(j, "draft_vocab_size", dvocab, what, err, err_len))
-        return -1;
-    json_t *types = json_object_get(j, "layer_types");
-    if (!json_is_array(types) || json_array_size(types) < 1 || json_array_size(types) > DRAFTER_MAX_LAYERS)
-        return err_fail(err, err_len, "%s: key \"layer_types\" must be a list of 1..%d layer types", what,
-                        DRAFTER_MAX_LAYERS);
-    static const char *const lt[] = {"sliding", "full", NULL};   /* DRAFTER_LAYER_* */
-    c->L = (int)json_array_size(types);
-    for (int l = 0; l < c->L; l++) {
-        int t = name_index(json_string_value(json_array_get(types, (size_t)l)), lt);
-        if (t < 0) return err_fail(err, err_len, "%s: key \"layer_types\"[%d] must be \"sliding\" or \"full\"", what, l);
-        c->layer_type[l] = t;
-    }
-    int n = int_array(json_object_get(j, "target_layer_ids_zlab"), "target_layer_ids_zlab", c->layer_ids,
-                      DESC_MAX_LAYERS, what, err, err_len);
-    if (n < 0) return -1;
-    c->k = n;
-    c->ids_convention = DRAFTER_IDS_ZLAB;
-    c->sliding_window_non_causal = json_is_true(json_object_get(j, "sliding_window_non_causal"));
-    c->sample_from_anchor = json_is_true(json_object_get(j, "sample_from_anchor"));
-    c->noise = (float)json_number_value(json_object_get(j, "noise"));
-    c->gamma = (float)json_number_value(json_object_get(j, "gamma"));
-    c->alpha = (float)json_number_value(json_object_get(j, "alpha"));
-    c->init_std = (float)json_number_value(json_object_get(j, "init_std"));
-    int li = name_index(json_string_value(json_object_get(j, "loss")), loss_names);
-    int wi = name_index(json_string_value(json_object_get(j, "weighting")), weighting_names);
-    int oi = name_index(json_string_value(json_object_get(j, "optimizer")), optimizer_names);
-    if (li < 0) return err_fail(err, err_len, "%s: key \"loss\" must be kl or ce", what);
-    if (wi < 0) return err_fail(err, err_len, "%s: key \"weighting\" must be none, exp-decay or dpace", what);
-    if (oi < 0) return err_fail(err, err_len, "%s: key \"optimizer\" must be muon or adamw", what);
-    c->loss = li;
-    c->weighting = wi;
-    *opt_kind = oi;
-    return 0;
-}
 
 struct drafter *export_load_checkpoint(const char *ckpt_path, const char *target_dir, const char *draft_vocab_dir,
                                        int T_max, int N, int64_t *step, char *err, int err_len) {
@@ -145,9 +81,12 @@ struct drafter *export_load_checkpoint(const char *ckpt_path, const char *target
         return NULL;
     }
     struct drafter_config c;
-    int64_t seed = 0, hidden = 0, layers = 0, vocab = 0, dvocab = 0;
-    int opt_kind = 0;
-    int rc = ckpt_to_config(j, ckpt_path, &c, &seed, &opt_kind, &hidden, &layers, &vocab, &dvocab, err, err_len);
+    struct train_hparams hp;
+    struct train_config_target tt;
+    int rc = train_config_parse(j, ckpt_path, &c, &hp, &tt, err, err_len);   /* the keys' one owner */
+    int64_t seed = hp.seed, hidden = tt.hidden_size, layers = tt.target_layers, vocab = tt.vocab_size,
+            dvocab = tt.draft_vocab_size;
+    int opt_kind = hp.optimizer;
     json_decref(j);
     if (step) *step = info.step;
     ckpt_info_free(&info);
@@ -250,10 +189,149 @@ int export_speculators_vllm_servable(const struct drafter_config *c) {
     return n == 0 || n == c->L;
 }
 
+/* ---------------------------------------------------------------- the rules (export.h DESIGN) */
+
+static const char *const engine_names[EXPORT_N_ENGINES] = {"vLLM 0.33.0", "SGLang 0.5.23", "speculators 0.9.0",
+                                                           "z-lab reference"};
+
+const char *export_engine_name(int engine) {
+    return engine >= 0 && engine < EXPORT_N_ENGINES ? engine_names[engine] : "?";
+}
+
+/* The first captured z-lab id that is the target's last layer, or -1. */
+static int last_layer_id(const struct drafter_config *c) {
+    int ids[DESC_MAX_LAYERS], n = c->target.num_hidden_layers;
+    drafter_zlab_ids(c, ids);
+    for (int i = 0; i < c->k; i++)
+        if (n > 0 && ids[i] == n - 1) return ids[i];
+    return -1;
+}
+
+void export_rules(const struct drafter_config *c, int format, char why[EXPORT_N_ENGINES][EXPORT_WHY_LEN]) {
+    int any_s = 0, n_causal = 0;
+    for (int l = 0; l < c->L; l++) {
+        any_s |= c->layer_type[l] == DRAFTER_LAYER_SLIDING;
+        n_causal += trained_causal(c, l);
+    }
+    int last = last_layer_id(c), pruned = c->V_d < c->V_t, sfa = c->sample_from_anchor;
+    int nc = any_s && c->sliding_window_non_causal;   /* sliding layers bidirectional: not the loaders' default */
+    for (int e = 0; e < EXPORT_N_ENGINES; e++) why[e][0] = '\0';
+#define WHY(e, ...) do { if (!why[e][0]) snprintf(why[e], EXPORT_WHY_LEN, __VA_ARGS__); } while (0)
+    if (format == EXPORT_ZLAB && sfa) {
+        for (int e = 0; e < EXPORT_N_ENGINES; e++)
+            WHY(e, "the z-lab layout has no sample_from_anchor mode (not written)");
+        return;
+    }
+    /* vLLM */
+    if (sfa)
+        WHY(EXPORT_VLLM, "its V2 model runner refuses sample_from_anchor and its V1 runner drafts with the anchor as "
+            "the bonus token");
+    if (format == EXPORT_SPECULATORS && n_causal != 0 && n_causal != c->L)
+        WHY(EXPORT_VLLM, "it applies one causality (not sliding_window_non_causal) to every layer of this layout, and "
+            "this drafter has causal sliding and bidirectional full layers: serve the z-lab layout");
+    /* SGLang */
+    if (format == EXPORT_SPECULATORS) WHY(EXPORT_SGLANG, "it reads only the z-lab layout");
+    if (last >= 0)
+        WHY(EXPORT_SGLANG, "it captures layer id + 1 inside the target's layer loop, so it never captures the last "
+            "layer (z-lab id %d) and fc gets too few columns", last);
+    if (pruned) WHY(EXPORT_SGLANG, "it drafts with the target's full LM head (no d2t), not the pruned one trained");
+    /* speculators */
+    if (format == EXPORT_ZLAB) {
+        if (last >= 0)
+            WHY(EXPORT_SPECLIB, "its z-lab converter drops the last target layer (z-lab id %d) from the ids, and fc's "
+                "shape then fails: use the speculators layout", last);
+        if (pruned) WHY(EXPORT_SPECLIB, "its z-lab converter sets draft_vocab_size = vocab_size: use the speculators "
+                        "layout");
+        if (nc) WHY(EXPORT_SPECLIB, "its z-lab converter sets sliding_window_non_causal false (sliding layers causal): "
+                    "use the speculators layout");
+    }
+    /* z-lab reference */
+    if (format == EXPORT_SPECULATORS) WHY(EXPORT_ZLABREF, "it reads only the z-lab layout");
+    if (sfa) WHY(EXPORT_ZLABREF, "it has no sample_from_anchor mode");
+    if (n_causal) WHY(EXPORT_ZLABREF, "it runs every layer bidirectionally (is_causal=False, no mask)");
+    if (any_s) WHY(EXPORT_ZLABREF, "it applies no sliding window (no attention mask with its default attention)");
+    if (last >= 0)
+        WHY(EXPORT_ZLABREF, "it reads hidden_states[id + 1], which for the last layer (z-lab id %d) is after the final "
+            "norm; training used the pre-norm state", last);
+    if (pruned) WHY(EXPORT_ZLABREF, "it drafts with the target's full LM head, not the pruned one trained");
+#undef WHY
+}
+
 int export_sglang_servable(const struct drafter_config *c) {
-    for (int l = 0; l < c->L; l++)
-        if (trained_causal(c, l) != (c->layer_type[l] == DRAFTER_LAYER_SLIDING)) return 0;
+    char why[EXPORT_N_ENGINES][EXPORT_WHY_LEN];
+    export_rules(c, EXPORT_ZLAB, why);
+    return why[EXPORT_SGLANG][0] == '\0';
+}
+
+int export_unservable(const struct drafter_config *c, char *err, int err_len) {
+    char wz[EXPORT_N_ENGINES][EXPORT_WHY_LEN], ws[EXPORT_N_ENGINES][EXPORT_WHY_LEN];
+    export_rules(c, EXPORT_ZLAB, wz);
+    export_rules(c, EXPORT_SPECULATORS, ws);
+    for (int e = EXPORT_VLLM; e <= EXPORT_SGLANG; e++)
+        if (!wz[e][0] || !ws[e][0]) return 0;
+    err_fail(err, err_len, "no serving engine serves this drafter as trained: %s: %s; %s: %s; change the flag that "
+             "asks for it (%s) or pass --allow-unservable to train it anyway", engine_names[EXPORT_VLLM],
+             ws[EXPORT_VLLM][0] ? ws[EXPORT_VLLM] : wz[EXPORT_VLLM], engine_names[EXPORT_SGLANG],
+             wz[EXPORT_SGLANG][0] ? wz[EXPORT_SGLANG] : ws[EXPORT_SGLANG],
+             c->sample_from_anchor ? "--sample-from-anchor" : "--layer-types / --sliding-window-non-causal / "
+             "--draft-vocab / --target-layer-ids");
     return 1;
+}
+
+/* The representative configurations of the table (on a 36-layer target, 5 draft layers unless said). */
+static const struct export_rules_row rules_rows[] = {
+    {"all full (bidirectional)", "full,full,full,full,full", 0, 0, 0, 0},
+    {"all sliding, causal (speculators default)", "sliding,sliding,sliding,sliding,sliding", 0, 0, 0, 0},
+    {"all sliding, --sliding-window-non-causal", "sliding,sliding,sliding,sliding,sliding", 1, 0, 0, 0},
+    {"4 causal sliding + 1 full (dflash-train default)", "sliding,sliding,sliding,sliding,full", 0, 0, 0, 0},
+    {"4 sliding + 1 full, --sliding-window-non-causal", "sliding,sliding,sliding,sliding,full", 1, 0, 0, 0},
+    {"dflash-train default + --draft-vocab (pruned)", "sliding,sliding,sliding,sliding,full", 0, 1, 0, 0},
+    {"all full, captures the target's last layer", "full,full,full,full,full", 0, 0, 0, 1},
+    {"any + --sample-from-anchor", "sliding,sliding,sliding,sliding,full", 0, 0, 1, 0},
+};
+
+/* The config of a table row (rules only read layer types, causality, ids, vocabulary sizes, sample_from_anchor). */
+int export_rules_n_rows(void) { return (int)(sizeof rules_rows / sizeof rules_rows[0]); }
+const struct export_rules_row *export_rules_row(int i) {
+    return i >= 0 && i < export_rules_n_rows() ? &rules_rows[i] : NULL;
+}
+
+static void rules_row_config(const struct export_rules_row *r, struct drafter_config *c) {
+    char e[128];
+    drafter_config_defaults(c);
+    drafter_parse_layer_types(c, r->types, e, sizeof e);
+    c->sliding_window_non_causal = r->nc;
+    c->sample_from_anchor = r->sfa;
+    c->target.num_hidden_layers = 36;
+    c->V_t = 151936;
+    c->V_d = r->pruned ? 32000 : c->V_t;
+    c->ids_convention = DRAFTER_IDS_ZLAB;
+    c->k = 5;
+    hf_zlab_layer_ids(36, 5, c->layer_ids);
+    if (r->last) c->layer_ids[4] = 35;
+}
+
+void export_rules_table(char *buf, size_t len) {
+    size_t at = 0;
+#define PUT(...) do { if (at < len) at += (size_t)snprintf(buf + at, len - at, __VA_ARGS__); } while (0)
+    PUT("| configuration | layout |");
+    for (int e = 0; e < EXPORT_N_ENGINES; e++) PUT(" %s |", engine_names[e]);
+    PUT("\n|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < sizeof rules_rows / sizeof rules_rows[0]; i++) {
+        struct drafter_config c;
+        rules_row_config(&rules_rows[i], &c);
+        for (int f = EXPORT_ZLAB; f <= EXPORT_SPECULATORS; f++) {
+            char why[EXPORT_N_ENGINES][EXPORT_WHY_LEN];
+            export_rules(&c, f, why);
+            PUT("| %s | %s |", rules_rows[i].name, export_format_name(f));
+            int mixed = strchr(rules_rows[i].types, 's') && strstr(rules_rows[i].types, "full");
+            for (int e = 0; e < EXPORT_N_ENGINES; e++)
+                PUT(" %s |", why[e][0] ? why[e] : e == EXPORT_VLLM && mixed ? "serves as trained "
+                    "(VLLM_USE_V2_MODEL_RUNNER=1)" : "serves as trained");
+            PUT("\n");
+        }
+    }
+#undef PUT
 }
 
 static json_t *pipe_block(const struct drafter_config *c) {
@@ -293,6 +371,9 @@ static json_t *zlab_config(const struct drafter_config *c) {
     /* vLLM applies dflash_config.causal to every layer; without it, sliding => causal, full => not, which is
      * training's rule unless sliding_window_non_causal; so write it only when every layer has the same value */
     if (n_causal == 0 || n_causal == c->L) json_object_set_new(dc, "causal", json_boolean(n_causal == c->L));
+    /* SGLang reads no dflash_config.causal: is_causal (one value, read by vLLM first too) where the default
+     * (sliding => causal, full => bidirectional) is not training's, i.e. bidirectional sliding layers */
+    int bidir_sliding = any_sliding && n_causal == 0;
     json_t *j = json_pack(
         "{s:[s], s:{s:s}, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:f, s:f, s:b, s:b, s:b, s:o, s:o, s:f, "
         "s:o, s:s, s:i, s:i, s:o}",
@@ -305,7 +386,11 @@ static json_t *zlab_config(const struct drafter_config *c) {
         any_sliding ? json_integer(c->sliding_window) : json_null(), "layer_types", types, "rope_theta",
         t->rope_theta, "rope_scaling", rope_scaling, "torch_dtype", "bfloat16", "block_size", c->B,
         "num_target_layers", t->num_hidden_layers, "dflash_config", dc);
-    if (j) json_object_set_new(j, "dflash_pipe", pipe_block(c));
+    if (j) {
+        json_object_set_new(j, "draft_vocab_size", json_integer(c->V_d));   /* vLLM sizes lm_head / d2t by it */
+        if (bidir_sliding) json_object_set_new(j, "is_causal", json_false());
+        json_object_set_new(j, "dflash_pipe", pipe_block(c));
+    }
     return j;
 }
 
@@ -341,22 +426,23 @@ static int is_body(const char *name) {
     return strcmp(name, "embed_tokens.weight") && strcmp(name, "lm_head.weight") && strncmp(name, "verifier_", 9);
 }
 
-static int exported(int format, const char *name) {
+/* The z-lab layout borrows the target's embedding and LM head, except a pruned LM head (with d2t). */
+static int exported(int format, const char *name, int pruned) {
     if (!strncmp(name, "verifier_", 9)) return 0;
-    return format == EXPORT_SPECULATORS || is_body(name);
+    return format == EXPORT_SPECULATORS || is_body(name) || (pruned && !strcmp(name, "lm_head.weight"));
 }
 
 static int write_weights(const struct drafter *d, int format, const char *path, char *err, int err_len) {
     const struct drafter_config *c = drafter_config_of(d);
     struct drafter_last ls;
     drafter_last_step(d, &ls);
-    int pruned = format == EXPORT_SPECULATORS && ls.d2t && c->V_d < c->V_t;
+    int pruned = ls.d2t && c->V_d < c->V_t;
     struct st_writer *w = st_writer_create(path, err, err_len);
     if (!w) return -1;
     int rc = 0;
     for (int i = 0; i < drafter_n_params(d) && !rc; i++) {
         const struct drafter_param *p = drafter_param(d, i);
-        if (!exported(format, p->name)) continue;
+        if (!exported(format, p->name, pruned)) continue;
         rc = st_writer_add(w, p->name, ST_BF16, p->ndim, p->shape, err, err_len);
     }
     if (!rc && pruned) {
@@ -405,43 +491,43 @@ static int readme_text(const struct drafter_config *c, int format, const char *d
         any_f |= c->layer_type[l] == DRAFTER_LAYER_FULL;
     }
     x.mixed = any_s && any_f;
-    x.sglang_ok = export_sglang_servable(c);
-    char serve[2048];
+    export_rules(c, format, x.why);
+    x.sglang_ok = !x.why[EXPORT_SGLANG][0];
+    char serve[4096];
     export_serve_lines(&x, dir, verifier, serve, sizeof serve);
     int ids[DESC_MAX_LAYERS];
     drafter_zlab_ids(c, ids);
-    char idl[512] = "";
+    char idl[512] = "", loaders[2048] = "";
     for (int i = 0, n = 0; i < c->k && n < (int)sizeof idl - 16; i++)
         n += snprintf(idl + n, sizeof idl - (size_t)n, "%s%d", i ? ", " : "", ids[i]);
+    for (int e = 0, n = 0; e < EXPORT_N_ENGINES && n < (int)sizeof loaders; e++)
+        n += snprintf(loaders + n, sizeof loaders - (size_t)n, "- %s: %s\n", export_engine_name(e),
+                      x.why[e][0] ? x.why[e] : "serves as trained");
     return snprintf(buf, len,
                     "# DFlash drafter (%s layout), exported by dflash-export\n\n"
                     "- target: %s\n- block size %d (%d speculative tokens), %d draft layers, window %d%s\n"
                     "- captured target layers (z-lab ids, output of decoder layer i): [%s]\n- mask token id %lld\n"
-                    "%s%s%s%s\n"
+                    "- draft vocabulary %d of %d%s\n%s\n"
+                    "## Loaders (as their code reads this layout)\n\n%s\n"
                     "## Serving\n\n```\n%s```\n\n"
+                    "%s"
                     "Check it the way the loaders read it: `dflash-export --check %s --target-model %s`.\n",
                     export_format_name(format), verifier, c->B, c->B - 1, c->L, c->sliding_window,
                     c->sliding_window_non_causal ? " (sliding layers non-causal in the block)" : "", idl,
-                    (long long)c->mask_token_id,
+                    (long long)c->mask_token_id, c->V_d, c->V_t, c->V_d < c->V_t ? " (lm_head.weight and d2t here)" : "",
                     x.mixed ? "\n**This drafter mixes sliding and full attention layers: vLLM serves it only with its "
-                              "V2 model runner (the V1 DFlash path refuses mixed layer_types).**\n"
+                              "V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1).**\n"
                             : "",
-                    format == EXPORT_SPECULATORS && !export_speculators_vllm_servable(c)
-                        ? "\n**Do not serve this layout with vLLM: it applies causal = not sliding_window_non_causal "
-                          "to every layer, and this drafter's full layers are bidirectional. Serve the z-lab export.**\n"
-                        : "",
-                    x.sglang_ok ? "" : "\n**SGLang cannot serve this drafter: it runs sliding layers causally in the "
-                                       "block, and this one was trained with bidirectional sliding layers.**\n",
-                    format == EXPORT_ZLAB && x.sglang_ok && any_s && !c->sliding_window_non_causal
-                        ? "\nNote: z-lab's own transformers inference runs every block bidirectionally; vLLM and "
-                          "SGLang run these sliding layers causally, as trained.\n"
-                        : "",
-                    serve, dir, verifier) >= (int)len
+                    loaders, serve,
+                    format == EXPORT_ZLAB ? "transformers: `AutoModel.from_pretrained(DIR, trust_remote_code=True)` "
+                                            "loads dflash.py (its `draft` runs one block with the trained masks).\n\n"
+                                          : "",
+                    dir, verifier) >= (int)len
                ? -1
                : 0;
 }
 
-static const char *const export_files[] = {"config.json", "model.safetensors", "README.md", NULL};
+static const char *const export_files[] = {"config.json", "model.safetensors", "README.md", "dflash.py", NULL};
 
 /* Remove an export directory we wrote (only our files, then the directory). */
 static int remove_export(const char *dir, char *err, int err_len) {
@@ -458,9 +544,6 @@ static int remove_export(const char *dir, char *err, int err_len) {
 int export_write(const struct drafter *d, int format, const char *out_dir, const char *verifier_name, char *err,
                  int err_len) {
     const struct drafter_config *c = drafter_config_of(d);
-    if (format == EXPORT_ZLAB && c->V_d != c->V_t)
-        return err_fail(err, err_len, "%s: the z-lab layout uses the target's full LM head, but this drafter has a "
-                        "pruned draft vocabulary (%d of %d): export --format speculators", out_dir, c->V_d, c->V_t);
     if (format == EXPORT_ZLAB && c->sample_from_anchor)
         return err_fail(err, err_len, "%s: the z-lab layout has no sample_from_anchor mode: export --format "
                         "speculators", out_dir);
@@ -496,6 +579,10 @@ int export_write(const struct drafter *d, int format, const char *out_dir, const
         snprintf(path, sizeof path, "%s/README.md", tmp);
         if (!rc) rc = fs_write_atomic(path, readme, strlen(readme), err, err_len);
     }
+    if (!rc && format == EXPORT_ZLAB) {   /* auto_map's dflash.DFlashDraftModel */
+        snprintf(path, sizeof path, "%s/dflash.py", tmp);
+        rc = fs_write_atomic(path, export_dflash_py, strlen(export_dflash_py), err, err_len);
+    }
     if (!rc) rc = fs_fsync_dir(tmp, err, err_len);
     if (!rc && exists && rename(out_dir, old))
         rc = err_fail(err, err_len, "rename %s -> %s: %s", out_dir, old, strerror(errno));
@@ -521,30 +608,32 @@ int export_write_run(const struct drafter *d, const char *run_dir, const char *v
                      size_t skipped_len, char *err, int err_len) {
     const struct drafter_config *c = drafter_config_of(d);
     char dir[PATH_MAX];
+    size_t at = 0;
     if (skipped && skipped_len) skipped[0] = '\0';
     if (snprintf(dir, sizeof dir, "%s/export", run_dir) >= (int)sizeof dir)
         return err_fail(err, err_len, "%s: path too long", run_dir);
     if (fs_mkdir_p(dir, err, err_len)) return -1;
     for (int format = EXPORT_ZLAB; format <= EXPORT_SPECULATORS; format++) {
-        if (format == EXPORT_ZLAB && (c->V_d != c->V_t || c->sample_from_anchor)) {
-            if (skipped)
-                snprintf(skipped, skipped_len, "the z-lab layout was not written: it has %s",
-                         c->sample_from_anchor ? "no sample_from_anchor mode" : "no pruned draft vocabulary");
+        char why[EXPORT_N_ENGINES][EXPORT_WHY_LEN];
+        export_rules(c, format, why);
+        if (format == EXPORT_ZLAB && c->sample_from_anchor) {
+            if (skipped && at < skipped_len)
+                at += (size_t)snprintf(skipped + at, skipped_len - at, "the z-lab layout was not written: it has no "
+                                       "sample_from_anchor mode");
             continue;
         }
         if (snprintf(dir, sizeof dir, "%s/export/%s", run_dir, export_format_name(format)) >= (int)sizeof dir)
             return err_fail(err, err_len, "%s: path too long", run_dir);
         if (export_write(d, format, dir, verifier_name, err, err_len)) return -1;
-        if (format == EXPORT_SPECULATORS && !export_speculators_vllm_servable(c)) {
-            size_t at = skipped ? strlen(skipped) : 0;
-            if (skipped && at + 2 < skipped_len)
-                snprintf(skipped + at, skipped_len - at, "%sthe speculators layout is for the speculators library only: vLLM "
-                         "applies one causality (not sliding_window_non_causal) to every layer, and this drafter's "
-                         "sliding layers are causal but its full layers bidirectional; serve the z-lab export", at ? "; " : "");
-            continue;
-        }
-        struct export_check_opts o = {NULL, d, !export_sglang_servable(c)};
+        struct export_check_opts o = {NULL, d, 0};
         if (export_check(dir, &o, NULL, err, err_len)) return -1;
+        /* which engines serve this layout, so the log says which export to serve where */
+        char eng[128] = "";
+        for (int e = EXPORT_VLLM, n = 0; e <= EXPORT_SGLANG; e++)
+            if (!why[e][0]) n += snprintf(eng + n, sizeof eng - (size_t)n, "%s%s", n ? " and " : "", export_engine_name(e));
+        if (skipped && at < skipped_len)
+            at += (size_t)snprintf(skipped + at, skipped_len - at, "%sexport/%s serves on %s", at ? "; " : "",
+                                   export_format_name(format), eng[0] ? eng : "no serving engine (speculators only)");
     }
     return 0;
 }
@@ -564,8 +653,10 @@ static int expected_shape(const struct dims *m, int format, const char *name, in
     s[1] = 0;
     if (!strcmp(name, "fc.weight")) { *ndim = 2; s[0] = m->H; s[1] = m->H * m->k; return 0; }
     if (!strcmp(name, "hidden_norm.weight") || !strcmp(name, "norm.weight")) { s[0] = m->H; return 0; }
-    if (format == EXPORT_SPECULATORS) {
-        if (!strcmp(name, "embed_tokens.weight")) { *ndim = 2; s[0] = m->V; s[1] = m->H; return 0; }
+    if (format == EXPORT_SPECULATORS || m->V_d < m->V) {   /* the z-lab layout: a pruned head + d2t only */
+        if (format == EXPORT_SPECULATORS && !strcmp(name, "embed_tokens.weight")) {
+            *ndim = 2; s[0] = m->V; s[1] = m->H; return 0;
+        }
         if (!strcmp(name, "lm_head.weight")) { *ndim = 2; s[0] = m->V_d; s[1] = m->H; return 0; }
         if (!strcmp(name, "t2d")) { s[0] = m->V; return 0; }
         if (!strcmp(name, "d2t")) { s[0] = m->V_d; return 0; }
@@ -585,14 +676,14 @@ static int expected_shape(const struct dims *m, int format, const char *name, in
     return -1;
 }
 
-/* vLLM's renames: a "model." prefix dropped, "midlayer." -> "layers.0.". */
+/* vLLM 0.33's rename (qwen3_dflash.py hf_to_vllm_mapper): "midlayer." -> "layers.0.". It prepends "model." to
+ * every name itself, so a "model." name is refused before this. */
 static void vllm_rename(const char *in, char *out, size_t len) {
-    if (!strncmp(in, "model.", 6)) in += 6;
     if (!strncmp(in, "midlayer.", 9)) snprintf(out, len, "layers.0.%s", in + 9);
     else snprintf(out, len, "%s", in);
 }
 
-/* Weights: vLLM names/shapes/fusion, SGLang presence, and (d) equality with the drafter's masters. */
+/* Weights: vLLM names/shapes/fusion, presence, finiteness, and (d) equality with the drafter's masters. */
 static int check_weights(const char *dir, int format, const struct dims *m, const struct drafter *d, char *err,
                          int err_len) {
     char path[PATH_MAX];
@@ -603,6 +694,11 @@ static int check_weights(const char *dir, int format, const struct dims *m, cons
     char nm[600];
     for (int i = 0; i < f.n_tensors && !rc; i++) {
         const struct st_tensor *t = &f.tensors[i];
+        if (!strncmp(t->name, "model.", 6)) {
+            rc = err_fail(err, err_len, "%s: tensor \"%s\": vLLM 0.33.0 prepends \"model.\" to every name itself and "
+                          "fails on model.%s (write the name without the prefix)", path, t->name, t->name);
+            break;
+        }
         vllm_rename(t->name, nm, sizeof nm);
         int nd;
         int64_t s[2];
@@ -628,6 +724,18 @@ static int check_weights(const char *dir, int format, const struct dims *m, cons
             rc = err_fail(err, err_len, "%s: tensor \"%s\" is %s, the export must be %s", path, t->name,
                           st_dtype_name(t->dtype), st_dtype_name((enum st_dtype)want));
             break;
+        }
+        if (want == ST_BF16) {   /* a NaN or inf weight: every loader would serve it (dflash-eval refuses it) */
+            for (int64_t e = 0; e < (int64_t)(t->nbytes / 2); e++) {
+                bf16 h;
+                memcpy(&h, (const char *)t->data + 2 * e, 2);
+                if ((h & 0x7f80) == 0x7f80) {
+                    rc = err_fail(err, err_len, "%s: tensor \"%s\"[%lld] is %s: no loader checks it, every engine "
+                                  "would draft with it", path, t->name, (long long)e, h & 0x7f ? "NaN" : "inf");
+                    break;
+                }
+            }
+            if (rc) break;
         }
         if (d && (!strcmp(nm, "t2d") || !strcmp(nm, "d2t"))) {
             struct drafter_last ls;
@@ -656,7 +764,8 @@ static int check_weights(const char *dir, int format, const struct dims *m, cons
             }
         }
     }
-    /* every parameter present (SGLang ignores unknown keys and leaves a missing one uninitialised) */
+    /* every parameter present: neither vLLM 0.33.0 (DFlash's load_weights returns no loaded set, so the loader does
+     * not track missing weights) nor SGLang 0.5.23 (it skips what it does not find) fails on a missing one */
     for (int l = -1; l < m->L && !rc; l++) {
         const char *top[] = {"fc.weight", "hidden_norm.weight", "norm.weight", NULL};
         for (int q = 0; (l < 0 ? top[q] : layer_names[q]) && !rc; q++) {
@@ -667,8 +776,9 @@ static int check_weights(const char *dir, int format, const struct dims *m, cons
             alt2[0] = '\0';
             if (l == 0) snprintf(alt2, sizeof alt2, "midlayer.%s", layer_names[q]);
             if (!st_find(&f, want) && !st_find(&f, alt1) && !(alt2[0] && st_find(&f, alt2)))
-                rc = err_fail(err, err_len, "%s: tensor \"%s\" is missing: SGLang (dflash) ignores what it does not "
-                              "know and would serve it uninitialised, vLLM fails", path, want);
+                rc = err_fail(err, err_len, "%s: tensor \"%s\" is missing: vLLM 0.33.0 and SGLang 0.5.23 would both "
+                              "load the export and serve it uninitialised (neither tracks a missing DFlash weight)",
+                              path, want);
         }
     }
     if (!rc && format == EXPORT_SPECULATORS)
@@ -678,9 +788,9 @@ static int check_weights(const char *dir, int format, const struct dims *m, cons
                 rc = err_fail(err, err_len, "%s: tensor \"%s\" is missing: the speculators layout carries the draft "
                               "embedding and LM head", path, n2);
         }
-    if (!rc && format == EXPORT_SPECULATORS && m->V_d < m->V && (!st_find(&f, "t2d") || !st_find(&f, "d2t")))
-        rc = err_fail(err, err_len, "%s: draft_vocab_size %lld < vocab_size %lld but t2d/d2t are missing", path,
-                      (long long)m->V_d, (long long)m->V);
+    if (!rc && m->V_d < m->V && (!st_find(&f, "d2t") || !st_find(&f, "lm_head.weight")))
+        rc = err_fail(err, err_len, "%s: draft_vocab_size %lld < vocab_size %lld but d2t or lm_head.weight is missing "
+                      "(vLLM maps the pruned head's ids through d2t)", path, (long long)m->V_d, (long long)m->V);
     st_close(&f);
     return rc;
 }
@@ -758,6 +868,7 @@ static int check_inner(const char *dir, const json_t *j, const char *what, const
     if (pipe && !json_is_object(pipe)) return err_fail(err, err_len, "%s: key \"dflash_pipe\" must be an object", what);
     int64_t v;
     x->n_target = 0;
+    int sg_causal[DRAFTER_MAX_LAYERS], sp_causal[DRAFTER_MAX_LAYERS], bs_default = 0;
 
     if (x->format == EXPORT_ZLAB) {
         const json_t *dc = json_object_get(j, "dflash_config");
@@ -792,23 +903,30 @@ static int check_inner(const char *dir, const json_t *j, const char *what, const
         if (r < 0 || x->mask_token_id < 0 || x->mask_token_id >= m.V)
             return err_fail(err, err_len, "%s: key \"dflash_config.mask_token_id\" must be a non-negative integer "
                             "inside the vocabulary [0, %lld) (SGLang)", what, (long long)m.V);
-        /* block size: SGLang dflash_config.block_size (default 16); the z-lab loader the top level */
+        /* block size: SGLang 0.5.23 dflash_config.block_size, else the top level, else 16; the z-lab loader and
+         * speculators' converter the top level first */
         int64_t bs = 16, top;
         r = dc ? j_int(dc, "block_size", &bs) : 1;
         if (r < 0) return err_fail(err, err_len, "%s: key \"dflash_config.block_size\" must be an integer", what);
-        if (r == 1) bs = 16;
+        int rt = j_int(j, "block_size", &top);
+        if (r == 1 && rt == 0) bs = top;
+        bs_default = r == 1 && rt != 0;
         x->B = (int)bs;
-        if (j_int(j, "block_size", &top) == 0 && top != bs)
+        if (rt == 0 && top != bs)
             return err_fail(err, err_len, "%s: key \"block_size\" is %lld at the top level (the z-lab loader) but "
-                            "SGLang reads dflash_config.block_size %s%lld", what, (long long)top,
-                            r == 1 ? "= default " : "= ", (long long)bs);
-        /* causality: vLLM: is_causal, then dflash_config.causal, else sliding => causal */
+                            "SGLang reads dflash_config.block_size = %lld", what, (long long)top, (long long)bs);
+        /* causality: vLLM: is_causal, then dflash_config.causal, else sliding => causal; SGLang: is_causal, else
+         * sliding => causal (it reads no dflash_config.causal) */
         json_t *ic = json_object_get(j, "is_causal"), *cc = dc ? json_object_get(dc, "causal") : NULL;
+        if (ic && json_is_null(ic)) ic = NULL;
         if (ic && !json_is_boolean(ic)) return err_fail(err, err_len, "%s: key \"is_causal\" must be a boolean", what);
         if (cc && !json_is_boolean(cc))
             return err_fail(err, err_len, "%s: key \"dflash_config.causal\" must be a boolean", what);
-        for (int l = 0; l < x->L; l++)
+        for (int l = 0; l < x->L; l++) {
             x->causal[l] = ic ? json_is_true(ic) : cc ? json_is_true(cc) : x->sliding[l];
+            sg_causal[l] = ic ? json_is_true(ic) : x->sliding[l];
+            sp_causal[l] = x->sliding[l];   /* speculators' converter: sliding_window_non_causal false */
+        }
         /* window: vLLM dflash_config.swa_window_size, else sliding_window */
         int64_t w = 0;
         r = dc ? j_int(dc, "swa_window_size", &w) : 1;
@@ -821,11 +939,16 @@ static int check_inner(const char *dir, const json_t *j, const char *what, const
             x->window = (int)w;
         }
         int64_t ths;
-        r = j_int(j, "target_hidden_size", &ths);
-        if (json_object_get(j, "target_hidden_size") && (r != 0 || ths != m.H))
-            return err_fail(err, err_len, "%s: key \"target_hidden_size\" must be an integer equal to hidden_size "
-                            "%lld when present (vLLM sizes fc with target_hidden_size x layers)", what, (long long)m.H);
-        x->V_d = x->V;
+        r = j_int(j, "target_hidden_size", &ths);   /* vLLM: target_hidden_size or hidden_size (null: absent) */
+        if (r < 0 || (r == 0 && ths != m.H))
+            return err_fail(err, err_len, "%s: key \"target_hidden_size\" must be null or an integer equal to "
+                            "hidden_size %lld (vLLM sizes fc with target_hidden_size x layers)", what, (long long)m.H);
+        int64_t vd;   /* vLLM: draft_vocab_size, else vocab_size (SGLang always drafts over the target's) */
+        r = j_int(j, "draft_vocab_size", &vd);
+        if (r < 0 || (r == 0 && (vd < 1 || vd > m.V)))
+            return err_fail(err, err_len, "%s: key \"draft_vocab_size\" must be an integer in [1, vocab_size %lld]",
+                            what, (long long)m.V);
+        x->V_d = r == 0 ? (int)vd : x->V;
     } else {
         int n = int_array(json_object_get(j, "aux_hidden_state_layer_ids"), "aux_hidden_state_layer_ids", x->zlab_ids,
                           DESC_MAX_LAYERS, what, err, err_len);
@@ -866,8 +989,13 @@ static int check_inner(const char *dir, const json_t *j, const char *what, const
         json_t *nc = json_object_get(j, "sliding_window_non_causal");
         if (nc && !json_is_boolean(nc))
             return err_fail(err, err_len, "%s: key \"sliding_window_non_causal\" must be a boolean", what);
-        /* vLLM maps it to dflash_config.causal, which it applies to every layer, full ones included */
-        for (int l = 0; l < x->L; l++) x->causal[l] = !json_is_true(nc);
+        /* vLLM maps it to dflash_config.causal, which it applies to every layer, full ones included (a missing
+         * key reads as true: causal false); speculators applies it to the sliding layers only */
+        for (int l = 0; l < x->L; l++) {
+            x->causal[l] = nc ? !json_is_true(nc) : 0;
+            sp_causal[l] = x->sliding[l] && !json_is_true(nc);
+            sg_causal[l] = x->sliding[l];   /* unused: SGLang reads only the z-lab layout */
+        }
         if (any_s) {
             if (!json_is_true(json_object_get(cfg, "use_sliding_window")))
                 return err_fail(err, err_len, "%s: key \"transformer_layer_config.use_sliding_window\" must be true "
@@ -885,10 +1013,12 @@ static int check_inner(const char *dir, const json_t *j, const char *what, const
     if (x->B < 2 || x->B > DRAFTER_MAX_B)
         return err_fail(err, err_len, "%s: block size %d is outside [2, %d]", what, x->B, DRAFTER_MAX_B);
 
-    /* what training meant */
-    x->sglang_ok = 1;   /* unknown without the training record: SGLang's rule cannot be compared */
+    /* what training meant (dflash_pipe), and what each loader derives from the loader keys against it */
+    int tc[DRAFTER_MAX_LAYERS];
+    for (int l = 0; l < x->L; l++) tc[l] = x->causal[l];   /* no record: vLLM's reading stands for training */
+    int64_t pm = x->mask_token_id, sfa_t = x->sample_from_anchor, pvd = x->V_d;
     if (pipe) {
-        int tl[DESC_MAX_LAYERS], tc[DRAFTER_MAX_LAYERS];
+        int tl[DESC_MAX_LAYERS];
         int n = int_array(json_object_get(pipe, "target_layer_ids_zlab"), "dflash_pipe.target_layer_ids_zlab", tl,
                           DESC_MAX_LAYERS, what, err, err_len);
         if (n < 0) return -1;
@@ -899,13 +1029,14 @@ static int check_inner(const char *dir, const json_t *j, const char *what, const
             return err_fail(err, err_len, "%s: key \"%s\" makes the loaders capture other layers than training did "
                             "(z-lab ids %d... vs trained %d...; speculators ids are z-lab + 1)", what, idk,
                             x->k ? x->zlab_ids[0] : -1, n ? tl[0] : -1);
-        int64_t pb, pm, pw;
+        int64_t pb, pw;
         if (need_int(pipe, "block_size", &pb, what, err, err_len) || need_int(pipe, "mask_token_id", &pm, what, err, err_len) ||
             need_int(pipe, "sliding_window", &pw, what, err, err_len))
             return -1;
         if (pb != x->B)
-            return err_fail(err, err_len, "%s: key \"%s\" gives the loaders block size %d, training used %lld", what,
-                            x->format == EXPORT_ZLAB ? "dflash_config.block_size" : "block_size", x->B, (long long)pb);
+            return err_fail(err, err_len, "%s: key \"%s\" gives the loaders block size %d%s, training used %lld", what,
+                            x->format == EXPORT_ZLAB ? "dflash_config.block_size" : "block_size", x->B,
+                            bs_default ? " (absent at both levels: SGLang's default 16)" : "", (long long)pb);
         if (pm != x->mask_token_id)
             return err_fail(err, err_len, "%s: key \"%smask_token_id\" is %lld, training used %lld", what,
                             x->format == EXPORT_ZLAB ? "dflash_config." : "", (long long)x->mask_token_id,
@@ -923,24 +1054,7 @@ static int check_inner(const char *dir, const json_t *j, const char *what, const
         json_t *pc = json_object_get(pipe, "causal");
         if (!json_is_array(pc) || (int)json_array_size(pc) != x->L)
             return err_fail(err, err_len, "%s: key \"dflash_pipe.causal\" must list one boolean per layer", what);
-        for (int l = 0; l < x->L; l++) {
-            tc[l] = json_is_true(json_array_get(pc, (size_t)l));
-            if (tc[l] != x->causal[l])
-                return err_fail(err, err_len, "%s: vLLM derives layer %d as %s in the block (%s), training ran it %s",
-                                what, l, x->causal[l] ? "causal" : "bidirectional",
-                                x->format == EXPORT_ZLAB ? "is_causal, then dflash_config.causal, else sliding => "
-                                                           "causal"
-                                                         : "causal = not sliding_window_non_causal",
-                                tc[l] ? "causal" : "bidirectional");
-        }
-        for (int l = 0; l < x->L; l++) x->sglang_ok &= tc[l] == x->sliding[l];
-        if (x->format == EXPORT_ZLAB && !(opts && opts->vllm_only))
-            for (int l = 0; l < x->L; l++)
-                if (tc[l] != x->sliding[l])
-                    return err_fail(err, err_len, "%s: SGLang (dflash) runs layer %d %s (sliding => causal, full => "
-                                    "bidirectional; it reads no causality key), training ran it %s: this drafter is "
-                                    "for vLLM only (check with --vllm-only)", what, l,
-                                    x->sliding[l] ? "causal" : "bidirectional", tc[l] ? "causal" : "bidirectional");
+        for (int l = 0; l < x->L; l++) tc[l] = json_is_true(json_array_get(pc, (size_t)l));
         if (any_s && pw != x->window)
             return err_fail(err, err_len, "%s: the loaders read sliding window %d (%s), training used %lld", what,
                             x->window, x->format == EXPORT_ZLAB ? "dflash_config.swa_window_size, else sliding_window"
@@ -948,16 +1062,94 @@ static int check_inner(const char *dir, const json_t *j, const char *what, const
                             (long long)pw);
         int64_t nt;
         if (j_int(pipe, "num_target_layers", &nt) == 0 && !x->n_target) x->n_target = (int)nt;
+        sfa_t = json_is_true(json_object_get(pipe, "sample_from_anchor"));
+        if (j_int(pipe, "draft_vocab_size", &pvd) != 0) pvd = x->V_d;
+        if (pvd != x->V_d)
+            return err_fail(err, err_len, "%s: key \"draft_vocab_size\" gives vLLM a draft vocabulary of %d, training "
+                            "used %lld", what, x->V_d, (long long)pvd);
     }
-    if (x->format == EXPORT_ZLAB && x->mixed) {
+    /* the rules on the trained configuration: which loaders should serve this layout, and their other reasons */
+    struct drafter_config rc;
+    memset(&rc, 0, sizeof rc);
+    rc.L = x->L;
+    int n_tc = 0;
+    for (int l = 0; l < x->L; l++) {
+        rc.layer_type[l] = x->sliding[l] ? DRAFTER_LAYER_SLIDING : DRAFTER_LAYER_FULL;
+        n_tc += tc[l];
+    }
+    rc.sliding_window_non_causal = any_s && n_tc == 0;
+    rc.sample_from_anchor = (int)sfa_t;
+    rc.k = x->k;
+    memcpy(rc.layer_ids, x->zlab_ids, sizeof(int) * (size_t)x->k);
+    rc.ids_convention = DRAFTER_IDS_ZLAB;
+    rc.target.num_hidden_layers = x->n_target;
+    if (opts && opts->target_dir) {
+        struct model_config tcf;
+        char tp[PATH_MAX];
+        snprintf(tp, sizeof tp, "%s/config.json", opts->target_dir);
+        if (hf_config_load(&tcf, tp, err, err_len)) return -1;
+        rc.target.num_hidden_layers = tcf.num_hidden_layers;
+    }
+    rc.V_t = x->V;
+    rc.V_d = x->V_d;
+    char rule[EXPORT_N_ENGINES][EXPORT_WHY_LEN];
+    export_rules(&rc, x->format, rule);
+    x->expected = 0;
+    for (int e = 0; e < EXPORT_N_ENGINES; e++)
+        if (!rule[e][0] && pipe) x->expected |= EXPORT_ENGINE_BIT(e);
+    /* layer 0 named midlayer.* (vLLM renames it, SGLang does not know it) */
+    int midlayer = 0;
+    {
+        char sp[PATH_MAX + 32];
+        snprintf(sp, sizeof sp, "%s/model.safetensors", dir);
+        struct st_file f;
+        if (st_open(&f, sp, err, err_len)) return -1;
+        for (int i = 0; i < f.n_tensors; i++) midlayer |= !strncmp(f.tensors[i].name, "midlayer.", 9);
+        st_close(&f);
+    }
+    /* each loader's own reading of the causality keys, then the rules' reasons */
+    for (int l = 0; l < x->L && !x->why[EXPORT_VLLM][0]; l++)
+        if (tc[l] != x->causal[l])
+            snprintf(x->why[EXPORT_VLLM], EXPORT_WHY_LEN, "vLLM derives layer %d as %s in the block (%s), training ran "
+                     "it %s", l, x->causal[l] ? "causal" : "bidirectional",
+                     x->format == EXPORT_ZLAB ? "is_causal, then dflash_config.causal, else sliding => causal"
+                                              : "causal = not sliding_window_non_causal",
+                     tc[l] ? "causal" : "bidirectional");
+    for (int l = 0; x->format == EXPORT_ZLAB && l < x->L && !x->why[EXPORT_SGLANG][0]; l++)
+        if (tc[l] != sg_causal[l])
+            snprintf(x->why[EXPORT_SGLANG], EXPORT_WHY_LEN, "SGLang (dflash) runs layer %d %s (is_causal, else sliding "
+                     "=> causal, full => bidirectional; it reads no dflash_config.causal), training ran it %s", l,
+                     sg_causal[l] ? "causal" : "bidirectional", tc[l] ? "causal" : "bidirectional");
+    for (int e = EXPORT_SGLANG; midlayer && e < EXPORT_N_ENGINES; e++)   /* only vLLM renames midlayer. */
+        if (!x->why[e][0])
+            snprintf(x->why[e], EXPORT_WHY_LEN, "%s does not know the midlayer.* names (only vLLM renames them) and "
+                     "would leave layer 0 uninitialised", export_engine_name(e));
+    for (int l = 0; l < x->L && !x->why[EXPORT_SPECLIB][0] && (pipe || x->format == EXPORT_SPECULATORS); l++)
+        if (tc[l] != sp_causal[l])
+            snprintf(x->why[EXPORT_SPECLIB], EXPORT_WHY_LEN, "speculators runs layer %d %s (%s), training ran it %s", l,
+                     sp_causal[l] ? "causal" : "bidirectional",
+                     x->format == EXPORT_ZLAB ? "its z-lab converter sets sliding_window_non_causal false"
+                                              : "sliding layers causal unless sliding_window_non_causal",
+                     tc[l] ? "causal" : "bidirectional");
+    for (int e = 0; e < EXPORT_N_ENGINES; e++)
+        if (!x->why[e][0] && rule[e][0]) memcpy(x->why[e], rule[e], EXPORT_WHY_LEN);
+    x->sglang_ok = !x->why[EXPORT_SGLANG][0];
+    int must = x->expected | (opts ? opts->require : 0);
+    for (int e = 0; e < EXPORT_N_ENGINES; e++)
+        if ((must & EXPORT_ENGINE_BIT(e)) && x->why[e][0])
+            return err_fail(err, err_len, "%s: %s does not serve it as trained%s: %s", what, export_engine_name(e),
+                            x->expected & EXPORT_ENGINE_BIT(e) ? " (the rules say it should, for this configuration "
+                            "and layout)" : "", x->why[e]);
+    if (x->mixed && !x->why[EXPORT_VLLM][0]) {
         char *rt = NULL;
         size_t rl;
         if (fs_read_file(readme, &rt, &rl, err, err_len)) return -1;
-        int ok = strstr(rt, "V2 model runner") != NULL;
+        int ok = strstr(rt, "VLLM_USE_V2_MODEL_RUNNER=1") != NULL;
         free(rt);
         if (!ok)
             return err_fail(err, err_len, "%s: this drafter mixes sliding and full layers, which vLLM serves only "
-                            "with its V2 model runner, and the README does not say so", readme);
+                            "with its V2 model runner, and the README's vLLM line does not set "
+                            "VLLM_USE_V2_MODEL_RUNNER=1", readme);
     }
     /* the target */
     if (opts && opts->target_dir) {
@@ -997,7 +1189,7 @@ static int check_inner(const char *dir, const json_t *j, const char *what, const
         else if (c->V_d != x->V_d) key = "draft_vocab_size", snprintf(a, sizeof a, "%d", x->V_d), snprintf(b, sizeof b, "%d", c->V_d);
         for (int l = 0; !key && l < c->L; l++) {
             if ((c->layer_type[l] == DRAFTER_LAYER_SLIDING) != x->sliding[l]) key = "layer_types";
-            else if (trained_causal(c, l) != x->causal[l]) key = "causality (as vLLM derives it)";
+            else if (trained_causal(c, l) != tc[l]) key = "causality (dflash_pipe.causal)";
             else if (x->sliding[l] && c->sliding_window != x->window)
                 key = "sliding_window", snprintf(a, sizeof a, "%d", x->window), snprintf(b, sizeof b, "%d", c->sliding_window);
         }
@@ -1036,27 +1228,30 @@ int export_check(const char *dir, const struct export_check_opts *opts, struct e
 
 void export_serve_lines(const struct export_derived *x, const char *dir, const char *target, char *buf, size_t len) {
     int spec = x->B - 1;
-    if (!x->sglang_ok) {
-        snprintf(buf, len,
-                 "%svllm serve %s --speculative-config '{\"method\": \"dflash\", \"model\": \"%s\", "
-                 "\"num_speculative_tokens\": %d}'\n# SGLang cannot serve it (bidirectional sliding layers)\n",
-                 x->mixed ? "# vLLM: mixed sliding/full layers need the V2 model runner\n" : "", target, dir, spec);
-        return;
-    }
-    snprintf(buf, len,
-             "%svllm serve %s --speculative-config '{\"method\": \"dflash\", \"model\": \"%s\", "
-             "\"num_speculative_tokens\": %d}'\n"
-             "python -m sglang.launch_server --model-path %s --speculative-algorithm DFLASH "
-             "--speculative-draft-model-path %s --dtype bfloat16\n",
-             x->mixed ? "# vLLM: mixed sliding/full layers need the V2 model runner\n" : "", target, dir, spec, target,
-             dir);
+    size_t at = 0;
+    if (!x->why[EXPORT_VLLM][0])
+        at += (size_t)snprintf(buf + at, len - at,
+                               "%svllm serve %s --speculative-config '{\"method\": \"dflash\", \"model\": \"%s\", "
+                               "\"num_speculative_tokens\": %d}'\n",
+                               x->mixed ? "VLLM_USE_V2_MODEL_RUNNER=1 " : "", target, dir, spec);
+    else
+        at += (size_t)snprintf(buf + at, len - at, "# %s does not serve it as trained: %s\n",
+                               export_engine_name(EXPORT_VLLM), x->why[EXPORT_VLLM]);
+    if (at >= len) return;
+    if (!x->why[EXPORT_SGLANG][0])
+        snprintf(buf + at, len - at,
+                 "python -m sglang.launch_server --model-path %s --speculative-algorithm DFLASH "
+                 "--speculative-draft-model-path %s --dtype bfloat16\n", target, dir);
+    else
+        snprintf(buf + at, len - at, "# %s does not serve it as trained: %s\n", export_engine_name(EXPORT_SGLANG),
+                 x->why[EXPORT_SGLANG]);
 }
 
 /* ---------------------------------------------------------------- an export back into a drafter */
 
 struct drafter *export_load_dir(const char *dir, const char *target_dir, int T_max, int N, char *err, int err_len) {
     struct export_derived x;
-    struct export_check_opts o = {target_dir, NULL, 1};
+    struct export_check_opts o = {target_dir, NULL, 0};
     if (export_check(dir, &o, &x, err, err_len)) return NULL;
     char what[PATH_MAX];
     snprintf(what, sizeof what, "%s/config.json", dir);

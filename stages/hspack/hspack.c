@@ -34,6 +34,7 @@ int hspack_plan(const void *in_desc, size_t in_len, uint64_t in_cap, const struc
         p->in_batch = h.batch;
         memcpy(p->out.layers, h.layers, sizeof h.layers);
         p->out.hidden_size = h.hidden_size;
+        p->out.target_id = h.target_id;
     } else if (kind == DESC_KIND_FEATURES) {
         struct desc_features f;
         if (desc_features_decode(in_desc, in_len, in_cap, &f, why, sizeof why))
@@ -46,6 +47,7 @@ int hspack_plan(const void *in_desc, size_t in_len, uint64_t in_cap, const struc
         p->in_batch = f.batch;
         memcpy(p->out.layers, f.layers, sizeof f.layers);
         p->out.hidden_size = f.hidden_size;
+        p->out.target_id = f.target_id;
     } else {
         return err_fail(err, err_len, "descriptor kind: expected 'hidden' or 'features', found '%s'", desc_kind_name(kind));
     }

@@ -526,6 +526,10 @@ int msink_handle(struct msink *s, const void *buf, size_t len, double now, char 
  * multithreaded process). Exit 127: gnuplot could not be run. */
 static void plot_child(const char *run_dir, const char *gnuplot, char scripts[][32], char tmps[][40],
                        char pngs[][40], int n) {
+    /* Every inherited descriptor closed, the sink's listening socket among them: a plotter that outlives a
+     * SIGKILLed sink (its own process group) kept that socket answering, and the restarted sink refused to bind
+     * ("another dflash-metrics is already bound"; issue 24: a sink is restarted like any stage). */
+    closefrom(3);
     if (chdir(run_dir) != 0) _exit(126);
     int fails = 0;
     for (int i = 0; i < n; i++) {

@@ -592,8 +592,10 @@ void hf_rope_inv_freq(const struct model_config *c, double *inv_freq) {
 int hf_zlab_layer_ids(int n_target_layers, int n_draft_layers, int *ids) {
     if (n_target_layers < 1 || n_draft_layers < 1) return -1;
     if (n_draft_layers == 1) {
-        ids[0] = n_target_layers / 2;
-        return 0;
+        /* issue 26: never the last layer (SGLang cannot capture it, z-lab reads it after the final norm):
+         * n / 2 is the last layer only for n <= 2 */
+        ids[0] = n_target_layers / 2 < n_target_layers - 1 ? n_target_layers / 2 : n_target_layers - 2;
+        return ids[0] < 0 ? -1 : 0;
     }
     int start = 1, end = n_target_layers - 3, span = end - start;
     for (int i = 0; i < n_draft_layers; i++) {
@@ -601,7 +603,7 @@ int hf_zlab_layer_ids(int n_target_layers, int n_draft_layers, int *ids) {
          * is in the default rounding mode. */
         double x = (double)start + (double)(i * span) / (double)(n_draft_layers - 1);
         ids[i] = (int)rint(x);
-        if (ids[i] < 0 || ids[i] >= n_target_layers) return -1;
+        if (ids[i] < 0 || ids[i] >= n_target_layers - 1) return -1;   /* the last layer: see above */
     }
     return 0;
 }

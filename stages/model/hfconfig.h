@@ -30,7 +30,7 @@
 #ifndef STAGES_MODEL_HFCONFIG_H
 #define STAGES_MODEL_HFCONFIG_H
 
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -112,9 +112,10 @@ void hf_rope_inv_freq(const struct model_config *c, double *inv_freq /* (R/2) */
 struct json_t *hf_rope_scaling_json(const struct model_config *c);
 
 /* The z-lab default target layer ids (dflash-reference.md §3.1, build_target_layer_ids): for one
- * draft layer [n/2]; else round-half-even(1 + i*(n-4)/(L_d-1)), i < L_d. Writes n_draft_layers
- * ids; returns 0, or -1 if n_target_layers < 1 or n_draft_layers < 1 or an id falls outside
- * [0, n_target_layers) (tiny targets). Qwen3-8B (36, 5) gives [1, 9, 17, 25, 33]. */
+ * draft layer [n/2] ([n-2] when n/2 is the last layer, n = 2); else round-half-even(1 + i*(n-4)/(L_d-1)),
+ * i < L_d. Never the target's last layer (issue 26: SGLang cannot capture it and z-lab reads it after the
+ * final norm). Writes n_draft_layers ids; returns 0, or -1 if n_target_layers < 1 or n_draft_layers < 1 or
+ * an id falls outside [0, n_target_layers - 1) (tiny targets). Qwen3-8B (36, 5) gives [1, 9, 17, 25, 33]. */
 int hf_zlab_layer_ids(int n_target_layers, int n_draft_layers, int *ids);
 
 /* Qwen3.5 derived sizes: the Gated DeltaNet conv channels 2·n_k·d_k + n_v·d_v and the fused input

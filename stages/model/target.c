@@ -12,7 +12,7 @@
 #include "core/err.h"
 #include "core/log.h"
 #include "model/gdn.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "model/weights.h"
 
 #include "kernels/attention.h"

@@ -18,7 +18,7 @@
 #define STAGES_MODEL_WEIGHTS_H
 
 #include "kernels/common.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {

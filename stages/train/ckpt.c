@@ -197,7 +197,7 @@ int ckpt_write(const char *path, const struct ckpt_meta *meta, const struct ckpt
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
         return err_fail(err, err_len, "ckpt_write: path too long: %s", path);
     struct wr w = { -1, {0}, tmp, err, err_len };
-    w.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    w.fd = fs_create_tmp(tmp);   /* private, O_EXCL | O_NOFOLLOW */
     if (w.fd < 0) return err_fail(err, err_len, "open(%s) failed: %s", tmp, strerror(errno));
     ckpt_hash_init(&w.h);
     static const uint8_t zpad[CKPT_HEADER_BYTES];

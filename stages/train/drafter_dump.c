@@ -22,7 +22,7 @@
 #include "core/err.h"
 #include "core/fsutil.h"
 #include "kernels/lmhead_loss.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 
 #include <jansson.h>
 #include <math.h>

@@ -91,6 +91,7 @@ static int produce(void *arg) {
         d.layers[1] = 3;
         d.dtype = DESC_DTYPE_BF16;
         d.hidden_size = HID;
+        if (desc_target_id_of_model(g_model, &d.target_id, err, sizeof err)) return 12;   /* the trainer checks it */
         desc_features_layout(&d);
         if (d.batch.payload_bytes > s.payload_cap) return 4;
         uint8_t *pay = p->device ? stage : s.payload;

@@ -1,5 +1,5 @@
 /*
- * stages/core/packer.c — the packing policy (packer.h): eligibility, per-epoch plans (shuffle,
+ * stages/pack/packer.c — the packing policy (packer.h): eligibility, per-epoch plans (shuffle,
  * windowed first-fit decreasing), sharding, seeking, and filling one batch payload.
  *
  * First-fit uses a max-tree over the window's open batches (leaf = remaining capacity), so
@@ -8,7 +8,7 @@
  * needs another epoch replans, and packer_next replans the cursor's epoch when needed.
  */
 #include "kernels/common.h"
-#include "core/packer.h"
+#include "pack/packer.h"
 #include "core/err.h"
 
 #include <jansson.h>

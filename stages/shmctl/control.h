@@ -1,5 +1,5 @@
 /*
- * stages/shm/control.h — dflash-shm's control protocol (design.md §5): msgpack over nanomsg
+ * stages/shmctl/control.h — dflash-shm's control protocol (design.md §5): msgpack over nanomsg
  * NN_REQ/NN_REP on ipc://<run>/bus/control.sock.
  *
  * Every message is one msgpack map carrying `kind` (string) and `version` (uint,

@@ -1,11 +1,11 @@
 /*
- * stages/shm/control.c — encode/decode of dflash-shm's control messages (control.h).
+ * stages/shmctl/control.c — encode/decode of dflash-shm's control messages (control.h).
  *
  * One table of ring fields (name, type, offset into struct ring_status) serves the encoder, the
  * decoder, the JSON rendering and --field, so they cannot disagree on names or types. The decoder
  * checks each key against the table (type, uniqueness), then the exact count.
  */
-#include "shm/control.h"
+#include "shmctl/control.h"
 #include "core/mpk.h"
 #include "core/err.h"
 

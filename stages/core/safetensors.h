@@ -1,5 +1,5 @@
 /*
- * stages/model/safetensors.h — Hugging Face safetensors files: a validating mmap reader, a
+ * stages/core/safetensors.h — Hugging Face safetensors files: a validating mmap reader, a
  * streaming writer, and sharded checkpoints (model.safetensors.index.json) behind one lookup.
  *
  * File format (https://github.com/huggingface/safetensors): an 8-byte little-endian header length

@@ -1,5 +1,5 @@
 /*
- * stages/model/safetensors.c — safetensors reader, writer and sharded checkpoints (safetensors.h).
+ * stages/core/safetensors.c — safetensors reader, writer and sharded checkpoints (safetensors.h).
  *
  * The reader maps the whole file read-only and validates the JSON header (jansson, duplicate keys
  * rejected) before handing out any pointer, so later code can trust every st_tensor: its bytes lie
@@ -7,7 +7,7 @@
  * from the declarations alone, so a 16 GB checkpoint never has to sit in memory.
  */
 #include "core/fsutil.h"
-#include "model/safetensors.h"
+#include "core/safetensors.h"
 #include "core/err.h"
 
 #include <errno.h>
@@ -313,7 +313,7 @@ struct st_writer *st_writer_create(const char *path, char *err, int err_len) {
     w->tmp = malloc(tl);
     if (!w->path || !w->tmp) { err_fail(err, err_len, "%s: out of memory", path); st_writer_free(w); return NULL; }
     snprintf(w->tmp, tl, "%s.tmp.%d", path, (int)getpid());
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    w->fd = fs_create_tmp(w->tmp);   /* private, O_EXCL | O_NOFOLLOW */
     if (w->fd < 0) {
         err_fail(err, err_len, "%s: cannot create: %s", w->tmp, strerror(errno));
         free(w->tmp);

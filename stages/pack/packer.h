@@ -1,5 +1,5 @@
 /*
- * stages/core/packer.h — the packing policy of dflash-pack: turns a dataset into a deterministic
+ * stages/pack/packer.h — the packing policy of dflash-pack: turns a dataset into a deterministic
  * stream of packed batches (desc.h `batch` descriptor + payload), one per sequence number.
  *
  * POLICY (the stream is a pure function of the dataset content and budget, window, seed, shard):
