@@ -347,13 +347,22 @@ static int run_variant(struct bench_ctx *x, const struct variant *v, int steps, 
 
 int main(int argc, char **argv) {
     const double t_launch = now_s();
-    int steps = 20, warmup = 3;
+    int steps = 20, warmup = 3, q36 = 0;
     const char *vlist = "muon";
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        if (!strcmp(argv[i], "--config") && i + 1 < argc) {
+            /* qwen3.6-27b (issue 27): the drafter of a Qwen3.6-27B target, SpecForge's published shape */
+            const char *v = argv[++i];
+            if (!strcmp(v, "qwen3.6-27b")) q36 = 1;
+            else if (strcmp(v, "qwen3-8b")) { fprintf(stderr, "train_bench: --config qwen3-8b | qwen3.6-27b\n"); return 2; }
+        } else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--variants") && i + 1 < argc) vlist = argv[++i];
-        else { fprintf(stderr, "usage: %s [--steps 20] [--warmup 3] [--variants muon,adamw,muon-ga4]\n", argv[0]); return 2; }
+        else {
+            fprintf(stderr, "usage: %s [--config qwen3-8b|qwen3.6-27b] [--steps 20] [--warmup 3] [--variants "
+                    "muon,adamw,muon-ga4]\n", argv[0]);
+            return 2;
+        }
     }
     if (steps < 1 || warmup < 0) { fprintf(stderr, "train_bench: need --steps >= 1 and --warmup >= 0\n"); return 2; }
     struct variant vars[8];
@@ -380,6 +389,16 @@ int main(int argc, char **argv) {
     int ids[5] = {1, 9, 17, 25, 33};
     memcpy(cp->layer_ids, ids, sizeof ids);
     cp->mask_token_id = 151669;
+    if (q36) {   /* 5 layers, hidden 5120, head dim 256, 24 / 4 heads, MLP 17408 (~1.83 B trainable) */
+        cp->target.num_hidden_layers = 64;
+        cp->target.rope_theta = 1e7;
+        cp->target.head_dim = 256;
+        cp->H = 5120, cp->n_h = 24, cp->n_kv = 4, cp->d_h = 256, cp->I = 17408;
+        cp->V_t = 248320;
+        int ids36[5] = {1, 16, 31, 46, 61};
+        memcpy(cp->layer_ids, ids36, sizeof ids36);
+        cp->mask_token_id = 248077;
+    }
     cp->loss = LMHEAD_LOSS_KL;
     cp->weighting = LMHEAD_WEIGHT_EXP_DECAY;
     const int T = x.T = cp->T_max;   /* 8192 */

@@ -21,6 +21,12 @@
 #               --optimizer adamw | muon | muon --grad-accum 4), --steps N optimizer steps each (default 30;
 #               N/A for -gaA, at least 3); skipped, with the reason, when dflash-train has no GPU path
 #                                            timeout: what is left of 540 s, shared by the variants left
+#   --config qwen3.6-27b (issue 27; the default stays qwen3-8b): the same phases for the Qwen3.6-27B
+#               target: target_bench --config qwen3.6-27b (64 hybrid layers, random weights on the GPU, the
+#               time per layer kind), train_bench --config qwen3.6-27b (SpecForge's 27B drafter: 5 layers,
+#               hidden 5120, head dim 256, 24/4 heads, MLP 17408), the model written by dflash-mkmodel
+#               --preset qwen3.6-27b (54 GB: run --only model first if the 300 s phase limit cuts it) and the
+#               whole pipeline with captured layers [1,16,31,46,61], everything on one H200.
 #   LIST: comma-separated phases (default ceiling,target,train,model,pipeline; also `kernels`: every
 #   kernel benchmark, not in the default: it does not fit the same 10 minutes).
 #   scripts/bench.sh --cpu-smoke               the same phases and the same report on the CPU in a few
@@ -54,6 +60,7 @@ ONLY=""
 QUICK=0
 PKG=""
 RESULTS=default
+CONFIG=qwen3-8b
 BENCH_DIR=${BENCH_DIR:-/tmp/dflash-bench}
 BUDGET_S=${BUDGET_S:-540}          # the whole --gpu command (the device tool allows 600 s)
 PIPE_STEPS=${PIPE_STEPS:-30}
@@ -70,11 +77,13 @@ while [ $# -gt 0 ]; do
     --pkg) PKG=$2; shift 2 ;;
     --steps) PIPE_STEPS=$2; shift 2 ;;
     --results) RESULTS=$2; shift 2 ;;
+    --config) CONFIG=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 [ -n "$MODE" ] || { echo "bench.sh: give --cpu-only, --gpu or --cpu-smoke (see --help)" >&2; exit 2; }
+case $CONFIG in qwen3-8b|qwen3.6-27b) ;; *) echo "bench.sh: --config: '$CONFIG' is not qwen3-8b or qwen3.6-27b" >&2; exit 2 ;; esac
 [[ $PIPE_STEPS =~ ^[1-9][0-9]*$ ]] || { echo "bench.sh: --steps: '$PIPE_STEPS' is not a positive integer" >&2; exit 2; }
 if [ -z "$ONLY" ]; then
   case $MODE in cpu) ONLY=cpu ;; *) ONLY=ceiling,target,train,model,pipeline ;; esac
@@ -207,6 +216,12 @@ if [ "$MODE" != cpu ] && { want ceiling || want target || want train || want mod
     TRAIN_EXTRA=(--loss kl --weighting exp-decay --mask-token-id 151669)
     VOCAB_SIZE=32000
     CEIL_ARGS=() TARGET_ARGS=(--iters 6 --warmup 2) TRAIN_ARGS=(--steps 6 --warmup 2 --variants "$TRAIN_VARIANTS")
+    if [ "$CONFIG" = qwen3.6-27b ]; then
+      PRESET=qwen3.6-27b LAYERS=1,16,31,46,61
+      MK_FLAGS=(--preset qwen3.6-27b --dtype bf16 --shards 12 --seed 42)
+      TRAIN_EXTRA=(--loss kl --weighting exp-decay --mask-token-id 248077)
+      TARGET_ARGS+=(--config qwen3.6-27b) TRAIN_ARGS+=(--config qwen3.6-27b)
+    fi
   fi
   MODEL=$BENCH_DIR/$PRESET
   DATA=$BENCH_DIR/$PRESET-data.jsonl
