@@ -51,9 +51,15 @@ CFLAGS  += -fsanitize=$(SAN) -fno-omit-frame-pointer
 LDFLAGS += -fsanitize=$(SAN)
 endif
 
-# msgpack-c, jansson and Check link statically so the binaries run on the GPU machine, which has
-# none of them; nanomsg stays dynamic (scripts/gpu-run.sh ships libnanomsg.so.5 beside them).
-LIBS      := -Wl,-Bstatic -lmsgpackc -ljansson -Wl,-Bdynamic -lnanomsg -lrt -lm
+# msgpack-c, jansson, protobuf-c and Check link statically so the binaries run on the GPU machine, which
+# has none of them; nanomsg stays dynamic (scripts/gpu-run.sh ships libnanomsg.so.5 beside them).
+# OpenBLAS (the CPU trainer's GEMMs, stages/train/cpu_ops.c) links statically from Debian's pthread build
+# (libopenblas-pthread-dev; its SGEMM needs no libgfortran); the serial build is not safe to call from
+# several threads at once.
+OPENBLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-pthread
+OPENBLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-pthread
+CPPFLAGS  += -isystem $(OPENBLAS_INC)
+LIBS      := -Wl,-Bstatic -lmsgpackc -ljansson -lprotobuf-c -Wl,-Bdynamic $(OPENBLAS_DIR)/libopenblas.a -lnanomsg -lrt -lm
 TEST_LIBS := -Wl,-Bstatic -lcheck_pic -lsubunit -Wl,-Bdynamic
 
 ifeq ($(CUDA),1)
@@ -103,7 +109,7 @@ BENCHES  := $(patsubst kernels/bench/%,$(BUILD)/bench/%,$(basename $(BENCH_C) $(
 
 DEPS_OK  := $(BUILD)/.deps-ok
 
-.PHONY: all test run bench gpu-test gpu-build clean deps config campaign
+.PHONY: all test run bench gpu-test gpu-build clean deps config campaign tfevents-proto
 .DEFAULT_GOAL := all
 
 all: $(BINS)
@@ -201,6 +207,11 @@ gpu-build: $(BINS) $(GTEST_BINS) $(BENCHES)
 
 gpu-test: gpu-build
 	@BUILD=$(BUILD) scripts/gpu-run.sh pack
+
+# The TensorBoard Event messages: the generated C is committed (a build needs libprotobuf-c only);
+# regenerate after editing the .proto (protoc-c from protobuf-c-compiler, scripts/install-deps.sh).
+tfevents-proto:
+	cd stages && protoc-c --c_out=. metrics/tfevents.proto
 
 clean:
 	rm -rf $(BUILD)

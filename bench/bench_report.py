@@ -76,9 +76,9 @@ def why(ph, name):
     return f"{s[0]}: {s[2]}" if s[2] else s[0]
 
 
-def gpu_mem(out):
+def gpu_mem(out, name="gpu-mem.csv"):
     """peak MiB per process name (basename) over the samples, or None without samples"""
-    t = read(os.path.join(out, "gpu-mem.csv"))
+    t = read(os.path.join(out, name))
     if not t:
         return None
     peak = {}
@@ -104,6 +104,78 @@ def metrics(path, ln_hint):
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{ln}: not JSON ({e.msg})")
     return recs
+
+
+def sections(text):
+    """[(variant name, text)] of train_bench's "=== variant NAME: ..." sections; [("", text)] without markers"""
+    if text is None:
+        return [("", None)]
+    parts = re.split(r"^=== variant (\S+?):.*$", text, flags=re.M)
+    if len(parts) == 1:
+        return [("", text)]
+    return [(parts[i], parts[i + 1]) for i in range(1, len(parts) - 1, 2)]
+
+
+def pipeline_rows(tab, ph, phname, pdir, sfx, mem, mem_note, peak, tgf, rgf):
+    recs = metrics(os.path.join(pdir, "metrics.jsonl"), "pipeline")
+    launch = num(r"^([0-9.]+)", read(os.path.join(pdir, "launch")))
+    steps = [x for x in recs or [] if x.get("stage") == "dflash-train" and x.get("kind") == "metric" and "loss" in x]
+    tsum = [x for x in recs or [] if x.get("stage") == "dflash-train" and x.get("kind") == "summary"]
+    pwhy = why(ph, phname)
+    if steps and tsum and launch:
+        n = len(steps)
+        tok = float(tsum[-1].get("tokens", 0))
+        per = tok / n if n else 0
+        t1, tn = steps[0]["t"], steps[-1]["t"]
+        steady = per * (n - 1) / (tn - t1) if n > 1 and tn > t1 else None
+        whole = tok / (tn - launch) if tn > launch else None
+        tab.add("pipeline", "steady rate" + sfx, steady, "tok/s",
+                f"trainer: {n - 1} steps x {fmt(per, 0)} tokens (mean) between the 1st and last optimizer step; no load",
+                0)
+        tab.add("pipeline", "launch to last optimizer step" + sfx, whole, "tok/s",
+                f"all {int(tok)} trained tokens / (last step - train.sh start): model load, init, warm-up included", 0)
+        tab.add("pipeline", "launch to first optimizer step" + sfx, t1 - launch, "s",
+                "train.sh start (dataset index, rings, target load, trainer init) to the 1st step's metric")
+        gf = (tgf or 0) + (rgf or 0)
+        tab.add("pipeline", "MFU vs measured GEMM peak (steady)" + sfx,
+                100 * steady * gf / 1e3 / peak if steady and tgf and rgf and peak else None, "%",
+                f"steady tok/s x ({fmt(tgf, 2)} target + {fmt(rgf, 2)} trainer GFLOP/token, from the alone runs) / peak"
+                if steady and tgf and rgf and peak else "needs target_bench, train_bench and the ceiling")
+    else:
+        for f in ("steady rate", "launch to last optimizer step"):
+            tab.add("pipeline", f + sfx, None, "tok/s", pwhy if pwhy != "ok" else "no dflash-train step in metrics.jsonl")
+        tab.add("pipeline", "launch to first optimizer step" + sfx, None, "s", pwhy)
+        tab.add("pipeline", "MFU vs measured GEMM peak (steady)" + sfx, None, "%", pwhy)
+    stages = ["dflash-pack", "dflash-target", "dflash-hspack", "dflash-train"]
+    for s in stages:
+        summ = [x for x in recs or [] if x.get("stage") == s and x.get("kind") == "summary"]
+        hb = [x for x in recs or [] if x.get("stage") == s and x.get("kind") == "heartbeat"]
+        src = summ[-1] if summ else (hb[-1] if hb else None)
+        if src and src.get("busy_s", 0) + src.get("wait_s", 0) > 0:
+            b, w = float(src["busy_s"]), float(src["wait_s"])
+            tab.add("pipeline", f"{s} busy / wait" + sfx, 100 * b / (b + w), "% busy",
+                    f"busy {b:.1f} s, wait {w:.1f} s ({'summary' if summ else 'last heartbeat'}; wait = on its rings)")
+        else:
+            tab.add("pipeline", f"{s} busy / wait" + sfx, None, "% busy", pwhy if pwhy != "ok" else "no record")
+    tlog = read(os.path.join(pdir, "logs", "dflash-train.log"))
+    tlog_gib = num(r"peak device memory ([0-9.]+) GiB in use", tlog)
+    for s in ["dflash-shm"] + stages:
+        have = mem is not None and s in mem
+        if have:
+            tab.add("pipeline", f"{s} peak GPU memory" + sfx, mem[s] / 1024, "GiB",
+                    mem_note + ("; the device rings" if s == "dflash-shm" else ""), 2)
+            continue
+        own = [float(x["gpu_mem_bytes"]) for x in recs or [] if x.get("stage") == s and "gpu_mem_bytes" in x]
+        if own and max(own) > 0:   # the stage's own count (nvidia-smi saw no process: e.g. another PID namespace)
+            tab.add("pipeline", f"{s} peak GPU memory" + sfx, max(own) / 2**30, "GiB",
+                    "max of the stage's heartbeat gpu_mem_bytes (its own allocations)", 2)
+        elif s == "dflash-train" and tlog_gib is not None:
+            tab.add("pipeline", f"{s} peak GPU memory" + sfx, tlog_gib, "GiB",
+                    "trainer's log after start-up: cudaMemGetInfo, every process on the device counts", 2)
+        else:
+            tab.add("pipeline", f"{s} peak GPU memory" + sfx, None, "GiB",
+                    "no nvidia-smi sample of this process (no device memory, or it ran < 0.5 s)" if mem is not None
+                    else "no nvidia-smi samples", 2)
 
 
 def report(out):
@@ -141,87 +213,51 @@ def report(out):
     tab.add("target", "peak GPU memory", mem.get("target_bench", 0) / 1024 if mem and "target_bench" in mem else None,
             "GiB", mem_note if mem and "target_bench" in mem else "no nvidia-smi sample of target_bench", 2)
 
-    # ---- trainer alone
+    # ---- trainer alone: one section per optimizer x accumulation variant ("=== variant NAME: ..." lines of
+    # train_bench --variants; a train.txt without them is one unnamed section)
     r = read(os.path.join(out, "train.txt"))
-    rtps = num(r"^trainer: ([0-9.]+) tokens/s", r)
-    rtf = num(r"^trainer: .* ([0-9.]+) TFLOP/s model FLOPs", r)
-    rsteps = num(r"^trainer: [0-9.]+ tokens/s over (\d+) steps", r)
     rfirst = num(r"^time from launch to the first optimizer step: ([0-9.]+) s", r)
-    rmem = num(r"^device memory in use after start-up: ([0-9.]+) GiB", r)
-    rgf = rtf * 1e3 / rtps if rtf and rtps else None   # GFLOP per token of a training step
-    tab.add("train", "trainer alone", rtps, "tok/s",
-            f"train_bench: {int(rsteps)} optimizer steps after warm-up, synthetic features (no target)"
-            if rtps else why(ph, "train"), 0)
-    tab.add("train", "MFU vs measured GEMM peak", 100 * rtf / peak if rtf and peak else None, "%",
-            f"{fmt(rtf)} TFLOP/s of step FLOPs ({fmt(rgf, 2)} GFLOP/token; Newton-Schulz not counted) / the peak above"
-            if rtf and peak else "needs train_bench and the ceiling")
+    rgf_of = {}
+    for vname, sec in sections(r):
+        sfx = f" [{vname}]" if vname else ""
+        rtps = num(r"^trainer: ([0-9.]+) tokens/s", sec)
+        rtf = num(r"^trainer: .* ([0-9.]+) TFLOP/s model FLOPs", sec)
+        rsteps = num(r"^trainer: [0-9.]+ tokens/s over (\d+) steps", sec)
+        rmem = num(r"^device memory in use after start-up: ([0-9.]+) GiB", sec)
+        ropt = num(r"^  optimizer \([^)]*\) +([0-9.]+)", sec)
+        rns = num(r"Muon Newton-Schulz +[0-9.]+ TFLOP per step, ([0-9.]+) TFLOP/s", sec)
+        rgf = rtf * 1e3 / rtps if rtf and rtps else None   # GFLOP per token of a training step
+        rgf_of[vname] = rgf
+        tab.add("train", "trainer alone" + sfx, rtps, "tok/s",
+                f"train_bench: {int(rsteps)} optimizer steps after warm-up, synthetic features (no target)"
+                if rtps else why(ph, "train"), 0)
+        tab.add("train", "MFU vs measured GEMM peak" + sfx, 100 * rtf / peak if rtf and peak else None, "%",
+                f"{fmt(rtf)} TFLOP/s of step FLOPs ({fmt(rgf, 2)} GFLOP/token; Newton-Schulz not counted) / the peak above"
+                if rtf and peak else "needs train_bench and the ceiling")
+        tab.add("train", "optimizer step" + sfx, ropt, "ms",
+                "CUDA events around optim_gpu_step, mean per optimizer step" + (
+                    f"; Muon Newton-Schulz at {fmt(rns)} TFLOP/s over it" if rns else "")
+                if ropt is not None else why(ph, "train"), 2)
+        tab.add("train", "peak GPU memory" + sfx,
+                mem["train_bench"] / 1024 if mem and "train_bench" in mem and not vname else rmem, "GiB",
+                mem_note if mem and "train_bench" in mem and not vname else
+                ("train_bench: cudaMemGetInfo after this variant's start-up (whole device)" if rmem else why(ph, "train")),
+                2)
     tab.add("train", "launch to first optimizer step", rfirst, "s",
             "process start to the first step done: init, uploads, warm-up" if rfirst is not None else why(ph, "train"))
-    tab.add("train", "peak GPU memory", mem["train_bench"] / 1024 if mem and "train_bench" in mem else rmem, "GiB",
-            mem_note if mem and "train_bench" in mem else
-            ("train_bench: cudaMemGetInfo after start-up (whole device)" if rmem else why(ph, "train")), 2)
 
-    # ---- whole pipeline
-    pdir = os.path.join(out, "pipeline")
-    recs = metrics(os.path.join(pdir, "metrics.jsonl"), "pipeline")
-    launch = num(r"^([0-9.]+)", read(os.path.join(pdir, "launch")))
-    steps = [x for x in recs or [] if x.get("stage") == "dflash-train" and x.get("kind") == "metric" and "loss" in x]
-    tsum = [x for x in recs or [] if x.get("stage") == "dflash-train" and x.get("kind") == "summary"]
-    pwhy = why(ph, "pipeline")
-    if steps and tsum and launch:
-        n = len(steps)
-        tok = float(tsum[-1].get("tokens", 0))
-        per = tok / n if n else 0
-        t1, tn = steps[0]["t"], steps[-1]["t"]
-        steady = per * (n - 1) / (tn - t1) if n > 1 and tn > t1 else None
-        whole = tok / (tn - launch) if tn > launch else None
-        tab.add("pipeline", "steady rate", steady, "tok/s",
-                f"trainer: {n - 1} steps x {fmt(per, 0)} tokens (mean) between the 1st and last optimizer step; no load",
-                0)
-        tab.add("pipeline", "launch to last optimizer step", whole, "tok/s",
-                f"all {int(tok)} trained tokens / (last step - train.sh start): model load, init, warm-up included", 0)
-        tab.add("pipeline", "launch to first optimizer step", t1 - launch, "s",
-                "train.sh start (dataset index, rings, target load, trainer init) to the 1st step's metric")
-        gf = (tgf or 0) + (rgf or 0)
-        tab.add("pipeline", "MFU vs measured GEMM peak (steady)",
-                100 * steady * gf / 1e3 / peak if steady and tgf and rgf and peak else None, "%",
-                f"steady tok/s x ({fmt(tgf, 2)} target + {fmt(rgf, 2)} trainer GFLOP/token, from the alone runs) / peak"
-                if steady and tgf and rgf and peak else "needs target_bench, train_bench and the ceiling")
-    else:
-        for f in ("steady rate", "launch to last optimizer step"):
-            tab.add("pipeline", f, None, "tok/s", pwhy if pwhy != "ok" else "no dflash-train step in metrics.jsonl")
-        tab.add("pipeline", "launch to first optimizer step", None, "s", pwhy)
-        tab.add("pipeline", "MFU vs measured GEMM peak (steady)", None, "%", pwhy)
-    stages = ["dflash-pack", "dflash-target", "dflash-hspack", "dflash-train"]
-    for s in stages:
-        summ = [x for x in recs or [] if x.get("stage") == s and x.get("kind") == "summary"]
-        hb = [x for x in recs or [] if x.get("stage") == s and x.get("kind") == "heartbeat"]
-        src = summ[-1] if summ else (hb[-1] if hb else None)
-        if src and src.get("busy_s", 0) + src.get("wait_s", 0) > 0:
-            b, w = float(src["busy_s"]), float(src["wait_s"])
-            tab.add("pipeline", f"{s} busy / wait", 100 * b / (b + w), "% busy",
-                    f"busy {b:.1f} s, wait {w:.1f} s ({'summary' if summ else 'last heartbeat'}; wait = on its rings)")
-        else:
-            tab.add("pipeline", f"{s} busy / wait", None, "% busy", pwhy if pwhy != "ok" else "no record")
-    tlog = read(os.path.join(pdir, "logs", "dflash-train.log"))
-    tlog_gib = num(r"peak device memory ([0-9.]+) GiB in use", tlog)
-    for s in ["dflash-shm"] + stages:
-        have = mem is not None and s in mem
-        if have:
-            tab.add("pipeline", f"{s} peak GPU memory", mem[s] / 1024, "GiB",
-                    mem_note + ("; the device rings" if s == "dflash-shm" else ""), 2)
-            continue
-        own = [float(x["gpu_mem_bytes"]) for x in recs or [] if x.get("stage") == s and "gpu_mem_bytes" in x]
-        if own and max(own) > 0:   # the stage's own count (nvidia-smi saw no process: e.g. another PID namespace)
-            tab.add("pipeline", f"{s} peak GPU memory", max(own) / 2**30, "GiB",
-                    "max of the stage's heartbeat gpu_mem_bytes (its own allocations)", 2)
-        elif s == "dflash-train" and tlog_gib is not None:
-            tab.add("pipeline", f"{s} peak GPU memory", tlog_gib, "GiB",
-                    "trainer's log after start-up: cudaMemGetInfo, every process on the device counts", 2)
-        else:
-            tab.add("pipeline", f"{s} peak GPU memory", None, "GiB",
-                    "no nvidia-smi sample of this process (no device memory, or it ran < 0.5 s)" if mem is not None
-                    else "no nvidia-smi samples", 2)
+    # ---- whole pipeline: one run per variant (pipeline/VARIANT/, listed in pipeline/variants), or the layout before
+    # issue 28 (one run in pipeline/)
+    pdir0 = os.path.join(out, "pipeline")
+    vlist = [v for v in (read(os.path.join(pdir0, "variants")) or "").split() if v]
+    runs = [(v, os.path.join(pdir0, v), f"pipeline.{v}", f"gpu-mem-{v}.csv") for v in vlist] or \
+           [("", pdir0, "pipeline", "gpu-mem.csv")]
+    for vname, pdir, phname, memfile in runs:
+        sfx = f" [{vname}]" if vname else ""
+        pmem = gpu_mem(out, memfile)
+        # the matching trainer-alone variant's GFLOP/token (muon-ga4 runs muon's step A times: the same per token)
+        rgf = rgf_of.get(vname, rgf_of.get(vname.split("-ga")[0], rgf_of.get("")))
+        pipeline_rows(tab, ph, phname, pdir, sfx, pmem, mem_note, peak, tgf, rgf)
     return tab
 
 

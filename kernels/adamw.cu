@@ -100,7 +100,89 @@ __global__ void adamw_step_kernel(float *master, float *m, float *v, const float
     }
 }
 
+/* The multi-tensor step: block b runs chunk b of the table (see adamw.h). */
+__global__ void adamw_step_multi_kernel(const adamw_tensor *tensors, const adamw_chunk *chunks, float b1, float b2,
+                                        float eps, float step_size, float bc2_sqrt, float decay, float max_norm,
+                                        const double *sumsq) {
+    float clip = 1.0f;
+    if (sumsq && max_norm > 0) {
+        double c = (double)max_norm / (sqrt(*sumsq) + 1e-6);
+        clip = c < 1.0 ? (float)c : 1.0f;
+    }
+    const adamw_chunk ch = chunks[blockIdx.x];
+    const adamw_tensor t = tensors[ch.tensor];
+    float *master = t.master + ch.start, *m = t.m + ch.start, *v = t.v + ch.start;
+    const float *grad = t.grad + ch.start;
+    __nv_bfloat16 *copy = t.copy ? (__nv_bfloat16 *)t.copy + ch.start : NULL;
+    int i0 = 0;
+    if (t.vec4) {
+        const int n4 = ch.len / 4;
+        for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+            float4 w = ((float4 *)master)[i], mm = ((float4 *)m)[i], vv = ((float4 *)v)[i];
+            float4 g = __ldcs((const float4 *)grad + i);
+            adamw_one(w.x, mm.x, vv.x, g.x, clip, decay, b1, b2, step_size, bc2_sqrt, eps);
+            adamw_one(w.y, mm.y, vv.y, g.y, clip, decay, b1, b2, step_size, bc2_sqrt, eps);
+            adamw_one(w.z, mm.z, vv.z, g.z, clip, decay, b1, b2, step_size, bc2_sqrt, eps);
+            adamw_one(w.w, mm.w, vv.w, g.w, clip, decay, b1, b2, step_size, bc2_sqrt, eps);
+            ((float4 *)master)[i] = w; ((float4 *)m)[i] = mm; ((float4 *)v)[i] = vv;
+            if (copy) {
+                ((__nv_bfloat162 *)copy)[2 * i] = __floats2bfloat162_rn(w.x, w.y);
+                ((__nv_bfloat162 *)copy)[2 * i + 1] = __floats2bfloat162_rn(w.z, w.w);
+            }
+        }
+        i0 = n4 * 4;
+    }
+    for (int i = i0 + (int)threadIdx.x; i < ch.len; i += blockDim.x) {
+        float w = master[i];
+        adamw_one(w, m[i], v[i], grad[i], clip, decay, b1, b2, step_size, bc2_sqrt, eps);
+        master[i] = w;
+        if (copy) copy[i] = __float2bfloat16_rn(w);
+    }
+}
+
 /* ---------------------------------------------------------------- launchers */
+
+extern "C" int64_t adamw_multi_chunks(const adamw_tensor *t, int n) {
+    int64_t c = 0;
+    for (int i = 0; i < n; i++) c += (t[i].n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
+    return c;
+}
+
+extern "C" int64_t adamw_multi_plan(adamw_tensor *t, int n, adamw_chunk *chunks, int64_t cap) {
+    int64_t c = 0;
+    for (int i = 0; i < n; i++) {
+        if (!t[i].master || !t[i].m || !t[i].v || !t[i].grad)
+            return kernels_fail("adamw_multi_plan: tensor %d has a NULL device pointer", i);
+        if (t[i].n < 0) return kernels_fail("adamw_multi_plan: tensor %d has %lld elements", i, (long long)t[i].n);
+        uintptr_t a = (uintptr_t)t[i].master | (uintptr_t)t[i].m | (uintptr_t)t[i].v | (uintptr_t)t[i].grad;
+        t[i].vec4 = (a % 16) == 0 && (!t[i].copy || ((uintptr_t)t[i].copy % 8) == 0);
+        for (int64_t s = 0; s < t[i].n; s += ADAMW_CHUNK) {
+            if (c >= cap) return kernels_fail("adamw_multi_plan: more than %lld chunks", (long long)cap);
+            int64_t len = t[i].n - s < ADAMW_CHUNK ? t[i].n - s : ADAMW_CHUNK;
+            chunks[c++] = adamw_chunk{i, (int32_t)len, s};
+        }
+    }
+    return c;
+}
+
+extern "C" int adamw_step_multi(const adamw_tensor *d_tensors, const adamw_chunk *d_chunks, int64_t n_chunks,
+                                const adamw_params *p, const double *d_sumsq, cudaStream_t stream) {
+    if (p->step < 1 || !(p->lr >= 0))
+        return kernels_fail("adamw_step_multi: need step >= 1 and lr >= 0, got step=%d lr=%g", p->step, p->lr);
+    if (n_chunks == 0) return 0;
+    if (!d_tensors || !d_chunks || n_chunks < 0 || n_chunks > 0x7fffffff)
+        return kernels_fail("adamw_step_multi: bad table (%lld chunks)", (long long)n_chunks);
+    /* host-side constants in float, exactly as adamw_step_ref computes them */
+    float bc1 = 1.0f - powf(p->beta1, (float)p->step);
+    float bc2_sqrt = sqrtf(1.0f - powf(p->beta2, (float)p->step));
+    float step_size = p->lr / bc1;
+    float decay = 1.0f - p->lr * p->weight_decay;
+    adamw_step_multi_kernel<<<(unsigned)n_chunks, 256, 0, stream>>>(d_tensors, d_chunks, p->beta1, p->beta2, p->eps,
+                                                                    step_size, bc2_sqrt, decay, p->max_norm, d_sumsq);
+    KERNELS_CHECK_LAUNCH("adamw_step_multi_kernel");
+    return 0;
+}
+
 
 static int adamw_grid(size_t work) {
     size_t g = (work + 255) / 256;

@@ -49,8 +49,42 @@ void adamw_grad_sumsq_ref(const float *grad, size_t n, double *sumsq);
 int adamw_step_ref(float *master, float *m, float *v, const float *grad, bf16 *copy, size_t n,
                    const adamw_params *p, double sumsq, char *err, int err_len);
 
+/* ---- the multi-tensor step: one launch over every tensor of a table (issue 28)
+ * The table lists the tensors (device pointers); a host plan cuts them into chunks of at most ADAMW_CHUNK
+ * elements (each chunk one thread block, a tensor's chunks start at multiples of ADAMW_CHUNK, so float4 loads stay
+ * aligned), and one kernel runs every chunk: per element read grad, master, m, v (16 B), write master, m, v (12 B)
+ * and the bf16 copy (2 B) — the memory floor of AdamW. Same per-element float formula as adamw_step_ref. */
+#define ADAMW_CHUNK 16384
+
+typedef struct {
+    float *master, *m, *v;   /* (n) fp32, device */
+    const float *grad;       /* (n) fp32, device */
+    bf16 *copy;              /* (n) bf16, device, or NULL */
+    int64_t n;
+    int32_t vec4;            /* set by adamw_multi_plan: every pointer allows 16-byte (copy 8-byte) accesses */
+    int32_t pad_;
+} adamw_tensor;
+
+typedef struct {
+    int32_t tensor;          /* index into the table */
+    int32_t len;             /* elements in this chunk (1..ADAMW_CHUNK) */
+    int64_t start;           /* first element, a multiple of ADAMW_CHUNK */
+} adamw_chunk;
+
 #ifdef DFLASH_CUDA
 #include <cuda_runtime_api.h>
+/* Chunks needed for a table of n tensors (host, pure; CUDA builds). */
+int64_t adamw_multi_chunks(const adamw_tensor *t, int n);
+/* Host plan: sets t[i].vec4 and writes adamw_multi_chunks(t, n) chunks (tensors in table order) into chunks, which
+ * holds cap. Returns the count, or -1 with kernels_error() when cap is too small or a tensor has a NULL pointer. */
+int64_t adamw_multi_plan(adamw_tensor *t, int n, adamw_chunk *chunks, int64_t cap);
+
+/* One AdamW step over every tensor of a device table (d_tensors (n), d_chunks (n_chunks) as adamw_multi_plan made
+ * them, copied to the device), one kernel launch. The clip factor min(1, max_norm / (sqrt(*d_sumsq) + 1e-6)) is read
+ * from the device double d_sumsq (NULL or max_norm <= 0: none), as adamw_clip_factor computes it. Asynchronous; no
+ * allocation. Returns 0 or -1 (kernels_error()). */
+int adamw_step_multi(const adamw_tensor *d_tensors, const adamw_chunk *d_chunks, int64_t n_chunks,
+                     const adamw_params *p, const double *d_sumsq, cudaStream_t stream);
 /* Adds the sum of squares of d_grad (n) to the device float *d_sumsq (the caller zeroes it once per
  * step, then calls this for every tensor). Asynchronous; fp32 atomics, so the last bits depend on
  * scheduling. Returns 0 or -1 (kernels_error()). */

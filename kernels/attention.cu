@@ -26,6 +26,7 @@
  * kernels/bench/attention_variants.cuh, their numbers in kernels/bench/RESULTS.md.
  */
 #include "kernels/attention.h"
+#include "kernels/attention_mma.h"
 #include "kernels/mma.cuh"
 #include "kernels/vec.cuh"
 #include "kernels/wgmma.cuh"
@@ -422,9 +423,10 @@ static int launch_wg(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const 
 extern "C" int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                  const int32_t *cu_seqlens, int ND, int max_seqlen, int T, int NH, int NKV,
                                  int HD, float scale, cudaStream_t stream) {
-    if (HD != 64 && HD != 128) return kernels_fail("attention_forward: HD=%d, supported 64 and 128", HD);
     if (NH <= 0 || NKV <= 0 || NH % NKV)
         return kernels_fail("attention_forward: NH=%d must be a positive multiple of NKV=%d", NH, NKV);
+    char serr[200];
+    if (attention_shape_supported(NH, NKV, HD, serr, sizeof serr)) return kernels_fail("attention_forward: %s", serr);
     if (ND < 0 || ND > 65535 || T < 0 || max_seqlen < 0 || max_seqlen > T)
         return kernels_fail("attention_forward: bad sizes ND=%d T=%d max_seqlen=%d", ND, T, max_seqlen);
     if (NH > 65535) return kernels_fail("attention_forward: NH=%d too large", NH);
@@ -432,6 +434,9 @@ extern "C" int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf1
         return kernels_fail("attention_forward: q, k, v and out must be 16-byte aligned");
     if (!(scale > 0.0f)) return kernels_fail("attention_forward: scale must be positive, got %g", scale);
     if (ND == 0 || max_seqlen == 0) return 0;
+    /* head dims the wgmma kernel does not take (a fixed function of HD, kernels/attention.h) */
+    if (HD != 64 && HD != 128)
+        return attention_mma_forward(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, HD, scale, stream);
     /* the default, bench variant 34: the wgmma kernel, two warpgroups × 64 rows, 128-key tiles, one
      * block per SM, ping-pong issue order (PP 1), staged output stores, lazy rescaling, LPT order */
     if (HD == 128)

@@ -12,6 +12,11 @@
  * materialises the scores: it streams 128-key tiles through shared memory, multiplies with Hopper
  * wgmma bf16 tensor-core instructions (sm_90a), keeps an online softmax in fp32 registers and
  * skips every tile above the causal diagonal. HD ∈ {64, 128} on the GPU; any HD in the reference.
+ * Other head dims: HD ∈ {16, 32, 256} run a plainer mma.sync m16n8k16 kernel (kernels/attention_mma.cu:
+ * 64-row query tiles of four warps, 64-key tiles, 32 at HD 256). The choice is a fixed function of HD:
+ *     HD 64, 128       -> the wgmma kernel (bench variant 34)
+ *     HD 16, 32, 256   -> the mma.sync kernel
+ *     any other HD     -> refused (attention_shape_supported says so before anything runs).
  */
 #ifndef KERNELS_ATTENTION_H
 #define KERNELS_ATTENTION_H
@@ -32,15 +37,21 @@ int attention_check_cu_seqlens(const int32_t *cu_seqlens, int ND, int T, int *ma
 int attention_forward_ref(float *out, float *lse, const float *q, const float *k, const float *v,
                           const int32_t *cu_seqlens, int ND, int T, int NH, int NKV, int HD, float scale);
 
+/* Whether attention_forward takes the shape (host only, no CUDA call; callable from CPU builds so a planner
+ * or a stage refuses a config at start-up): 0, or -1 with one line in err naming the shape and listing the
+ * shapes the GPU kernels take (HD 16, 32, 64, 128 or 256; NH a positive multiple of NKV). */
+int attention_shape_supported(int NH, int NKV, int HD, char *err, int err_len);
+
 #ifdef DFLASH_CUDA
 #include <cuda_runtime_api.h>
 /* GPU: out [T,NH,HD] bf16, lse [NH,T] fp32 or NULL, q/k/v bf16, cu_seqlens [ND+1] int32 in device
  * memory, max_seqlen = the longest document (host value: it sizes the grid; a smaller value leaves
- * rows unwritten). HD 64 or 128, NH % NKV == 0, 16-byte aligned pointers; checked. scale is usually
+ * rows unwritten). HD 16, 32, 64, 128 or 256 (attention_shape_supported), NH % NKV == 0, 16-byte
+ * aligned pointers; checked. scale is usually
  * 1/sqrt(HD). Asynchronous; 0 or -1 with kernels_error(). Rows with no document (T beyond
  * cu_seqlens[ND]) are not written. Kernel: attention_bench variant 34 (wgmma, two warpgroups ×
  * 64 query rows with a ping-pong issue order, 128-key tiles, staged output stores, lazy rescaling,
- * longest-first tile order). */
+ * longest-first tile order) at HD 64 and 128; kernels/attention_mma.cu at HD 16, 32, 256. */
 int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                       const int32_t *cu_seqlens, int ND, int max_seqlen, int T, int NH, int NKV,
                       int HD, float scale, cudaStream_t stream);

@@ -7,7 +7,25 @@
 #include "kernels/attention.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+
+int attention_shape_supported(int NH, int NKV, int HD, char *err, int err_len) {
+    const char *taken = "the GPU attention takes head_dim 16, 32, 64, 128 or 256 with num_heads a positive multiple "
+                        "of num_kv_heads";
+    if (NH <= 0 || NKV <= 0 || NH % NKV) {
+        if (err && err_len > 0)
+            snprintf(err, (size_t)err_len, "attention: num_heads %d / num_kv_heads %d is not a GPU shape: %s", NH, NKV,
+                     taken);
+        return -1;
+    }
+    if (HD != 16 && HD != 32 && HD != 64 && HD != 128 && HD != 256) {
+        if (err && err_len > 0)
+            snprintf(err, (size_t)err_len, "attention: HD=%d (head_dim) is not a GPU shape: %s", HD, taken);
+        return -1;
+    }
+    return 0;
+}
 
 int attention_check_cu_seqlens(const int32_t *cu_seqlens, int ND, int T, int *max_seqlen) {
     if (ND < 0) return kernels_fail("attention: n_docs must be >= 0, got %d", ND);

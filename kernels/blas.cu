@@ -22,6 +22,8 @@
 
 struct blas_plan {
     int M, N, K, ta, tb, lda, ldb, ldd, dtype, bias, beta_nz, align;
+    int batch;                           /* 1: a plain GEMM; > 1: strided batched (sa, sb, sd in elements) */
+    long long sa, sb, sd;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;   /* cuBLAS roles: A' = b, B' = a, C'/D' = d */
     cublasLtMatmulAlgo_t algo;
@@ -127,6 +129,16 @@ static int plan_build(struct blas_plan *p) {
     if (p->ta) LT_TRY(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, p->M, p->K, p->lda));
     else       LT_TRY(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, p->K, p->M, p->lda));
     LT_TRY(cublasLtMatrixLayoutCreate(&p->ld, dt, p->N, p->M, p->ldd));
+    if (p->batch > 1) {   /* strided batches: every layout gets the count and its own stride */
+        int32_t bc = p->batch;
+        int64_t s_la = p->sb, s_lb = p->sa, s_ld = p->sd;
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(p->la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(p->ld, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(p->la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s_la, sizeof s_la));
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s_lb, sizeof s_lb));
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(p->ld, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s_ld, sizeof s_ld));
+    }
 
     cublasLtMatmulPreference_t pref;
     LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
@@ -150,17 +162,26 @@ static int plan_build(struct blas_plan *p) {
         return kernels_fail("blas: heuristic query failed for M=%d N=%d K=%d: %s", p->M, p->N, p->K, lt_str(s));
     if (n < 1)
         return kernels_fail("blas: cuBLASLt has no algorithm for M=%d N=%d K=%d trans_a=%d trans_b=%d "
-                            "out=%s bias=%d alignment=%d", p->M, p->N, p->K, p->ta, p->tb,
-                            p->dtype == BLAS_F32 ? "f32" : "bf16", p->bias, p->align);
+                            "out=%s bias=%d alignment=%d batch=%d", p->M, p->N, p->K, p->ta, p->tb,
+                            p->dtype == BLAS_F32 ? "f32" : "bf16", p->bias, p->align, p->batch);
     p->algo = res.algo;
     return 0;
 }
 
-extern "C" int blas_matmul(void *d, blas_dtype d_type, const bf16 *a, int trans_a, const bf16 *b, int trans_b,
-                           const void *bias, int M, int N, int K, int lda, int ldb, int ldd,
-                           float alpha, float beta, cudaStream_t stream) {
+/* Largest power of two (<= 256) dividing a batch stride in bytes (256 for no stride). */
+static int align_of_stride(long long elems, int elem_bytes) {
+    return elems ? align_of((const void *)(uintptr_t)(elems * elem_bytes)) : 256;
+}
+
+/* The one implementation of blas_matmul and blas_matmul_batched: c is the C operand (== d for in place),
+ * batch 1 ignores the strides. */
+static int matmul_impl(void *d, const void *c, blas_dtype d_type, const bf16 *a, int trans_a, const bf16 *b,
+                       int trans_b, const void *bias, int M, int N, int K, int lda, int ldb, int ldd, long long sa,
+                       long long sb, long long sd, int batch, float alpha, float beta, cudaStream_t stream) {
     if (M <= 0 || N <= 0 || K <= 0)
         return kernels_fail("blas_matmul: M, N, K must be positive, got M=%d N=%d K=%d", M, N, K);
+    if (batch < 1) return kernels_fail("blas_matmul_batched: batch count must be >= 1, got %d", batch);
+    if (batch == 1) sa = sb = sd = 0;
     if (d_type != BLAS_BF16 && d_type != BLAS_F32)
         return kernels_fail("blas_matmul: unknown output dtype %d", (int)d_type);
     int a_row = trans_a ? M : K, b_row = trans_b ? K : N;   /* stored row lengths */
@@ -173,15 +194,30 @@ extern "C" int blas_matmul(void *d, blas_dtype d_type, const bf16 *a, int trans_
     if (lda % 8 || ldb % 8 || ldd % 8)
         return kernels_fail("blas_matmul: leading dimensions must be multiples of 8 elements (16 bytes), "
                             "got lda=%d ldb=%d ldd=%d (M=%d N=%d K=%d)", lda, ldb, ldd, M, N, K);
-    if (((uintptr_t)a | (uintptr_t)b | (uintptr_t)d | (uintptr_t)bias) % 16)
-        return kernels_fail("blas_matmul: pointers must be 16-byte aligned (a=%p b=%p d=%p bias=%p)",
-                            (const void *)a, (const void *)b, d, bias);
+    if (((uintptr_t)a | (uintptr_t)b | (uintptr_t)d | (uintptr_t)c | (uintptr_t)bias) % 16)
+        return kernels_fail("blas_matmul: pointers must be 16-byte aligned (a=%p b=%p c=%p d=%p bias=%p)",
+                            (const void *)a, (const void *)b, c, d, bias);
     if (bias && beta != 0.0f)
         return kernels_fail("blas_matmul: a bias epilogue needs beta == 0 (got %g)", beta);
+    if (batch > 1) {
+        if (sa % 8 || sb % 8 || sd % 8 || sa < 0 || sb < 0)
+            return kernels_fail("blas_matmul_batched: batch strides must be non-negative multiples of 8 elements, got "
+                                "stride_a=%lld stride_b=%lld stride_d=%lld", sa, sb, sd);
+        if (sd < (long long)M * ldd)
+            return kernels_fail("blas_matmul_batched: stride_d %lld is smaller than one output (M=%d x ldd=%d): the "
+                                "batches would overlap", sd, M, ldd);
+    }
     int align = align_of(a);
     if (align_of(b) < align) align = align_of(b);
     if (align_of(d) < align) align = align_of(d);
+    if (align_of(c) < align) align = align_of(c);
     if (bias && align_of(bias) < align) align = align_of(bias);
+    if (batch > 1) {   /* every batch's pointer must keep the alignment the algorithm is chosen for */
+        const int esz = d_type == BLAS_F32 ? 4 : 2;
+        if (align_of_stride(sa, 2) < align) align = align_of_stride(sa, 2);
+        if (align_of_stride(sb, 2) < align) align = align_of_stride(sb, 2);
+        if (align_of_stride(sd, esz) < align) align = align_of_stride(sd, esz);
+    }
 
     pthread_mutex_lock(&blas_lock);
     if (init_locked(0)) { pthread_mutex_unlock(&blas_lock); return -1; }
@@ -191,7 +227,8 @@ extern "C" int blas_matmul(void *d, blas_dtype d_type, const bf16 *a, int trans_
         struct blas_plan *q = &blas_plans[i];
         if (q->M == M && q->N == N && q->K == K && q->ta == !!trans_a && q->tb == !!trans_b && q->lda == lda &&
             q->ldb == ldb && q->ldd == ldd && q->dtype == (int)d_type && q->bias == has_bias &&
-            q->beta_nz == beta_nz && q->align == align) { p = q; break; }
+            q->beta_nz == beta_nz && q->align == align && q->batch == batch && q->sa == sa && q->sb == sb &&
+            q->sd == sd) { p = q; break; }
     }
     if (!p) {
         if (blas_nplans == BLAS_CACHE_MAX) {   /* evict the least recently used plan */
@@ -207,6 +244,7 @@ extern "C" int blas_matmul(void *d, blas_dtype d_type, const bf16 *a, int trans_
         p->M = M; p->N = N; p->K = K; p->ta = !!trans_a; p->tb = !!trans_b;
         p->lda = lda; p->ldb = ldb; p->ldd = ldd; p->dtype = (int)d_type; p->bias = has_bias;
         p->beta_nz = beta_nz; p->align = align;
+        p->batch = batch; p->sa = sa; p->sb = sb; p->sd = sd;
         if (plan_build(p)) {
             plan_destroy(p);
             p->M = -1;   /* an unusable slot: never matches, first to be evicted */
@@ -223,7 +261,7 @@ extern "C" int blas_matmul(void *d, blas_dtype d_type, const bf16 *a, int trans_
         if (s != CUBLAS_STATUS_SUCCESS) rc = kernels_fail("blas_matmul: setting the bias pointer failed: %s", lt_str(s));
     }
     if (rc == 0) {
-        cublasStatus_t s = cublasLtMatmul(blas_handle, p->desc, &alpha, b, p->la, a, p->lb, &beta, d, p->ld, d, p->ld,
+        cublasStatus_t s = cublasLtMatmul(blas_handle, p->desc, &alpha, b, p->la, a, p->lb, &beta, c, p->ld, d, p->ld,
                                           &p->algo, blas_ws, blas_ws_bytes, stream);
         if (s != CUBLAS_STATUS_SUCCESS)
             rc = kernels_fail("blas_matmul: cublasLtMatmul failed for M=%d N=%d K=%d: %s", M, N, K, lt_str(s));
@@ -234,6 +272,22 @@ extern "C" int blas_matmul(void *d, blas_dtype d_type, const bf16 *a, int trans_
         if (e != cudaSuccess) return kernels_fail("blas_matmul: %s", cudaGetErrorString(e));
     }
     return rc;
+}
+
+extern "C" int blas_matmul(void *d, blas_dtype d_type, const bf16 *a, int trans_a, const bf16 *b, int trans_b,
+                           const void *bias, int M, int N, int K, int lda, int ldb, int ldd,
+                           float alpha, float beta, cudaStream_t stream) {
+    return matmul_impl(d, d, d_type, a, trans_a, b, trans_b, bias, M, N, K, lda, ldb, ldd, 0, 0, 0, 1, alpha, beta,
+                       stream);
+}
+
+extern "C" int blas_matmul_batched(void *d, const void *c, blas_dtype d_type, const bf16 *a, int trans_a,
+                                   const bf16 *b, int trans_b, int M, int N, int K, int lda, int ldb, int ldd,
+                                   long long stride_a, long long stride_b, long long stride_d, int batch, float alpha,
+                                   float beta, cudaStream_t stream) {
+    if (c && c != d && beta == 0.0f) c = d;   /* C is not read: one layout, in place */
+    return matmul_impl(d, c ? c : d, d_type, a, trans_a, b, trans_b, NULL, M, N, K, lda, ldb, ldd, stride_a, stride_b,
+                       stride_d, batch, alpha, beta, stream);
 }
 
 extern "C" void blas_cache_stats(int *plans, uint64_t *evictions) {

@@ -57,6 +57,18 @@ int blas_matmul(void *d, blas_dtype d_type, const bf16 *a, int trans_a, const bf
                 const void *bias, int M, int N, int K, int lda, int ldb, int ldd,
                 float alpha, float beta, cudaStream_t stream);
 
+/* Strided-batched GEMM: for i in [0, batch)
+ *     D_i = alpha · op(A_i) · op(B_i) + beta · C_i,   X_i = x + i · stride_x (elements)
+ * with the shapes, transposes and leading dimensions of blas_matmul (no bias). c is the C operand with D's layout
+ * and stride: NULL (or c == d) means in place as blas_matmul; a distinct c must not overlap d (it saves the copy of
+ * C into D). stride_d must be at least M · ldd (batches never overlap); every stride is a multiple of 8 elements.
+ * One cuBLASLt call (batch count and strided batch offsets in the matrix layouts), planned and cached as
+ * blas_matmul's plans. Asynchronous; 0, or -1 with kernels_error(). */
+int blas_matmul_batched(void *d, const void *c, blas_dtype d_type, const bf16 *a, int trans_a, const bf16 *b,
+                        int trans_b, int M, int N, int K, int lda, int ldb, int ldd, long long stride_a,
+                        long long stride_b, long long stride_d, int batch, float alpha, float beta,
+                        cudaStream_t stream);
+
 /* Linear forward: y[M,N] = x[M,K] · w[N,K]ᵀ (+ bias[N]). y has dtype y_type. */
 int blas_linear_forward(void *y, blas_dtype y_type, const bf16 *x, const bf16 *w, const void *bias,
                         int M, int N, int K, cudaStream_t stream);

@@ -43,6 +43,11 @@ typedef struct {
 /* Checks a config (positive sizes, n_h % n_kv == 0, window >= 0); 0 or -1 with a sentence in err. */
 int block_attn_check(const block_attn_config *c, char *err, int err_len);
 
+/* Whether the device launchers take config c (host only, no CUDA call; callable from CPU builds so a planner
+ * or a stage refuses a config at start-up): block_attn_check, and d_h in {16, 32, 64, 128, 256} with at most
+ * 65535 kv heads; any (n_h/n_kv)·B. 0, or -1 with one line in err naming the shape and the shapes taken. */
+int block_attn_shape_supported(const block_attn_config *c, char *err, int err_len);
+
 /* CPU reference, fp32 data with double accumulation. anchors (N) int32 in [0, T); doc_ids (T) int32
  * (-1 = padding). round_p != 0 emulates the device's precision (P rounded to bf16 before P·V, output
  * rounded to bf16) for the low-precision error baseline. Returns 0 or -1 with err. Thread-safe. */
@@ -65,9 +70,13 @@ int block_attn_backward_ref_prec(const block_attn_config *c, const float *q, con
 
 #ifdef DFLASH_CUDA
 #include <cuda_runtime_api.h>
-/* Device forward: q, k, v bf16; out bf16; lse fp32. Preconditions: d_h in {64, 128},
- * (n_h / n_kv) · B <= 64. Asynchronous on stream; no allocation. Returns 0 or -1 (kernels_error()).
- * Kernels: Hopper wgmma (sm_90a), kernels/block_attn_{fwd,bwd}_wg.cu. */
+/* Device forward: q, k, v bf16; out bf16; lse fp32. Preconditions: block_attn_shape_supported(c).
+ * Asynchronous on stream; no allocation. Returns 0 or -1 (kernels_error()).
+ * Kernels, a fixed function of the shape (no timing):
+ *   d_h 64 or 128 and (n_h/n_kv)·B <= 64  -> Hopper wgmma (sm_90a), kernels/block_attn_{fwd,bwd}_wg.cu;
+ *   otherwise (d_h 16, 32, 256; or groups up to 8 and more at B = 16)
+ *                                         -> plain fp32 SIMT kernels, kernels/block_attn_simt.cu (correct,
+ *                                            several times slower than the tensor cores). */
 int block_attn_forward(const block_attn_config *c, const bf16 *d_q, const bf16 *d_k, const bf16 *d_v,
                        const int32_t *d_anchors, const int32_t *d_doc_ids, bf16 *d_out, float *d_lse,
                        cudaStream_t stream);
@@ -77,7 +86,7 @@ size_t block_attn_forward_workspace_bytes(const block_attn_config *c);
 /* block_attn_forward with a workspace: d_ws = block_attn_forward_workspace_bytes(c) bytes of device memory,
  * 16-byte aligned, owned by the caller (planned memory; nothing is allocated) and not initialised. The call
  * then plans the call on the GPU first (each block group's key ranges once for all kv heads, the groups
- * ordered longest first) and runs the main kernel on that plan: out and lse are bitwise equal to
+ * ordered longest first; the wgmma shapes only: the SIMT kernels leave it unused) and runs the main kernel on that plan: out and lse are bitwise equal to
  * block_attn_forward's. The workspace is scratch of this one call: it may be reused by the next call on the
  * same stream (calls on one stream are ordered) but not by calls in flight on other streams at the same
  * time. d_ws NULL is block_attn_forward. Same preconditions, asynchrony and

@@ -25,6 +25,17 @@ int block_attn_check(const block_attn_config *c, char *err, int err_len) {
     return 0;
 }
 
+int block_attn_shape_supported(const block_attn_config *c, char *err, int err_len) {
+    if (block_attn_check(c, err, err_len)) return -1;
+    if ((c->d_h != 16 && c->d_h != 32 && c->d_h != 64 && c->d_h != 128 && c->d_h != 256) || c->n_kv > 65535) {
+        snprintf(err, err_len, "block_attn: d_h=%d n_kv=%d is not a GPU shape: the GPU block attention takes head_dim "
+                 "16, 32, 64, 128 or 256 and at most 65535 kv heads (wgmma kernels at 64 and 128 with "
+                 "(n_h/n_kv)·B <= 64, fp32 kernels otherwise)", c->d_h, c->n_kv);
+        return -1;
+    }
+    return 0;
+}
+
 /* Key rows visible to slot (b, j): fills idx (capacity T + B) with key row indices (context rows p, block
  * rows T + b·B + jj) and returns their count. Slot j limits the block
  * keys when causal. */

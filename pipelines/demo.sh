@@ -24,13 +24,18 @@
 #
 #   pipelines/demo.sh [--run DIR] [--fresh] [--device auto|cpu|cuda:N] [--steps N]
 #   environment: BUILD (build dir, default build), RUN, DEVICE, STEPS, MAX_RESTARTS, DEMO_EVAL
-#   (0: skip the τ evaluation, for tests), STALL_S (dflash-metrics --stall-s, default 30)
+#   (0: skip the τ evaluation, for tests), STALL_S (dflash-metrics --stall-s, default 30), TRAIN_DEVICE (the
+#   trainer's device, default DEVICE: dflash-plan --train-device; DEVICE=cpu TRAIN_DEVICE=cuda:0 trains on the
+#   GPU from the CPU target's fp32 features on host rings), MODEL_SHAPE (extra dflash-mkmodel flags, e.g.
+#   "--heads 1 --kv-heads 1 --head-dim 64": one head of 64, a tiny target whose head dim the GPU kernels take)
 set -euo pipefail
 
 # ---------------------------------------------------------------- configuration
 BUILD=${BUILD:-build}
 RUN=${RUN:-runs/demo}
 DEVICE=${DEVICE:-auto}
+TRAIN_DEVICE=${TRAIN_DEVICE:-}
+MODEL_SHAPE=${MODEL_SHAPE:-}
 STEPS=${STEPS:-300}
 FRESH=0
 DEMO_EVAL=${DEMO_EVAL:-1}
@@ -39,6 +44,8 @@ LAYERS=1,2           # captured target layers (zlab ids) of the tiny 4-layer mod
 TRAIN_ROWS=160
 HELD_ROWS=12
 MKMODEL_FLAGS=(--preset tiny --dtype f32 --seed 42 --threads 1 --embed-std 1 --std 0.06 --lm-head-std 0.45)
+# shellcheck disable=SC2206
+[ -z "${MODEL_SHAPE:-}" ] || MKMODEL_FLAGS+=($MODEL_SHAPE)
 SAMPLE_FLAGS=(--samples $((TRAIN_ROWS + HELD_ROWS)) --prompt-len 8 --gen-len 24 --temperature 0.3 --max-token 500 --seed 1)
 # the run's geometry goes into the run plan (dflash-plan, RUN/plan.json); the stages read it through --run
 PLAN_FLAGS=(--tokens "$TOKENS" --layers "$LAYERS" --window 64 --seed 1 --ring-slots 4)
@@ -72,6 +79,7 @@ need_bins dflash-plan dflash-mkmodel dflash-sample dflash-shm dflash-metrics dfl
 if [ "$DEVICE" = auto ]; then
   if have_gpu; then DEVICE=cuda:0; else DEVICE=cpu; fi
 fi
+TRAIN_DEVICE=${TRAIN_DEVICE:-$DEVICE}
 
 prepare_run_dir demo
 MODEL=$RUN/model
@@ -101,7 +109,7 @@ if [ ! -e "$MODEL/config.json" ] || [ ! -e "$DATA" ] || [ ! -e "$HELD" ]; then
 fi
 
 # ---------------------------------------------------------------- the plan, then the stages it names
-"$DFLASH_BIN/dflash-plan" "$MODEL" "$DATA" --run "$RUN" --device "$DEVICE" --steps "$STEPS" "${PLAN_FLAGS[@]}" \
+"$DFLASH_BIN/dflash-plan" "$MODEL" "$DATA" --run "$RUN" --device "$DEVICE" --train-device "$TRAIN_DEVICE" --steps "$STEPS" "${PLAN_FLAGS[@]}" \
   -- "${TRAIN_FLAGS[@]}" ${EXTRA_TRAIN[@]+"${EXTRA_TRAIN[@]}"} >"$LOGS/plan.out" 2>&1 ||
   pdie "dflash-plan: $(tail -n 1 "$LOGS/plan.out")"
 

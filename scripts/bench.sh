@@ -10,17 +10,27 @@
 #               MFU below divides by this peak; no constant)                                  timeout 60 s
 #     target    bench/target_bench: the target forward alone, Qwen3-8B shape, 8192-token batches,
 #               weights generated on the GPU                                                  timeout 120 s
-#     train     bench/train_bench: the trainer alone, design.md §10 drafter, synthetic features  timeout 150 s
+#     train     bench/train_bench: the trainer alone, design.md §10 drafter, synthetic features, each
+#               optimizer x accumulation variant of $TRAIN_VARIANTS (default adamw,muon,muon-ga4) in one
+#               process (one drafter init)                                                      timeout 180 s
 #     model     dflash-mkmodel --preset qwen3-8b --dtype bf16 --seed 42 (16 GB) + a dataset + a 32000-token
 #               draft vocabulary, written once into $BENCH_DIR (default /tmp/dflash-bench) and kept while
 #               the machine is held (a timed-out write leaves nothing half-written)            timeout 300 s
 #     pipeline  pipelines/train.sh on that model: pack -> target -> hspack -> train, target and trainer
-#               sharing cuda:0, --steps N optimizer steps (default 40); skipped, with the reason, when
-#               dflash-train has no GPU path                                  timeout: what is left of 540 s
+#               sharing cuda:0, once per variant of $PIPE_VARIANTS (default adamw,muon,muon-ga4: dflash-train
+#               --optimizer adamw | muon | muon --grad-accum 4), --steps N optimizer steps each (default 30;
+#               N/A for -gaA, at least 3); skipped, with the reason, when dflash-train has no GPU path
+#                                            timeout: what is left of 540 s, shared by the variants left
+#   --config qwen3.6-27b (issue 27; the default stays qwen3-8b): the same phases for the Qwen3.6-27B
+#               target: target_bench --config qwen3.6-27b (64 hybrid layers, random weights on the GPU, the
+#               time per layer kind), train_bench --config qwen3.6-27b (SpecForge's 27B drafter: 5 layers,
+#               hidden 5120, head dim 256, 24/4 heads, MLP 17408), the model written by dflash-mkmodel
+#               --preset qwen3.6-27b (54 GB: run --only model first if the 300 s phase limit cuts it) and the
+#               whole pipeline with captured layers [1,16,31,46,61], everything on one H200.
 #   LIST: comma-separated phases (default ceiling,target,train,model,pipeline; also `kernels`: every
 #   kernel benchmark, not in the default: it does not fit the same 10 minutes).
 #   scripts/bench.sh --cpu-smoke               the same phases and the same report on the CPU in a few
-#                                              seconds: the tiny model, --device cpu, 6 steps of 512 tokens
+#                                              seconds: the tiny model, --device cpu, 5 steps of 512 tokens
 #                                              (the GPU benchmarks report "skipped"); tests/test_bench.c
 #   BENCH_DEVICE=D overrides the pipeline's device (cuda:0 for --gpu, cpu for --cpu-smoke).
 #   --pkg DIR: binaries from a scripts/gpu-run.sh package (DIR/bin, DIR/bench, DIR/lib) instead of
@@ -38,8 +48,9 @@
 # (nvidia-smi --query-compute-apps, sampled every 0.5 s; the device rings count under dflash-shm).
 #
 # Output: each phase's output in $OUT_DIR (default $BUILD/bench-out or /tmp/bench-out): ceiling.txt,
-# target.txt, train.txt, model.txt, pipeline.txt + pipeline/ (metrics.jsonl, logs), gpu-mem.csv,
-# phases.tsv, summary.txt (the table) and RESULTS-entry.md. Exit 1 if any phase failed (a skipped phase
+# target.txt, train.txt, model.txt, pipeline-VARIANT.txt + pipeline/VARIANT/ (launch, metrics.jsonl, logs),
+# pipeline/variants, gpu-mem.csv (the alone phases), gpu-mem-VARIANT.csv, phases.tsv (pipeline.VARIANT per
+# run and a summary "pipeline" line), summary.txt (the table) and RESULTS-entry.md. Exit 1 if any phase failed (a skipped phase
 # is not a failure).
 set -euo pipefail
 
@@ -49,9 +60,12 @@ ONLY=""
 QUICK=0
 PKG=""
 RESULTS=default
+CONFIG=qwen3-8b
 BENCH_DIR=${BENCH_DIR:-/tmp/dflash-bench}
 BUDGET_S=${BUDGET_S:-540}          # the whole --gpu command (the device tool allows 600 s)
-PIPE_STEPS=${PIPE_STEPS:-40}
+PIPE_STEPS=${PIPE_STEPS:-30}
+PIPE_VARIANTS=${PIPE_VARIANTS:-adamw,muon,muon-ga4}   # optimizer x accumulation variants of the pipeline (issue 28)
+TRAIN_VARIANTS=${TRAIN_VARIANTS:-adamw,muon,muon-ga4} # ... and of the trainer alone (train_bench --variants)
 
 while [ $# -gt 0 ]; do
   case $1 in
@@ -63,11 +77,13 @@ while [ $# -gt 0 ]; do
     --pkg) PKG=$2; shift 2 ;;
     --steps) PIPE_STEPS=$2; shift 2 ;;
     --results) RESULTS=$2; shift 2 ;;
+    --config) CONFIG=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 [ -n "$MODE" ] || { echo "bench.sh: give --cpu-only, --gpu or --cpu-smoke (see --help)" >&2; exit 2; }
+case $CONFIG in qwen3-8b|qwen3.6-27b) ;; *) echo "bench.sh: --config: '$CONFIG' is not qwen3-8b or qwen3.6-27b" >&2; exit 2 ;; esac
 [[ $PIPE_STEPS =~ ^[1-9][0-9]*$ ]] || { echo "bench.sh: --steps: '$PIPE_STEPS' is not a positive integer" >&2; exit 2; }
 if [ -z "$ONLY" ]; then
   case $MODE in cpu) ONLY=cpu ;; *) ONLY=ceiling,target,train,model,pipeline ;; esac
@@ -186,12 +202,12 @@ if [ "$MODE" != cpu ] && { want ceiling || want target || want train || want mod
   rm -rf "$OUT_DIR/pipeline" "$OUT_DIR/gpu-mem.csv" "$OUT_DIR/RESULTS-entry.md"
   mkdir -p "$OUT_DIR/pipeline"
   if [ "$MODE" = smoke ]; then
-    PRESET=tiny DEV=${BENCH_DEVICE:-cpu} T=512 LAYERS=1,3 PIPE_STEPS=6 SAMPLES=200 MEDIAN=200 MAXLEN=512
+    PRESET=tiny DEV=${BENCH_DEVICE:-cpu} T=512 LAYERS=1,3 PIPE_STEPS=5 SAMPLES=200 MEDIAN=200 MAXLEN=512
     MK_FLAGS=(--preset tiny --dtype f32 --seed 42 --threads 1 --embed-std 1 --std 0.06 --lm-head-std 0.45)
     TRAIN_EXTRA=(--block-size 4 --max-anchors 32 --layer-types full,full --mask-token-id 511 --heartbeat-s 0.2)
     VOCAB_SIZE=0
     BENCH_DIR=$(mktemp -d /tmp/dflash-bench-smoke-XXXXXX)
-    CEIL_ARGS=(--n 256 --reps 2 --copy-mib 16) TARGET_ARGS=(--iters 2 --warmup 1) TRAIN_ARGS=(--steps 2 --warmup 1)
+    CEIL_ARGS=(--n 256 --reps 2 --copy-mib 16) TARGET_ARGS=(--iters 2 --warmup 1) TRAIN_ARGS=(--steps 2 --warmup 1 --variants "$TRAIN_VARIANTS")
   else
     PRESET=qwen3-8b DEV=${BENCH_DEVICE:-cuda:0} T=8192 LAYERS=1,9,17,25,33 SAMPLES=1000 MEDIAN=1200 MAXLEN=16384
     MK_FLAGS=(--preset qwen3-8b --dtype bf16 --shards 4 --seed 42)
@@ -199,13 +215,19 @@ if [ "$MODE" != cpu ] && { want ceiling || want target || want train || want mod
     # (4 sliding 2048 + 1 full layers, block 16, 512 anchors, Muon + AdamW), as bench/train_bench.c
     TRAIN_EXTRA=(--loss kl --weighting exp-decay --mask-token-id 151669)
     VOCAB_SIZE=32000
-    CEIL_ARGS=() TARGET_ARGS=(--iters 6 --warmup 2) TRAIN_ARGS=(--steps 8 --warmup 2)
+    CEIL_ARGS=() TARGET_ARGS=(--iters 6 --warmup 2) TRAIN_ARGS=(--steps 6 --warmup 2 --variants "$TRAIN_VARIANTS")
+    if [ "$CONFIG" = qwen3.6-27b ]; then
+      PRESET=qwen3.6-27b LAYERS=1,16,31,46,61
+      MK_FLAGS=(--preset qwen3.6-27b --dtype bf16 --shards 12 --seed 42)
+      TRAIN_EXTRA=(--loss kl --weighting exp-decay --mask-token-id 248077)
+      TARGET_ARGS+=(--config qwen3.6-27b) TRAIN_ARGS+=(--config qwen3.6-27b)
+    fi
   fi
   MODEL=$BENCH_DIR/$PRESET
   DATA=$BENCH_DIR/$PRESET-data.jsonl
   VOCAB=$BENCH_DIR/$PRESET-vocab$VOCAB_SIZE
   mkdir -p "$BENCH_DIR"
-  printf '%s\n' "$PRESET random model ($MODEL), $T-token packed batches of log-normal documents (median $MEDIAN), layers [$LAYERS], $DEV, pipeline $PIPE_STEPS optimizer steps, trainer flags: ${TRAIN_EXTRA[*]}$( [ "$VOCAB_SIZE" = 0 ] || echo " --draft-vocab ($VOCAB_SIZE tokens)")" \
+  printf '%s\n' "$PRESET random model ($MODEL), $T-token packed batches of log-normal documents (median $MEDIAN), layers [$LAYERS], $DEV, pipeline variants $PIPE_VARIANTS of $PIPE_STEPS optimizer steps (N/A with -gaA), trainer flags: ${TRAIN_EXTRA[*]}$( [ "$VOCAB_SIZE" = 0 ] || echo " --draft-vocab ($VOCAB_SIZE tokens)")" \
     >"$OUT_DIR/pipeline/shape"
 
   MEM_PID=""
@@ -222,7 +244,7 @@ if [ "$MODE" != cpu ] && { want ceiling || want target || want train || want mod
   PEAK=$(grep -soE '^RESULT ceiling gemm_bf16 n [0-9]+ TFLOP/s best [0-9.]+' "$OUT_DIR/ceiling.txt" | awk '{print $NF}' || true)
   [ -z "$PEAK" ] || TARGET_ARGS+=(--gemm-peak "$PEAK")   # target_bench's own MFU line: this run's peak, no constant
   want target && gpu_phase target 120 "$BENCH/target_bench" "${TARGET_ARGS[@]}"
-  want train && gpu_phase train 150 "$BENCH/train_bench" "${TRAIN_ARGS[@]}"
+  want train && gpu_phase train 180 "$BENCH/train_bench" "${TRAIN_ARGS[@]}"
 
   # ---- the model, the dataset and the draft vocabulary: written once, complete or not at all
   if want model || want pipeline; then
@@ -255,11 +277,10 @@ if [ "$MODE" != cpu ] && { want ceiling || want target || want train || want mod
     fi
   fi
 
-  # ---- the whole pipeline: pipelines/train.sh, target and trainer sharing the device
+  # ---- the whole pipeline: pipelines/train.sh, target and trainer sharing the device, once per optimizer x
+  # accumulation variant (issue 28 item 6); each run in $OUT_DIR/pipeline/VARIANT/, its phase "pipeline.VARIANT",
+  # and one "pipeline" phase summing them up (ok when every variant ran)
   if want pipeline; then
-    left=$((BUDGET_S - (SECONDS - T_START) - 15))
-    [ "$MODE" = gpu ] || left=120
-    [ $left -le 300 ] || left=300
     probe=$(mktemp -d /tmp/dflash-bench-probe-XXXXXX)
     # Does dflash-train have a GPU path? --help lists --device cuda:N for every stage, so ask the binary:
     # main before issue 20's wiring refuses cuda with "not built yet", a CUDA=0 build with "no CUDA support".
@@ -276,25 +297,62 @@ if [ "$MODE" != cpu ] && { want ceiling || want target || want train || want mod
       note "pipeline skipped: $skip"
     elif [ ! -e "$MODEL/.bench-complete" ] || [ ! -s "$DATA" ] || { [ "$VOCAB_SIZE" -gt 0 ] && [ ! -e "$VOCAB/d2t.npy" ]; }; then
       phase pipeline skipped 0 "no complete model/dataset/vocabulary in $BENCH_DIR (the model phase failed or was not run)"
-    elif [ $left -lt 60 ]; then
-      phase pipeline skipped 0 "only $left s of the $BUDGET_S s budget left (run --only pipeline)"
     else
-      RUN=$BENCH_DIR/run
-      VFLAGS=(); [ "$VOCAB_SIZE" = 0 ] || VFLAGS=(--draft-vocab "$VOCAB")
-      note "=== pipeline: train.sh $PRESET on $DEV, $PIPE_STEPS steps (timeout $left s)"
-      date +%s.%N >"$OUT_DIR/pipeline/launch"
-      t0=$SECONDS rc=0
-      timeout -k 30 "$left" bash "$here/pipelines/train.sh" "$MODEL" "$DATA" --run "$RUN" --fresh --device "$DEV" \
-        --tokens "$T" --steps "$PIPE_STEPS" --layers "$LAYERS" -- "${TRAIN_EXTRA[@]}" ${VFLAGS[@]+"${VFLAGS[@]}"} \
-        --ckpt-every 0 --keep 1 >"$OUT_DIR/pipeline.txt" 2>&1 || rc=$?
-      tail -n 25 "$OUT_DIR/pipeline.txt" >&2
-      cp "$RUN/metrics.jsonl" "$OUT_DIR/pipeline/" 2>/dev/null || true
-      cp -r "$RUN/logs" "$OUT_DIR/pipeline/logs" 2>/dev/null || true
-      cp "$RUN/summary.txt" "$OUT_DIR/pipeline/" 2>/dev/null || true
-      if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then phase pipeline FAILED $((SECONDS - t0)) "timed out after $left s"
-      elif [ $rc -ne 0 ]; then phase pipeline FAILED $((SECONDS - t0)) "train.sh exit $rc: $(grep -m1 -iE 'error|fatal|failed' "$OUT_DIR/pipeline.txt" | cut -c1-160)"
-      else phase pipeline ok $((SECONDS - t0)); fi
-      rm -rf "$RUN"   # checkpoints and exports: GBs, not needed
+      VARS=(${PIPE_VARIANTS//,/ })
+      printf '%s\n' "${VARS[@]}" >"$OUT_DIR/pipeline/variants"
+      p_ok=0 p_bad=() p_skip=() t_all=$SECONDS
+      for vi in "${!VARS[@]}"; do
+        v=${VARS[$vi]}
+        mkdir -p "$OUT_DIR/pipeline/$v"
+        # the budget left, shared by the variants still to run
+        left=$(( (BUDGET_S - (SECONDS - T_START) - 15) / (${#VARS[@]} - vi) ))
+        [ "$MODE" = gpu ] || left=120
+        [ $left -le 300 ] || left=300
+        A=1
+        case $v in
+          adamw) VF=(--optimizer adamw); VSTEPS=$PIPE_STEPS ;;
+          muon) VF=(--optimizer muon); VSTEPS=$PIPE_STEPS ;;
+          muon-ga[1-9]*|adamw-ga[1-9]*)
+            A=${v##*-ga}; VF=(--optimizer "${v%%-ga*}" --grad-accum "$A")   # dflash-plan reads it: steps x A batches
+            VSTEPS=$(( PIPE_STEPS / A )); [ $VSTEPS -ge 3 ] || VSTEPS=3 ;;
+          *) phase "pipeline.$v" FAILED 0 "unknown variant '$v' (adamw, muon, muon-gaA, adamw-gaA)"; p_bad+=("$v"); continue ;;
+        esac
+        if [ $left -lt 60 ]; then
+          phase "pipeline.$v" skipped 0 "only $left s of the $BUDGET_S s budget left for it (run --only pipeline)"
+          p_skip+=("$v"); continue
+        fi
+        RUN=$BENCH_DIR/run
+        VFLAGS=(); [ "$VOCAB_SIZE" = 0 ] || VFLAGS=(--draft-vocab "$VOCAB")
+        note "=== pipeline.$v: train.sh $PRESET on $DEV, $VSTEPS steps of $A batch(es), ${VF[*]} (timeout $left s)"
+        MEMV_PID=""
+        if [ -n "$MEM_PID" ]; then   # per-variant samples: the trainer's memory differs by optimizer
+          nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits -lms 500 \
+            >"$OUT_DIR/gpu-mem-$v.csv" 2>/dev/null &
+          MEMV_PID=$!
+        fi
+        date +%s.%N >"$OUT_DIR/pipeline/$v/launch"
+        t0=$SECONDS rc=0
+        timeout -k 30 "$left" bash "$here/pipelines/train.sh" "$MODEL" "$DATA" --run "$RUN" --fresh --device "$DEV" \
+          --tokens "$T" --steps "$VSTEPS" --layers "$LAYERS" -- "${TRAIN_EXTRA[@]}" ${VFLAGS[@]+"${VFLAGS[@]}"} "${VF[@]}" \
+          --ckpt-every 0 --keep 1 >"$OUT_DIR/pipeline-$v.txt" 2>&1 || rc=$?
+        [ -z "$MEMV_PID" ] || { kill "$MEMV_PID" 2>/dev/null || true; wait "$MEMV_PID" 2>/dev/null || true; }
+        tail -n 25 "$OUT_DIR/pipeline-$v.txt" >&2
+        cp "$RUN/metrics.jsonl" "$OUT_DIR/pipeline/$v/" 2>/dev/null || true
+        cp -r "$RUN/logs" "$OUT_DIR/pipeline/$v/logs" 2>/dev/null || true
+        cp "$RUN/summary.txt" "$OUT_DIR/pipeline/$v/" 2>/dev/null || true
+        if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then phase "pipeline.$v" FAILED $((SECONDS - t0)) "timed out after $left s"; p_bad+=("$v")
+        elif [ $rc -ne 0 ]; then phase "pipeline.$v" FAILED $((SECONDS - t0)) "train.sh exit $rc: $(grep -m1 -iE 'error|fatal|failed' "$OUT_DIR/pipeline-$v.txt" | cut -c1-160)"; p_bad+=("$v")
+        else phase "pipeline.$v" ok $((SECONDS - t0)); p_ok=$((p_ok + 1)); fi
+        rm -rf "$RUN"   # checkpoints and exports: GBs, not needed
+      done
+      # the summary phase (not counted again as a failure: each variant's phase already is)
+      if [ ${#p_bad[@]} -gt 0 ]; then
+        printf 'pipeline\tFAILED\t%s\t%s\n' $((SECONDS - t_all)) "variants failed: ${p_bad[*]}" >>"$OUT_DIR/phases.tsv"
+      elif [ $p_ok -eq 0 ]; then
+        printf 'pipeline\tskipped\t%s\t%s\n' $((SECONDS - t_all)) "no variant ran (${p_skip[*]})" >>"$OUT_DIR/phases.tsv"
+      else
+        printf 'pipeline\tok\t%s\t%s\n' $((SECONDS - t_all)) "$p_ok of ${#VARS[@]} variants$( [ ${#p_skip[@]} = 0 ] || echo ", skipped: ${p_skip[*]}")" >>"$OUT_DIR/phases.tsv"
+      fi
     fi
   fi
   stop_sampler

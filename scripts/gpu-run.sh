@@ -8,7 +8,8 @@
 #                                                       ceilings, target alone, trainer alone, whole pipeline)
 #
 # The package holds the binaries plus libnanomsg.so.5 (the GPU machine has no nanomsg); msgpack,
-# jansson and Check are linked statically, cuBLAS/cudart come from /usr/local/cuda there.
+# jansson, Check and OpenBLAS (the CPU trainer's SGEMMs) are linked statically, cuBLAS/cudart come from
+# /usr/local/cuda there.
 # On the device tool: run(command="bash build/gpu/run.sh all", carry=["build/gpu"]).
 set -euo pipefail
 BUILD=${BUILD:-build}

@@ -3,11 +3,17 @@
  * drafter (a checkpoint or an export) on a prompt set, checked token for token against plain greedy decoding (issue 17 item 3;
  * stages/export/eval.h).
  *
- *   dflash-eval --target-model DIR --ckpt CKPT | --drafter EXPORT_DIR --prompts FILE [--max-new 32] [--skip N] [--limit N] [--out FILE]
+ *   dflash-eval --target-model DIR --ckpt CKPT | --drafter EXPORT_DIR --prompts FILE [--max-new 32] [--skip N] [--limit N]
+ *               [--batch 8] [--temperature 0 --top-p 1 --seed 1] [--no-kv-cache] [--out FILE]
  *
  * Prompts: JSONL, one per line, either a JSON array of token ids or an object with "input_ids" (a training row:
- * with a "loss_mask", the prompt is the tokens before the first supervised one). CPU only, no KV cache (every
- * round recomputes the target over the prefix): meant for the tiny model and small sets.
+ * with a "loss_mask", the prompt is the tokens before the first supervised one) and optionally "set" (a name: τ is
+ * also reported per set). CPU. KV-cached (model/decode.h) and batched: --batch prompts advance together, one
+ * cached target step per round verifies all their drafts; then plain decoding runs the same way, and the speed-up
+ * is the ratio of the two wall times (the drafter's cost included). Greedy (--temperature 0): speculative output
+ * must equal plain greedy output token for token. Sampled: speculative sampling's acceptance (a draft token d is
+ * kept with probability p(d)). Qwen3.5 hybrids have no recurrent-state cache yet: they run the old path, which
+ * recomputes the target over the prefix every round (one line says so; --no-kv-cache forces it).
  * Prints τ (mean over responses of the per-response mean, as z-lab's benchmark), the τ histogram, per-position
  * acceptance, and the offline estimate a trainer reports: 1 + Σ_j Π_{i<=j} acc_i from teacher-forced per-position
  * accuracies on the same responses (SpecForge's simulated acceptance length), beside the teacher-forced mean
@@ -26,7 +32,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct prompt { int32_t *ids; int n; };
+struct prompt { int32_t *ids; int n, set; };
+
+#define MAX_SETS 64
+static char *set_names[MAX_SETS];
+static int n_sets;
+
+static int set_index(const char *path, int lineno, const char *name) {
+    for (int i = 0; i < n_sets; i++)
+        if (!strcmp(set_names[i], name)) return i;
+    if (n_sets == MAX_SETS) DIE("%s:%d: key set: more than %d prompt sets", path, lineno, MAX_SETS);
+    set_names[n_sets] = strdup(name);
+    ALLOC_CHECK(set_names[n_sets]);
+    return n_sets++;
+}
 
 /* Read the prompt file; every id checked against V. Dies with FILE:LINE: key on bad input. */
 static int read_prompts(const char *path, int V, int skip, int limit, int max_prompt, struct prompt **out) {
@@ -63,6 +82,8 @@ static int read_prompts(const char *path, int V, int skip, int limit, int max_pr
             if (m == 0) DIE("%s:%d: key loss_mask: the first token is supervised, so the prompt is empty", path, lineno);
         }
         if (max_prompt > 0 && m > max_prompt) m = max_prompt;
+        json_t *set = json_is_object(j) ? json_object_get(j, "set") : NULL;
+        if (set && !json_is_string(set)) DIE("%s:%d: key set: expected a string (the prompt set's name)", path, lineno);
         if (n == cap_p) {
             cap_p = cap_p ? 2 * cap_p : 16;
             p = realloc(p, sizeof *p * (size_t)cap_p);
@@ -71,6 +92,7 @@ static int read_prompts(const char *path, int V, int skip, int limit, int max_pr
         p[n].ids = malloc(sizeof(int32_t) * (size_t)m);
         ALLOC_CHECK(p[n].ids);
         p[n].n = m;
+        p[n].set = set_index(path, lineno, set ? json_string_value(set) : "all");
         for (int i = 0; i < m; i++) {
             json_t *v = json_array_get(ids, (size_t)i);
             if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= V)
@@ -120,11 +142,22 @@ static int train_metrics_eal(const char *path, int last, double *mean) {
     return used;
 }
 
+static void stats_add(struct eval_stats *a, const struct eval_stats *b) {
+    a->responses += b->responses;
+    a->rounds += b->rounds;
+    a->accepted += b->accepted;
+    a->tau_sum += b->tau_sum;
+    for (int i = 0; i <= DRAFTER_MAX_B; i++) a->hist[i] += b->hist[i];
+    for (int i = 0; i < DRAFTER_MAX_B; i++) a->at_pos[i] += b->at_pos[i];
+}
+
 int main(int argc, char **argv) {
     log_init("dflash-eval");
     const char *target = NULL, *ckpt = NULL, *exp_dir = NULL, *prompts = NULL, *out_path = NULL, *vocab = NULL,
                *train_metrics = NULL;
-    int max_new = 32, skip = 0, limit = 0, max_prompt = 0, offline = 1;
+    int max_new = 32, skip = 0, limit = 0, max_prompt = 0, offline = 1, batch = 8, kv_cache = 1;
+    double temperature = 0, top_p = 1;
+    int64_t seed = 1;
     struct flag table[] = {
         {"target-model", FLAG_STRING, &target, "the target's Hugging Face directory", 1, 0},
         {"ckpt", FLAG_STRING, &ckpt, "the drafter: a dflash-train checkpoint (RUN/checkpoints/step-N.ckpt)", 1, 0},
@@ -133,11 +166,18 @@ int main(int argc, char **argv) {
         {"draft-vocab", FLAG_STRING, &vocab, "t2d.npy / d2t.npy directory when the checkpoint's vocabulary is pruned",
          1, 0},
         {"prompts", FLAG_STRING, &prompts, "JSONL: token-id arrays, or rows with input_ids (+ loss_mask: the prompt "
-         "ends before the first supervised token)", 1, 0},
+         "ends before the first supervised token; + set: a prompt set name for per-set tau)", 1, 0},
         {"max-new", FLAG_INT, &max_new, "tokens to generate per prompt", 1, 1 << 16},
         {"max-prompt-tokens", FLAG_INT, &max_prompt, "cut prompts to their first N tokens (0: whole)", 0, 1 << 20},
         {"skip", FLAG_INT, &skip, "skip the first N prompts (held-out rows after the training ones)", 0, 1 << 30},
         {"limit", FLAG_INT, &limit, "at most N prompts (0: all)", 0, 1 << 30},
+        {"batch", FLAG_INT, &batch, "prompts decoded together (KV-cache slots)", 1, 4096},
+        {"temperature", FLAG_DOUBLE, &temperature, "0: greedy (checked against plain greedy decoding); > 0: sampled "
+         "decoding with speculative sampling's acceptance", 0, 100},
+        {"top-p", FLAG_DOUBLE, &top_p, "nucleus sampling with --temperature (1: off)", 0, 1},
+        {"seed", FLAG_INT64, &seed, "sampling seed", 0, INT64_MAX},
+        {"kv-cache", FLAG_BOOL, &kv_cache, "KV-cached, batched decoding; --no-kv-cache recomputes the target over the "
+         "prefix every round, one prompt at a time (the old path; what Qwen3.5 targets use)", 1, 0},
         {"offline", FLAG_BOOL, &offline, "also compute the offline (teacher-forced) estimate on the same responses",
          1, 0},
         {"train-metrics", FLAG_STRING, &train_metrics, "RUN/metrics.jsonl of the training run: also print the "
@@ -146,8 +186,9 @@ int main(int argc, char **argv) {
         FLAGS_END,
     };
     flags_parse_or_exit(table, argc, argv, "--target-model DIR --ckpt CKPT --prompts FILE [--max-new N] [--out FILE]",
-                        "Greedy speculative decoding with the target and a drafter: acceptance length τ, its "
-                        "histogram and per-position acceptance, checked against plain greedy decoding.", NULL, 0);
+                        "Speculative decoding with the target and a drafter (KV-cached, batched): acceptance length "
+                        "τ per prompt set, its histogram, per-position acceptance and the speed-up over plain "
+                        "decoding, checked against plain greedy decoding.", NULL, 0);
     if (!target || !prompts || !ckpt == !exp_dir)
         DIE("--target-model, --prompts and one of --ckpt / --drafter are required (see --help)");
     char err[2048];
@@ -161,6 +202,13 @@ int main(int argc, char **argv) {
     for (int i = 0; i < np; i++)
         if (p[i].n > longest) longest = p[i].n;
     int total = longest + max_new;
+    int no_cache = !kv_cache;
+    if (!no_cache && tc.arch == HF_ARCH_QWEN3_5) {
+        log_info("Qwen3.5/3.6 target: no recurrent-state cache yet, so every round recomputes the target over the "
+                 "prefix (slow beyond small models)");
+        no_cache = 1;
+    }
+    if (no_cache && temperature > 0) DIE("--temperature needs the KV-cached path (not --no-kv-cache, not Qwen3.5)");
 
     /* the online drafter plans one block; the offline one an anchor at every generated token */
     struct drafter *d = ckpt ? export_load_checkpoint(ckpt, target, vocab, total + DRAFTER_MAX_B + 1, 1, NULL, err,
@@ -172,29 +220,100 @@ int main(int argc, char **argv) {
     int zl[DESC_MAX_LAYERS];
     drafter_zlab_ids(dc, zl);
     struct eval_target et;
-    LIB_CHECK(eval_target_open(&et, target, total + B, zl, dc->k, err, sizeof err), err);
+    LIB_CHECK(eval_target_open(&et, target, total + 2 * B, zl, dc->k, err, sizeof err), err);
+    if (!no_cache) LIB_CHECK(eval_target_enable_cache(&et, batch, total + 2 * B, err, sizeof err), err);
     struct eval_drafter ed;
     LIB_CHECK(eval_drafter_init(&ed, d, err, sizeof err), err);
-    struct eval_stats s;
+    struct eval_stats s, per_set[MAX_SETS];
     eval_stats_init(&s, B);
-    int32_t *spec = malloc(sizeof(int32_t) * (size_t)(total + B)), *greedy = malloc(sizeof(int32_t) * (size_t)total);
-    int32_t **outs = calloc((size_t)np, sizeof *outs);
-    ALLOC_CHECK(spec);
-    ALLOC_CHECK(greedy);
+    for (int k = 0; k < n_sets; k++) eval_stats_init(&per_set[k], B);
+    int32_t **outs = calloc((size_t)np, sizeof *outs), **spec = calloc((size_t)np, sizeof *spec);
+    int *len_o = calloc((size_t)np, sizeof *len_o), *len_s = calloc((size_t)np, sizeof *len_s);
     ALLOC_CHECK(outs);
+    ALLOC_CHECK(spec);
+    ALLOC_CHECK(len_o);
+    ALLOC_CHECK(len_s);
     for (int i = 0; i < np; i++) {
-        LIB_CHECK(eval_speculative(&et, p[i].ids, p[i].n, max_new, B, eval_drafter_propose, &ed, spec, &s, err,
-                                   sizeof err), err);
-        LIB_CHECK(eval_greedy(&et, p[i].ids, p[i].n, max_new, greedy, err, sizeof err), err);
+        outs[i] = malloc(sizeof(int32_t) * (size_t)(total + 2 * B));
+        spec[i] = malloc(sizeof(int32_t) * (size_t)(total + 2 * B));
+        ALLOC_CHECK(outs[i]);
+        ALLOC_CHECK(spec[i]);
+    }
+    double t_spec = 0, t_plain = 0;
+    if (no_cache) {
+        for (int i = 0; i < np; i++) {
+            double t0 = time_mono_s();
+            LIB_CHECK(eval_speculative(&et, p[i].ids, p[i].n, max_new, B, eval_drafter_propose, &ed, spec[i],
+                                       &per_set[p[i].set], err, sizeof err), err);
+            double t1 = time_mono_s();
+            LIB_CHECK(eval_greedy(&et, p[i].ids, p[i].n, max_new, outs[i], err, sizeof err), err);
+            t_plain += time_mono_s() - t1;
+            t_spec += t1 - t0;
+            len_o[i] = len_s[i] = p[i].n + max_new;
+        }
+    } else {
+        /* speculative, one prompt set at a time (its own τ); then plain decoding of every prompt */
+        const int32_t **ids = malloc(sizeof *ids * (size_t)np);
+        int *lens = malloc(sizeof *lens * (size_t)np), *map = malloc(sizeof *map * (size_t)np);
+        int32_t **o2 = malloc(sizeof *o2 * (size_t)np);
+        int *l2 = malloc(sizeof *l2 * (size_t)np);
+        ALLOC_CHECK(ids);
+        ALLOC_CHECK(lens);
+        ALLOC_CHECK(map);
+        ALLOC_CHECK(o2);
+        ALLOC_CHECK(l2);
+        struct eval_gen_opts go = {.max_new = max_new, .B = B, .fn = eval_drafter_propose, .ctx = &ed,
+                                   .temperature = temperature, .top_p = top_p, .seed = (uint64_t)seed};
+        for (int k = 0; k < n_sets; k++) {
+            int m = 0;
+            for (int i = 0; i < np; i++)
+                if (p[i].set == k) {
+                    map[m] = i;
+                    ids[m] = p[i].ids;
+                    lens[m] = p[i].n;
+                    o2[m] = spec[i];
+                    m++;
+                }
+            double t0 = time_mono_s();
+            /* each prompt keeps its own sampling stream (index_base: its index in the file), whatever its set;
+             * a set's contiguous runs of prompts go together */
+            for (int q = 0; q < m;) {
+                int r = q;
+                while (r + 1 < m && map[r + 1] == map[r] + 1) r++;
+                go.index_base = map[q];
+                LIB_CHECK(eval_generate(&et, r - q + 1, ids + q, lens + q, &go, o2 + q, l2 + q, &per_set[k], err,
+                                        sizeof err), err);
+                q = r + 1;
+            }
+            t_spec += time_mono_s() - t0;
+            for (int q = 0; q < m; q++) len_s[map[q]] = l2[q];
+        }
+        for (int i = 0; i < np; i++) {
+            ids[i] = p[i].ids;
+            lens[i] = p[i].n;
+        }
+        struct eval_gen_opts gp = {.max_new = max_new, .temperature = temperature, .top_p = top_p,
+                                   .seed = (uint64_t)seed};
+        double t0 = time_mono_s();
+        LIB_CHECK(eval_generate(&et, np, ids, lens, &gp, outs, len_o, NULL, err, sizeof err), err);
+        t_plain = time_mono_s() - t0;
+        free(ids);
+        free(lens);
+        free(map);
+        free(o2);
+        free(l2);
+    }
+    for (int k = 0; k < n_sets; k++) stats_add(&s, &per_set[k]);
+    int64_t gen_tokens = 0;
+    for (int i = 0; i < np; i++) {
+        gen_tokens += len_o[i] - p[i].n;
+        if (temperature > 0) continue;
         for (int t = 0; t < p[i].n + max_new; t++)
-            if (spec[t] != greedy[t]) {
+            if (len_s[i] != len_o[i] || spec[i][t] != outs[i][t]) {
                 fprintf(stderr, "dflash-eval: BUG: prompt %d: speculative decoding gives token %d at position %d, "
-                        "greedy decoding %d\n", i + skip, spec[t], t, greedy[t]);
+                        "greedy decoding %d\n", i + skip, spec[i][t], t, outs[i][t]);
                 return 1;
             }
-        outs[i] = malloc(sizeof(int32_t) * (size_t)(p[i].n + max_new));
-        ALLOC_CHECK(outs[i]);
-        memcpy(outs[i], greedy, sizeof(int32_t) * (size_t)(p[i].n + max_new));
     }
     eval_drafter_free(&ed);
     drafter_free(d);
@@ -238,8 +357,23 @@ int main(int argc, char **argv) {
     }
     double tau = eval_stats_tau(&s), sim = 1.0 + drafter_metrics_eal_marginal(&pooled);
     double tf = pooled.eal_count ? pooled.eal_sum / (double)pooled.eal_count : 0;
-    printf("dflash-eval: %lld responses, %lld rounds, block %d: tau %.4f (micro %.4f); speculative == greedy on "
-           "every token\n", (long long)s.responses, (long long)s.rounds, B, tau, eval_stats_tau_micro(&s));
+    if (temperature > 0)
+        printf("dflash-eval: %lld responses, %lld rounds, block %d: tau %.4f (micro %.4f); sampled at temperature %g, "
+               "top-p %g\n", (long long)s.responses, (long long)s.rounds, B, tau, eval_stats_tau_micro(&s),
+               temperature, top_p);
+    else
+        printf("dflash-eval: %lld responses, %lld rounds, block %d: tau %.4f (micro %.4f); speculative == greedy on "
+               "every token\n", (long long)s.responses, (long long)s.rounds, B, tau, eval_stats_tau_micro(&s));
+    if (n_sets > 1 || strcmp(set_names[0], "all")) {
+        printf("  tau per prompt set:");
+        for (int k = 0; k < n_sets; k++)
+            printf(" %s %.4f (%lld)", set_names[k], eval_stats_tau(&per_set[k]), (long long)per_set[k].responses);
+        printf("\n");
+    }
+    double speedup = t_spec > 0 ? t_plain / t_spec : 0;
+    printf("  speed-up over plain decoding: %.2fx (%lld tokens: speculative %.1f s = %.1f tok/s, plain %.1f s = %.1f "
+           "tok/s; %s, batch %d, CPU)\n", speedup, (long long)gen_tokens, t_spec, t_spec > 0 ? gen_tokens / t_spec : 0,
+           t_plain, t_plain > 0 ? gen_tokens / t_plain : 0, no_cache ? "no KV cache" : "KV cache", no_cache ? 1 : batch);
     printf("  tau histogram (1..%d):", B);
     for (int i = 1; i <= B; i++) printf(" %lld", (long long)s.hist[i]);
     printf("\n  acceptance at position (1..%d):", B - 1);
@@ -267,6 +401,19 @@ int main(int argc, char **argv) {
                               "matches_greedy", 1, "offline_simulated_tau", sim, "offline_teacher_forced_tau", tf,
                               "offline_position_acc", acc);
         if (train_n) json_object_set_new(j, "train_simulated_tau", json_real(1 + train_sim));
+        json_t *sets = json_object();
+        for (int k = 0; k < n_sets; k++)
+            json_object_set_new(sets, set_names[k], json_pack("{s:I, s:f}", "responses",
+                                                              (json_int_t)per_set[k].responses, "tau",
+                                                              eval_stats_tau(&per_set[k])));
+        json_object_set_new(j, "sets", sets);
+        json_object_set_new(j, "matches_greedy", json_boolean(temperature <= 0));
+        json_object_set_new(j, "temperature", json_real(temperature));
+        json_object_set_new(j, "kv_cache", json_boolean(!no_cache));
+        json_object_set_new(j, "speedup", json_real(speedup));
+        json_object_set_new(j, "spec_seconds", json_real(t_spec));
+        json_object_set_new(j, "plain_seconds", json_real(t_plain));
+        json_object_set_new(j, "generated_tokens", json_integer(gen_tokens));
         char *text = json_dumps(j, JSON_INDENT(2));
         json_decref(j);
         ALLOC_CHECK(text);
@@ -276,11 +423,14 @@ int main(int argc, char **argv) {
     for (int i = 0; i < np; i++) {
         free(p[i].ids);
         free(outs[i]);
+        free(spec[i]);
     }
+    for (int k = 0; k < n_sets; k++) free(set_names[k]);
     free(p);
     free(outs);
     free(spec);
-    free(greedy);
+    free(len_o);
+    free(len_s);
     eval_target_close(&et);
     return 0;
 }

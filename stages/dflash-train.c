@@ -139,6 +139,11 @@ struct trainer {
     struct dp dp;                    /* rank and world (train/dp.h): 0 of 1 without mpirun */
     int accum;                       /* micro-batches per step on this rank: --grad-accum / world */
     double *red;                     /* planned: the metrics summed over ranks each step */
+    /* the start-up timeline (issue 28): seconds of each phase since the previous mark, logged at the first step */
+    double tl_launch, tl_last;
+    const char *tl_name[12];
+    double tl_s[12];
+    int tl_n, tl_logged;
 };
 
 /* The step's loss and metrics summed over the ranks (one record for all). */
@@ -189,6 +194,28 @@ static char *config_to_json(const struct opts *o, const struct drafter_config *c
     char *text = train_config_json(c, &h);
     ALLOC_CHECK(text);
     return text;
+}
+
+/* Close the start-up phase `name` (time since the previous mark). */
+static void tl_mark(struct trainer *tr, const char *name) {
+    double now = time_mono_s();
+    if (tr->tl_n < (int)(sizeof tr->tl_s / sizeof tr->tl_s[0])) {
+        tr->tl_name[tr->tl_n] = name;
+        tr->tl_s[tr->tl_n++] = now - tr->tl_last;
+    }
+    tr->tl_last = now;
+}
+
+/* At the first optimizer step: one log line with every start-up phase and the time from launch. */
+static void tl_log_first_step(struct trainer *tr) {
+    if (tr->tl_logged) return;
+    tr->tl_logged = 1;
+    tl_mark(tr, "first batches and the first step");
+    char line[1024];
+    int n = 0;
+    for (int i = 0; i < tr->tl_n && n < (int)sizeof line - 80; i++)
+        n += snprintf(line + n, sizeof line - (size_t)n, "%s%s %.2f s", i ? ", " : "", tr->tl_name[i], tr->tl_s[i]);
+    log_info("start-up timeline: %s; first optimizer step done %.2f s after launch", line, tr->tl_last - tr->tl_launch);
 }
 
 static void ckpt_log(void *ctx, const char *line) { (void)ctx; log_warn("%s", line); }
@@ -248,6 +275,7 @@ static int optimizer_step(struct trainer *tr, char *err, int err_len) {
     else if (tr->x.apply(tr->x.impl, f, o->clip, err, err_len)) return -1;
     if (tr->x.zero_grad(tr->x.impl, err, err_len)) return -1;
 
+    tl_log_first_step(tr);
     double now = time_mono_s(), wall = now - tr->last_step_t;
     tr->last_step_t = now;
     const struct drafter_metrics *m = &tr->acc.m;
@@ -397,6 +425,7 @@ static void build_config(const struct opts *o, struct drafter_config *c) {
 static void log_plan_line(const char *line) { log_info("%s", line); }
 
 int main(int argc, char **argv) {
+    const double t_launch = time_mono_s();
     log_init("dflash-train");
     struct opts o;
     memset(&o, 0, sizeof o);
@@ -560,6 +589,8 @@ int main(int argc, char **argv) {
 
     struct trainer tr;
     memset(&tr, 0, sizeof tr);
+    tr.tl_launch = tr.tl_last = t_launch;
+    tl_mark(&tr, "flags, bus and plan");
     tr.o = &o;
     if (dp.world > 1 && o.common.cuda_device >= 0) {   /* one GPU per rank of a host: the plan's device + local rank */
         o.common.cuda_device += dp_local_rank();
@@ -588,11 +619,13 @@ int main(int argc, char **argv) {
     }
     tr.d = drafter_init(&dc, (uint64_t)o.seed, err, sizeof err);
     if (!tr.d) DIE("%s", err);
+    tl_mark(&tr, "drafter init (host weights)");
     tr.cfg = drafter_config_of(tr.d);
     if (t2d) LIB_CHECK(drafter_set_vocab(tr.d, t2d, d2t, dc.V_d, err, sizeof err), err);
     free(t2d);
     free(d2t);
     LIB_CHECK(drafter_load_target(tr.d, o.target_model, err, sizeof err), err);
+    tl_mark(&tr, "weights read (the target's frozen tables)");
     LIB_CHECK(desc_target_id_of_model(o.target_model, &tr.target_id, err, sizeof err), err);
 
     tr.n_tens = drafter_n_params(tr.d);
@@ -694,11 +727,13 @@ int main(int argc, char **argv) {
     }
     /* after the restore: the device copies start from the host state; before the rings (the GPU path makes its
      * device current, where the rings' IPC handles open) */
+    tl_mark(&tr, "optimizer plan (host state), checkpoint restore");
     if (tr.gpu)
         LIB_CHECK(step_gpu_init(&tr.x, tr.d, &tr.opt, o.common.cuda_device, o.in_ring, log_plan_line, err, sizeof err),
                   err);
     else
         LIB_CHECK(step_cpu_init(&tr.x, tr.d, &tr.opt, tr.tens, tr.n_tens, o.in_ring, err, sizeof err), err);
+    tl_mark(&tr, tr.gpu ? "CUDA init, device drafter and optimizer, cuBLASLt warm-up" : "CPU step init");
 
     struct relay_config rc = {
         .run_dir = o.common.run_dir, .in_ring = o.in_ring, .attach_wait_ms = o.wait_ms,
@@ -708,6 +743,7 @@ int main(int argc, char **argv) {
     check_hint("is dflash-shm running for this --run, with a `features` ring (dflash-hspack or dflash-replay feed it)?");
     tr.relay_ = relay_open(&rc, err, sizeof err);
     if (!tr.relay_) DIE("%s", err);
+    tl_mark(&tr, "rings and bus attach");
     check_hint(NULL);
     if (tr.gpu) LIB_CHECK(step_gpu_plan_slots(&tr.x, ring_get_spec(relay_in(tr.relay_))->n_slots, err, sizeof err), err);
     relay_set_next_seq(tr.relay_, (uint64_t)tr.next_seq);

@@ -91,12 +91,31 @@ START_TEST(attention_cu_seqlens_validation) {
 }
 END_TEST
 
+/* The shape gate of the GPU attention (host only): the head dims its kernels take, one line otherwise. */
+START_TEST(attention_gpu_shapes) {
+    char err[256];
+    const int taken[5] = {16, 32, 64, 128, 256};
+    for (int i = 0; i < 5; i++) ck_assert_int_eq(attention_shape_supported(24, 4, taken[i], err, sizeof err), 0);
+    const int refused[5] = {8, 48, 80, 96, 512};
+    for (int i = 0; i < 5; i++) {
+        ck_assert_int_eq(attention_shape_supported(8, 2, refused[i], err, sizeof err), -1);
+        char want[16];
+        snprintf(want, sizeof want, "HD=%d", refused[i]);
+        ck_assert_msg(strstr(err, want) && strstr(err, "16, 32, 64, 128 or 256") && !strchr(err, '\n'), "%s", err);
+    }
+    ck_assert_int_eq(attention_shape_supported(6, 4, 128, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "6 / num_kv_heads 4"), "%s", err);
+    ck_assert_int_eq(attention_shape_supported(0, 1, 128, err, sizeof err), -1);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("attention");
     TCase *tc = tcase_create("attention");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, attention_matches_dense);
     tcase_add_test(tc, attention_cu_seqlens_validation);
+    tcase_add_test(tc, attention_gpu_shapes);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

@@ -254,6 +254,28 @@ START_TEST(block_attn_rejects_bad_args) {
 }
 END_TEST
 
+/* The shape gate of the GPU block attention (host only): d_h 16-256 with any GQA group; one line otherwise. */
+START_TEST(block_attn_gpu_shapes) {
+    char err[320];
+    block_attn_config c = {8192, 512, 16, 24, 4, 256, 0, 0, 0.0625f};   /* the Qwen3.6-27B drafter */
+    ck_assert_int_eq(block_attn_shape_supported(&c, err, sizeof err), 0);
+    c.n_h = 32;   /* a group of 8 at B = 16 */
+    ck_assert_int_eq(block_attn_shape_supported(&c, err, sizeof err), 0);
+    const int taken[4] = {16, 32, 64, 128};
+    for (int i = 0; i < 4; i++) {
+        c.d_h = taken[i];
+        ck_assert_int_eq(block_attn_shape_supported(&c, err, sizeof err), 0);
+    }
+    c.d_h = 96;
+    ck_assert_int_eq(block_attn_shape_supported(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "d_h=96") && strstr(err, "16, 32, 64, 128 or 256") && !strchr(err, '\n'), "%s", err);
+    c.d_h = 128;
+    c.n_kv = 5;   /* 32 % 5 */
+    ck_assert_int_eq(block_attn_shape_supported(&c, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "multiple"), "%s", err);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("block_attn");
     TCase *tc = tcase_create("ref");
@@ -263,6 +285,7 @@ int main(void) {
     tcase_add_test(tc, block_attn_backward_matches_finite_differences);
     tcase_add_test(tc, block_attn_backward_prec_ref);
     tcase_add_test(tc, block_attn_rejects_bad_args);
+    tcase_add_test(tc, block_attn_gpu_shapes);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

@@ -19,6 +19,7 @@
 #include "export/export.h"
 #include "kernels/common.h"
 #include "core/safetensors.h"
+#include "model/decode.h"
 #include "train/ckpt.h"
 #include "train/optim.h"
 
@@ -134,7 +135,8 @@ START_TEST(cli_reports_and_refuses) {
     snprintf(pf, sizeof pf, "%s/prompts.jsonl", dir);
     snprintf(of, sizeof of, "%s/eval.json", dir);
     snprintf(bad, sizeof bad, "%s/bad.jsonl", dir);
-    const char *text = "[1, 2, 3, 4, 5, 6, 7, 8]\n{\"input_ids\": [9, 8, 7, 6, 5, 4, 3, 2], \"loss_mask\": [0, 0, 0, 0, 0, 1, 1, 1]}\n";
+    const char *text = "[1, 2, 3, 4, 5, 6, 7, 8]\n{\"input_ids\": [9, 8, 7, 6, 5, 4, 3, 2], \"loss_mask\": [0, 0, 0, 0, 0, 1, 1, 1]}\n"
+                       "{\"input_ids\": [11, 12, 13, 14, 15, 16], \"set\": \"code\"}\n{\"input_ids\": [21, 22, 23], \"set\": \"code\"}\n";
     ck_assert_int_eq(fs_write_atomic(pf, text, strlen(text), err, sizeof err), 0);
     char mf[700];
     snprintf(mf, sizeof mf, "%s/metrics.jsonl", dir);
@@ -151,13 +153,37 @@ START_TEST(cli_reports_and_refuses) {
     json_t *j = json_loads(js, 0, NULL);
     free(js);
     ck_assert_ptr_nonnull(j);
-    ck_assert_int_eq(json_integer_value(json_object_get(j, "responses")), 2);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "responses")), 4);
+    ck_assert_msg(strstr(out_text, "tau per prompt set: all ") && strstr(out_text, " code ") &&
+                  strstr(out_text, "speed-up over plain decoding: "), "%s", out_text);
+    json_t *sets = json_object_get(j, "sets");
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(sets, "all"), "responses")), 2);
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(sets, "code"), "responses")), 2);
+    ck_assert(json_is_true(json_object_get(j, "kv_cache")));
+    ck_assert(json_number_value(json_object_get(j, "speedup")) > 0);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "generated_tokens")), 4 * 12);
+    double tau_cached = json_number_value(json_object_get(j, "tau"));
     ck_assert(json_number_value(json_object_get(j, "tau")) >= 1.0);
     ck_assert_int_eq(json_array_size(json_object_get(j, "tau_histogram")), 4);
     ck_assert_int_eq(json_array_size(json_object_get(j, "acceptance_at_pos")), 3);
     ck_assert(json_number_value(json_object_get(j, "offline_simulated_tau")) >= 1.0);
     ck_assert_double_eq_tol(json_number_value(json_object_get(j, "train_simulated_tau")), 1.6, 1e-12);
     json_decref(j);
+    /* the old path (no cache, one prompt at a time) measures the same tau: the cached features are the same */
+    const char *a2[] = {test_bin("dflash-eval"), "--target-model", target, "--ckpt", ckpt, "--prompts", pf, "--max-new",
+                        "12", "--out", of, "--no-kv-cache", "--no-offline", NULL};
+    ck_assert_msg(run_argv(a2) == 0, "%s", out_text);
+    ck_assert_int_eq(fs_read_file(of, &js, &len, err, sizeof err), 0);
+    j = json_loads(js, 0, NULL);
+    free(js);
+    ck_assert(json_is_false(json_object_get(j, "kv_cache")));
+    ck_assert_double_eq_tol(json_number_value(json_object_get(j, "tau")), tau_cached, 1e-12);
+    json_decref(j);
+    /* sampled: runs, reports, and is deterministic for a seed */
+    const char *a3[] = {test_bin("dflash-eval"), "--target-model", target, "--ckpt", ckpt, "--prompts", pf, "--max-new",
+                        "12", "--temperature", "0.7", "--top-p", "0.9", "--batch", "3", "--no-offline", NULL};
+    ck_assert_msg(run_argv(a3) == 0, "%s", out_text);
+    ck_assert_msg(strstr(out_text, "sampled at temperature 0.7"), "%s", out_text);
     const char *btext = "[1, 2, 3]\n[4, 512, 6]\n";
     ck_assert_int_eq(fs_write_atomic(bad, btext, strlen(btext), err, sizeof err), 0);
     const char *b[] = {test_bin("dflash-eval"), "--target-model", target, "--ckpt", ckpt, "--prompts", bad, NULL};
@@ -166,6 +192,329 @@ START_TEST(cli_reports_and_refuses) {
 }
 END_TEST
 
+
+/* ---------------------------------------------------------------- KV cache (issue 30 item 3) */
+
+/* The cached step is bitwise the full forward: slot 0 gets a prompt, one token, a block, a rollback and another
+ * block (the last step shared with slot 1's prompt); every row of states and last equals target_forward's over the
+ * final sequences. */
+START_TEST(decode_equals_full_forward) {
+    const char *target = tiny_target();
+    struct target_options o;
+    target_options_defaults(&o);
+    o.max_tokens = 64;
+    o.n_capture = 2;
+    o.capture[0] = 0;
+    o.capture[1] = 2;
+    struct target *t = target_load(target, &o, err, sizeof err);
+    ck_assert_msg(t != NULL, "%s", err);
+    int H = target_config(t)->hidden_size;
+    struct decode *d = decode_init(t, 2, 32, 32, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    int32_t s0[32], s1[32];
+    uint64_t r = 5;
+    for (int i = 0; i < 32; i++) {
+        s0[i] = (int32_t)(test_rng_next(&r) % 500);
+        s1[i] = (int32_t)(test_rng_next(&r) % 500);
+    }
+    static float st[2 * 32 * 64], la[32 * 64], fst[2 * 64 * 64], fla[64 * 64];
+    float keep_st[2][20][64], keep_la[20][64];   /* slot 0's committed rows, by position */
+    int slot0 = 0, both[2] = {0, 1};
+    /* steps for slot 0: 9 (prefill), 1, 4; roll back to 12; then 5 together with slot 1's 7 */
+    int lens[3] = {9, 1, 4}, at = 0;
+    for (int k = 0; k < 3; k++) {
+        int32_t cu[2] = {0, lens[k]};
+        ck_assert_msg(decode_extend(d, 1, &slot0, s0 + at, cu, st, la, err, sizeof err) == 0, "%s", err);
+        for (int i = 0; i < lens[k]; i++) {
+            memcpy(keep_la[at + i], la + (size_t)i * H, sizeof(float) * (size_t)H);
+            for (int c = 0; c < 2; c++) memcpy(keep_st[c][at + i], st + ((size_t)c * lens[k] + i) * H, sizeof(float) * (size_t)H);
+        }
+        at += lens[k];
+    }
+    ck_assert_int_eq(decode_len(d, 0), 14);
+    ck_assert_int_eq(decode_truncate(d, 0, 12, err, sizeof err), 0);
+    ck_assert_int_eq(decode_truncate(d, 0, 13, err, sizeof err), -1);   /* only backwards */
+    /* slot 0 continues at 12 with other tokens than before: s0[12..17) := s1[20..25) */
+    memcpy(s0 + 12, s1 + 20, sizeof(int32_t) * 5);
+    int32_t ids[12], cu2[3] = {0, 5, 12};
+    memcpy(ids, s0 + 12, sizeof(int32_t) * 5);
+    memcpy(ids + 5, s1, sizeof(int32_t) * 7);
+    ck_assert_msg(decode_extend(d, 2, both, ids, cu2, st, la, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < 5; i++) {
+        memcpy(keep_la[12 + i], la + (size_t)i * H, sizeof(float) * (size_t)H);
+        for (int c = 0; c < 2; c++) memcpy(keep_st[c][12 + i], st + ((size_t)c * 12 + i) * H, sizeof(float) * (size_t)H);
+    }
+    /* the full forward over both final sequences, as two documents */
+    int32_t all[24], pos[24], cu[3] = {0, 17, 24};
+    memcpy(all, s0, sizeof(int32_t) * 17);
+    memcpy(all + 17, s1, sizeof(int32_t) * 7);
+    for (int i = 0; i < 24; i++) pos[i] = i < 17 ? i : i - 17;
+    struct target_batch b = {0, 24, 2, all, pos, cu};
+    ck_assert_msg(target_forward(t, &b, fst, fla, err, sizeof err) == 0, "%s", err);
+    for (int p = 0; p < 17; p++) {
+        ck_assert_msg(!memcmp(keep_la[p], fla + (size_t)p * H, sizeof(float) * (size_t)H), "slot 0 last row %d differs", p);
+        for (int c = 0; c < 2; c++)
+            ck_assert_msg(!memcmp(keep_st[c][p], fst + ((size_t)c * 24 + p) * H, sizeof(float) * (size_t)H),
+                          "slot 0 state %d row %d differs", c, p);
+    }
+    for (int p = 0; p < 7; p++)
+        ck_assert_msg(!memcmp(la + (size_t)(5 + p) * H, fla + (size_t)(17 + p) * H, sizeof(float) * (size_t)H),
+                      "slot 1 last row %d differs", p);
+    /* bad steps are refused with a sentence */
+    int32_t cbig[2] = {0, 33};
+    ck_assert_int_eq(decode_extend(d, 1, &slot0, s0, cbig, NULL, la, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "33 new tokens"), "%s", err);
+    int same[2] = {1, 1};
+    ck_assert_int_eq(decode_extend(d, 2, same, ids, cu2, NULL, la, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "slot 1 twice"), "%s", err);
+    int32_t c20[2] = {0, 20};
+    ck_assert_int_eq(decode_extend(d, 1, &slot0, s0, c20, NULL, la, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "would hold 37 tokens"), "%s", err);
+    decode_free(d);
+    target_free(t);
+
+    /* a Qwen3.5 hybrid is refused with one sentence */
+    const char *hy = test_tmpdir("decode-qwen35");
+    const char *argv[] = {test_bin("dflash-mkmodel"), "--preset", "qwen3.5-tiny", "--out", hy, NULL};
+    ck_assert_msg(run_argv(argv) == 0, "%s", out_text);
+    target_options_defaults(&o);
+    o.max_tokens = 16;
+    struct target *th = target_load(hy, &o, err, sizeof err);
+    ck_assert_msg(th != NULL, "%s", err);
+    ck_assert_ptr_null(decode_init(th, 1, 16, 16, err, sizeof err));
+    ck_assert_msg(strstr(err, "Qwen3.5/3.6 targets (Gated DeltaNet layers) need a recurrent-state cache"), "%s", err);
+    target_free(th);
+}
+END_TEST
+
+/* eval_generate: KV-cached plain greedy decoding equals the uncached eval_greedy; speculative decoding (drafter
+ * and oracle) equals it token for token, batched in groups of 2 over 5 prompts of different lengths; the oracle
+ * gives tau = B; stop tokens end a response; sampled decoding is deterministic for a seed whatever the grouping,
+ * and its speculative form accepts with probability p(d) (the oracle then stays below B). */
+START_TEST(cached_generation) {
+    const char *target = tiny_target();
+    char ckpt[1024];
+    struct drafter *d0 = make_ckpt(target, "sliding,full", 0, ckpt, sizeof ckpt);
+    drafter_free(d0);
+    enum { NP = 5, NEW = 20, MAXP = 14 };
+    struct drafter *d = export_load_checkpoint(ckpt, target, NULL, MAXP + NEW + 8, 1, NULL, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    int zl[DESC_MAX_LAYERS];
+    drafter_zlab_ids(drafter_config_of(d), zl);
+    int B = drafter_config_of(d)->B;
+    struct eval_target et;
+    ck_assert_msg(eval_target_open(&et, target, MAXP + NEW + 2 * B, zl, 2, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eval_target_enable_cache(&et, 2, MAXP + NEW + 2 * B, err, sizeof err) == 0, "%s", err);
+    struct eval_drafter ed;
+    ck_assert_int_eq(eval_drafter_init(&ed, d, err, sizeof err), 0);
+    int32_t prompts[NP][MAXP], *pp[NP], *og[NP], *os[NP], *oo[NP], *ref[NP], *tmp[NP];
+    int P[NP], lg[NP], ls[NP], lo[NP];
+    for (int i = 0; i < NP; i++) {
+        P[i] = 6 + 2 * i;
+        prompt_of(i, prompts[i], P[i]);
+        pp[i] = prompts[i];
+        og[i] = malloc(sizeof(int32_t) * 64);
+        os[i] = malloc(sizeof(int32_t) * 64);
+        oo[i] = malloc(sizeof(int32_t) * 64);
+        ref[i] = malloc(sizeof(int32_t) * 64);
+        tmp[i] = malloc(sizeof(int32_t) * 64);
+        ck_assert_msg(eval_greedy(&et, prompts[i], P[i], NEW, ref[i], err, sizeof err) == 0, "%s", err);
+    }
+    struct eval_gen_opts plain = {.max_new = NEW}, spec = {.max_new = NEW, .B = B, .fn = eval_drafter_propose,
+                                                          .ctx = &ed},
+                         orac = {.max_new = NEW, .B = B, .fn = oracle_propose};
+    struct eval_stats ss, so;
+    eval_stats_init(&ss, B);
+    eval_stats_init(&so, B);
+    const int32_t *const *cp = (const int32_t *const *)pp;
+    ck_assert_msg(eval_generate(&et, NP, cp, P, &plain, og, lg, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eval_generate(&et, NP, cp, P, &spec, os, ls, &ss, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eval_generate(&et, NP, cp, P, &orac, oo, lo, &so, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < NP; i++) {
+        ck_assert_int_eq(lg[i], P[i] + NEW);
+        ck_assert_int_eq(ls[i], P[i] + NEW);
+        ck_assert_int_eq(lo[i], P[i] + NEW);
+        for (int t = 0; t < P[i] + NEW; t++) {
+            ck_assert_msg(og[i][t] == ref[i][t], "prompt %d: cached greedy differs from uncached at %d", i, t);
+            ck_assert_msg(os[i][t] == ref[i][t], "prompt %d: cached speculative differs from greedy at %d", i, t);
+            ck_assert_msg(oo[i][t] == ref[i][t], "prompt %d: oracle run differs from greedy at %d", i, t);
+        }
+    }
+    ck_assert_int_eq(so.responses, NP);
+    ck_assert_double_eq_tol(eval_stats_tau(&so), B, 1e-12);
+    ck_assert_int_eq(ss.responses, NP);
+    double tu = eval_stats_tau(&ss);
+    ck_assert_msg(tu >= 1.0 && tu < 1.3, "untrained tau %g", tu);
+    /* a stop token: prompt 1's 4th generated token (its first occurrence in the response) */
+    int32_t stop = ref[1][P[1] + 3];
+    int first = 0;
+    while (ref[1][P[1] + first] != stop) first++;
+    struct eval_gen_opts st = {.max_new = NEW, .B = B, .fn = eval_drafter_propose, .ctx = &ed, .stop = &stop,
+                               .n_stop = 1};
+    ck_assert_msg(eval_generate(&et, NP, cp, P, &st, os, ls, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(ls[1], P[1] + first + 1);
+    ck_assert_int_eq(os[1][ls[1] - 1], stop);
+    /* sampled: same seed, groups of 2 vs one prompt at a time -> the same tokens */
+    struct eval_gen_opts sa = {.max_new = NEW, .temperature = 0.8, .top_p = 0.9, .seed = 11};
+    ck_assert_msg(eval_generate(&et, NP, cp, P, &sa, og, lg, NULL, err, sizeof err) == 0, "%s", err);
+    int differs = 0;
+    for (int i = 0; i < NP; i++) {
+        struct eval_gen_opts one = sa;
+        one.index_base = i;
+        ck_assert_msg(eval_generate(&et, 1, cp + i, P + i, &one, tmp + i, lo + i, NULL, err, sizeof err) == 0, "%s",
+                      err);
+        ck_assert_int_eq(lo[i], lg[i]);
+        for (int t = 0; t < lg[i]; t++) ck_assert_msg(tmp[i][t] == og[i][t], "prompt %d: sampled run depends on grouping", i);
+        for (int t = P[i]; t < lg[i]; t++) differs += og[i][t] != ref[i][t];
+    }
+    ck_assert_msg(differs > 0, "temperature 0.8 gave exactly the greedy tokens");
+    /* the oracle's tokens are the argmax: near temperature 0 nearly every one is accepted (p(d) ~ 1); at 0.8 on
+     * this flat random model p(d) is tiny and nearly every round rejects at once */
+    double taus[2];
+    for (int k = 0; k < 2; k++) {
+        struct eval_gen_opts so2 = {.max_new = NEW, .B = B, .fn = oracle_propose, .temperature = k ? 0.8 : 1e-4,
+                                    .top_p = 0.95, .seed = 11};
+        eval_stats_init(&so, B);
+        ck_assert_msg(eval_generate(&et, NP, cp, P, &so2, oo, lo, &so, err, sizeof err) == 0, "%s", err);
+        taus[k] = eval_stats_tau(&so);
+    }
+    ck_assert_msg(taus[0] > 0.75 * B && taus[0] <= B, "sampled oracle tau %g at temperature 1e-4", taus[0]);
+    ck_assert_msg(taus[1] >= 1.0 && taus[1] < 1.5, "sampled oracle tau %g at temperature 0.8", taus[1]);
+    for (int i = 0; i < NP; i++) {
+        free(og[i]);
+        free(os[i]);
+        free(oo[i]);
+        free(ref[i]);
+        free(tmp[i]);
+    }
+    eval_drafter_free(&ed);
+    eval_target_close(&et);
+    drafter_free(d);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- dflash-sample --prompts (issue 30 item 2) */
+
+static int count_rows(const char *path) {
+    size_t len;
+    char *t = test_slurp(path, &len);
+    ck_assert_ptr_nonnull(t);
+    int n = 0;
+    for (size_t i = 0; i < len; i++) n += t[i] == '\n';
+    free(t);
+    return n;
+}
+
+/* Regeneration: one row per supervised span, its prompt the original tokens before the span, its response the
+ * target's greedy continuation (checked against eval_greedy) up to a stop token; a killed run (a torn last line)
+ * resumes to the same bytes as an uninterrupted one; sampled output is the same for a seed whatever --batch; bad
+ * rows are named by line. */
+START_TEST(sample_regenerates_and_resumes) {
+    const char *target = tiny_target();
+    const char *dir = test_tmpdir("regen");
+    char data[700], o1[700], o2[700], o3[700], o4[700], bad[700];
+    snprintf(data, sizeof data, "%s/train.jsonl", dir);
+    snprintf(o1, sizeof o1, "%s/full.jsonl", dir);
+    snprintf(o2, sizeof o2, "%s/resumed.jsonl", dir);
+    snprintf(o3, sizeof o3, "%s/s1.jsonl", dir);
+    snprintf(o4, sizeof o4, "%s/s3.jsonl", dir);
+    snprintf(bad, sizeof bad, "%s/bad.jsonl", dir);
+    /* row 2 has two assistant spans: [4, 6) and [9, 11) */
+    const char *text = "{\"input_ids\": [1, 2, 3, 4, 5, 6], \"loss_mask\": [0, 0, 0, 1, 1, 1]}\n"
+                       "{\"input_ids\": [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], \"loss_mask\": [0, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1]}\n"
+                       "{\"input_ids\": [20, 21, 22, 23, 24], \"loss_mask\": [0, 0, 1, 1, 1]}\n";
+    ck_assert_int_eq(fs_write_atomic(data, text, strlen(text), err, sizeof err), 0);
+    const char *a[] = {test_bin("dflash-sample"), "--target-model", target, "--prompts", data, "--out", o1, "--gen-len",
+                       "10", "--temperature", "0", "--batch", "3", "--stop-ids", "999999", NULL};
+    ck_assert_msg(run_argv(a) == 0, "%s", out_text);
+    ck_assert_msg(strstr(out_text, "4/4 rows") && strstr(out_text, "ETA"), "%s", out_text);
+    ck_assert_int_eq(count_rows(o1), 4);
+    /* each row: the prompt, then the target's greedy continuation */
+    int zero = 0;
+    struct eval_target et;
+    ck_assert_msg(eval_target_open(&et, target, 64, &zero, 1, err, sizeof err) == 0, "%s", err);
+    static const int32_t prompts[4][9] = {{1, 2, 3}, {7, 8, 9, 10}, {7, 8, 9, 10, 11, 12, 13, 14, 15}, {20, 21}};
+    static const int plen[4] = {3, 4, 9, 2};
+    char *all = test_slurp(o1, NULL), *line = all;
+    for (int r = 0; r < 4; r++) {
+        char *e = strchr(line, '\n');
+        *e = '\0';
+        json_t *j = json_loads(line, 0, NULL);
+        ck_assert_ptr_nonnull(j);
+        json_t *ids = json_object_get(j, "input_ids"), *lm = json_object_get(j, "loss_mask");
+        int n = (int)json_array_size(ids);
+        ck_assert_int_eq(n, plen[r] + 10);   /* 999999 is no token: no stop */
+        ck_assert_int_eq((int)json_array_size(lm), n);
+        int32_t g[32];
+        ck_assert_msg(eval_greedy(&et, prompts[r], plen[r], 10, g, err, sizeof err) == 0, "%s", err);
+        for (int t = 0; t < n; t++) {
+            ck_assert_int_eq(json_integer_value(json_array_get(ids, (size_t)t)), g[t]);
+            ck_assert_int_eq(json_integer_value(json_array_get(lm, (size_t)t)), t >= plen[r]);
+        }
+        json_decref(j);
+        line = e + 1;
+    }
+    free(all);
+    /* a stop token: row 0 ends at the first occurrence of its 3rd generated token */
+    int32_t g0[32];
+    ck_assert_int_eq(eval_greedy(&et, prompts[0], 3, 10, g0, err, sizeof err), 0);
+    int first = 0;
+    while (g0[3 + first] != g0[5]) first++;
+    char stop[16];
+    snprintf(stop, sizeof stop, "%d", g0[5]);
+    const char *as[] = {test_bin("dflash-sample"), "--target-model", target, "--prompts", data, "--out", o3, "--gen-len",
+                        "10", "--temperature", "0", "--stop-ids", stop, "--limit", "1", NULL};
+    ck_assert_msg(run_argv(as) == 0, "%s", out_text);
+    char *r0 = test_slurp(o3, NULL);
+    json_t *j0 = json_loads(r0, JSON_DISABLE_EOF_CHECK, NULL);
+    ck_assert_int_eq((int)json_array_size(json_object_get(j0, "input_ids")), 3 + first + 1);
+    json_decref(j0);
+    free(r0);
+    unlink(o3);
+    eval_target_close(&et);
+
+    /* resume: 2 jobs, then a torn line as a kill mid-write leaves, then the whole run again */
+    const char *b1[] = {test_bin("dflash-sample"), "--target-model", target, "--prompts", data, "--out", o2, "--gen-len",
+                        "10", "--temperature", "0", "--batch", "2", "--stop-ids", "999999", "--limit", "2", NULL};
+    ck_assert_msg(run_argv(b1) == 0, "%s", out_text);
+    ck_assert_int_eq(count_rows(o2), 2);
+    int fd = open(o2, O_WRONLY | O_APPEND);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "{\"input_ids\": [7, 8", 19), 19);
+    close(fd);
+    const char *b2[] = {test_bin("dflash-sample"), "--target-model", target, "--prompts", data, "--out", o2, "--gen-len",
+                        "10", "--temperature", "0", "--batch", "2", "--stop-ids", "999999", NULL};
+    ck_assert_msg(run_argv(b2) == 0, "%s", out_text);
+    ck_assert_msg(strstr(out_text, "cutting a torn last line") && strstr(out_text, "2 of 4 rows already written"), "%s",
+                  out_text);
+    char *x = test_slurp(o1, NULL), *y = test_slurp(o2, NULL);
+    ck_assert_str_eq(x, y);
+    free(x);
+    free(y);
+
+    /* sampled: the same seed gives the same file with --batch 1 and --batch 3 */
+    const char *c1[] = {test_bin("dflash-sample"), "--target-model", target, "--prompts", data, "--out", o3, "--gen-len",
+                        "10", "--temperature", "0.9", "--top-p", "0.95", "--seed", "5", "--batch", "1", NULL};
+    const char *c3[] = {test_bin("dflash-sample"), "--target-model", target, "--prompts", data, "--out", o4, "--gen-len",
+                        "10", "--temperature", "0.9", "--top-p", "0.95", "--seed", "5", "--batch", "3", NULL};
+    ck_assert_msg(run_argv(c1) == 0, "%s", out_text);
+    ck_assert_msg(run_argv(c3) == 0, "%s", out_text);
+    x = test_slurp(o3, NULL);
+    y = test_slurp(o4, NULL);
+    ck_assert_str_eq(x, y);
+    char *g = test_slurp(o1, NULL);
+    ck_assert_msg(strcmp(x, g) != 0, "temperature 0.9 gave the greedy file");
+    free(x);
+    free(y);
+    free(g);
+
+    const char *btext = "{\"input_ids\": [1, 2, 3], \"loss_mask\": [0, 1, 1]}\n{\"input_ids\": [1, 2, 3]}\n";
+    ck_assert_int_eq(fs_write_atomic(bad, btext, strlen(btext), err, sizeof err), 0);
+    const char *d[] = {test_bin("dflash-sample"), "--target-model", target, "--prompts", bad, "--out", o3, NULL};
+    ck_assert_int_eq(run_argv(d), 1);
+    ck_assert_msg(strstr(out_text, "bad.jsonl:2: key loss_mask"), "%s", out_text);
+}
+END_TEST
 
 /* ---------------------------------------------------------------- training moves tau (issue 17 item 4) */
 
@@ -383,6 +732,9 @@ int main(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, speculative_equals_greedy_and_tau);
     tcase_add_test(tc, cli_reports_and_refuses);
+    tcase_add_test(tc, decode_equals_full_forward);
+    tcase_add_test(tc, cached_generation);
+    tcase_add_test(tc, sample_regenerates_and_resumes);
     tcase_add_test(tc, training_moves_tau);
     suite_add_tcase(s, tc);
     return test_run_suite(s);

@@ -298,6 +298,33 @@ START_TEST(train_sh_plan) {
 }
 END_TEST
 
+/* A target whose attention shape no GPU kernel takes (head dim 96) is refused by the plan for a GPU device, before
+ * any stage starts, with the shapes taken; on the CPU it plans (issue 27). */
+START_TEST(gpu_shape_refused) {
+    make_inputs();
+    char model[700], log[800], err[1024];
+    snprintf(model, sizeof model, "%s/model-hd96", g_base);
+    snprintf(log, sizeof log, "%s/mkmodel-hd96.log", g_base);
+    const char *mk[] = {test_bin("dflash-mkmodel"), "--preset", "tiny", "--dtype", "f32", "--threads", "1", "--head-dim",
+                        "96", "--out", model, NULL};
+    ck_assert_int_eq(tr_wait(test_spawn_log(log, mk)), 0);
+    struct plan p;
+    struct plan_inputs in = {.model = model, .data = g_data, .device = "cuda:0", .train_device = "cpu", .tokens = 256,
+                             .layer_types = "full,full", .block_size = 4, .grad_accum = 1, .seed = -1};
+    ck_assert_int_eq(plan_make(&in, &p, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "HD=96") && strstr(err, "16, 32, 64, 128 or 256") && !strchr(err, '\n'), "%s", err);
+    in.device = "cpu";
+    in.train_device = "cuda:0";
+    ck_assert_int_eq(plan_make(&in, &p, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "d_h=96") && strstr(err, "drafter inherits"), "%s", err);
+    in.train_device = "cpu";
+    ck_assert_msg(plan_make(&in, &p, err, sizeof err) == 0, "%s", err);
+    in.model = g_model;   /* the tiny model's head dim 16 plans on the GPU */
+    in.device = in.train_device = "cuda:0";
+    ck_assert_msg(plan_make(&in, &p, err, sizeof err) == 0, "%s", err);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("plan");
@@ -307,6 +334,7 @@ int main(void) {
     tcase_add_test(tc, make_write_read);
     tcase_add_test(tc, stages_refuse_conflicts);
     tcase_add_test(tc, train_sh_plan);
+    tcase_add_test(tc, gpu_shape_refused);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

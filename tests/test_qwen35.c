@@ -10,7 +10,10 @@
  * documents_independent: changing one document (its tokens and its length) leaves every other
  *   document's rows bitwise unchanged, in every captured layer.
  * random_init_and_shapes: target_init_random on a hybrid config, z-lab default ids of the
- *   Qwen3.6-27B depth, FLOP count, the GPU request refused with a sentence.
+ *   Qwen3.6-27B depth, FLOP count, a GPU request for a layout the GEMMs cannot take refused.
+ * gpu_refuses_uncovered_head_layout / checkpoint_mismatch_refused_before_allocation: the GPU
+ *   path's bad input (a DeltaNet key head dim above the kernel's 128, a tensor whose shape does not
+ *   match its config) refused with the field or tensor named before anything is allocated.
  * bad_checkpoint: a missing DeltaNet tensor fails naming the tensor.
  * nested_checkpoint: the multimodal layout (text_config, model.language_model. weights, vision and
  *   MTP tensors beside them) loads and gives the flat checkpoint's bits.
@@ -207,10 +210,11 @@ START_TEST(random_init_and_shapes) {
     ck_assert_int_eq(hf_zlab_layer_ids(64, 5, ids5), 0);
     int want[5] = {1, 16, 31, 46, 61};
     for (int i = 0; i < 5; i++) ck_assert_int_eq(ids5[i], want[i]);
-    /* the GPU path is refused for hybrids (this message on a CUDA build; "no CUDA" otherwise) */
+    /* this layout's Gated DeltaNet projection rows (52 wide) cannot feed the GPU GEMMs: refused
+     * from the config alone, before any allocation, on either build */
     opt.cuda_device = 0;
     ck_assert(target_init_random(&c, &opt, 3, 0.1f, err, sizeof err) == NULL);
-    ck_assert_msg(strstr(err, "CPU path only") || strstr(err, "no CUDA"), "%s", err);
+    ck_assert_msg(strstr(err, "projection width 52") && strstr(err, "multiples of 8"), "%s", err);
 }
 END_TEST
 
@@ -329,6 +333,68 @@ START_TEST(nested_checkpoint) {
 }
 END_TEST
 
+/* Bad input the GPU path must refuse from the config and the file headers alone, before anything
+ * is allocated (issue 27): a Gated DeltaNet head layout the kernels do not cover, and a checkpoint
+ * whose tensor shapes do not match its config. Both run on a CPU build too: the refusal comes
+ * before the "no CUDA" check, which proves it precedes every allocation. */
+START_TEST(gpu_refuses_uncovered_head_layout) {
+    struct model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = HF_ARCH_QWEN3_5;
+    snprintf(c.architecture, sizeof c.architecture, "Qwen3_5ForCausalLM");
+    c.vocab_size = 100; c.hidden_size = 64; c.intermediate_size = 64; c.num_hidden_layers = 4;
+    c.num_attention_heads = 2; c.num_key_value_heads = 1; c.head_dim = 16; c.rotary_dim = 4; c.qk_norm = 1;
+    c.rms_norm_eps = 1e-6; c.rope_theta = 1e7; c.linear_conv_kernel_dim = 4; c.linear_key_head_dim = 192;
+    c.linear_value_head_dim = 16; c.linear_num_key_heads = 1; c.linear_num_value_heads = 4;
+    for (int l = 0; l < 4; l++) c.layer_linear[l] = (l + 1) % 4 != 0;
+    struct target_options opt;
+    target_options_defaults(&opt);
+    opt.max_tokens = 16;
+    opt.cuda_device = 0;
+    ck_assert(target_init_random(&c, &opt, 3, 0.1f, err, sizeof err) == NULL);
+    ck_assert_msg(strstr(err, "linear_key_head_dim") && strstr(err, "192"), "%s", err);
+    /* the CPU path takes it (the reference has no such limit) */
+    opt.cuda_device = -1;
+    struct target *t = target_init_random(&c, &opt, 3, 0.1f, err, sizeof err);
+    ck_assert_msg(t != NULL, "%s", err);
+    target_free(t);
+    /* value heads not a multiple of key heads: hfconfig refuses it for both devices */
+    c.linear_key_head_dim = 16;
+    c.linear_num_key_heads = 3;
+    opt.cuda_device = 0;
+    ck_assert(target_init_random(&c, &opt, 3, 0.1f, err, sizeof err) == NULL);
+    ck_assert_msg(strstr(err, "linear heads k 3 / v 4"), "%s", err);
+}
+END_TEST
+
+START_TEST(checkpoint_mismatch_refused_before_allocation) {
+    const char *dir = test_tmpdir("q35shape");
+    mkmodel(dir, "--preset qwen3.5-tiny --seed 2");
+    char p[1024];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    char *text = test_slurp(p, NULL);
+    ck_assert_ptr_nonnull(text);
+    /* the config now says conv width 3; the file's conv1d weights are [80, 1, 4] */
+    char *at = strstr(text, "\"linear_conv_kernel_dim\": 4");
+    ck_assert_msg(at != NULL, "config.json has no linear_conv_kernel_dim 4: %s", text);
+    at[strlen("\"linear_conv_kernel_dim\": ")] = '3';
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fputs(text, f) >= 0, 1);
+    ck_assert_int_eq(fclose(f), 0);
+    free(text);
+    struct target_options opt;
+    target_options_defaults(&opt);
+    opt.max_tokens = 16;
+    opt.cuda_device = 0;   /* a GPU request: refused by the header check before any device work */
+    ck_assert(target_load(dir, &opt, err, sizeof err) == NULL);
+    ck_assert_msg(strstr(err, "model.layers.0.linear_attn.conv1d.weight") && strstr(err, "expected"), "%s", err);
+    opt.cuda_device = -1;
+    ck_assert(target_load(dir, &opt, err, sizeof err) == NULL);
+    ck_assert_msg(strstr(err, "conv1d.weight"), "%s", err);
+}
+END_TEST
+
 START_TEST(transformers_crosscheck) {
     const char *py = getenv("DFLASH_PYTHON");
     if (!py || !*py) py = "python3";
@@ -359,6 +425,8 @@ int main(void) {
     tcase_add_test(tc, random_init_and_shapes);
     tcase_add_test(tc, bad_checkpoint);
     tcase_add_test(tc, nested_checkpoint);
+    tcase_add_test(tc, gpu_refuses_uncovered_head_layout);
+    tcase_add_test(tc, checkpoint_mismatch_refused_before_allocation);
     tcase_add_test(tc, transformers_crosscheck);
     suite_add_tcase(s, tc);
     return test_run_suite(s);

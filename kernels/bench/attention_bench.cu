@@ -85,6 +85,8 @@
  * varlen one below and 200 short documents (1-100 tokens) around one of 600 (hundreds of work items,
  * so persistent variants run several items per CTA). A variant that fails its validation is reported,
  * not timed, and makes the bench exit 1 after the others ran; the last lines are a summary table.
+ * After the summary: the library's attention_forward at HD 256 (24 / 4 heads, Qwen3.6-27B), 32 and 16 (the
+ * demo's), where it runs kernels/attention_mma.cu (issue 27; DFLASH_ATTENTION_BENCH=0: these rows only).
  * Effective FLOPs = 4·HD·NH·Σ_docs len·(len+1)/2 (QKᵀ and PV over the causal half only).
  * Target (issue 5): >= 350 TFLOP/s at HD 128 on documents of 1-4K tokens.
  * Each variant is validated on a small varlen batch against attention_forward_ref first.
@@ -147,13 +149,23 @@ static int variant(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16
     return launch<HD, NW, MT, BC, FX>(o, lse, q, k, v, cu, ND, mx, T, NH, NKV, scale, s);
 }
 
+/* the library's attention_forward at a fixed head dim (the other-head-dim rows after the summary) */
+template <int HD>
+static int lib_forward(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND, int mx,
+                       int T, int NH, int NKV, float scale, cudaStream_t s) {
+    return attention_forward(o, lse, q, k, v, cu, ND, mx, T, NH, NKV, HD, scale, s);
+}
+
 /* A validation batch: host inputs (bf16-rounded), device copies and the reference output, made on
  * first use per head dim and reused by every variant. */
 struct vcase { int T, ND, NH, NKV, mx; std::vector<int32_t> cu; bf16 *q, *k, *v; int32_t *dcu; float *ref; };
 
+/* cache slot of a head dim (16, 32, 64, 128, 256) */
+static int hd_slot(int HD) { return HD == 16 ? 0 : HD == 32 ? 1 : HD == 64 ? 2 : HD == 128 ? 3 : 4; }
+
 static vcase *vcase_get(int which, int HD) {
-    static vcase *cache[2][2];
-    vcase *c = cache[which][HD == 128];
+    static vcase *cache[2][5];
+    vcase *c = cache[which][hd_slot(HD)];
     if (c) return c;
     c = new vcase();
     if (which == 0) {
@@ -180,7 +192,7 @@ static vcase *vcase_get(int which, int HD) {
     BENCH_OK(attention_forward_ref(c->ref, NULL, hq, hk, hv, c->cu.data(), c->ND, c->T, c->NH, c->NKV, HD,
                                    1.0f / sqrtf((float)HD)));
     free(hq); free(hk); free(hv);
-    cache[which][HD == 128] = c;
+    cache[which][hd_slot(HD)] = c;
     return c;
 }
 
@@ -227,11 +239,12 @@ static int make_docs(int32_t *cu, int T, int lo, int hi, uint64_t seed) {
     return nd;
 }
 
-/* Device inputs of the timed runs, one set per head dim (T=8192, 32/8 heads), made once. */
+/* Device inputs of the timed runs, one set per head dim (T=8192; the first call's heads: every run of one head
+ * dim uses the same T, NH, NKV), made once. */
 struct binputs { bf16 *q, *k, *v, *o; };
 static binputs *binputs_get(int HD, int T, int NH, int NKV) {
-    static binputs *cache[2];
-    binputs *b = cache[HD == 128];
+    static binputs *cache[5];
+    binputs *b = cache[hd_slot(HD)];
     if (b) return b;
     b = new binputs();
     size_t nq = (size_t)T * NH * HD, nk = (size_t)T * NKV * HD;
@@ -239,7 +252,7 @@ static binputs *binputs_get(int HD, int T, int NH, int NKV) {
     b->k = bench_rand_bf16(nk, -1, 1, 5);
     b->v = bench_rand_bf16(nk, -1, 1, 6);
     BENCH_CUDA(cudaMalloc(&b->o, 2 * nq));
-    cache[HD == 128] = b;
+    cache[hd_slot(HD)] = b;
     return b;
 }
 
@@ -364,7 +377,26 @@ int main(void) {
         printf("%-34s %10.1f %8.1f %8.1f %8.1f %10.1f\n", vars[i].name, tf[i][0], tf[i][1], tf[i][2], tf[i][3],
                tf[i][4]);
     }
-    printf("library default: v%d (the library's only kernel; other variants: bench only)\n",
+    printf("library default: v%d (the library's only kernel at HD 64 and 128; other variants: bench only)\n",
            ATTENTION_DEFAULT_KERNEL);
+    {   /* the other head dims: attention_forward runs kernels/attention_mma.cu there (mma.sync, 4 warps x 16
+         * rows, 64-key tiles; 32 at HD 256). HD 256 with Qwen3.6-27B's 24 / 4 heads, HD 16 (the demo's) with
+         * 32 / 8. DFLASH_ATTENTION_BENCH=0 runs only these rows. */
+        const char *e = getenv("DFLASH_ATTENTION_BENCH");
+        if (!e || !*e || strchr(e, '0') == e) {
+            printf("\nother head dims (library attention_forward -> kernels/attention_mma.cu), TFLOP/s:\n");
+            const int hds[3] = {256, 32, 16};
+            const att_fn fns[3] = {lib_forward<256>, lib_forward<32>, lib_forward<16>};
+            for (int i = 0; i < 3; i++) {
+                char name[64];
+                snprintf(name, sizeof name, "attention mma.sync HD%d", hds[i]);
+                if (!validate(name, fns[i], hds[i])) { bad++; continue; }
+                const int nh = hds[i] == 256 ? 24 : 32, nkv = hds[i] == 256 ? 4 : 8;
+                const double a = bench(name, fns[i], hds[i], lognormal, cu, nd_ln, T, nh, nkv);
+                const double b = bench(name, fns[i], hds[i], "1 doc x 8192", cu8k, 1, T, nh, nkv);
+                printf("%-34s HD %d heads %d/%d: %.1f (1-4K lognormal), %.1f (1 x 8192)\n", name, hds[i], nh, nkv, a, b);
+            }
+        }
+    }
     return bad ? 1 : 0;
 }

@@ -44,6 +44,12 @@
  *              90 (M=2, 4, 5) after git commit e591095; 91, 93, 94 (M=6, 8, 9) after git commit a239172, 92
  *              (M=7) became 88; 95, 96 (M=10, 11: kernel 3's K/V tiles loaded 2 ahead) after git commit 2693407.
  *              Their numbers are in RESULTS.md.
+ *   variant 9: the fp32 SIMT kernels (kernels/block_attn_simt.cu: ba_simt_forward / ba_simt_backward), which the
+ *              library runs for the shapes the wgmma kernels do not take (d_h 16, 32, 256; (n_h/n_kv)·B > 64);
+ *              timed at the standard shape too, beside the wgmma kernels (added 2026-12-03, issue 27).
+ * BA_BENCH_SHAPE=qwen36 runs the Qwen3.6-27B drafter's attention instead (24 q / 4 kv heads of d_h 256, B 16,
+ * the standard T, anchors, window and documents), BA_BENCH_SHAPE=g8 the standard shape with 64 / 8 heads of 128
+ * (G·B = 128); both run variants 7 (the library launchers, which pick the SIMT kernels there) and 9 only.
  * BA_BENCH_VARIANTS=8,84,88 runs only the listed variants (variant 3's forward is always validated: it
  * makes the backward's inputs).
  * Measured 2026-11-29 on the H200 (RESULTS.md): forward 1: 28.4, 2: 141.4, 3: 123.1, 4: 100.4 TFLOP/s;
@@ -69,6 +75,7 @@
 
 #include "kernels/anchors.h"
 #include "kernels/block_attn.h"
+#include "kernels/block_attn_simt.h"   /* variant 9: the fp32 SIMT kernels */
 #include "kernels/block_attn_wg.h"   /* before the namespaced copies of block_attn_mma.cuh below: C linkage, global */
 #include "kernels/common.h"
 #include "kernels/mma.cuh"
@@ -948,6 +955,16 @@ static void validate(const block_attn_config &c, const std::vector<bf16> &q, con
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);   /* every line out before a fault or a timeout */
     block_attn_config c = {8192, 512, 16, 32, 8, 128, 2048, 1, 1.0f / sqrtf(128.0f)};
+    const char *shape = getenv("BA_BENCH_SHAPE");
+    const bool alt = shape && shape[0];
+    if (alt) {   /* the shapes only the SIMT kernels take (see the header) */
+        if (!strcmp(shape, "qwen36")) c.n_h = 24, c.n_kv = 4, c.d_h = 256, c.scale = 1.0f / 16.0f;
+        else if (!strcmp(shape, "g8")) c.n_h = 64, c.n_kv = 8;
+        else {
+            fprintf(stderr, "block_attn_bench: BA_BENCH_SHAPE=%s, expected qwen36 or g8\n", shape);
+            return 2;
+        }
+    }
     int R = c.N * c.B;
     uint64_t rng = 42;
     std::vector<int32_t> doc(c.T);
@@ -992,7 +1009,14 @@ int main(void) {
                                  {8, forward_k<7>, backward_k<7>, false, false},
                                  {7, block_attn_forward, block_attn_backward, false, false},
                                  {84, forward_k<7>, backward7<0>, false, false, false},
-                                 {88, forward_k<7>, backward7<1>, false, false, false}};
+                                 {88, forward_k<7>, backward7<1>, false, false, false},
+                                 {9, ba_simt_forward, ba_simt_backward, false, false}};
+    if (alt) {   /* the other kernels do not take these shapes */
+        std::vector<variant> keep;
+        for (variant &var : vars)
+            if (var.id == 7 || var.id == 9) keep.push_back(var);
+        vars = keep;
+    }
     {   /* BA_BENCH_VARIANTS=8,84,88 (optional): run only these variants, so that a new variant that faults
          * cannot take the others' measurements with it */
         const char *sel = getenv("BA_BENCH_VARIANTS");

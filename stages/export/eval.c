@@ -5,6 +5,7 @@
 
 #include "core/err.h"
 #include "core/safetensors.h"
+#include "model/decode.h"
 #include "model/weights.h"
 
 #include <math.h>
@@ -33,7 +34,8 @@ int eval_target_open(struct eval_target *et, const char *target_dir, int max_tok
     et->last = malloc(sizeof(float) * (size_t)max_tokens * (size_t)et->H);
     et->xn = malloc(sizeof(float) * (size_t)et->H);
     et->logits = malloc(sizeof(float) * (size_t)et->V);
-    if (!et->norm || !et->lm_head || !et->states || !et->last || !et->xn || !et->logits) {
+    et->probs = malloc(sizeof(double) * (size_t)et->V);
+    if (!et->norm || !et->lm_head || !et->states || !et->last || !et->xn || !et->logits || !et->probs) {
         eval_target_close(et);
         return err_fail(err, err_len, "%s: out of memory for the eval buffers", target_dir);
     }
@@ -60,6 +62,12 @@ void eval_target_close(struct eval_target *et) {
     free(et->last);
     free(et->xn);
     free(et->logits);
+    free(et->probs);
+    decode_free(et->dc);
+    free(et->hist);
+    free(et->hist_last);
+    free(et->step_states);
+    free(et->step_last);
     memset(et, 0, sizeof *et);
 }
 
@@ -97,6 +105,9 @@ int eval_target_forward(struct eval_target *et, const int32_t *tokens, int n, in
     int rc = target_forward(et->t, &b, et->states, et->last, err, err_len);
     free(pos);
     if (rc) return -1;
+    et->ctx_states = et->states;
+    et->ctx_last = et->last;
+    et->ctx_rows = n;
     if (pred)
         for (int i = from < 0 ? 0 : from; i < n; i++) pred[i] = greedy_next(et, et->last + (size_t)i * et->H);
     return 0;
@@ -128,9 +139,11 @@ int eval_drafter_propose(void *ctx, struct eval_target *et, const int32_t *c, in
                         cfg->T_max);
     if (k != et->k || H != et->H) return err_fail(err, err_len, "eval: the target captures %d x %d, the drafter "
                                                   "wants %d x %d", et->k, et->H, k, H);
+    if (!et->ctx_states || et->ctx_rows < n) return err_fail(err, err_len, "eval: the proposer has no features");
     for (int t = 0; t < n; t++)
         for (int i = 0; i < k; i++)
-            memcpy(ed->hidden + ((size_t)t * k + i) * H, et->states + ((size_t)i * n + t) * H, sizeof(float) * (size_t)H);
+            memcpy(ed->hidden + ((size_t)t * k + i) * H, et->ctx_states + ((size_t)i * et->ctx_rows + t) * H,
+                   sizeof(float) * (size_t)H);
     uint8_t *mask = calloc((size_t)n, 1);
     int32_t *pos = malloc(sizeof *pos * (size_t)n), *doc = malloc(sizeof *doc * (size_t)n);
     if (!mask || !pos || !doc) {
@@ -144,7 +157,7 @@ int eval_drafter_propose(void *ctx, struct eval_target *et, const int32_t *c, in
         doc[t] = 0;
     }
     mask[n - 1] = 1;   /* the only anchor candidate: the last committed token */
-    struct drafter_batch b = {n, n + B, c, mask, pos, doc, ed->hidden, et->last};
+    struct drafter_batch b = {n, n + B, c, mask, pos, doc, ed->hidden, et->ctx_last};
     struct drafter_metrics m;
     int rc = drafter_step(ed->d, &b, 0, 0, 0, &m, err, err_len);
     free(mask);
@@ -240,4 +253,243 @@ int eval_greedy(struct eval_target *et, const int32_t *prompt, int P, int max_ne
     }
     free(pred);
     return rc;
+}
+
+/* ---------------------------------------------------------------- KV-cached, batched generation */
+
+int eval_target_enable_cache(struct eval_target *et, int n_slots, int max_len, char *err, int err_len) {
+    if (et->dc) return err_fail(err, err_len, "eval: the cache is already planned");
+    int step = n_slots * DRAFTER_MAX_B > max_len ? n_slots * DRAFTER_MAX_B : max_len;
+    et->dc = decode_init(et->t, n_slots, max_len, step, err, err_len);
+    if (!et->dc) return -1;
+    et->n_slots = n_slots;
+    et->max_len = max_len;
+    et->max_step = step;
+    size_t H = (size_t)et->H, k = (size_t)et->k;
+    /* zeroed: rows past a prompt's committed features are read (never used) by the proposer's copy */
+    et->hist = calloc((size_t)n_slots * k * (size_t)max_len * H, sizeof(float));
+    et->hist_last = calloc((size_t)n_slots * (size_t)max_len * H, sizeof(float));
+    et->step_states = malloc(sizeof(float) * k * (size_t)step * H);
+    et->step_last = malloc(sizeof(float) * (size_t)step * H);
+    if (!et->hist || !et->hist_last || !et->step_states || !et->step_last)
+        return err_fail(err, err_len, "eval: out of memory for the features of %d prompts x %d tokens", n_slots,
+                        max_len);
+    return 0;
+}
+
+static double uniform01(uint64_t *s) { return (double)(kernels_rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+/* The target's distribution after state x at temperature T, restricted to the top-p nucleus, into et->probs
+ * (normalised). */
+static void target_probs(struct eval_target *et, const float *x, double T, double top_p) {
+    eval_target_logits(et, x, et->logits);
+    int V = et->V, best = 0;
+    for (int v = 1; v < V; v++)
+        if (et->logits[v] > et->logits[best]) best = v;
+    double z = 0;
+    for (int v = 0; v < V; v++) z += et->probs[v] = exp((double)(et->logits[v] - et->logits[best]) / T);
+    for (int v = 0; v < V; v++) et->probs[v] /= z;
+    if (top_p > 0 && top_p < 1) {
+        /* the smallest set of most likely tokens whose mass reaches top_p: find the probability threshold by
+         * bisection on the mass above it (no sort; V is small on the CPU path) */
+        double lo = 0, hi = 1;
+        for (int it = 0; it < 60; it++) {
+            double mid = 0.5 * (lo + hi), m = 0;
+            for (int v = 0; v < V; v++)
+                if (et->probs[v] >= mid) m += et->probs[v];
+            if (m >= top_p) lo = mid;
+            else hi = mid;
+        }
+        z = 0;
+        for (int v = 0; v < V; v++) {
+            if (et->probs[v] < lo) et->probs[v] = 0;
+            z += et->probs[v];
+        }
+        for (int v = 0; v < V; v++) et->probs[v] /= z;
+    }
+}
+
+/* A draw from et->probs, with token `except` removed (-1: none) and the rest renormalised. */
+static int32_t draw(struct eval_target *et, uint64_t *rng, int32_t except) {
+    double z = 0;
+    for (int v = 0; v < et->V; v++)
+        if (v != except) z += et->probs[v];
+    double u = uniform01(rng) * z, acc = 0;
+    int32_t last = -1;
+    for (int v = 0; v < et->V; v++) {
+        if (v == except || et->probs[v] <= 0) continue;
+        last = v;
+        if ((acc += et->probs[v]) > u) return v;
+    }
+    return last >= 0 ? last : 0;
+}
+
+struct gen_seq {
+    int idx, slot, n, end, done;
+    int64_t rounds, tau_sum;
+    uint64_t rng;
+};
+
+static int is_stop(const struct eval_gen_opts *o, int32_t t) {
+    for (int i = 0; i < o->n_stop; i++)
+        if (o->stop[i] == t) return 1;
+    return 0;
+}
+
+/* Commit token t at position q of sequence g; marks it done at a stop token or at its end. */
+static void commit(struct gen_seq *g, int32_t *out, const struct eval_gen_opts *o, int32_t t) {
+    if (g->done) return;
+    out[g->n++] = t;
+    if (g->n >= g->end || is_stop(o, t)) g->done = 1;
+}
+
+/* Copy `rows` feature rows of the last step (from step row r0) into sequence g's history at row h0. */
+static void keep_features(struct eval_target *et, const struct gen_seq *g, int r0, int h0, int rows) {
+    size_t H = (size_t)et->H, L = (size_t)et->max_len;
+    for (int i = 0; i < et->k; i++)
+        memcpy(et->hist + (((size_t)g->slot * et->k + i) * L + h0) * H,
+               et->step_states + ((size_t)i * et->max_step + r0) * H, sizeof(float) * H * (size_t)rows);
+    memcpy(et->hist_last + ((size_t)g->slot * L + h0) * H, et->step_last + (size_t)r0 * H,
+           sizeof(float) * H * (size_t)rows);
+}
+
+/* One decode_extend; its k blocks of T state rows are re-spaced to max_step rows (keep_features' stride). */
+static int extend(struct eval_target *et, int n_seq, const int *slots, const int32_t *ids, const int32_t *cu,
+                  char *err, int err_len) {
+    int T = cu[n_seq];
+    if (decode_extend(et->dc, n_seq, slots, ids, cu, et->step_states, et->step_last, err, err_len)) return -1;
+    for (int i = et->k - 1; i > 0 && T < et->max_step; i--)   /* highest block first: no overlap */
+        memmove(et->step_states + (size_t)i * et->max_step * et->H, et->step_states + (size_t)i * T * et->H,
+                sizeof(float) * (size_t)T * et->H);
+    return 0;
+}
+
+static int generate_group(struct eval_target *et, int n, const int32_t *const *prompts, const int *P,
+                          const struct eval_gen_opts *o, int32_t **outs, int *out_len, struct eval_stats *s,
+                          int first, char *err, int err_len) {
+    struct gen_seq g[et->n_slots];
+    int B = o->fn ? o->B : 1, sampled = o->temperature > 0;
+    int slots[et->n_slots];
+    int32_t cu[et->n_slots + 1];
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)et->max_step);
+    if (!ids) return err_fail(err, err_len, "eval: out of memory");
+    int rc = 0;
+    /* prefill, one prompt per step (a prompt may be as long as the plan) */
+    for (int i = 0; i < n && !rc; i++) {
+        int idx = first + i;
+        g[i] = (struct gen_seq){idx, i, P[idx], P[idx] + o->max_new, o->max_new <= 0, 0, 0, 0};
+        g[i].rng = kernels_mix64(o->seed + (uint64_t)(o->index_base + idx + 1) * KERNELS_RNG_GAMMA);
+        memcpy(outs[idx], prompts[idx], sizeof(int32_t) * (size_t)P[idx]);
+        if (P[idx] < 1) {
+            rc = err_fail(err, err_len, "eval: prompt %lld is empty", (long long)(o->index_base + idx));
+            break;
+        }
+        if (P[idx] + o->max_new + B > et->max_len) {
+            rc = err_fail(err, err_len, "eval: prompt %lld: %d + %d new + block %d tokens exceed the cache's %d",
+                          (long long)(o->index_base + idx), P[idx], o->max_new, B, et->max_len);
+            break;
+        }
+        int slot = i;
+        int32_t c2[2] = {0, P[idx]};
+        if ((rc = decode_truncate(et->dc, slot, 0, err, err_len))) break;
+        if ((rc = extend(et, 1, &slot, prompts[idx], c2, err, err_len))) break;
+        keep_features(et, &g[i], 0, 0, P[idx]);
+        const float *x = et->step_last + (size_t)(P[idx] - 1) * et->H;
+        int32_t t;
+        if (sampled) {
+            target_probs(et, x, o->temperature, o->top_p);
+            t = draw(et, &g[i].rng, -1);
+        } else {
+            t = greedy_next(et, x);
+        }
+        if (!g[i].done) commit(&g[i], outs[idx], o, t);
+    }
+    while (!rc) {
+        int m = 0;
+        cu[0] = 0;
+        int32_t draft[et->n_slots][DRAFTER_MAX_B];
+        for (int i = 0; i < n && !rc; i++) {
+            if (g[i].done) continue;
+            int32_t *out = outs[g[i].idx];
+            /* the cache holds out[0 .. n-1); the anchor out[n-1] is fed again with the draft */
+            ids[cu[m]] = out[g[i].n - 1];
+            if (o->fn) {
+                et->ctx_states = et->hist + (size_t)g[i].slot * et->k * et->max_len * et->H;
+                et->ctx_last = et->hist_last + (size_t)g[i].slot * et->max_len * et->H;
+                et->ctx_rows = et->max_len;
+                rc = o->fn(o->ctx, et, out, g[i].n, B, draft[i], err, err_len);
+                memcpy(ids + cu[m] + 1, draft[i], sizeof(int32_t) * (size_t)(B - 1));
+            }
+            slots[m] = g[i].slot;
+            cu[m + 1] = cu[m] + B;
+            m++;
+        }
+        if (rc || m == 0) break;
+        if ((rc = extend(et, m, slots, ids, cu, err, err_len))) break;
+        int j = 0;
+        for (int i = 0; i < n; i++) {
+            if (g[i].done) continue;
+            int32_t *out = outs[g[i].idx];
+            int n0 = g[i].n, r0 = cu[j++], acc = 0;
+            int32_t bonus;
+            for (;;) {
+                const float *x = et->step_last + (size_t)(r0 + acc) * et->H;
+                if (sampled) {
+                    target_probs(et, x, o->temperature, o->top_p);
+                    if (acc < B - 1 && uniform01(&g[i].rng) < et->probs[draft[i][acc]]) {
+                        acc++;
+                        continue;
+                    }
+                    bonus = draw(et, &g[i].rng, acc < B - 1 ? draft[i][acc] : -1);
+                } else {
+                    int32_t p = greedy_next(et, x);
+                    if (acc < B - 1 && p == draft[i][acc]) {
+                        acc++;
+                        continue;
+                    }
+                    bonus = p;
+                }
+                break;
+            }
+            for (int a = 0; a < acc; a++) commit(&g[i], out, o, draft[i][a]);
+            commit(&g[i], out, o, bonus);
+            /* features of the anchor and the accepted drafts are now committed context; the rest rolls back */
+            keep_features(et, &g[i], r0, n0 - 1, acc + 1);
+            if ((rc = decode_truncate(et->dc, g[i].slot, n0 + acc, err, err_len))) break;
+            if (o->fn) {
+                g[i].rounds++;
+                g[i].tau_sum += acc + 1;
+                if (s) {
+                    s->hist[acc + 1]++;
+                    for (int q = 1; q <= acc; q++) s->at_pos[q]++;
+                    s->accepted += acc;
+                }
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        out_len[g[i].idx] = g[i].n;
+        if (o->fn && s && g[i].rounds) {
+            s->rounds += g[i].rounds;
+            s->responses++;
+            s->tau_sum += (double)g[i].tau_sum / (double)g[i].rounds;
+        }
+    }
+    free(ids);
+    return rc;
+}
+
+int eval_generate(struct eval_target *et, int n, const int32_t *const *prompts, const int *P,
+                  const struct eval_gen_opts *o, int32_t **outs, int *out_len, struct eval_stats *s, char *err,
+                  int err_len) {
+    if (!et->dc) return err_fail(err, err_len, "eval: eval_generate needs eval_target_enable_cache first");
+    if (o->fn && (o->B < 2 || o->B > DRAFTER_MAX_B)) return err_fail(err, err_len, "eval: block size %d", o->B);
+    if (o->fn && o->B * et->n_slots > et->max_step)
+        return err_fail(err, err_len, "eval: %d slots x block %d exceed the step plan %d", et->n_slots, o->B,
+                        et->max_step);
+    for (int first = 0; first < n; first += et->n_slots) {
+        int m = n - first < et->n_slots ? n - first : et->n_slots;
+        if (generate_group(et, m, prompts, P, o, outs, out_len, s, first, err, err_len)) return -1;
+    }
+    return 0;
 }

@@ -3,10 +3,13 @@
  * statistics z-lab's benchmark reports (issue 17 item 3; dflash-reference.md §12).
  *
  * DESIGN
- * - The target is stages/model/target.h on the CPU (fp32). There is no KV cache: every round recomputes the
- *   target forward over the whole committed prefix (for the drafter's context features) and over prefix + draft
- *   (to verify). That is O(L²) per response and fine for the tiny model; a server-sized eval needs the GPU path
- *   and a cache.
+ * - The target is stages/model/target.h on the CPU (fp32). Two paths:
+ *   - eval_generate (issue 30): KV-cached (model/decode.h) and batched: up to n_slots prompts advance together,
+ *     each round is one decode_extend over every active prompt's block (verification) or token (plain decoding);
+ *     per token, the cached step is bitwise the full forward, so speculative output equals plain greedy output.
+ *     Also sampled decoding (temperature, top-p) with the speculative-sampling acceptance rule and stop tokens.
+ *   - eval_speculative / eval_greedy: no cache, every round recomputes the target over the whole committed prefix
+ *     (O(L²) per response); kept for Qwen3.5 hybrids, whose recurrent-state cache is not written yet.
  * - One round, with committed tokens c[0..n) (c[n-1] is the anchor: the last committed token, which has no
  *   features in the drafter's context): the proposer gets c and the captured features of c, and returns B-1
  *   draft tokens d[1..B-1] for positions n..n+B-2; the target runs over c ++ d and its greedy prediction p[i]
@@ -46,6 +49,17 @@ struct eval_target {
     float *last;        /* (max_tokens, H) */
     float *xn;          /* (H) scratch */
     float *logits;      /* (V) scratch */
+    double *probs;      /* (V) scratch (sampling) */
+    /* The proposer's view of the committed tokens' features: k blocks of ctx_rows rows of H (row t = token t), and
+     * the last layer's (ctx_rows, H). eval_target_forward points them at states / last (ctx_rows = n); the cached
+     * path at one prompt's feature history. */
+    const float *ctx_states, *ctx_last;
+    int ctx_rows;
+    /* KV cache (eval_target_enable_cache), else NULL */
+    struct decode *dc;
+    int n_slots, max_len, max_step;
+    float *hist, *hist_last;          /* (n_slots, k, max_len, H), (n_slots, max_len, H) */
+    float *step_states, *step_last;   /* (k, max_step, H), (max_step, H) */
 };
 
 /* Load target_dir for sequences up to max_tokens, capturing the z-lab ids (k of them). 0/-1. */
@@ -57,11 +71,15 @@ void eval_target_close(struct eval_target *et);
 int eval_target_forward(struct eval_target *et, const int32_t *tokens, int n, int from, int32_t *pred, char *err,
                         int err_len);
 
+/* Plan a KV cache for n_slots prompts of up to max_len tokens (prompt + generated + a block). 0, or -1 with a
+ * sentence: decode_init refuses Qwen3.5 hybrids (callers fall back to eval_speculative / eval_greedy). */
+int eval_target_enable_cache(struct eval_target *et, int n_slots, int max_len, char *err, int err_len);
+
 /* The target's logits (V) after one last-layer state x (H): lm_head · RMSNorm_final(x). */
 void eval_target_logits(struct eval_target *et, const float *x, float *logits);
 
-/* A proposer: given the committed tokens c[0..n) and the target's features of them (et->states after a forward
- * over c, k blocks of [n, H], and et->last), write draft[0..B-2] = the tokens for positions n..n+B-2. */
+/* A proposer: given the committed tokens c[0..n) and the target's features of them (et->ctx_states: k blocks of
+ * [ctx_rows, H], rows 0..n-2 at least, and et->ctx_last), write draft[0..B-2] = the tokens for positions n..n+B-2. */
 typedef int (*eval_propose_fn)(void *ctx, struct eval_target *et, const int32_t *c, int n, int B, int32_t *draft,
                                char *err, int err_len);
 
@@ -94,6 +112,31 @@ int eval_speculative(struct eval_target *et, const int32_t *prompt, int P, int m
 /* Plain greedy decoding (one target forward per token) into out[0..P+max_new). 0/-1. */
 int eval_greedy(struct eval_target *et, const int32_t *prompt, int P, int max_new, int32_t *out, char *err,
                 int err_len);
+
+/* ---------------------------------------------------------------- KV-cached, batched generation */
+
+struct eval_gen_opts {
+    int max_new;                /* tokens to generate per prompt (fewer when a stop token comes first) */
+    int B;                      /* speculative block size (2..DRAFTER_MAX_B) with fn; ignored without */
+    eval_propose_fn fn;         /* NULL: plain decoding, one token per prompt per step */
+    void *ctx;
+    double temperature;         /* 0: greedy (argmax, first maximum on ties) */
+    double top_p;               /* nucleus (0 or 1: off); with temperature > 0 */
+    uint64_t seed;              /* sampling: prompt i draws from a stream keyed by (seed, index_base + i) */
+    int64_t index_base;
+    const int32_t *stop;        /* generation of a prompt ends after it emits one of these (kept in the output) */
+    int n_stop;
+};
+
+/* Generate for n prompts (prompts[i], P[i] tokens, P[i] + max_new + B <= the cache's max_len) in groups of n_slots:
+ * outs[i][0 .. out_len[i]) = prompt + generated tokens (outs[i] holds P[i] + max_new + B entries). With fn, each
+ * round verifies the proposer's B-1 tokens: greedy, the leading run equal to the target's argmax is accepted;
+ * sampled, draft token d is accepted with probability p(d) (the drafter's choice is deterministic, so q(d) = 1) and
+ * the first rejection is replaced by a draw from p without d; the bonus token is the target's. s (may be NULL)
+ * collects the rounds of speculative runs. Deterministic for a seed whatever the grouping. 0/-1. */
+int eval_generate(struct eval_target *et, int n, const int32_t *const *prompts, const int *P,
+                  const struct eval_gen_opts *o, int32_t **outs, int *out_len, struct eval_stats *s, char *err,
+                  int err_len);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,7 @@
 #include "core/bus.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "metrics/tfevents.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -57,6 +58,8 @@ struct msink {
     struct msink_opts o;
     char jsonl_path[PATH_MAX], csv_path[PATH_MAX];
     int jsonl_fd, csv_fd;
+    struct tfevents *tb;       /* events.out.tfevents.* beside metrics.jsonl (metrics/tfevents.h) */
+    int tb_fail_logged;
     char *jbuf;
     size_t jlen, jcap;
 
@@ -328,7 +331,33 @@ static int queue_json(struct msink *s, const struct bus_record *r) {
     return 0;
 }
 
+/* Every metric record as one TensorBoard event: tag = the metric's name for the main stage (the trainer's loss,
+ * eal, lr, ... as TensorBoard's top-level charts), <stage>/<name> for the others; step = the record's step. */
+static void queue_tfevent(struct msink *s, const struct bus_record *r) {
+    if (!s->tb || r->kind != BUS_KIND_METRIC || r->n_kv < 1) return;
+    char tags[BUS_MAX_KV][2 * BUS_NAME_MAX + 2];
+    const char *tp[BUS_MAX_KV];
+    float v[BUS_MAX_KV];
+    int main_stage = !strcmp(r->stage, s->o.csv_stage);
+    for (int i = 0; i < r->n_kv; i++) {
+        if (main_stage)
+            snprintf(tags[i], sizeof tags[i], "%s", r->kv[i].name);
+        else
+            snprintf(tags[i], sizeof tags[i], "%s/%s", r->stage, r->kv[i].name);
+        tp[i] = tags[i];
+        v[i] = (float)r->kv[i].value;
+    }
+    char err[256];
+    if (tfevents_add(s->tb, r->t, r->has_step ? (int64_t)r->step : (int64_t)s->records, r->n_kv, tp, v, err,
+                     sizeof err) && !s->tb_fail_logged) {
+        s->tb_fail_logged = 1;
+        progress_clear(s);
+        log_warn("%s", err);
+    }
+}
+
 int msink_flush(struct msink *s, char *err, int err_len) {
+    if (s && s->tb && tfevents_flush(s->tb, err, err_len)) return -1;
     if (!s || !s->jlen) return 0;
     int rc = write_all(s->jsonl_fd, s->jbuf, s->jlen);
     s->jlen = 0;
@@ -363,6 +392,7 @@ struct msink *msink_open(const struct msink_opts *o, char *err, int err_len) {
     s->csv_fd = open(s->csv_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, (mode_t)fs_file_mode());
     if (s->csv_fd < 0) { err_fail(err, err_len, "open(%s) failed: %s", s->csv_path, strerror(errno)); goto fail; }
     if (csv_load(s, err, err_len)) goto fail;
+    if (!(s->tb = tfevents_open(o->run_dir, err, err_len))) goto fail;
     /* a metrics.jsonl line torn by an old SIGKILL mid-write must not glue onto our first line */
     struct stat st;
     if (fstat(s->jsonl_fd, &st) == 0 && st.st_size > 0) {
@@ -396,6 +426,7 @@ void msink_close(struct msink *s) {
     plot_kill(s);
     if (s->jsonl_fd >= 0) close(s->jsonl_fd);
     if (s->csv_fd >= 0) close(s->csv_fd);
+    tfevents_close(s->tb);
     for (int i = 0; i < s->ncols; i++) free(s->cols[i]);
     for (int i = 0; i < s->n_kind_msgs; i++) free(s->kind_msgs[i]);
     free(s->cols);
@@ -512,6 +543,7 @@ int msink_handle(struct msink *s, const void *buf, size_t len, double now, char 
         progress_clear(s);
         log_warn("could not render a %s record of %s as JSON (out of memory)", bus_kind_name(r->kind), r->stage);
     }
+    queue_tfevent(s, r);
     rc = 0;
     if (r->kind == BUS_KIND_METRIC && !strcmp(r->stage, s->o.csv_stage) && csv_row(s, r, err, err_len)) rc = -100;
     free(r);
@@ -828,6 +860,8 @@ void msink_finish(struct msink *s, double now, const char *why) {
              (unsigned long long)s->records, (unsigned long long)s->bad[MSINK_BAD_MALFORMED],
              (unsigned long long)s->bad[MSINK_BAD_VERSION], (unsigned long long)s->bad[MSINK_BAD_KIND]);
 }
+
+const char *msink_tfevents_path(const struct msink *s) { return s->tb ? tfevents_path(s->tb) : NULL; }
 
 uint64_t msink_records(const struct msink *s) { return s->records; }
 uint64_t msink_bad_count(const struct msink *s, enum msink_bad which) {

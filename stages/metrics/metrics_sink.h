@@ -16,6 +16,10 @@
  * when a new name appears the file is rewritten once, atomically, with the wider header and the
  * old rows padded (fs_write_atomic), so the file always has exactly one consistent header.
  *
+ * TensorBoard: every metric record (any stage) also becomes one event in <run>/events.out.tfevents.<sec>.<host>.<pid>.<n>
+ * (metrics/tfevents.h; a new file per sink start), tag = the metric's name for csv_stage, <stage>/<name> otherwise,
+ * flushed with metrics.jsonl; `tensorboard --logdir <run>` reads it.
+ *
  * Plots: plots/{loss,eal,tokens_per_s}.png drawn from metrics.csv by gnuplot, run as a child
  * process (never waited on in the loop; killed after plot_timeout_s); a missing gnuplot is one
  * warning and plots are off. Time arguments `now` are monotonic seconds (time_mono_s) so tests can
@@ -84,6 +88,9 @@ void msink_progress(struct msink *s, double now, char *line, size_t cap);
  * state) and the bad-input counts. Counts cover this run of the sink; items and seconds are the
  * senders' own cumulative counters, so they survive a sink restart. */
 void msink_finish(struct msink *s, double now, const char *why);
+
+/* The event file this sink writes (valid until msink_close). */
+const char *msink_tfevents_path(const struct msink *s);
 
 /* Counters for tests and the summary. */
 uint64_t msink_records(const struct msink *s);

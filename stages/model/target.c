@@ -10,12 +10,18 @@
  */
 #include "model/target.h"
 #include "core/err.h"
+#include "core/log.h"
 #include "model/gdn.h"
 #include "core/safetensors.h"
 #include "model/weights.h"
 
 #include "kernels/attention.h"
+#include "kernels/conv1d.h"
 #include "kernels/embedding.h"
+#include "kernels/gated_attn.h"
+#include "kernels/gated_delta.h"
+#include "kernels/gated_rmsnorm.h"
+#include "kernels/l2norm.h"
 #include "kernels/gemm.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -42,17 +48,17 @@ struct target_layer {
     float *ln_post;   /* (C) */
     float *q_norm;    /* (HD) Qwen3 only, else NULL */
     float *k_norm;    /* (HD) Qwen3 only, else NULL */
-    /* Qwen3.5 (CPU only). Every RMSNorm weight above is stored as the effective (1 + w) of
+    /* Qwen3.5. Every RMSNorm weight above is stored as the effective (1 + w) of
      * Qwen3_5RMSNorm, one fp32 add at load as transformers does. A full-attention layer's w_qkv
      * has rows [q_proj (NH·2·HD, per head [query; gate]); k; v]. A linear (Gated DeltaNet) layer
-     * has no w_qkv / w_o / q_norm / k_norm but: */
+     * has no w_qkv / w_o / q_norm / k_norm but (matrices bf16 on a GPU, the rest fp32): */
     int linear;       /* 1: Gated DeltaNet */
-    float *w_lin_in;  /* (LIN_IN, C) rows [in_proj_qkv; in_proj_z; in_proj_b; in_proj_a] */
+    void *w_lin_in;   /* (LIN_IN, C) rows [in_proj_qkv; in_proj_z; in_proj_b; in_proj_a] */
     float *conv_w;    /* (conv_dim, K) */
     float *a_neg;     /* (NV) -exp(A_log) */
     float *dt_bias;   /* (NV) */
     float *gnorm;     /* (d_v) gated RMSNorm weight (plain, not 1 + w) */
-    float *w_lin_out; /* (C, NV·d_v) out_proj */
+    void *w_lin_out;  /* (C, NV·d_v) out_proj */
 };
 
 struct target {
@@ -78,13 +84,18 @@ struct target {
     void *gu;                      /* (Tm, 2·I) */
     void *act;                     /* (Tm, I) */
     int32_t *ids, *pos, *cu;       /* device copies (GPU only): (Tm), (Tm), (Tm+1) */
-    /* Qwen3.5 only (CPU): */
-    float *gate;                   /* (Tm, NH·HD) attention output gate */
-    float *lin_conv;               /* (Tm, conv_dim) conv + silu output (per document rows) */
-    float *lin_y;                  /* (Tm, NV·d_v) gated-norm output, the input of out_proj */
-    float *lin_state;              /* (NV·d_k·d_v) recurrent state of one document */
+    /* Qwen3.5 only: */
+    void *gate;                    /* (Tm, NH·HD) attention output gate (fp32 CPU, bf16 GPU) */
+    float *lin_conv;               /* (Tm, conv_dim) conv + silu output, fp32 on both devices */
+    void *lin_y;                   /* (Tm, NV·d_v) gated-norm output, the input of out_proj */
+    float *lin_state;              /* (NV·d_k·d_v) recurrent state of one document (CPU) */
+    float *lin_o;                  /* (Tm, NV·d_v) fp32 gated delta rule output (GPU) */
 #ifdef DFLASH_CUDA
     cudaStream_t stream;
+    /* target_timing: events recorded at phase boundaries of the last forward, and their phases */
+    int timing, n_ev, max_ev;
+    cudaEvent_t *ev;
+    int *ev_phase;                 /* (max_ev) the phase that ENDS at event i */
 #endif
 };
 
@@ -114,9 +125,6 @@ static int check_shape_config(const struct model_config *c, int dev, char *err, 
     if (c->arch != HF_ARCH_QWEN3 && c->arch != HF_ARCH_LLAMA && c->arch != HF_ARCH_QWEN3_5)
         return err_fail(err, err_len, "target: unsupported architecture '%s'", c->architecture);
     if (is_hybrid(c)) {
-        if (dev >= 0)
-            return err_fail(err, err_len, "target: %s (Qwen3.5 / 3.6 hybrid) runs on the CPU path only for now "
-                            "(--device cpu); its GPU kernels are a later issue", c->architecture);
         int R = hf_config_rotary_dim(c);
         if (c->num_hidden_layers > HF_MAX_LAYERS || R < 2 || R % 2 || R > c->head_dim || c->linear_num_key_heads < 1 ||
             c->linear_num_value_heads < 1 || c->linear_num_value_heads % c->linear_num_key_heads ||
@@ -135,10 +143,25 @@ static int check_shape_config(const struct model_config *c, int dev, char *err, 
     if (c->num_attention_heads % c->num_key_value_heads)
         return err_fail(err, err_len, "target: num_attention_heads %d is not a multiple of num_key_value_heads %d",
                     c->num_attention_heads, c->num_key_value_heads);
+    if (dev >= 0 && is_hybrid(c)) {
+        /* The Gated DeltaNet kernels' head layouts (the GPU attention checks its own head_dim). */
+        char why[256];
+        if (gated_delta_check_shape(c->linear_num_key_heads, c->linear_num_value_heads, c->linear_key_head_dim,
+                                    c->linear_value_head_dim, why, sizeof why))
+            return err_fail(err, err_len, "target: %s: %s", c->architecture, why);
+        if (c->head_dim % 8)
+            return err_fail(err, err_len, "target: the GPU path needs head_dim a multiple of 8 (the q/k norm), the "
+                            "config has %d", c->head_dim);
+        int lin_in = hf_config_linear_in_dim(c), vd = c->linear_num_value_heads * c->linear_value_head_dim;
+        if (lin_in % 8 || vd % 8)
+            return err_fail(err, err_len, "target: the GPU GEMMs need 16-byte rows: the Gated DeltaNet projection "
+                            "width %d (2·k heads·k dim + 2·v heads·v dim + 2·v heads) and linear_num_value_heads · "
+                            "linear_value_head_dim %d must be multiples of 8", lin_in, vd);
+    }
     if (dev >= 0) {
-        if (c->head_dim != 64 && c->head_dim != 128)
-            return err_fail(err, err_len, "target: the GPU attention supports head_dim 64 or 128, the config has %d",
-                        c->head_dim);
+        char aerr[200];
+        if (attention_shape_supported(c->num_attention_heads, c->num_key_value_heads, c->head_dim, aerr, sizeof aerr))
+            return err_fail(err, err_len, "target: %s", aerr);
         if (c->hidden_size % 8 || c->intermediate_size % 8)
             return err_fail(err, err_len, "target: the GPU path needs hidden_size and intermediate_size multiples "
                         "of 8 (got %d, %d)", c->hidden_size, c->intermediate_size);
@@ -218,9 +241,9 @@ static int alloc_all(struct target *t, char *err, int err_len) {
         struct target_layer *ly = &t->layers[l];
         if (is_hybrid(c) && c->layer_linear[l]) {
             ly->linear = 1;
-            ok = (ly->w_lin_in = mem_alloc(t, LIN_IN * C * 4, wb)) && (ly->conv_w = mem_alloc(t, CONV * gs.K * 4, wb)) &&
+            ok = (ly->w_lin_in = mem_alloc(t, LIN_IN * C * es, wb)) && (ly->conv_w = mem_alloc(t, CONV * gs.K * 4, wb)) &&
                  (ly->a_neg = mem_alloc(t, (size_t)gs.n_v * 4, wb)) && (ly->dt_bias = mem_alloc(t, (size_t)gs.n_v * 4, wb)) &&
-                 (ly->gnorm = mem_alloc(t, (size_t)gs.d_v * 4, wb)) && (ly->w_lin_out = mem_alloc(t, C * VD * 4, wb)) &&
+                 (ly->gnorm = mem_alloc(t, (size_t)gs.d_v * 4, wb)) && (ly->w_lin_out = mem_alloc(t, C * VD * es, wb)) &&
                  (ly->w_gu = mem_alloc(t, 2 * I * C * es, wb)) && (ly->w_down = mem_alloc(t, C * I * es, wb)) &&
                  (ly->ln_in = mem_alloc(t, C * 4, wb)) && (ly->ln_post = mem_alloc(t, C * 4, wb));
             continue;
@@ -240,9 +263,10 @@ static int alloc_all(struct target *t, char *err, int err_len) {
          (t->att = mem_alloc(t, Tm * NH * HD * es, kb)) && (t->gu = mem_alloc(t, Tm * 2 * I * es, kb)) &&
          (t->act = mem_alloc(t, Tm * I * es, kb)) && (t->inv_freq = mem_alloc(t, HD / 2 * 4, kb));
     if (ok && is_hybrid(c))
-        ok = (t->gate = mem_alloc(t, Tm * NH * HD * 4, kb)) && (t->lin_conv = mem_alloc(t, Tm * CONV * 4, kb)) &&
-             (t->lin_y = mem_alloc(t, Tm * VD * 4, kb)) &&
-             (t->lin_state = mem_alloc(t, (size_t)gs.n_v * gs.d_k * gs.d_v * 4, kb));
+        ok = (t->gate = mem_alloc(t, Tm * NH * HD * es, kb)) && (t->lin_conv = mem_alloc(t, Tm * CONV * 4, kb)) &&
+             (t->lin_y = mem_alloc(t, Tm * VD * es, kb)) &&
+             (t->dev >= 0 ? (t->lin_o = mem_alloc(t, Tm * VD * 4, kb)) != NULL
+                          : (t->lin_state = mem_alloc(t, (size_t)gs.n_v * gs.d_k * gs.d_v * 4, kb)) != NULL);
     if (ok && t->dev >= 0)
         ok = (t->ids = mem_alloc(t, Tm * 4, kb)) && (t->pos = mem_alloc(t, Tm * 4, kb)) &&
              (t->cu = mem_alloc(t, (Tm + 1) * 4, kb));
@@ -253,6 +277,43 @@ static int alloc_all(struct target *t, char *err, int err_len) {
     t->inv_freq_h = malloc(HD / 2 * sizeof(float));
     if (!t->inv_freq_h) return err_fail(err, err_len, "target: out of host memory");
     return 0;
+}
+
+static size_t nz16(size_t x) { return x ? x : 16; }
+
+void target_plan_bytes(const struct model_config *c, int max_tokens, int gpu, size_t *weight_bytes,
+                       size_t *work_bytes) {
+    /* alloc_all's arithmetic, allocation by allocation (a zero-byte allocation counts 16) */
+#define Z(x) nz16((size_t)(x))
+    size_t C = (size_t)c->hidden_size, I = (size_t)c->intermediate_size, HD = (size_t)c->head_dim;
+    size_t NH = (size_t)c->num_attention_heads, NKV = (size_t)c->num_key_value_heads;
+    size_t QKV = (size_t)n_qkv(c), Tm = (size_t)max_tokens, es = gpu ? 2 : 4, wb = 0, kb = 0;
+    struct gdn_shape gs = gdn_shape_of(c);
+    size_t LIN_IN = 0, CONV = 0, VD = 0;
+    if (is_hybrid(c)) {
+        LIN_IN = (size_t)gdn_in_dim(&gs);
+        CONV = (size_t)gdn_conv_dim(&gs);
+        VD = (size_t)gs.n_v * gs.d_v;
+    }
+    wb += Z((size_t)c->vocab_size * C * es);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        if (is_hybrid(c) && c->layer_linear[l]) {
+            wb += Z(LIN_IN * C * es) + Z(CONV * gs.K * 4) + 2 * Z((size_t)gs.n_v * 4) + Z((size_t)gs.d_v * 4) +
+                  Z(C * VD * es) + Z(2 * I * C * es) + Z(C * I * es) + 2 * Z(C * 4);
+            continue;
+        }
+        wb += Z(QKV * C * es) + Z(C * NH * HD * es) + Z(2 * I * C * es) + Z(C * I * es) + 2 * Z(C * 4);
+        if (c->qk_norm) wb += 2 * Z(HD * 4);
+    }
+    kb += 2 * Z(Tm * C * es) + Z(Tm * (QKV > LIN_IN ? QKV : LIN_IN) * es) + 2 * Z(Tm * NH * HD * es) +
+          2 * Z(Tm * NKV * HD * es) + Z(Tm * 2 * I * es) + Z(Tm * I * es) + Z(HD / 2 * 4);
+    if (is_hybrid(c))
+        kb += Z(Tm * NH * HD * es) + Z(Tm * CONV * 4) + Z(Tm * VD * es) +
+              (gpu ? Z(Tm * VD * 4) : Z((size_t)gs.n_v * gs.d_k * gs.d_v * 4));
+    if (gpu) kb += 2 * Z(Tm * 4) + Z((Tm + 1) * 4);
+#undef Z
+    *weight_bytes = wb;
+    *work_bytes = kb;
 }
 
 void target_free(struct target *t) {
@@ -272,10 +333,14 @@ void target_free(struct target *t) {
     }
     mem_free(t, t->embed);
     void *bufs[] = {t->x, t->h, t->qkv, t->q, t->k, t->v, t->att, t->gu, t->act, t->inv_freq, t->ids, t->pos, t->cu,
-                    t->gate, t->lin_conv, t->lin_y, t->lin_state};
+                    t->gate, t->lin_conv, t->lin_y, t->lin_state, t->lin_o};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(t, bufs[i]);
     free(t->inv_freq_h);
 #ifdef DFLASH_CUDA
+    for (int i = 0; t->ev && i < t->max_ev; i++)
+        if (t->ev[i]) cudaEventDestroy(t->ev[i]);
+    free(t->ev);
+    free(t->ev_phase);
     if (t->dev >= 0 && t->stream) cudaStreamDestroy(t->stream);
 #endif
     free(t);
@@ -428,69 +493,126 @@ out:
     return rc;
 }
 
-/* Qwen3.5 / 3.6 (CPU, fp32): tensors under "model." (Qwen3_5ForCausalLM) or "model.language_model."
+/* Qwen3.5 / 3.6: tensors under "model." (Qwen3_5ForCausalLM) or "model.language_model."
  * (Qwen3_5ForConditionalGeneration); the vision tower and the MTP layers are not read. Every
- * Qwen3_5RMSNorm weight is kept as its effective 1 + w. */
-static int load_weights_hybrid(struct target *t, const struct hf_weights *w, char *err, int err_len) {
-    const struct model_config *c = &t->cfg;
+ * Qwen3_5RMSNorm weight is kept as its effective 1 + w, A_log as -exp(A_log), both in fp32 on the
+ * host before the copy. CPU: fp32 straight into the destinations. GPU: matrices through a bf16
+ * host staging buffer (one tensor at a time, copied to its slice of the fused destination), small
+ * vectors through an fp32 one. */
+struct hyb_loader {
+    struct target *t;     /* NULL: check only (names, shapes, dtypes; nothing read or allocated) */
+    const struct hf_weights *w;
+    void *stage;          /* GPU: host staging, as large as the largest tensor; NULL on the CPU */
+    char *err;
+    int err_len;
+};
+
+/* Matrix [rows, cols] (or a 3-D conv weight when k3 > 0: [rows, 1, k3], kept fp32) into dst at
+ * element offset `at`: bf16 on a GPU unless fp32 is asked (f32 = 1). */
+static int hyb_get(struct hyb_loader *L, const char *name, int64_t rows, int64_t cols, int64_t k3, void *dst,
+                   size_t at, int f32) {
+    int64_t sh[3] = {rows, k3 > 0 ? 1 : cols, k3};
+    int nd = k3 > 0 ? 3 : cols ? 2 : 1;
+    size_t n = (size_t)rows * (size_t)(k3 > 0 ? k3 : cols ? cols : 1);
+    struct target *t = L->t;
+    if (!t) {
+        const struct st_tensor *tn;
+        return weights_lookup(L->w, name, nd, sh, &tn, L->err, L->err_len);
+    }
+    if (t->dev < 0) return weights_get_f32(L->w, name, nd, sh, (float *)dst + at, L->err, L->err_len);
+    if (f32) {
+        if (weights_get_f32(L->w, name, nd, sh, (float *)L->stage, L->err, L->err_len)) return -1;
+        return put(t, (float *)dst + at, L->stage, n * 4, L->err, L->err_len);
+    }
+    if (weights_get_bf16(L->w, name, nd, sh, (bf16 *)L->stage, L->err, L->err_len)) return -1;
+    return put(t, (bf16 *)dst + at, L->stage, n * 2, L->err, L->err_len);
+}
+
+/* fp32 vector [n] into dst after `fix` (0: as stored, 1: 1 + w, 2: -exp(w)). */
+static int hyb_vec(struct hyb_loader *L, const char *name, int64_t n, float *dst, int fix) {
+    int64_t sh[1] = {n};
+    if (!L->t) {
+        const struct st_tensor *tn;
+        return weights_lookup(L->w, name, 1, sh, &tn, L->err, L->err_len);
+    }
+    float *h = L->t->dev < 0 ? dst : (float *)L->stage;
+    if (weights_get_f32(L->w, name, 1, sh, h, L->err, L->err_len)) return -1;
+    for (int64_t i = 0; i < n; i++) h[i] = fix == 1 ? 1.0f + h[i] : fix == 2 ? -expf(h[i]) : h[i];
+    return L->t->dev < 0 ? 0 : put(L->t, dst, h, (size_t)n * 4, L->err, L->err_len);
+}
+
+/* t NULL: check that every tensor the config needs is present with its shape and a floating dtype
+ * (target_load runs this before anything is allocated, so a mismatched checkpoint is refused with
+ * the tensor named before the GPU holds a byte of it). */
+static int load_weights_hybrid(struct target *t, const struct model_config *c, const struct hf_weights *w,
+                               char *err, int err_len) {
     int64_t C = c->hidden_size, I = c->intermediate_size, HD = c->head_dim, V = c->vocab_size;
     int64_t NH = c->num_attention_heads, NKV = c->num_key_value_heads;
     struct gdn_shape gs = gdn_shape_of(c);
     int64_t VD = (int64_t)gs.n_v * gs.d_v, CONV = gdn_conv_dim(&gs), NV = gs.n_v;
     const char *pre = c->nested ? "model.language_model." : "model.";
-    char name[320];
-#define NAME(...) (snprintf(name, sizeof name, __VA_ARGS__), name)
-#define GET2(rows, cols, dst) do { int64_t sh_[2] = {(rows), (cols)}; \
-        if (weights_get_f32(w, name, 2, sh_, (dst), err, err_len)) return -1; } while (0)
-#define GET1(n, dst) do { int64_t sh_[1] = {(n)}; \
-        if (weights_get_f32(w, name, 1, sh_, (dst), err, err_len)) return -1; } while (0)
-#define ONE_PLUS(p, n) do { for (int64_t i_ = 0; i_ < (n); i_++) (p)[i_] = 1.0f + (p)[i_]; } while (0)
-    NAME("%sembed_tokens.weight", pre);
-    GET2(V, C, (float *)t->embed);
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        struct target_layer *ly = &t->layers[l];
-        if (ly->linear) {
-            float *wi = ly->w_lin_in;
-            NAME("%slayers.%d.linear_attn.in_proj_qkv.weight", pre, l); GET2(CONV, C, wi);
-            NAME("%slayers.%d.linear_attn.in_proj_z.weight", pre, l);   GET2(VD, C, wi + CONV * C);
-            NAME("%slayers.%d.linear_attn.in_proj_b.weight", pre, l);   GET2(NV, C, wi + (CONV + VD) * C);
-            NAME("%slayers.%d.linear_attn.in_proj_a.weight", pre, l);   GET2(NV, C, wi + (CONV + VD + NV) * C);
-            int64_t sh3[3] = {CONV, 1, gs.K};
-            NAME("%slayers.%d.linear_attn.conv1d.weight", pre, l);
-            if (weights_get_f32(w, name, 3, sh3, ly->conv_w, err, err_len)) return -1;
-            NAME("%slayers.%d.linear_attn.A_log", pre, l);              GET1(NV, ly->a_neg);
-            for (int64_t j = 0; j < NV; j++) ly->a_neg[j] = -expf(ly->a_neg[j]);   /* -A_log.float().exp() */
-            NAME("%slayers.%d.linear_attn.dt_bias", pre, l);            GET1(NV, ly->dt_bias);
-            NAME("%slayers.%d.linear_attn.norm.weight", pre, l);        GET1(gs.d_v, ly->gnorm);
-            NAME("%slayers.%d.linear_attn.out_proj.weight", pre, l);    GET2(C, VD, ly->w_lin_out);
-        } else {
-            float *wq = ly->w_qkv;
-            NAME("%slayers.%d.self_attn.q_proj.weight", pre, l);  GET2(2 * NH * HD, C, wq);
-            NAME("%slayers.%d.self_attn.k_proj.weight", pre, l);  GET2(NKV * HD, C, wq + 2 * NH * HD * C);
-            NAME("%slayers.%d.self_attn.v_proj.weight", pre, l);  GET2(NKV * HD, C, wq + (2 * NH + NKV) * HD * C);
-            NAME("%slayers.%d.self_attn.o_proj.weight", pre, l);  GET2(C, NH * HD, (float *)ly->w_o);
-            NAME("%slayers.%d.self_attn.q_norm.weight", pre, l);  GET1(HD, ly->q_norm);
-            NAME("%slayers.%d.self_attn.k_norm.weight", pre, l);  GET1(HD, ly->k_norm);
-            ONE_PLUS(ly->q_norm, HD);
-            ONE_PLUS(ly->k_norm, HD);
-        }
-        NAME("%slayers.%d.mlp.gate_proj.weight", pre, l);  GET2(I, C, (float *)ly->w_gu);
-        NAME("%slayers.%d.mlp.up_proj.weight", pre, l);    GET2(I, C, (float *)ly->w_gu + I * C);
-        NAME("%slayers.%d.mlp.down_proj.weight", pre, l);  GET2(C, I, (float *)ly->w_down);
-        NAME("%slayers.%d.input_layernorm.weight", pre, l);           GET1(C, ly->ln_in);
-        NAME("%slayers.%d.post_attention_layernorm.weight", pre, l);  GET1(C, ly->ln_post);
-        ONE_PLUS(ly->ln_in, C);
-        ONE_PLUS(ly->ln_post, C);
+    struct hyb_loader L = {t, w, NULL, err, err_len};
+    struct target_layer none;
+    memset(&none, 0, sizeof none);
+    if (t && t->dev >= 0) {
+        int64_t big = V * C;   /* the largest single tensor (bf16) or vector (fp32) */
+        int64_t cand[] = {2 * NH * HD * C, C * NH * HD, CONV * C, C * VD, I * C};
+        for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) big = cand[i] > big ? cand[i] : big;
+        size_t bytes = (size_t)big * 2;
+        size_t vec = (size_t)(CONV * gs.K > C ? CONV * gs.K : C) * 4;
+        if (vec > bytes) bytes = vec;
+        if (!(L.stage = malloc(bytes)))
+            return err_fail(err, err_len, "target: out of host memory for a %.2f GB staging buffer", bytes / 1e9);
     }
-    const struct st_tensor *tn;
-    int64_t sh_norm[1] = {C}, sh_head[2] = {V, C};
-    if (weights_lookup(w, NAME("%snorm.weight", pre), 1, sh_norm, &tn, err, err_len)) return -1;
-    if (!c->tie_word_embeddings && weights_lookup(w, "lm_head.weight", 2, sh_head, &tn, err, err_len)) return -1;
-#undef ONE_PLUS
-#undef GET1
-#undef GET2
+    char name[320];
+    int rc = -1;
+#define NAME(...) (snprintf(name, sizeof name, __VA_ARGS__), name)
+#define MAT(rows, cols, dst, at) do { if (hyb_get(&L, name, (rows), (cols), 0, (dst), (size_t)(at), 0)) goto out; } while (0)
+#define VEC(n, dst, fix) do { if (hyb_vec(&L, name, (n), (dst), (fix))) goto out; } while (0)
+    NAME("%sembed_tokens.weight", pre);
+    MAT(V, C, t ? t->embed : NULL, 0);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        struct target_layer *ly = t ? &t->layers[l] : &none;
+        if (c->layer_linear[l]) {
+            void *wi = ly->w_lin_in;
+            NAME("%slayers.%d.linear_attn.in_proj_qkv.weight", pre, l); MAT(CONV, C, wi, 0);
+            NAME("%slayers.%d.linear_attn.in_proj_z.weight", pre, l);   MAT(VD, C, wi, CONV * C);
+            NAME("%slayers.%d.linear_attn.in_proj_b.weight", pre, l);   MAT(NV, C, wi, (CONV + VD) * C);
+            NAME("%slayers.%d.linear_attn.in_proj_a.weight", pre, l);   MAT(NV, C, wi, (CONV + VD + NV) * C);
+            NAME("%slayers.%d.linear_attn.conv1d.weight", pre, l);
+            if (hyb_get(&L, name, CONV, 0, gs.K, ly->conv_w, 0, 1)) goto out;
+            NAME("%slayers.%d.linear_attn.A_log", pre, l);              VEC(NV, ly->a_neg, 2);  /* -A_log.float().exp() */
+            NAME("%slayers.%d.linear_attn.dt_bias", pre, l);            VEC(NV, ly->dt_bias, 0);
+            NAME("%slayers.%d.linear_attn.norm.weight", pre, l);        VEC(gs.d_v, ly->gnorm, 0);
+            NAME("%slayers.%d.linear_attn.out_proj.weight", pre, l);    MAT(C, VD, ly->w_lin_out, 0);
+        } else {
+            void *wq = ly->w_qkv;
+            NAME("%slayers.%d.self_attn.q_proj.weight", pre, l);  MAT(2 * NH * HD, C, wq, 0);
+            NAME("%slayers.%d.self_attn.k_proj.weight", pre, l);  MAT(NKV * HD, C, wq, 2 * NH * HD * C);
+            NAME("%slayers.%d.self_attn.v_proj.weight", pre, l);  MAT(NKV * HD, C, wq, (2 * NH + NKV) * HD * C);
+            NAME("%slayers.%d.self_attn.o_proj.weight", pre, l);  MAT(C, NH * HD, ly->w_o, 0);
+            NAME("%slayers.%d.self_attn.q_norm.weight", pre, l);  VEC(HD, ly->q_norm, 1);
+            NAME("%slayers.%d.self_attn.k_norm.weight", pre, l);  VEC(HD, ly->k_norm, 1);
+        }
+        NAME("%slayers.%d.mlp.gate_proj.weight", pre, l);  MAT(I, C, ly->w_gu, 0);
+        NAME("%slayers.%d.mlp.up_proj.weight", pre, l);    MAT(I, C, ly->w_gu, I * C);
+        NAME("%slayers.%d.mlp.down_proj.weight", pre, l);  MAT(C, I, ly->w_down, 0);
+        NAME("%slayers.%d.input_layernorm.weight", pre, l);           VEC(C, ly->ln_in, 1);
+        NAME("%slayers.%d.post_attention_layernorm.weight", pre, l);  VEC(C, ly->ln_post, 1);
+    }
+    {
+        const struct st_tensor *tn;
+        int64_t sh_norm[1] = {C}, sh_head[2] = {V, C};
+        if (weights_lookup(w, NAME("%snorm.weight", pre), 1, sh_norm, &tn, err, err_len)) goto out;
+        if (!c->tie_word_embeddings && weights_lookup(w, "lm_head.weight", 2, sh_head, &tn, err, err_len)) goto out;
+    }
+    rc = 0;
+#undef VEC
+#undef MAT
 #undef NAME
-    return 0;
+out:
+    free(L.stage);
+    return rc;
 }
 
 struct target *target_load(const char *model_dir, const struct target_options *opt, char *err, int err_len) {
@@ -498,8 +620,25 @@ struct target *target_load(const char *model_dir, const struct target_options *o
     if (hf_config_load(&cfg, model_dir, err, err_len)) return NULL;
     struct hf_weights w;
     if (hf_weights_open(&w, model_dir, err, err_len)) return NULL;
+    if (is_hybrid(&cfg)) {
+        /* the config's shapes against the kernels and every tensor against the config, before any
+         * allocation; then one line for what the text model does not read */
+        if (check_shape_config(&cfg, opt->cuda_device, err, err_len) || load_weights_hybrid(NULL, &cfg, &w, err, err_len)) {
+            hf_weights_close(&w);
+            return NULL;
+        }
+        int n_vis = 0, n_mtp = 0;
+        for (int i = 0; i < w.n_tensors; i++) {
+            const char *nm = w.tensors[i]->name;
+            n_vis += strncmp(nm, "model.visual.", 13) == 0 || strncmp(nm, "visual.", 7) == 0;
+            n_mtp += strncmp(nm, "mtp.", 4) == 0;
+        }
+        if (n_vis || n_mtp)
+            log_info("target: %d vision-tower tensors (model.visual.*) and %d multi-token-prediction tensors (mtp.*) "
+                     "ignored: the target reads the text model only", n_vis, n_mtp);
+    }
     struct target *t = target_new(&cfg, opt, err, err_len);
-    if (t && (is_hybrid(&cfg) ? load_weights_hybrid(t, &w, err, err_len) : load_weights(t, &w, err, err_len))) {
+    if (t && (is_hybrid(&cfg) ? load_weights_hybrid(t, &t->cfg, &w, err, err_len) : load_weights(t, &w, err, err_len))) {
         target_free(t);
         t = NULL;
     }
@@ -516,49 +655,66 @@ static void host_fill(float *p, size_t n, uint64_t *rng, float mean, float std) 
     }
 }
 
-/* Qwen3.5 random weights (CPU): matrices and the conv uniform with `std`, effective norm weights
+/* Qwen3.5 random weights: matrices and the conv uniform with `std`, effective norm weights
  * (1 + w) and dt_bias 1 ± 0.17, -exp(A_log) in -(0.5 ± 0.17) (a decay that neither forgets at once
- * nor never). */
-static struct target *init_random_hybrid(struct target *t, uint64_t seed, float std) {
+ * nor never). On a GPU the matrices are bf16 and generated on the device (another generator than
+ * the host's: a GPU model and a CPU model of the same seed differ; compare them through files). */
+static struct target *init_random_hybrid(struct target *t, uint64_t seed, float std, char *err, int err_len) {
     const struct model_config *c = &t->cfg;
     size_t C = (size_t)c->hidden_size, I = (size_t)c->intermediate_size, HD = (size_t)c->head_dim;
     size_t NH = (size_t)c->num_attention_heads, QKV = (size_t)n_qkv(c);
     struct gdn_shape gs = gdn_shape_of(c);
     size_t LIN_IN = (size_t)gdn_in_dim(&gs), CONV = (size_t)gdn_conv_dim(&gs), VD = (size_t)gs.n_v * gs.d_v;
     uint64_t key = seed * KERNELS_RNG_GAMMA + 1;
-    struct { float *p; size_t n; float mean, sd; } list[12];
+    struct { void *p; size_t n; float mean, sd; int mat; } list[12];
     for (int l = -1; l < c->num_hidden_layers; l++) {
         int n = 0;
-#define PUT(ptr, cnt, m, s) do { list[n].p = (ptr); list[n].n = (cnt); list[n].mean = (m); list[n].sd = (s); n++; } while (0)
+#define PUT(ptr, cnt, m, s, mt) do { list[n].p = (ptr); list[n].n = (cnt); list[n].mean = (m); list[n].sd = (s); \
+                                     list[n].mat = (mt); n++; } while (0)
         if (l < 0) {
-            PUT(t->embed, (size_t)c->vocab_size * C, 0.0f, std);
+            PUT(t->embed, (size_t)c->vocab_size * C, 0.0f, std, 1);
         } else {
             struct target_layer *ly = &t->layers[l];
             if (ly->linear) {
-                PUT(ly->w_lin_in, LIN_IN * C, 0.0f, std);
-                PUT(ly->conv_w, CONV * (size_t)gs.K, 0.0f, std);
-                PUT(ly->a_neg, (size_t)gs.n_v, -0.5f, 0.1f);
-                PUT(ly->dt_bias, (size_t)gs.n_v, 1.0f, 0.1f);
-                PUT(ly->gnorm, (size_t)gs.d_v, 1.0f, 0.1f);
-                PUT(ly->w_lin_out, C * VD, 0.0f, std);
+                PUT(ly->w_lin_in, LIN_IN * C, 0.0f, std, 1);
+                PUT(ly->conv_w, CONV * (size_t)gs.K, 0.0f, std, 0);
+                PUT(ly->a_neg, (size_t)gs.n_v, -0.5f, 0.1f, 0);
+                PUT(ly->dt_bias, (size_t)gs.n_v, 1.0f, 0.1f, 0);
+                PUT(ly->gnorm, (size_t)gs.d_v, 1.0f, 0.1f, 0);
+                PUT(ly->w_lin_out, C * VD, 0.0f, std, 1);
             } else {
-                PUT(ly->w_qkv, QKV * C, 0.0f, std);
-                PUT(ly->w_o, C * NH * HD, 0.0f, std);
-                PUT(ly->q_norm, HD, 1.0f, 0.1f);
-                PUT(ly->k_norm, HD, 1.0f, 0.1f);
+                PUT(ly->w_qkv, QKV * C, 0.0f, std, 1);
+                PUT(ly->w_o, C * NH * HD, 0.0f, std, 1);
+                PUT(ly->q_norm, HD, 1.0f, 0.1f, 0);
+                PUT(ly->k_norm, HD, 1.0f, 0.1f, 0);
             }
-            PUT(ly->w_gu, 2 * I * C, 0.0f, std);
-            PUT(ly->w_down, C * I, 0.0f, std);
-            PUT(ly->ln_in, C, 1.0f, 0.1f);
-            PUT(ly->ln_post, C, 1.0f, 0.1f);
+            PUT(ly->w_gu, 2 * I * C, 0.0f, std, 1);
+            PUT(ly->w_down, C * I, 0.0f, std, 1);
+            PUT(ly->ln_in, C, 1.0f, 0.1f, 0);
+            PUT(ly->ln_post, C, 1.0f, 0.1f, 0);
         }
 #undef PUT
         for (int j = 0; j < n; j++) {
             key += 0x632BE59BD9B4E019ull;
+#ifdef DFLASH_CUDA
+            if (t->dev >= 0) {
+                int r = list[j].mat ? target_fill_random_bf16(list[j].p, list[j].n, key, list[j].mean, list[j].sd, t->stream)
+                                    : target_fill_random_f32(list[j].p, list[j].n, key, list[j].mean, list[j].sd, t->stream);
+                if (r) { err_fail(err, err_len, "target: %s", kernels_error()); target_free(t); return NULL; }
+                continue;
+            }
+#endif
             uint64_t rng = key;
             host_fill(list[j].p, list[j].n, &rng, list[j].mean, list[j].sd);
         }
     }
+#ifdef DFLASH_CUDA
+    if (t->dev >= 0) {
+        cudaError_t e = cudaStreamSynchronize(t->stream);
+        if (e != cudaSuccess) { err_fail(err, err_len, "target: random init: %s", cudaGetErrorString(e)); target_free(t); return NULL; }
+    }
+#endif
+    (void)err; (void)err_len;
     return t;
 }
 
@@ -566,7 +722,7 @@ struct target *target_init_random(const struct model_config *cfg, const struct t
                                   uint64_t seed, float std, char *err, int err_len) {
     struct target *t = target_new(cfg, opt, err, err_len);
     if (!t) return NULL;
-    if (is_hybrid(&t->cfg)) return init_random_hybrid(t, seed, std);
+    if (is_hybrid(&t->cfg)) return init_random_hybrid(t, seed, std, err, err_len);
     const struct model_config *c = &t->cfg;
     size_t C = (size_t)c->hidden_size, I = (size_t)c->intermediate_size, HD = (size_t)c->head_dim;
     size_t NH = (size_t)c->num_attention_heads, QKV = (size_t)n_qkv(c);
@@ -625,6 +781,39 @@ size_t target_weight_bytes(const struct target *t) { return t->weight_bytes; }
 size_t target_work_bytes(const struct target *t) { return t->work_bytes; }
 #ifdef DFLASH_CUDA
 cudaStream_t target_stream(const struct target *t) { return t->stream; }
+
+int target_timing(struct target *t, int on, char *err, int err_len) {
+    if (t->dev < 0) return err_fail(err, err_len, "target_timing: the CPU path has no device phases");
+    if (on && !t->ev) {
+        t->max_ev = 4 * t->cfg.num_hidden_layers + 2;
+        t->ev = calloc((size_t)t->max_ev, sizeof *t->ev);
+        t->ev_phase = calloc((size_t)t->max_ev, sizeof *t->ev_phase);
+        if (!t->ev || !t->ev_phase) return err_fail(err, err_len, "target_timing: out of host memory");
+        for (int i = 0; i < t->max_ev; i++)
+            if (cudaEventCreate(&t->ev[i]) != cudaSuccess)
+                return err_fail(err, err_len, "target_timing: cudaEventCreate failed");
+    }
+    t->timing = on;
+    t->n_ev = 0;
+    return 0;
+}
+
+int target_phase_ms(struct target *t, double *ms, char *err, int err_len) {
+    for (int i = 1; i < t->n_ev; i++) {
+        float e = 0;
+        cudaError_t ce = cudaEventElapsedTime(&e, t->ev[i - 1], t->ev[i]);
+        if (ce != cudaSuccess) return err_fail(err, err_len, "target_phase_ms: %s", cudaGetErrorString(ce));
+        ms[t->ev_phase[i]] += e;
+    }
+    return 0;
+}
+
+/* Record the end of `phase` (the first call of a forward marks its start). */
+static void tmark(struct target *t, int phase) {
+    if (!t->timing || t->n_ev >= t->max_ev) return;
+    t->ev_phase[t->n_ev] = phase;
+    cudaEventRecord(t->ev[t->n_ev++], t->stream);
+}
 #endif
 
 double target_flops(const struct target *t, const int32_t *cu_seqlens, int n_docs) {
@@ -762,7 +951,10 @@ static int forward_gpu(struct target *t, const struct target_batch *b, bf16 *sta
     CCALL(cudaMemcpyAsync(t->ids, b->input_ids, (size_t)T * 4, cudaMemcpyHostToDevice, s));
     CCALL(cudaMemcpyAsync(t->pos, b->position_ids, (size_t)T * 4, cudaMemcpyHostToDevice, s));
     CCALL(cudaMemcpyAsync(t->cu, b->cu_seqlens, (size_t)(b->n_docs + 1) * 4, cudaMemcpyHostToDevice, s));
+    t->n_ev = 0;
+    tmark(t, TARGET_PH_EMBED);
     KCALL(embedding_forward(x, t->ids, t->embed, T, C, c->vocab_size, s));
+    tmark(t, TARGET_PH_EMBED);
     for (int l = 0; l < L; l++) {
         struct target_layer *ly = &t->layers[l];
         KCALL(rmsnorm_forward(h, NULL, x, ly->ln_in, T, C, eps, s));
@@ -776,16 +968,89 @@ static int forward_gpu(struct target *t, const struct target_batch *b, bf16 *sta
         KCALL(attention_forward(att, NULL, q, k, v, t->cu, b->n_docs, max_seqlen, T, NH, NKV, HD, scale, s));
         /* x += att · W_oᵀ: the residual add in the GEMM epilogue, rounded to bf16 once */
         KCALL(blas_matmul(x, BLAS_BF16, att, 0, ly->w_o, 1, NULL, T, C, NH * HD, 0, 0, 0, 1.0f, 1.0f, s));
+        tmark(t, TARGET_PH_FULL);
         KCALL(rmsnorm_forward(h, NULL, x, ly->ln_post, T, C, eps, s));
         KCALL(blas_linear_forward(gu, BLAS_BF16, h, ly->w_gu, NULL, T, 2 * I, C, s));
         KCALL(swiglu_forward(act, gu, gu + I, T, I, 2 * I, s));
         KCALL(blas_matmul(x, BLAS_BF16, act, 0, ly->w_down, 1, NULL, T, C, I, 0, 0, 0, 1.0f, 1.0f, s));
+        tmark(t, TARGET_PH_MLP);
         for (int j = 0; j < t->n_capture; j++)
             if (t->capture[j] == l)
                 CCALL(cudaMemcpyAsync(states + (size_t)j * plane, x, plane * 2, cudaMemcpyDefault, s));
+        tmark(t, TARGET_PH_COPY);
     }
     if (last) CCALL(cudaMemcpyAsync(last, x, plane * 2, cudaMemcpyDefault, s));
+    tmark(t, TARGET_PH_COPY);
     /* The caller publishes the output right after we return (design.md §4): every write must be done. */
+    CCALL(cudaStreamSynchronize(s));
+    return 0;
+}
+/* Qwen3.5 / 3.6 hybrid on the GPU: the CPU path's layer order (forward_cpu_hybrid) with the
+ * kernels/ launchers, bf16 activations, fp32 inside the Gated DeltaNet (conv output, normalised
+ * q/k, recurrent state, delta-rule output) until the gated norm rounds its output for out_proj. */
+static int forward_gpu_hybrid(struct target *t, const struct target_batch *b, bf16 *states, bf16 *last,
+                              char *err, int err_len) {
+    const struct model_config *c = &t->cfg;
+    int T = b->n_tokens, C = c->hidden_size, I = c->intermediate_size, HD = c->head_dim;
+    int NH = c->num_attention_heads, NKV = c->num_key_value_heads, QKV = n_qkv(c), L = c->num_hidden_layers;
+    int R = hf_config_rotary_dim(c), ND = b->n_docs;
+    struct gdn_shape gs = gdn_shape_of(c);
+    int LIN_IN = gdn_in_dim(&gs), VD = gs.n_v * gs.d_v, CONV = gdn_conv_dim(&gs), KD = gs.n_k * gs.d_k;
+    float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)HD), qscale = 1.0f / sqrtf((float)gs.d_k);
+    bf16 *x = t->x, *h = t->h, *qkv = t->qkv, *q = t->q, *k = t->k, *v = t->v, *att = t->att;
+    bf16 *gu = t->gu, *act = t->act, *gate = t->gate, *y = t->lin_y;
+    float *conv = t->lin_conv, *o = t->lin_o;
+    struct gated_delta_shape ds = {T, ND, gs.n_k, gs.n_v, gs.d_k, gs.d_v, CONV, CONV, LIN_IN};
+    cudaStream_t s = t->stream;
+    size_t plane = (size_t)T * C;
+    int max_seqlen = 0;
+    if (attention_check_cu_seqlens(b->cu_seqlens, ND, T, &max_seqlen))
+        return err_fail(err, err_len, "batch seq %llu: %s", (unsigned long long)b->seq, kernels_error());
+
+    CCALL(cudaSetDevice(t->dev));
+    CCALL(cudaMemcpyAsync(t->ids, b->input_ids, (size_t)T * 4, cudaMemcpyHostToDevice, s));
+    CCALL(cudaMemcpyAsync(t->pos, b->position_ids, (size_t)T * 4, cudaMemcpyHostToDevice, s));
+    CCALL(cudaMemcpyAsync(t->cu, b->cu_seqlens, (size_t)(ND + 1) * 4, cudaMemcpyHostToDevice, s));
+    t->n_ev = 0;
+    tmark(t, TARGET_PH_EMBED);
+    KCALL(embedding_forward(x, t->ids, t->embed, T, C, c->vocab_size, s));
+    tmark(t, TARGET_PH_EMBED);
+    for (int l = 0; l < L; l++) {
+        struct target_layer *ly = &t->layers[l];
+        KCALL(rmsnorm_forward(h, NULL, x, ly->ln_in, T, C, eps, s));
+        if (ly->linear) {
+            /* [qkv | z | b | a] = h · W_inᵀ; conv + silu and the l2 norms in fp32; the delta rule with
+             * its state restarted at every document start (cu_seqlens on the device) */
+            KCALL(blas_linear_forward(qkv, BLAS_BF16, h, ly->w_lin_in, NULL, T, LIN_IN, C, s));
+            KCALL(conv1d_forward(conv, qkv, LIN_IN, ly->conv_w, t->cu, ND, T, CONV, gs.K, s));
+            KCALL(l2norm_forward(conv, T, CONV, gs.n_k, gs.d_k, qscale, s));
+            KCALL(l2norm_forward(conv + KD, T, CONV, gs.n_k, gs.d_k, 1.0f, s));
+            KCALL(gated_delta_forward(o, conv, conv + KD, conv + 2 * KD, qkv + CONV + VD, qkv + CONV + VD + gs.n_v,
+                                      ly->a_neg, ly->dt_bias, t->cu, &ds, s));
+            KCALL(gated_rmsnorm_forward(y, o, qkv + CONV, LIN_IN, ly->gnorm, T, gs.n_v, gs.d_v, eps, s));
+            KCALL(blas_matmul(x, BLAS_BF16, y, 0, ly->w_lin_out, 1, NULL, T, C, VD, 0, 0, 0, 1.0f, 1.0f, s));
+        } else {
+            KCALL(blas_linear_forward(qkv, BLAS_BF16, h, ly->w_qkv, NULL, T, QKV, C, s));
+            KCALL(gated_attn_split_forward(q, gate, k, v, qkv, T, NH, NKV, HD, s));
+            KCALL(rmsnorm_qk_forward(q, NULL, q, ly->q_norm, T * NH, k, NULL, k, ly->k_norm, T * NKV, HD, eps, s));
+            KCALL(gated_attn_rope_forward(q, k, t->pos, t->inv_freq, T, NH, NKV, HD, R, s));
+            KCALL(attention_forward(att, NULL, q, k, v, t->cu, ND, max_seqlen, T, NH, NKV, HD, scale, s));
+            KCALL(gated_attn_gate_forward(att, gate, (int64_t)T * NH * HD, s));
+            KCALL(blas_matmul(x, BLAS_BF16, att, 0, ly->w_o, 1, NULL, T, C, NH * HD, 0, 0, 0, 1.0f, 1.0f, s));
+        }
+        tmark(t, ly->linear ? TARGET_PH_LINEAR : TARGET_PH_FULL);   /* the input norm counts with its mixer */
+        KCALL(rmsnorm_forward(h, NULL, x, ly->ln_post, T, C, eps, s));
+        KCALL(blas_linear_forward(gu, BLAS_BF16, h, ly->w_gu, NULL, T, 2 * I, C, s));
+        KCALL(swiglu_forward(act, gu, gu + I, T, I, 2 * I, s));
+        KCALL(blas_matmul(x, BLAS_BF16, act, 0, ly->w_down, 1, NULL, T, C, I, 0, 0, 0, 1.0f, 1.0f, s));
+        tmark(t, TARGET_PH_MLP);
+        for (int j = 0; j < t->n_capture; j++)
+            if (t->capture[j] == l)
+                CCALL(cudaMemcpyAsync(states + (size_t)j * plane, x, plane * 2, cudaMemcpyDefault, s));
+        tmark(t, TARGET_PH_COPY);
+    }
+    if (last) CCALL(cudaMemcpyAsync(last, x, plane * 2, cudaMemcpyDefault, s));
+    tmark(t, TARGET_PH_COPY);
     CCALL(cudaStreamSynchronize(s));
     return 0;
 }
@@ -818,7 +1083,7 @@ static int forward_cpu_hybrid(struct target *t, const struct target_batch *b, fl
             for (int d = 0; d < b->n_docs; d++) {   /* every state restarts at a document boundary */
                 int s0 = b->cu_seqlens[d], len = b->cu_seqlens[d + 1] - s0;
                 if (len > 0)
-                    gdn_forward_doc(t->lin_y + (size_t)s0 * VD, qkv + (size_t)s0 * LIN_IN, LIN_IN, len, &gs, ly->conv_w,
+                    gdn_forward_doc((float *)t->lin_y + (size_t)s0 * VD, qkv + (size_t)s0 * LIN_IN, LIN_IN, len, &gs, ly->conv_w,
                                     ly->a_neg, ly->dt_bias, ly->gnorm, eps, t->lin_conv + (size_t)s0 * CONV,
                                     t->lin_state);
             }
@@ -850,8 +1115,25 @@ int target_forward(struct target *t, const struct target_batch *b, void *states,
                    char *err, int err_len) {
     if (target_check_batch(t, b, err, err_len)) return -1;
 #ifdef DFLASH_CUDA
-    if (t->dev >= 0) return forward_gpu(t, b, states, last, err, err_len);
+    if (t->dev >= 0)
+        return is_hybrid(&t->cfg) ? forward_gpu_hybrid(t, b, states, last, err, err_len)
+                                  : forward_gpu(t, b, states, last, err, err_len);
 #endif
     if (is_hybrid(&t->cfg)) return forward_cpu_hybrid(t, b, states, last, err, err_len);
     return forward_cpu(t, b, states, last, err, err_len);
 }
+
+/* ---------------------------------------------------------------- CPU weight views (model/decode.c) */
+
+int target_cpu_layer(const struct target *t, int l, struct target_layer_view *out, char *err, int err_len) {
+    if (t->dev >= 0) return err_fail(err, err_len, "target: the CPU weight view of a GPU target (cuda:%d)", t->dev);
+    if (l < 0 || l >= t->cfg.num_hidden_layers)
+        return err_fail(err, err_len, "target: layer %d of %d", l, t->cfg.num_hidden_layers);
+    const struct target_layer *ly = &t->layers[l];
+    *out = (struct target_layer_view){ly->w_qkv, ly->w_o, ly->w_gu, ly->w_down, ly->ln_in, ly->ln_post, ly->q_norm,
+                                      ly->k_norm, ly->linear};
+    return 0;
+}
+
+const float *target_cpu_embed(const struct target *t) { return t->dev >= 0 ? NULL : t->embed; }
+const float *target_cpu_inv_freq(const struct target *t) { return t->dev >= 0 ? NULL : t->inv_freq; }

@@ -14,13 +14,17 @@
  * is the output of the last decoder layer BEFORE the final norm (HF hidden_states[n] is after
  * the norm, so it is not this). The final norm and the LM head are never computed here.
  *
- * Qwen3.5 / Qwen3.6 hybrids (HF_ARCH_QWEN3_5, CPU only; a GPU request is refused with a sentence):
- * each layer's token mixer is either a Gated DeltaNet (model/gdn.h: causal conv1d + gated delta
+ * Qwen3.5 / Qwen3.6 hybrids (HF_ARCH_QWEN3_5, CPU and GPU; the GPU layer order is the CPU's with
+ * the kernels/ launchers: conv1d, l2norm, gated_delta (chunked, fp32 state), gated_rmsnorm,
+ * gated_attn, attention at the config's head_dim): each layer's token mixer is either a Gated DeltaNet (model/gdn.h: causal conv1d + gated delta
  * rule, its conv window and recurrent state restarted at every document boundary) or a gated full
  * attention (q_proj rows [query; gate] per head, (1 + w) q/k RMSNorm, RoPE over the first
  * rotary_dim dims, output ⊙ sigmoid(gate)); every RMSNorm is Qwen3_5RMSNorm (weight 1 + w), the
  * MLP and the capture convention are Qwen3's. Flat (Qwen3_5ForCausalLM) and multimodal
- * (Qwen3_5ForConditionalGeneration, weights under model.language_model.) checkpoints load alike.
+ * (Qwen3_5ForConditionalGeneration, weights under model.language_model.) checkpoints load alike;
+ * every tensor's name and shape is checked against the config before anything is allocated, and
+ * the vision / MTP tensors the text model does not read are counted in one log line. A head layout
+ * the GPU kernels do not cover (gated_delta_check_shape) is refused from the config alone.
  *
  * Devices: on the CPU everything is fp32 and the ops are the kernels' plain-C references; on a
  * GPU weights are bf16 (norm weights fp32), activations bf16, accumulation fp32 (cuBLASLt and the
@@ -91,6 +95,13 @@ struct target *target_load(const char *model_dir, const struct target_options *o
 struct target *target_init_random(const struct model_config *cfg, const struct target_options *opt,
                                   uint64_t seed, float std, char *err, int err_len);
 
+/* The bytes target_load / target_init_random will allocate for config c and max_tokens, without
+ * allocating: weights and working memory, on a GPU (gpu = 1: bf16 matrices, device index arrays) or
+ * the CPU (fp32). Equal to target_weight_bytes / target_work_bytes of the loaded model (tested).
+ * Pure; for the start-up memory plan (model/jobplan.h). */
+void target_plan_bytes(const struct model_config *c, int max_tokens, int gpu, size_t *weight_bytes,
+                       size_t *work_bytes);
+
 /* Release weights, working memory and the stream. NULL is fine. */
 void target_free(struct target *t);
 
@@ -123,6 +134,18 @@ size_t target_work_bytes(const struct target *t);      /* bytes of planned worki
  * Σ_docs len·(len+1)/2 (QKᵀ and PV over the visible pairs, 2 FLOPs per multiply-add). */
 double target_flops(const struct target *t, const int32_t *cu_seqlens, int n_docs);
 
+/* Read-only views of a CPU target's fp32 weights, for stages/model/decode.c (the same layers run over a KV cache).
+ * Matrices in the fused layout described above. 0, or -1 with a sentence for a GPU target or l out of range. */
+struct target_layer_view {
+    const float *w_qkv, *w_o, *w_gu, *w_down;  /* (QKV, C), (C, NH·HD), (2·I, C), (C, I) */
+    const float *ln_in, *ln_post;              /* (C) */
+    const float *q_norm, *k_norm;              /* (HD) Qwen3 only, else NULL */
+    int linear;                                /* 1: a Gated DeltaNet layer (Qwen3.5; no w_qkv / w_o) */
+};
+int target_cpu_layer(const struct target *t, int l, struct target_layer_view *out, char *err, int err_len);
+const float *target_cpu_embed(const struct target *t);       /* (V, C); NULL on a GPU */
+const float *target_cpu_inv_freq(const struct target *t);    /* (R/2) RoPE inverse frequencies; NULL on a GPU */
+
 #ifdef DFLASH_CUDA
 #include <cuda_runtime_api.h>
 /* ---------------------------------------------------------------- glue kernels (target.cu) */
@@ -141,6 +164,16 @@ int target_fill_random_f32(float *p, size_t n, uint64_t seed, float mean, float 
                            cudaStream_t stream);
 /* The model's CUDA stream (for callers that order their own copies before target_forward). */
 cudaStream_t target_stream(const struct target *t);
+
+/* Per-phase device time of the GPU forward, for benchmarks (issue 27: the time per layer kind).
+ * target_timing(t, 1) creates the events once (at most 4·n_layers + 2) and makes every later
+ * target_forward record one event at each phase boundary on its stream (no extra synchronisation:
+ * the forward synchronises at its end anyway); target_phase_ms then adds the elapsed times of the
+ * last forward into ms[TARGET_PH_N] (milliseconds). 0 or -1 with a sentence. */
+enum { TARGET_PH_EMBED = 0, TARGET_PH_LINEAR = 1, TARGET_PH_FULL = 2, TARGET_PH_MLP = 3, TARGET_PH_COPY = 4,
+       TARGET_PH_N = 5 };
+int target_timing(struct target *t, int on, char *err, int err_len);
+int target_phase_ms(struct target *t, double *ms, char *err, int err_len);
 #endif
 
 #ifdef __cplusplus

@@ -12,6 +12,9 @@
 #include "model/hfconfig.h"
 #include "train/drafter.h"
 
+#include "kernels/attention.h"
+#include "kernels/block_attn.h"
+
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,6 +130,16 @@ int plan_make(const struct plan_inputs *in, struct plan *p, char *err, int err_l
     if (hf_config_load(&mc, cfg_path, err, err_len)) return -1;
     p->target_layers = mc.num_hidden_layers;
     p->hidden_size = mc.hidden_size;
+    {   /* a shape the GPU attention kernels do not take is refused here, before any stage starts (issue 27) */
+        char aerr[320];
+        if (strcmp(p->device, "cpu") &&
+            attention_shape_supported(mc.num_attention_heads, mc.num_key_value_heads, mc.head_dim, aerr, sizeof aerr))
+            return err_fail(err, err_len, "%s: %s", cfg_path, aerr);
+        block_attn_config ac = {1, 1, in->block_size > 0 ? in->block_size : 16, mc.num_attention_heads,
+                                mc.num_key_value_heads, mc.head_dim, 0, 0, 1.0f};
+        if (strcmp(p->train_device, "cpu") && block_attn_shape_supported(&ac, aerr, sizeof aerr))
+            return err_fail(err, err_len, "%s: the drafter inherits the target's attention shape: %s", cfg_path, aerr);
+    }
     p->dtype = strcmp(p->device, "cpu") ? DESC_DTYPE_BF16 : DESC_DTYPE_F32;
 
     struct drafter_config dc;

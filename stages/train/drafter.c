@@ -4,13 +4,16 @@
  *
  * The CPU step is the forward of §4.2 and its backward written over the kernels/<op>_ref.c references, buffer by
  * buffer, so every intermediate the backward needs is kept (nothing is recomputed except what the refs
- * recompute themselves: P in block attention, the logit rows in the loss). Row layouts: block rows R = N·B
+ * recompute themselves: P in block attention, the logit rows in the loss). One sequence (step_impl) serves both
+ * CPU steps: drafter_step_cpu calls the references, drafter_step_fast the stages/train/cpu_ops.h ops in their
+ * place (BLAS linear layers and attention, the fused LM head + loss, row ops on threads). Row layouts: block rows R = N·B
  * (block-major), context rows T, key/value rows T + R (context first, then the block rows, §6).
  */
 #include "train/drafter.h"
 
 #include "core/err.h"
 #include "model/weights.h"
+#include "train/cpu_ops.h"
 #include "train/mask_token.h"
 
 #include "kernels/anchors.h"
@@ -24,9 +27,11 @@
 #include "kernels/swiglu.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- config */
 
@@ -235,6 +240,9 @@ struct drafter {
     float *dout, *dq;                  /* (R, n_h·d_h) */
     float *dk, *dv, *dkraw;            /* (KV, n_kv·d_h) */
     float *dctx, *dctx_fc;             /* (T_max, H) */
+    /* fast CPU path (stages/train/cpu_ops.h) */
+    int n_threads;
+    float *lm_ws;                      /* cpu_ops_lmhead_ws_floats(n_threads) */
     /* last step */
     int last_T;
     float last_loss;
@@ -286,7 +294,8 @@ void drafter_free(struct drafter *d) {
     free(d->act);
     void *p[] = {d->hid_used, d->ctx_fc, d->ctx, d->rstd_c, d->x_out, d->xn, d->rstd_f, d->pos, d->tok, d->maskpad,
                  d->anchors, d->valid, d->row_loss, d->row_weight, d->pred, d->tgt, d->row_mask, d->dx, d->dh,
-                 d->dxn, d->dxn1, d->dact, d->dgate, d->dup, d->dout, d->dq, d->dk, d->dv, d->dkraw, d->dctx, d->dctx_fc};
+                 d->dxn, d->dxn1, d->dact, d->dgate, d->dup, d->dout, d->dq, d->dk, d->dv, d->dkraw, d->dctx, d->dctx_fc,
+                 d->lm_ws};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
     free(d);
 }
@@ -384,6 +393,10 @@ struct drafter *drafter_init(const struct drafter_config *c, uint64_t seed, char
     d->dkraw = falloc((size_t)KV * KD, &fail);
     d->dctx = falloc((size_t)T * H, &fail);
     d->dctx_fc = falloc((size_t)T * H, &fail);
+    cpu_ops_blas_init();
+    d->n_threads = cpu_ops_default_threads();
+    lmhead_loss_config lc = {T, c->N, c->B, H, c->V_d, c->loss, c->weighting, c->gamma, c->alpha, c->eps};
+    d->lm_ws = falloc((size_t)cpu_ops_lmhead_ws_floats(&lc, d->n_threads), &fail);
     if (fail || !d->pos || !d->tok || !d->maskpad || !d->anchors || !d->valid || !d->pred || !d->tgt || !d->row_mask) {
         drafter_free(d);
         err_fail(err, err_len, "drafter_init: out of memory planning buffers for T_max=%d N=%d B=%d H=%d", T, c->N,
@@ -406,6 +419,22 @@ struct drafter *drafter_init(const struct drafter_config *c, uint64_t seed, char
 }
 
 const struct drafter_config *drafter_config_of(const struct drafter *d) { return &d->cfg; }
+
+int drafter_set_threads(struct drafter *d, int n_threads, char *err, int err_len) {
+    if (n_threads < 1 || n_threads > CPU_OPS_MAX_THREADS)
+        return err_fail(err, err_len, "drafter_set_threads: %d threads, expected 1..%d", n_threads, CPU_OPS_MAX_THREADS);
+    const struct drafter_config *c = &d->cfg;
+    lmhead_loss_config lc = {c->T_max, c->N, c->B, c->H, d->V_d_cap, c->loss, c->weighting, c->gamma, c->alpha, c->eps};
+    float *ws = calloc((size_t)cpu_ops_lmhead_ws_floats(&lc, n_threads), sizeof *ws);
+    if (!ws) return err_fail(err, err_len, "drafter_set_threads: out of memory for the LM-head workspace of %d threads",
+                             n_threads);
+    free(d->lm_ws);
+    d->lm_ws = ws;
+    d->n_threads = n_threads;
+    return 0;
+}
+
+int drafter_threads(const struct drafter *d) { return d->n_threads; }
 int drafter_n_params(const struct drafter *d) { return d->n_params; }
 const struct drafter_param *drafter_param(const struct drafter *d, int i) {
     return i >= 0 && i < d->n_params ? &d->params[i] : NULL;
@@ -420,7 +449,37 @@ void drafter_zero_grad(struct drafter *d) {
         if (d->params[i].g) memset(d->params[i].g, 0, sizeof(float) * (size_t)d->params[i].numel);
 }
 
+/* Elements [e0, e1) of one matrix's init stream (e0 even): pair k = e/2 takes draws 2k+1 and 2k+2 of the splitmix64
+ * stream from st0, so a range starts from the state st0 + e0·gamma and any split of the pairs gives the same values
+ * bit for bit (the counter form of kernels/common.h). */
+struct init_job {
+    float *w;
+    int64_t numel, e0, e1;
+    uint64_t st0;
+    double std;
+};
+
+static void *init_range(void *arg) {
+    const struct init_job *j = arg;
+    uint64_t st = j->st0 + (uint64_t)j->e0 * KERNELS_RNG_GAMMA;
+    for (int64_t e = j->e0; e < j->e1; e += 2) {
+        /* Box–Muller on two 53-bit uniforms; u1 in (0, 1] so the log is finite */
+        double u1 = ((kernels_rng_next(&st) >> 11) + 1.0) * 0x1.0p-53;
+        double u2 = (kernels_rng_next(&st) >> 11) * 0x1.0p-53;
+        double r = sqrt(-2.0 * log(u1));
+        j->w[e] = (float)(j->std * r * cos(2 * M_PI * u2));
+        if (e + 1 < j->numel) j->w[e + 1] = (float)(j->std * r * sin(2 * M_PI * u2));
+    }
+    return NULL;
+}
+
+/* Threads for the init of a large matrix (start-up of the standard drafter: 1.05B values, ~40 s on one core). */
+#define INIT_MAX_THREADS 32
+#define INIT_MIN_PER_THREAD ((int64_t)1 << 20)
+
 void drafter_init_weights(struct drafter *d, uint64_t seed) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt_max = cores < 1 ? 1 : cores > INIT_MAX_THREADS ? INIT_MAX_THREADS : (int)cores;
     for (int i = 0; i < d->n_params; i++) {
         struct drafter_param *p = &d->params[i];
         if (!p->trainable) continue;
@@ -428,15 +487,23 @@ void drafter_init_weights(struct drafter *d, uint64_t seed) {
             for (int64_t e = 0; e < p->numel; e++) p->w[e] = 1.0f;
             continue;
         }
-        uint64_t st = anchors_mix64(anchors_mix64(seed) ^ (uint64_t)i);
-        for (int64_t e = 0; e < p->numel; e += 2) {
-            /* Box–Muller on two 53-bit uniforms; u1 in (0, 1] so the log is finite */
-            double u1 = ((kernels_rng_next(&st) >> 11) + 1.0) * 0x1.0p-53;
-            double u2 = (kernels_rng_next(&st) >> 11) * 0x1.0p-53;
-            double r = sqrt(-2.0 * log(u1));
-            p->w[e] = (float)(d->cfg.init_std * r * cos(2 * M_PI * u2));
-            if (e + 1 < p->numel) p->w[e + 1] = (float)(d->cfg.init_std * r * sin(2 * M_PI * u2));
+        const uint64_t st0 = anchors_mix64(anchors_mix64(seed) ^ (uint64_t)i);
+        int nt = (int)(p->numel / INIT_MIN_PER_THREAD);
+        nt = nt < 1 ? 1 : nt > nt_max ? nt_max : nt;
+        struct init_job jobs[INIT_MAX_THREADS];
+        pthread_t th[INIT_MAX_THREADS];
+        int started[INIT_MAX_THREADS] = {0};
+        const int64_t pairs = (p->numel + 1) / 2;
+        for (int t = 0; t < nt; t++) {
+            int64_t a = 2 * (pairs * t / nt), b = 2 * (pairs * (t + 1) / nt);
+            jobs[t] = (struct init_job){p->w, p->numel, a, b < p->numel ? b : p->numel, st0, (double)d->cfg.init_std};
+            /* a thread that cannot start runs its range here: the values do not depend on who computes them */
+            started[t] = t > 0 && pthread_create(&th[t], NULL, init_range, &jobs[t]) == 0;
         }
+        for (int t = 0; t < nt; t++)
+            if (!started[t]) init_range(&jobs[t]);
+        for (int t = 1; t < nt; t++)
+            if (started[t]) pthread_join(th[t], NULL);
     }
 }
 
@@ -551,11 +618,45 @@ uint64_t drafter_noise_base(uint64_t seed, uint64_t step) {
 #define LW(l, j) W(d->i_layer0 + LP_N * (l) + (j))
 #define LG(l, j) G(d->i_layer0 + LP_N * (l) + (j))
 
+/* y[M,N] = x[M,K]·w[N,K]ᵀ: the reference, or BLAS on d->n_threads threads when fast. */
+static void lin_fwd(const struct drafter *d, int fast, float *y, const float *x, const float *w, int M, int N, int K) {
+    if (fast) cpu_ops_linear_forward(d->n_threads, y, x, w, M, N, K);
+    else gemm_linear_forward_ref(y, x, w, NULL, M, N, K);
+}
+
 /* dx (=, or += when dx_acc) = dy·w and dw += dyᵀ·x for a linear y[M,N] = x[M,K]·w[N,K]ᵀ; either may be NULL. */
-static void lin_bwd(float *dx, int dx_acc, float *dw, const float *dy, const float *x, const float *w, int M, int N,
-                    int K) {
+static void lin_bwd(const struct drafter *d, int fast, float *dx, int dx_acc, float *dw, const float *dy,
+                    const float *x, const float *w, int M, int N, int K) {
+    if (fast) {
+        if (dx) cpu_ops_linear_backward_dx(d->n_threads, dx, dy, w, M, N, K, dx_acc);
+        if (dw) cpu_ops_linear_backward_dw(d->n_threads, dw, dy, x, M, N, K);
+        return;
+    }
     if (dx) gemm_linear_backward_ref(dx, NULL, NULL, dy, x, w, M, N, K, dx_acc);
     if (dw) gemm_linear_backward_ref(NULL, dw, NULL, dy, x, w, M, N, K, 1);
+}
+
+/* The row-wise ops: the reference, or the same reference on row chunks in parallel (bitwise equal) when fast. */
+static void rms_fwd(const struct drafter *d, int fast, float *y, float *rstd, const float *x, const float *w, int N,
+                    int C, float eps) {
+    if (fast) cpu_ops_rmsnorm_forward(d->n_threads, y, rstd, x, w, N, C, eps);
+    else rmsnorm_forward_ref(y, rstd, x, w, N, C, eps);
+}
+
+static void rms_bwd(const struct drafter *d, int fast, float *dx, float *dw, const float *dy, const float *x,
+                    const float *w, const float *rstd, int N, int C, int accumulate_dx) {
+    if (fast) cpu_ops_rmsnorm_backward(d->n_threads, dx, dw, dy, x, w, rstd, N, C, accumulate_dx);
+    else rmsnorm_backward_ref(dx, dw, dy, x, w, rstd, N, C, accumulate_dx);
+}
+
+static void rope_fwd(const struct drafter *d, int fast, float *q, const int32_t *pos, int T, int NH, int HD) {
+    if (fast) cpu_ops_rope_forward(d->n_threads, q, pos, d->inv_freq, T, NH, HD);
+    else rope_forward_ref(q, NULL, pos, d->inv_freq, T, NH, 0, HD);
+}
+
+static void rope_bwd(const struct drafter *d, int fast, float *dq, const int32_t *pos, int T, int NH, int HD) {
+    if (fast) cpu_ops_rope_backward(d->n_threads, dq, pos, d->inv_freq, T, NH, HD);
+    else rope_backward_ref(dq, NULL, pos, d->inv_freq, T, NH, 0, HD);
 }
 
 static int check_batch(const struct drafter *d, const struct drafter_batch *b, char *err, int err_len) {
@@ -578,13 +679,29 @@ static int check_batch(const struct drafter *d, const struct drafter_batch *b, c
     return 0;
 }
 
+static int step_impl(struct drafter *d, const struct drafter_batch *b, uint64_t seed, uint64_t step, int train,
+                     int fast, struct drafter_metrics *m, char *err, int err_len);
+
 int drafter_step(struct drafter *d, const struct drafter_batch *b, uint64_t seed, uint64_t step, int train,
                  struct drafter_metrics *m, char *err, int err_len) {
-    return drafter_step_cpu(d, b, seed, step, train, m, err, err_len);
+    return step_impl(d, b, seed, step, train, 1, m, err, err_len);
+}
+
+int drafter_step_fast(struct drafter *d, const struct drafter_batch *b, uint64_t seed, uint64_t step, int train,
+                      struct drafter_metrics *m, char *err, int err_len) {
+    return step_impl(d, b, seed, step, train, 1, m, err, err_len);
 }
 
 int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t seed, uint64_t step, int train,
                      struct drafter_metrics *m, char *err, int err_len) {
+    return step_impl(d, b, seed, step, train, 0, m, err, err_len);
+}
+
+/* The step, fast = 0: every op a kernels/<op>_ref.c reference; fast = 1: stages/train/cpu_ops.h: the linear layers,
+ * block attention and the LM head + loss on BLAS (fused, threaded), the row-wise ops as the references on row
+ * chunks in parallel (bitwise equal to the references). */
+static int step_impl(struct drafter *d, const struct drafter_batch *b, uint64_t seed, uint64_t step, int train,
+                     int fast, struct drafter_metrics *m, char *err, int err_len) {
     if (check_batch(d, b, err, err_len)) return -1;
     const struct drafter_config *c = &d->cfg;
     const int T = b->T, N = c->N, B = c->B, R = N * B, H = c->H, I = c->I, kH = c->k * H;
@@ -621,8 +738,8 @@ int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t 
     }
 
     /* context c = hidden_norm(fc(features)) (§4.2 step 3) */
-    gemm_linear_forward_ref(d->ctx_fc, d->hid_used, W(d->i_fc), NULL, T, H, kH);
-    rmsnorm_forward_ref(d->ctx, d->rstd_c, d->ctx_fc, W(d->i_hnorm), T, H, eps);
+    lin_fwd(d, fast, d->ctx_fc, d->hid_used, W(d->i_fc), T, H, kH);
+    rms_fwd(d, fast, d->ctx, d->rstd_c, d->ctx_fc, W(d->i_hnorm), T, H, eps);
 
     block_attn_config ac = {T, N, B, nh, nkv, dh, 0, 0, 1.0f / sqrtf((float)dh)};
     for (int l = 0; l < c->L; l++) {
@@ -630,42 +747,53 @@ int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t 
         int sliding = c->layer_type[l] == DRAFTER_LAYER_SLIDING;
         ac.window = sliding ? c->sliding_window : 0;
         ac.causal = sliding && !c->sliding_window_non_causal;
-        rmsnorm_forward_ref(a->xn1, a->rstd1, a->xin, LW(l, LP_IN_LN), R, H, eps);
-        gemm_linear_forward_ref(a->qraw, a->xn1, LW(l, LP_Q), NULL, R, QD, H);
-        gemm_linear_forward_ref(a->kraw, d->ctx, LW(l, LP_K), NULL, T, KD, H);
-        gemm_linear_forward_ref(a->kraw + (size_t)T * KD, a->xn1, LW(l, LP_K), NULL, R, KD, H);
-        gemm_linear_forward_ref(a->v, d->ctx, LW(l, LP_V), NULL, T, KD, H);
-        gemm_linear_forward_ref(a->v + (size_t)T * KD, a->xn1, LW(l, LP_V), NULL, R, KD, H);
-        rmsnorm_forward_ref(a->q, a->rstdq, a->qraw, LW(l, LP_QN), R * nh, dh, eps);
-        rmsnorm_forward_ref(a->k, a->rstdk, a->kraw, LW(l, LP_KN), KV * nkv, dh, eps);
-        rope_forward_ref(a->q, NULL, d->pos + T, d->inv_freq, R, nh, 0, dh);
-        rope_forward_ref(a->k, NULL, d->pos, d->inv_freq, KV, nkv, 0, dh);
-        if (block_attn_forward_ref(&ac, a->q, a->k, a->v, d->anchors, b->doc_ids, 0, a->o, a->lse, err, err_len))
+        rms_fwd(d, fast, a->xn1, a->rstd1, a->xin, LW(l, LP_IN_LN), R, H, eps);
+        lin_fwd(d, fast, a->qraw, a->xn1, LW(l, LP_Q), R, QD, H);
+        lin_fwd(d, fast, a->kraw, d->ctx, LW(l, LP_K), T, KD, H);
+        lin_fwd(d, fast, a->kraw + (size_t)T * KD, a->xn1, LW(l, LP_K), R, KD, H);
+        lin_fwd(d, fast, a->v, d->ctx, LW(l, LP_V), T, KD, H);
+        lin_fwd(d, fast, a->v + (size_t)T * KD, a->xn1, LW(l, LP_V), R, KD, H);
+        rms_fwd(d, fast, a->q, a->rstdq, a->qraw, LW(l, LP_QN), R * nh, dh, eps);
+        rms_fwd(d, fast, a->k, a->rstdk, a->kraw, LW(l, LP_KN), KV * nkv, dh, eps);
+        rope_fwd(d, fast, a->q, d->pos + T, R, nh, dh);
+        rope_fwd(d, fast, a->k, d->pos, KV, nkv, dh);
+        if (fast ? cpu_ops_block_attn_forward(d->n_threads, &ac, a->q, a->k, a->v, d->anchors, b->doc_ids, a->o, a->lse,
+                                              err, err_len)
+                 : block_attn_forward_ref(&ac, a->q, a->k, a->v, d->anchors, b->doc_ids, 0, a->o, a->lse, err, err_len))
             return -1;
         /* h = x + o_proj(attn) */
-        gemm_linear_forward_ref(a->h, a->o, LW(l, LP_O), NULL, R, H, QD);
+        lin_fwd(d, fast, a->h, a->o, LW(l, LP_O), R, H, QD);
         for (size_t e = 0; e < (size_t)R * H; e++) a->h[e] += a->xin[e];
-        rmsnorm_forward_ref(a->xn2, a->rstd2, a->h, LW(l, LP_POST_LN), R, H, eps);
-        gemm_linear_forward_ref(a->gate, a->xn2, LW(l, LP_GATE), NULL, R, I, H);
-        gemm_linear_forward_ref(a->up, a->xn2, LW(l, LP_UP), NULL, R, I, H);
-        swiglu_forward_ref(a->act, a->gate, a->up, R, I, I);
+        rms_fwd(d, fast, a->xn2, a->rstd2, a->h, LW(l, LP_POST_LN), R, H, eps);
+        lin_fwd(d, fast, a->gate, a->xn2, LW(l, LP_GATE), R, I, H);
+        lin_fwd(d, fast, a->up, a->xn2, LW(l, LP_UP), R, I, H);
+        if (fast) cpu_ops_swiglu_forward(d->n_threads, a->act, a->gate, a->up, R, I);
+        else swiglu_forward_ref(a->act, a->gate, a->up, R, I, I);
         float *xo = l + 1 < c->L ? d->act[l + 1].xin : d->x_out;
-        gemm_linear_forward_ref(xo, a->act, LW(l, LP_DOWN), NULL, R, H, I);
+        lin_fwd(d, fast, xo, a->act, LW(l, LP_DOWN), R, H, I);
         for (size_t e = 0; e < (size_t)R * H; e++) xo[e] += a->h[e];
     }
-    rmsnorm_forward_ref(d->xn, d->rstd_f, d->x_out, W(d->i_norm), R, H, eps);
+    rms_fwd(d, fast, d->xn, d->rstd_f, d->x_out, W(d->i_norm), R, H, eps);
 
     /* loss and metrics (§7, §8) */
     lmhead_loss_config lc = {T, N, B, H, c->V_d, c->loss, c->weighting, c->gamma, c->alpha, eps};
     lmhead_loss_mode md = {b->budget, c->sample_from_anchor};
     float loss;
-    if (lmhead_loss_forward_mode_ref(&lc, &md, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last, d->anchors, d->valid,
-                                b->loss_mask, 0, &loss, d->row_loss, d->row_weight, d->correct, d->total, err,
+    if (fast) {   /* forward, metrics and (train) dL/dxn in one pass over the vocabulary */
+        if (cpu_ops_lmhead_loss(d->n_threads, &lc, &md, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last,
+                                d->anchors, d->valid, b->loss_mask, d->lm_ws, &loss, d->row_loss, d->row_weight,
+                                d->correct, d->total, d->pred, d->tgt, d->row_mask, train ? d->dxn : NULL, err,
                                 err_len))
-        return -1;
-    if (lmhead_argmax_ref(&lc, &md, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last, d->anchors, d->valid,
-                          b->loss_mask, 0, d->pred, d->tgt, d->row_mask, err, err_len))
-        return -1;
+            return -1;
+    } else {
+        if (lmhead_loss_forward_mode_ref(&lc, &md, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last, d->anchors,
+                                         d->valid, b->loss_mask, 0, &loss, d->row_loss, d->row_weight, d->correct,
+                                         d->total, err, err_len))
+            return -1;
+        if (lmhead_argmax_ref(&lc, &md, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last, d->anchors, d->valid,
+                              b->loss_mask, 0, d->pred, d->tgt, d->row_mask, err, err_len))
+            return -1;
+    }
     d->last_T = T;
     d->last_loss = loss;
     if (m) {
@@ -688,10 +816,11 @@ int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t 
     if (!train) return 0;
 
     /* ---- backward: gradients added into g */
-    if (lmhead_loss_backward_mode_ref(&lc, &md, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last, d->anchors, d->valid,
-                                 b->loss_mask, 0, d->row_weight, d->dxn, err, err_len))
+    if (!fast && lmhead_loss_backward_mode_ref(&lc, &md, d->xn, W(d->i_lm), W(d->i_vlm), W(d->i_vnorm), b->last,
+                                               d->anchors, d->valid, b->loss_mask, 0, d->row_weight, d->dxn, err,
+                                               err_len))
         return -1;
-    rmsnorm_backward_ref(d->dx, G(d->i_norm), d->dxn, d->x_out, W(d->i_norm), d->rstd_f, R, H, 0);
+    rms_bwd(d, fast, d->dx, G(d->i_norm), d->dxn, d->x_out, W(d->i_norm), d->rstd_f, R, H, 0);
     memset(d->dctx, 0, sizeof(float) * (size_t)T * H);
     for (int l = c->L - 1; l >= 0; l--) {
         struct drafter_act *a = &d->act[l];
@@ -699,36 +828,39 @@ int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t 
         ac.window = sliding ? c->sliding_window : 0;
         ac.causal = sliding && !c->sliding_window_non_causal;
         /* MLP: x_out = h + down(swiglu(gate(xn2), up(xn2))) */
-        lin_bwd(d->dact, 0, LG(l, LP_DOWN), d->dx, a->act, LW(l, LP_DOWN), R, H, I);
-        swiglu_backward_ref(d->dgate, d->dup, d->dact, a->gate, a->up, R, I, I);
-        lin_bwd(d->dxn, 0, LG(l, LP_GATE), d->dgate, a->xn2, LW(l, LP_GATE), R, I, H);
-        lin_bwd(d->dxn, 1, LG(l, LP_UP), d->dup, a->xn2, LW(l, LP_UP), R, I, H);
+        lin_bwd(d, fast, d->dact, 0, LG(l, LP_DOWN), d->dx, a->act, LW(l, LP_DOWN), R, H, I);
+        if (fast) cpu_ops_swiglu_backward(d->n_threads, d->dgate, d->dup, d->dact, a->gate, a->up, R, I);
+        else swiglu_backward_ref(d->dgate, d->dup, d->dact, a->gate, a->up, R, I, I);
+        lin_bwd(d, fast, d->dxn, 0, LG(l, LP_GATE), d->dgate, a->xn2, LW(l, LP_GATE), R, I, H);
+        lin_bwd(d, fast, d->dxn, 1, LG(l, LP_UP), d->dup, a->xn2, LW(l, LP_UP), R, I, H);
         memcpy(d->dh, d->dx, sizeof(float) * (size_t)R * H);
-        rmsnorm_backward_ref(d->dh, LG(l, LP_POST_LN), d->dxn, a->h, LW(l, LP_POST_LN), a->rstd2, R, H, 1);
+        rms_bwd(d, fast, d->dh, LG(l, LP_POST_LN), d->dxn, a->h, LW(l, LP_POST_LN), a->rstd2, R, H, 1);
         /* attention: h = xin + o_proj(attn(q, k, v)) */
-        lin_bwd(d->dout, 0, LG(l, LP_O), d->dh, a->o, LW(l, LP_O), R, H, QD);
-        if (block_attn_backward_ref(&ac, a->q, a->k, a->v, d->anchors, b->doc_ids, a->o, d->dout, a->lse, d->dq,
-                                    d->dk, d->dv, err, err_len))
+        lin_bwd(d, fast, d->dout, 0, LG(l, LP_O), d->dh, a->o, LW(l, LP_O), R, H, QD);
+        if (fast ? cpu_ops_block_attn_backward(d->n_threads, &ac, a->q, a->k, a->v, d->anchors, b->doc_ids, a->o,
+                                               d->dout, a->lse, d->dq, d->dk, d->dv, err, err_len)
+                 : block_attn_backward_ref(&ac, a->q, a->k, a->v, d->anchors, b->doc_ids, a->o, d->dout, a->lse, d->dq,
+                                           d->dk, d->dv, err, err_len))
             return -1;
-        rope_backward_ref(d->dq, NULL, d->pos + T, d->inv_freq, R, nh, 0, dh);
-        rope_backward_ref(d->dk, NULL, d->pos, d->inv_freq, KV, nkv, 0, dh);
+        rope_bwd(d, fast, d->dq, d->pos + T, R, nh, dh);
+        rope_bwd(d, fast, d->dk, d->pos, KV, nkv, dh);
         /* q/k norms: the gradients of the raw projections (dout is free again after the attention backward) */
         float *dqraw = d->dout, *dkraw = d->dkraw;
-        rmsnorm_backward_ref(dqraw, LG(l, LP_QN), d->dq, a->qraw, LW(l, LP_QN), a->rstdq, R * nh, dh, 0);
-        rmsnorm_backward_ref(dkraw, LG(l, LP_KN), d->dk, a->kraw, LW(l, LP_KN), a->rstdk, KV * nkv, dh, 0);
+        rms_bwd(d, fast, dqraw, LG(l, LP_QN), d->dq, a->qraw, LW(l, LP_QN), a->rstdq, R * nh, dh, 0);
+        rms_bwd(d, fast, dkraw, LG(l, LP_KN), d->dk, a->kraw, LW(l, LP_KN), a->rstdk, KV * nkv, dh, 0);
         /* projections: block rows from xn1, context rows from ctx */
-        lin_bwd(d->dxn1, 0, LG(l, LP_Q), dqraw, a->xn1, LW(l, LP_Q), R, QD, H);
-        lin_bwd(d->dxn1, 1, LG(l, LP_K), dkraw + (size_t)T * KD, a->xn1, LW(l, LP_K), R, KD, H);
-        lin_bwd(d->dxn1, 1, LG(l, LP_V), d->dv + (size_t)T * KD, a->xn1, LW(l, LP_V), R, KD, H);
-        lin_bwd(d->dctx, 1, LG(l, LP_K), dkraw, d->ctx, LW(l, LP_K), T, KD, H);
-        lin_bwd(d->dctx, 1, LG(l, LP_V), d->dv, d->ctx, LW(l, LP_V), T, KD, H);
+        lin_bwd(d, fast, d->dxn1, 0, LG(l, LP_Q), dqraw, a->xn1, LW(l, LP_Q), R, QD, H);
+        lin_bwd(d, fast, d->dxn1, 1, LG(l, LP_K), dkraw + (size_t)T * KD, a->xn1, LW(l, LP_K), R, KD, H);
+        lin_bwd(d, fast, d->dxn1, 1, LG(l, LP_V), d->dv + (size_t)T * KD, a->xn1, LW(l, LP_V), R, KD, H);
+        lin_bwd(d, fast, d->dctx, 1, LG(l, LP_K), dkraw, d->ctx, LW(l, LP_K), T, KD, H);
+        lin_bwd(d, fast, d->dctx, 1, LG(l, LP_V), d->dv, d->ctx, LW(l, LP_V), T, KD, H);
         /* residual: dx_in = dh + input_layernorm backward */
         memcpy(d->dx, d->dh, sizeof(float) * (size_t)R * H);
-        rmsnorm_backward_ref(d->dx, LG(l, LP_IN_LN), d->dxn1, a->xin, LW(l, LP_IN_LN), a->rstd1, R, H, 1);
+        rms_bwd(d, fast, d->dx, LG(l, LP_IN_LN), d->dxn1, a->xin, LW(l, LP_IN_LN), a->rstd1, R, H, 1);
     }
     /* the block input is the frozen embedding: d->dx stops here. Context: hidden_norm then fc. */
-    rmsnorm_backward_ref(d->dctx_fc, G(d->i_hnorm), d->dctx, d->ctx_fc, W(d->i_hnorm), d->rstd_c, T, H, 0);
-    lin_bwd(NULL, 0, G(d->i_fc), d->dctx_fc, d->hid_used, W(d->i_fc), T, H, kH);
+    rms_bwd(d, fast, d->dctx_fc, G(d->i_hnorm), d->dctx, d->ctx_fc, W(d->i_hnorm), d->rstd_c, T, H, 0);
+    lin_bwd(d, fast, NULL, 0, G(d->i_fc), d->dctx_fc, d->hid_used, W(d->i_fc), T, H, kH);
     return 0;
 }
 

@@ -7,9 +7,11 @@
  *   all sized once by drafter_init from (budget T_max, max anchors N, config). A step allocates nothing itself;
  *   on the CPU path some kernels/<op>_ref.c functions allocate temporaries internally (block_attn_*_ref: O(T + B)
  *   and, in the backward, O((T + N·B)·n_kv·d_h) doubles; lmhead_*_ref: O(V + D); anchors_forward_ref: O(T);
- *   gemm_forward_ref: thread stacks only).
- * - The CPU path (drafter_step_cpu) is fp32 and composed only from the kernels/<op>_ref.c references, so it is the
- *   exact specification the GPU path is tested against. The GPU path (bf16 compute, fp32 masters, planned device
+ *   gemm_forward_ref: thread stacks only; the fast step's block attention: O(threads·(T + B)·(4·d_h + 2·G·B))
+ *   floats per call, stages/train/cpu_ops.h; its LM-head workspace is planned with the drafter).
+ * - The reference CPU step (drafter_step_cpu) is fp32 and composed only from the kernels/<op>_ref.c references, so
+ *   it is the exact specification the GPU path and the fast CPU step (drafter_step_fast: BLAS, fused loss, threads;
+ *   what drafter_step runs) are tested against. The GPU path (bf16 compute, fp32 masters, planned device
  *   memory, one asynchronous metrics copy per step) is declared below under DFLASH_CUDA (struct drafter_gpu,
  *   drafter_step_gpu; stages/train/drafter_gpu.c), launcher for launcher the same sequence as drafter_step_cpu.
  * - The optimizer and checkpoint code see the parameters only through the table (drafter_n_params /
@@ -194,12 +196,22 @@ uint64_t drafter_noise_base(uint64_t seed, uint64_t step);
 /* One step on batch b: anchors from (seed, step), masks, forward, loss and metrics; with train != 0 also the
  * hidden-state noise (not on last) and the backward, adding the gradient into every trainable g (+=). Writes
  * *m (not accumulated). The batch must stay valid during the call only (the drafter keeps copies of what the
- * dump needs). 0/-1 with a sentence (bad sizes, ids outside the embedding, T > T_max). drafter_step is the CPU
- * path today; the GPU path will be selected inside it. */
+ * dump needs). 0/-1 with a sentence (bad sizes, ids outside the embedding, T > T_max). drafter_step is the fast
+ * CPU step (drafter_step_fast) today; the GPU path will be selected inside it. */
 int drafter_step(struct drafter *d, const struct drafter_batch *b, uint64_t seed, uint64_t step, int train,
                  struct drafter_metrics *m, char *err, int err_len);
 int drafter_step_cpu(struct drafter *d, const struct drafter_batch *b, uint64_t seed, uint64_t step, int train,
                      struct drafter_metrics *m, char *err, int err_len);
+/* drafter_step_cpu: the reference composition (every op a kernels/<op>_ref.c call; the specification the GPU
+ * path and drafter_step_fast are tested against). drafter_step_fast: the same sequence with the linear layers on
+ * BLAS and the LM head + loss fused (stages/train/cpu_ops.h), on drafter_threads(d) threads; its bits depend on
+ * the inputs and shapes only, not on the thread count. drafter_step runs drafter_step_fast. */
+int drafter_step_fast(struct drafter *d, const struct drafter_batch *b, uint64_t seed, uint64_t step, int train,
+                      struct drafter_metrics *m, char *err, int err_len);
+/* Threads of drafter_step_fast (default: online CPUs, at most 8; results do not depend on it). Re-plans the
+ * LM-head workspace; call between steps. 0/-1 with a sentence (n outside 1..8, out of memory). */
+int drafter_set_threads(struct drafter *d, int n_threads, char *err, int err_len);
+int drafter_threads(const struct drafter *d);
 #ifdef DFLASH_CUDA
 /* ---------------------------------------------------------------- GPU path (issue 20; stages/train/drafter_gpu.c)
  *

@@ -220,10 +220,13 @@ struct drafter_gpu *drafter_gpu_init(struct drafter *d, cudaStream_t stream, FIL
                  "vector kernels)", fn, H, I, QD, KD);
         return NULL;
     }
-    if ((c->d_h != 64 && c->d_h != 128) || (c->n_h / c->n_kv) * c->B > 64) {
-        err_fail(err, err_len, "%s: block attention needs d_h in {64, 128} and (n_h/n_kv)·B <= 64 (d_h=%d n_h=%d "
-                 "n_kv=%d B=%d)", fn, c->d_h, c->n_h, c->n_kv, c->B);
-        return NULL;
+    {   /* the block attention's shapes (kernels/block_attn.h); T and N do not matter here */
+        block_attn_config ac = {1, 1, c->B, c->n_h, c->n_kv, c->d_h, 0, 0, 1.0f};
+        char aerr[320];
+        if (block_attn_shape_supported(&ac, aerr, sizeof aerr)) {
+            err_fail(err, err_len, "%s: %s (n_h=%d n_kv=%d B=%d)", fn, aerr, c->n_h, c->n_kv, c->B);
+            return NULL;
+        }
     }
     struct drafter_gpu *g = calloc(1, sizeof *g);
     if (!g) {

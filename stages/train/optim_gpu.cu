@@ -85,6 +85,100 @@ __global__ void og_muon_update_kernel(float *w, __nv_bfloat16 *copy, const __nv_
     }
 }
 
+/* ---- multi-tensor and batched forms (issue 28): the same per-element arithmetic and reduction order as the
+ * kernels above, one launch for a whole table or shape group (blockIdx.y = the tensor / matrix). */
+
+/* g *= scale (when scale != 1) fused with og_partial_kernel<float>'s partials, per table entry: bitwise the same as
+ * og_scale followed by og_sumsq_f32's partials. */
+__global__ void og_partial_multi_kernel(const og_vec *tab, float scale, double *partials) {
+    const og_vec t = tab[blockIdx.y];
+    __shared__ double sh[256];
+    double s = 0;
+    for (size_t i = (size_t)blockIdx.x * 256 + threadIdx.x; i < t.n; i += (size_t)256 * OG_PARTIALS) {
+        float v = t.g[i];
+        if (scale != 1.0f) {
+            v *= scale;
+            t.g[i] = v;
+        }
+        s += og_sq<float>(v);
+    }
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = 128; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partials[(size_t)blockIdx.y * OG_PARTIALS + blockIdx.x] = sh[0];
+}
+
+/* the table's total in table order, each tensor's partials summed serially first: og_final_kernel's arithmetic */
+__global__ void og_final_multi_kernel(const double *partials, int nt, double *out, float *out_f) {
+    double r = 0;
+    for (int t = 0; t < nt; t++) {
+        double s = 0;
+        for (int i = 0; i < OG_PARTIALS; i++) s += partials[(size_t)t * OG_PARTIALS + i];
+        r = t == 0 ? s : r + s;
+    }
+    *out = r;
+    if (out_f) *out_f = (float)r;
+}
+
+__global__ void og_partial_bf16_batched_kernel(const __nv_bfloat16 *x, size_t ne, double *partials) {
+    const __nv_bfloat16 *xb = x + (size_t)blockIdx.y * ne;
+    __shared__ double sh[256];
+    double s = 0;
+    for (size_t i = (size_t)blockIdx.x * 256 + threadIdx.x; i < ne; i += (size_t)256 * OG_PARTIALS)
+        s += og_sq<__nv_bfloat16>(xb[i]);
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = 128; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partials[(size_t)blockIdx.y * OG_PARTIALS + blockIdx.x] = sh[0];
+}
+
+__global__ void og_final_batched_kernel(const double *partials, int nb, double *out) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= nb) return;
+    double s = 0;
+    for (int i = 0; i < OG_PARTIALS; i++) s += partials[(size_t)j * OG_PARTIALS + i];
+    out[j] = s;
+}
+
+__global__ void og_muon_prep_batched_kernel(const og_muon_ptrs *tab, size_t ne, __nv_bfloat16 *x, float mu,
+                                            int nesterov, const double *sumsq, float max_norm) {
+    const og_muon_ptrs t = tab[blockIdx.y];
+    __nv_bfloat16 *xb = x + (size_t)blockIdx.y * ne;
+    const float clip = og_clip(sumsq, max_norm);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < ne; i += (size_t)gridDim.x * blockDim.x) {
+        float gi = clip == 1.f ? t.g[i] : t.g[i] * clip;
+        float m = og_lerp(t.mom[i], gi, 1.0f - mu);
+        t.mom[i] = m;
+        xb[i] = __float2bfloat16(nesterov ? og_lerp(gi, m, mu) : m);
+    }
+}
+
+__global__ void og_muon_normalize_batched_kernel(__nv_bfloat16 *x, size_t ne, const double *ss, float eps) {
+    __nv_bfloat16 *xb = x + (size_t)blockIdx.y * ne;
+    float norm = __bfloat162float(__float2bfloat16((float)sqrt(ss[blockIdx.y])));
+    if (norm < eps) norm = eps;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < ne; i += (size_t)gridDim.x * blockDim.x)
+        xb[i] = __float2bfloat16(__bfloat162float(xb[i]) / norm);
+}
+
+__global__ void og_muon_update_batched_kernel(const og_muon_ptrs *tab, size_t ne, const __nv_bfloat16 *x, float decay,
+                                              float adj) {
+    const og_muon_ptrs t = tab[blockIdx.y];
+    const __nv_bfloat16 *xb = x + (size_t)blockIdx.y * ne;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < ne; i += (size_t)gridDim.x * blockDim.x) {
+        float v = t.w[i] * decay;
+        v = v - adj * __bfloat162float(xb[i]);
+        t.w[i] = v;
+        if (t.copy) ((__nv_bfloat16 *)t.copy)[i] = __float2bfloat16(v);
+    }
+}
+
 unsigned og_grid(size_t n) {
     size_t b = (n + 255) / 256;
     return (unsigned)(b < 4096 ? (b ? b : 1) : 4096);
@@ -135,5 +229,55 @@ extern "C" int og_muon_update(float *w, bf16 *copy, const bf16 *x, size_t n, flo
     if (n == 0) return 0;
     og_muon_update_kernel<<<og_grid(n), 256, 0, st>>>(w, (__nv_bfloat16 *)copy, (const __nv_bfloat16 *)x, n, decay, adj);
     KERNELS_CHECK_LAUNCH("og_muon_update");
+    return 0;
+}
+
+/* ---- multi-tensor and batched launchers */
+
+extern "C" int og_grad_sumsq_multi(const og_vec *tab, int nt, float scale, double *partials, double *out, float *out_f,
+                                   cudaStream_t st) {
+    if (nt < 1 || nt > 65535) return kernels_fail("og_grad_sumsq_multi: %d tensors (1..65535)", nt);
+    og_partial_multi_kernel<<<dim3(OG_PARTIALS, (unsigned)nt), 256, 0, st>>>(tab, scale, partials);
+    KERNELS_CHECK_LAUNCH("og_grad_sumsq_multi partials");
+    og_final_multi_kernel<<<1, 1, 0, st>>>(partials, nt, out, out_f);
+    KERNELS_CHECK_LAUNCH("og_grad_sumsq_multi final");
+    return 0;
+}
+
+extern "C" int og_sumsq_bf16_batched(const bf16 *x, size_t ne, int nb, double *partials, double *out, cudaStream_t st) {
+    if (nb < 1 || nb > 65535) return kernels_fail("og_sumsq_bf16_batched: batch %d (1..65535)", nb);
+    og_partial_bf16_batched_kernel<<<dim3(OG_PARTIALS, (unsigned)nb), 256, 0, st>>>((const __nv_bfloat16 *)x, ne,
+                                                                                      partials);
+    KERNELS_CHECK_LAUNCH("og_sumsq_bf16_batched partials");
+    og_final_batched_kernel<<<(unsigned)((nb + 63) / 64), 64, 0, st>>>(partials, nb, out);
+    KERNELS_CHECK_LAUNCH("og_sumsq_bf16_batched final");
+    return 0;
+}
+
+extern "C" int og_muon_prep_batched(const og_muon_ptrs *tab, int nb, size_t ne, bf16 *x, float mu, int nesterov,
+                                    const double *sumsq, float max_norm, cudaStream_t st) {
+    if (ne == 0) return 0;
+    if (nb < 1 || nb > 65535) return kernels_fail("og_muon_prep_batched: batch %d (1..65535)", nb);
+    og_muon_prep_batched_kernel<<<dim3(og_grid(ne), (unsigned)nb), 256, 0, st>>>(tab, ne, (__nv_bfloat16 *)x, mu,
+                                                                                  nesterov, sumsq, max_norm);
+    KERNELS_CHECK_LAUNCH("og_muon_prep_batched");
+    return 0;
+}
+
+extern "C" int og_muon_normalize_batched(bf16 *x, size_t ne, int nb, const double *ss, float eps, cudaStream_t st) {
+    if (ne == 0) return 0;
+    if (nb < 1 || nb > 65535) return kernels_fail("og_muon_normalize_batched: batch %d (1..65535)", nb);
+    og_muon_normalize_batched_kernel<<<dim3(og_grid(ne), (unsigned)nb), 256, 0, st>>>((__nv_bfloat16 *)x, ne, ss, eps);
+    KERNELS_CHECK_LAUNCH("og_muon_normalize_batched");
+    return 0;
+}
+
+extern "C" int og_muon_update_batched(const og_muon_ptrs *tab, int nb, size_t ne, const bf16 *x, float decay, float adj,
+                                      cudaStream_t st) {
+    if (ne == 0) return 0;
+    if (nb < 1 || nb > 65535) return kernels_fail("og_muon_update_batched: batch %d (1..65535)", nb);
+    og_muon_update_batched_kernel<<<dim3(og_grid(ne), (unsigned)nb), 256, 0, st>>>(tab, ne, (const __nv_bfloat16 *)x,
+                                                                                    decay, adj);
+    KERNELS_CHECK_LAUNCH("og_muon_update_batched");
     return 0;
 }

@@ -20,6 +20,10 @@
  * warpgroup has no rows, 1025, and one with a few, 97, 200). The variants that lost on the H200 are
  * bench-only (kernels/bench/attention_bench.cu, attention_variants.cuh); the bench validates each
  * of them against the CPU reference before timing it.
+ * attention_gpu_other_head_dims runs the mma.sync kernel of the other head dims (kernels/attention_mma.cu:
+ * HD 16, the demo's; 32; 256, Qwen3.5/3.6's gated attention) on documents of 1, 63, 64, 65 and 1000 tokens
+ * (tails of its 64-row query tiles and 64/32-key tiles), padding rows, GQA 24:4 at HD 256, and an attention
+ * sink at HD 256 (scaled logits ~144); attention_gpu_shape_supported checks the shape gate the stages call.
  */
 #include "kernels/attention.h"
 #include "k1util.h"
@@ -178,6 +182,38 @@ static void run_tile_edges(void) {
     run(cu, 13, cu[13], 2, 1, 64, all8, 2, 22);
 }
 
+/* The mma.sync kernel of HD 16, 32 and 256 (kernels/attention_mma.cu) */
+START_TEST(attention_gpu_other_head_dims) {
+    const int32_t cu[] = {0, 1, 64, 127, 192, 1192, 1193};   /* documents of 1, 63, 63, 65, 1000, 1; 7 padding rows */
+    const int32_t cu2[] = {0, 64, 65, 1065};                  /* 64, 1, 1000 */
+    run(cu, 6, 1200, 4, 2, 16, all8, 4, 31);
+    run(cu2, 3, 1065, 4, 1, 16, all8, 4, 32);
+    run(cu, 6, 1200, 8, 2, 32, all8, 8, 33);
+    run(cu, 6, 1200, 24, 4, 256, (const int[]){0, 5, 6, 11, 23}, 5, 34);   /* Qwen3.6-27B's head layout */
+    run(cu2, 3, 1065, 2, 2, 256, all8, 2, 35);
+    g_sink = 1;
+    run(cu2, 3, 1065, 4, 2, 256, all8, 4, 36);
+    g_sink = 0;
+}
+END_TEST
+
+START_TEST(attention_gpu_shape_supported) {
+    char err[256];
+    const int ok_hd[5] = {16, 32, 64, 128, 256};
+    for (int i = 0; i < 5; i++) ck_assert_int_eq(attention_shape_supported(24, 4, ok_hd[i], err, sizeof err), 0);
+    ck_assert_int_eq(attention_shape_supported(8, 2, 96, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "HD=96") && strstr(err, "16, 32, 64, 128 or 256"), "%s", err);
+    ck_assert_int_eq(attention_shape_supported(6, 4, 128, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "multiple"), "%s", err);
+    /* the launcher refuses the same shapes before any launch */
+    bf16 *x = k1_malloc(4096);
+    int32_t *cu = k1_malloc(64);
+    ck_assert_int_eq(attention_forward(x, NULL, x, x, x, cu, 1, 4, 4, 2, 2, 48, 0.1f, 0), -1);
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "HD=48"));
+    cudaFree(x); cudaFree(cu);
+}
+END_TEST
+
 /* The default (wgmma) kernel on the tile edges */
 START_TEST(attention_gpu_tile_edges) { run_tile_edges(); }
 END_TEST
@@ -192,6 +228,8 @@ int main(void) {
     tcase_add_test(tc, attention_gpu_production);
     tcase_add_test(tc, attention_gpu_preconditions);
     tcase_add_test(tc, attention_gpu_tile_edges);
+    tcase_add_test(tc, attention_gpu_other_head_dims);
+    tcase_add_test(tc, attention_gpu_shape_supported);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

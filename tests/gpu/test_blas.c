@@ -3,7 +3,8 @@
  * (kernels/gemm.h) run on the same bf16-rounded inputs: the three linear calls (forward with and
  * without bias, dX with accumulate, dW into fp32 with accumulate), all transpose combinations,
  * a strided sub-matrix (a slice of fc), shapes with tails and M = 1, one production shape
- * (T=8192 rows of q_proj, checked on sampled rows), and the precondition sentences.
+ * (T=8192 rows of q_proj, checked on sampled rows), strided batches (blas_matmul_batched, C apart from D and in
+ * place), and the precondition sentences.
  *
  * Tolerances: both sides accumulate in fp32 from identical bf16 inputs, so they differ by
  * accumulation order only (≤ ~K·2^-24 relative to Σ|a·b|, ~1e-4 here); a bf16 output adds one
@@ -155,6 +156,57 @@ START_TEST(blas_many_shapes_evict) {
 }
 END_TEST
 
+/* Strided batches (blas_matmul_batched): batch nb of D_i = alpha·op(A_i)·op(B_i) + beta·C_i, every batch against
+ * the reference; C separate from D (D poisoned first, so a batch that is not written fails), and in place. Strides
+ * larger than one matrix (a gap of 8 elements) so a wrong stride reads the wrong data. */
+static void one_batched(int nb, int M, int N, int K, int ta, int tb, blas_dtype dt, float alpha, float beta, int sep,
+                        uint64_t seed) {
+    const size_t na = (size_t)M * K, nbm = (size_t)K * N, nd = (size_t)M * N;
+    const long long sa = (long long)na + 8, sb = (long long)nbm + 8, sd = (long long)nd + 8;
+    const size_t esz = dt == BLAS_BF16 ? 2 : 4;
+    float *a = k1_randn(&seed, (size_t)sa * nb, -1, 1), *b = k1_randn(&seed, (size_t)sb * nb, -1, 1);
+    float *c = k1_randn(&seed, (size_t)sd * nb, -1, 1);
+    bf16 *da = k1_upload_bf16(a, (size_t)sa * nb), *db = k1_upload_bf16(b, (size_t)sb * nb);
+    void *dc = dt == BLAS_BF16 ? (void *)k1_upload_bf16(c, (size_t)sd * nb) : k1_upload(c, 4 * (size_t)sd * nb);
+    void *dd = dc;
+    if (sep) {
+        dd = k1_malloc(esz * (size_t)sd * nb);
+        k1_poison(dd, esz * (size_t)sd * nb);
+    }
+    K1_LAUNCH(blas_matmul_batched(dd, sep ? dc : NULL, dt, da, ta, db, tb, M, N, K, 0, 0, 0, sa, sb, sd, nb, alpha,
+                                  beta, 0));
+    K1_CUDA(cudaDeviceSynchronize());
+    float *got = malloc(4 * (size_t)sd * nb);
+    if (dt == BLAS_BF16) k1_download_bf16(got, dd, (size_t)sd * nb);
+    else K1_CUDA(cudaMemcpy(got, dd, 4 * (size_t)sd * nb, cudaMemcpyDeviceToHost));
+    double atol = (dt == BLAS_BF16 ? 2e-3 : 2e-4) * sqrt((double)K) * (fabs(alpha) + fabs(beta)),
+           rtol = dt == BLAS_BF16 ? 8e-3 : 1e-4;
+    for (int i = 0; i < nb; i++) {
+        float *ref = c + (size_t)i * sd;
+        gemm_forward_ref(ref, a + (size_t)i * sa, ta, b + (size_t)i * sb, tb, M, N, K, alpha, beta);
+        char what[160];
+        snprintf(what, sizeof what, "batched %d/%d M=%d N=%d K=%d ta=%d tb=%d %s alpha=%g beta=%g %s", i, nb, M, N, K,
+                 ta, tb, dt == BLAS_BF16 ? "bf16" : "f32", alpha, beta, sep ? "C != D" : "in place");
+        ck_assert(test_allclose(what, got + (size_t)i * sd, ref, nd, atol, rtol));
+    }
+    if (sep) cudaFree(dd);
+    cudaFree(da); cudaFree(db); cudaFree(dc);
+    free(a); free(b); free(c); free(got);
+}
+
+START_TEST(blas_matmul_batched_shapes) {
+    /* Newton–Schulz's three forms (X·Xᵀ, A·A with C = A, B·X with C = X) and the tall X's transposed ones */
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            one_batched(3, 24, 40, 72, ta, tb, BLAS_BF16, 1.0f, 0.0f, 0, 400 + 2 * ta + tb);
+            one_batched(3, 24, 40, 72, ta, tb, BLAS_BF16, 2.0315f, -4.775f, 1, 410 + 2 * ta + tb);
+        }
+    one_batched(5, 64, 64, 64, 0, 0, BLAS_BF16, 1.0f, 3.4445f, 0, 420);
+    one_batched(2, 128, 136, 256, 0, 1, BLAS_F32, 1.0f, 1.0f, 1, 421);
+    one_batched(1, 8, 8, 8, 0, 0, BLAS_BF16, 1.0f, 0.5f, 1, 422);   /* a batch of 1 is a plain GEMM */
+}
+END_TEST
+
 START_TEST(blas_preconditions) {
     bf16 *a = k1_malloc(4096), *b = k1_malloc(4096);
     float *d = k1_malloc(4096);
@@ -167,6 +219,11 @@ START_TEST(blas_preconditions) {
     ck_assert_ptr_nonnull(strstr(kernels_error(), "too small"));
     ck_assert_int_eq(blas_matmul(d, BLAS_F32, a, 0, b, 1, d, 4, 8, 8, 0, 0, 0, 1, 1, 0), -1);
     ck_assert_ptr_nonnull(strstr(kernels_error(), "beta == 0"));
+    ck_assert_int_eq(blas_matmul_batched(d, NULL, BLAS_F32, a, 0, b, 0, 4, 8, 8, 0, 0, 0, 32, 64, 16, 2, 1, 0, 0), -1);
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "overlap"));
+    ck_assert_int_eq(blas_matmul_batched(d, NULL, BLAS_F32, a, 0, b, 0, 4, 8, 8, 0, 0, 0, 36, 64, 32, 2, 1, 0, 0), -1);
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "multiples of 8"));
+    ck_assert_int_eq(blas_matmul_batched(d, NULL, BLAS_F32, a, 0, b, 0, 4, 8, 8, 0, 0, 0, 32, 64, 32, 0, 1, 0, 0), -1);
     ck_assert_int_eq(blas_init(0), 0);
     ck_assert_int_eq(blas_init(0), 0);   /* idempotent */
     blas_free();
@@ -181,6 +238,7 @@ int main(void) {
     tcase_add_test(tc, blas_matmul_shapes);
     tcase_add_test(tc, blas_linear_calls);
     tcase_add_test(tc, blas_strided_slice);
+    tcase_add_test(tc, blas_matmul_batched_shapes);
     tcase_add_test(tc, blas_production_shape);
     tcase_add_test(tc, blas_preconditions);
     tcase_add_test(tc, blas_many_shapes_evict);

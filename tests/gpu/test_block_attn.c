@@ -12,10 +12,13 @@
  * run in that precision (block_attn_backward_ref_prec, round_p 1; + 1e-5 for exact zeros); also a fixed
  * bound of 3% of the tensor's largest magnitude (+1e-5) plus 5% relative, far below the O(1) errors of a
  * wrong mask or a missing tile. The backward must also be bitwise repeatable.
- * Every case runs the launchers' one kernel set (the wgmma kernels); block_attn_forward_ws (the plan
+ * The cases of block_attn_gpu_small/_production run the wgmma kernels (d_h 64/128, G·B <= 64); block_attn_forward_ws (the plan
  * workspace, poisoned before use) runs next to block_attn_forward on every case, twice on one workspace
  * (reuse); its out and lse must be bitwise equal to block_attn_forward's.
  * block_attn_gpu_workspace checks the workspace size contract and the alignment check.
+ * block_attn_gpu_simt runs the fp32 SIMT kernels of the shapes the wgmma kernels do not take (d_h 16, 32, 256;
+ * (n_h/n_kv)·B > 64) under the same rules (fixed documents of 1, 63, 64, 65 and 1000 tokens included); their
+ * errors sit below the bf16 baselines since they round neither P nor dS.
  */
 #include <cuda_runtime_api.h>
 
@@ -42,6 +45,10 @@ static void fwd_ws_same(const block_attn_config *c, const bf16 *d_q, const bf16 
     }
 }
 
+/* one(): document lengths g_lens[0..g_nlens-1] in order (the rest padding) instead of random ones, when set */
+static const int *g_lens;
+static int g_nlens;
+
 static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int causal, int doc_len, uint64_t seed) {
     block_attn_config c = {T, N, B, n_h, n_kv, d_h, window, causal, 1.0f / sqrtf((float)d_h)};
     int R = N * B;
@@ -51,10 +58,15 @@ static void one(int T, int N, int B, int n_h, int n_kv, int d_h, int window, int
     int32_t *doc = malloc(sizeof(int32_t) * T);
     uint8_t *mask = malloc((size_t)T);
     int pad_from = T - T / 10, id = 0, left = 0;
+    if (g_lens) pad_from = T;   /* fixed lengths: padding after the last one */
     for (int p = 0; p < T; p++) {
-        if (left == 0) { left = doc_len / 2 + (int)(test_rng_next(&rng) % (uint64_t)(doc_len > 1 ? doc_len : 1)) + 1; id++; }
+        if (left == 0) {
+            if (g_lens) left = id < g_nlens ? g_lens[id] : T;
+            else left = doc_len / 2 + (int)(test_rng_next(&rng) % (uint64_t)(doc_len > 1 ? doc_len : 1)) + 1;
+            id++;
+        }
         left--;
-        doc[p] = p >= pad_from && T > 1 ? -1 : id - 1;
+        doc[p] = (p >= pad_from && T > 1) || (g_lens && id > g_nlens) ? -1 : id - 1;
         mask[p] = doc[p] != -1 && (test_rng_next(&rng) % 10) < 7;
     }
     int32_t *anchors = malloc(sizeof(int32_t) * N);
@@ -176,13 +188,50 @@ START_TEST(block_attn_gpu_production) {
 END_TEST
 
 START_TEST(block_attn_gpu_rejects) {
-    block_attn_config c = {97, 5, 32, 8, 2, 128, 0, 0, 0.1f};   /* G·B = 128 > 64 */
-    ck_assert_int_eq(block_attn_forward(&c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0), -1);
-    ck_assert_ptr_nonnull(strstr(kernels_error(), "exceeds"));
-    c.B = 16;
-    c.d_h = 96;
+    block_attn_config c = {97, 5, 16, 8, 2, 96, 0, 0, 0.1f};
     ck_assert_int_eq(block_attn_forward(&c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0), -1);
     ck_assert_ptr_nonnull(strstr(kernels_error(), "d_h=96"));
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "16, 32, 64, 128 or 256"));
+    c.d_h = 128;
+    c.n_h = 6;
+    c.n_kv = 4;
+    ck_assert_int_eq(block_attn_backward(&c, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0), -1);
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "multiple"));
+    /* the shape gate the stages call: G·B = 128 and d_h 256 are taken now, d_h 96 is not */
+    char err[320];
+    block_attn_config q36 = {8192, 512, 16, 24, 4, 256, 0, 0, 0.0625f};   /* the Qwen3.6-27B drafter, G·B = 96 */
+    ck_assert_int_eq(block_attn_shape_supported(&q36, err, sizeof err), 0);
+    q36.n_h = 32;   /* G = 8 at B = 16: 128 rows */
+    ck_assert_int_eq(block_attn_shape_supported(&q36, err, sizeof err), 0);
+    q36.d_h = 16;   /* the demo's */
+    ck_assert_int_eq(block_attn_shape_supported(&q36, err, sizeof err), 0);
+    q36.d_h = 96;
+    ck_assert_int_eq(block_attn_shape_supported(&q36, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "d_h=96"), "%s", err);
+}
+END_TEST
+
+/* The fp32 SIMT kernels (kernels/block_attn_simt.cu): d_h 16 (the demo's), 32 and 256 (Qwen3.5/3.6), and
+ * (n_h/n_kv)·B > 64 at d_h 64 and 128 (GQA groups up to 8 at B = 16), on random documents and on documents
+ * of 1, 63, 64, 65 and 1000 tokens; sliding and full, causal and bidirectional. */
+START_TEST(block_attn_gpu_simt) {
+    one(97, 5, 16, 4, 2, 16, 0, 1, 30, 41);      /* d_h 16 */
+    one(130, 6, 8, 4, 1, 16, 48, 0, 40, 42);     /* d_h 16, MQA, sliding, bidirectional */
+    one(97, 5, 16, 2, 1, 32, 32, 1, 30, 43);     /* d_h 32 */
+    one(97, 5, 16, 4, 2, 256, 0, 1, 30, 44);     /* d_h 256 */
+    one(300, 9, 16, 6, 1, 256, 100, 0, 80, 45);  /* d_h 256, G·B = 96 (the 27B drafter's group 6) */
+    one(97, 5, 16, 16, 2, 128, 0, 1, 30, 46);    /* G·B = 128 at d_h 128 */
+    one(97, 5, 16, 8, 1, 64, 40, 1, 30, 47);     /* G·B = 128 at d_h 64 */
+    one(1, 1, 1, 2, 1, 256, 0, 1, 1, 48);        /* sizes of 1 */
+    one(97, 3, 40, 4, 1, 256, 0, 1, 30, 49);     /* B = 40: block keys over two 32-key tiles, G·B = 160 */
+    static const int lens[5] = {1, 63, 64, 65, 1000};
+    g_lens = lens;
+    g_nlens = 5;
+    one(1200, 24, 16, 8, 1, 256, 0, 1, 0, 50);   /* awkward documents, full causal, G·B = 128, 7 padding rows */
+    one(1200, 40, 16, 4, 2, 16, 64, 0, 0, 51);   /* the same at d_h 16, sliding, bidirectional */
+    one(1193, 12, 16, 24, 4, 256, 0, 1, 0, 52);  /* Qwen3.6-27B's head layout (24/4 heads of 256), no padding */
+    g_lens = NULL;
+    g_nlens = 0;
 }
 END_TEST
 
@@ -224,6 +273,7 @@ int main(void) {
     tcase_add_test(tc, block_attn_gpu_production);
     tcase_add_test(tc, block_attn_gpu_rejects);
     tcase_add_test(tc, block_attn_gpu_workspace);
+    tcase_add_test(tc, block_attn_gpu_simt);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

@@ -1,0 +1,133 @@
+/*
+ * kernels/gated_delta_ref.c — the gated delta rule in plain C (kernels/gated_delta.h): the per-token
+ * recurrence (the specification, double reductions) and the kernel's chunked algorithm in fp32.
+ */
+#include "kernels/gated_delta.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* torch.nn.functional.softplus(beta=1, threshold=20) */
+static float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+int gated_delta_check_shape(int n_k, int n_v, int d_k, int d_v, char *err, int err_len) {
+    const char *why = NULL;
+    if (n_k < 1 || n_v < 1 || d_k < 1 || d_v < 1) why = "every size must be >= 1";
+    else if (n_v % n_k) why = "linear_num_key_heads must divide linear_num_value_heads";
+    else if (d_k > GATED_DELTA_MAX_DK) why = "linear_key_head_dim is above the GPU kernel's 128";
+    if (!why) return 0;
+    if (err && err_len > 0)
+        snprintf(err, (size_t)err_len, "gated delta rule: %s (linear heads k %d / v %d, head dims k %d / v %d)", why,
+                 n_k, n_v, d_k, d_v);
+    return -1;
+}
+
+void gated_delta_forward_ref(float *o, const float *q, const float *k, const float *v, const float *b,
+                             const float *a, const float *a_neg, const float *dt_bias, const int32_t *cu_seqlens,
+                             const struct gated_delta_shape *s, float *state) {
+    const int nv = s->n_v, dk = s->d_k, dv = s->d_v, rep = s->n_v / s->n_k;
+    for (int d = 0; d < s->n_docs; d++) {
+        memset(state, 0, (size_t)nv * dk * dv * sizeof(float));   /* every document starts from zero */
+        for (int t = cu_seqlens[d]; t < cu_seqlens[d + 1]; t++) {
+            for (int j = 0; j < nv; j++) {
+                const float *qt = q + (size_t)t * s->qk_stride + (size_t)(j / rep) * dk;
+                const float *kt = k + (size_t)t * s->qk_stride + (size_t)(j / rep) * dk;
+                const float *vt = v + (size_t)t * s->v_stride + (size_t)j * dv;
+                float beta = sigmoidf_(b[(size_t)t * s->ba_stride + j]);
+                float decay = expf(a_neg[j] * softplusf_(a[(size_t)t * s->ba_stride + j] + dt_bias[j]));
+                float *S = state + (size_t)j * dk * dv, *ot = o + (size_t)t * nv * dv + (size_t)j * dv;
+                for (size_t i = 0; i < (size_t)dk * dv; i++) S[i] *= decay;
+                for (int e = 0; e < dv; e++) {
+                    double m = 0;
+                    for (int i = 0; i < dk; i++) m += (double)S[(size_t)i * dv + e] * kt[i];
+                    float delta = (vt[e] - (float)m) * beta;
+                    for (int i = 0; i < dk; i++) S[(size_t)i * dv + e] += kt[i] * delta;
+                    double acc = 0;
+                    for (int i = 0; i < dk; i++) acc += (double)S[(size_t)i * dv + e] * qt[i];
+                    ot[e] = (float)acc;
+                }
+            }
+        }
+    }
+}
+
+/* One chunk of n <= 64 tokens starting at row c0 for value head j, every column of S (the kernel
+ * runs 64 columns per CTA; columns are independent, so the result is the same). fp32 sums in the
+ * kernel's order: dot products over i ascending, substitutions over s ascending. */
+static void chunk_(float *o, const float *q, const float *k, const float *v, const float *b, const float *a,
+                   float a_neg, float dtb, const struct gated_delta_shape *s, int j, int c0, int n, float *S) {
+    enum { C = GATED_DELTA_CHUNK };
+    const int dk = s->d_k, dv = s->d_v, hk = j / (s->n_v / s->n_k);
+    enum { W = 128 };   /* value columns per pass (bounded stack) */
+    float A[C][C], P[C][C], U[C][W], G[C], beta[C];
+    const float *K[C], *Q[C];
+    for (int t = 0; t < n; t++) {
+        size_t r = (size_t)(c0 + t);
+        K[t] = k + r * s->qk_stride + (size_t)hk * dk;
+        Q[t] = q + r * s->qk_stride + (size_t)hk * dk;
+        beta[t] = sigmoidf_(b[r * s->ba_stride + j]);
+        float g = a_neg * softplusf_(a[r * s->ba_stride + j] + dtb);
+        G[t] = t ? G[t - 1] + g : g;
+    }
+    for (int t = 0; t < n; t++)
+        for (int u = 0; u <= t; u++) {
+            float kk = 0, qk = 0;
+            for (int i = 0; i < dk; i++) { kk += K[t][i] * K[u][i]; qk += Q[t][i] * K[u][i]; }
+            A[t][u] = u < t ? beta[t] * expf(G[t] - G[u]) * kk : 0.0f;
+            P[t][u] = expf(G[t] - G[u]) * qk;
+        }
+    for (int e0 = 0; e0 < dv; e0 += W) {
+        int ne = dv - e0 < W ? dv - e0 : W;
+        for (int t = 0; t < n; t++) {
+            const float *vt = v + (size_t)(c0 + t) * s->v_stride + (size_t)j * dv;
+            float *ot = o + (size_t)(c0 + t) * s->n_v * dv + (size_t)j * dv;
+            float eg = expf(G[t]);
+            for (int e = 0; e < ne; e++) {
+                float ks = 0, qs = 0;
+                for (int i = 0; i < dk; i++) {
+                    ks += K[t][i] * S[(size_t)i * dv + e0 + e];
+                    qs += Q[t][i] * S[(size_t)i * dv + e0 + e];
+                }
+                U[t][e] = beta[t] * (vt[e0 + e] - eg * ks);
+                ot[e0 + e] = eg * qs;   /* the inter-chunk part; the intra part is added below */
+            }
+        }
+        for (int t = 1; t < n; t++)
+            for (int e = 0; e < ne; e++) {
+                float acc = 0;
+                for (int u = 0; u < t; u++) acc += A[t][u] * U[u][e];
+                U[t][e] -= acc;
+            }
+        for (int t = 0; t < n; t++) {
+            float *ot = o + (size_t)(c0 + t) * s->n_v * dv + (size_t)j * dv;
+            for (int e = 0; e < ne; e++) {
+                float acc = 0;
+                for (int u = 0; u <= t; u++) acc += P[t][u] * U[u][e];
+                ot[e0 + e] += acc;
+            }
+        }
+        float gl = expf(G[n - 1]);
+        for (int i = 0; i < dk; i++)
+            for (int e = 0; e < ne; e++) {
+                float acc = 0;
+                for (int u = 0; u < n; u++) acc += expf(G[n - 1] - G[u]) * K[u][i] * U[u][e];
+                S[(size_t)i * dv + e0 + e] = gl * S[(size_t)i * dv + e0 + e] + acc;
+            }
+    }
+}
+
+void gated_delta_forward_chunked_ref(float *o, const float *q, const float *k, const float *v, const float *b,
+                                     const float *a, const float *a_neg, const float *dt_bias,
+                                     const int32_t *cu_seqlens, const struct gated_delta_shape *s, float *state) {
+    for (int d = 0; d < s->n_docs; d++)
+        for (int j = 0; j < s->n_v; j++) {
+            float *S = state + (size_t)j * s->d_k * s->d_v;
+            memset(S, 0, (size_t)s->d_k * s->d_v * sizeof(float));
+            for (int c0 = cu_seqlens[d]; c0 < cu_seqlens[d + 1]; c0 += GATED_DELTA_CHUNK) {
+                int n = cu_seqlens[d + 1] - c0 < GATED_DELTA_CHUNK ? cu_seqlens[d + 1] - c0 : GATED_DELTA_CHUNK;
+                chunk_(o, q, k, v, b, a, a_neg[j], dt_bias[j], s, j, c0, n, S);
+            }
+        }
+}

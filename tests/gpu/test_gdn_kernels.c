@@ -1,0 +1,257 @@
+/*
+ * tests/gpu/test_gdn_kernels.c — the Gated DeltaNet and gated-attention kernels of the Qwen3.5 /
+ * Qwen3.6 target (kernels/gated_delta.h, conv1d.h, l2norm.h, gated_rmsnorm.h, gated_attn.h), each
+ * on its own against its CPU reference on fresh seeded inputs. Documents of 1, 63, 64, 65 and 1000
+ * tokens packed in one batch: a chunk boundary inside a document (64, 65, 1000) and at a document
+ * start (the 64-token document starts at row 64... every document restarts the chunking), and
+ * documents independent bitwise (each alone gives the rows it gives packed).
+ *
+ * Tolerances: the gated delta rule is fp32 in and out; its reference is the per-token recurrence
+ * with double reductions. style.md's 2× rule: the kernel's max error against it is at most twice
+ * that of the same chunked algorithm run in plain fp32 on the CPU (gated_delta_forward_chunked_ref),
+ * plus 1e-6 of the output scale (a few fp32 ulps: the GPU sums the d_k dots in 8 strided partial
+ * sums and contracts FMAs, so its rounding is not the CPU's term for term). conv1d and l2norm are
+ * fp32 outputs of ≤ 16-term / d-term sums: rtol 1e-5. gated RMSNorm, rope and gate write bf16: one
+ * rounding, rtol 1.6e-2 (style.md's bf16 bound). NaN fails every comparison (outputs poisoned).
+ */
+#include "kernels/conv1d.h"
+#include "kernels/gated_attn.h"
+#include "kernels/gated_delta.h"
+#include "kernels/gated_rmsnorm.h"
+#include "kernels/l2norm.h"
+#include "k1util.h"
+#include "tests/gdn_inputs.h"
+
+static const int awkward[] = {1, 63, 64, 65, 1000};
+
+/* The gdn_inputs on the device: conv rows fp32, b|a rows bf16, per-head vectors, cu_seqlens. */
+struct gdn_dev {
+    float *conv, *a_neg, *dt_bias, *o;
+    bf16 *ba;
+    int32_t *cu;
+};
+
+static void gdn_dev_upload(struct gdn_dev *d, struct gdn_inputs *g) {
+    size_t T = (size_t)g->s.T;
+    d->conv = k1_upload(g->conv, 4 * T * g->conv_dim);
+    d->ba = k1_upload_bf16(g->ba, T * 2 * g->s.n_v);   /* already bf16 values: the round trip is exact */
+    d->a_neg = k1_upload(g->a_neg, 4 * (size_t)g->s.n_v);
+    d->dt_bias = k1_upload(g->dt_bias, 4 * (size_t)g->s.n_v);
+    d->cu = k1_upload(g->cu, 4 * (size_t)(g->s.n_docs + 1));
+    d->o = k1_malloc(4 * T * g->s.n_v * g->s.d_v);
+    k1_poison(d->o, 4 * T * g->s.n_v * g->s.d_v);
+}
+
+static void gdn_dev_free(struct gdn_dev *d) {
+    cudaFree(d->conv); cudaFree(d->ba); cudaFree(d->a_neg); cudaFree(d->dt_bias); cudaFree(d->cu); cudaFree(d->o);
+}
+
+static void run_gpu(struct gdn_dev *d, const struct gdn_inputs *g) {
+    const int kd = g->s.n_k * g->s.d_k;
+    K1_LAUNCH(gated_delta_forward(d->o, d->conv, d->conv + kd, d->conv + 2 * kd, d->ba, d->ba + g->s.n_v, d->a_neg,
+                                  d->dt_bias, d->cu, &g->s, 0));
+    K1_CUDA(cudaDeviceSynchronize());
+}
+
+static void gated_delta_case(int n_k, int n_v, int d_k, int d_v, const int *lens, int nd, uint64_t seed) {
+    struct gdn_inputs g;
+    gdn_inputs_make(&g, lens, nd, n_k, n_v, d_k, d_v, seed);
+    struct gdn_dev d;
+    gdn_dev_upload(&d, &g);
+    run_gpu(&d, &g);
+    size_t n = (size_t)g.s.T * n_v * d_v;
+    float *ref = malloc(4 * n), *base = malloc(4 * n), *got = malloc(4 * n), *st = malloc(4 * (size_t)n_v * d_k * d_v);
+    K1_CUDA(cudaMemcpy(got, d.o, 4 * n, cudaMemcpyDeviceToHost));
+    gated_delta_forward_ref(ref, GDN_Q(&g), GDN_K(&g), GDN_V(&g), GDN_B(&g), GDN_A(&g), g.a_neg, g.dt_bias, g.cu, &g.s, st);
+    gated_delta_forward_chunked_ref(base, GDN_Q(&g), GDN_K(&g), GDN_V(&g), GDN_B(&g), GDN_A(&g), g.a_neg, g.dt_bias,
+                                    g.cu, &g.s, st);
+    double scale = k1_max_abs(ref, n), e_gpu = k1_max_abs_diff(got, ref, n), e_base = k1_max_abs_diff(base, ref, n);
+    double bound = 2 * e_base + 1e-6 * scale;
+    fprintf(stderr, "gated_delta n_k %d n_v %d d_k %d d_v %d T %d: scale %.3g, gpu err %.3g, fp32 chunked err %.3g, "
+            "bound %.3g\n", n_k, n_v, d_k, d_v, g.s.T, scale, e_gpu, e_base, bound);
+    ck_assert(scale > 0.01);
+    if (!(e_gpu <= bound)) test_allclose("gated_delta", got, ref, n, bound, 0);   /* prints the worst pairs */
+    ck_assert_msg(e_gpu <= bound, "gated delta: GPU max error %.3g > bound %.3g", e_gpu, bound);
+
+    /* documents independent, bitwise: each document alone (its rows at offset 0) */
+    for (int di = 0; di < nd; di++) {
+        int s0 = g.cu[di], len = lens[di];
+        if (len == 0) continue;
+        struct gated_delta_shape s1 = g.s;
+        s1.T = len;
+        s1.n_docs = 1;
+        int32_t cu1[2] = {0, len};
+        int32_t *dcu = k1_upload(cu1, sizeof cu1);
+        float *o1 = k1_malloc(4 * (size_t)len * n_v * d_v);
+        const int kd = n_k * d_k;
+        float *c = d.conv + (size_t)s0 * g.conv_dim;
+        bf16 *ba = d.ba + (size_t)s0 * 2 * n_v;
+        K1_LAUNCH(gated_delta_forward(o1, c, c + kd, c + 2 * kd, ba, ba + n_v, d.a_neg, d.dt_bias, dcu, &s1, 0));
+        K1_CUDA(cudaDeviceSynchronize());
+        float *one = malloc(4 * (size_t)len * n_v * d_v);
+        K1_CUDA(cudaMemcpy(one, o1, 4 * (size_t)len * n_v * d_v, cudaMemcpyDeviceToHost));
+        ck_assert_msg(memcmp(one, got + (size_t)s0 * n_v * d_v, 4 * (size_t)len * n_v * d_v) == 0,
+                      "document %d (len %d) alone differs from its rows in the packed batch", di, len);
+        free(one); cudaFree(o1); cudaFree(dcu);
+    }
+    free(ref); free(base); free(got); free(st);
+    gdn_dev_free(&d);
+    gdn_inputs_free(&g);
+}
+
+START_TEST(gated_delta_tiny_layout) {
+    gated_delta_case(2, 4, 8, 12, awkward, 5, 1);   /* qwen3.5-tiny: d_v 12 < one 64-column tile */
+}
+END_TEST
+
+START_TEST(gated_delta_mid_layout) {
+    gated_delta_case(1, 2, 64, 80, awkward, 5, 2);  /* a partial second value tile (64 + 16 columns) */
+    int single[] = {1};
+    gated_delta_case(2, 2, 32, 32, single, 1, 3);   /* T = 1 */
+}
+END_TEST
+
+START_TEST(gated_delta_27b_layout) {
+    gated_delta_case(16, 48, 128, 128, awkward, 5, 4);   /* Qwen3.6-27B: 16 key / 48 value heads of 128 */
+}
+END_TEST
+
+START_TEST(gated_delta_refuses_layouts) {
+    struct gated_delta_shape s = {4, 1, 2, 4, 192, 128, 2 * 2 * 192 + 512, 2 * 2 * 192 + 512, 8};
+    float *x = k1_malloc(4096);
+    ck_assert_int_eq(gated_delta_forward(x, x, x, x, (bf16 *)x, (bf16 *)x, x, x, (int32_t *)x, &s, 0), -1);
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "linear_key_head_dim"));
+    cudaFree(x);
+}
+END_TEST
+
+static void conv_case(int D, int K, int stride, uint64_t seed) {
+    int nd = 5, T = 0;
+    int32_t cu[6] = {0};
+    for (int d = 0; d < nd; d++) cu[d + 1] = T += awkward[d];
+    size_t nx = (size_t)T * stride, n = (size_t)T * D;
+    float *x = k1_randn(&seed, nx, -2, 2), *w = k1_randn(&seed, (size_t)D * K, -0.7f, 0.7f);
+    float *ref = malloc(4 * n), *got = malloc(4 * n);
+    bf16 *dx = k1_upload_bf16(x, nx);
+    float *dw = k1_upload(w, 4 * (size_t)D * K), *dy = k1_malloc(4 * n);
+    int32_t *dcu = k1_upload(cu, sizeof cu);
+    k1_poison(dy, 4 * n);
+    K1_LAUNCH(conv1d_forward(dy, dx, stride, dw, dcu, nd, T, D, K, 0));
+    K1_CUDA(cudaDeviceSynchronize());
+    K1_CUDA(cudaMemcpy(got, dy, 4 * n, cudaMemcpyDeviceToHost));
+    conv1d_forward_ref(ref, x, stride, w, cu, nd, T, D, K);
+    ck_assert_msg(test_allclose("conv1d", got, ref, n, 1e-6, 1e-5), "conv1d D=%d K=%d", D, K);
+    free(x); free(w); free(ref); free(got);
+    cudaFree(dx); cudaFree(dw); cudaFree(dy); cudaFree(dcu);
+}
+
+START_TEST(conv1d_shapes) {
+    conv_case(80, 4, 80 + 48 + 8, 1);         /* qwen3.5-tiny's conv channels inside its fused row */
+    conv_case(10240, 4, 10240 + 6144 + 96, 2);   /* Qwen3.6-27B's */
+    conv_case(33, 1, 33, 3);
+    conv_case(7, 9, 8, 4);
+}
+END_TEST
+
+START_TEST(l2norm_shapes) {
+    int shapes[][3] = {{1193, 2, 8}, {1193, 32, 128}, {5, 3, 100}};
+    for (int s = 0; s < 3; s++) {
+        int N = shapes[s][0], H = shapes[s][1], d = shapes[s][2], stride = H * d + 5;
+        uint64_t seed = 20 + s;
+        size_t n = (size_t)N * stride;
+        float *x = k1_randn(&seed, n, -1, 1), *got = malloc(4 * n);
+        float *dx = k1_upload(x, 4 * n);
+        float scale = s == 1 ? 1.0f / sqrtf((float)d) : 1.0f;
+        K1_LAUNCH(l2norm_forward(dx, N, stride, H, d, scale, 0));
+        K1_CUDA(cudaDeviceSynchronize());
+        K1_CUDA(cudaMemcpy(got, dx, 4 * n, cudaMemcpyDeviceToHost));
+        l2norm_forward_ref(x, N, stride, H, d, scale);   /* the 5 pad columns stay as they were on both */
+        ck_assert_msg(test_allclose("l2norm", got, x, n, 1e-7, 1e-5), "l2norm N=%d H=%d d=%d", N, H, d);
+        free(x); free(got); cudaFree(dx);
+    }
+}
+END_TEST
+
+START_TEST(gated_rmsnorm_shapes) {
+    int shapes[][3] = {{1193, 4, 12}, {1193, 48, 128}, {1, 1, 1}};
+    for (int s = 0; s < 3; s++) {
+        int T = shapes[s][0], H = shapes[s][1], d = shapes[s][2], zs = H * d + 8;
+        uint64_t seed = 30 + s;
+        size_t n = (size_t)T * H * d;
+        float *o = k1_randn(&seed, n, -0.3f, 0.3f), *z = k1_randn(&seed, (size_t)T * zs, -4, 4);
+        float *w = k1_randn(&seed, (size_t)d, 0.5f, 1.5f), *ref = malloc(4 * n), *got = malloc(4 * n);
+        float *dO = k1_upload(o, 4 * n), *dw = k1_upload(w, 4 * (size_t)d);
+        bf16 *dz = k1_upload_bf16(z, (size_t)T * zs), *dy = k1_malloc(2 * n);
+        k1_poison(dy, 2 * n);
+        K1_LAUNCH(gated_rmsnorm_forward(dy, dO, dz, zs, dw, T, H, d, 1e-6f, 0));
+        K1_CUDA(cudaDeviceSynchronize());
+        k1_download_bf16(got, dy, n);
+        gated_rmsnorm_forward_ref(ref, o, z, zs, w, T, H, d, 1e-6f);
+        ck_assert_msg(test_allclose("gated_rmsnorm", got, ref, n, 1e-3, 1.6e-2), "gated_rmsnorm T=%d H=%d d=%d", T, H, d);
+        free(o); free(z); free(w); free(ref); free(got);
+        cudaFree(dO); cudaFree(dw); cudaFree(dz); cudaFree(dy);
+    }
+}
+END_TEST
+
+static void attn_case(int T, int NH, int NKV, int HD, int R, uint64_t seed) {
+    size_t row = 2 * (size_t)NH * HD + 2 * (size_t)NKV * HD, nq = (size_t)T * NH * HD, nk = (size_t)T * NKV * HD;
+    float *qkv = k1_randn(&seed, (size_t)T * row, -2, 2);
+    bf16 *dqkv = k1_upload_bf16(qkv, (size_t)T * row);
+    float *q = malloc(4 * nq), *g = malloc(4 * nq), *k = malloc(4 * nk), *v = malloc(4 * nk);
+    float *gq = malloc(4 * nq), *gg = malloc(4 * nq), *gk = malloc(4 * nk), *gv = malloc(4 * nk);
+    bf16 *dq = k1_malloc(2 * nq), *dg = k1_malloc(2 * nq), *dk = k1_malloc(2 * nk), *dv = k1_malloc(2 * nk);
+    k1_poison(dq, 2 * nq); k1_poison(dg, 2 * nq); k1_poison(dk, 2 * nk); k1_poison(dv, 2 * nk);
+    K1_LAUNCH(gated_attn_split_forward(dq, dg, dk, dv, dqkv, T, NH, NKV, HD, 0));
+    K1_CUDA(cudaDeviceSynchronize());
+    gated_attn_split_forward_ref(q, g, k, v, qkv, T, NH, NKV, HD);
+    k1_download_bf16(gq, dq, nq); k1_download_bf16(gg, dg, nq); k1_download_bf16(gk, dk, nk); k1_download_bf16(gv, dv, nk);
+    ck_assert_msg(!memcmp(gq, q, 4 * nq) && !memcmp(gg, g, 4 * nq) && !memcmp(gk, k, 4 * nk) && !memcmp(gv, v, 4 * nk),
+                  "split T=%d NH=%d NKV=%d HD=%d: not an exact copy", T, NH, NKV, HD);
+    /* partial rope on the split q, k (bf16 values on both sides) */
+    int32_t *pos = malloc(4 * (size_t)T);
+    for (int t = 0; t < T; t++) pos[t] = t % 3 == 2 ? 200000 + t : t % 777;   /* large angles too */
+    float *inv = malloc(4 * (size_t)(R / 2));
+    for (int i = 0; i < R / 2; i++) inv[i] = 1.0f / powf(10000000.0f, (float)(2 * i) / (float)R);
+    int32_t *dpos = k1_upload(pos, 4 * (size_t)T);
+    float *dinv = k1_upload(inv, 4 * (size_t)(R / 2));
+    K1_LAUNCH(gated_attn_rope_forward(dq, dk, dpos, dinv, T, NH, NKV, HD, R, 0));
+    K1_CUDA(cudaDeviceSynchronize());
+    gated_attn_rope_forward_ref(q, pos, inv, T, NH, HD, R);
+    gated_attn_rope_forward_ref(k, pos, inv, T, NKV, HD, R);
+    k1_download_bf16(gq, dq, nq); k1_download_bf16(gk, dk, nk);
+    ck_assert_msg(test_allclose("rope q", gq, q, nq, 1e-3, 1.6e-2), "rope T=%d HD=%d R=%d", T, HD, R);
+    ck_assert_msg(test_allclose("rope k", gk, k, nk, 1e-3, 1.6e-2), "rope T=%d HD=%d R=%d", T, HD, R);
+    /* gate: q ⊙ sigmoid(gate) in place (q plays the attention output) */
+    for (size_t i = 0; i < nq; i++) q[i] = gq[i];
+    K1_LAUNCH(gated_attn_gate_forward(dq, dg, (int64_t)nq, 0));
+    K1_CUDA(cudaDeviceSynchronize());
+    gated_attn_gate_forward_ref(q, g, (int64_t)nq);
+    k1_download_bf16(gq, dq, nq);
+    ck_assert_msg(test_allclose("gate", gq, q, nq, 1e-3, 1.6e-2), "gate T=%d", T);
+    free(qkv); free(q); free(g); free(k); free(v); free(gq); free(gg); free(gk); free(gv); free(pos); free(inv);
+    cudaFree(dqkv); cudaFree(dq); cudaFree(dg); cudaFree(dk); cudaFree(dv); cudaFree(dpos); cudaFree(dinv);
+}
+
+START_TEST(gated_attn_shapes) {
+    attn_case(1193, 4, 2, 16, 8, 1);      /* qwen3.5-tiny */
+    attn_case(1193, 24, 4, 256, 64, 2);   /* Qwen3.6-27B: rotary 64 of 256 */
+    attn_case(1, 1, 1, 2, 2, 3);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("gpu_gdn_kernels");
+    TCase *tc = tcase_create("gpu_gdn_kernels");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, gated_delta_tiny_layout);
+    tcase_add_test(tc, gated_delta_mid_layout);
+    tcase_add_test(tc, gated_delta_27b_layout);
+    tcase_add_test(tc, gated_delta_refuses_layouts);
+    tcase_add_test(tc, conv1d_shapes);
+    tcase_add_test(tc, l2norm_shapes);
+    tcase_add_test(tc, gated_rmsnorm_shapes);
+    tcase_add_test(tc, gated_attn_shapes);
+    suite_add_tcase(s, tc);
+    return test_run_suite(s);
+}
