@@ -67,14 +67,12 @@ CPPFLAGS  += -DDFLASH_CUDA -I$(CUDA_HOME)/include
 LIBS      += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -ldl -lstdc++
 endif
 
-# Open MPI (issue 29; stages/train/dp.h): dflash-train's data-parallel ranks. On by default in a CPU build
-# when pkg-config knows ompi-c (scripts/install-deps.sh installs it); off in a CUDA build, whose binaries run
-# on a GPU machine without Open MPI's libraries. MPI=1 / MPI=0 force it. Only dp.c and dflash-train see it.
-ifeq ($(CUDA),1)
-MPI ?= 0
-else
+# Open MPI (issue 29; stages/train/dp.h): dflash-train's data-parallel ranks. On by default when pkg-config
+# knows ompi-c (scripts/install-deps.sh installs it), in CPU and CUDA builds alike, so `make test` tests the ranks
+# whatever the build; the GPU machine has no Open MPI, so scripts/gpu-run.sh pack ships its shared libraries
+# beside libnanomsg (dflash-train calls MPI_Init only when launched as several ranks). MPI=1 / MPI=0 force it.
+# Only dp.c and dflash-train see it.
 MPI ?= $(shell pkg-config --exists ompi-c 2>/dev/null && echo 1 || echo 0)
-endif
 ifeq ($(MPI),1)
 MPI_CPPFLAGS := -DDFLASH_MPI $(shell pkg-config --cflags ompi-c)
 MPI_LIBS     := $(shell pkg-config --libs ompi-c)

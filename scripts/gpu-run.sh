@@ -7,7 +7,7 @@
 #   bash build/gpu/run.sh standard [bench.sh flags]     (there: scripts/bench.sh --gpu with this package, issue 21:
 #                                                       ceilings, target alone, trainer alone, whole pipeline)
 #
-# The package holds the binaries plus libnanomsg.so.5 (the GPU machine has no nanomsg); msgpack,
+# The package holds the binaries plus libnanomsg.so.5 and Open MPI's libraries (the GPU machine has neither); msgpack,
 # jansson, Check and OpenBLAS (the CPU trainer's SGEMMs) are linked statically, cuBLAS/cudart come from
 # /usr/local/cuda there.
 # On the device tool: run(command="bash build/gpu/run.sh all", carry=["build/gpu"]).
@@ -22,6 +22,12 @@ if [ "$mode" = pack ]; then
   cp "$BUILD"/gpu-tests/* "$pkg/tests/" 2>/dev/null || true
   cp "$BUILD"/bench/* "$pkg/bench/" 2>/dev/null || true
   cp -L /usr/lib/x86_64-linux-gnu/libnanomsg.so.5 "$pkg/lib/"
+  # dflash-train links Open MPI when the build found it (Makefile MPI): its shared libraries travel too (the GPU
+  # machine has none); a one-rank dflash-train only loads them, MPI_Init runs for several ranks alone
+  if [ -x "$BUILD/bin/dflash-train" ]; then
+    ldd "$BUILD/bin/dflash-train" | awk '$3 ~ /(libmpi|libopen-rte|libopen-pal|libhwloc|libevent|libudev)/ {print $3}' |
+      while read -r so; do cp -L "$so" "$pkg/lib/"; done
+  fi
   strip --strip-debug "$pkg"/bin/* "$pkg"/tests/* "$pkg"/bench/* 2>/dev/null || true
   cp scripts/gpu-run.sh "$pkg/run.sh"
   echo "packed $(du -sh "$pkg" | cut -f1) into $pkg"
