@@ -67,6 +67,19 @@ CPPFLAGS  += -DDFLASH_CUDA -I$(CUDA_HOME)/include
 LIBS      += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -ldl -lstdc++
 endif
 
+# Open MPI (issue 29; stages/train/dp.h): dflash-train's data-parallel ranks. On by default in a CPU build
+# when pkg-config knows ompi-c (scripts/install-deps.sh installs it); off in a CUDA build, whose binaries run
+# on a GPU machine without Open MPI's libraries. MPI=1 / MPI=0 force it. Only dp.c and dflash-train see it.
+ifeq ($(CUDA),1)
+MPI ?= 0
+else
+MPI ?= $(shell pkg-config --exists ompi-c 2>/dev/null && echo 1 || echo 0)
+endif
+ifeq ($(MPI),1)
+MPI_CPPFLAGS := -DDFLASH_MPI $(shell pkg-config --cflags ompi-c)
+MPI_LIBS     := $(shell pkg-config --libs ompi-c)
+endif
+
 SHM_C    := $(wildcard shm/*.c)
 KERN_C   := $(wildcard kernels/*.c)
 CORE_C   := $(wildcard stages/*/*.c)
@@ -136,6 +149,15 @@ $(BUILD)/obj/empty.o: | $(DEPS_OK)
 	@mkdir -p $(@D)
 	echo 'typedef int dflash_empty_unit;' | $(CC) -x c -c - -o $@
 $(ALL_LIBS): | $(BUILD)/obj/empty.o
+
+# dp.c is compiled with or without MPI; the stamp names the choice, so changing MPI rebuilds it
+$(BUILD)/obj/mpi-$(MPI).stamp:
+	@mkdir -p $(@D)
+	@rm -f $(BUILD)/obj/mpi-*.stamp
+	@touch $@
+$(BUILD)/obj/stages/train/dp.c.o: $(BUILD)/obj/mpi-$(MPI).stamp
+$(BUILD)/obj/stages/train/dp.c.o: CPPFLAGS += $(MPI_CPPFLAGS)
+$(BUILD)/bin/dflash-train: LIBS += $(MPI_LIBS)
 
 $(BUILD)/bin/%: $(BUILD)/obj/stages/%.c.o $(ALL_LIBS)
 	@mkdir -p $(@D)

@@ -107,7 +107,8 @@ start_stage() {
   local name=$1; shift
   # SWAP_<stage, dashes as underscores>=PROGRAM runs PROGRAM in the stage's place with the same
   # arguments (a modified build, an instrumented binary): SWAP_dflash_target=build-exp/bin/dflash-target
-  local swap="SWAP_${name//-/_}"
+  local base=${name%%.*}   # a replica dflash-target.I is swapped as dflash-target
+  local swap="SWAP_${base//-/_}"
   if [ -n "${!swap:-}" ]; then
     [ -x "${!swap}" ] || pdie "$swap=${!swap}: not an executable"
     plog "$name: running ${!swap} in place of $1 ($swap)"
@@ -161,7 +162,7 @@ remove_run_segments() {
 # supervise NAME... : see the header.
 supervise() {
   local -A want=()
-  local n rc pid name
+  local n rc pid name why
   for n in "$@"; do want[$n]=1; done
   while ((${#want[@]})); do
     name=""
@@ -181,6 +182,9 @@ supervise() {
     rm -f "$RUN/pids/$name.pid"
     if { [ "$rc" -gt 128 ] || [ "$rc" -eq "$STAGE_EXIT_STOPPED" ]; } && [ "${STAGE_CHAIN[$name]:-0}" = 1 ]; then
       plog "$name stopped (status $rc); the chain restarts from the seq it asks for"
+      # trainer ranks under mpirun: its one line naming the rank that died (issue 29)
+      why=$(tail -n +"$((${STAGE_LOG_SKIP[$name]:-0} + 1))" "$LOGS/$name.out" 2>/dev/null | grep -m1 -o 'process rank [0-9]* .*' || true)
+      [ -z "$why" ] || plog "$name: mpirun: $why"
       return 2
     elif { [ "$rc" -gt 128 ] || [ "$rc" -eq "$STAGE_EXIT_STOPPED" ]; } && [ "${STAGE_RESTARTS[$name]}" -lt "$MAX_RESTARTS" ]; then
       STAGE_RESTARTS[$name]=$((STAGE_RESTARTS[$name] + 1))

@@ -6,6 +6,13 @@
 #
 #   pipelines/train.sh MODEL_DIR DATA [--run DIR] [--fresh] [dflash-plan flags] [-- dflash-train flags]
 #
+# --target-replicas R (a dflash-plan flag): R dflash-target processes share the rings (one per GPU
+# of a device list, or several on the CPU); the run ends bit-identical to one replica.
+# --ranks W: dflash-train runs as W data-parallel ranks under `mpirun -np W` (Open MPI; CPU path;
+# $MPIRUN_FLAGS are added, e.g. --hostfile). --grad-accum stays the step's total over all ranks and
+# must divide by W; 2 ranks with --grad-accum 2 end bit-identical to 1 rank with --grad-accum 2. A
+# rank that dies stops every rank (mpirun names it); the same command resumes from rank 0's checkpoint.
+#
 # MODEL_DIR is a Hugging Face checkpoint directory (config.json + safetensors; Qwen3, Llama,
 # Qwen3.5); DATA is JSONL with {"input_ids": [...], "loss_mask": [...]} per line (README "Preparing
 # data") or its index. The script validates and indexes DATA, writes the run plan RUN/plan.json with
@@ -32,6 +39,7 @@ set -euo pipefail
 BUILD=${BUILD:-build}
 RUN=""
 FRESH=0
+RANKS=1
 PLAN_ARGS=()
 EXTRA_TRAIN=()
 ARGS=()
@@ -39,6 +47,8 @@ while [ $# -gt 0 ]; do
   case $1 in
     --run) RUN=$2; shift 2 ;;
     --fresh) FRESH=1; shift ;;
+    --ranks) [ $# -ge 2 ] || { echo "train.sh: --ranks needs a value" >&2; exit 2; }
+             RANKS=$2; shift 2 ;;
     --) shift; EXTRA_TRAIN=("$@"); break ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     --*) [ $# -ge 2 ] || { echo "train.sh: $1 needs a value (see --help)" >&2; exit 2; }
@@ -112,11 +122,33 @@ CMD_PACK=("$D/dflash-pack" --run "$RUN")
 CMD_TARGET=("$D/dflash-target" --run "$RUN")
 CMD_HSPACK=("$D/dflash-hspack" --run "$RUN")
 CMD_TRAIN=("$D/dflash-train" --run "$RUN" ${EXTRA_TRAIN[@]+"${EXTRA_TRAIN[@]}"})
-FEEDERS="dflash-pack dflash-target dflash-hspack"
+case $RANKS in ''|*[!0-9]*|0) pdie "--ranks $RANKS: expected a count >= 1" ;; esac
+if [ "$RANKS" -gt 1 ]; then
+  command -v mpirun >/dev/null 2>&1 || pdie "--ranks $RANKS needs mpirun (Open MPI; scripts/install-deps.sh installs it)"
+  MPI_LAUNCH=(mpirun -np "$RANKS" --oversubscribe --bind-to none)
+  [ "$(id -u)" != 0 ] || MPI_LAUNCH+=(--allow-run-as-root)
+  # shellcheck disable=SC2206
+  MPI_LAUNCH+=(${MPIRUN_FLAGS:-})
+  CMD_TRAIN=("${MPI_LAUNCH[@]}" "${CMD_TRAIN[@]}")
+  # GPU ranks (rank i of a host on cuda:(train_device + i)) sum their gradients with NCCL; NVLink multicast
+  # (NVLS) stays off (gpu-machine.md)
+  export NCCL_NVLS_ENABLE=0
+fi
+# --target-replicas R (the plan's target_replicas): R dflash-target processes, named dflash-target.0 ..
+# dflash-target.R-1 (logs/dflash-target.I.out), share the batches ring (each batch is claimed by one) and
+# publish into hidden out of order; dflash-hspack restores seq order. Each is supervised (and restarted) alone.
+REPLICAS=$(plan_get target_replicas)
+TARGETS=dflash-target
+if [ "$REPLICAS" -gt 1 ]; then
+  TARGETS=$(seq -f 'dflash-target.%g' 0 $((REPLICAS - 1)) | tr '\n' ' ')
+  [ "$REPLICAS" -lt 4 ] || CMD_HSPACK+=(--window $((REPLICAS + 1)))   # the reorder window holds what replicas run ahead
+fi
+FEEDERS="dflash-pack $TARGETS dflash-hspack"
 start_feeders() {
+  local t
   rewind_online_feeders "$1"
   start_stage dflash-hspack "${CMD_HSPACK[@]}"
-  start_stage dflash-target "${CMD_TARGET[@]}"
+  for t in $TARGETS; do start_stage "$t" "${CMD_TARGET[@]}"; done
   start_stage dflash-pack "${CMD_PACK[@]}" --resume-from-seq "$1"
 }
 write_run_json train "\"steps\": $STEPS, \"plan\": $(json_str "$RUN/plan.json"), \"model\": $(json_str "$MODEL"), \"data\": $(json_str "$DATA_IN")" \

@@ -9,7 +9,8 @@
 # and the build works without it (CPU path only).
 set -euo pipefail
 
-PKGS=(build-essential pkg-config libnanomsg-dev libmsgpack-dev libjansson-dev libprotobuf-c-dev protobuf-c-compiler check libsubunit-dev libopenblas-pthread-dev gnuplot-nox python3)
+PKGS=(build-essential pkg-config libnanomsg-dev libmsgpack-dev libjansson-dev libprotobuf-c-dev protobuf-c-compiler check libsubunit-dev libopenblas-pthread-dev gnuplot-nox python3
+      libopenmpi-dev openmpi-bin)   # Open MPI: dflash-train's ranks (stages/train/dp.h)
 
 missing=()
 for p in "${PKGS[@]}"; do

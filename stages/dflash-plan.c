@@ -35,8 +35,9 @@ static const char *const DESCRIPTION =
     "stages/plan/plan.c), dtype (bf16 on a GPU, f32 on the CPU path; hspack --dtype), drafter.layer_types and "
     "drafter.block_size (dflash-train --layer-types, --block-size), seed and window (dflash-pack --seed, --window), "
     "epochs (the passes the steps were counted from), steps (dflash-train --max-steps; default: the packed batches "
-    "of --epochs epochs / --grad-accum, rounded up), grad_accum (dflash-train --grad-accum), batches (steps x "
-    "grad_accum; dflash-pack --max-batches), rings (the dflash-shm --ring specs; dflash-shm --run RUN with no --ring "
+    "of --epochs epochs / --grad-accum, rounded up), grad_accum (dflash-train --grad-accum: the step's total over all trainer ranks), batches (steps x "
+    "grad_accum; dflash-pack --max-batches), target_replicas (only when > 1: dflash-target processes sharing the "
+    "rings; pipelines/train.sh starts that many; the hidden ring gets producers=R and R-1 more slots), rings (the dflash-shm --ring specs; dflash-shm --run RUN with no --ring "
     "creates them). After editing the file by hand run dflash-plan --run RUN --rehash.";
 
 /* The value of --NAME in args[0..n) (`--NAME v` or `--NAME=v`), or NULL. */
@@ -72,6 +73,7 @@ static int print_key(const struct plan *p, const char *key) {
     else if (!strcmp(key, "steps")) printf("%lld\n", (long long)p->steps);
     else if (!strcmp(key, "batches")) printf("%lld\n", (long long)p->batches);
     else if (!strcmp(key, "grad_accum")) printf("%d\n", p->grad_accum);
+    else if (!strcmp(key, "target_replicas")) printf("%d\n", p->target_replicas);
     else if (!strcmp(key, "device")) printf("%s\n", p->device);
     else if (!strcmp(key, "train_device")) printf("%s\n", p->train_device);
     else if (!strcmp(key, "model")) printf("%s\n", p->model);
@@ -81,7 +83,7 @@ static int print_key(const struct plan *p, const char *key) {
     else if (!strcmp(key, "hidden_size")) printf("%d\n", p->hidden_size);
     else if (!strcmp(key, "dtype")) printf("%s\n", desc_dtype_name(p->dtype));
     else {
-        fprintf(stderr, "dflash-plan: --get %s: unknown key (tokens, steps, batches, grad_accum, device, train_device, model, data, "
+        fprintf(stderr, "dflash-plan: --get %s: unknown key (tokens, steps, batches, grad_accum, target_replicas, device, train_device, model, data, "
                 "hash, layer_ids, hidden_size, dtype)\n", key);
         return 2;
     }
@@ -98,7 +100,7 @@ int main(int argc, char **argv) {
     int n_train = own < argc ? argc - own - 1 : 0;
 
     const char *run = NULL, *device = "auto", *train_device = NULL, *layer_types = NULL, *get = NULL;
-    int tokens = 0, epochs = 0, grad_accum = 0, block_size = 0, window = 0, slots = 0, rehash = 0;
+    int tokens = 0, epochs = 0, grad_accum = 0, block_size = 0, window = 0, slots = 0, rehash = 0, replicas = 0;
     int64_t steps = 0, seed = -1;
     int ids[DESC_MAX_LAYERS], n_ids = 0;
     struct flag_list ids_list = {ids, &n_ids, DESC_MAX_LAYERS, NULL};
@@ -118,6 +120,8 @@ int main(int argc, char **argv) {
          INT64_MAX},
         {"epochs", FLAG_INT, &epochs, "dataset passes --steps is counted from (0: 1)", 0, INT32_MAX},
         {"grad-accum", FLAG_INT, &grad_accum, "packed batches per optimizer step (0: 1)", 0, 1 << 20},
+        {"target-replicas", FLAG_INT, &replicas, "dflash-target processes sharing the batches and hidden rings "
+                                                 "(plan key target_replicas; 0: 1)", 0, PLAN_MAX_TARGET_REPLICAS},
         {"seed", FLAG_INT64, &seed, "the packer's shuffle seed (-1: 1)", -1, INT64_MAX},
         {"window", FLAG_INT, &window, "the packer's window (0: 4096)", 0, 1 << 24},
         {"ring-slots", FLAG_INT, &slots, "slots per ring (0: 4)", 0, 1 << 16},
@@ -190,7 +194,8 @@ int main(int argc, char **argv) {
     }
     struct plan_inputs in = {.model = pos[0], .data = pos[1], .device = dev, .train_device = tdev, .tokens = tokens, .n_ids = n_ids,
                              .layer_types = layer_types, .block_size = block_size, .steps = steps, .epochs = epochs,
-                             .grad_accum = grad_accum, .seed = seed, .window = window, .ring_slots = slots};
+                             .grad_accum = grad_accum, .seed = seed, .window = window, .ring_slots = slots,
+                             .target_replicas = replicas};
     memcpy(in.ids, ids, sizeof ids);
     if (plan_make(&in, &p, err, sizeof err)) { fprintf(stderr, "dflash-plan: %s\n", err); return 1; }
     if (fs_mkdir_p(run, err, sizeof err)) { fprintf(stderr, "dflash-plan: %s\n", err); return 1; }

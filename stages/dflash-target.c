@@ -11,7 +11,10 @@
  * whoever comes next) or its hidden item READY downstream: nothing is lost. (A kill in the few
  * instructions between the publish and the release delivers the batch once more; the hidden
  * item then appears twice with the same seq, and dflash-hspack, which restores sequence order,
- * drops the second copy.) Several replicas may attach to the same rings.
+ * drops the second copy.) Several replicas may attach to the same rings (issue 29): each batch is
+ * claimed by exactly one (the ring's CAS), and when the plan says target_replicas > 1 each replica
+ * claims its hidden slot BEFORE the batch (relay out_first), so the replica computing the seq dflash-hspack waits for always has a slot to
+ * publish it in, however far its peers ran ahead.
  *
  * --docs FILE --dump OUT is a mode without rings for cross-checks (scripts/compare_hf.py): the
  * documents of FILE (JSON: {"docs": [[ids...], ...]} or [[ids...], ...]) are packed into one
@@ -55,6 +58,7 @@ struct opts {
     const char *docs, *dump;
     int print_spec, spec_slots;
     uint64_t plan;                              /* the run plan's hash (0: no plan.json in --run) */
+    int replicas;                               /* the plan's target_replicas (1 without a plan) */
 };
 
 /* "1,9,17" of the target's captured layer ids into buf. */
@@ -263,7 +267,7 @@ static int ring_mode(const struct opts *o, struct target *t) {
         .run_dir = o->common.run_dir, .in_ring = o->in_ring, .out_ring = o->out_ring,
         .attach_wait_ms = o->wait_ms, .heartbeat_s = o->heartbeat_s, .use_bus = 1, .item_name = "batch",
         .ctx = &ts, .compute = compute_hidden, .heartbeat_kv = target_heartbeat_kv, .metric = target_metric,
-        .plan = o->plan,
+        .plan = o->plan, .out_first = o->replicas > 1,   /* replicas: the holder of any seq can always publish it */
     };
     check_hint("is dflash-shm running for this --run, with the rings named by --in/--out?");
     struct relay *r = relay_open(&rc, err, sizeof err);
@@ -342,6 +346,7 @@ int main(int argc, char **argv) {
             return 2;
         }
         o.plan = plan.hash;
+        o.replicas = plan.target_replicas;
     }
     if (!o.model) { fprintf(stderr, "dflash-target: --model DIR is required (see --help)\n"); return 2; }
     if (o.print_spec) {

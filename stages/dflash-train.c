@@ -29,6 +29,19 @@
  *   refused with the field named), drops every batch seq below its next_seq, and says which seq it needs on
  *   stdout and in state/train.json, so the pipeline can rewind the packer. A batch consumed after the last
  *   checkpoint is therefore trained again after a crash, exactly as an uninterrupted run trained it.
+ * - Data-parallel ranks (issue 29; stages/train/dp.h): launched by `mpirun -np W` (a build with Open MPI), W
+ *   ranks train one drafter on the CPU path. --grad-accum A (the plan's grad_accum) stays the optimizer step's
+ *   TOTAL micro-batches over all ranks (so the plan, the packer's batch count and the checkpoint's config are
+ *   the same as one rank's); it must divide by W, and each rank accumulates A/W of them: rank r takes the
+ *   seqs s with s % W == r (ring_set_rank on the shared `features` ring), i.e. micro-batches r, r+W, ... of
+ *   each step. The weights are checked identical at start (a hash over every parameter, step and next_seq);
+ *   the fp32 gradients are summed over ranks once per step (MPI_Allreduce) and scaled by 1/A; the loss and
+ *   metrics are summed over ranks; rank 0 alone prints the seq it needs, sends metric records and writes
+ *   checkpoints (next_seq = the highest seq any rank consumed + 1), state/train.json and the exports. Two
+ *   ranks with --grad-accum 2 end bit-identical to one rank with --grad-accum 2 (tests/test_scale.c).
+ *   Validation items are refused with ranks (they break the stride). On the GPU path (rank i of a host on
+ *   cuda:(train_device + i)) the sums go over NCCL (train/dp_nccl.h; written, not yet run on GPUs), and one rank's
+ *   gradients accumulate inside the backward as before, so GPU ranks are not bit-equal to one GPU rank.
  * - Never a short success (issue 24): the run trains --max-steps steps or exits 1 with one line saying how many it
  *   trained (a stream that ends early; a partial --grad-accum accumulation at its end is never applied). A resume
  *   at --max-steps trains nothing and writes the exports again from the final checkpoint.
@@ -68,6 +81,7 @@
 #include "train/mask_token.h"
 #include "train/optim.h"
 #include "train/sched.h"
+#include "train/dp.h"
 #include "train/step.h"
 #include "train/train_config.h"
 #include "train/vocab.h"
@@ -122,12 +136,52 @@ struct trainer {
     struct relay *relay_;
     int gpu;                         /* 1: the GPU path (--device cuda:N); 0: the CPU path */
     struct step_exec x;              /* the step's device work: step_cpu_init or step_gpu_init (train/step.h) */
+    struct dp dp;                    /* rank and world (train/dp.h): 0 of 1 without mpirun */
+    int accum;                       /* micro-batches per step on this rank: --grad-accum / world */
+    double *red;                     /* planned: the metrics summed over ranks each step */
     /* the start-up timeline (issue 28): seconds of each phase since the previous mark, logged at the first step */
     double tl_launch, tl_last;
     const char *tl_name[12];
     double tl_s[12];
     int tl_n, tl_logged;
 };
+
+/* The step's loss and metrics summed over the ranks (one record for all). */
+static int reduce_metrics(struct trainer *tr, char *err, int err_len) {
+    if (tr->dp.world <= 1) return 0;
+    struct drafter_metrics *m = &tr->acc.m;
+    int B = m->B, n = 0;
+    double *x = tr->red;
+    x[n++] = tr->acc.loss_sum;
+    x[n++] = m->loss_sum;
+    x[n++] = (double)m->loss_count;
+    for (int j = 0; j < B; j++) { x[n++] = (double)m->correct[j]; x[n++] = (double)m->total[j]; }
+    x[n++] = (double)m->full_correct;
+    x[n++] = (double)m->full_total;
+    x[n++] = m->eal_sum;
+    x[n++] = (double)m->eal_count;
+    x[n++] = (double)m->n_anchors;
+    x[n++] = (double)tr->step_tokens;
+    if (dp_sum_f64(&tr->dp, x, (size_t)n, err, err_len)) return -1;
+    n = 0;
+    tr->acc.loss_sum = x[n++];
+    m->loss_sum = x[n++];
+    m->loss_count = (int64_t)x[n++];
+    for (int j = 0; j < B; j++) { m->correct[j] = (int64_t)x[n++]; m->total[j] = (int64_t)x[n++]; }
+    m->full_correct = (int64_t)x[n++];
+    m->full_total = (int64_t)x[n++];
+    m->eal_sum = x[n++];
+    m->eal_count = (int64_t)x[n++];
+    m->n_anchors = (int)x[n++];
+    tr->step_tokens = (uint64_t)x[n++];
+    return 0;
+}
+
+/* The gradients summed over the ranks (MPI on the CPU path's host gradients, NCCL on the GPU's). */
+static int reduce_grads(struct trainer *tr, char *err, int err_len) {
+    if (tr->dp.world <= 1) return 0;
+    return tr->x.sum_grads(tr->x.impl, &tr->dp, err, err_len);
+}
 
 /* The configuration a checkpoint must match (everything that changes what the run computes): its keys are
  * owned by stages/train/train_config.h, which dflash-export reads them back with. */
@@ -169,6 +223,7 @@ static void ckpt_log(void *ctx, const char *line) { (void)ctx; log_warn("%s", li
 /* Write checkpoint step-<step> and state/train.json. */
 static void save(struct trainer *tr) {
     char err[1024], path[PATH_MAX];
+    if (tr->dp.rank != 0) return;   /* one checkpoint, rank 0's: every rank holds the same state */
     LIB_CHECK(tr->x.to_host(tr->x.impl, err, sizeof err), err);   /* the GPU path: device -> host first */
     struct ckpt_meta meta = {tr->step, tr->next_seq, tr->step, tr->config_json, NULL, 0};
     LIB_CHECK(ckpt_save(tr->ckpt_dir, &meta, tr->table.t, tr->table.n, tr->o->keep, path, sizeof path, err, sizeof err),
@@ -181,6 +236,7 @@ static void save(struct trainer *tr) {
  * again by a run that resumes at --max-steps (issue 24: a fault after the final checkpoint left them missing). */
 static void write_exports(struct trainer *tr) {
     char err[1024], skipped[768];
+    if (tr->dp.rank != 0) return;
     /* the device path first copies its weights to the host drafter; a run resumed at --max-steps never started it */
     if (tr->x.to_host) LIB_CHECK(tr->x.to_host(tr->x.impl, err, sizeof err), err);
     LIB_CHECK(export_write_run(tr->d, tr->o->common.run_dir, tr->o->target_model, skipped, sizeof skipped, err,
@@ -205,8 +261,11 @@ static void log_short_stream(const struct trainer *tr) {
 static int optimizer_step(struct trainer *tr, char *err, int err_len) {
     const struct opts *o = tr->o;
     double norm;   /* g *= 1/A, the global norm (the CPU clips here, the GPU in apply) */
-    if (tr->x.grad_norm(tr->x.impl, &tr->acc, 1.0f / (float)tr->micro, o->clip, &norm, err, err_len)) return -1;
-    double loss = tr->acc.loss_sum / tr->micro;
+    int total = tr->micro * tr->dp.world;   /* micro-batches of this step over all ranks */
+    if (reduce_grads(tr, err, err_len) || dp_max_i64(&tr->dp, &tr->next_seq, err, err_len)) return -1;
+    if (tr->x.grad_norm(tr->x.impl, &tr->acc, 1.0f / (float)total, o->clip, &norm, err, err_len)) return -1;
+    if (reduce_metrics(tr, err, err_len)) return -1;   /* after grad_norm: the GPU path collects its metrics there */
+    double loss = tr->acc.loss_sum / total;
     char msg[512];
     enum optim_guard_action act = optim_guard_check(&tr->guard, tr->step, loss, norm, msg, sizeof msg);
     if (act == OPTIM_GUARD_STOP) return err_fail(err, err_len, "%s", msg);
@@ -232,7 +291,7 @@ static int optimizer_step(struct trainer *tr, char *err, int err_len) {
     kv[n++] = (struct bus_kv){"step_s", tr->step_busy_s};
     kv[n++] = (struct bus_kv){"skipped_steps", (double)tr->guard.skipped_total};
     kv[n++] = (struct bus_kv){BUS_K_TOTAL_STEPS, (double)tr->sched.total};
-    kv[n++] = (struct bus_kv){"anchors", (double)m->n_anchors / tr->micro};
+    kv[n++] = (struct bus_kv){"anchors", (double)m->n_anchors / total};
     if (tr->gpu) kv[n++] = (struct bus_kv){"gpu_mem_gib", tr->x.mem_gib};
     static char names[DRAFTER_MAX_B][24];
     for (int j = tr->cfg->sample_from_anchor ? 0 : 1; j < m->B && n < BUS_MAX_KV; j++) {
@@ -309,6 +368,10 @@ static int compute_train(void *ctx, struct relay_item *it, char *err, int err_le
                         (unsigned long long)fd.batch.seq, (unsigned long long)fd.target_id, tr->o->target_model,
                         (unsigned long long)tr->target_id);
     const int train = fd.batch.split != DESC_SPLIT_VAL;
+    if (!train && tr->dp.world > 1)
+        return err_fail(err, err_len, "features seq %llu is a validation batch: validation is not supported with %d "
+                        "trainer ranks (it would break the seq %% ranks assignment); pack without --val-frac/--val-every",
+                        (unsigned long long)fd.batch.seq, tr->dp.world);
     const uint64_t T = fd.batch.n_tokens, seq = fd.batch.seq;
     if (train) flush_val(tr);   /* a train batch after val batches closes that pass */
     struct step_dump dump = {tr->o->dump_dir, {(uint64_t)tr->step, (uint64_t)tr->o->seed, "float32", tr->o->target_model}};
@@ -334,7 +397,7 @@ static int compute_train(void *ctx, struct relay_item *it, char *err, int err_le
     tr->micro++;
     tr->step_tokens += T;
     tr->step_busy_s += time_mono_s() - t0;
-    if (tr->micro == tr->o->grad_accum && optimizer_step(tr, err, err_len)) return -1;
+    if (tr->micro == tr->accum && optimizer_step(tr, err, err_len)) return -1;
     if (tr->o->max_steps > 0 && tr->step >= tr->o->max_steps) return RELAY_FINISH;
     return RELAY_DONE;
 }
@@ -499,6 +562,20 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    struct dp dp;
+    if (dp_init(&dp, &argc, &argv, perr, sizeof perr)) { fprintf(stderr, "dflash-train: %s\n", perr); return 2; }
+    if (dp.world > 1) {
+        char tag[48];
+        /* the other ranks' lines say which rank wrote them; rank 0 keeps the stage's name (the bus's too) */
+        snprintf(tag, sizeof tag, "dflash-train.r%d", dp.rank);
+        if (dp.rank > 0) log_init(strdup(tag));
+        if (o.grad_accum % dp.world) {
+            fprintf(stderr, "dflash-train: --grad-accum %d (the step's micro-batches over all ranks) does not divide "
+                    "by the %d ranks\n", o.grad_accum, dp.world);
+            dp_abort(&dp, 2);
+            return 2;
+        }
+    }
     if (!o.target_model) { fprintf(stderr, "dflash-train: --target-model DIR is required (see --help)\n"); return 2; }
     if (!o.max_steps) { fprintf(stderr, "dflash-train: --max-steps N is required (it sets the schedule)\n"); return 2; }
     if (o.dump_step >= 0 && !o.dump_dir) { fprintf(stderr, "dflash-train: --dump-step needs --dump-dir\n"); return 2; }
@@ -515,7 +592,18 @@ int main(int argc, char **argv) {
     tr.tl_launch = tr.tl_last = t_launch;
     tl_mark(&tr, "flags, bus and plan");
     tr.o = &o;
+    if (dp.world > 1 && o.common.cuda_device >= 0) {   /* one GPU per rank of a host: the plan's device + local rank */
+        o.common.cuda_device += dp_local_rank();
+        log_info("rank %d of %d: cuda:%d", dp.rank, dp.world, o.common.cuda_device);
+    }
     tr.gpu = o.common.cuda_device >= 0;
+    tr.dp = dp;
+    tr.accum = o.grad_accum / dp.world;
+    tr.red = calloc(16 + 2 * DRAFTER_MAX_B, sizeof *tr.red);
+    ALLOC_CHECK(tr.red);
+    if (!tr.gpu && dp.world > 1 && !dp.mpi)
+        DIE("launched as one of %d ranks on the CPU path, but this dflash-train was built without MPI (install "
+            "libopenmpi-dev and build again, or start one rank)", dp.world);
     build_config(&o, &dc);
     uint8_t *t2d = NULL;
     int64_t *d2t = NULL;
@@ -601,15 +689,40 @@ int main(int argc, char **argv) {
             log_info("--resume: no checkpoint in %s yet; starting fresh", tr.ckpt_dir);
         }
     }
-    LIB_CHECK(ckpt_write_state(tr.state_path, tr.step, tr.next_seq, NULL, err, sizeof err), err);
-    printf("dflash-train: needs batch seq %lld next (step %lld)\n", (long long)tr.next_seq, (long long)tr.step);
-    fflush(stdout);
+    if (dp.world > 1 && tr.gpu) {   /* NCCL between the ranks' GPUs; its id through the run's state directory */
+        LIB_CHECK(dp_use_nccl(&dp, o.common.cuda_device, state_dir, 300, err, sizeof err), err);
+        tr.dp = dp;
+        log_info("rank %d of %d: NCCL communicator on cuda:%d", dp.rank, dp.world, o.common.cuda_device);
+    }
+    if (dp.world > 1) {   /* the same weights, step and data position on every rank, or no start */
+        uint64_t h = DP_HASH_INIT;
+        for (int i = 0; i < tr.n_tens; i++) {
+            const struct optim_tensor *t = &tr.tens[i];
+            h = dp_hash(h, t->w, (size_t)(t->ndim == 2 ? t->shape[0] * t->shape[1] : t->shape[0]) * sizeof(float));
+        }
+        h = dp_hash(h, &tr.step, sizeof tr.step);
+        h = dp_hash(h, &tr.next_seq, sizeof tr.next_seq);
+        if (dp_check_same(&dp, h, "initial weights (or step and data position)", err, sizeof err)) {
+            log_error("%s", err);
+            dp_abort(&dp, 1);
+            return 1;
+        }
+        log_info("rank %d of %d: initial weights identical on every rank (hash %016llx); this rank takes seqs s with "
+                 "s %% %d == %d, %d micro-batch(es) per step", dp.rank, dp.world, (unsigned long long)h, dp.world,
+                 dp.rank, tr.accum);
+    }
+    if (dp.rank == 0) {
+        LIB_CHECK(ckpt_write_state(tr.state_path, tr.step, tr.next_seq, NULL, err, sizeof err), err);
+        printf("dflash-train: needs batch seq %lld next (step %lld)\n", (long long)tr.next_seq, (long long)tr.step);
+        fflush(stdout);
+    }
     if (o.max_steps > 0 && tr.step >= o.max_steps) {
         /* the exports may be missing (a fault after the final checkpoint): written again from that checkpoint */
         log_info("already at step %lld of --max-steps %lld: nothing to train; writing the exports again",
                  (long long)tr.step, (long long)o.max_steps);
         /* the device state was never started (tr.x is unset): the weights are the host copy just loaded */
         write_exports(&tr);
+        dp_finish(&dp);
         return 0;
     }
     /* after the restore: the device copies start from the host state; before the rings (the GPU path makes its
@@ -624,7 +737,7 @@ int main(int argc, char **argv) {
 
     struct relay_config rc = {
         .run_dir = o.common.run_dir, .in_ring = o.in_ring, .attach_wait_ms = o.wait_ms,
-        .heartbeat_s = o.heartbeat_s, .use_bus = 1, .in_order = 1, .dedup = 1, .item_name = "features",
+        .heartbeat_s = o.heartbeat_s, .use_bus = dp.rank == 0, .in_order = 1, .dedup = 1, .item_name = "features",
         .ctx = &tr, .compute = compute_train, .heartbeat_kv = train_heartbeat_kv, .plan = have_plan ? plan.hash : 0,
     };
     check_hint("is dflash-shm running for this --run, with a `features` ring (dflash-hspack or dflash-replay feed it)?");
@@ -634,6 +747,7 @@ int main(int argc, char **argv) {
     check_hint(NULL);
     if (tr.gpu) LIB_CHECK(step_gpu_plan_slots(&tr.x, ring_get_spec(relay_in(tr.relay_))->n_slots, err, sizeof err), err);
     relay_set_next_seq(tr.relay_, (uint64_t)tr.next_seq);
+    if (dp.world > 1) LIB_CHECK(relay_set_rank(tr.relay_, (uint32_t)dp.rank, (uint32_t)dp.world, err, sizeof err), err);
     tr.last_step_t = time_mono_s();
     int res = relay_run(tr.relay_, err, sizeof err);
     if (res < 0) log_error("%s", err);
@@ -655,5 +769,11 @@ int main(int argc, char **argv) {
     drafter_free(tr.d);
     free(tr.tens);
     free(tr.config_json);
+    free(tr.red);
+    if (res < 0 && dp.world > 1) {   /* the other ranks may wait in a collective: stop them all now */
+        log_error("rank %d of %d failed; stopping every rank", dp.rank, dp.world);
+        dp_abort(&dp, 1);
+    }
+    dp_finish(&dp);
     return relay_exit_code(res);
 }

@@ -46,15 +46,19 @@ static void bit_set(struct relay_seen *s, uint64_t seq, int on) {
     else s->bits[i / 64] &= ~m;
 }
 
+static int other_rank(const struct relay_seen *s, uint64_t seq) {
+    return s->n_ranks > 1 && seq % s->n_ranks != s->rank;
+}
+
 int relay_seen_has(const struct relay_seen *s, uint64_t seq) {
-    if (seq < s->next) return 1;
+    if (seq < s->next || other_rank(s, seq)) return 1;
     if (seq - s->next >= s->window) return 0;
     return bit_get(s, seq);
 }
 
 /* Move next over every seen seq, clearing their bits (they are now "below next"). */
 static void advance(struct relay_seen *s) {
-    while (bit_get(s, s->next)) {
+    while (bit_get(s, s->next) || other_rank(s, s->next)) {
         bit_set(s, s->next, 0);
         s->next++;
     }
@@ -194,6 +198,14 @@ struct ring *relay_out(struct relay *r) { return r->out; }
 struct bus *relay_bus(struct relay *r) { return r->bus; }
 struct relay_seen *relay_seen_set(struct relay *r) { return &r->seen; }
 void relay_set_next_seq(struct relay *r, uint64_t min) { relay_seen_set_next(&r->seen, min); }
+int relay_set_rank(struct relay *r, uint32_t rank, uint32_t n_ranks, char *err, int err_len) {
+    if (!r->in || ring_set_rank(r->in, rank, n_ranks))
+        return err_fail(err, err_len, "ring '%s': %s", r->cfg.in_ring, r->in ? ring_error() : "no input ring");
+    r->seen.rank = rank;
+    r->seen.n_ranks = n_ranks;
+    advance(&r->seen);
+    return 0;
+}
 const struct relay_stats *relay_stats(const struct relay *r) { return &r->st; }
 
 static void send_stats(struct relay *r, int summary) {
@@ -359,8 +371,15 @@ int relay_run(struct relay *r, char *err, int err_len) {
             if (rc < 0) return -1;
             if (rc) return end_of_stream(r, err, err_len);
         }
+        int early_out = r->cfg.out_first && r->in && r->out;
+        if (early_out) {
+            rc = claim_output(r, &os, err, err_len);
+            if (rc) return rc == RELAY_STOPPED ? stopped(r) : -1;
+            it.out = &os;
+        }
         if (r->in) {
             rc = claim_input(r, &is, &ordered, err, err_len);
+            if (rc && early_out) give_back(r, NULL, &os);   /* the claimed output slot goes back FREE */
             if (rc == RELAY_STOPPED) return stopped(r);
             if (rc == RING_END) {
                 if (!ring_is_drained(r->in))
@@ -374,7 +393,7 @@ int relay_run(struct relay *r, char *err, int err_len) {
         } else {
             tick(r);
         }
-        if (r->out) {
+        if (r->out && !early_out) {
             rc = claim_output(r, &os, err, err_len);
             if (rc) {
                 give_back(r, it.in ? &is : NULL, NULL);

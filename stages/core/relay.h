@@ -80,6 +80,8 @@ struct relay_seen {
     uint64_t n_dups;          /* adds of a seq already seen */
     uint64_t n_out_of_order;  /* new seqs lower than the highest seen before them */
     uint64_t max;             /* highest seq added (valid when n_distinct > 0) */
+    uint32_t rank, n_ranks;   /* n_ranks > 1: only seqs with seq % n_ranks == rank are this consumer's; the
+                               * others count as seen (relay_set_rank; data-parallel trainer ranks) */
 };
 
 /* Allocate an empty set with next = 0 and a window of at least `window` seqs (rounded up to 64;
@@ -160,6 +162,10 @@ struct relay_config {
     int use_bus;                  /* 1: open the metrics bus (a failure is a warning, not an error) */
     int dedup;                    /* 1: drop input seqs the seen set already holds (sinks, reorder) */
     int in_order;                 /* 1: take input in exact seq order from relay_seen.next (implies dedup) */
+    int out_first;                /* 1: claim the output slot BEFORE the input item (replicas sharing rings,
+                                   * issue 29): a replica that holds seq s always holds a slot to publish s
+                                   * in, so a reorder stage waiting for s downstream never deadlocks on an
+                                   * output ring its faster peers filled with later seqs */
     uint32_t seen_window;         /* seen set window (0: RELAY_DEFAULT_SEEN_WINDOW) */
     const char *item_name;        /* "batch", "item" ...: used in log lines (NULL: "item") */
     void *ctx;                    /* passed to every callback */
@@ -194,6 +200,9 @@ struct bus *relay_bus(struct relay *r);
 struct relay_seen *relay_seen_set(struct relay *r);
 /* Resume: drop every input seq below min, and in order mode start waiting at min. */
 void relay_set_next_seq(struct relay *r, uint64_t min);
+/* Data-parallel ranks (issue 29): take only the input seqs with seq % n_ranks == rank (ring_set_rank on the
+ * input ring; the seen set counts the other ranks' seqs as seen). 0, or -1 with a sentence. */
+int relay_set_rank(struct relay *r, uint32_t rank, uint32_t n_ranks, char *err, int err_len);
 const struct relay_stats *relay_stats(const struct relay *r);
 
 /* Run cycles until end of stream, a stop signal, or an error (see DESIGN). Blocks; never longer

@@ -64,6 +64,8 @@ static json_t *to_json(const struct plan *p, int with_hash) {
     json_object_set_new(j, "steps", json_integer(p->steps));
     json_object_set_new(j, "grad_accum", json_integer(p->grad_accum));
     json_object_set_new(j, "batches", json_integer(p->batches));
+    /* written only when > 1, so the plans (and hashes) of one-replica runs stay what they were */
+    if (p->target_replicas > 1) json_object_set_new(j, "target_replicas", json_integer(p->target_replicas));
     json_object_set_new(j, "rings", rings);
     return j;
 }
@@ -84,13 +86,21 @@ static int rings_of(struct plan *p, int slots, char *err, int err_len) {
         return err_fail(err, err_len, "device '%s': expected cpu or cuda:N", p->device);
     struct rings_geometry g = {p->tokens, (uint32_t)p->n_ids, (uint32_t)p->hidden_size, p->dtype};
     p->n_rings = 3;
+    /* R target replicas: each holds one hidden slot while it waits for a batch (relay out_first), so hidden gets
+     * R - 1 more slots; producers=R so the first replica to see the end cannot end the stream alone */
+    int R = p->target_replicas > 1 ? p->target_replicas : 1;
     if (rings_format_spec(p->rings[0], sizeof p->rings[0], RING_NAME_BATCHES, (uint32_t)slots, DESC_KIND_BATCH, &g, -1,
                           err, err_len) ||
-        rings_format_spec(p->rings[1], sizeof p->rings[1], RING_NAME_HIDDEN, (uint32_t)slots, DESC_KIND_HIDDEN, &g, dev,
-                          err, err_len) ||
+        rings_format_spec(p->rings[1], sizeof p->rings[1], RING_NAME_HIDDEN, (uint32_t)(slots + R - 1), DESC_KIND_HIDDEN,
+                          &g, dev, err, err_len) ||
         rings_format_spec(p->rings[2], sizeof p->rings[2], RING_NAME_FEATURES, (uint32_t)slots, DESC_KIND_FEATURES, &g,
                           dev, err, err_len))
         return -1;
+    if (R > 1) {
+        size_t n = strlen(p->rings[1]);
+        if (snprintf(p->rings[1] + n, sizeof p->rings[1] - n, ",producers=%d", R) >= (int)(sizeof p->rings[1] - n))
+            return err_fail(err, err_len, "ring 'hidden': spec line does not fit %zu bytes", sizeof p->rings[1]);
+    }
     return 0;
 }
 
@@ -153,6 +163,9 @@ int plan_make(const struct plan_inputs *in, struct plan *p, char *err, int err_l
     p->window = in->window > 0 ? in->window : PLAN_DEFAULT_WINDOW;
     p->epochs = in->epochs > 0 ? in->epochs : 1;
     p->grad_accum = in->grad_accum > 0 ? in->grad_accum : 1;
+    p->target_replicas = in->target_replicas > 0 ? in->target_replicas : 1;
+    if (p->target_replicas > PLAN_MAX_TARGET_REPLICAS)
+        return err_fail(err, err_len, "target replicas %d: at most %d", p->target_replicas, PLAN_MAX_TARGET_REPLICAS);
     if (in->steps > 0) {
         p->steps = in->steps;
     } else {   /* the packer's own count of the epochs' batches, without writing a batch */
@@ -219,7 +232,7 @@ static int get_str(json_t *o, const char *key, const char *path, char *out, size
 
 static const char *const known_keys[] = {"kind", "version", "hash", "model", "data", "device", "train_device", "tokens", "target",
                                          "capture", "dtype", "drafter", "seed", "window", "epochs", "steps",
-                                         "grad_accum", "batches", "rings", NULL};
+                                         "grad_accum", "batches", "target_replicas", "rings", NULL};
 
 static int parse(json_t *j, const char *path, struct plan *p, char *err, int err_len) {
     char s[64];
@@ -300,6 +313,11 @@ static int parse(json_t *j, const char *path, struct plan *p, char *err, int err
     if (p->batches != p->steps * p->grad_accum)
         return err_fail(err, err_len, "%s: batches %lld is not steps x grad_accum = %lld x %d", path,
                         (long long)p->batches, (long long)p->steps, p->grad_accum);
+    p->target_replicas = 1;
+    if (json_object_get(j, "target_replicas")) {
+        if (get_int(j, "target_replicas", path, 1, PLAN_MAX_TARGET_REPLICAS, &x, err, err_len)) return -1;
+        p->target_replicas = (int)x;
+    }
     json_t *r = json_object_get(j, "rings");
     if (!json_is_array(r) || json_array_size(r) > PLAN_MAX_RINGS)
         return err_fail(err, err_len, "%s: key 'rings': expected at most %d dflash-shm --ring specs", path, PLAN_MAX_RINGS);

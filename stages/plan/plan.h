@@ -25,6 +25,8 @@
  *   epochs               dataset passes the steps were counted from        (dflash-plan)
  *   steps, grad_accum    optimizer steps, packed batches per step          train
  *   batches              steps x grad_accum: what the packer emits         pack (--max-batches)
+ *   target_replicas      dflash-target processes sharing batches/hidden    pipelines (issue 29); hidden ring's
+ *                        (written only when > 1; absent: 1)                  producers= and slots
  *   rings                dflash-shm --ring specs (without plan=)            shm
  *   hash                 FNV-1a 64 of the plan's canonical JSON without `hash` (16 hex digits)
  *
@@ -72,6 +74,7 @@ struct plan {
     int block_size;
     int64_t seed, steps, batches;
     int window, grad_accum, epochs;
+    int target_replicas;                    /* >= 1 */
     int n_rings;
     char rings[PLAN_MAX_RINGS][256];        /* dflash-shm --ring specs, without plan= */
 };
@@ -91,7 +94,9 @@ struct plan_inputs {
     int64_t seed;                   /* < 0: PLAN_DEFAULT_SEED */
     int window;                     /* 0: PLAN_DEFAULT_WINDOW */
     int ring_slots;                 /* 0: RINGS_DEFAULT_SLOTS */
+    int target_replicas;            /* 0: 1 */
 };
+#define PLAN_MAX_TARGET_REPLICAS 64
 
 /* The z-lab default captured layer ids for a drafter of n_draft layers on an n_target-layer target:
  * the ONE place every stage and dflash-plan take them from (it calls hf_zlab_layer_ids,

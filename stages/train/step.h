@@ -16,6 +16,8 @@
  *   to_host    the host drafter and struct optim equal the device's (checkpoints, exports read them); a no-op on
  *              the CPU.
  *   free       releases what the implementation planned (the drafter and optimizer stay the caller's).
+ *   sum_grads  the gradients summed over the trainer ranks in fp32, in place (issue 29; train/dp.h): MPI on the
+ *              host gradients (CPU), ncclAllReduce on the device gradients on the step's stream (GPU).
  * Memory: each implementation plans everything in its constructor; a step allocates nothing.
  */
 #ifndef STAGES_TRAIN_STEP_H
@@ -23,6 +25,7 @@
 
 #include "core/desc.h"
 #include "shm/ring.h"
+#include "train/dp.h"
 #include "train/drafter.h"
 #include "train/optim.h"
 
@@ -52,6 +55,7 @@ struct step_exec {
     int (*zero_grad)(void *impl, char *err, int err_len);
     int (*to_host)(void *impl, char *err, int err_len);
     void (*free)(void *impl);
+    int (*sum_grads)(void *impl, struct dp *dp, char *err, int err_len);
 };
 
 /* The CPU path: d and opt are the caller's; tens[0..n_tens) the optimizer's view of d's parameters. Plans the

@@ -30,6 +30,7 @@
 #ifdef DFLASH_CUDA
 #include <cuda_runtime_api.h>
 #include "train/optim_gpu.h"
+#include "train/dp_nccl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,9 @@ struct step_gpu {
     void **registered;               /* per input slot index: the host payload registered (cudaHostRegister) */
     uint32_t n_registered;
     int register_failed;             /* cudaHostRegister refused once: pageable copies from then on */
+    float **sum_bufs;                /* the trainable device gradients, for the ranks' sum (made by the first one) */
+    size_t *sum_counts;
+    int n_sum;
     int pending;                     /* train steps whose metrics are still on the device */
     int host_fresh;                  /* 1: the host weights/optimizer state equal the device's */
     void (*log)(const char *line);   /* the memory plan and the one cudaHostRegister refusal (nullable) */
@@ -214,9 +218,33 @@ static int gpu_to_host(void *impl, char *err, int err_len) {
     return 0;
 }
 
+/* The device gradients summed over the ranks (one NCCL group on the step's stream, waited for with a bound).
+ * A 1-rank run never comes here. The pointer table (one entry per trainable tensor) is made by the first call,
+ * the one allocation of this path after start-up. */
+static int gpu_sum_grads(void *impl, struct dp *dp, char *err, int err_len) {
+    struct step_gpu *s = impl;
+    if (dp->world <= 1) return 0;
+    if (!dp->nccl) return err_fail(err, err_len, "%d trainer ranks on the GPU without an NCCL communicator", dp->world);
+    if (!s->sum_bufs) {
+        int np = drafter_gpu_n_params(s->g);
+        s->sum_bufs = malloc((size_t)(np ? np : 1) * sizeof *s->sum_bufs);
+        s->sum_counts = malloc((size_t)(np ? np : 1) * sizeof *s->sum_counts);
+        if (!s->sum_bufs || !s->sum_counts) return err_fail(err, err_len, "out of memory");
+        for (int i = 0; i < np; i++) {
+            const struct drafter_gpu_param *q = drafter_gpu_param(s->g, i);
+            if (!q->g || !q->host->trainable) continue;
+            s->sum_bufs[s->n_sum] = q->g;
+            s->sum_counts[s->n_sum++] = (size_t)q->host->numel;
+        }
+    }
+    return dp_nccl_sum_dev_f32(dp->nccl, s->sum_bufs, s->sum_counts, s->n_sum, (void *)s->stream, err, err_len);
+}
+
 static void gpu_free(void *impl) {
     struct step_gpu *s = impl;
     if (!s) return;
+    free(s->sum_bufs);
+    free(s->sum_counts);
     if (s->stream) cudaStreamSynchronize(s->stream);
     for (uint32_t i = 0; i < s->n_registered; i++)
         if (s->registered[i]) cudaHostUnregister(s->registered[i]);
@@ -280,7 +308,7 @@ int step_gpu_init(struct step_exec *x, struct drafter *d, struct optim *opt, int
     }
     s->host_fresh = 1;
     *x = (struct step_exec){s, "gpu", (double)in_use / 1073741824.0, gpu_micro, gpu_grad_norm, gpu_apply,
-                            gpu_zero_grad, gpu_to_host, gpu_free};
+                            gpu_zero_grad, gpu_to_host, gpu_free, gpu_sum_grads};
     if (plan) {
         char line[256];
         snprintf(line, sizeof line, "GPU path on cuda:%d: peak device memory %.2f GiB in use of %.2f GiB (planned %.2f GiB "
