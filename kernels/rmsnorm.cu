@@ -932,12 +932,25 @@ static int rms_launch_sum(void (*kern)(float *, const float *, int, int), int gr
     return 0;
 }
 
-/* dw's dynamic shared memory above the 48 KB default (V = 4, T 512, NG 2 at C = 8192: 64 KB), set once per kernel */
+/* dw's dynamic shared memory above the kernel's default limit, set once per kernel. The default is
+ * 48 KB minus the kernel's static shared memory (fred[T] etc.: about 8 KB at T 512), not 48 KB: at
+ * C = 5120 (V = 4, T 512, NG 2) the 40 KB of rms10_sacc fit 48 KB but not 48 KB - 8 KB, and the launch
+ * failed with "invalid argument" (the 27B drafter). So the limit is asked of the kernel. */
 template <auto kern>
 static int rms_smem_optin(size_t smem) {
     static size_t done;
-    if (smem <= 48 * 1024 || smem <= done) return 0;
-    cudaError_t e = cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (smem == 0 || smem <= done) return 0;
+    cudaFuncAttributes fa;
+    cudaError_t e = cudaFuncGetAttributes(&fa, (const void *)kern);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kernels_fail("rmsnorm_backward: kernel attributes: %s", cudaGetErrorString(e));
+    }
+    if (smem <= (size_t)fa.maxDynamicSharedSizeBytes) {
+        done = (size_t)fa.maxDynamicSharedSizeBytes;
+        return 0;
+    }
+    e = cudaFuncSetAttribute((const void *)kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return kernels_fail("rmsnorm_backward: %zu bytes of shared memory refused: %s", smem, cudaGetErrorString(e));
@@ -1081,11 +1094,14 @@ extern "C" int rmsnorm_qk_backward(bf16 *dxq, float *dwq, const bf16 *dyq, const
     rms_qk_bwd_args a = {{dxq, dxk}, {dwq, dwk}, {pq, pk}, {tq, tk}, {dyq, dyk}, {xq, xk}, {wq, wk}, {rstdq, rstdk}, {Nq, Nk},
                          {nbq, nbk}};
     const unsigned blocks = (unsigned)(nbq + nbk);
-    const size_t smem = dw && T / G > 1 ? (size_t)(T / G) * C * sizeof(float) : 0;   /* <= 32 KB at C <= 256 */
+    const size_t smem = dw && T / G > 1 ? (size_t)(T / G) * C * sizeof(float) : 0;   /* <= 32 KB at C <= 256 (+ 8 KB static) */
 #define RMS_QKB(g, v)                                                                                                  \
     do {                                                                                                               \
         if (!dw) rmsnorm_qk_backward10_kernel<g, v, 2, 256, 2, true, false><<<blocks, 256, 0, stream>>>(a, C, accumulate_dx); \
-        else rmsnorm_qk_backward10_kernel<g, v, 2, 512, 1, true, true><<<blocks, 512, smem, stream>>>(a, C, accumulate_dx); \
+        else {                                                                                                         \
+            if (rms_smem_optin<rmsnorm_qk_backward10_kernel<g, v, 2, 512, 1, true, true>>(smem)) return -1;            \
+            rmsnorm_qk_backward10_kernel<g, v, 2, 512, 1, true, true><<<blocks, 512, smem, stream>>>(a, C, accumulate_dx); \
+        }                                                                                                              \
     } while (0)
     switch (G * 8 + V) {   /* C <= RMS_LAST_MAX_C = 256: C/8 <= 32, G <= 16 */
     case 8 * 8 + 1: RMS_QKB(8, 1); break;

@@ -11,7 +11,8 @@
  *   bf16 storage against fp32), and both runs learn (the mean loss of the last 4 steps below that of the first 4).
  * - device_ring_and_resume: the GPU trainer on a device ring (dev=cuda:0: device-to-device copies) logs the same
  *   losses as on the host ring, character for character (the step is deterministic and the inputs are the same
- *   bf16 bytes); and a GPU run cut in two (a stream of 8 items, then --resume on a fresh ring fed from seq 8)
+ *   bf16 bytes); and a GPU run cut in two (a stream of 8 items with --ckpt-every 7: it saves step 7 and exits 1,
+ *   the stream being short of --max-steps; then --resume on a fresh ring fed from seq 8)
  *   ends with a checkpoint byte-identical to the straight GPU run's (weights and optimizer state go through the
  *   host at the checkpoint and back at the resume).
  * Runs on the GPU machine (scripts/gpu-run.sh; DFLASH_BIN names the CUDA build's bin/). The test process itself
@@ -143,10 +144,21 @@ struct result {
     int n;
 };
 
+/* The end of a log for an assertion message: its last 30 lines, at most 3000 characters (Check refuses a
+ * message much longer: "Message string too long", and the failure line was lost). */
+static const char *log_tail(const char *log) {
+    if (!log) return "(none)";
+    const char *end = log + strlen(log), *p = end;
+    for (int lines = 0; p > log && lines <= 30 && end - p < 3000; p--)
+        if (p[-1] == '\n') lines++;
+    return p;
+}
+
 /* A fresh ring (dev=host or cuda:0) fed items first..first+n-1, then dflash-train with --device dev and extra
- * flags; requires exit 0 and parses the "step S: loss X" lines. run_dir NULL: a new one. */
+ * flags; requires exit want_rc and parses the "step S: loss X" lines. run_dir NULL: a new one. ckpt_every: the
+ * trainer's --ckpt-every. */
 static void train(struct result *res, const char *run_dir, const char *dev, int device_ring, int first, int n,
-                  int max_steps, int resume) {
+                  int max_steps, int resume, int ckpt_every, int want_rc) {
     if (run_dir) snprintf(res->dir, sizeof res->dir, "%s", run_dir);
     else snprintf(res->dir, sizeof res->dir, "%s", tr_run("trgpu"));
     char spec[200];
@@ -156,20 +168,22 @@ static void train(struct result *res, const char *run_dir, const char *dev, int 
     pid_t shm = tr_start_shm(res->dir, spec, NULL, NULL);
     struct prod pr = {res->dir, first, n, device_ring};
     pid_t prod = tr_fork(produce, &pr);
-    char steps[32], log[800];
+    char steps[32], every[32], log[800];
     snprintf(steps, sizeof steps, "%d", max_steps);
+    snprintf(every, sizeof every, "%d", ckpt_every);
     snprintf(log, sizeof log, "%s.train.log", res->dir);
     const char *argv[64] = {test_bin("dflash-train"), "--run", res->dir, "--device", dev, "--target-model", g_model,
                             "--tokens", "512", "--target-layer-ids", "1,3", "--block-size", "8", "--max-anchors", "16",
                             "--layer-types", "sliding,sliding", "--sliding-window", "64", "--mask-token-id", "511",
-                            "--heartbeat-s", "0.5", "--ckpt-every", "0", "--keep", "0", "--wait-ms", "10000",
+                            "--heartbeat-s", "0.5", "--ckpt-every", every, "--keep", "0", "--wait-ms", "10000",
                             "--max-steps", steps, resume ? "--resume" : NULL, NULL};
     int rc = run_wait(log, argv);
     int prc = tr_wait(prod);
     tr_shutdown_shm(res->dir, shm);
     free(res->log);
     res->log = test_slurp(log, NULL);
-    ck_assert_msg(rc == 0, "dflash-train --device %s exited %d; log:\n%s", dev, rc, res->log ? res->log : "(none)");
+    ck_assert_msg(rc == want_rc, "dflash-train --device %s exited %d (expected %d); the log's end:\n%s", dev, rc, want_rc,
+                  log_tail(res->log));
     ck_assert_msg(prc == 0, "the producer exited %d", prc);
     res->n = 0;
     for (const char *p = res->log; (p = strstr(p, "] step ")) != NULL; p++) {
@@ -195,11 +209,11 @@ static int same_file(const char *a, const char *b) {
 
 START_TEST(gpu_vs_cpu) {
     struct result cpu = {0}, gpu = {0};
-    train(&cpu, NULL, "cpu", 0, 0, NITEMS, 16, 0);
-    train(&gpu, NULL, "cuda:0", 0, 0, NITEMS, 16, 0);
+    train(&cpu, NULL, "cpu", 0, 0, NITEMS, 16, 0, 0, 0);
+    train(&gpu, NULL, "cuda:0", 0, 0, NITEMS, 16, 0, 0, 0);
     ck_assert_int_eq(cpu.n, 16);
     ck_assert_int_eq(gpu.n, 16);
-    ck_assert_msg(strstr(gpu.log, "GPU path on cuda:0: peak device memory"), "no memory line:\n%s", gpu.log);
+    ck_assert_msg(strstr(gpu.log, "GPU path on cuda:0: peak device memory"), "no memory line; the log's end:\n%s", log_tail(gpu.log));
     double c0 = 0, c1 = 0, g0 = 0, g1 = 0;
     for (int i = 0; i < 16; i++) {
         double rel = fabs(gpu.loss[i] - cpu.loss[i]) / cpu.loss[i];
@@ -225,8 +239,8 @@ END_TEST
 
 START_TEST(device_ring_and_resume) {
     struct result host = {0}, dev = {0}, cut = {0};
-    train(&host, NULL, "cuda:0", 0, 0, NITEMS, 16, 0);
-    train(&dev, NULL, "cuda:0", 1, 0, NITEMS, 16, 0);
+    train(&host, NULL, "cuda:0", 0, 0, NITEMS, 16, 0, 0, 0);
+    train(&dev, NULL, "cuda:0", 1, 0, NITEMS, 16, 0, 0, 0);
     ck_assert_int_eq(host.n, 16);
     ck_assert_int_eq(dev.n, 16);
     for (int i = 0; i < 16; i++)
@@ -236,9 +250,13 @@ START_TEST(device_ring_and_resume) {
     snprintf(a, sizeof a, "%s/checkpoints/step-16.ckpt", host.dir);
     snprintf(b, sizeof b, "%s/checkpoints/step-16.ckpt", dev.dir);
     ck_assert_msg(same_file(a, b), "the host-ring and device-ring GPU runs' checkpoints differ");
-    /* cut in two: seqs 0..7 (7 train batches, a val batch at 4), the stream ends (step 7 saved), then --resume
-     * from the seq it asks for on a fresh ring (the second run's log is appended to the first's) */
-    train(&cut, NULL, "cuda:0", 0, 0, 8, 16, 0);
+    /* cut in two: seqs 0..7 (7 train batches, a val batch at 4) with --ckpt-every 7 (step 7 saved), the stream
+     * ends before --max-steps 16: exit 1 and one line (issue 24: a run trains what it asks for or fails; the
+     * schedule stays the 16-step one of the straight run), then --resume from the seq it asks for on a fresh
+     * ring (the second run's log is appended to the first's) */
+    train(&cut, NULL, "cuda:0", 0, 0, 8, 16, 0, 7, 1);
+    ck_assert_msg(strstr(cut.log, "training incomplete: the features stream ended after 7 of --max-steps 16"),
+                  "the first half did not report its short stream; the log's end:\n%s", log_tail(cut.log));
     char st[900];
     snprintf(st, sizeof st, "%s/state/train.json", cut.dir);
     char *state = test_slurp(st, NULL);
@@ -251,8 +269,9 @@ START_TEST(device_ring_and_resume) {
     struct result rest = {0};
     char dir[600];
     snprintf(dir, sizeof dir, "%s", cut.dir);
-    train(&rest, dir, "cuda:0", 0, next, NITEMS - next, 16, 1);
-    ck_assert_msg(strstr(rest.log, "resuming from"), "the second half did not resume:\n%s", rest.log);
+    train(&rest, dir, "cuda:0", 0, next, NITEMS - next, 16, 1, 0, 0);
+    ck_assert_msg(strstr(rest.log, "resuming from"), "the second half did not resume; the log's end:\n%s",
+                  log_tail(rest.log));
     snprintf(b, sizeof b, "%s/checkpoints/step-16.ckpt", cut.dir);
     ck_assert_msg(same_file(a, b), "the GPU run cut in two ends with a checkpoint other than the straight run's");
     free(host.log);
