@@ -51,20 +51,6 @@ void gdn_forward_doc(float *y, const float *in, int in_stride, int len, const st
                      const float *conv_w, const float *a_neg, const float *dt_bias, const float *norm_w,
                      float eps, float *conv, float *state);
 
-/* Partial rotary embedding in place on x [T, n_heads, HD]: the first R dims of each head rotate in
- * the half-split form (pairs i, i + R/2, angle float(pos)·inv_freq[i], fp32 cos/sin), the rest
- * pass through. R even, R <= HD. */
-void gdn_rope_partial(float *x, const int32_t *pos, const float *inv_freq, int T, int n_heads, int HD, int R);
-
-/* The gated full-attention layer's q_proj output [T, n_heads · 2·HD] holds per head [query (HD) |
- * gate (HD)]: split it into dense q [T, n_heads·HD] and gate [T, n_heads·HD], with k, v following
- * in the same fused row (row width 2·NH·HD + 2·NKV·HD). */
-void gdn_split_gated_qkv(float *q, float *gate, float *k, float *v, const float *qkv, int T, int NH, int NKV,
-                         int HD);
-
-/* att [n] *= sigmoid(gate [n]) (fp32). */
-void gdn_apply_gate(float *att, const float *gate, int64_t n);
-
 #ifdef __cplusplus
 }
 #endif

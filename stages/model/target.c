@@ -1090,14 +1090,14 @@ static int forward_cpu_hybrid(struct target *t, const struct target_batch *b, fl
             gemm_forward_ref(x, t->lin_y, 0, ly->w_lin_out, 1, T, C, VD, 1.0f, 1.0f);   /* x += y · W_outᵀ */
         } else {
             gemm_forward_ref(qkv, h, 0, ly->w_qkv, 1, T, QKV, C, 1.0f, 0.0f);
-            gdn_split_gated_qkv(q, t->gate, k, v, qkv, T, NH, NKV, HD);
+            gated_attn_split_forward_ref(q, t->gate, k, v, qkv, T, NH, NKV, HD);
             rmsnorm_forward_ref(q, NULL, q, ly->q_norm, T * NH, HD, eps);
             rmsnorm_forward_ref(k, NULL, k, ly->k_norm, T * NKV, HD, eps);
-            gdn_rope_partial(q, b->position_ids, t->inv_freq, T, NH, HD, R);
-            gdn_rope_partial(k, b->position_ids, t->inv_freq, T, NKV, HD, R);
+            gated_attn_rope_forward_ref(q, b->position_ids, t->inv_freq, T, NH, HD, R);
+            gated_attn_rope_forward_ref(k, b->position_ids, t->inv_freq, T, NKV, HD, R);
             if (attention_forward_ref(att, NULL, q, k, v, b->cu_seqlens, b->n_docs, T, NH, NKV, HD, scale))
                 return err_fail(err, err_len, "batch seq %llu: %s", (unsigned long long)b->seq, kernels_error());
-            gdn_apply_gate(att, t->gate, (int64_t)T * NH * HD);
+            gated_attn_gate_forward_ref(att, t->gate, (int64_t)T * NH * HD);
             gemm_forward_ref(x, att, 0, ly->w_o, 1, T, C, NH * HD, 1.0f, 1.0f);      /* x += att · W_oᵀ */
         }
         rmsnorm_forward_ref(h, NULL, x, ly->ln_post, T, C, eps);
