@@ -1050,6 +1050,23 @@ static uint32_t scan_lowest(const struct ring *r, int strict, uint64_t want, uin
     return best;
 }
 
+/* 1 if a slot holding a seq below `seq` (of this consumer's rank) is READING under a dead owner. Several consumers
+ * of one ring (target replicas) must not run past such an item before recovery gives it back: the producers
+ * downstream keep slots only for what live consumers hold, so seqs taken past a dead consumer's item fill the next
+ * ring while the item waits (a 200 ms recovery period is long enough to fill any ring). Checked at every claim;
+ * the owner test (a /proc read) runs only for READING slots of lower seq. */
+static int lower_held_by_dead(const struct ring *r, uint64_t seq) {
+    for (uint32_t i = 0; i < r->spec.n_slots; i++) {
+        struct slot_hdr *s = slot_at(r, i);
+        uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+        if (ctl_state(c) != ST_READING || (uint32_t)ctl_pid(c) == r->my_pid) continue;
+        uint64_t q = atomic_load_explicit(&s->seq, memory_order_relaxed);
+        if (q >= seq || (r->n_ranks > 1 && q % r->n_ranks != r->rank)) continue;
+        if (!owner_alive(c)) return 1;
+    }
+    return 0;
+}
+
 /* Claim one item. Returns 1 with *slot claimed; else 0 and *pending = whether some slot is
  * WRITING (something may still become ours); -1 with a sentence if the claimed slot's lengths
  * exceed the capacities read at attach (a corrupt segment: the slot is put back READY). */
@@ -1059,6 +1076,10 @@ static int try_read(struct ring *r, int strict, uint64_t want, struct ring_slot 
         uint64_t seq1, c1;
         uint32_t best = scan_lowest(r, strict, want, &seq1, &c1, pending);
         if (best == UINT32_MAX) return 0;
+        if (!strict && lower_held_by_dead(r, seq1)) {
+            ring_recover(r);   /* the dead consumer's lower seq is READY again: the next scan delivers it */
+            continue;
+        }
         if (!strict) {
             /* One scan is not a snapshot: it may have passed slot A before seq k was published
              * there and then seen seq k+1 READY in slot B. Everything published before B is

@@ -19,7 +19,10 @@
  *   load, so descriptor and (host) payload bytes written before ring_publish are visible.
  * - Recovery runs in ring_attach and about every 200 ms inside any waiting call: WRITING under a
  *   dead owner -> FREE (a half-written item is never visible); READING under a dead owner ->
- *   READY (delivered again; `redelivered` counter and the slot's `deliveries` grow).
+ *   READY (delivered again; `redelivered` counter and the slot's `deliveries` grow). A lowest-first claim
+ *   (ring_acquire_read) first checks the owners of READING slots of lower seq and recovers a dead one's at once,
+ *   so live consumers never run past a dead consumer's item while it waits for the periodic recovery (several
+ *   consumers feeding one strict-order consumer downstream would fill the ring between them with later seqs).
  * - Order. ring_acquire_read delivers the lowest READY seq (among the seqs of this consumer's
  *   rank, see ring_set_rank); with one producer publishing in seq order, one consumer sees every
  *   seq in order (ring.c scans twice so a seq published earlier is never skipped). With several

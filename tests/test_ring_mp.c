@@ -7,6 +7,7 @@
  * - lowest_first_transfer: 2 producers, 3 consumers taking the lowest READY seq; no loss or
  *   duplicate. lowest_first_in_order: 1 producer, 1 consumer, every seq in order.
  * - consumer_killed: the item a SIGKILLed consumer held is delivered again to its restart.
+ *   consumer_killed_lower_seq_first: a live consumer's next claim is the dead one's item, not a later seq.
  * - producer_killed: a producer SIGKILLed mid-write leaves nothing visible; its restart takes
  *   over its attach entry and the stream ends normally.
  * - stress: 2 producers + 2 consumers on both cores while the test SIGKILLs and restarts a random
@@ -246,6 +247,54 @@ START_TEST(consumer_killed) {
 }
 END_TEST
 
+/* Two consumers taking the lowest READY seq (target replicas): one dies holding seq 0. The live one's very next
+ * claim, with no wait (so no periodic recovery ran), must be seq 0 again and not seq 1: running past a dead
+ * consumer's item fills the next ring with later seqs while that item waits (test_scale's replica kill hung so). */
+START_TEST(consumer_killed_lower_seq_first) {
+    g_run = tr_run("ringkilll");
+    pid_t shm = tr_start_shm(g_run, "items:slots=8,bytes=256,desc=64,producers=1", NULL, NULL);
+    char err[512];
+    ring_set_log(tr_quiet, NULL);
+    struct ring *p = ring_attach(g_run, "items", RING_PRODUCER, 1000, err, sizeof err);
+    ck_assert_msg(p != NULL, "%s", err);
+    for (uint64_t q = 0; q < 5; q++) {
+        struct ring_slot s;
+        ck_assert_int_eq(ring_acquire_write(p, 1000, &s), 0);
+        item_write(&s, q);
+        ck_assert_int_eq(ring_publish(p, &s, q, sizeof(struct item_desc), item_len(q)), 0);
+    }
+    ck_assert_int_eq(ring_mark_drained(p), 0);
+    struct ring *c = ring_attach(g_run, "items", RING_CONSUMER, 1000, err, sizeof err);
+    ck_assert_msg(c != NULL, "%s", err);
+    ck_assert_int_eq(pipe(g_pipe), 0);
+    pid_t a = tr_fork(consumer_hold_main, NULL);
+    uint64_t held = 99;
+    ck_assert_int_eq(read(g_pipe[0], &held, sizeof held), sizeof held);
+    ck_assert_uint_eq(held, 0);
+    struct ring_slot s;
+    ck_assert_int_eq(ring_acquire_read(c, 0, &s), 0);   /* the holder lives: the next seq is ours */
+    ck_assert_uint_eq(s.seq, 1);
+    ck_assert_int_eq(ring_release(c, &s), 0);
+    kill(a, SIGKILL);
+    ck_assert_int_eq(tr_wait(a), 128 + SIGKILL);
+    ck_assert_int_eq(ring_acquire_read(c, 0, &s), 0);
+    ck_assert_msg(s.seq == 0, "a live consumer claimed seq %llu past seq 0 held by a dead one", (unsigned long long)s.seq);
+    ck_assert_uint_eq(s.deliveries, 2);
+    ck_assert_int_eq(ring_release(c, &s), 0);
+    for (uint64_t q = 2; q < 5; q++) {
+        ck_assert_int_eq(ring_acquire_read(c, 1000, &s), 0);
+        ck_assert_uint_eq(s.seq, q);
+        ck_assert_int_eq(ring_release(c, &s), 0);
+    }
+    ck_assert_int_eq(ring_acquire_read(c, 1000, &s), RING_END);
+    ck_assert_uint_eq(status_of(g_run, "items")->redelivered, 1);
+    ring_close(c);
+    ring_close(p);
+    tr_stop_shm(shm);
+    ck_assert_int_eq(tr_count_segments(g_run), 0);
+}
+END_TEST
+
 /* Claims a slot, writes half an item, reports, and hangs until killed. */
 static int producer_half_main(void *arg) {
     (void)arg;
@@ -432,6 +481,7 @@ int main(void) {
     tcase_add_test(tc, lowest_first_transfer);
     tcase_add_test(tc, lowest_first_in_order);
     tcase_add_test(tc, consumer_killed);
+    tcase_add_test(tc, consumer_killed_lower_seq_first);
     tcase_add_test(tc, producer_killed);
     tcase_add_test(tc, shm_killed_and_restarted);
     suite_add_tcase(s, tc);
