@@ -14,16 +14,22 @@
 
 int eval_target_open(struct eval_target *et, const char *target_dir, int max_tokens, const int *zlab_ids, int k,
                      char *err, int err_len) {
+    return eval_target_open_dev(et, target_dir, max_tokens, zlab_ids, k, -1, err, err_len);
+}
+
+int eval_target_open_dev(struct eval_target *et, const char *target_dir, int max_tokens, const int *zlab_ids, int k,
+                         int cuda_device, char *err, int err_len) {
     memset(et, 0, sizeof *et);
     if (k < 1 || k > TARGET_MAX_CAPTURE) return err_fail(err, err_len, "eval: %d captured layers", k);
     struct target_options o;
     target_options_defaults(&o);
-    o.cuda_device = -1;
+    o.cuda_device = cuda_device;
     o.max_tokens = max_tokens;
     o.n_capture = k;
     memcpy(o.capture, zlab_ids, sizeof(int) * (size_t)k);
     et->t = target_load(target_dir, &o, err, err_len);
     if (!et->t) return -1;
+    et->dev = cuda_device;
     et->cfg = target_config(et->t);
     et->H = et->cfg->hidden_size;
     et->V = et->cfg->vocab_size;
@@ -35,7 +41,12 @@ int eval_target_open(struct eval_target *et, const char *target_dir, int max_tok
     et->xn = malloc(sizeof(float) * (size_t)et->H);
     et->logits = malloc(sizeof(float) * (size_t)et->V);
     et->probs = malloc(sizeof(double) * (size_t)et->V);
-    if (!et->norm || !et->lm_head || !et->states || !et->last || !et->xn || !et->logits || !et->probs) {
+    if (cuda_device >= 0) {   /* target_forward writes bf16 on a GPU target: host staging, widened after */
+        et->states16 = malloc(sizeof(bf16) * (size_t)k * (size_t)max_tokens * (size_t)et->H);
+        et->last16 = malloc(sizeof(bf16) * (size_t)max_tokens * (size_t)et->H);
+    }
+    if (!et->norm || !et->lm_head || !et->states || !et->last || !et->xn || !et->logits || !et->probs ||
+        (cuda_device >= 0 && (!et->states16 || !et->last16))) {
         eval_target_close(et);
         return err_fail(err, err_len, "%s: out of memory for the eval buffers", target_dir);
     }
@@ -68,6 +79,9 @@ void eval_target_close(struct eval_target *et) {
     free(et->hist_last);
     free(et->step_states);
     free(et->step_last);
+    free(et->step_logits);
+    free(et->states16);
+    free(et->last16);
     memset(et, 0, sizeof *et);
 }
 
@@ -102,9 +116,14 @@ int eval_target_forward(struct eval_target *et, const int32_t *tokens, int n, in
     int32_t cu[2] = {0, n};
     struct target_batch b = {0, n, 1, tokens, pos, cu};
     /* states come back as k blocks of [n, H] */
-    int rc = target_forward(et->t, &b, et->states, et->last, err, err_len);
+    int rc = et->dev >= 0 ? target_forward(et->t, &b, et->states16, et->last16, err, err_len)
+                          : target_forward(et->t, &b, et->states, et->last, err, err_len);
     free(pos);
     if (rc) return -1;
+    if (et->dev >= 0) {
+        floats_from_bf16(et->states, et->states16, (size_t)et->k * (size_t)n * (size_t)et->H);
+        floats_from_bf16(et->last, et->last16, (size_t)n * (size_t)et->H);
+    }
     et->ctx_states = et->states;
     et->ctx_last = et->last;
     et->ctx_rows = n;
@@ -262,6 +281,11 @@ int eval_target_enable_cache(struct eval_target *et, int n_slots, int max_len, c
     int step = n_slots * DRAFTER_MAX_B > max_len ? n_slots * DRAFTER_MAX_B : max_len;
     et->dc = decode_init(et->t, n_slots, max_len, step, err, err_len);
     if (!et->dc) return -1;
+    /* logits: the prefill's last row, or every row of a verification step (n_slots blocks) */
+    int rows = n_slots * DRAFTER_MAX_B;
+    if (decode_set_head(et->dc, et->norm, et->lm_head, rows, err, err_len)) return -1;
+    et->step_logits = malloc(sizeof(float) * (size_t)rows * (size_t)et->V);
+    if (!et->step_logits) return err_fail(err, err_len, "eval: out of memory for %d rows of logits", rows);
     et->n_slots = n_slots;
     et->max_len = max_len;
     et->max_step = step;
@@ -279,15 +303,51 @@ int eval_target_enable_cache(struct eval_target *et, int n_slots, int max_len, c
 
 static double uniform01(uint64_t *s) { return (double)(kernels_rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
 
-/* The target's distribution after state x at temperature T, restricted to the top-p nucleus, into et->probs
+/* The logits after row r of the last decode_extend. CPU: computed for that row alone when asked (a rejected
+ * draft's later rows are never computed). GPU: every row of the step at once on the device, the first time one
+ * is asked (one transfer), then served from et->step_logits. */
+static const float *row_logits(struct eval_target *et, int r, char *err, int err_len) {
+    if (et->dev < 0) return decode_logits(et->dc, 1, &r, et->logits, err, err_len) ? NULL : et->logits;
+    if (!et->logits_ready) {
+        int32_t rows[et->n_slots * DRAFTER_MAX_B];
+        if (et->step_T > et->n_slots * DRAFTER_MAX_B) {
+            /* a prefill: only its last row is ever asked */
+            if (decode_logits(et->dc, 1, &r, et->step_logits, err, err_len)) return NULL;
+            et->logits_first = r;
+            et->logits_ready = 1;
+            return et->step_logits;
+        }
+        for (int i = 0; i < et->step_T; i++) rows[i] = i;
+        if (decode_logits(et->dc, et->step_T, rows, et->step_logits, err, err_len)) return NULL;
+        et->logits_first = -1;
+        et->logits_ready = 1;
+    }
+    if (et->logits_first >= 0) {
+        if (r != et->logits_first) {
+            err_fail(err, err_len, "eval: logits of prefill row %d asked after row %d", r, et->logits_first);
+            return NULL;
+        }
+        return et->step_logits;
+    }
+    return et->step_logits + (size_t)r * et->V;
+}
+
+/* Argmax of a logits row (first maximum on ties). */
+static int32_t argmax_of(const struct eval_target *et, const float *logits) {
+    int32_t best = 0;
+    for (int v = 1; v < et->V; v++)
+        if (logits[v] > logits[best]) best = v;
+    return best;
+}
+
+/* The target's distribution for a logits row at temperature T, restricted to the top-p nucleus, into et->probs
  * (normalised). */
-static void target_probs(struct eval_target *et, const float *x, double T, double top_p) {
-    eval_target_logits(et, x, et->logits);
+static void target_probs(struct eval_target *et, const float *logits, double T, double top_p) {
     int V = et->V, best = 0;
     for (int v = 1; v < V; v++)
-        if (et->logits[v] > et->logits[best]) best = v;
+        if (logits[v] > logits[best]) best = v;
     double z = 0;
-    for (int v = 0; v < V; v++) z += et->probs[v] = exp((double)(et->logits[v] - et->logits[best]) / T);
+    for (int v = 0; v < V; v++) z += et->probs[v] = exp((double)(logits[v] - logits[best]) / T);
     for (int v = 0; v < V; v++) et->probs[v] /= z;
     if (top_p > 0 && top_p < 1) {
         /* the smallest set of most likely tokens whose mass reaches top_p: find the probability threshold by
@@ -353,12 +413,17 @@ static void keep_features(struct eval_target *et, const struct gen_seq *g, int r
            sizeof(float) * H * (size_t)rows);
 }
 
-/* One decode_extend; its k blocks of T state rows are re-spaced to max_step rows (keep_features' stride). */
+/* One decode_extend; its k blocks of T state rows are re-spaced to max_step rows (keep_features' stride).
+ * features = 0: the proposer needs no features (plain decoding), so none cross from the device. */
 static int extend(struct eval_target *et, int n_seq, const int *slots, const int32_t *ids, const int32_t *cu,
-                  char *err, int err_len) {
+                  int features, char *err, int err_len) {
     int T = cu[n_seq];
-    if (decode_extend(et->dc, n_seq, slots, ids, cu, et->step_states, et->step_last, err, err_len)) return -1;
-    for (int i = et->k - 1; i > 0 && T < et->max_step; i--)   /* highest block first: no overlap */
+    et->logits_ready = 0;
+    et->step_T = T;
+    if (decode_extend(et->dc, n_seq, slots, ids, cu, features ? et->step_states : NULL,
+                      features ? et->step_last : NULL, err, err_len))
+        return -1;
+    for (int i = et->k - 1; features && i > 0 && T < et->max_step; i--)   /* highest block first: no overlap */
         memmove(et->step_states + (size_t)i * et->max_step * et->H, et->step_states + (size_t)i * T * et->H,
                 sizeof(float) * (size_t)T * et->H);
     return 0;
@@ -392,15 +457,19 @@ static int generate_group(struct eval_target *et, int n, const int32_t *const *p
         int slot = i;
         int32_t c2[2] = {0, P[idx]};
         if ((rc = decode_truncate(et->dc, slot, 0, err, err_len))) break;
-        if ((rc = extend(et, 1, &slot, prompts[idx], c2, err, err_len))) break;
-        keep_features(et, &g[i], 0, 0, P[idx]);
-        const float *x = et->step_last + (size_t)(P[idx] - 1) * et->H;
+        if ((rc = extend(et, 1, &slot, prompts[idx], c2, o->fn != NULL, err, err_len))) break;
+        if (o->fn) keep_features(et, &g[i], 0, 0, P[idx]);
+        const float *lg = row_logits(et, P[idx] - 1, err, err_len);
+        if (!lg) {
+            rc = -1;
+            break;
+        }
         int32_t t;
         if (sampled) {
-            target_probs(et, x, o->temperature, o->top_p);
+            target_probs(et, lg, o->temperature, o->top_p);
             t = draw(et, &g[i].rng, -1);
         } else {
-            t = greedy_next(et, x);
+            t = argmax_of(et, lg);
         }
         if (!g[i].done) commit(&g[i], outs[idx], o, t);
     }
@@ -425,7 +494,7 @@ static int generate_group(struct eval_target *et, int n, const int32_t *const *p
             m++;
         }
         if (rc || m == 0) break;
-        if ((rc = extend(et, m, slots, ids, cu, err, err_len))) break;
+        if ((rc = extend(et, m, slots, ids, cu, o->fn != NULL, err, err_len))) break;
         int j = 0;
         for (int i = 0; i < n; i++) {
             if (g[i].done) continue;
@@ -433,16 +502,20 @@ static int generate_group(struct eval_target *et, int n, const int32_t *const *p
             int n0 = g[i].n, r0 = cu[j++], acc = 0;
             int32_t bonus;
             for (;;) {
-                const float *x = et->step_last + (size_t)(r0 + acc) * et->H;
+                const float *lg = row_logits(et, r0 + acc, err, err_len);
+                if (!lg) {
+                    rc = -1;
+                    break;
+                }
                 if (sampled) {
-                    target_probs(et, x, o->temperature, o->top_p);
+                    target_probs(et, lg, o->temperature, o->top_p);
                     if (acc < B - 1 && uniform01(&g[i].rng) < et->probs[draft[i][acc]]) {
                         acc++;
                         continue;
                     }
                     bonus = draw(et, &g[i].rng, acc < B - 1 ? draft[i][acc] : -1);
                 } else {
-                    int32_t p = greedy_next(et, x);
+                    int32_t p = argmax_of(et, lg);
                     if (acc < B - 1 && p == draft[i][acc]) {
                         acc++;
                         continue;
@@ -451,10 +524,11 @@ static int generate_group(struct eval_target *et, int n, const int32_t *const *p
                 }
                 break;
             }
+            if (rc) break;
             for (int a = 0; a < acc; a++) commit(&g[i], out, o, draft[i][a]);
             commit(&g[i], out, o, bonus);
             /* features of the anchor and the accepted drafts are now committed context; the rest rolls back */
-            keep_features(et, &g[i], r0, n0 - 1, acc + 1);
+            if (o->fn) keep_features(et, &g[i], r0, n0 - 1, acc + 1);
             if ((rc = decode_truncate(et->dc, g[i].slot, n0 + acc, err, err_len))) break;
             if (o->fn) {
                 g[i].rounds++;

@@ -3,7 +3,7 @@
  * statistics z-lab's benchmark reports (issue 17 item 3; dflash-reference.md §12).
  *
  * DESIGN
- * - The target is stages/model/target.h on the CPU (fp32). Two paths:
+ * - The target is stages/model/target.h on the CPU (fp32) or a GPU (bf16; eval_target_open_dev). Two paths:
  *   - eval_generate (issue 30): KV-cached (model/decode.h) and batched: up to n_slots prompts advance together,
  *     each round is one decode_extend over every active prompt's block (verification) or token (plain decoding);
  *     per token, the cached step is bitwise the full forward, so speculative output equals plain greedy output.
@@ -58,6 +58,10 @@ struct eval_target {
     /* KV cache (eval_target_enable_cache), else NULL */
     struct decode *dc;
     int n_slots, max_len, max_step;
+    int dev;                          /* -1 CPU, else the target's CUDA device */
+    bf16 *states16, *last16;          /* GPU: target_forward's bf16 outputs on the host, widened into states/last */
+    float *step_logits;               /* (n_slots · DRAFTER_MAX_B, V): the last step's logits (GPU) */
+    int step_T, logits_ready, logits_first;
     float *hist, *hist_last;          /* (n_slots, k, max_len, H), (n_slots, max_len, H) */
     float *step_states, *step_last;   /* (k, max_step, H), (max_step, H) */
 };
@@ -65,6 +69,10 @@ struct eval_target {
 /* Load target_dir for sequences up to max_tokens, capturing the z-lab ids (k of them). 0/-1. */
 int eval_target_open(struct eval_target *et, const char *target_dir, int max_tokens, const int *zlab_ids, int k,
                      char *err, int err_len);
+/* The same with the target on CUDA device cuda_device (-1: the CPU): the decode step, the final norm and the LM
+ * head run there (model/decode.h); the features and logits the host code reads come back as fp32. */
+int eval_target_open_dev(struct eval_target *et, const char *target_dir, int max_tokens, const int *zlab_ids, int k,
+                         int cuda_device, char *err, int err_len);
 void eval_target_close(struct eval_target *et);
 /* Forward over tokens[0..n): fills et->states / et->last, and pred[i] = the greedy next token after position i
  * for i in [from, n) (pred has n entries; entries before from are untouched). 0/-1. */
