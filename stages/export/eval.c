@@ -9,6 +9,7 @@
 #include "model/weights.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,10 +57,19 @@ int eval_target_open_dev(struct eval_target *et, const char *target_dir, int max
         return -1;
     }
     int64_t sh[2] = {et->V, et->H}, sn[1] = {et->H};
-    int rc = weights_get_f32(&w, "model.norm.weight", 1, sn, et->norm, err, err_len);
+    /* Qwen3.5 / 3.6: the text model's tensors may sit under model.language_model., and the final norm is
+     * Qwen3_5RMSNorm (weight 1 + w), as target.c loads every other norm of it */
+    int hyb = et->cfg->arch == HF_ARCH_QWEN3_5;
+    const char *pre = hyb && et->cfg->nested ? "model.language_model." : "model.";
+    char nn[96], en[96];
+    snprintf(nn, sizeof nn, "%snorm.weight", pre);
+    snprintf(en, sizeof en, "%sembed_tokens.weight", pre);
+    int rc = weights_get_f32(&w, nn, 1, sn, et->norm, err, err_len);
+    if (!rc && hyb)
+        for (int c = 0; c < et->H; c++) et->norm[c] += 1.0f;
     if (!rc)
-        rc = weights_get_f32(&w, et->cfg->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", 2, sh,
-                             et->lm_head, err, err_len);
+        rc = weights_get_f32(&w, et->cfg->tie_word_embeddings ? en : "lm_head.weight", 2, sh, et->lm_head, err,
+                             err_len);
     hf_weights_close(&w);
     if (rc) eval_target_close(et);
     return rc;

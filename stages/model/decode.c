@@ -6,9 +6,11 @@
  */
 #include "model/decode.h"
 #include "core/err.h"
+#include "model/gdn.h"
 
 #include "kernels/decode_attn.h"
 #include "kernels/embedding.h"
+#include "kernels/gated_attn.h"
 #include "kernels/gemm.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -36,6 +38,17 @@ struct decode {
     void *kc, *vc;              /* (L, n_slots, max_len, NKV·HD) */
     void *x, *h, *qkv, *q, *k, *v, *att, *gu, *act;   /* (max_step rows) */
     double *scratch;            /* CPU attention scratch (max_len + HD) */
+    /* Qwen3.5 hybrid (CPU): caches only for the full-attention layers, recurrent state for the linear ones */
+    int hybrid, n_attn, n_lin;
+    int attn_idx[HF_MAX_LAYERS], lin_idx[HF_MAX_LAYERS];   /* layer -> its cache / state index, or -1 */
+    struct gdn_shape gs;
+    float *gate;                /* (max_step, NH·HD) attention output gate */
+    float *lin_hist;            /* (n_lin, n_slots, max_len, conv_dim) conv input rows by position */
+    float *lin_state;           /* (n_lin, n_slots, n_v·d_k·d_v) live recurrent states */
+    float *lin_snap;            /* (n_lin, n_slots, DECODE_STATE_SNAPS, n_v·d_k·d_v) state after position p, at
+                                 * p % DECODE_STATE_SNAPS */
+    int *snap_pos;              /* (n_slots, DECODE_STATE_SNAPS) the position each snapshot holds, -1 none */
+    float *lin_conv, *lin_y;    /* (max_step, conv_dim), (max_step, n_v·d_v) */
     /* head (decode_set_head) */
     const float *norm_h, *head_h;   /* CPU: the caller's (C), (V, C) */
     int max_rows;
@@ -80,6 +93,13 @@ void decode_free(struct decode *d) {
     free(d->row_slot);
     free(d->row_pos);
     free(d->scratch);
+    free(d->gate);
+    free(d->lin_hist);
+    free(d->lin_state);
+    free(d->lin_snap);
+    free(d->snap_pos);
+    free(d->lin_conv);
+    free(d->lin_y);
     free(d);
 }
 
@@ -114,9 +134,10 @@ static void *dalloc(struct decode *d, size_t bytes, int *ok) {
 
 struct decode *decode_init(struct target *t, int n_slots, int max_len, int max_step_tokens, char *err, int err_len) {
     const struct model_config *c = target_config(t);
-    if (c->arch == HF_ARCH_QWEN3_5) {
-        err_fail(err, err_len, "decode: Qwen3.5/3.6 targets (Gated DeltaNet layers) need a recurrent-state cache, "
-                 "which is not written yet");
+    int hybrid = c->arch == HF_ARCH_QWEN3_5;
+    if (hybrid && target_device(t) >= 0) {
+        err_fail(err, err_len, "decode: the GPU decode step of Qwen3.5/3.6 targets (Gated DeltaNet state on the "
+                 "device) is not written yet; use --device cpu");
         return NULL;
     }
     if (n_slots < 1 || max_len < 1 || max_step_tokens < 1) {
@@ -131,7 +152,9 @@ struct decode *decode_init(struct target *t, int n_slots, int max_len, int max_s
     }
 #endif
     int C = c->hidden_size, HD = c->head_dim, NKV = c->num_key_value_heads, L = c->num_hidden_layers;
-    size_t es = dev >= 0 ? 2 : 4, cache = (size_t)L * n_slots * max_len * NKV * HD, T = (size_t)max_step_tokens;
+    int n_attn = 0;
+    for (int l = 0; l < L; l++) n_attn += !(hybrid && c->layer_linear[l]);
+    size_t es = dev >= 0 ? 2 : 4, cache = (size_t)n_attn * n_slots * max_len * NKV * HD, T = (size_t)max_step_tokens;
 #ifdef DFLASH_CUDA
     if (dev >= 0) {
         /* the whole plan against the device's free memory, before allocating anything: one line when it does not
@@ -166,7 +189,14 @@ struct decode *decode_init(struct target *t, int n_slots, int max_len, int max_s
     d->n_slots = n_slots;
     d->max_len = max_len;
     d->max_step = max_step_tokens;
-    int I = c->intermediate_size, NH = c->num_attention_heads, QKV = (NH + 2 * NKV) * HD;
+    int I = c->intermediate_size, NH = c->num_attention_heads, QKV = ((hybrid ? 2 : 1) * NH + 2 * NKV) * HD;
+    d->hybrid = hybrid;
+    d->n_attn = n_attn;
+    for (int l = 0; l < L; l++) {
+        int lin = hybrid && c->layer_linear[l];
+        d->attn_idx[l] = lin ? -1 : l - d->n_lin;
+        d->lin_idx[l] = lin ? d->n_lin++ : -1;
+    }
     d->cache_bytes = 2 * cache * es;
     d->len = calloc((size_t)n_slots, sizeof *d->len);
     d->row_slot = malloc(T * sizeof(int32_t));
@@ -186,6 +216,29 @@ struct decode *decode_init(struct target *t, int n_slots, int max_len, int max_s
     if (dev < 0) {
         d->scratch = malloc(((size_t)max_len + HD + 1) * sizeof(double));
         ok = ok && d->scratch;
+    }
+    if (hybrid && ok) {
+        struct gdn_shape gs = {c->linear_num_key_heads, c->linear_num_value_heads, c->linear_key_head_dim,
+                               c->linear_value_head_dim, c->linear_conv_kernel_dim};
+        d->gs = gs;
+        size_t D = (size_t)gdn_conv_dim(&gs), SS = (size_t)gs.n_v * gs.d_k * gs.d_v, VD = (size_t)gs.n_v * gs.d_v;
+        size_t LIN_IN = (size_t)gdn_in_dim(&gs), nl = (size_t)d->n_lin, ns = (size_t)n_slots;
+        if (LIN_IN > (size_t)QKV) {   /* the projection output shares the qkv buffer */
+            free(d->qkv);
+            d->qkv = malloc(T * LIN_IN * sizeof(float));
+        }
+        d->gate = malloc(T * NH * HD * sizeof(float));
+        d->lin_hist = malloc(nl * ns * (size_t)max_len * D * sizeof(float));
+        d->lin_state = calloc(nl * ns * SS, sizeof(float));
+        d->lin_snap = malloc(nl * ns * DECODE_STATE_SNAPS * SS * sizeof(float));
+        d->snap_pos = malloc(ns * DECODE_STATE_SNAPS * sizeof(int));
+        d->lin_conv = malloc(T * D * sizeof(float));
+        d->lin_y = malloc(T * VD * sizeof(float));
+        ok = d->qkv && d->gate && d->lin_hist && d->lin_state && d->lin_snap && d->snap_pos && d->lin_conv &&
+             d->lin_y;
+        if (ok)
+            for (size_t i = 0; i < ns * DECODE_STATE_SNAPS; i++) d->snap_pos[i] = -1;
+        d->cache_bytes += (nl * ns * ((size_t)max_len * D + (1 + DECODE_STATE_SNAPS) * SS)) * sizeof(float);
     }
 #ifdef DFLASH_CUDA
     if (dev >= 0) {
@@ -214,6 +267,22 @@ int decode_truncate(struct decode *d, int slot, int len, char *err, int err_len)
     if (slot < 0 || slot >= d->n_slots) return err_fail(err, err_len, "decode: slot %d of %d", slot, d->n_slots);
     if (len < 0 || len > d->len[slot])
         return err_fail(err, err_len, "decode: truncate slot %d to %d tokens, it holds %d", slot, len, d->len[slot]);
+    if (d->hybrid && len < d->len[slot]) {
+        /* the recurrent state cannot be rewound: it is restored from the snapshot taken after position len - 1 */
+        size_t SS = (size_t)d->gs.n_v * d->gs.d_k * d->gs.d_v, ns = (size_t)d->n_slots;
+        int *sp = d->snap_pos + (size_t)slot * DECODE_STATE_SNAPS, e = len > 0 ? (len - 1) % DECODE_STATE_SNAPS : 0;
+        if (len > 0 && sp[e] != len - 1)
+            return err_fail(err, err_len, "decode: slot %d: a Qwen3.5 recurrent state rolls back only into the last "
+                            "%d tokens of the slot's last step (to %d tokens asked, it holds %d)", slot,
+                            DECODE_STATE_SNAPS, len, d->len[slot]);
+        for (int li = 0; li < d->n_lin; li++) {
+            float *live = d->lin_state + ((size_t)li * ns + slot) * SS;
+            if (len == 0) memset(live, 0, SS * sizeof(float));
+            else memcpy(live, d->lin_snap + (((size_t)li * ns + slot) * DECODE_STATE_SNAPS + e) * SS, SS * sizeof(float));
+        }
+        for (int i = 0; i < DECODE_STATE_SNAPS; i++)
+            if (sp[i] >= len) sp[i] = -1;   /* positions of the abandoned branch */
+    }
     d->len[slot] = len;
     return 0;
 }
@@ -265,6 +334,86 @@ static int extend_cpu(struct decode *d, int T, const int32_t *ids, float *states
                 if (cap[j] == l) memcpy(states + (size_t)j * plane, x, plane * sizeof(float));
     }
     if (last) memcpy(last, x, plane * sizeof(float));
+    return 0;
+}
+
+/* Qwen3.5 / 3.6 hybrid, CPU: forward_cpu_hybrid's layer sequence (target.c). A full-attention layer reads its
+ * keys and values from the cache; a Gated DeltaNet layer appends the step's conv input rows to the slot's history,
+ * convolves them (gdn_conv_rows reads the K - 1 rows before them there) and runs the recurrence token by token
+ * from the slot's live state, keeping a snapshot after each of the step's last DECODE_STATE_SNAPS tokens for
+ * decode_truncate. Every row's arithmetic is the full forward's, so the outputs are bitwise its own. */
+static int extend_cpu_hybrid(struct decode *d, int n_seq, const int *slots, const int32_t *cu, int T,
+                             const int32_t *ids, float *states, float *last, char *err, int err_len) {
+    const struct model_config *c = d->c;
+    int C = c->hidden_size, I = c->intermediate_size, HD = c->head_dim, NH = c->num_attention_heads;
+    int NKV = c->num_key_value_heads, L = c->num_hidden_layers, QKV = (2 * NH + 2 * NKV) * HD;
+    int R = hf_config_rotary_dim(c);
+    const struct gdn_shape *gs = &d->gs;
+    int D = gdn_conv_dim(gs), LIN_IN = gdn_in_dim(gs), VD = gs->n_v * gs->d_v;
+    size_t SS = (size_t)gs->n_v * gs->d_k * gs->d_v, ns = (size_t)d->n_slots;
+    float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)HD);
+    size_t kvrow = (size_t)NKV * HD, layer = (size_t)d->n_slots * d->max_len * kvrow, plane = (size_t)T * C;
+    int n_cap = target_n_capture(d->t);
+    const int *cap = target_capture(d->t);
+    float *x = d->x, *h = d->h, *qkv = d->qkv, *q = d->q, *k = d->k, *v = d->v, *att = d->att, *gu = d->gu;
+    float *act = d->act;
+    if (embedding_forward_ref(x, ids, target_cpu_embed(d->t), T, C, c->vocab_size))
+        return err_fail(err, err_len, "decode: %s", kernels_error());
+    for (int l = 0; l < L; l++) {
+        struct target_layer_view ly;
+        if (target_cpu_layer(d->t, l, &ly, err, err_len)) return -1;
+        rmsnorm_forward_ref(h, NULL, x, ly.ln_in, T, C, eps);
+        if (ly.linear) {
+            int li = d->lin_idx[l];
+            gemm_forward_ref(qkv, h, 0, ly.w_lin_in, 1, T, LIN_IN, C, 1.0f, 0.0f);
+            for (int i = 0; i < n_seq; i++) {
+                int s = slots[i], r0 = cu[i], m = cu[i + 1] - cu[i], len0 = d->len[s];
+                float *hist = d->lin_hist + ((size_t)li * ns + s) * d->max_len * D;
+                float *live = d->lin_state + ((size_t)li * ns + s) * SS;
+                for (int r = 0; r < m; r++)
+                    memcpy(hist + (size_t)(len0 + r) * D, qkv + (size_t)(r0 + r) * LIN_IN, (size_t)D * sizeof(float));
+                gdn_conv_rows(d->lin_conv + (size_t)r0 * D, hist, D, len0, len0 + m, gs, ly.conv_w);
+                for (int r = 0; r < m; r++) {
+                    gdn_recur_rows(d->lin_y + (size_t)(r0 + r) * VD, d->lin_conv + (size_t)(r0 + r) * D,
+                                   qkv + (size_t)(r0 + r) * LIN_IN, LIN_IN, 1, gs, ly.a_neg, ly.dt_bias, ly.gnorm, eps,
+                                   live);
+                    int p = len0 + r;
+                    if (r >= m - DECODE_STATE_SNAPS)
+                        memcpy(d->lin_snap + (((size_t)li * ns + s) * DECODE_STATE_SNAPS + p % DECODE_STATE_SNAPS) * SS,
+                               live, SS * sizeof(float));
+                }
+            }
+            gemm_forward_ref(x, d->lin_y, 0, ly.w_lin_out, 1, T, C, VD, 1.0f, 1.0f);   /* x += y · W_outᵀ */
+        } else {
+            gemm_forward_ref(qkv, h, 0, ly.w_qkv, 1, T, QKV, C, 1.0f, 0.0f);
+            gated_attn_split_forward_ref(q, d->gate, k, v, qkv, T, NH, NKV, HD);
+            rmsnorm_forward_ref(q, NULL, q, ly.q_norm, T * NH, HD, eps);
+            rmsnorm_forward_ref(k, NULL, k, ly.k_norm, T * NKV, HD, eps);
+            gated_attn_rope_forward_ref(q, d->row_pos, target_cpu_inv_freq(d->t), T, NH, HD, R);
+            gated_attn_rope_forward_ref(k, d->row_pos, target_cpu_inv_freq(d->t), T, NKV, HD, R);
+            float *kc = (float *)d->kc + (size_t)d->attn_idx[l] * layer;
+            float *vc = (float *)d->vc + (size_t)d->attn_idx[l] * layer;
+            if (decode_attn_append_ref(kc, vc, k, v, d->row_slot, d->row_pos, T, d->n_slots, d->max_len, NKV, HD) ||
+                decode_attn_forward_ref(att, q, kc, vc, d->row_slot, d->row_pos, T, d->n_slots, d->max_len, NH, NKV,
+                                        HD, scale, d->scratch))
+                return err_fail(err, err_len, "decode: %s", kernels_error());
+            gated_attn_gate_forward_ref(att, d->gate, (int64_t)T * NH * HD);
+            gemm_forward_ref(x, att, 0, ly.w_o, 1, T, C, NH * HD, 1.0f, 1.0f);
+        }
+        rmsnorm_forward_ref(h, NULL, x, ly.ln_post, T, C, eps);
+        gemm_forward_ref(gu, h, 0, ly.w_gu, 1, T, 2 * I, C, 1.0f, 0.0f);
+        swiglu_forward_ref(act, gu, gu + I, T, I, 2 * I);
+        gemm_forward_ref(x, act, 0, ly.w_down, 1, T, C, I, 1.0f, 1.0f);
+        if (states)
+            for (int j = 0; j < n_cap; j++)
+                if (cap[j] == l) memcpy(states + (size_t)j * plane, x, plane * sizeof(float));
+    }
+    if (last) memcpy(last, x, plane * sizeof(float));
+    for (int i = 0; i < n_seq; i++) {   /* the snapshots' positions, for every linear layer at once */
+        int s = slots[i], m = cu[i + 1] - cu[i];
+        for (int r = m > DECODE_STATE_SNAPS ? m - DECODE_STATE_SNAPS : 0; r < m; r++)
+            d->snap_pos[(size_t)s * DECODE_STATE_SNAPS + (d->len[s] + r) % DECODE_STATE_SNAPS] = d->len[s] + r;
+    }
     return 0;
 }
 
@@ -428,7 +577,8 @@ int decode_extend(struct decode *d, int n_seq, const int *slots, const int32_t *
     if (d->dev >= 0) rc = extend_gpu(d, T, ids, states, last, err, err_len);
     else
 #endif
-        rc = extend_cpu(d, T, ids, states, last, err, err_len);
+        rc = d->hybrid ? extend_cpu_hybrid(d, n_seq, slots, cu, T, ids, states, last, err, err_len)
+                       : extend_cpu(d, T, ids, states, last, err, err_len);
     if (rc) return -1;
     d->last_T = T;
     for (int i = 0; i < n_seq; i++) d->len[slots[i]] += cu[i + 1] - cu[i];

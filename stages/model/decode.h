@@ -19,8 +19,13 @@
  *   kernels/ (blas, rmsnorm, rope, swiglu, embedding, decode_attn) on the target's stream, the weights through
  *   target_gpu_layer; decode_extend returns when its outputs are on the host. The GPU's bf16 rounding differs
  *   from the CPU's fp32, so the two agree token for token except at near-ties of the logits (tests/gpu/).
- *   Qwen3.5 / 3.6 hybrids need a recurrent-state cache for their Gated DeltaNet layers (conv window + state per
- *   slot, model/gdn.h) and are refused with a sentence; callers fall back to recomputing the context.
+ * - Qwen3.5 / 3.6 hybrids (CPU): the full-attention layers keep a KV cache as above; each Gated DeltaNet layer keeps,
+ *   per slot, its conv input rows by position (the conv window of any position) and its live recurrent state, plus
+ *   a snapshot of the state after each of the last DECODE_STATE_SNAPS tokens of the slot's last step. A recurrent
+ *   state cannot be rewound, so decode_truncate of a hybrid restores the snapshot after position len - 1 (the
+ *   last step's, e.g. a rejected speculative block, or an older one not yet overwritten) or restarts at 0, and
+ *   refuses anything else with a sentence. Per token the result is
+ *   bitwise the full forward's (forward_cpu_hybrid), as for Qwen3. The GPU hybrid decode is not written: refused.
  * - The final norm and LM head (decode_set_head) turn chosen rows of the last step into logits (decode_logits):
  *   on the GPU only those (T, V) logits cross to the host, so the host's sampling code (stages/export/eval.c) is
  *   the same for both devices, and a draw depends only on the logits it is given.
@@ -42,6 +47,10 @@ extern "C" {
 
 struct decode;
 
+/* A hybrid slot can be truncated back into the last DECODE_STATE_SNAPS tokens of its last step (>= the largest
+ * speculative block, DRAFTER_MAX_B, + 1). */
+#define DECODE_STATE_SNAPS 17
+
 /* Plan caches for n_slots sequences of up to max_len tokens and work buffers for up to max_step_tokens new tokens
  * per decode_extend, on the target's device. t stays owned by the caller and must outlive the decode. Returns NULL
  * with a sentence (hybrid target, a shape the GPU kernels do not take, out of memory). */
@@ -50,7 +59,9 @@ void decode_free(struct decode *d);   /* NULL is fine */
 
 /* Tokens cached in slot (0 after init). */
 int decode_len(const struct decode *d, int slot);
-/* Forget everything after the first len tokens of slot (0 <= len <= decode_len). 0/-1. */
+/* Forget everything after the first len tokens of slot (0 <= len <= decode_len; a hybrid: len 0, or len - 1 among
+ * the positions whose state snapshot is held: always the last DECODE_STATE_SNAPS tokens of the slot's last step).
+ * 0/-1. */
 int decode_truncate(struct decode *d, int slot, int len, char *err, int err_len);
 
 /* Append tokens to n_seq distinct slots: sequence i puts ids[cu[i] .. cu[i+1]) into slots[i] at positions

@@ -1131,7 +1131,8 @@ int target_cpu_layer(const struct target *t, int l, struct target_layer_view *ou
         return err_fail(err, err_len, "target: layer %d of %d", l, t->cfg.num_hidden_layers);
     const struct target_layer *ly = &t->layers[l];
     *out = (struct target_layer_view){ly->w_qkv, ly->w_o, ly->w_gu, ly->w_down, ly->ln_in, ly->ln_post, ly->q_norm,
-                                      ly->k_norm, ly->linear};
+                                      ly->k_norm, ly->linear, ly->w_lin_in, ly->conv_w, ly->a_neg, ly->dt_bias,
+                                      ly->gnorm, ly->w_lin_out};
     return 0;
 }
 

@@ -139,8 +139,10 @@ double target_flops(const struct target *t, const int32_t *cu_seqlens, int n_doc
 struct target_layer_view {
     const float *w_qkv, *w_o, *w_gu, *w_down;  /* (QKV, C), (C, NH·HD), (2·I, C), (C, I) */
     const float *ln_in, *ln_post;              /* (C) */
-    const float *q_norm, *k_norm;              /* (HD) Qwen3 only, else NULL */
+    const float *q_norm, *k_norm;              /* (HD) Qwen3 and Qwen3.5 attention (as 1 + w), else NULL */
     int linear;                                /* 1: a Gated DeltaNet layer (Qwen3.5; no w_qkv / w_o) */
+    /* Qwen3.5 Gated DeltaNet layers only (else NULL): model/gdn.h's arguments */
+    const float *w_lin_in, *conv_w, *a_neg, *dt_bias, *gnorm, *w_lin_out;
 };
 int target_cpu_layer(const struct target *t, int l, struct target_layer_view *out, char *err, int err_len);
 const float *target_cpu_embed(const struct target *t);       /* (V, C); NULL on a GPU */
