@@ -9,8 +9,8 @@
  * Prompts: JSONL, one per line, either a JSON array of token ids or an object with "input_ids" (a training row:
  * with a "loss_mask", the prompt is the tokens before the first supervised one) and optionally "set" (a name: τ is
  * also reported per set). The target on the CPU or (--device cuda:N) a GPU: its decode step and LM head run there
- * (model/decode.h), the drafter's proposal on the host (TODO: the drafter on the GPU too, when eval is timed on
- * real drafters). KV-cached and batched: --batch prompts advance together, one
+ * (model/decode.h), and so does the drafter's block proposal (drafter_step_gpu, bf16; the features of the
+ * committed context go up every round). The offline estimate stays on the CPU. KV-cached and batched: --batch prompts advance together, one
  * cached target step per round verifies all their drafts; then plain decoding runs the same way, and the speed-up
  * is the ratio of the two wall times (the drafter's cost included). Greedy (--temperature 0): speculative output
  * must equal plain greedy output token for token. Sampled: speculative sampling's acceptance (a draft token d is
@@ -232,7 +232,7 @@ int main(int argc, char **argv) {
     LIB_CHECK(eval_target_open_dev(&et, target, total + 2 * B, zl, dc->k, dev, err, sizeof err), err);
     if (!no_cache) LIB_CHECK(eval_target_enable_cache(&et, batch, total + 2 * B, err, sizeof err), err);
     struct eval_drafter ed;
-    LIB_CHECK(eval_drafter_init(&ed, d, err, sizeof err), err);
+    LIB_CHECK(eval_drafter_init_dev(&ed, d, dev, err, sizeof err), err);
     struct eval_stats s, per_set[MAX_SETS];
     eval_stats_init(&s, B);
     for (int k = 0; k < n_sets; k++) eval_stats_init(&per_set[k], B);

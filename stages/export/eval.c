@@ -8,6 +8,9 @@
 #include "model/decode.h"
 #include "model/weights.h"
 
+#ifdef DFLASH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,17 +148,76 @@ int eval_target_forward(struct eval_target *et, const int32_t *tokens, int n, in
 /* ---------------------------------------------------------------- the drafter proposer */
 
 int eval_drafter_init(struct eval_drafter *ed, struct drafter *d, char *err, int err_len) {
+    return eval_drafter_init_dev(ed, d, -1, err, err_len);
+}
+
+int eval_drafter_init_dev(struct eval_drafter *ed, struct drafter *d, int cuda_device, char *err, int err_len) {
     const struct drafter_config *c = drafter_config_of(d);
+    memset(ed, 0, sizeof *ed);
     ed->d = d;
+    if (cuda_device >= 0) {
+#ifdef DFLASH_CUDA
+        cudaStream_t s;
+        cudaError_t e = cudaSetDevice(cuda_device);
+        if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        if (e != cudaSuccess) return err_fail(err, err_len, "eval: cuda:%d: %s", cuda_device, cudaGetErrorString(e));
+        ed->gpu = drafter_gpu_init(d, s, NULL, err, err_len);
+        if (!ed->gpu) {
+            cudaStreamDestroy(s);
+            return -1;
+        }
+#else
+        return err_fail(err, err_len, "eval: the drafter on cuda:%d in a build without CUDA", cuda_device);
+#endif
+    }
     ed->hidden = malloc(sizeof(float) * (size_t)c->T_max * (size_t)c->k * (size_t)c->H);
     if (!ed->hidden) return err_fail(err, err_len, "eval: out of memory for the drafter's features");
     return 0;
 }
 
 void eval_drafter_free(struct eval_drafter *ed) {
+#ifdef DFLASH_CUDA
+    if (ed->gpu) {
+        cudaStream_t s = drafter_gpu_stream(ed->gpu);
+        drafter_gpu_free(ed->gpu);
+        cudaStreamDestroy(s);
+        ed->gpu = NULL;
+    }
+#endif
     free(ed->hidden);
     ed->hidden = NULL;
 }
+
+#ifdef DFLASH_CUDA
+/* The proposal on the GPU: the batch eval_drafter_propose builds, through the device step; the block's argmaxes
+ * (row j of block 0 = the draft for position n - 1 + j) come back with the anchor. */
+static int propose_gpu(struct eval_drafter *ed, const struct drafter_batch *b, int B, int32_t *draft, char *err,
+                       int err_len) {
+    struct drafter_gpu *g = ed->gpu;
+    if (drafter_gpu_load_batch(g, b, err, err_len)) return -1;
+    struct drafter_metrics m;
+    if (drafter_step_gpu(g, b->T, b->budget, 0, 0, 0, &m, err, err_len)) return -1;
+    struct drafter_gpu_last gl;
+    drafter_gpu_last_step(g, &gl);
+    int32_t anchor, arg[2 * DRAFTER_MAX_B];
+    uint8_t valid;
+    cudaStream_t s = drafter_gpu_stream(g);
+    cudaError_t e = cudaMemcpyAsync(&anchor, gl.anchors, 4, cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(&valid, gl.valid, 1, cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(arg, gl.arg, sizeof(int32_t) * 2 * (size_t)B, cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess) return err_fail(err, err_len, "eval: the GPU drafter's result: %s", cudaGetErrorString(e));
+    if (!valid || anchor != b->T - 1)
+        return err_fail(err, err_len, "eval: the GPU drafter did not anchor at the last committed token (%d)", b->T - 1);
+    struct drafter_last ls;
+    drafter_last_step(ed->d, &ls);   /* d2t only: the host drafter's pruned-vocabulary map */
+    for (int j = 1; j < B; j++) {
+        int32_t p = arg[2 * j];
+        draft[j - 1] = ls.d2t ? (int32_t)(p + ls.d2t[p]) : p;
+    }
+    return 0;
+}
+#endif
 
 int eval_drafter_propose(void *ctx, struct eval_target *et, const int32_t *c, int n, int B, int32_t *draft, char *err,
                          int err_len) {
@@ -188,6 +250,15 @@ int eval_drafter_propose(void *ctx, struct eval_target *et, const int32_t *c, in
     mask[n - 1] = 1;   /* the only anchor candidate: the last committed token */
     struct drafter_batch b = {n, n + B, c, mask, pos, doc, ed->hidden, et->ctx_last};
     struct drafter_metrics m;
+#ifdef DFLASH_CUDA
+    if (ed->gpu) {
+        int rc = propose_gpu(ed, &b, B, draft, err, err_len);
+        free(mask);
+        free(pos);
+        free(doc);
+        return rc;
+    }
+#endif
     int rc = drafter_step(ed->d, &b, 0, 0, 0, &m, err, err_len);
     free(mask);
     free(pos);

@@ -16,7 +16,8 @@
  *   after position n-1+i (i = 0..B-1) verifies: acc = the leading run of d[1+i] == p[i]; d[1..acc] and the
  *   bonus p[acc] are committed; τ = acc + 1 is recorded. So every committed token is the target's own greedy
  *   choice, and the output equals plain greedy decoding token for token (eval_greedy), whatever the drafter.
- * - The drafter proposer (eval_drafter_propose) runs drafter_step (train = 0) on a batch whose only supervised
+ * - The drafter proposer (eval_drafter_propose) runs drafter_step (train = 0; on a GPU drafter_step_gpu, with
+ *   eval_drafter_init_dev) on a batch whose only supervised
  *   position is the anchor: one block, slot 0 = the anchor, slots 1..B-1 the mask token, context = the features
  *   strictly before the anchor (the §6 mask); its per-row argmaxes are the draft (mapped through d2t when the
  *   draft vocabulary is pruned). This is the training forward, so eval measures exactly what was trained.
@@ -96,8 +97,12 @@ typedef int (*eval_propose_fn)(void *ctx, struct eval_target *et, const int32_t 
 struct eval_drafter {
     struct drafter *d;
     float *hidden;      /* (T_max, k·H) */
+    void *gpu;          /* struct drafter_gpu * when the proposal runs on a GPU, else NULL */
 };
 int eval_drafter_init(struct eval_drafter *ed, struct drafter *d, char *err, int err_len);
+/* The same with the proposal on CUDA device cuda_device (-1: the CPU): drafter_step_gpu (train = 0, bf16) over
+ * the committed features, uploaded each round (drafter_gpu_load_batch), its block's argmaxes read back. */
+int eval_drafter_init_dev(struct eval_drafter *ed, struct drafter *d, int cuda_device, char *err, int err_len);
 void eval_drafter_free(struct eval_drafter *ed);   /* frees the buffers, not d */
 int eval_drafter_propose(void *ctx, struct eval_target *et, const int32_t *c, int n, int B, int32_t *draft, char *err,
                          int err_len);

@@ -12,7 +12,8 @@
  *   devices' tokens/s. A plan larger than the device is refused at decode_init with one line.
  * decode_gpu_speculative_equals_greedy: on the GPU, speculative decoding with an oracle proposer (the target's own
  *   greedy continuation by the uncached GPU forward), a proposer wrong at one place per block (rejections and
- *   rollbacks every round) and a real (random) drafter from a checkpoint give exactly plain greedy decoding's
+ *   rollbacks every round) and a real (random) drafter from a checkpoint, its proposal on the CPU and on the GPU
+ *   (drafter_step_gpu), give exactly plain greedy decoding's
  *   tokens, in groups of 4 over 6 prompts; a stop token ends a response; dflash-eval --device cuda:0 on the
  *   checkpoint exits 0 with matches_greedy and reports tau and the speed-up; dflash-sample --device cuda:0
  *   regenerates a prepared dataset with the same rows, prompts and masks as --device cpu, and at least 75% of its
@@ -197,8 +198,9 @@ START_TEST(decode_gpu_speculative_equals_greedy) {
     struct eval_target eg;
     ck_assert_msg(eval_target_open_dev(&eg, model, MAXP + NEW2 + 2 * B, zl, 2, 0, err, sizeof err) == 0, "%s", err);
     ck_assert_msg(eval_target_enable_cache(&eg, SLOTS, MAXP + NEW2 + 2 * B, err, sizeof err) == 0, "%s", err);
-    struct eval_drafter ed;
+    struct eval_drafter ed, edg;
     ck_assert_int_eq(eval_drafter_init(&ed, d, err, sizeof err), 0);
+    ck_assert_msg(eval_drafter_init_dev(&edg, d, 0, err, sizeof err) == 0, "%s", err);
     int32_t prompts[NP][MAXP], *pp[NP], *ref[NP], *out[NP];
     int P[NP], lr[NP], lo[NP];
     prompts_of(eg.V, prompts, pp, P);
@@ -210,11 +212,12 @@ START_TEST(decode_gpu_speculative_equals_greedy) {
     struct eval_gen_opts plain = {.max_new = NEW2};
     ck_assert_msg(eval_generate(&eg, N6, cp, P, &plain, ref, lr, NULL, err, sizeof err) == 0, "%s", err);
     int one = 1;
-    struct eval_gen_opts runs[3] = {{.max_new = NEW2, .B = B, .fn = oracle_propose},
+    struct eval_gen_opts runs[4] = {{.max_new = NEW2, .B = B, .fn = oracle_propose},
                                     {.max_new = NEW2, .B = B, .fn = oracle_propose, .ctx = &one},
-                                    {.max_new = NEW2, .B = B, .fn = eval_drafter_propose, .ctx = &ed}};
-    const char *names[3] = {"oracle", "one wrong per block", "random drafter"};
-    for (int k = 0; k < 3; k++) {
+                                    {.max_new = NEW2, .B = B, .fn = eval_drafter_propose, .ctx = &ed},
+                                    {.max_new = NEW2, .B = B, .fn = eval_drafter_propose, .ctx = &edg}};
+    const char *names[4] = {"oracle", "one wrong per block", "random drafter (CPU)", "random drafter (GPU)"};
+    for (int k = 0; k < 4; k++) {
         struct eval_stats s;
         eval_stats_init(&s, B);
         ck_assert_msg(eval_generate(&eg, N6, cp, P, &runs[k], out, lo, &s, err, sizeof err) == 0, "%s", err);
@@ -237,6 +240,7 @@ START_TEST(decode_gpu_speculative_equals_greedy) {
     ck_assert_msg(eval_generate(&eg, N6, cp, P, &st, out, lo, NULL, err, sizeof err) == 0, "%s", err);
     ck_assert_int_eq(lo[1], P[1] + first + 1);
     eval_drafter_free(&ed);
+    eval_drafter_free(&edg);
     drafter_free(d);
     eval_target_close(&eg);
 
