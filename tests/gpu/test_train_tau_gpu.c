@@ -33,8 +33,8 @@
 /* τ of the untrained drafter on this target and prompts (demo.sh --steps 1 -- --lr 0 --ckpt-every 1, CPU):
  * 1.000, measured on the CPU machine, 2026-12-03 */
 #define TAU_UNTRAINED 1.0
-#define TAU_MEAN_TOL 0.1    /* mean over seeds of τ(GPU) - τ(CPU) */
-#define TAU_PAIR_TOL 0.25   /* any one seed */
+#define TAU_MEAN_TOL 0.05   /* mean over seeds of τ(GPU) - τ(CPU): the issue's ±0.05, now on a mean of pairs */
+#define TAU_PAIR_TOL 0.2    /* any one seed */
 #define LOSS_REL_TOL 0.05   /* mean over seeds of the steps-200..299 loss, relative */
 #define N_SEEDS 3
 #ifndef TAU_GPU_DEVICE
