@@ -385,30 +385,24 @@ int eval_target_enable_cache(struct eval_target *et, int n_slots, int max_len, c
 static double uniform01(uint64_t *s) { return (double)(kernels_rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
 
 /* The logits after row r of the last decode_extend. CPU: computed for that row alone when asked (a rejected
- * draft's later rows are never computed). GPU: every row of the step at once on the device, the first time one
- * is asked (one transfer), then served from et->step_logits. */
+ * draft's later rows are never computed). GPU, a decoding step (extend with all_rows): every row of the step at
+ * once on the device, the first time one is asked (one transfer), then served from et->step_logits; a prefill:
+ * the asked row alone. */
 static const float *row_logits(struct eval_target *et, int r, char *err, int err_len) {
     if (et->dev < 0) return decode_logits(et->dc, 1, &r, et->logits, err, err_len) ? NULL : et->logits;
-    if (!et->logits_ready) {
-        int32_t rows[et->n_slots * DRAFTER_MAX_B];
-        if (et->step_T > et->n_slots * DRAFTER_MAX_B) {
-            /* a prefill: only its last row is ever asked */
+    if (!et->logits_all) {   /* a prefill: only its last row is asked; one row crosses */
+        if (!et->logits_ready || et->logits_first != r) {
             if (decode_logits(et->dc, 1, &r, et->step_logits, err, err_len)) return NULL;
             et->logits_first = r;
             et->logits_ready = 1;
-            return et->step_logits;
-        }
-        for (int i = 0; i < et->step_T; i++) rows[i] = i;
-        if (decode_logits(et->dc, et->step_T, rows, et->step_logits, err, err_len)) return NULL;
-        et->logits_first = -1;
-        et->logits_ready = 1;
-    }
-    if (et->logits_first >= 0) {
-        if (r != et->logits_first) {
-            err_fail(err, err_len, "eval: logits of prefill row %d asked after row %d", r, et->logits_first);
-            return NULL;
         }
         return et->step_logits;
+    }
+    if (!et->logits_ready) {
+        int32_t rows[et->step_T];
+        for (int i = 0; i < et->step_T; i++) rows[i] = i;
+        if (decode_logits(et->dc, et->step_T, rows, et->step_logits, err, err_len)) return NULL;
+        et->logits_ready = 1;
     }
     return et->step_logits + (size_t)r * et->V;
 }
@@ -497,9 +491,13 @@ static void keep_features(struct eval_target *et, const struct gen_seq *g, int r
 /* One decode_extend; its k blocks of T state rows are re-spaced to max_step rows (keep_features' stride).
  * features = 0: the proposer needs no features (plain decoding), so none cross from the device. */
 static int extend(struct eval_target *et, int n_seq, const int *slots, const int32_t *ids, const int32_t *cu,
-                  int features, char *err, int err_len) {
+                  int features, int all_rows, char *err, int err_len) {
     int T = cu[n_seq];
+    if (all_rows && T > et->n_slots * DRAFTER_MAX_B)
+        return err_fail(err, err_len, "eval: a step of %d rows exceeds the logits plan (%d)", T,
+                        et->n_slots * DRAFTER_MAX_B);
     et->logits_ready = 0;
+    et->logits_all = all_rows;
     et->step_T = T;
     if (decode_extend(et->dc, n_seq, slots, ids, cu, features ? et->step_states : NULL,
                       features ? et->step_last : NULL, err, err_len))
@@ -538,7 +536,7 @@ static int generate_group(struct eval_target *et, int n, const int32_t *const *p
         int slot = i;
         int32_t c2[2] = {0, P[idx]};
         if ((rc = decode_truncate(et->dc, slot, 0, err, err_len))) break;
-        if ((rc = extend(et, 1, &slot, prompts[idx], c2, o->fn != NULL, err, err_len))) break;
+        if ((rc = extend(et, 1, &slot, prompts[idx], c2, o->fn != NULL, 0, err, err_len))) break;
         if (o->fn) keep_features(et, &g[i], 0, 0, P[idx]);
         const float *lg = row_logits(et, P[idx] - 1, err, err_len);
         if (!lg) {
@@ -575,7 +573,7 @@ static int generate_group(struct eval_target *et, int n, const int32_t *const *p
             m++;
         }
         if (rc || m == 0) break;
-        if ((rc = extend(et, m, slots, ids, cu, o->fn != NULL, err, err_len))) break;
+        if ((rc = extend(et, m, slots, ids, cu, o->fn != NULL, 1, err, err_len))) break;
         int j = 0;
         for (int i = 0; i < n; i++) {
             if (g[i].done) continue;
