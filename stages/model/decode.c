@@ -140,6 +140,10 @@ struct decode *decode_init(struct target *t, int n_slots, int max_len, int max_s
                  "device) is not written yet; use --device cpu");
         return NULL;
     }
+    if (c->num_hidden_layers > HF_MAX_LAYERS) {
+        err_fail(err, err_len, "decode: %d layers, at most %d", c->num_hidden_layers, HF_MAX_LAYERS);
+        return NULL;
+    }
     if (n_slots < 1 || max_len < 1 || max_step_tokens < 1) {
         err_fail(err, err_len, "decode: %d slots of %d tokens, %d per step", n_slots, max_len, max_step_tokens);
         return NULL;
