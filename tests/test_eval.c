@@ -283,7 +283,7 @@ END_TEST
  * A rollback past the last step is refused with a sentence; a rollback to 0 restarts the slot. Then eval_generate
  * on the hybrid: cached greedy decoding equals the uncached eval_greedy, and so does speculative decoding with an
  * oracle proposer (tau = B, every block accepted: rollbacks of 0) and with a one-token-wrong proposer (rollbacks
- * into every block). */
+ * into every block); dflash-sample --device cpu regenerates from it, sampled rows the same whatever --batch. */
 static int wrong_propose(void *ctx, struct eval_target *et, const int32_t *c, int n, int B, int32_t *draft, char *e,
                          int el) {
     (void)ctx;
@@ -419,6 +419,32 @@ START_TEST(decode_hybrid_equals_full_forward) {
         if (k == 1) ck_assert_double_eq_tol(eval_stats_tau(&ss), B, 1e-12);
         if (k == 2) ck_assert_msg(eval_stats_tau(&ss) < B && eval_stats_tau(&ss) > 1, "tau %g", eval_stats_tau(&ss));
     }
+    /* dflash-sample regenerates from the hybrid (the cached path): sampled rows the same whatever --batch */
+    char data[800], o2[800], o3[800];
+    snprintf(data, sizeof data, "%s/rows.jsonl", hy);
+    snprintf(o2, sizeof o2, "%s/regen-b2.jsonl", hy);
+    snprintf(o3, sizeof o3, "%s/regen-b3.jsonl", hy);
+    FILE *f = fopen(data, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < NP; i++) {
+        fprintf(f, "{\"input_ids\": [");
+        for (int q = 0; q < P[i] + 2; q++) fprintf(f, "%s%d", q ? ", " : "", q < P[i] ? prompts[i][q] : 7);
+        fprintf(f, "], \"loss_mask\": [");
+        for (int q = 0; q < P[i] + 2; q++) fprintf(f, "%s%d", q ? ", " : "", q >= P[i]);
+        fprintf(f, "]}\n");
+    }
+    fclose(f);
+    for (int k = 0; k < 2; k++) {
+        const char *sa[] = {test_bin("dflash-sample"), "--target-model", hy, "--prompts", data, "--out", k ? o3 : o2,
+                            "--gen-len", "10", "--temperature", "0.8", "--top-p", "0.9", "--seed", "4", "--batch",
+                            k ? "3" : "2", "--stop-ids", "999999", "--device", "cpu", NULL};
+        ck_assert_msg(run_argv(sa) == 0, "%s", out_text);
+    }
+    size_t n2, n3;
+    char *t2 = test_slurp(o2, &n2), *t3 = test_slurp(o3, &n3);
+    ck_assert_msg(t2 && t3 && n2 == n3 && !memcmp(t2, t3, n2), "sampled hybrid regeneration depends on --batch");
+    free(t2);
+    free(t3);
     for (int i = 0; i < NP; i++) {
         free(ref[i]);
         free(og[i]);
