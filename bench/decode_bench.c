@@ -69,7 +69,8 @@ int main(int argc, char **argv) {
     struct decode *d = decode_init(t, batch, max_len, step_rows, err, sizeof err);
     if (!d) { fprintf(stderr, "decode_bench: %s\n", err); return 1; }
     float *norm = malloc(sizeof(float) * (size_t)C), *head = malloc(sizeof(float) * (size_t)V * C);
-    float *logits = malloc(sizeof(float) * (size_t)batch * V);
+    float *logits = NULL;   /* pinned, as eval_target_enable_cache plans it on a GPU */
+    if (cudaMallocHost((void **)&logits, sizeof(float) * (size_t)batch * V) != cudaSuccess) logits = NULL;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)step_rows), *rows = malloc(sizeof(int32_t) * (size_t)batch);
     int *slots = malloc(sizeof(int) * (size_t)batch);
     int32_t *cu = malloc(sizeof(int32_t) * (size_t)(batch + 1));
@@ -135,7 +136,7 @@ int main(int argc, char **argv) {
     printf("decode step (median of %d, context %d..%d): forward %.2f ms, logits %.2f ms, host argmax %.2f ms\n", gen,
            prompt, prompt + gen, 1e3 * med[0], 1e3 * med[1], 1e3 * med[2]);
     printf("RESULT decode_bench batch %d: %.0f generated tokens/s (%.2f ms per step)\n", batch, batch / step, 1e3 * step);
-    free(norm); free(head); free(logits); free(ids); free(rows); free(slots); free(cu); free(st); free(sorted);
+    free(norm); free(head); cudaFreeHost(logits); free(ids); free(rows); free(slots); free(cu); free(st); free(sorted);
     decode_free(d);
     target_free(t);
     return 0;

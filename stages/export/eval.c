@@ -45,11 +45,12 @@ int eval_target_open_dev(struct eval_target *et, const char *target_dir, int max
     et->xn = malloc(sizeof(float) * (size_t)et->H);
     et->logits = malloc(sizeof(float) * (size_t)et->V);
     et->probs = malloc(sizeof(double) * (size_t)et->V);
+    et->cand = malloc(sizeof(int32_t) * (size_t)et->V);
     if (cuda_device >= 0) {   /* target_forward writes bf16 on a GPU target: host staging, widened after */
         et->states16 = malloc(sizeof(bf16) * (size_t)k * (size_t)max_tokens * (size_t)et->H);
         et->last16 = malloc(sizeof(bf16) * (size_t)max_tokens * (size_t)et->H);
     }
-    if (!et->norm || !et->lm_head || !et->states || !et->last || !et->xn || !et->logits || !et->probs ||
+    if (!et->norm || !et->lm_head || !et->states || !et->last || !et->xn || !et->logits || !et->probs || !et->cand ||
         (cuda_device >= 0 && (!et->states16 || !et->last16))) {
         eval_target_close(et);
         return err_fail(err, err_len, "%s: out of memory for the eval buffers", target_dir);
@@ -87,12 +88,17 @@ void eval_target_close(struct eval_target *et) {
     free(et->xn);
     free(et->logits);
     free(et->probs);
+    free(et->cand);
     decode_free(et->dc);
     free(et->hist);
     free(et->hist_last);
     free(et->step_states);
     free(et->step_last);
-    free(et->step_logits);
+#ifdef DFLASH_CUDA
+    if (et->logits_pinned) cudaFreeHost(et->step_logits);
+    else
+#endif
+        free(et->step_logits);
     free(et->states16);
     free(et->last16);
     memset(et, 0, sizeof *et);
@@ -365,7 +371,16 @@ int eval_target_enable_cache(struct eval_target *et, int n_slots, int max_len, c
     /* logits: the prefill's last row, or every row of a verification step (n_slots blocks) */
     int rows = n_slots * DRAFTER_MAX_B;
     if (decode_set_head(et->dc, et->norm, et->lm_head, rows, err, err_len)) return -1;
-    et->step_logits = malloc(sizeof(float) * (size_t)rows * (size_t)et->V);
+    size_t lb = sizeof(float) * (size_t)rows * (size_t)et->V;
+#ifdef DFLASH_CUDA
+    /* pinned on a GPU: a step's logits cross at the bus's speed, not through a pageable bounce buffer */
+    if (et->dev >= 0 && cudaMallocHost((void **)&et->step_logits, lb) != cudaSuccess) {
+        (void)cudaGetLastError();
+        et->step_logits = NULL;
+    }
+    et->logits_pinned = et->step_logits != NULL;
+#endif
+    if (!et->step_logits) et->step_logits = malloc(lb);
     if (!et->step_logits) return err_fail(err, err_len, "eval: out of memory for %d rows of logits", rows);
     et->n_slots = n_slots;
     et->max_len = max_len;
@@ -426,14 +441,25 @@ static void target_probs(struct eval_target *et, const float *logits, double T, 
     for (int v = 0; v < V; v++) et->probs[v] /= z;
     if (top_p > 0 && top_p < 1) {
         /* the smallest set of most likely tokens whose mass reaches top_p: find the probability threshold by
-         * bisection on the mass above it (no sort; V is small on the CPU path) */
+         * bisection on the mass above it (no sort). Only tokens at or above lo can count again, so the scan runs
+         * over a shrinking candidate list (in token order: the sums are the full scan's, bit for bit); a peaked
+         * distribution over a 150K vocabulary then costs a few passes, not 60. */
+        int n = 0;
+        for (int v = 0; v < V; v++) et->cand[n++] = v;
         double lo = 0, hi = 1;
         for (int it = 0; it < 60; it++) {
             double mid = 0.5 * (lo + hi), m = 0;
-            for (int v = 0; v < V; v++)
-                if (et->probs[v] >= mid) m += et->probs[v];
-            if (m >= top_p) lo = mid;
-            else hi = mid;
+            for (int i = 0; i < n; i++)
+                if (et->probs[et->cand[i]] >= mid) m += et->probs[et->cand[i]];
+            if (m >= top_p) {
+                lo = mid;
+                int k = 0;
+                for (int i = 0; i < n; i++)
+                    if (et->probs[et->cand[i]] >= lo) et->cand[k++] = et->cand[i];
+                n = k;
+            } else {
+                hi = mid;
+            }
         }
         z = 0;
         for (int v = 0; v < V; v++) {

@@ -51,6 +51,7 @@ struct eval_target {
     float *xn;          /* (H) scratch */
     float *logits;      /* (V) scratch */
     double *probs;      /* (V) scratch (sampling) */
+    int32_t *cand;      /* (V) scratch (top-p candidates) */
     /* The proposer's view of the committed tokens' features: k blocks of ctx_rows rows of H (row t = token t), and
      * the last layer's (ctx_rows, H). eval_target_forward points them at states / last (ctx_rows = n); the cached
      * path at one prompt's feature history. */
@@ -62,7 +63,7 @@ struct eval_target {
     int dev;                          /* -1 CPU, else the target's CUDA device */
     bf16 *states16, *last16;          /* GPU: target_forward's bf16 outputs on the host, widened into states/last */
     float *step_logits;               /* (n_slots · DRAFTER_MAX_B, V): the last step's logits (GPU) */
-    int step_T, logits_all, logits_ready, logits_first;
+    int step_T, logits_all, logits_ready, logits_first, logits_pinned;
     float *hist, *hist_last;          /* (n_slots, k, max_len, H), (n_slots, max_len, H) */
     float *step_states, *step_last;   /* (k, max_step, H), (max_step, H) */
 };
