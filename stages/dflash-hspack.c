@@ -87,6 +87,7 @@ struct hs {
     uint8_t *held_used;
     struct hspack_want want, rwant;
     int state_fd;
+    uint64_t plan;                   /* the run plan's hash (0: none): items of another plan are refused */
     uint8_t *rec_buf, *stage_buf;    /* --record: host copy of a features payload, and its recorded form */
     struct counters c;
 #ifdef DFLASH_CUDA
@@ -293,6 +294,7 @@ static int take(struct hs *h, struct ring_slot *s, char *why, int why_len) {
     if (!bad && p->in_batch.seq != s->seq)
         bad = err_fail(err, sizeof err, "the slot carries seq %llu but its descriptor says seq %llu",
                        (unsigned long long)s->seq, (unsigned long long)p->in_batch.seq);
+    if (!bad && desc_check_plan(&p->in_batch, h->plan, NULL, err, sizeof err)) bad = -1;
     if (!bad && s->payload_len < p->in_batch.payload_bytes)
         bad = err_fail(err, sizeof err, "the producer published %llu payload bytes, the descriptor describes %llu",
                        (unsigned long long)s->payload_len, (unsigned long long)p->in_batch.payload_bytes);
@@ -430,6 +432,7 @@ int main(int argc, char **argv) {
 
     static struct hs h;
     h.o = &o;
+    h.plan = have_plan ? plan.hash : 0;
     h.want.layout = o.layout == 1 ? DESC_LAYOUT_SPLIT : DESC_LAYOUT_CONCAT;
     h.rwant.layout = h.want.layout;
     h.rwant.dtype = o.record_dtype == 1 ? DESC_DTYPE_BF16 : o.record_dtype == 2 ? DESC_DTYPE_F32 : 0;

@@ -126,6 +126,7 @@ struct trainer {
     int64_t next_seq;                /* the next batch seq this run needs */
     int micro;                       /* micro-batches accumulated into the gradients */
     uint64_t target_id;              /* desc_target_id of --target-model: what every features item must name */
+    uint64_t plan;                   /* the run plan's hash (0: none): an item of another plan is refused */
     struct step_acc acc;             /* metrics and Σ per-batch losses of the current optimizer step */
     uint64_t step_tokens;
     double step_busy_s, last_step_t, lr;
@@ -359,6 +360,7 @@ static int compute_train(void *ctx, struct relay_item *it, char *err, int err_le
     if (desc_features_decode(is->desc, is->desc_len, is->payload_cap, &fd, e2, sizeof e2))
         return err_fail(err, err_len, "ring '%s' slot %u (seq %llu): %s", tr->o->in_ring, is->index,
                         (unsigned long long)is->seq, e2);
+    if (desc_check_plan(&fd.batch, tr->plan, tr->o->in_ring, err, err_len)) return -1;
     /* k, H, layout, dtype, layer ids, and the batch's tokens and budget against the planned T_max: checked once */
     if (drafter_check_features(c, &fd, e2, sizeof e2))
         return err_fail(err, err_len, "features seq %llu: %s", (unsigned long long)fd.batch.seq, e2);
@@ -627,6 +629,7 @@ int main(int argc, char **argv) {
     LIB_CHECK(drafter_load_target(tr.d, o.target_model, err, sizeof err), err);
     tl_mark(&tr, "weights read (the target's frozen tables)");
     LIB_CHECK(desc_target_id_of_model(o.target_model, &tr.target_id, err, sizeof err), err);
+    tr.plan = have_plan ? plan.hash : 0;
 
     tr.n_tens = drafter_n_params(tr.d);
     tr.tens = calloc((size_t)tr.n_tens, sizeof *tr.tens);

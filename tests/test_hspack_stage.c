@@ -10,12 +10,15 @@
  * - SIGKILL of hspack mid-stream and the same command again: every seq exactly once after the
  *   trainer's duplicate drop, none lost;
  * - a descriptor that disagrees with its payload: exit 1 with a sentence naming the batch;
+ * - started with a run plan, an item made under another plan: exit 1 with one line naming the ring and both
+ *   plan hashes (the plan's own items and items without a plan pass);
  * - --print-ring-spec answers what rings.h defines.
  */
 #include "test_hspack_items.h"
 
 #include "core/record.h"
 #include "core/rings.h"
+#include "plan/plan.h"
 
 #include <sys/wait.h>
 
@@ -275,6 +278,64 @@ START_TEST(bad_descriptor_names_the_batch) {
 }
 END_TEST
 
+/* The run plan's hash in every descriptor (issue 25): hspack started with RUN/plan.json passes items of its plan
+ * and of no plan, and refuses an item of another plan with one line, not a silent misread. */
+START_TEST(foreign_plan_refused) {
+    pid_t shm;
+    const char *run = start("hspack-plan", 4, 4, &shm, 1);
+    /* a plan with this suite's geometry (written by hand: the module, not dflash-plan, so no model is needed) */
+    struct plan pl;
+    memset(&pl, 0, sizeof pl);
+    snprintf(pl.model, sizeof pl.model, "/nonexistent/model");
+    snprintf(pl.data, sizeof pl.data, "/nonexistent/data.jsonl");
+    snprintf(pl.device, sizeof pl.device, "cpu");
+    snprintf(pl.train_device, sizeof pl.train_device, "cpu");
+    pl.tokens = 64;
+    pl.target_layers = 8;
+    pl.hidden_size = HI_H;
+    pl.n_ids = HI_K;
+    pl.ids[0] = 1; pl.ids[1] = 4; pl.ids[2] = 7;
+    pl.dtype = DESC_DTYPE_F32;
+    pl.draft_layers = 1;
+    pl.block_size = 4;
+    pl.seed = 1; pl.window = 16; pl.epochs = 1; pl.steps = 3; pl.grad_accum = 1; pl.batches = 3;
+    pl.target_replicas = 1;
+    char err[512], path[900];
+    snprintf(path, sizeof path, "%s/plan.json", run);
+    ck_assert_msg(plan_write(&pl, path, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_ne(pl.hash, 0);
+    struct ring *r = ring_attach(run, "hidden", RING_PRODUCER, 5000, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    const char *a[] = {NULL};   /* --tokens, k, H, dtype and device from the plan */
+    pid_t hs = spawn(run, "dflash-hspack", a);
+    uint64_t plans[3] = {pl.hash, 0, pl.hash ^ 0x5a5a};   /* its plan, no plan, another plan */
+    for (uint64_t q = 0; q < 3; q++) {
+        struct ring_slot s;
+        ck_assert_int_eq(ring_acquire_write(r, 2000, &s), 0);
+        struct desc_hidden d;
+        hi_make(q, s.desc, s.desc_cap, s.payload, &d);
+        d.batch.plan = plans[q];
+        size_t dl;
+        ck_assert_msg(desc_hidden_encode(&d, s.desc, s.desc_cap, &dl, err, sizeof err) == 0, "%s", err);
+        ck_assert_int_eq(ring_publish(r, &s, q, (uint32_t)dl, d.batch.payload_bytes), 0);
+    }
+    ck_assert_int_eq(tr_wait(hs), 1);
+    snprintf(path, sizeof path, "%s/logs/dflash-hspack.log", run);
+    char *log = test_slurp_static(path), want[256];
+    snprintf(want, sizeof want, "ring 'hidden' batch seq 2 rejected: seq 2 was made under run plan %016llx, this stage "
+             "read plan %016llx", (unsigned long long)(pl.hash ^ 0x5a5a), (unsigned long long)pl.hash);
+    ck_assert_msg(log && strstr(log, want), "no '%s' in: %s", want, log ? log : "(no log)");
+    struct ring *f = ring_attach(run, "features", RING_OBSERVER, 1000, err, sizeof err);
+    ck_assert_msg(f != NULL, "%s", err);
+    struct ring_status st;
+    ring_get_status(f, &st);
+    ck_assert_uint_eq(st.published, 2);   /* its plan's item and the planless one went out, the foreign one did not */
+    ring_close(f);
+    ring_close(r);
+    tr_shutdown_shm(run, shm);
+}
+END_TEST
+
 START_TEST(print_ring_spec) {
     const char *run = tr_run("hspack-spec");
     char out[800];
@@ -299,6 +360,7 @@ int main(void) {
     tcase_add_test(t, spill_on_absorbs_burst);
     tcase_add_test(t, sigkill_and_restart);
     tcase_add_test(t, bad_descriptor_names_the_batch);
+    tcase_add_test(t, foreign_plan_refused);
     tcase_add_test(t, print_ring_spec);
     suite_add_tcase(s, t);
     return test_run_suite(s);

@@ -107,7 +107,7 @@ static int consume(const char *run, int *got, int max, int dedup, int *dups, pid
             uint8_t want[DESC_MAX_BYTES];
             size_t wl = g_dlen[got[n]];
             memcpy(want, g_desc[got[n]], wl);
-            ck_assert_int_eq(replay_reseq(want, &wl, sizeof want, s.seq, f.batch.epoch, err, sizeof err), 0);
+            ck_assert_int_eq(replay_reseq(want, &wl, sizeof want, s.seq, f.batch.epoch, 0, err, sizeof err), 0);
             ck_assert_msg(wl == s.desc_len && !memcmp(want, s.desc, wl), "seq %llu: descriptor differs beyond seq/epoch",
                           (unsigned long long)s.seq);
         }

@@ -112,7 +112,7 @@ static void shutdown_shm(const char *run, pid_t pid) {
 }
 
 #define FEATURES_SPEC "features:slots=2,bytes=406272,desc=2048,dev=host"
-static const char *const g_rings3[] = {"batches:slots=4,bytes=12804,desc=218,dev=host",
+static const char *const g_rings3[] = {"batches:slots=4,bytes=12804,desc=232,dev=host",
                                        "hidden:slots=2,bytes=406272,desc=2048,dev=host", FEATURES_SPEC, NULL};
 static const char *const g_rings1[] = {FEATURES_SPEC, NULL};
 
