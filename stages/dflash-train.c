@@ -104,7 +104,7 @@ struct opts {
     int allow_unservable;   /* issue 26: train a configuration no serving engine serves (research) */
     double lr, muon_lr, weight_decay, muon_weight_decay, clip, warmup_ratio;
     int64_t warmup_steps, max_steps, seed, dump_step;
-    int grad_accum, ckpt_every, keep, resume, max_nonfinite, wait_ms;
+    int grad_accum, ckpt_every, keep, resume, max_nonfinite, wait_ms, print_next_seq;
     double heartbeat_s;
 };
 
@@ -514,6 +514,9 @@ int main(int argc, char **argv) {
         {"keep", FLAG_INT, &o.keep, "checkpoints to keep (0: all)", 0, INT_MAX},
         {"resume", FLAG_BOOL, &o.resume, "continue from the newest valid checkpoint of this run (a fresh start when "
          "there is none)", 1, 0},
+        {"print-next-seq", FLAG_BOOL, &o.print_next_seq, "print the batch seq this run's trainer needs next (from "
+         "RUN/state/train.json, which a starting trainer rewrites from its checkpoints before it takes an item) and exit; "
+         "exit 1 when there is none yet", 1, 0},
         {"max-nonfinite", FLAG_INT, &o.max_nonfinite, "stop after this many non-finite steps in a row", 1, INT_MAX},
         {"draft-vocab", FLAG_STRING, &o.draft_vocab, "directory with t2d.npy and d2t.npy (dflash-vocab) for a pruned "
          "draft vocabulary (default: the full target vocabulary)", 1, 0},
@@ -535,6 +538,18 @@ int main(int argc, char **argv) {
                         "1 when the stream ends before them (the line says how many were trained), 3 when stopped by "
                         "a signal.",
                         NULL, 0);
+    if (o.print_next_seq) {   /* the pipelines' resume handshake (pipelines/lib.sh train_next_seq) */
+        char path[PATH_MAX], perr[PATH_MAX + 256];
+        int64_t step, next;
+        if (!o.common.run_dir) { fprintf(stderr, "dflash-train: --print-next-seq needs --run DIR\n"); return 2; }
+        if (snprintf(path, sizeof path, "%s/state/train.json", o.common.run_dir) >= (int)sizeof path) {
+            fprintf(stderr, "dflash-train: --run path too long\n");
+            return 2;
+        }
+        if (ckpt_read_state(path, &step, &next, NULL, 0, perr, sizeof perr)) { fprintf(stderr, "dflash-train: %s\n", perr); return 1; }
+        printf("%lld\n", (long long)next);
+        return 0;
+    }
     /* The run plan (RUN/plan.json, stages/plan/plan.h) owns the target, budget, captured ids, the drafter's layer
      * types and block size, the steps, the accumulation and the device. */
     struct plan plan;

@@ -12,7 +12,9 @@
  * - a descriptor that disagrees with its payload: exit 1 with a sentence naming the batch;
  * - started with a run plan, an item made under another plan: exit 1 with one line naming the ring and both
  *   plan hashes (the plan's own items and items without a plan pass);
- * - --print-ring-spec answers what rings.h defines.
+ * - --print-ring-spec answers what rings.h defines;
+ * - --set-next SEQ (the pipelines' rewind, the state file's one writer) writes the file the stage resumes from:
+ *   hspack then drops every seq below SEQ and emits from SEQ on.
  */
 #include "test_hspack_items.h"
 
@@ -336,6 +338,37 @@ START_TEST(foreign_plan_refused) {
 }
 END_TEST
 
+START_TEST(set_next_rewinds) {
+    pid_t shm;
+    const char *run = start("hspack-setnext", 4, 4, &shm, 1);
+    char path[900], log[900];
+    snprintf(log, sizeof log, "%s/set-next.log", run);
+    const char *sn[] = {test_bin("dflash-hspack"), "--run", run, "--set-next", "3", NULL};
+    ck_assert_int_eq(tr_wait(test_spawn_log(log, sn)), 0);
+    snprintf(path, sizeof path, "%s/state/hspack.features.next", run);
+    char *text = test_slurp_static(path);
+    ck_assert_msg(text && !strcmp(text, "00000000000000000003\n"), "%s", text ? text : "(no state file)");
+    const char *no_run[] = {test_bin("dflash-hspack"), "--set-next", "3", NULL};
+    ck_assert_int_eq(tr_wait(test_spawn_log(log, no_run)), 2);
+    /* the stage reads what --set-next wrote: seqs 0..2 are dropped, 3..5 come out */
+    const char *a[] = {NULL};
+    pid_t hs = spawn(run, "dflash-hspack", a);
+    struct prod p = {run, 0, 1, 6, 0, NULL, NULL, 0};
+    pid_t w = tr_fork(produce, &p);
+    int dups = 0;
+    uint64_t fnv[8] = {0};
+    ck_assert_int_eq(consume(run, "features", DESC_LAYOUT_CONCAT, 0, 6, fnv, &dups, 0, NULL), 3);
+    for (int q = 0; q < 3; q++) ck_assert_msg(fnv[q] == 0, "seq %d below --set-next 3 came out", q);
+    for (int q = 3; q < 6; q++) ck_assert_msg(fnv[q] != 0, "seq %d missing", q);
+    ck_assert_int_eq(tr_wait(w), 0);
+    ck_assert_int_eq(tr_wait(hs), 0);
+    snprintf(path, sizeof path, "%s/logs/dflash-hspack.log", run);
+    char *hlog = test_slurp_static(path);
+    ck_assert_msg(hlog && strstr(hlog, "resuming at seq 3 (state file"), "%s", hlog ? hlog : "(no log)");
+    tr_stop_shm(shm);
+}
+END_TEST
+
 START_TEST(print_ring_spec) {
     const char *run = tr_run("hspack-spec");
     char out[800];
@@ -361,6 +394,7 @@ int main(void) {
     tcase_add_test(t, sigkill_and_restart);
     tcase_add_test(t, bad_descriptor_names_the_batch);
     tcase_add_test(t, foreign_plan_refused);
+    tcase_add_test(t, set_next_rewinds);
     tcase_add_test(t, print_ring_spec);
     suite_add_tcase(s, t);
     return test_run_suite(s);
