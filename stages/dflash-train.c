@@ -486,8 +486,8 @@ int main(int argc, char **argv) {
         {"allow-unservable", FLAG_BOOL, &o.allow_unservable, "train a configuration that neither vLLM nor SGLang "
          "serves as trained (refused at start-up otherwise; see dflash-export --help)", 1, 0},
         {"mask-token-id", FLAG_INT64, &o.dc.mask_token_id, "mask token id (default: tokenizer_config.json's mask_token, "
-         "else the first embedding row past tokenizer.json's last id; a target without tokenizer.json needs this flag; "
-         "never pad or EOS)", -1, INT64_MAX},
+         "else the first embedding row past tokenizer.json's last id; without either (no tokenizer.json, or a tokenizer "
+         "that fills the embedding) the trainer stops at start-up naming the file: pass this flag; never pad or EOS)", -1, INT64_MAX},
         {"noise", FLAG_DOUBLE, &o.noise, "half-width of the uniform noise added to the captured states (train only)",
          0, 10},
         {"loss", FLAG_CHOICE, &ch_loss, "per-slot loss", 1, 0},
