@@ -15,9 +15,9 @@
  * features slot when the item is `next`, record it (--record), publish, advance the state file,
  * release the hidden slot. So with --spill 0 a SIGKILL loses nothing: an item is READY upstream
  * until its features item is published, and the restart (state file <run>/state/hspack.<out>.next
- * says where to resume; this file is its only writer, --set-next SEQ the pipelines' rewind) drops redelivered
- * seqs below it; a kill between publish and the state
- * write can make one seq appear twice downstream, which every consumer's seen set drops.
+ * says where to resume; this file is its only writer, --set-next SEQ the pipelines' rewind) drops
+ * redelivered seqs below it; a kill between publish and the state write can make one seq appear
+ * twice downstream, which every consumer's seen set drops.
  * --spill N: when features is full (or the window is full with next missing and hidden has no
  * free slot, which would otherwise stall the replica computing next), up to N converted items
  * move to pinned host memory and their hidden slots are released at once: the target keeps
