@@ -51,6 +51,15 @@ static int produce(void *arg) {
     ring_set_log(tr_quiet, NULL);
     struct ring *r = ring_attach(p->run, "hidden", RING_PRODUCER, 5000, err, sizeof err);
     if (!r) { fprintf(stderr, "producer: %s\n", err); return 1; }
+    if (p->pub) {   /* the ordering cases: start once dflash-hspack reads, so a slow producer's delay reorders */
+        struct ring_status st;
+        int reading = 0;
+        for (double t0 = tr_now(); !reading && tr_now() - t0 < 30; usleep(2000)) {
+            ring_get_status(r, &st);
+            for (int i = 0; i < st.n_attached; i++) reading |= st.attached[i].role == RING_CONSUMER && st.attached[i].alive;
+        }
+        if (!reading) { fprintf(stderr, "producer: no consumer of 'hidden' within 30 s\n"); return 1; }
+    }
     for (int q = p->id; q < p->n; q += p->n_prod) {
         for (int lo = 0; p->pub && lo < q - p->ahead; lo++)
             while (!__atomic_load_n(&p->pub[lo], __ATOMIC_SEQ_CST)) usleep(200);
@@ -125,7 +134,7 @@ START_TEST(three_producers_out_of_order_record_replay) {
     pid_t w[3];
     volatile int *pub = tr_shared(N * sizeof(int));
     for (int i = 0; i < 3; i++) {
-        p[i] = (struct prod){run, i, 3, N, i == 0 ? 20000 : 1000, NULL, pub, 6};   /* replica 0 is slower */
+        p[i] = (struct prod){run, i, 3, N, i == 0 ? 150000 : 1000, NULL, pub, 6};   /* replica 0 is slower */
         w[i] = tr_fork(produce, &p[i]);
     }
     static uint64_t fnv[N], fnv2[N];
