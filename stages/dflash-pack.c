@@ -128,6 +128,7 @@ struct pstage {
     uint64_t skipped_bad;
     double t_last;               /* heartbeat rate window */
     uint64_t last_batches;
+    uint64_t plan;               /* the run plan's hash, stamped into every batch (0: no plan) */
 };
 
 static int pack_at_end(void *ctx, char *err, int err_len) { return packer_at_end(((struct pstage *)ctx)->p, err, err_len); }
@@ -139,6 +140,7 @@ static int pack_compute(void *ctx, struct relay_item *it, char *err, int err_len
     int got = packer_next(ps->p, it->out->payload, it->out->payload_cap, &d, err, err_len);
     if (got < 0) return -1;
     if (!got) return RELAY_END;
+    d.plan = ps->plan;
     size_t dlen;
     if (desc_batch_encode(&d, it->out->desc, it->out->desc_cap, &dlen, err, err_len)) return -1;
     it->seq = d.seq;
@@ -349,7 +351,8 @@ int main(int argc, char **argv) {
     }
 
     /* ------------------------------------------------------------ output */
-    struct pstage ps = {.p = &p, .cursor_path = cursor_path, .skipped_bad = ls.skipped_bad, .t_last = time_mono_s()};
+    struct pstage ps = {.p = &p, .cursor_path = cursor_path, .skipped_bad = ls.skipped_bad, .t_last = time_mono_s(),
+                         .plan = have_plan ? plan.hash : 0};
     uint64_t payload_cap = rings_payload_bytes(DESC_KIND_BATCH, &geo);
     uint32_t desc_need = rings_desc_bytes(DESC_KIND_BATCH, &geo);
     double t_start = time_mono_s();
