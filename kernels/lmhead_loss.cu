@@ -35,6 +35,7 @@ struct lmhead_loss_ws {
     float *lse;          /* (R, 2) lse_z, lse_t */
     uint8_t *mask;       /* (R) */
     float *msum;         /* (1) Σ m */
+    int all_rows;        /* lmhead_loss_ws_set_all_rows: fold every row, not only the supervised ones */
 };
 
 namespace {
@@ -149,13 +150,14 @@ __device__ __forceinline__ void lmh_fold(lmh_stat &a, float z, float t, int idx)
     }
 }
 
-/* One block per supervised row: fold the chunk's nv columns (global ids v0 + c) into the row's stats.
+/* One block per supervised row (every row with all): fold the chunk's nv columns (global ids v0 + c) into the
+ * row's stats.
  * 16-byte loads (8 logits) per thread and step; rows are 16-byte aligned (Vc % 8 == 0); the nv % 8 tail
  * is scalar. */
 __global__ void lmhead_loss_forward_kernel(const __nv_bfloat16 *zc, const __nv_bfloat16 *tc, int Vc, int nv, int v0,
-                                           const uint8_t *mask, float *st, int *arg) {
+                                           const uint8_t *mask, int all, float *st, int *arg) {
     int s = blockIdx.x;
-    if (!mask[s]) return;
+    if (!all && !mask[s]) return;
     lmh_stat acc;
     lmh_identity(acc);
     const __nv_bfloat16 *zr = zc + (size_t)s * Vc, *tr = tc + (size_t)s * Vc;
@@ -377,6 +379,10 @@ extern "C" void lmhead_loss_ws_free(lmhead_loss_ws *ws) {
     free(ws);
 }
 
+extern "C" void lmhead_loss_ws_set_all_rows(lmhead_loss_ws *ws, int on) {
+    if (ws) ws->all_rows = on != 0;
+}
+
 extern "C" void lmhead_loss_ws_rows(const lmhead_loss_ws *ws, const int32_t **d_arg, const uint8_t **d_mask) {
     *d_arg = ws ? (const int32_t *)ws->arg : NULL;
     *d_mask = ws ? ws->mask : NULL;
@@ -423,7 +429,8 @@ extern "C" int lmhead_loss_forward_mode(lmhead_loss_ws *ws, const lmhead_loss_co
             blas_matmul(ws->tc, BLAS_BF16, (const bf16 *)ws->th, 0, d_vlm_head + (size_t)v0 * D, 1, NULL, R, nv, D, D,
                         D, Vc, 1.f, 0.f, stream))
             return kernels_fail("lmhead_loss_forward: chunk GEMM at v0=%d: %s", v0, kernels_error());
-        lmhead_loss_forward_kernel<<<R, 256, 0, stream>>>(ws->zc, ws->tc, Vc, nv, v0, ws->mask, ws->st, ws->arg);
+        lmhead_loss_forward_kernel<<<R, 256, 0, stream>>>(ws->zc, ws->tc, Vc, nv, v0, ws->mask, ws->all_rows, ws->st,
+                                                          ws->arg);
         KERNELS_CHECK_LAUNCH("lmhead_loss_forward_kernel");
     }
     lmhead_finalize_kernel<<<(R + 255) / 256, 256, 0, stream>>>(R, c->loss, ws->mask, ws->st, ws->lse, d_row_loss);

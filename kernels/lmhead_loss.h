@@ -156,8 +156,12 @@ int lmhead_loss_forward_mode(lmhead_loss_ws *ws, const lmhead_loss_config *c, in
                              const uint8_t *d_loss_mask, float *d_loss, float *d_row_loss, float *d_row_weight,
                              int32_t *d_correct, int32_t *d_total, cudaStream_t stream);
 /* Per-row results of the last lmhead_loss_forward on ws (device pointers into ws, valid until the next forward):
- * d_arg (R, 2) int32 = (argmax z_s, argmax t_s) of every row (ties: the first index), d_mask (R) = m_s. For the
- * trainer's accepted-length EAL (lmhead_eal_blocks) and the dumps. */
+ * d_arg (R, 2) int32 = (argmax z_s, argmax t_s) of every supervised row (m_s = 1; ties: the first index; the other
+ * rows hold INT32_MAX, as the forward skips them), or of every row after lmhead_loss_ws_set_all_rows(ws, 1) (a
+ * row whose target lies past the batch has a meaningless argmax t_s), d_mask (R) = m_s. For the trainer's
+ * accepted-length EAL (lmhead_eal_blocks), the dumps and the drafter's proposals (dflash-eval on a GPU). */
+void lmhead_loss_ws_set_all_rows(lmhead_loss_ws *ws, int on);   /* 0 (default): supervised rows only; the loss,
+                                                                 * its gradient and the counts never change */
 void lmhead_loss_ws_rows(const lmhead_loss_ws *ws, const int32_t **d_arg, const uint8_t **d_mask);
 /* Device backward after lmhead_loss_forward on the same ws and inputs: d_dxn (R, D) fp32 = dL/dxn
  * (overwritten). Asynchronous. Returns 0 or -1 (kernels_error()). */

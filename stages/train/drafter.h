@@ -320,7 +320,9 @@ struct drafter_gpu_last {
     const bf16 *layer_out[DRAFTER_MAX_LAYERS];
     const int32_t *anchors;
     const uint8_t *valid;
-    const int32_t *arg;    /* (N·B, 2) per row (argmax of the drafter's logits, argmax of the target's), draft ids */
+    const int32_t *arg;    /* (N·B, 2) per row (argmax of the drafter's logits, argmax of the target's), draft ids;
+                            * every row after a step with train = 0, only the supervised rows after a training step
+                            * (INT32_MAX elsewhere) */
 };
 void drafter_gpu_last_step(const struct drafter_gpu *g, struct drafter_gpu_last *out);
 #endif

@@ -629,6 +629,9 @@ int drafter_step_gpu(struct drafter_gpu *g, int T, int budget, uint64_t seed, ui
     /* loss and metrics (§7, §8) */
     lmhead_loss_config lc = {Tc, N, B, H, c->V_d, c->loss, c->weighting, c->gamma, c->alpha, eps};
     float *d_loss = (float *)(g->mbuf + MB_LOSS);
+    /* without a backward (validation, dflash-eval's proposals) every row's argmax: a proposal's rows predict
+     * positions past the batch, which the loss does not supervise; training folds the supervised rows only */
+    lmhead_loss_ws_set_all_rows(g->lmws, !train);
     KL(lmhead_loss_forward_mode(g->lmws, &lc, c->sample_from_anchor, g->xn, DC(g->i_lm), DC(g->i_vlm), DW(g->i_vnorm),
                                 g->in.last, g->anchors, g->valid, g->in.loss_mask, d_loss, g->row_loss, g->row_weight,
                                 g->mbuf + MB_CORRECT, g->mbuf + MB_CORRECT + B, s));

@@ -215,6 +215,17 @@ static void budget_one(int T, int budget, int N, int B, int D, int V, int loss, 
     ck_assert_msg(bad_p <= sup / 100 + 1 && bad_t <= sup / 100 + 1, "argmax: %d pred and %d tgt of %d rows differ", bad_p,
                   bad_t, sup);
     for (int j = 0; j < B; j++) ck_assert_int_eq(tgg[j], t32[j]);
+    /* every row's argmax (lmhead_loss_ws_set_all_rows: dflash-eval's proposals), the loss bitwise unchanged */
+    lmhead_loss_ws_set_all_rows(ws, 1);
+    ck_assert_msg(lmhead_loss_forward_mode(ws, &cg, sfa, d_x, d_h, d_vh, d_w, d_last, d_a, d_valid, d_mask, d_L, d_rl, d_rw,
+                                           d_c, d_t, 0) == 0, "%s", kernels_error());
+    float La;
+    K1_CUDA(cudaMemcpy(arg, d_arg, 8 * (size_t)R, cudaMemcpyDeviceToHost));
+    K1_CUDA(cudaMemcpy(&La, d_L, 4, cudaMemcpyDeviceToHost));
+    ck_assert_msg(memcmp(&La, &Lg, 4) == 0, "all rows: loss %.9g, supervised rows only %.9g", La, Lg);
+    int bad_all = 0;
+    for (int r = 0; r < R; r++) bad_all += arg[2 * r] != pred[r];
+    ck_assert_msg(bad_all <= R / 100 + 1, "all rows: %d of %d draft argmaxes differ from the reference", bad_all, R);
     lmhead_loss_ws_free(ws);
     cudaFree(d_x); cudaFree(d_h); cudaFree(d_vh); cudaFree(d_last); cudaFree(d_w); cudaFree(d_a); cudaFree(d_valid);
     cudaFree(d_mask); cudaFree(d_L); cudaFree(d_rl); cudaFree(d_rw); cudaFree(d_dx); cudaFree(d_c); cudaFree(d_t);
