@@ -102,6 +102,7 @@ struct opts {
     double noise, gamma, alpha, init_std;   /* FLAG_DOUBLE views of dc's float options */
     int optimizer, schedule;
     int allow_unservable;   /* issue 26: train a configuration no serving engine serves (research) */
+    int round_features;     /* --round-features-bf16 (CPU path) */
     double lr, muon_lr, weight_decay, muon_weight_decay, clip, warmup_ratio;
     int64_t warmup_steps, max_steps, seed, dump_step;
     int grad_accum, ckpt_every, keep, resume, max_nonfinite, wait_ms, print_next_seq;
@@ -490,6 +491,8 @@ int main(int argc, char **argv) {
          "that fills the embedding) the trainer stops at start-up naming the file: pass this flag; never pad or EOS)", -1, INT64_MAX},
         {"noise", FLAG_DOUBLE, &o.noise, "half-width of the uniform noise added to the captured states (train only)",
          0, 10},
+        {"round-features-bf16", FLAG_BOOL, &o.round_features, "CPU path: round fp32 features to bf16 on load, as the "
+         "GPU path stores them (to compare the two trainers on equal inputs)", 1, 0},
         {"loss", FLAG_CHOICE, &ch_loss, "per-slot loss", 1, 0},
         {"weighting", FLAG_CHOICE, &ch_w, "per-position weights (dpace needs --loss ce)", 1, 0},
         {"gamma", FLAG_DOUBLE, &o.gamma, "exp-decay gamma", 0, 1000},
@@ -614,6 +617,8 @@ int main(int argc, char **argv) {
         log_info("rank %d of %d: cuda:%d", dp.rank, dp.world, o.common.cuda_device);
     }
     tr.gpu = o.common.cuda_device >= 0;
+    if (tr.gpu && o.round_features)
+        DIE("--round-features-bf16 is for the CPU path (the GPU path stores the features in bf16 already)");
     tr.dp = dp;
     tr.accum = o.grad_accum / dp.world;
     tr.red = calloc(16 + 2 * DRAFTER_MAX_B, sizeof *tr.red);
@@ -749,8 +754,10 @@ int main(int argc, char **argv) {
     if (tr.gpu)
         LIB_CHECK(step_gpu_init(&tr.x, tr.d, &tr.opt, o.common.cuda_device, o.in_ring, log_plan_line, err, sizeof err),
                   err);
-    else
+    else {
         LIB_CHECK(step_cpu_init(&tr.x, tr.d, &tr.opt, tr.tens, tr.n_tens, o.in_ring, err, sizeof err), err);
+        step_cpu_round_features(&tr.x, o.round_features);
+    }
     tl_mark(&tr, tr.gpu ? "CUDA init, device drafter and optimizer, cuBLASLt warm-up" : "CPU step init");
 
     struct relay_config rc = {

@@ -605,6 +605,40 @@ START_TEST(val_items_are_not_micro_batches) {
 }
 END_TEST
 
+/* --round-features-bf16 (the CPU trainer fed what the GPU trainer stores): the same run with fp32 features rounded
+ * to bf16 on load: step 1's loss within 1%, and the rounding reaches the weights (the checkpoints differ). */
+static double step_loss(const char *log, int step) {
+    char want[32];
+    snprintf(want, sizeof want, "step %d: loss ", step);
+    const char *p = strstr(log, want);
+    return p ? strtod(p + strlen(want), NULL) : NAN;
+}
+
+START_TEST(round_features_bf16) {
+    char *log, *log2, run[700], run2[700], path[900], path2[900];
+    struct fprod p = good_prod(NULL, 4);
+    const char *ex[] = {"--max-steps", "2", "--ckpt-every", "0", "--keep", "0", "--wait-ms", "5000", NULL};
+    const char *exr[] = {"--max-steps", "2", "--ckpt-every", "0", "--keep", "0", "--wait-ms", "5000",
+                         "--round-features-bf16", NULL};
+    ck_assert_int_eq(train_against("train-f32", p, ex, &log, run), 0);
+    ck_assert_int_eq(train_against("train-rbf16", p, exr, &log2, run2), 0);
+    double a = step_loss(log, 1), b = step_loss(log2, 1);
+    fprintf(stderr, "step 1 loss: fp32 features %.4f, rounded to bf16 %.4f\n", a, b);
+    ck_assert_msg(isfinite(a) && isfinite(b) && fabs(a - b) < 0.01 * fabs(a), "step 1 loss %g vs %g:\n%s", a, b, log2);
+    free(log);
+    free(log2);
+    /* the rounding reached the weights: the final checkpoints differ */
+    snprintf(path, sizeof path, "%s/checkpoints/step-2.ckpt", run);
+    snprintf(path2, sizeof path2, "%s/checkpoints/step-2.ckpt", run2);
+    size_t na = 0, nb = 0;
+    char *ca = test_slurp(path, &na), *cb = test_slurp(path2, &nb);
+    ck_assert_msg(ca && cb && na > 0, "missing %s or %s", path, path2);
+    ck_assert_msg(na != nb || memcmp(ca, cb, na) != 0, "--round-features-bf16 changed nothing in the checkpoint");
+    free(ca);
+    free(cb);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- (e) never a short success (issue 24) */
 
 /* A stream that ends before --max-steps is a failure with one line saying how many steps were trained (it was
@@ -705,6 +739,7 @@ int main(void) {
     tcase_add_test(tc, resume_at_max_steps_exports);
     tcase_add_test(tc, nonfinite);
     tcase_add_test(tc, val_items_are_not_micro_batches);
+    tcase_add_test(tc, round_features_bf16);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

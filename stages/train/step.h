@@ -62,6 +62,9 @@ struct step_exec {
  * widening buffers of bf16 features (T_max x k·H and T_max x H floats). 0, or -1 with a sentence. */
 int step_cpu_init(struct step_exec *x, struct drafter *d, struct optim *opt, struct optim_tensor *tens, int n_tens,
                   const char *in_ring, char *err, int err_len);
+/* dflash-train --round-features-bf16: fp32 features are rounded to bf16 on load, as the GPU path stores them, so
+ * the two trainers can be compared on equal inputs (tests/gpu/test_train_tau_gpu.c). Call after step_cpu_init. */
+void step_cpu_round_features(struct step_exec *x, int on);
 
 /* The GPU path on CUDA device `device` (after any checkpoint restore into d and opt: the device copies start
  * from the host state; it makes `device` current, so call it before attaching GPU rings): the device drafter and

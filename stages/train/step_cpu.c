@@ -25,6 +25,7 @@ struct step_cpu {
     float *stash;                   /* planned: every gradient element (the step's sum so far) */
     size_t n_grad;
     int n_micro;                    /* train micro-batches in the gradients since the last zero_grad */
+    int round_bf16;                 /* step_cpu_round_features */
 };
 
 static void grads_to_stash(struct step_cpu *s) {
@@ -66,7 +67,12 @@ static int cpu_micro(void *impl, const struct ring_slot *is, const struct desc_f
     size_t T = fd->batch.n_tokens, kH = (size_t)c->k * c->H;
     const float *hidden = (const float *)((const char *)is->payload + fd->off_states);
     const float *last = (const float *)((const char *)is->payload + fd->off_last);
-    if (fd->dtype == DESC_DTYPE_BF16) {   /* widened exactly into the planned buffers */
+    if (s->round_bf16 && fd->dtype == DESC_DTYPE_F32) {   /* what the GPU path stores: bf16(x), widened */
+        for (size_t e = 0; e < T * kH; e++) s->hidden_f32[e] = bf16_round(hidden[e]);
+        for (size_t e = 0; e < T * (size_t)c->H; e++) s->last_f32[e] = bf16_round(last[e]);
+        hidden = s->hidden_f32;
+        last = s->last_f32;
+    } else if (fd->dtype == DESC_DTYPE_BF16) {   /* widened exactly into the planned buffers */
         floats_from_bf16(s->hidden_f32, (const bf16 *)hidden, T * kH);
         floats_from_bf16(s->last_f32, (const bf16 *)last, T * (size_t)c->H);
         hidden = s->hidden_f32;
@@ -140,7 +146,7 @@ int step_cpu_init(struct step_exec *x, struct drafter *d, struct optim *opt, str
     const struct drafter_config *c = drafter_config_of(d);
     struct step_cpu *s = calloc(1, sizeof *s);
     if (!s) return err_fail(err, err_len, "out of memory");
-    *s = (struct step_cpu){d, opt, tens, n_tens, in_ring, NULL, NULL, NULL, 0, 0};
+    *s = (struct step_cpu){d, opt, tens, n_tens, in_ring, NULL, NULL, NULL, 0, 0, 0};
     size_t kH = (size_t)c->k * c->H;
     s->hidden_f32 = malloc((size_t)c->T_max * kH * sizeof(float));
     s->last_f32 = malloc((size_t)c->T_max * c->H * sizeof(float));
@@ -155,4 +161,9 @@ int step_cpu_init(struct step_exec *x, struct drafter *d, struct optim *opt, str
     *x = (struct step_exec){s, "cpu", 0, cpu_micro, cpu_grad_norm, cpu_apply, cpu_zero_grad, cpu_to_host, cpu_free,
                             cpu_sum_grads};
     return 0;
+}
+
+void step_cpu_round_features(struct step_exec *x, int on) {
+    struct step_cpu *s = x->impl;
+    s->round_bf16 = on != 0;
 }
