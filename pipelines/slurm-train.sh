@@ -2,7 +2,7 @@
 #SBATCH --job-name=dflash-train
 #SBATCH --nodes=2                # H hosts; each runs its own dflash-pack -> dflash-target -> dflash-hspack chain
 #SBATCH --ntasks-per-node=1      # one host chain per node (the trainer ranks are started by mpirun)
-#SBATCH --gpus-per-node=8        # the target's and the trainer ranks' GPUs of each node (the plan places them)
+#SBATCH --gpus-per-node=1        # each node's GPUs: the target's (--device) and its L ranks' (--train-device + i)
 #SBATCH --exclusive
 #SBATCH --time=24:00:00
 #SBATCH --output=dflash-train-%j.out
@@ -15,6 +15,8 @@
 #
 #   cd dflash-pipe && sbatch [--nodes H] pipelines/slurm-train.sh MODEL_DIR DATA --run /shared/runs/NAME \
 #       [--ranks-per-node L] [dflash-plan flags] [-- dflash-train flags]
+#
+# --ranks-per-node L (default 1): trainer ranks on each node (rank i of a node on cuda:(train_device + i) on GPUs).
 #
 # Submit from the repository root: sbatch runs a copy of this script, so lib.sh and build/bin are found
 # through $SLURM_SUBMIT_DIR (or $DFLASH_HOME). RUN must be on a filesystem every node mounts (the plan, the
@@ -116,7 +118,7 @@ fi
 # ================================================================ the batch script (the allocation's first node)
 RUN=""
 FRESH=0
-PER_NODE=${SLURM_GPUS_ON_NODE:-1}
+PER_NODE=1
 PLAN_ARGS=()
 EXTRA_TRAIN=()
 ARGS=()

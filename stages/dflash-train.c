@@ -42,6 +42,12 @@
  *   Validation items are refused with ranks (they break the stride). On the GPU path (rank i of a host on
  *   cuda:(train_device + i)) the sums go over NCCL (train/dp_nccl.h; written, not yet run on GPUs), and one rank's
  *   gradients accumulate inside the backward as before, so GPU ranks are not bit-equal to one GPU rank.
+ * - Several hosts (topology (c), pipelines/slurm-train.sh; plan keys ranks and hosts, stages/plan/plan.h): the world
+ *   must equal the plan's ranks; rank r lives on host r / (ranks / hosts) and reads the features of that host's
+ *   chain, RUN/hosts/H (relay ring_dir), which holds exactly its host's ranks' seqs; a rank started on another node
+ *   than its host's chain (RUN/hosts/H/node) refuses to start with one line. The plan, bus, checkpoints, state and
+ *   exports stay in RUN (a filesystem every host mounts). The arithmetic is the one-host ranks', so 2 hosts x 1 rank
+ *   end bit-identical to 1 rank with --grad-accum 2 (tests/test_slurm.c).
  * - Never a short success (issue 24): the run trains --max-steps steps or exits 1 with one line saying how many it
  *   trained (a stream that ends early; a partial --grad-accum accumulation at its end is never applied). A resume
  *   at --max-steps trains nothing and writes the exports again from the final checkpoint.
