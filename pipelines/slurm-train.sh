@@ -66,6 +66,15 @@ if [ -n "${SLURM_SUBMIT_DIR:-}" ] && [ -z "${DFLASH_BIN:-}" ] && [ -z "${BUILD:-
 BUILD=${BUILD:-build}
 : "${HOST_WAIT_S:=300}"   # how long the hosts' chains may take to come up, and a host chain waits for the seq
 
+# forget_other_node_pids DIR: DIR/pids of a process on another node (an earlier job ran there) are not ours to stop
+# here (a pid on this node may be anything); then DIR/node names this node.
+forget_other_node_pids() {
+  local dir=$1 node
+  node=$(hostname)
+  if [ -e "$dir/node" ] && [ "$(cat "$dir/node")" != "$node" ]; then rm -rf "$dir/pids"; fi
+  printf '%s\n' "$node" >"$dir/node.tmp" && mv -f "$dir/node.tmp" "$dir/node"
+}
+
 # ================================================================ a host's chain (srun runs this on every node)
 # slurm-train.sh --host-chain RUN ROUND: this node's chain in RUN/hosts/$SLURM_NODEID for round ROUND of the job.
 # Files under RUN carry the round: hosts/h/ready ("ROUND node"), state/hosts.feed ("ROUND SEQ": start the
@@ -78,11 +87,9 @@ host_chain() {
   [ -e "$RUN/plan.json" ] || pdie "$RUN/plan.json is missing (the batch script writes every host's plan first)"
   # a chain of the round before may still be cleaning up on this node: wait for its lock
   LOCK_WAIT_S=60 prepare_run_dir
-  # pids of another node (an earlier job put host h elsewhere) are not ours to stop here
-  if [ -e "$RUN/node" ] && [ "$(cat "$RUN/node")" != "$node" ]; then rm -rf "$RUN/pids"; fi
-  stop_leftover_stages
   rm -f "$RUN/ready"
-  printf '%s\n' "$node" >"$RUN/node.tmp" && mv -f "$RUN/node.tmp" "$RUN/node"
+  forget_other_node_pids "$RUN"   # RUN/node: the trainer ranks of this host check they run here
+  stop_leftover_stages
   set -m
   install_traps "host $h chain"
   chain_commands
@@ -159,6 +166,7 @@ if [ -e "$RUN/DONE" ]; then
   cat "$RUN/summary.txt" >&2 2>/dev/null || true
   exit 0
 fi
+forget_other_node_pids "$RUN"
 stop_leftover_stages
 set -m
 install_traps slurm-train.sh

@@ -275,6 +275,38 @@ START_TEST(shard_window) {
 }
 END_TEST
 
+/* A trainer rank must run where its host's chain runs (RUN/hosts/H/node), and the world must be the plan's ranks:
+ * each refused with one line before anything is loaded. */
+START_TEST(ranks_refused) {
+    make_inputs();
+    char run[700], cmd[8192], log[800];
+    static char buf[1 << 16];
+    snprintf(run, sizeof run, "%s/refuse", g_base);
+    snprintf(log, sizeof log, "%s/refuse.log", g_base);
+    const char *bin = getenv("DFLASH_BIN") ? getenv("DFLASH_BIN") : "build/bin";
+    snprintf(cmd, sizeof cmd, "( %s/dflash-plan %s %s --run %s --hosts 2 --ranks 2 --device cpu --tokens 256 --steps 2 "
+             "-- --grad-accum 2 --layer-types full,full --block-size 4 && %s/dflash-plan --run %s/hosts/1 --from %s "
+             "--host 1 && mkdir -p %s/hosts/0 && hostname >%s/hosts/0/node && echo elsewhere >%s/hosts/1/node ) >%s 2>&1",
+             bin, g_model, g_data, run, bin, run, run, run, run, run, log);
+    ck_assert_msg(system(cmd) == 0, "making the plans failed: see %s", log);
+    /* world 1 against the plan's 2 ranks */
+    snprintf(cmd, sizeof cmd, "%s/dflash-train --run %s --mask-token-id 511 --max-anchors 16 >%s 2>&1", bin, run, log);
+    ck_assert_int_ne(system(cmd), 0);
+    e2e_slurp(log, buf, sizeof buf);
+    ck_assert_msg(strstr(buf, "says 2 trainer ranks but this one was launched as rank 0 of 1"), "%s", buf);
+    /* rank 1 where host 1's chain is not */
+    if (system("command -v mpirun >/dev/null 2>&1") != 0) ck_abort_msg("mpirun not found (openmpi-bin)");
+    snprintf(cmd, sizeof cmd, "env -u SLURM_JOB_ID -u SLURM_JOBID -u SLURM_NNODES -u SLURM_JOB_NODELIST mpirun -np 2 "
+             "--oversubscribe --bind-to none %s %s/dflash-train --run %s --mask-token-id 511 --max-anchors 16 >%s 2>&1",
+             getuid() == 0 ? "--allow-run-as-root" : "", bin, run, log);
+    ck_assert_int_ne(system(cmd), 0);
+    e2e_slurp(log, buf, sizeof buf);
+    ck_assert_msg(strstr(buf, "rank 1 runs on node ") && strstr(buf, "but host 1's chain (whose rings it reads) runs on "
+                  "node elsewhere"), "%s", buf);
+    ck_assert_msg(!strstr(buf, "rank 0 runs on node"), "rank 0 is where host 0's chain is:\n%s", buf);
+}
+END_TEST
+
 START_TEST(two_hosts) {
     make_inputs();
     if (system("command -v mpirun >/dev/null 2>&1") != 0)
@@ -355,6 +387,7 @@ int main(void) {
     tcase_add_unchecked_fixture(tc, make_inputs, NULL);
     tcase_add_test(tc, plan_hosts);
     tcase_add_test(tc, shard_window);
+    tcase_add_test(tc, ranks_refused);
     tcase_add_test(tc, two_hosts);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
