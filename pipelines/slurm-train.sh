@@ -186,7 +186,15 @@ DEVICE=$(plan_get device)
 CMD_METRICS=("$DFLASH_BIN/dflash-metrics" --run "$RUN" --plot-every-s 60 --csv-stage dflash-train)
 mpirun_launch "$RANKS" --map-by "ppr:$PER_NODE:node"
 CMD_TRAIN=("${MPI_LAUNCH[@]}" "$DFLASH_BIN/dflash-train" --run "$RUN" ${EXTRA_TRAIN[@]+"${EXTRA_TRAIN[@]}"})
-CMD_HOSTS=(srun --nodes="$HOSTS" --ntasks="$HOSTS" --ntasks-per-node=1 --kill-on-bad-exit=1 bash "$SELF" --host-chain "$RUN")
+# --overlap (Slurm >= 20.11; SRUN_FLAGS= drops it for older ones): the host chains' step runs for the whole round,
+# and the step mpirun starts for its daemons must share the nodes' CPUs and GPUs with it (SLURM_OVERLAP asks the same
+# of mpirun's own srun call). Not yet run on a real Slurm cluster (tests/test_slurm.c fakes srun).
+SRUN_FLAGS=${SRUN_FLAGS---overlap}
+case " $SRUN_FLAGS " in *" --overlap "*) export SLURM_OVERLAP=1 ;; esac
+# shellcheck disable=SC2206
+SRUN_EXTRA=($SRUN_FLAGS)
+CMD_HOSTS=(srun --nodes="$HOSTS" --ntasks="$HOSTS" --ntasks-per-node=1 --kill-on-bad-exit=1 ${SRUN_EXTRA[@]+"${SRUN_EXTRA[@]}"}
+           bash "$SELF" --host-chain "$RUN")
 FEEDERS=""   # the producers run in the host chains
 write_run_json slurm-train "\"steps\": $STEPS, \"hosts\": $HOSTS, \"ranks\": $RANKS, \"job\": $(json_str "$SLURM_JOB_ID"), \"nodes\": $(json_str "${SLURM_JOB_NODELIST:-}"), \"plan\": $(json_str "$RUN/plan.json"), \"model\": $(json_str "$MODEL"), \"data\": $(json_str "$DATA_IN")" \
   hosts CMD_HOSTS dflash-metrics CMD_METRICS dflash-train CMD_TRAIN

@@ -350,7 +350,8 @@ START_TEST(two_hosts) {
                   "the ranks' host directories:\n%.3000s", buf);
     snprintf(path, sizeof path, "%s.srun.log", two);
     e2e_slurp(path, buf, sizeof buf);
-    ck_assert_msg(strstr(buf, "2 tasks: bash ") && strstr(buf, "--host-chain") && strstr(buf, "2 tasks: orted "),
+    ck_assert_msg(strstr(buf, "2 tasks: bash ") && strstr(buf, "--host-chain") && strstr(buf, "2 tasks: orted ") &&
+                  strstr(buf, "(srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --overlap bash "),
                   "the fake srun's steps:\n%s", buf);
     assert_same_run(one, two, "2 hosts x 1 rank vs 1 host, 1 rank, --grad-accum 2");
     nothing_left(two, "2 hosts");
