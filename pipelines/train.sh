@@ -96,17 +96,9 @@ case $RANKS in ''|*[!0-9]*|0) pdie "--ranks $RANKS: expected a count >= 1" ;; es
   -- ${EXTRA_TRAIN[@]+"${EXTRA_TRAIN[@]}"} >"$LOGS/plan.out" 2>&1 || pdie "dflash-plan: $(tail -n 1 "$LOGS/plan.out")"
 STEPS=$(plan_get steps)
 DEVICE=$(plan_get device)
-# The job's device-memory plan on one GPU (target + trainer + rings), printed and checked before any stage
-# starts: a configuration that cannot fit stops here with one line naming the shortfall (issue 27).
-if [ "$DEVICE" != cpu ] && [ -x "$DFLASH_BIN/dflash-memplan" ]; then
-  K=$(plan_get layer_ids | awk -F, '{print NF}')
-  MP=(--model "$MODEL" --tokens "$(plan_get tokens)" --layers "$K" --grad-accum "$(plan_get grad_accum)" --device "$DEVICE")
-  for ((i = 0; i + 1 < ${#EXTRA_TRAIN[@]}; i++)); do
-    case ${EXTRA_TRAIN[$i]} in --max-anchors|--block-size) MP+=("${EXTRA_TRAIN[$i]}" "${EXTRA_TRAIN[$((i + 1))]}") ;; esac
-  done
-  "$DFLASH_BIN/dflash-memplan" "${MP[@]}" >"$LOGS/memplan.txt" 2>&1 || pdie "$(tail -n 1 "$LOGS/memplan.txt")"
-  plog "$(grep -m1 'memory plan: total' "$LOGS/memplan.txt" || true) (details: $LOGS/memplan.txt)"
-fi
+# The job's device-memory plan (target + trainer + rings) was printed and checked by dflash-plan before anything
+# started: a configuration that cannot fit stopped there with one line naming the shortfall (issue 27).
+if grep -q '^memory plan: total' "$LOGS/plan.out"; then plog "$(grep -m1 '^memory plan: total' "$LOGS/plan.out") (details: $LOGS/plan.out)"; fi
 
 chain_commands   # CMD_SHM, CMD_METRICS, CMD_PACK, CMD_TARGET, CMD_HSPACK, TARGETS, FEEDERS (lib.sh)
 CMD_TRAIN=("$DFLASH_BIN/dflash-train" --run "$RUN" ${EXTRA_TRAIN[@]+"${EXTRA_TRAIN[@]}"})

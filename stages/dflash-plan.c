@@ -11,12 +11,26 @@
  * --grad-accum, --target-layer-ids in the z-lab convention, --max-steps, --tokens) is taken into
  * the plan as if given before `--`, the rest is ignored here (the trainer reads it). Exit 0, 1 on
  * a bad input (one line naming it), 2 on a bad command line.
+ *
+ * When the target or the trainer runs on a GPU, the job's device-memory plan (stages/model/jobplan.h: target,
+ * trainer, rings, a reserve per process; the trainer's --max-anchors and --draft-vocab read from the flags after
+ * `--`) is printed and checked before the plan is written: a job that cannot fit is refused here, before any stage
+ * starts, with one line naming the shortfall and the flags that shrink it (issue 27). The capacity is --gpu-gb, or
+ * the device's total memory (cudaMemGetInfo) in a CUDA build on a machine with that GPU; otherwise the plan is
+ * printed and a line says it was not checked.
  */
 #include "core/flags.h"
 #include "core/fsutil.h"
 #include "core/log.h"
 #include "core/stage.h"
+#include "model/hfconfig.h"
+#include "model/jobplan.h"
 #include "plan/plan.h"
+#include "train/vocab.h"
+
+#ifdef DFLASH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include <limits.h>
 #include <stdio.h>
@@ -98,6 +112,102 @@ static int print_key(const struct plan *p, const char *key) {
     return 0;
 }
 
+/* --device / --train-device: as every stage parses them, except that with --gpu-gb a cuda:N this machine does not
+ * have is planned for (a login node planning for the GPU machine). */
+static int parse_device(const char *s, double gpu_gb, int *dev, char *err, int err_len) {
+    int n, len = 0;
+    if (gpu_gb > 0 && s && sscanf(s, "cuda:%d%n", &n, &len) == 1 && !s[len] && n >= 0) {
+        *dev = n;
+        return 0;
+    }
+    return stage_parse_device(s, dev, err, err_len);
+}
+
+/* The total memory of CUDA device dev in bytes, or 0 when this build or machine cannot tell. */
+static size_t gpu_capacity(int dev) {
+#ifdef DFLASH_CUDA
+    size_t fr = 0, tot = 0;
+    if (cudaSetDevice(dev) != cudaSuccess || cudaMemGetInfo(&fr, &tot) != cudaSuccess) return 0;
+    return tot;
+#else
+    (void)dev;
+    return 0;
+#endif
+}
+
+/* The job's device-memory plan when a stage runs on a GPU (see the top). 0: fits, or nothing to check;
+ * 1: refused (one line on stderr). */
+static int check_memory(const struct plan *p, char **train, int n_train, double gpu_gb) {
+    int dev = -1, tdev = -1;
+    char err[1024];
+    if (sscanf(p->device, "cuda:%d", &dev) != 1) dev = -1;   /* the plan's devices are "cpu" or "cuda:N" */
+    if (sscanf(p->train_device, "cuda:%d", &tdev) != 1) tdev = -1;
+    if (dev < 0 && tdev < 0) return 0;
+    struct model_config c;
+    if (hf_config_load(&c, p->model, err, sizeof err)) { fprintf(stderr, "dflash-plan: %s\n", err); return 1; }
+    int anchors = 512, vd = 0;
+    const char *a = scan(train, n_train, "max-anchors"), *v = scan(train, n_train, "draft-vocab");
+    if (a) {
+        char *end;
+        long x = strtol(a, &end, 10);
+        if (end == a || *end || x < 1) { fprintf(stderr, "dflash-plan: -- --max-anchors %s: expected a positive integer\n", a); return 1; }
+        anchors = (int)x;
+    }
+    if (v) {
+        char path[PATH_MAX + 16];
+        int64_t *d2t = NULL, n = 0;
+        snprintf(path, sizeof path, "%s/d2t.npy", v);
+        if (vocab_npy_read_i64(path, &d2t, &n, err, sizeof err)) { fprintf(stderr, "dflash-plan: -- --draft-vocab: %s\n", err); return 1; }
+        free(d2t);
+        vd = (int)n;
+    }
+    size_t cap = gpu_gb > 0 ? (size_t)(gpu_gb * 1e9) : gpu_capacity(dev >= 0 ? dev : tdev);
+    struct jobplan_inputs in = {&c, (int)p->tokens, p->n_ids, p->draft_layers, 0, 0, 0, 0, anchors, p->block_size, vd,
+                                p->grad_accum, 4, cap ? cap : (size_t)1 << 62};
+    for (int r = 0; r < p->n_rings; r++) {   /* the hidden and features rings' slots, from the plan's specs */
+        const char *sl = strstr(p->rings[r], "slots=");
+        if (sl && (!strncmp(p->rings[r], "hidden:", 7) || !strncmp(p->rings[r], "features:", 9))) in.ring_slots = atoi(sl + 6);
+    }
+    struct jobplan jp;
+    if (jobplan_compute(&in, &jp, err, sizeof err)) { fprintf(stderr, "dflash-plan: memory plan: %s\n", err); return 1; }
+    if (dev >= 0 && tdev >= 0 && dev != tdev) {
+        /* target and trainer on two GPUs: each side's share, the rings and a reserve counted on both */
+        size_t a_bytes = jp.target_bytes + jp.ring_bytes + 2 * JOBPLAN_RESERVE_BYTES,
+               b_bytes = jp.trainer_bytes + jp.ring_bytes + JOBPLAN_RESERVE_BYTES;
+        printf("memory plan: target cuda:%d %.1f GB, trainer cuda:%d %.1f GB (rings and a reserve counted on both)\n",
+               dev, a_bytes / 1e9, tdev, b_bytes / 1e9);
+        size_t cap_b = gpu_gb > 0 ? cap : gpu_capacity(tdev);
+        if (!cap || !cap_b) { printf("memory plan: not checked (no capacity: this machine cannot tell; pass --gpu-gb)\n"); return 0; }
+        if (a_bytes > cap || b_bytes > cap_b) {
+            fflush(stdout);
+            fprintf(stderr, "dflash-plan: memory plan: the %s needs %.1f GB on a GPU of %.1f GB; lower --tokens, "
+                    "-- --max-anchors, or use -- --draft-vocab\n", a_bytes > cap ? "target" : "trainer",
+                    (a_bytes > cap ? a_bytes : b_bytes) / 1e9, (a_bytes > cap ? cap : cap_b) / 1e9);
+            return 1;
+        }
+        return 0;
+    }
+    if (dev < 0 || tdev < 0) {   /* one GPU stage: only its share is on the GPU */
+        size_t need = (dev >= 0 ? jp.target_bytes + jp.ring_bytes : jp.trainer_bytes) + 2 * JOBPLAN_RESERVE_BYTES;
+        printf("memory plan: the %s on cuda:%d needs %.1f GB\n", dev >= 0 ? "target" : "trainer", dev >= 0 ? dev : tdev,
+               need / 1e9);
+        if (!cap) { printf("memory plan: not checked (no capacity: this machine cannot tell; pass --gpu-gb)\n"); return 0; }
+        if (need > cap) {
+            fflush(stdout);
+            fprintf(stderr, "dflash-plan: memory plan: the %s needs %.1f GB on a GPU of %.1f GB; lower --tokens%s\n",
+                    dev >= 0 ? "target" : "trainer", need / 1e9, cap / 1e9,
+                    dev >= 0 ? "" : ", -- --max-anchors, or use -- --draft-vocab");
+            return 1;
+        }
+        return 0;
+    }
+    jobplan_print(&jp, stdout);
+    if (!cap) { printf("memory plan: not checked (no capacity: this machine cannot tell; pass --gpu-gb)\n"); return 0; }
+    fflush(stdout);   /* the plan, then the refusal as the last line */
+    if (jobplan_check(&jp, err, sizeof err)) { fprintf(stderr, "dflash-plan: %s\n", err); return 1; }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     log_init("dflash-plan");
     /* split at "--": ours before, dflash-train's after */
@@ -111,6 +221,7 @@ int main(int argc, char **argv) {
     int tokens = 0, epochs = 0, grad_accum = 0, block_size = 0, window = 0, slots = 0, rehash = 0, replicas = 0;
     int ranks = 0, hosts = 0, host = -1;
     int64_t steps = 0, seed = -1;
+    double gpu_gb = 0;
     int ids[DESC_MAX_LAYERS], n_ids = 0;
     struct flag_list ids_list = {ids, &n_ids, DESC_MAX_LAYERS, NULL};
     struct flag table[] = {
@@ -141,6 +252,8 @@ int main(int argc, char **argv) {
         {"seed", FLAG_INT64, &seed, "the packer's shuffle seed (-1: 1)", -1, INT64_MAX},
         {"window", FLAG_INT, &window, "the packer's window (0: 4096)", 0, 1 << 24},
         {"ring-slots", FLAG_INT, &slots, "slots per ring (0: 4)", 0, 1 << 16},
+        {"gpu-gb", FLAG_DOUBLE, &gpu_gb, "GPU memory in GB the job's memory plan is checked against (0: the device's "
+         "own); with it, a --device cuda:N this machine lacks is planned for", 0, 100000},
         {"rehash", FLAG_BOOL, &rehash, "read RUN/plan.json as edited, check it and write it back with its new hash", 1, 0},
         {"get", FLAG_STRING, &get, "print one value of RUN/plan.json and exit", 1, 0},
         FLAGS_END,
@@ -211,14 +324,14 @@ int main(int argc, char **argv) {
     }
 
     int cuda = -1;
-    if (stage_parse_device(device, &cuda, err, sizeof err)) { fprintf(stderr, "dflash-plan: --device: %s\n", err); return 2; }
+    if (parse_device(device, gpu_gb, &cuda, err, sizeof err)) { fprintf(stderr, "dflash-plan: --device: %s\n", err); return 2; }
     char dev[32], tdev[32];
     if (cuda < 0) snprintf(dev, sizeof dev, "cpu");
     else snprintf(dev, sizeof dev, "cuda:%d", cuda);
     snprintf(tdev, sizeof tdev, "%s", dev);
     if (train_device) {
         int tc = -1;
-        if (stage_parse_device(train_device, &tc, err, sizeof err)) { fprintf(stderr, "dflash-plan: --train-device: %s\n", err); return 2; }
+        if (parse_device(train_device, gpu_gb, &tc, err, sizeof err)) { fprintf(stderr, "dflash-plan: --train-device: %s\n", err); return 2; }
         if (tc < 0) snprintf(tdev, sizeof tdev, "cpu");
         else snprintf(tdev, sizeof tdev, "cuda:%d", tc);
     }
@@ -228,6 +341,7 @@ int main(int argc, char **argv) {
                              .target_replicas = replicas, .ranks = ranks, .hosts = hosts};
     memcpy(in.ids, ids, sizeof ids);
     if (plan_make(&in, &p, err, sizeof err)) { fprintf(stderr, "dflash-plan: %s\n", err); return 1; }
+    if (check_memory(&p, train, n_train, gpu_gb)) return 1;
     if (fs_mkdir_p(run, err, sizeof err)) { fprintf(stderr, "dflash-plan: %s\n", err); return 1; }
     struct plan old;
     int had = plan_read(path, 1, &old, err, sizeof err) == 0;

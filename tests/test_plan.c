@@ -7,7 +7,9 @@
  *   - stages started by hand against a plan: a different budget or layer list is refused with one line naming
  *     both values (exit 2); a ring made for another plan is refused at attach;
  *   - pipelines/train.sh: at most one line names --tokens; a 2-layer drafter without --layers trains; --steps 6
- *     -- --grad-accum 4 trains 6 optimizer steps over 24 batches.
+ *     -- --grad-accum 4 trains 6 optimizer steps over 24 batches;
+ *   - memory_plan_refused: with a GPU stage, dflash-plan prints the job's device-memory plan and refuses one that
+ *     cannot fit (one line, no plan written); trainer-only and two-GPU placements are checked by their shares.
  */
 #include "core/flags.h"
 #include "model/hfconfig.h"
@@ -325,6 +327,48 @@ START_TEST(gpu_shape_refused) {
 }
 END_TEST
 
+/* The job's device-memory plan (issue 27): dflash-plan prints it when a stage runs on a GPU and refuses a job that
+ * cannot fit with one line, before writing the plan; --gpu-gb plans for a GPU this machine lacks. */
+START_TEST(memory_plan_refused) {
+    make_inputs();
+    char run[700], out[16384], path[800];
+    snprintf(run, sizeof run, "%s/mem", g_base);
+    snprintf(path, sizeof path, "%s/plan.json", run);
+    const char *small[] = {test_bin("dflash-plan"), g_model, g_data, "--run", run, "--device", "cuda:0", "--tokens", "256",
+                           "--layer-types", "full,full", "--block-size", "4", "--gpu-gb", "0.5", "--", "--max-anchors",
+                           "16", NULL};
+    ck_assert_int_eq(run_cmd(small, out, sizeof out), 1);
+    ck_assert_msg(strstr(out, "memory plan: total") && strstr(out, "does NOT fit"), "%s", out);
+    const char *last = out + strlen(out) - 1;
+    while (last > out && last[-1] != '\n') last--;
+    ck_assert_msg(strstr(last, "dflash-plan: memory plan: the job needs") && strstr(last, "short by") &&
+                  strstr(last, "--tokens") && strstr(last, "--max-anchors"), "the last line: %s", last);
+    ck_assert_msg(access(path, F_OK) != 0, "a refused plan was written");
+    const char *fits[] = {test_bin("dflash-plan"), g_model, g_data, "--run", run, "--device", "cuda:0", "--tokens", "256",
+                          "--layer-types", "full,full", "--block-size", "4", "--gpu-gb", "141", "--", "--max-anchors",
+                          "16", NULL};
+    ck_assert_int_eq(run_cmd(fits, out, sizeof out), 0);
+    ck_assert_msg(strstr(out, "of 141.00 GB on one GPU (fits)") && strstr(out, "reserve  CUDA contexts"), "%s", out);
+    ck_assert_int_eq(access(path, F_OK), 0);
+    /* a trainer alone on the GPU: its share only; target and trainer on two GPUs: each checked */
+    const char *tr[] = {test_bin("dflash-plan"), g_model, g_data, "--run", run, "--device", "cpu", "--train-device",
+                        "cuda:0", "--tokens", "256", "--layer-types", "full,full", "--block-size", "4", "--gpu-gb", "1",
+                        NULL};
+    ck_assert_int_eq(run_cmd(tr, out, sizeof out), 1);
+    ck_assert_msg(strstr(out, "dflash-plan: memory plan: the trainer needs") && strstr(out, "GPU of 1.0 GB"), "%s", out);
+    const char *two[] = {test_bin("dflash-plan"), g_model, g_data, "--run", run, "--device", "cuda:0", "--train-device",
+                         "cuda:1", "--tokens", "256", "--layer-types", "full,full", "--block-size", "4", "--gpu-gb", "2.5",
+                         NULL};
+    ck_assert_int_eq(run_cmd(two, out, sizeof out), 0);
+    ck_assert_msg(strstr(out, "memory plan: target cuda:0") && strstr(out, "trainer cuda:1"), "%s", out);
+    /* the CPU path plans no device memory */
+    const char *cpu[] = {test_bin("dflash-plan"), g_model, g_data, "--run", run, "--device", "cpu", "--tokens", "256",
+                         "--layer-types", "full,full", "--block-size", "4", "--gpu-gb", "0.5", NULL};
+    ck_assert_int_eq(run_cmd(cpu, out, sizeof out), 0);
+    ck_assert_msg(!strstr(out, "memory plan"), "%s", out);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("plan");
@@ -335,6 +379,7 @@ int main(void) {
     tcase_add_test(tc, stages_refuse_conflicts);
     tcase_add_test(tc, train_sh_plan);
     tcase_add_test(tc, gpu_shape_refused);
+    tcase_add_test(tc, memory_plan_refused);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

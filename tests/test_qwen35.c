@@ -9,6 +9,7 @@
  *   every captured layer and `last` per document within relative L2 1e-5 (measured: <= 1.2e-6).
  * documents_independent: changing one document (its tokens and its length) leaves every other
  *   document's rows bitwise unchanged, in every captured layer.
+ * bf16_points_baseline: the forward with cpu_bf16_points (the GPU test's baseline) rounds where the GPU does.
  * random_init_and_shapes: target_init_random on a hybrid config, z-lab default ids of the
  *   Qwen3.6-27B depth, FLOP count, a GPU request for a layout the GEMMs cannot take refused.
  * gpu_refuses_uncovered_head_layout / checkpoint_mismatch_refused_before_allocation: the GPU
@@ -177,6 +178,49 @@ START_TEST(documents_independent) {
                       "doc 3 alone differs from doc 3 packed in layer %d", j);
     free(s1); free(s2); free(l1); free(l2); free(s3);
     target_free(t);
+}
+END_TEST
+
+/* cpu_bf16_points (the GPU test's precision baseline): every captured value and `last` is a bf16 value, the
+ * forward stays within bf16 drift of plain fp32 (relative L2 in (1e-4, 3e-2)), and it is refused for a GPU. */
+START_TEST(bf16_points_baseline) {
+    const char *dir = test_tmpdir("q35bf");
+    mkmodel(dir, "--preset qwen3.5-tiny --std 0.15 --embed-std 1.0 --seed 9");
+    struct target_options opt;
+    target_options_defaults(&opt);
+    opt.max_tokens = 96;
+    opt.n_capture = 2;
+    opt.capture[0] = 0; opt.capture[1] = 2;
+    struct target *f = target_load(dir, &opt, err, sizeof err);
+    ck_assert_msg(f != NULL, "%s", err);
+    opt.cpu_bf16_points = 1;
+    struct target *r = target_load(dir, &opt, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    int C = target_config(f)->hidden_size, V = target_config(f)->vocab_size, T = 96;
+    int32_t ids[96], pos[96], cu[4] = {0, 5, 70, 96};
+    uint64_t rng = 3;
+    for (int d = 0; d < 3; d++)
+        for (int i = cu[d]; i < cu[d + 1]; i++) { ids[i] = (int32_t)(test_rng_next(&rng) % (uint64_t)V); pos[i] = i - cu[d]; }
+    struct target_batch b = {1, T, 3, ids, pos, cu};
+    size_t n = (size_t)3 * T * C;
+    float *a = malloc(n * 4), *c = malloc(n * 4);
+    ck_assert_msg(target_forward(f, &b, a, a + (size_t)2 * T * C, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(target_forward(r, &b, c, c + (size_t)2 * T * C, err, sizeof err) == 0, "%s", err);
+    double se = 0, sr = 0;
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_msg(c[i] == bf16_round(c[i]), "value %zu (%g) is not a bf16 value", i, (double)c[i]);
+        se += ((double)c[i] - a[i]) * ((double)c[i] - a[i]);
+        sr += (double)a[i] * a[i];
+    }
+    double rel = sqrt(se / sr);
+    fprintf(stderr, "bf16 points vs fp32: relative L2 %.3g\n", rel);
+    ck_assert_msg(rel > 1e-4 && rel < 3e-2, "bf16 points vs fp32: relative L2 %g outside (1e-4, 3e-2)", rel);
+    target_free(f);
+    target_free(r);
+    free(a); free(c);
+    opt.cuda_device = 0;
+    ck_assert(target_load(dir, &opt, err, sizeof err) == NULL);
+    ck_assert_msg(strstr(err, "cpu_bf16_points") || strstr(err, "no CUDA"), "%s", err);
 }
 END_TEST
 
@@ -422,6 +466,7 @@ int main(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, stored_reference);
     tcase_add_test(tc, documents_independent);
+    tcase_add_test(tc, bf16_points_baseline);
     tcase_add_test(tc, random_init_and_shapes);
     tcase_add_test(tc, bad_checkpoint);
     tcase_add_test(tc, nested_checkpoint);

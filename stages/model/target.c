@@ -67,6 +67,7 @@ struct target {
     int max_tokens;
     int n_capture;
     int capture[TARGET_MAX_CAPTURE];
+    int bf16_points;               /* target_options.cpu_bf16_points */
     size_t esize;                  /* 4 (CPU fp32) or 2 (GPU bf16) */
     size_t weight_bytes, work_bytes;
 
@@ -352,6 +353,11 @@ static struct target *target_new(const struct model_config *cfg, const struct ta
                                  char *err, int err_len) {
     if (check_shape_config(cfg, opt->cuda_device, err, err_len)) return NULL;
     if (opt->max_tokens < 1) { err_fail(err, err_len, "target: max_tokens must be >= 1, got %d", opt->max_tokens); return NULL; }
+    if (opt->cpu_bf16_points && (opt->cuda_device >= 0 || !is_hybrid(cfg))) {
+        err_fail(err, err_len, "target: cpu_bf16_points is for the CPU forward of a Qwen3.5 hybrid (asked for %s, %s)",
+                 opt->cuda_device >= 0 ? "a GPU" : "the CPU", cfg->architecture);
+        return NULL;
+    }
 #ifndef DFLASH_CUDA
     if (opt->cuda_device >= 0) {
         err_fail(err, err_len, "target: CUDA device %d requested but this build has no CUDA", opt->cuda_device);
@@ -363,6 +369,7 @@ static struct target *target_new(const struct model_config *cfg, const struct ta
     t->cfg = *cfg;
     t->dev = opt->cuda_device;
     t->max_tokens = opt->max_tokens;
+    t->bf16_points = opt->cpu_bf16_points;
     t->esize = t->dev >= 0 ? 2 : 4;
     if (set_capture(t, opt, err, err_len)) { free(t); return NULL; }
 #ifdef DFLASH_CUDA
@@ -1058,6 +1065,12 @@ static int forward_gpu_hybrid(struct target *t, const struct target_batch *b, bf
 #undef CCALL
 #endif
 
+/* target_options.cpu_bf16_points: n values rounded to bf16 in place, where the GPU forward stores bf16 */
+static void bf16_point(const struct target *t, float *p, size_t n) {
+    if (t->bf16_points)
+        for (size_t i = 0; i < n; i++) p[i] = bf16_round(p[i]);
+}
+
 /* Qwen3.5 / 3.6 hybrid (CPU, fp32): see gdn.h for the Gated DeltaNet; the full-attention layer is
  * Qwen3's with a (1 + w) q/k norm, partial rotary and the output gate att ⊙ sigmoid(gate). */
 static int forward_cpu_hybrid(struct target *t, const struct target_batch *b, float *states, float *last,
@@ -1075,11 +1088,14 @@ static int forward_cpu_hybrid(struct target *t, const struct target_batch *b, fl
 
     if (embedding_forward_ref(x, b->input_ids, t->embed, T, C, c->vocab_size))
         return err_fail(err, err_len, "batch seq %llu: %s", (unsigned long long)b->seq, kernels_error());
+    bf16_point(t, x, plane);
     for (int l = 0; l < L; l++) {
         struct target_layer *ly = &t->layers[l];
         rmsnorm_forward_ref(h, NULL, x, ly->ln_in, T, C, eps);
+        bf16_point(t, h, plane);
         if (ly->linear) {
             gemm_forward_ref(qkv, h, 0, ly->w_lin_in, 1, T, LIN_IN, C, 1.0f, 0.0f);
+            bf16_point(t, qkv, (size_t)T * LIN_IN);
             for (int d = 0; d < b->n_docs; d++) {   /* every state restarts at a document boundary */
                 int s0 = b->cu_seqlens[d], len = b->cu_seqlens[d + 1] - s0;
                 if (len > 0)
@@ -1087,23 +1103,36 @@ static int forward_cpu_hybrid(struct target *t, const struct target_batch *b, fl
                                     ly->a_neg, ly->dt_bias, ly->gnorm, eps, t->lin_conv + (size_t)s0 * CONV,
                                     t->lin_state);
             }
+            bf16_point(t, (float *)t->lin_y, (size_t)T * VD);
             gemm_forward_ref(x, t->lin_y, 0, ly->w_lin_out, 1, T, C, VD, 1.0f, 1.0f);   /* x += y · W_outᵀ */
         } else {
             gemm_forward_ref(qkv, h, 0, ly->w_qkv, 1, T, QKV, C, 1.0f, 0.0f);
+            bf16_point(t, qkv, (size_t)T * QKV);
             gated_attn_split_forward_ref(q, t->gate, k, v, qkv, T, NH, NKV, HD);
             rmsnorm_forward_ref(q, NULL, q, ly->q_norm, T * NH, HD, eps);
             rmsnorm_forward_ref(k, NULL, k, ly->k_norm, T * NKV, HD, eps);
+            bf16_point(t, q, (size_t)T * NH * HD);
+            bf16_point(t, k, (size_t)T * NKV * HD);
             gated_attn_rope_forward_ref(q, b->position_ids, t->inv_freq, T, NH, HD, R);
             gated_attn_rope_forward_ref(k, b->position_ids, t->inv_freq, T, NKV, HD, R);
+            bf16_point(t, q, (size_t)T * NH * HD);
+            bf16_point(t, k, (size_t)T * NKV * HD);
             if (attention_forward_ref(att, NULL, q, k, v, b->cu_seqlens, b->n_docs, T, NH, NKV, HD, scale))
                 return err_fail(err, err_len, "batch seq %llu: %s", (unsigned long long)b->seq, kernels_error());
+            bf16_point(t, att, (size_t)T * NH * HD);
             gated_attn_gate_forward_ref(att, t->gate, (int64_t)T * NH * HD);
+            bf16_point(t, att, (size_t)T * NH * HD);
             gemm_forward_ref(x, att, 0, ly->w_o, 1, T, C, NH * HD, 1.0f, 1.0f);      /* x += att · W_oᵀ */
         }
+        bf16_point(t, x, plane);
         rmsnorm_forward_ref(h, NULL, x, ly->ln_post, T, C, eps);
+        bf16_point(t, h, plane);
         gemm_forward_ref(gu, h, 0, ly->w_gu, 1, T, 2 * I, C, 1.0f, 0.0f);
+        bf16_point(t, gu, (size_t)T * 2 * I);
         swiglu_forward_ref(act, gu, gu + I, T, I, 2 * I);
+        bf16_point(t, act, (size_t)T * I);
         gemm_forward_ref(x, act, 0, ly->w_down, 1, T, C, I, 1.0f, 1.0f);
+        bf16_point(t, x, plane);
         for (int j = 0; j < t->n_capture; j++)
             if (t->capture[j] == l) memcpy(states + (size_t)j * plane, x, plane * sizeof(float));
     }

@@ -59,6 +59,11 @@ struct target_options {
     int max_tokens;                     /* the largest batch T ever passed to target_forward */
     int n_capture;                      /* 0: z-lab default ids for TARGET_DEFAULT_DRAFT_LAYERS */
     int capture[TARGET_MAX_CAPTURE];    /* z-lab ids in [0, n_layers), list order = storage order */
+    int cpu_bf16_points;                /* CPU hybrid forward only: round activations to bf16 where the GPU
+                                         * forward stores them in bf16 (the residual stream, norm outputs, the
+                                         * projections, q/k/v/gate, attention and gated-norm outputs, the MLP's
+                                         * points), so a test has the GPU's precision baseline (style.md's 2x
+                                         * rule); 0 (default): plain fp32 */
 };
 
 /* One packed batch as the forward reads it. Host memory; T = cu_seqlens[n_docs] (no padding). */

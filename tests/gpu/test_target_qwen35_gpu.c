@@ -11,11 +11,11 @@
  * The batch packs documents of 1, 63, 64, 65 and 1000 tokens (DeltaNet chunk boundaries inside
  * documents and at their starts; positions reset).
  *
- * Tolerance: as tests/gpu/test_target_gpu.c (relative L2 per captured tensor, plus elementwise
- * |gpu − cpu| ≤ 0.15·rms + 4e-2·|cpu|), with the L2 bound at 3e-2 instead of 2.5e-2: a DeltaNet
- * layer rounds to bf16 at the projection output (read by the conv, the gates and z), the gated
- * norm's output, the out_proj residual add and the MLP's three points; the recurrence itself is
- * fp32. The measured errors are printed so the bound can be tightened after the first run.
+ * Tolerance: relative L2 per captured tensor <= 3e-2, and style.md's 2x rule against a baseline: the
+ * CPU forward rounded to bf16 where the GPU stores bf16 (target_options.cpu_bf16_points: the residual
+ * stream, norm outputs, the projections read by the conv, gates and z, q/k/v/gate, the attention and
+ * gated-norm outputs, the MLP's points; the recurrence itself is fp32). The GPU's max abs error and
+ * worst token against fp32 must be at most 2x the baseline's.
  *
  * The gated attention calls kernels/attention.h at head dim 16 and 256; until the GPU attention
  * takes those head dims, these tests fail at that call with its message (the kernels of the
@@ -45,11 +45,12 @@ static void make_model(const char *dir, int mid, char *model, size_t len) {
     ck_assert_msg(tr_wait(test_spawn_log(log, argv)) == 0, "dflash-mkmodel failed; see %s", log);
 }
 
-static struct target *load(const char *model, int dev, int max_tokens) {
+static struct target *load(const char *model, int dev, int max_tokens, int bf16_points) {
     struct target_options o;
     target_options_defaults(&o);
     o.cuda_device = dev;
     o.max_tokens = max_tokens;
+    o.cpu_bf16_points = bf16_points;
     o.n_capture = 3;
     o.capture[0] = 2; o.capture[1] = 0; o.capture[2] = 1;
     char err[512];
@@ -58,28 +59,42 @@ static struct target *load(const char *model, int dev, int max_tokens) {
     return t;
 }
 
-static int bf16_close(const char *what, const float *got, const float *ref, size_t n, int C) {
-    double se = 0, sr = 0, maxe = 0, wrow = -1;
-    size_t wt = 0;
-    for (size_t t = 0; t < n / (size_t)C; t++) {   /* rows (tokens): the worst row's relative L2 is printed */
+struct errs { double rel, max_abs, worst_row; size_t worst_t; };
+
+/* got against the fp32 reference: relative L2, max abs error, the worst row's (token's) relative L2 */
+static struct errs errs_of(const float *got, const float *ref, size_t n, int C) {
+    struct errs e = {0, 0, -1, 0};
+    double se = 0, sr = 0;
+    for (size_t t = 0; t < n / (size_t)C; t++) {
         double rse = 0, rsr = 0;
         for (size_t i = t * C; i < (t + 1) * C; i++) {
             double d = (double)got[i] - ref[i];
             rse += d * d;
             rsr += (double)ref[i] * ref[i];
-            if (fabs(d) > maxe || isnan(d)) maxe = fabs(d);
+            if (fabs(d) > e.max_abs || isnan(d)) e.max_abs = isnan(d) ? NAN : fabs(d);
         }
         se += rse;
         sr += rsr;
         double r = sqrt(rse / (rsr + 1e-30));
-        if (r > wrow || isnan(r)) wrow = r, wt = t;
+        if (r > e.worst_row || isnan(r)) e.worst_row = r, e.worst_t = t;
     }
-    double rms = sqrt(sr / (double)n), rel = sqrt(se / (sr + 1e-30));
-    fprintf(stderr, "%s: relative L2 error %.3g, max abs error %.3g, rms %.3g; worst token %zu (row relative L2 %.3g)\n",
-            what, rel, maxe, rms, wt, wrow);
-    int ok = rel <= 3e-2;   /* NaN fails too */
-    if (!ok) fprintf(stderr, "%s: relative L2 error %.3g > 3e-2\n", what, rel);
-    return test_allclose(what, got, ref, n, 0.15 * rms, 4e-2) && ok;
+    e.rel = sqrt(se / (sr + 1e-30));
+    return e;
+}
+
+/* style.md's rule where bf16 rounding makes a fixed element bound meaningless: the GPU's max abs error and worst
+ * row against fp32 at most 2x those of the CPU forward rounded at the GPU's bf16 points (bl), and relative L2
+ * <= 3e-2. A fixed per-element bound failed on single tokens whose DeltaNet head outputs are small (the gated
+ * norm scales bf16 rounding up): the bf16-point CPU forward shows the same rows (mid token 66: 0.061 / 0.072). */
+static int bf16_close(const char *what, const float *got, const float *bl, const float *ref, size_t n, int C) {
+    struct errs g = errs_of(got, ref, n, C), b = errs_of(bl, ref, n, C);
+    fprintf(stderr, "%s: GPU relative L2 %.3g, max abs %.3g, worst token %zu (row %.3g); bf16-point CPU: relative L2 "
+            "%.3g, max abs %.3g, worst token %zu (row %.3g)\n", what, g.rel, g.max_abs, g.worst_t, g.worst_row, b.rel,
+            b.max_abs, b.worst_t, b.worst_row);
+    int ok = g.rel <= 3e-2 && g.max_abs <= 2 * b.max_abs && g.worst_row <= 2 * b.worst_row;   /* NaN fails */
+    if (!ok) fprintf(stderr, "%s: beyond the bound (relative L2 <= 3e-2, max abs and worst row <= 2x the baseline's)\n",
+                     what);
+    return ok;
 }
 
 static const int doc_len[5] = {1, 63, 64, 65, 1000};
@@ -90,7 +105,7 @@ static void gpu_vs_cpu(int mid) {
     make_model(dir, mid, model, sizeof model);
     int T = 0, nd = 5;
     for (int d = 0; d < nd; d++) T += doc_len[d];
-    struct target *cpu = load(model, -1, T), *gpu = load(model, 0, 2048);
+    struct target *cpu = load(model, -1, T, 0), *cpu_bf = load(model, -1, T, 1), *gpu = load(model, 0, 2048, 0);
     const struct model_config *c = target_config(cpu);
     int C = c->hidden_size, k = 3;
     int32_t *ids = malloc((size_t)T * 4), *pos = malloc((size_t)T * 4), cu[6] = {0};
@@ -101,10 +116,11 @@ static void gpu_vs_cpu(int mid) {
     }
     struct target_batch b = {3, T, nd, ids, pos, cu};
     size_t plane = (size_t)T * C, all = (size_t)(k + 1) * plane;
-    float *st = malloc(all * sizeof(float)), *gf = malloc(all * sizeof(float));
+    float *st = malloc(all * sizeof(float)), *gf = malloc(all * sizeof(float)), *sb = malloc(all * sizeof(float));
     bf16 *gh = malloc(all * 2), *gh2 = malloc(all * 2), *d_out;
     char err[512];
     ck_assert_msg(target_forward(cpu, &b, st, st + k * plane, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(target_forward(cpu_bf, &b, sb, sb + k * plane, err, sizeof err) == 0, "%s", err);
     ck_assert_int_eq(cudaMalloc((void **)&d_out, all * 2), cudaSuccess);
     ck_assert_int_eq(cudaMemset(d_out, 0xff, all * 2), cudaSuccess);   /* poison: NaN */
     ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
@@ -116,7 +132,7 @@ static void gpu_vs_cpu(int mid) {
         char what[64];
         snprintf(what, sizeof what, "%s %s", mid ? "mid" : "tiny",
                  j < k ? (j == 0 ? "layer 2" : j == 1 ? "layer 0" : "layer 1") : "last");
-        ok &= bf16_close(what, gf + j * plane, st + j * plane, plane, C);
+        ok &= bf16_close(what, gf + j * plane, sb + j * plane, st + j * plane, plane, C);
     }
     ck_assert_msg(ok, "GPU hybrid forward differs from the CPU forward beyond bf16 tolerance");
     /* documents independent, bitwise: new tokens in document 3 (same length, so every GEMM runs the
@@ -135,8 +151,9 @@ static void gpu_vs_cpu(int mid) {
         }
     ck_assert_msg(changed, "document 3's new tokens changed nothing");
     cudaFree(d_out);
-    free(ids); free(pos); free(st); free(gf); free(gh); free(gh2);
+    free(ids); free(pos); free(st); free(sb); free(gf); free(gh); free(gh2);
     target_free(cpu);
+    target_free(cpu_bf);
     target_free(gpu);
 }
 
