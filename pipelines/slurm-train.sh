@@ -182,6 +182,8 @@ for ((h = 0; h < HOSTS; h++)); do
 done
 STEPS=$(plan_get steps)
 DEVICE=$(plan_get device)
+# dflash-plan checked the device-memory plan of one host's GPUs (issue 27) before anything started
+if grep -q '^memory plan: total' "$LOGS/plan.out"; then plog "$(grep -m1 '^memory plan: total' "$LOGS/plan.out") (details: $LOGS/plan.out)"; fi
 
 CMD_METRICS=("$DFLASH_BIN/dflash-metrics" --run "$RUN" --plot-every-s 60 --csv-stage dflash-train)
 mpirun_launch "$RANKS" --map-by "ppr:$PER_NODE:node"
@@ -233,7 +235,7 @@ chain_stop() {
 }
 
 t0=$(date +%s.%N)
-plog "run $RUN on $HOSTS hosts ($SLURM_JOB_NODELIST), $RANKS trainer ranks ($PER_NODE per node), $DEVICE (attempt $ATTEMPT): $(head -n 1 "$LOGS/plan.out")"
+plog "run $RUN on $HOSTS hosts ($SLURM_JOB_NODELIST), $RANKS trainer ranks ($PER_NODE per node), $DEVICE (attempt $ATTEMPT): $(grep -m1 'plan.json: ' "$LOGS/plan.out")"
 run_train_chain || exit 1
 train_s=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
 stop_stage dflash-metrics TERM 20
