@@ -80,7 +80,7 @@ forget_other_node_pids() {
 # Files under RUN carry the round: hosts/h/ready ("ROUND node"), state/hosts.feed ("ROUND SEQ": start the
 # producers at SEQ), state/hosts.stop ("ROUND": end this round's chains).
 host_chain() {
-  local shared=$1 round=$2 h=${SLURM_NODEID:-} node f i seq="" line
+  local shared=$1 round=$2 h=${SLURM_NODEID:-} node i seq="" line
   [ -n "$h" ] || pdie "--host-chain runs under srun (SLURM_NODEID is not set)"
   node=$(hostname)
   RUN=$shared/hosts/$h
@@ -109,7 +109,7 @@ host_chain() {
   # the features ring lives as long as this chain: the ranks may still be reading it
   plog "host $h: the producers finished; keeping the rings until the trainer is done"
   while [ "$(cat "$shared/state/hosts.stop" 2>/dev/null || true)" != "$round" ]; do
-    for f in dflash-shm dflash-metrics; do _alive "$f" || pdie "host $h: $f exited while the trainer may still read the rings"; done
+    _alive dflash-shm || pdie "host $h: dflash-shm exited while the trainer may still read the rings"
     sleep 0.2
   done
   chain_stop
