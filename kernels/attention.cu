@@ -36,13 +36,13 @@
 #include <string.h>
 #include <type_traits>
 
-/* ---------------------------------------------------------------- wgmma kernel (sm_90a, the default: bench variant 34) */
+/* ---------------------------------------------------------------- wgmma kernel (sm_90a: HD 64 and 128) */
 
 /* Tiles of the wgmma kernel (the library's configuration): BR = 128 query rows per block (two
  * consumer warpgroups of 64 rows), BC = 128 keys per K/V tile; every tile is stored as HD/64
- * 128B-swizzled panels (kernels/wgmma.cuh). The bench's variants 18-24, 28, 30, 32, 33 and 35-37
- * instantiate the same kernel with other knobs (one warpgroup, 64-key tiles, other issue orders,
- * staged stores, lazy rescaling or LPT alone; see attention_wg_kernel). */
+ * 128B-swizzled panels (kernels/wgmma.cuh). kernels/bench/attention_bench.cu instantiates the same
+ * kernel with other knobs (one warpgroup, 64-key tiles, other issue orders, staged stores, lazy
+ * rescaling or LPT alone; see attention_wg_kernel). */
 constexpr int WGA_BR = 128, WGA_BC = 128, WGA_NT = 256;
 
 template <int HD, int BR = WGA_BR, int BC = WGA_BC>
@@ -99,8 +99,8 @@ static __device__ __forceinline__ void wga_bar_arrive(int id, int n) {
  * row become -inf. m = scaled running maxima (log2 units), l = this thread's partial row sums; c gets
  * the factors O must be rescaled by; s becomes the (unnormalised) probabilities. As the FX path of
  * attention_forward_kernel: the tile's raw max is scaled before it meets m, and a row with every key
- * masked so far subtracts 0 so ex2 gives 0, not NaN. LAZY (bench variants 28, 29; FA4's trick, +6% on
- * the mma.sync kernel as v16): m moves only when a row's tile max exceeds it by more than 8, so most
+ * masked so far subtracts 0 so ex2 gives 0, not NaN. LAZY (FA4's trick; measured in
+ * kernels/bench/RESULTS.md): m moves only when a row's tile max exceeds it by more than 8, so most
  * tiles leave c = 1 exactly and the caller skips the O rescale; probabilities stay <= 2^8, which
  * bf16 P and the fp32 sums hold exactly as well. */
 template <int NC, bool MASK, bool LAZY = false>
@@ -214,17 +214,17 @@ static __device__ __forceinline__ void wga_store(bf16 *out, float *lse, const fl
  * SKIP: a key tile whose second half lies above every row of the warpgroup (the diagonal tile of
  * warpgroup 0) runs P·V on its first BC/2 keys only; a warpgroup whose rows all lie past the
  * document (the last tile of a document) issues no MMAs but still loads and meets the barriers.
- * Knobs of tasks WA2-WA3 (the library runs NWG 2, BC 128, MINB 1, PP 1, OST, LAZY and LPT on: bench
- * variant 34; the other combinations are instantiated only by kernels/bench/attention_bench.cu):
+ * Knobs (the library runs NWG 2, BC 128, MINB 1, PP 1, OST, LAZY and LPT on; the other combinations
+ * are instantiated only by kernels/bench/attention_bench.cu, which measured them):
  *   NWG 1: one warpgroup, BR 64 (with BC 64 and MINB 2: two blocks per SM, so one block's start-up
  *     — Q and first K load, the unoverlapped first S and softmax — hides under the other's MMAs);
  *   PP (NWG 2, ping-pong issue order through named barriers 1-3, 256 threads each, every warpgroup
  *     meets each barrier once per issue point, active or not): 1 = warpgroup 1 issues its S and P·V
  *     after warpgroup 0 issued both (S0 PV0 S1 PV1); 2 = S0 S1 PV0 PV1;
- *   LAZY: wga_softmax's lazy rescaling (variant 28);
+ *   LAZY: wga_softmax's lazy rescaling;
  *   LPT: grid z counts query tiles down from the longest document's last one (absolute tile index),
  *     so the tiles with the most keys in the whole batch start first and short documents' light
- *     tiles fill the tail (variant 30; the default counts from each document's own end);
+ *     tiles fill the tail (without it, tiles count from each document's own end);
  *   OST: the output goes through shared memory (each warp stages its 16 rows in its warpgroup's own
  *     Q rows, which no MMA reads any more) and leaves in coalesced 16-byte stores. */
 template <int HD, bool SKIP, int NWG = 2, int BC = WGA_BC, int MINB = 1, int PP = 0, bool OST = false,
@@ -395,11 +395,8 @@ attention_wg_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const b
 
 /* ---------------------------------------------------------------- launcher */
 
-/* Bench variant number of the library's default kernel (attention_wg_kernel with PP 1, OST, LAZY
- * and LPT: 388 TFLOP/s on 1-4K documents at HD 128 on the H200, 2026-11-29 12:15); the bench prints it. */
-#define ATTENTION_DEFAULT_KERNEL 34
-
-/* the wgmma kernel with the given knobs (attention_forward: variant 34; the bench: 18-24, 28, 30, 32-37) */
+/* the wgmma kernel with the given knobs (attention_forward's are below; kernels/bench/attention_bench.cu
+ * launches the others) */
 template <int HD, bool SKIP = true, int NWG = 2, int BC = WGA_BC, int MINB = 1, int PP = 0, bool OST = false,
           bool LAZY = false, bool LPT = false>
 static int launch_wg(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *cu, int ND,
@@ -437,8 +434,8 @@ extern "C" int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf1
     /* head dims the wgmma kernel does not take (a fixed function of HD, kernels/attention.h) */
     if (HD != 64 && HD != 128)
         return attention_mma_forward(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T, NH, NKV, HD, scale, stream);
-    /* the default, bench variant 34: the wgmma kernel, two warpgroups × 64 rows, 128-key tiles, one
-     * block per SM, ping-pong issue order (PP 1), staged output stores, lazy rescaling, LPT order */
+    /* the wgmma kernel, two warpgroups × 64 rows, 128-key tiles, one block per SM, ping-pong issue
+     * order (PP 1), staged output stores, lazy rescaling, LPT order */
     if (HD == 128)
         return launch_wg<128, true, 2, 128, 1, 1, true, true, true>(out, lse, q, k, v, cu_seqlens, ND, max_seqlen, T,
                                                                      NH, NKV, scale, stream);

@@ -14,7 +14,7 @@
  * skips every tile above the causal diagonal. HD ∈ {64, 128} on the GPU; any HD in the reference.
  * Other head dims: HD ∈ {16, 32, 256} run a plainer mma.sync m16n8k16 kernel (kernels/attention_mma.cu:
  * 64-row query tiles of four warps, 64-key tiles, 32 at HD 256). The choice is a fixed function of HD:
- *     HD 64, 128       -> the wgmma kernel (bench variant 34)
+ *     HD 64, 128       -> the wgmma kernel (kernels/attention.cu)
  *     HD 16, 32, 256   -> the mma.sync kernel
  *     any other HD     -> refused (attention_shape_supported says so before anything runs).
  */
@@ -49,7 +49,7 @@ int attention_shape_supported(int NH, int NKV, int HD, char *err, int err_len);
  * rows unwritten). HD 16, 32, 64, 128 or 256 (attention_shape_supported), NH % NKV == 0, 16-byte
  * aligned pointers; checked. scale is usually
  * 1/sqrt(HD). Asynchronous; 0 or -1 with kernels_error(). Rows with no document (T beyond
- * cu_seqlens[ND]) are not written. Kernel: attention_bench variant 34 (wgmma, two warpgroups ×
+ * cu_seqlens[ND]) are not written. Kernel: the wgmma kernel (two warpgroups ×
  * 64 query rows with a ping-pong issue order, 128-key tiles, staged output stores, lazy rescaling,
  * longest-first tile order) at HD 64 and 128; kernels/attention_mma.cu at HD 16, 32, 256. */
 int attention_forward(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,

@@ -22,17 +22,14 @@
  *      them) with kernel 2's visit on the block tile. Di is recomputed here from O and dO, because other
  *      CTAs overwrite the dq scratch. K/V tiles double buffered by cp.async (one barrier per tile); the
  *      block tile's S, dP, dQ products use N = 16 or 32 keys when B fits (wb_dq_tile<HD, NKEY>).
- * Configuration (H200, RESULTS.md: 0.885-0.888 ms = 200.4-201.0 TFLOP/s at the standard shape, dK/dV 0.352
- * ms, dQ 0.475 ms):
+ * Configuration (each choice and its times at the standard shape: kernels/bench/RESULTS.md):
  *   kernel 2 (KV=2p): pipelined across visits (wb_kv_visit_p): a visit returns with its dK product
  *     in flight, the next visit's Sᵀ, dPᵀ queue behind it (no tensor-pipe drain at each visit's barrier);
  *     4 stages, loads 2 visits ahead, issued after the visit's Sᵀ and dPᵀ wgmmas (wb_kv_visit_p's hook) with
- *     the query rows' gmem offsets computed once per thread (LA: it took kernel 2 from 0.572 to
- *     0.351 ms);
+ *     the query rows' gmem offsets computed once per thread (LA);
  *   kernel 3 (Q=2): two blocks per CTA (wb_q2_kernel), one warpgroup per block, the context K/V
  *     tiles loaded once for both (union of the two ranges), double buffered (tile t + 1 loaded while tile t
- *     is used); its set-up from a plan (QR: it took kernel 3 from 0.491 to 0.474
- *     ms): wb_qplan_kernel (between kernels 2 and 3) scans each block's anchor window once
+ *     is used); its set-up from a plan (QR): wb_qplan_kernel (between kernels 2 and 3) scans each block's anchor window once
  *     (not once per kv head: 8x fewer scans at the standard shape) and leaves a 16-byte record in the block's
  *     own dq rows; a kernel 3 CTA reads its two records instead of anchor -> doc id -> scan -> two barriers;
  *   the fast elementwise (FM) in kernel 2's visits and kernel 3's tiles: branch-free masks (a select per
@@ -43,8 +40,8 @@
  *     plain elementwise (bitwise, except P below 2^-126, flushed to 0); when dq is too small to hold
  *     lse·log2(e) (tiny shapes) kernel 2 runs the plain elementwise (a size path, not a choice).
  * The template knobs the library does not instantiate (wb_launch's FM = false, PROBE 1 / 2; wb_kv_kernel's
- * NWG / PIPE / DEEP) are kernels/bench/block_attn_wg_bench.cuh's: the plain elementwise (bench 84) and the
- * timing probes; their numbers in kernels/bench/RESULTS.md.
+ * NWG / PIPE / DEEP) are kernels/bench/block_attn_wg_bench.cuh's: the plain elementwise and the timing
+ * probes; their numbers in kernels/bench/RESULTS.md.
  * Not done: a staged store of dQ / the block's dK, dV: each warp store already writes whole 32-byte sectors
  * (4 lanes × float2 of one row), so staging through smem would save instructions, not DRAM or L2 traffic.
  * Row mapping of a 64-row query tile: row r -> head g·G + r/B, slot r % B; rows >= G·B are
@@ -651,12 +648,12 @@ __global__ void __launch_bounds__(128) wb_qplan_kernel(const int32_t *anchors, c
  * union of their narrowed ranges (anchors are sorted, so consecutive blocks' ranges mostly coincide) and
  * a warpgroup skips the tiles outside its own range; then each warpgroup's own block tile (buffer 2 for
  * warpgroup 0, the free context buffer for warpgroup 1). One CTA (256 threads) per SM. Deterministic.
- * QR (the default since round 3 of session 3, was candidate M=7) reads the two blocks' ranges from
+ * QR (the library's) reads the two blocks' ranges from
  * wb_qplan_kernel's records instead of the anchor -> doc id -> window scan (two dependent loads, a scan, two
  * barriers); !QR (the bench's plain elementwise) scans. */
 /* One work item of kernel 3: blocks 2·bx, 2·bx + 1 and kv head g (the kernel's blockIdx.x, blockIdx.y).
- * All 256 threads call it. K/V tiles double buffered: tile t + 1 loaded while tile t is used (round 3's
- * distance-2 pipeline, M=10 / 11, lost: git 2693407). */
+ * All 256 threads call it. K/V tiles double buffered: tile t + 1 loaded while tile t is used (a
+ * distance-2 pipeline lost: kernels/bench/RESULTS.md). */
 template <int HD, int PROBE, bool FM, bool QR>
 __device__ __forceinline__ void
 wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
@@ -873,8 +870,8 @@ struct wb_opts {
     cudaEvent_t *ev;    /* kernels/bench only: 5 events around Di, plan, dK/dV, dQ; NULL from ba_wg_backward */
 };
 
-/* kernel 2, fixed at round 3's KV=2p: two warpgroups per CTA, pipelined across visits (the template's
- * NWG=1 / PIPE=false / DEEP knobs are the losing variants 80-82, 85, not instantiated; git b94183e) */
+/* kernel 2 (KV=2p): two warpgroups per CTA, pipelined across visits (the template's NWG=1 / PIPE=false / DEEP
+ * knobs lost, kernels/bench/RESULTS.md, and are not instantiated) */
 template <int HD, int PROBE, bool FM = false, bool LA = false>
 int wb_run_kv(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
               const int32_t *doc_ids, const bf16 *dout, const float *lse, const float *di, float *dk, float *dv,
@@ -891,7 +888,7 @@ int wb_run_kv(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
     return 0;
 }
 
-/* kernel 3, fixed at round 3's Q=2: two blocks per CTA (wb_q2_kernel); QR (the default): wb_qplan_kernel
+/* kernel 3 (Q=2): two blocks per CTA (wb_q2_kernel); QR (the default): wb_qplan_kernel
  * first */
 template <int HD, int PROBE, bool FM = false, bool QR = false>
 int wb_run_q(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,

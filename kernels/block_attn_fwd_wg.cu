@@ -40,71 +40,56 @@
  * Shared memory: 3 Q tiles of 64 × d_h + 2·NST K/V tiles of 64 × d_h bf16 + 1 KB: 177 KB at d_h 128
  * — one CTA per SM, which registers impose anyway.
  *
- * Epilogue (session 3, round-1 value 10, the default since): out staged in the warpgroup's own Q tile (free
- * once its last wgmma is waited; same swizzled layout, conflict-free 4-byte writes), a named barrier per
- * warpgroup, then 16-byte stores (16 threads per 256-byte output row) instead of 4-byte stores in
- * half-sector pieces. H200: 0.299-0.301 ms = 236.5-238.1 TFLOP/s against 0.311 ms unstaged. "3" keeps the
- * 4-byte stores (0.313 ms, kernels/bench only).
+ * Epilogue: out staged in the warpgroup's own Q tile (free once its last wgmma is waited; same swizzled layout,
+ * conflict-free 4-byte writes), a named barrier per warpgroup, then 16-byte stores (16 threads per 256-byte
+ * output row) instead of 4-byte stores in half-sector pieces (template flag EPI; kernels/bench keeps the 4-byte
+ * stores as "3").
  *
  * Plan path (block_attn_forward_ws, kernels/block_attn.h: d_ws != NULL). The set-up above costs ~4.6 µs per
- * CTA (~48 µs per SM at the standard shape, ~10 CTAs per SM) and is the same for every kv head of a block
- * group; CTAs in (group, head) order leave a ~44 µs tail (traced, H200). So: wf_plan_kernel (one CTA of 384
- * threads per group of 3 blocks: wf_setup itself, the same thread count, so the same record) writes one
- * 96-byte record per group (sLo, sHi, the merged segments, their count, the context tile count, the
- * contiguity flag, the blocks' doc ids, the tile count, the group) and the group's tile count;
- * wf_order_kernel (one CTA, PDL) ranks the groups by decreasing tile count, ties by group index, and copies
- * each record to its rank's slot; the main kernel (PDL, griddepcontrol.wait first) maps blockIdx.x ->
- * (rank blockIdx.x / n_kv, kv head blockIdx.x % n_kv), so the hardware's in-order dispatch is a
- * longest-first list schedule, and its set-up is one 96-byte load and a barrier before the Q and first
+ * CTA and is the same for every kv head of a block group, and CTAs in (group, head) order leave a long tail
+ * (traced on the H200). So: wf_plan_kernel (one CTA of 384 threads per group of 3 blocks: wf_setup itself, the
+ * same thread count, so the same record) writes one 96-byte record per group (sLo, sHi, the merged segments,
+ * their count, the context tile count, the contiguity flag, the blocks' doc ids, the tile count, the group) and
+ * the group's tile count; wf_order_kernel (one CTA, PDL) ranks the groups by decreasing tile count, ties by
+ * group index, and copies each record to its rank's slot; the main kernel (PDL, griddepcontrol.wait first)
+ * maps blockIdx.x -> (rank blockIdx.x / n_kv, kv head blockIdx.x % n_kv), so the hardware's in-order dispatch
+ * is a longest-first list schedule, and its set-up is one 96-byte load and a barrier before the Q and first
  * K/V loads. Same per-row arithmetic as the in-kernel path: out and lse bitwise equal (the bench's
- * BA_FWD_TRACE=1 report and the GPU test compare them). H200 (2026-11-29, whole calls, plan kernels
- * included): 0.265 ms = 268.3 TFLOP/s against 0.299-0.301 ms without the workspace ("3": 0.277 against
- * 0.313); traced: span 256.5 µs, SMs busy 96%, tail 8.5 µs, set-up 3.74 µs per CTA.
+ * BA_FWD_TRACE=1 report and the GPU test compare them).
  *
- * K/V tiles by TMA (template flag TMA; the default since session 3 round 3, first measured as candidate "T"):
- * instead of 2 048 per-thread 16-byte cp.async per tile (traced on the H200: 0.41-0.48 µs of the 1.7 µs tile
- * spent issuing them). H200 2026-11-29 (RESULTS.md, twenty-first run): 0.284 ms = 250 TFLOP/s without a
- * workspace (0.301 with cp.async), 0.252 ms = 282 TFLOP/s with the plan workspace (0.267); bitwise equal to the
- * cp.async kernel at full size and on 11 shapes. The cp.async default of round 2 is in git 7d07880; the bench's "3"
- * keeps cp.async. Host: two CUtensorMap (K, V: bf16, dims {d_h, n_kv, T + N·B}, box
- * {64, 1, 64} = one 128B-swizzled 64-row panel, OOB zero fill) per launch from cuTensorMapEncodeTiled (the
- * runtime's driver entry point, no -lcuda), passed as a __grid_constant__ parameter (the other kernels get
- * the empty wf_none there: their machine code is unchanged). Device: one mbarrier per stage (count 1); tid 0
- * arrives with expect_tx (2 · d_h/64 · 8 KB) and issues one box per panel of K and of V; every thread waits
- * on the stage's phase (t / NST) & 1 before the per-tile barrier (which still guarantees that stage
- * (t - 2) % NST is no longer read when it is refilled). A context tile is 64 rows from its first key: rows
- * past the segment end are real keys instead of zeros, but outside every block's [lo, hi) (host emulation
- * /tmp/bt/mask.py: 200 000 random merges, 33 M extra rows, none visible), so P = 0 there. Block tiles by
- * TMA only when B = BP (16, 32, 64: the blocks' keys are 64 consecutive rows), else the cp.async path (all
- * TMA tiles precede them, so the phase count stays t / NST). Q and the doc ids (ballot path) keep cp.async.
- * ptxas d_h 128: 157 registers (plan path 155), trace 166 / 163.
+ * K/V tiles by TMA (template flag TMA), instead of 2 048 per-thread 16-byte cp.async per tile (issuing them
+ * took about a quarter of a tile's time, traced); bitwise equal to the cp.async kernel (kernels/bench's "3"
+ * keeps cp.async). Host: two CUtensorMap (K, V: bf16, dims {d_h, n_kv, T + N·B}, box {64, 1, 64} = one
+ * 128B-swizzled 64-row panel, OOB zero fill) per launch from cuTensorMapEncodeTiled (the runtime's driver
+ * entry point, no -lcuda), passed as a __grid_constant__ parameter (the other kernels get the empty wf_none
+ * there: their machine code is unchanged). Device: one mbarrier per stage (count 1); tid 0 arrives with
+ * expect_tx (2 · d_h/64 · 8 KB) and issues one box per panel of K and of V; every thread waits on the stage's
+ * phase (t / NST) & 1 before the per-tile barrier (which still guarantees that stage (t - 2) % NST is no
+ * longer read when it is refilled). A context tile is 64 rows from its first key: rows past the segment end
+ * are real keys instead of zeros, but outside every block's [lo, hi) (checked by a host emulation: 200 000
+ * random merges, 33 M extra rows, none visible), so P = 0 there. Block tiles by TMA only when B = BP (16, 32,
+ * 64: the blocks' keys are 64 consecutive rows), else the cp.async path (all TMA tiles precede them, so the
+ * phase count stays t / NST). Q and the doc ids (ballot path) keep cp.async.
+ * ptxas d_h 128: 157 registers (plan path 155).
  *
- * Free-running warpgroups (template flag FREE; the default since session 4 where B is 16, 32 or 64, else the walk
- * above): the per-tile __syncthreads kept the three warpgroups in lockstep (all S, then all softmax with the
- * tensor cores idle, then all P·V) and put the next tile's issue on one warpgroup's path. Now the CTA has a
- * fourth, producer warpgroup (setmaxnreg: 24 registers; the three consumers 160) and no barrier is shared in the
- * walk: every consumer waits each tile's full mbarrier (skipped tiles too) and, once its last wgmma on tile u is
+ * Free-running warpgroups (template flag FREE; used where B is 16, 32 or 64, else the barrier walk above): a
+ * per-tile __syncthreads keeps the three warpgroups in lockstep (all S, then all softmax with the tensor cores
+ * idle, then all P·V) and puts the next tile's issue on one warpgroup's path. With FREE the CTA has a fourth,
+ * producer warpgroup (setmaxnreg: 24 registers; the three consumers 160) and no barrier is shared in the walk:
+ * every consumer waits each tile's full mbarrier (skipped tiles too) and, once its last wgmma on tile u is
  * retired (the wait inside its next step), arrives on u's stage's empty mbarrier (count NWG, one arrival per
  * warpgroup, nothing returned to wait for); the producer's thread 0 waits that phase and issues tile u + NST
  * (prefetch distance NST = 4, not NST - 2). The producer warpgroup takes part in the set-up's barriers only
- * (wf_setup<NWG, true>: its threads scan nothing). Q keeps one cp.async group per warpgroup, waited with a named
- * barrier before the walk; in the ballot path (interleaved documents) the doc ids are read from global memory.
- * Same per-row arithmetic as the barrier walk: out and lse bitwise equal (bench: full size and 11 shapes; GPU
- * test on every case). H200 2026-11-29 (RESULTS.md, runs 24-41): 0.251-0.253 ms = 281-284 TFLOP/s, 0.224-0.228
- * ms = 312-318 TFLOP/s with the workspace (barrier walk 0.284 / 0.252); traced per tile 1.38-1.40 µs (barrier walk
- * 1.66-1.70), the arrival 0.095 µs per tile. Candidates that lost or were superseded (code in git d62643f,
- * 876e83d, 7d977ad; numbers in RESULTS.md): W, the same without a producer (the last warpgroup to release a stage,
- * by an atomic count, issued the refill: 0.267 / 0.239 ms; its release cost 0.27 µs per tile on the warpgroup
- * that issued most); a lazy O rescale (0.245); 5 stages (0.243); persistent CTAs over the ranked items (0.354:
- * the issuing thread spent 0.62 µs per tile in the issue, not understood; a variant hung once); Q prefetched to
- * L2 by the plan (0.244); 2 kv heads per CTA in one tile stream (0.261-0.263).
+ * (wf_setup<NWG, true>: its threads scan nothing). Q keeps one cp.async group per warpgroup, waited with a
+ * named barrier before the walk; in the ballot path (interleaved documents) the doc ids are read from global
+ * memory. Same per-row arithmetic as the barrier walk: out and lse bitwise equal (bench: full size and 11
+ * shapes; GPU test on every case). FREE: 128 registers at launch (512 threads), consumers up to 148 of their
+ * 160 after setmaxnreg (SASS), the producer 24; no spills.
  *
- * TRACE (kernels/bench only, ba_wg_forward_traced): %globaltimer / clock64 stamps per CTA (layout in
- * kernels/bench/block_attn_wg_bench.cuh). The template's FAST / TMA / FREE = false and TRACE = true
- * instantiations are the bench's (block_attn_wg_bench.cuh); the library instantiates the defaults only.
- * ptxas, d_h 128: the cp.async "3x" kernel (now gone) 164 registers (plan path 163), "3" 159 (161); plan kernels 56 and 34; no
- * spills, no C7510/C7511. FREE: 128 registers at launch (512 threads), consumers up to 148 of their 160 after
- * setmaxnreg (SASS), the producer 24; no spills.
+ * The measurements behind each choice above, and the candidates that lost, are in kernels/bench/RESULTS.md.
+ * The template's FAST / EPI / TMA = false and TRACE = true instantiations are kernels/bench's
+ * (block_attn_wg_bench.cuh: TRACE writes %globaltimer / clock64 stamps per CTA, ba_wg_forward_traced); the
+ * library instantiates FAST, EPI and TMA true, FREE true or false by B (wf_select), TRACE false.
  */
 #include "kernels/block_attn_wg.h"
 #include "kernels/mma.cuh"
@@ -162,8 +147,8 @@ __device__ __forceinline__ void wf_bar_expect(uint32_t bar, uint32_t bytes) {
 }
 /* Waits until the phase of parity `parity` of the barrier has completed. SLEEP (the free-running walk's waits):
  * with a suspend-time hint (1 ms), so a waiting thread sleeps until the phase completes instead of spinning and
- * takes no issue slots from the warpgroups it waits for (no measured difference on the H200, RESULTS.md run 28;
- * kept as measured); without it, the barrier walk's plain try_wait. */
+ * takes no issue slots from the warpgroups it waits for (no measured difference on the H200: kernels/bench/RESULTS.md);
+ * without it, the barrier walk's plain try_wait. */
 template <bool SLEEP = false>
 __device__ __forceinline__ void wf_bar_wait(uint32_t bar, uint32_t parity) {
     uint32_t done;

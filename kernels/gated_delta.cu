@@ -15,7 +15,7 @@
  *   4. o = O + P U (4 x 4 tiles), and S = e^{G_last} S + Σ_s e^{G_last−G_s} k_s ⊗ U_s (8 x 4 tiles).
  * Chunks restart at each document start, so a document never reads another's rows and its state
  * starts from zero. Allocates nothing; ~150 KB of shared memory at d_k = 128 (opt-in above 48 KB).
- * fp32 FMAs on the CUDA cores (bench: kernels/bench/gated_delta_bench.cu, variant 1 the untiled form).
+ * fp32 FMAs on the CUDA cores (kernels/bench/gated_delta_bench.cu also times an untiled form).
  */
 #include "kernels/gated_delta.h"
 

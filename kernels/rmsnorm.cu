@@ -10,7 +10,7 @@
  *   fp32 registers of the threads that own the columns (dw nearly free inside the row walk), R rows
  *   per step, 512 threads and 1 CTA per SM (256 and 2 when dw is NULL), a balanced grid with one
  *   partial row per CTA, then the cross-CTA sum by the last CTA to finish (C <= 256, ticket) or the
- *   many-slice kernel rmsnorm_backward_dw_final2_kernel<4, 256> with PDL. See rms_backward10.
+ *   many-slice kernel rmsnorm_backward_dw_sum_kernel<4, 256> with PDL. See rms_backward_rows.
  * - C > 8192: two-pass kernels (dx in two passes over the row, dw by chunked column sums and an
  *   in-order reduce): rows too wide for registers.
  * - q/k norm (rmsnorm_qk_forward / rmsnorm_qk_backward): both tensors in one launch, CTAs split
@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(RMS_THREADS) rmsnorm_qk_forward_kernel(const r
  *   partial, fences, and takes a ticket from the counter in scratch[0]; the CTA holding the last
  *   ticket sums the partials (rms_dw_final) and resets the counter to 0 (so one zeroing at
  *   allocation lasts: rmsnorm.h);
- * - larger C: the many-slice kernel rmsnorm_backward_dw_final2_kernel, launched with PDL behind the
+ * - larger C: the many-slice kernel rmsnorm_backward_dw_sum_kernel, launched with PDL behind the
  *   row walk (the launch overlaps the walk's tail).
  * Both orders are fixed by (N, C), never by which CTA finished last: dw is bitwise repeatable. */
 
@@ -412,20 +412,19 @@ static __device__ __forceinline__ void rms_dw_final(float *dw, float4 d, const f
     }
 }
 
-/* The many-slice cross-block dw sum (round 3; the default backward launches <4, 256> for C > 256),
- * many threads per column and no shared-memory runs. CTA b owns the NQ float4 columns q0 = NQ·b .. +NQ−1 with S slices each (NQ·S threads;
- * thread t: column t % NQ, slice j = t / NQ). Slice j adds the partials of blocks j, j + S, j + 2S,
- * ... in that order, 4 loads in flight per round (nb <= 396, S = 128 or 256: 1 to 4 loads per thread,
- * all issued before the first add; C = 4096 with NQ = 4: 256 CTAs of 1024 threads, 2 per SM at <= 32
- * registers, the whole GPU's threads in flight instead of variant 4's 128 CTAs of one per SM). Then a
- * fixed tree: butterfly shuffles over the 32/NQ slices a warp holds of each column (xor NQ, 2NQ, ..,
- * 16), one float4 per (warp, column) to shared memory, one barrier, and warp c < NQ adds column c's
- * per-warp sums with a 32-lane butterfly (no shared-memory runs, two barriers fewer).
+/* The many-slice cross-block dw sum (the backward launches <4, 256> for C > RMS_LAST_MAX_C): many threads per
+ * column and no shared-memory runs. CTA b owns the NQ float4 columns q0 = NQ·b .. +NQ−1 with S slices each (NQ·S
+ * threads; thread t: column t % NQ, slice j = t / NQ). Slice j adds the partials of blocks j, j + S, j + 2S, ... in
+ * that order, 4 loads in flight per round (nb <= 396, S = 128 or 256: 1 to 4 loads per thread, all issued before the
+ * first add; C = 4096 with NQ = 4: 256 CTAs of 1024 threads, 2 per SM at <= 32 registers: the whole GPU's threads in
+ * flight, not one CTA per SM). Then a fixed tree: butterfly shuffles over the 32/NQ slices a warp holds of each
+ * column (xor NQ, 2NQ, .., 16), one float4 per (warp, column) to shared memory, one barrier, and warp c < NQ adds
+ * column c's per-warp sums with a 32-lane butterfly (no shared-memory runs, two barriers fewer).
  * The order is a function of (nb, C) only: bitwise repeatable. dw's old value is read before
  * griddepcontrol.wait (the grid waited for never writes dw; a no-op when launched without PDL). */
 template <int NQ, int S>
 __global__ void __launch_bounds__(NQ * S, 2048 / (NQ * S))
-    rmsnorm_backward_dw_final2_kernel(float *dw, const float *partial, int nb, int C) {
+    rmsnorm_backward_dw_sum_kernel(float *dw, const float *partial, int nb, int C) {
     static_assert(NQ * S <= 1024 && NQ * S >= 32 * NQ && 32 % NQ == 0, "NQ·S threads, at least NQ warps");
     constexpr int NW = NQ * S / 32;
     __shared__ float4 red[NW][NQ];
@@ -481,52 +480,47 @@ __global__ void __launch_bounds__(NQ * S, 2048 / (NQ * S))
 }
 
 /* How a row walk ends when DW (the fin argument). */
-#define RMS_FIN_PDL 0    /* write the partials; the PDL kernel rmsnorm_backward_dw_final2_kernel sums them */
+#define RMS_FIN_PDL 0    /* write the partials; the PDL kernel rmsnorm_backward_dw_sum_kernel sums them */
 #define RMS_FIN_LAST 1   /* write the partials; the last block to finish (ticket) sums them */
-#define RMS_FIN_WALK 3   /* kernels/bench only (timing a piece): the row walk with its dw sums only, dw wrong */
 
-/* ---------------------------------------------------------------- the default backward (round 4's variant 10)
+/* ---------------------------------------------------------------- the register-resident backward (C <= 8192)
  *
- * Why: variant 4's dw costs ~14 µs over dx alone at 8192 × 4096 (H200: dx 86%, dx+dw 69-73%): ~6 µs of
- * shared-memory read-modify-writes of the column sums in the row loop, ~1 µs storing 391 partial rows
- * (6.4 MB), 7-9 µs summing them. Variant 10 makes dw nearly free in the loop and shrinks the partials:
- * - each thread owns fixed columns (v4's row-group shape: group of G threads per row, lane l the 16-byte
- *   vectors c = l + k·G, k < V, from reg_shape(C/8, 2)) for every row its CTA walks, and keeps Σ dy·x̂
- *   of those columns in fp32 registers (8·V floats); the weight of its columns sits in registers too
- *   when WREG (no shape uses it now: with it the V = 2 kernels spilled at 128 registers; w is re-read from
- *   L1 as variant 4 does);
+ * Why: summing dw's columns in shared memory inside the row loop and storing one partial row per small row step
+ * made dw cost ~14 µs over dx alone at 8192 × 4096 on the H200 (kernels/bench/RESULTS.md: the shared-memory
+ * variant, v4 in kernels/bench/rmsnorm_variants.cuh). Here dw is nearly free in the loop and the partials are few:
+ * - each thread owns fixed columns (row groups of G threads, lane l the 16-byte vectors c = l + k·G, k < V, from
+ *   reg_shape(C/8, 2)) for every row its CTA walks, and keeps Σ dy·x̂ of those columns in fp32 registers
+ *   (8·V floats); WREG would keep its columns' weight in registers too (no shape uses it: the V = 2 kernels
+ *   spilled at 128 registers; w is re-read from L1);
  * - a CTA of T threads holds NG = T/G row groups and takes R rows per group per row step (RS = NG·R rows:
  *   row = s·RS + i·NG + g), every load of the step issued before the first reduction; the R row sums are
  *   reduced together (shuffles for G <= 32; G > 32: one barrier per step for all R rows); PF: the next
- *   step's loads are issued before this step is reduced (as variant 4);
+ *   step's loads are issued before this step is reduced;
  * - ~1-2 CTAs per SM, a balanced grid (every CTA the same number of steps ±1): one partial row per CTA
- *   (C = 4096: 264 or 132 partials, 4.3 or 2.1 MB, against 391 / 6.4 MB); the CTA's NG row groups are
- *   summed once at the end through shared memory in a fixed order (a two-level fixed tree when C < T);
- * - the cross-CTA sum: C <= RMS_LAST_MAX_C the last CTA to finish (ticket, rms_dw_final, as variant 4);
- *   larger C the many-slice kernel rmsnorm_backward_dw_final2_kernel<4, 256>, launched with PDL.
- * dx: the same row-group shape, the same per-thread products in the same order (k, then j), the same
- * shuffle tree and, for G > 32, the same in-order sum of the group's warp sums, the same dx expression:
- * dx is bitwise variant 4's (measured on the H200 in round 4 for dx and dx +=; the GPU test asserts it).
- * dw: Σ over the thread's rows in row order, then the row groups in order, then the CTAs in
- * final2's order — a function of (N, C) only: bitwise repeatable, not variant 4's order.
- * Shape (H200, round 4, dx+dw µs single/stream; round 4's shapes 3-4, R 3 without prefetch, lost and
- * are gone): 2 = T 512, 1 CTA/SM, R 2, PF, the default with dw (8192x4096 61.1/57.4 against shape 1's
- * 61.9/58.7; 262144x128 60.9/57.7 vs 62.2/59.3; 65536x128 23.3/21.6 vs 24.2/22.7); 1 = T 256, 2/SM,
- * R 2, PF: dx alone (dw NULL, no dw registers; its dx is the measured bitwise-v4 one), and with dw only
- * in kernels/bench. V = 4 (C > 4096): always T 512, 1/SM, R 1, PF (its 32 dw floats per
- * thread leave no room for more rows; ptxas: 128 registers, 44 bytes of spill). ptxas (sm_90a): the
- * V <= 2 shapes use <= 128 registers, no spill.
- * The grid depends on (N, C, shape) only, never on the device: nb <= min(steps, 132 × CTAs/SM) <=
- * variant 4's grid bound, so rmsnorm_backward_scratch_floats covers it (RS >= 256/G).
- * rms_backward10 is the body: CTA blk of nblk walking one tensor (the single kernel passes
+ *   (C = 4096: 264 or 132 partials, 4.3 or 2.1 MB); the CTA's NG row groups are summed once at the end through
+ *   shared memory in a fixed order (a two-level fixed tree when C < T);
+ * - the cross-CTA sum: C <= RMS_LAST_MAX_C the last CTA to finish (ticket, rms_dw_final); larger C the many-slice
+ *   kernel rmsnorm_backward_dw_sum_kernel<4, 256>, launched with PDL.
+ * dx: per-thread products in a fixed order (k, then j), a fixed shuffle tree and, for G > 32, an in-order sum of
+ * the group's warp sums, with the shared-memory variant's expression: dx (and dx +=) is bitwise that variant's
+ * (kernels/bench/rmsnorm_bench.cu compares them bit for bit).
+ * dw: Σ over the thread's rows in row order, then the row groups in order, then the CTAs in the sum kernel's
+ * order — a function of (N, C) only: bitwise repeatable.
+ * Shape (rms_rows_shape; chosen by the measurements in kernels/bench/RESULTS.md): with dw T 512, 1 CTA/SM, R 2,
+ * PF; dx alone (dw NULL, no dw registers) T 256, 2/SM, R 2, PF; V = 4 (C > 4096) always T 512, 1/SM, R 1, PF (its
+ * 32 dw floats per thread leave no room for more rows; ptxas: 128 registers, 44 bytes of spill). ptxas (sm_90a):
+ * the V <= 2 shapes use <= 128 registers, no spill.
+ * The grid depends on (N, C, shape) only, never on the device: nb <= min(steps, 132 × CTAs/SM), within the
+ * partial rows rmsnorm_backward_scratch_floats provides (RS >= 256/G).
+ * rms_backward_rows is the body: CTA blk of nblk walking one tensor (the single kernel passes
  * blockIdx/gridDim, the q/k kernel its share of the grid). WREG: w in registers (unused: spilled). */
 template <int G, int V, int R, int T, bool PF, bool WREG, bool DW>
-static __device__ __forceinline__ void rms_backward10(int blk, int nblk, bf16 *dx, float *dw, float *partial,
+static __device__ __forceinline__ void rms_backward_rows(int blk, int nblk, bf16 *dx, float *dw, float *partial,
                                                       unsigned *ticket, const bf16 *dy, const bf16 *x, const float *w,
                                                       const float *rstd, int N, int C, int accumulate, int fin) {
     static_assert(T % G == 0 && T % 32 == 0 && (G <= 32 || G % 32 == 0), "whole row groups; groups > 32 lanes are whole warps");
     constexpr int NG = T / G, RS = NG * R, NW = T / 32;
-    extern __shared__ float rms10_sacc[];   /* DW and NG > 1: [NG][C], the row groups' column sums */
+    extern __shared__ float rms_rows_sacc[];   /* DW and NG > 1: [NG][C], the row groups' column sums */
     __shared__ float red[2][R][NW];
     if constexpr (DW)
         if (fin == RMS_FIN_PDL) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -606,7 +600,7 @@ static __device__ __forceinline__ void rms_backward10(int blk, int nblk, bf16 *d
                     float xf[8], g[8], wl[8];
                     unpack(i, k, c, xf, g, wl);
 #pragma unroll
-                    for (int j = 0; j < 8; j++) m[i] += wl[j] * g[j] * xf[j];   /* variant 4's order */
+                    for (int j = 0; j < 8; j++) m[i] += wl[j] * g[j] * xf[j];   /* the shared-memory variant's order */
                 }
             }
         }
@@ -647,7 +641,7 @@ static __device__ __forceinline__ void rms_backward10(int blk, int nblk, bf16 *d
 #pragma unroll
                     for (int j = 0; j < 8; j++) {
                         xf[j] *= ri;   /* x̂ */
-                        o[j] += ri * wl[j] * g[j] - xf[j] * ri * mi;   /* variant 4's expression */
+                        o[j] += ri * wl[j] * g[j] - xf[j] * ri * mi;   /* the shared-memory variant's expression */
                     }
                     dxr[c] = vec_pack8(o);
                     if constexpr (DW)
@@ -671,7 +665,6 @@ static __device__ __forceinline__ void rms_backward10(int blk, int nblk, bf16 *d
     if constexpr (DW) {
         __shared__ float4 fred[T];
         __shared__ unsigned last;
-        if (fin == RMS_FIN_WALK) return;   /* bench piece: the walk with its register sums only */
         float *out = partial + (size_t)blk * C;
         if constexpr (NG == 1) {   /* the thread's columns are the CTA's: straight to the partial row */
 #pragma unroll
@@ -684,7 +677,7 @@ static __device__ __forceinline__ void rms_backward10(int blk, int nblk, bf16 *d
                 }
             }
         } else {
-            float *sg = rms10_sacc + (size_t)grp * C;
+            float *sg = rms_rows_sacc + (size_t)grp * C;
 #pragma unroll
             for (int k = 0; k < V; k++) {
                 const int c = lane + k * G;
@@ -701,23 +694,23 @@ static __device__ __forceinline__ void rms_backward10(int blk, int nblk, bf16 *d
                 const int P = min(T / C, NG), col = threadIdx.x % C, part = threadIdx.x / C;
                 if (part < P) {
                     float t = 0.0f;
-                    for (int g = part; g < NG; g += P) t += rms10_sacc[(size_t)g * C + col];
-                    rms10_sacc[(size_t)part * C + col] = t;
+                    for (int g = part; g < NG; g += P) t += rms_rows_sacc[(size_t)g * C + col];
+                    rms_rows_sacc[(size_t)part * C + col] = t;
                 }
                 __syncthreads();
                 if ((int)threadIdx.x < C) {
                     float t = 0.0f;
-                    for (int q = 0; q < P; q++) t += rms10_sacc[(size_t)q * C + threadIdx.x];
+                    for (int q = 0; q < P; q++) t += rms_rows_sacc[(size_t)q * C + threadIdx.x];
                     out[threadIdx.x] = t;
                 }
             } else
                 for (int c = threadIdx.x; c < C; c += T) {
                     float t = 0.0f;
-                    for (int g = 0; g < NG; g++) t += rms10_sacc[(size_t)g * C + c];   /* groups in order */
+                    for (int g = 0; g < NG; g++) t += rms_rows_sacc[(size_t)g * C + c];   /* groups in order */
                     out[c] = t;
                 }
         }
-        if (fin != RMS_FIN_LAST) return;   /* RMS_FIN_PDL: rmsnorm_backward_dw_final2_kernel sums them */
+        if (fin != RMS_FIN_LAST) return;   /* RMS_FIN_PDL: rmsnorm_backward_dw_sum_kernel sums them */
         const float4 d = rms_dw_old(dw, 0, C / 4);   /* in flight during the ticket; used by the last CTA */
         __threadfence();   /* this CTA's partial is visible device-wide before its ticket is taken */
         __syncthreads();
@@ -733,9 +726,9 @@ static __device__ __forceinline__ void rms_backward10(int blk, int nblk, bf16 *d
 /* The single-tensor kernel: CTA b of the grid walks the tensor's rows. */
 template <int G, int V, int R, int T, int MINB, bool PF, bool WREG, bool DW>
 __global__ void __launch_bounds__(T, MINB)
-    rmsnorm_backward10_kernel(bf16 *dx, float *dw, float *partial, unsigned *ticket, const bf16 *dy, const bf16 *x,
+    rmsnorm_backward_rows_kernel(bf16 *dx, float *dw, float *partial, unsigned *ticket, const bf16 *dy, const bf16 *x,
                               const float *w, const float *rstd, int N, int C, int accumulate, int fin) {
-    rms_backward10<G, V, R, T, PF, WREG, DW>(blockIdx.x, gridDim.x, dx, dw, partial, ticket, dy, x, w, rstd, N, C,
+    rms_backward_rows<G, V, R, T, PF, WREG, DW>(blockIdx.x, gridDim.x, dx, dw, partial, ticket, dy, x, w, rstd, N, C,
                                              accumulate, fin);
 }
 
@@ -752,10 +745,10 @@ struct rms_qk_bwd_args {
     int N[2], nb[2];
 };
 template <int G, int V, int R, int T, int MINB, bool PF, bool DW>
-__global__ void __launch_bounds__(T, MINB) rmsnorm_qk_backward10_kernel(const rms_qk_bwd_args a, int C,
+__global__ void __launch_bounds__(T, MINB) rmsnorm_qk_backward_rows_kernel(const rms_qk_bwd_args a, int C,
                                                                         int accumulate) {
     const bool t = (int)blockIdx.x >= a.nb[0];
-    rms_backward10<G, V, R, T, PF, false, DW>((int)blockIdx.x - (t ? a.nb[0] : 0), RMS_SEL(nb), RMS_SEL(dx), RMS_SEL(dw),
+    rms_backward_rows<G, V, R, T, PF, false, DW>((int)blockIdx.x - (t ? a.nb[0] : 0), RMS_SEL(nb), RMS_SEL(dx), RMS_SEL(dw),
                                               RMS_SEL(partial), RMS_SEL(ticket), RMS_SEL(dy), RMS_SEL(x), RMS_SEL(w),
                                               RMS_SEL(rstd), RMS_SEL(N), C, accumulate, RMS_FIN_LAST);
 }
@@ -887,10 +880,11 @@ static int dw_chunks(int N) {
     return c < 1 ? 1 : c > 256 ? 256 : c;
 }
 
-/* Partial rows [P, C] the scratch of (N, C) holds: enough for every path (the choice can change at
- * the bench's variant 4 too): the two-pass dw chunks; variant 4's nb <= min(steps, cap)
- * (steps of 256/G rows); the default's nb <= min(its steps, 132 × CTAs per SM) <= that (its row step
- * is >= 256/G rows, its cap <= 264); the q/k launch's per-tensor grids are smaller still. Monotone in N. */
+/* Partial rows [P, C] the scratch of (N, C) holds: enough for every path, and for the bench's shared-memory
+ * variant, which shares this scratch (kernels/bench/rmsnorm_variants.cuh): the two-pass dw chunks; one partial per
+ * 256/G-row step up to 132 × 3 (V <= 2) or × 2 CTAs; the register-resident backward's nb <= min(its steps, 132 ×
+ * CTAs per SM) <= that (its row step is >= 256/G rows, its cap <= 264); the q/k launch's per-tensor grids are
+ * smaller still. Monotone in N. */
 static size_t rms_partial_rows(int N, int C) {
     int a = dw_chunks(N), b = 0;
     if (C <= RMS_REG_MAX_C) {
@@ -934,7 +928,7 @@ static int rms_launch_sum(void (*kern)(float *, const float *, int, int), int gr
 
 /* dw's dynamic shared memory above the kernel's default limit, set once per kernel. The default is
  * 48 KB minus the kernel's static shared memory (fred[T] etc.: about 8 KB at T 512), not 48 KB: at
- * C = 5120 (V = 4, T 512, NG 2) the 40 KB of rms10_sacc fit 48 KB but not 48 KB - 8 KB, and the launch
+ * C = 5120 (V = 4, T 512, NG 2) the 40 KB of rms_rows_sacc fit 48 KB but not 48 KB - 8 KB, and the launch
  * failed with "invalid argument" (the 27B drafter). So the limit is asked of the kernel. */
 template <auto kern>
 static int rms_smem_optin(size_t smem) {
@@ -959,22 +953,23 @@ static int rms_smem_optin(size_t smem) {
     return 0;
 }
 
-/* The row walk's shape for (C, dw, cfg): threads T, rows per group per step R, CTAs per SM. The
- * library runs cfg 2 (with dw: 512 threads, 1 CTA per SM); cfg 1 (256, 2 per SM with dw) is bench-only. */
-static void rms10_shape(int C, bool dw, int cfg, int *G, int *V, int *T, int *R, int *per_sm) {
+/* The row walk's shape for (C, dw, dw_threads): threads T, rows per group per step R, CTAs per SM. With dw and
+ * V <= 2 the CTA has dw_threads threads (the library: 512, 1 CTA per SM; kernels/bench also times 256, 2 per SM);
+ * dx alone 256 threads, 2 per SM; V = 4 always 512, 1 per SM. */
+static void rms_rows_shape(int C, bool dw, int dw_threads, int *G, int *V, int *T, int *R, int *per_sm) {
     reg_shape(C / 8, 2, G, V);
-    *T = *V == 4 ? 512 : dw && cfg == 2 ? 512 : 256;
+    *T = *V == 4 ? 512 : dw ? dw_threads : 256;
     *R = *V == 4 ? 1 : 2;
     *per_sm = *T == 512 ? 1 : 2;
 }
 
 /* The register-resident backward (C <= RMS_REG_MAX_C); dw nullable. The row walk (one launch), then for
- * dw and C > RMS_LAST_MAX_C rmsnorm_backward_dw_final2_kernel<4, 256> over the nb partials with PDL.
- * Shape: with dw 512 threads, 1 CTA per SM (shape 2 of rms10_shape); dx alone 256 threads, 2 per SM. */
-static int backward10_launch(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
+ * dw and C > RMS_LAST_MAX_C rmsnorm_backward_dw_sum_kernel<4, 256> over the nb partials with PDL.
+ * Shape: with dw 512 threads, 1 CTA per SM (rms_rows_shape); dx alone 256 threads, 2 per SM. */
+static int backward_rows_launch(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
                              unsigned *ticket, float *part, int N, int C, int accumulate_dx, cudaStream_t stream) {
     int G, V, T, R, per_sm;
-    rms10_shape(C, dw != NULL, 2, &G, &V, &T, &R, &per_sm);
+    rms_rows_shape(C, dw != NULL, 512, &G, &V, &T, &R, &per_sm);
     const int RS = T / G * R;
     int steps = (N + RS - 1) / RS, target = RMS_SMS * per_sm;
     if (steps < 1) steps = 1;
@@ -982,39 +977,39 @@ static int backward10_launch(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x,
     const int fin = C <= RMS_LAST_MAX_C ? RMS_FIN_LAST : RMS_FIN_PDL;
     const size_t smem = dw && T / G > 1 ? (size_t)(T / G) * C * sizeof(float) : 0;
     {
-#define RMS10_K(g, v, r, t, mb, d) rmsnorm_backward10_kernel<g, v, r, t, mb, true, false, d>
-#define RMS10_L(g, v, r, t, mb, d)                                                                                     \
+#define RMS_ROWS_K(g, v, r, t, mb, d) rmsnorm_backward_rows_kernel<g, v, r, t, mb, true, false, d>
+#define RMS_ROWS_L(g, v, r, t, mb, d)                                                                                     \
     do {                                                                                                               \
-        if (rms_smem_optin<RMS10_K(g, v, r, t, mb, d)>(smem)) return -1;                                               \
-        RMS10_K(g, v, r, t, mb, d)<<<nb, t, smem, stream>>>(dx, dw, part, ticket, dy, x, w, rstd, N, C, accumulate_dx,  \
+        if (rms_smem_optin<RMS_ROWS_K(g, v, r, t, mb, d)>(smem)) return -1;                                               \
+        RMS_ROWS_K(g, v, r, t, mb, d)<<<nb, t, smem, stream>>>(dx, dw, part, ticket, dy, x, w, rstd, N, C, accumulate_dx,  \
                                                           fin);                                                        \
     } while (0)
-#define RMS10_GV(g, v)                                                                                                 \
+#define RMS_ROWS_GV(g, v)                                                                                                 \
     do {                                                                                                               \
-        if (!dw) RMS10_L(g, v, 2, 256, 2, false);                                                                      \
-        else RMS10_L(g, v, 2, 512, 1, true);                                                                           \
+        if (!dw) RMS_ROWS_L(g, v, 2, 256, 2, false);                                                                      \
+        else RMS_ROWS_L(g, v, 2, 512, 1, true);                                                                           \
     } while (0)
         switch (G * 8 + V) {
-        case 8 * 8 + 1: RMS10_GV(8, 1); break;
-        case 8 * 8 + 2: RMS10_GV(8, 2); break;
-        case 16 * 8 + 2: RMS10_GV(16, 2); break;
-        case 32 * 8 + 2: RMS10_GV(32, 2); break;
-        case 64 * 8 + 2: RMS10_GV(64, 2); break;
-        case 128 * 8 + 2: RMS10_GV(128, 2); break;
-        case 256 * 8 + 2: RMS10_GV(256, 2); break;
+        case 8 * 8 + 1: RMS_ROWS_GV(8, 1); break;
+        case 8 * 8 + 2: RMS_ROWS_GV(8, 2); break;
+        case 16 * 8 + 2: RMS_ROWS_GV(16, 2); break;
+        case 32 * 8 + 2: RMS_ROWS_GV(32, 2); break;
+        case 64 * 8 + 2: RMS_ROWS_GV(64, 2); break;
+        case 128 * 8 + 2: RMS_ROWS_GV(128, 2); break;
+        case 256 * 8 + 2: RMS_ROWS_GV(256, 2); break;
         case 256 * 8 + 4:   /* V = 4: one shape (T 512, 1/SM, R 1) */
-            if (dw) RMS10_L(256, 4, 1, 512, 1, true);
-            else RMS10_L(256, 4, 1, 512, 1, false);
+            if (dw) RMS_ROWS_L(256, 4, 1, 512, 1, true);
+            else RMS_ROWS_L(256, 4, 1, 512, 1, false);
             break;
         default: return kernels_fail("rmsnorm_backward: no kernel for G=%d V=%d", G, V);
         }
-#undef RMS10_GV
-#undef RMS10_L
-#undef RMS10_K
+#undef RMS_ROWS_GV
+#undef RMS_ROWS_L
+#undef RMS_ROWS_K
         KERNELS_CHECK_LAUNCH("rmsnorm_backward");
     }
     if (!dw || fin != RMS_FIN_PDL) return 0;
-    return rms_launch_sum(rmsnorm_backward_dw_final2_kernel<4, 256>, (C / 4 + 3) / 4, 1024, 1, stream, dw, part, nb, C);
+    return rms_launch_sum(rmsnorm_backward_dw_sum_kernel<4, 256>, (C / 4 + 3) / 4, 1024, 1, stream, dw, part, nb, C);
 }
 
 /* One tensor's backward on (ticket, partials) (rmsnorm_backward's scratch layout, or one tensor's half
@@ -1022,7 +1017,7 @@ static int backward10_launch(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x,
 static int backward_impl(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
                          unsigned *ticket, float *part, int N, int C, int accumulate_dx, cudaStream_t stream) {
     if (N == 0) return 0;
-    if (C <= RMS_REG_MAX_C) return backward10_launch(dx, dw, dy, x, w, rstd, ticket, part, N, C, accumulate_dx, stream);
+    if (C <= RMS_REG_MAX_C) return backward_rows_launch(dx, dw, dy, x, w, rstd, ticket, part, N, C, accumulate_dx, stream);
     /* C > RMS_REG_MAX_C: the two-pass kernels (a size path; the dw sums chunk by chunk, no ticket) */
     const int C8 = C / 8;
     if (C8 >= 32)
@@ -1083,7 +1078,7 @@ extern "C" int rmsnorm_qk_backward(bf16 *dxq, float *dwq, const bf16 *dyq, const
      * proportion to their row steps, every CTA the same number of steps (±1) across both, the total
      * within one wave (132 × CTAs per SM); a function of (Nq, Nk, C, shape): dw deterministic */
     int G, V, T, R, per_sm;
-    rms10_shape(C, dw, 2, &G, &V, &T, &R, &per_sm);
+    rms_rows_shape(C, dw, 512, &G, &V, &T, &R, &per_sm);
     const int RS = T / G * R, sq = (Nq + RS - 1) / RS, sk = (Nk + RS - 1) / RS, target = RMS_SMS * per_sm;
     int kk = (sq + sk + target - 1) / target, nbq, nbk;
     for (;; kk++) {
@@ -1097,10 +1092,10 @@ extern "C" int rmsnorm_qk_backward(bf16 *dxq, float *dwq, const bf16 *dyq, const
     const size_t smem = dw && T / G > 1 ? (size_t)(T / G) * C * sizeof(float) : 0;   /* <= 32 KB at C <= 256 (+ 8 KB static) */
 #define RMS_QKB(g, v)                                                                                                  \
     do {                                                                                                               \
-        if (!dw) rmsnorm_qk_backward10_kernel<g, v, 2, 256, 2, true, false><<<blocks, 256, 0, stream>>>(a, C, accumulate_dx); \
+        if (!dw) rmsnorm_qk_backward_rows_kernel<g, v, 2, 256, 2, true, false><<<blocks, 256, 0, stream>>>(a, C, accumulate_dx); \
         else {                                                                                                         \
-            if (rms_smem_optin<rmsnorm_qk_backward10_kernel<g, v, 2, 512, 1, true, true>>(smem)) return -1;            \
-            rmsnorm_qk_backward10_kernel<g, v, 2, 512, 1, true, true><<<blocks, 512, smem, stream>>>(a, C, accumulate_dx); \
+            if (rms_smem_optin<rmsnorm_qk_backward_rows_kernel<g, v, 2, 512, 1, true, true>>(smem)) return -1;            \
+            rmsnorm_qk_backward_rows_kernel<g, v, 2, 512, 1, true, true><<<blocks, 512, smem, stream>>>(a, C, accumulate_dx); \
         }                                                                                                              \
     } while (0)
     switch (G * 8 + V) {   /* C <= RMS_LAST_MAX_C = 256: C/8 <= 32, G <= 16 */

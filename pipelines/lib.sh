@@ -274,12 +274,17 @@ wait_ring_drained() {
 # The three hooks (chain_start_services, start_feeders, chain_stop) are this host's chain by default;
 # pipelines/slurm-train.sh redefines them to drive one chain per host (issue 29, topology (c)).
 TRAIN_NEXT_SEQ=""
-train_seq_from_log() {   # train_seq_from_log SKIP_LINES SECS: the seq the trainer prints at start
-  local skip=$1 secs=$2 i line dead
+# train_next_seq SECS: the seq the starting trainer needs, from state/train.json. The trainer decides it at start-up
+# (newest VALID checkpoint) and writes the file before it takes an item; run_train_chain removes the previous run's
+# file before starting it, so the file's existence is the handshake, and dflash-train --print-next-seq reads it.
+train_next_seq() {
+  local secs=$1 i dead
   for ((i = 0; i < secs * 10; i++)); do
-    dead=0; _alive dflash-train || dead=1   # before reading: a trainer that printed and exited at once is read
-    line=$(tail -n +"$((skip + 1))" "$LOGS/dflash-train.out" 2>/dev/null | grep -m1 -o 'needs batch seq [0-9]* next' || true)
-    if [ -n "$line" ]; then TRAIN_NEXT_SEQ=${line//[^0-9]/}; return 0; fi
+    dead=0; _alive dflash-train || dead=1   # before looking: a trainer that wrote the file and exited at once is read
+    if [ -e "$RUN/state/train.json" ]; then
+      TRAIN_NEXT_SEQ=$("$DFLASH_BIN/dflash-train" --run "$RUN" --print-next-seq 2>>"$LOGS/dflash-train.out") && return 0
+      return 1
+    fi
     [ "$dead" = 0 ] || return 1
     sleep 0.1
   done
@@ -321,10 +326,11 @@ run_train_chain() {
   local round=0 rc skip
   while :; do
     chain_start_services || return 1
+    rm -f "$RUN/state/train.json"   # re-derived from the checkpoints by every start: the handshake (train_next_seq)
     start_stage --chain dflash-train "${CMD_TRAIN[@]}" --resume
     skip=${STAGE_LOG_SKIP[dflash-train]}
     rc=0
-    if ! train_seq_from_log "$skip" 120; then
+    if ! train_next_seq 120; then
       [ -z "${STAGE_PID[dflash-train]}" ] || wait "${STAGE_PID[dflash-train]}" 2>/dev/null || rc=$?
       STAGE_PID[dflash-train]=""
       if [ "$rc" -gt 128 ] || [ "$rc" -eq "$STAGE_EXIT_STOPPED" ]; then   # stopped while starting: as a death later
@@ -423,11 +429,12 @@ write_state() {
 # rewind_online_feeders SEQ: where a chain of dflash-pack -> dflash-target -> dflash-hspack starts: at batch SEQ,
 # whatever an earlier chain left (issue 24). The packer's saved cursor is removed, so --resume-from-seq SEQ seeks
 # there (a cursor that was rewound to the same SEQ by an earlier chain would make it continue past SEQ, and
-# hspack would wait for SEQ forever); hspack's next seq is set to SEQ. Within the chain, a packer restarted alone
-# continues from the cursor it writes from then on.
+# hspack would wait for SEQ forever); hspack's next seq is set to SEQ by dflash-hspack --set-next, the one writer of
+# its state file's format. Within the chain, a packer restarted alone continues from the cursor it writes from then on.
 rewind_online_feeders() {
   rm -f "$RUN/state/pack.cursor"
-  write_state "$RUN/state/hspack.features.next" "$(printf '%020d' "$1")"
+  "$DFLASH_BIN/dflash-hspack" --run "$RUN" --set-next "$1" >>"$LOGS/dflash-hspack.out" 2>&1 ||
+    pdie "dflash-hspack --set-next $1 failed: $(tail -n 1 "$LOGS/dflash-hspack.out")"
 }
 
 # ---------------------------------------------------------------- what every pipeline script does

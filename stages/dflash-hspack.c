@@ -15,8 +15,9 @@
  * features slot when the item is `next`, record it (--record), publish, advance the state file,
  * release the hidden slot. So with --spill 0 a SIGKILL loses nothing: an item is READY upstream
  * until its features item is published, and the restart (state file <run>/state/hspack.<out>.next
- * says where to resume) drops redelivered seqs below it; a kill between publish and the state
- * write can make one seq appear twice downstream, which every consumer's seen set drops.
+ * says where to resume; this file is its only writer, --set-next SEQ the pipelines' rewind) drops
+ * redelivered seqs below it; a kill between publish and the state write can make one seq appear
+ * twice downstream, which every consumer's seen set drops.
  * --spill N: when features is full (or the window is full with next missing and hidden has no
  * free slot, which would otherwise stall the replica computing next), up to N converted items
  * move to pinned host memory and their hidden slots are released at once: the target keeps
@@ -60,7 +61,7 @@ struct opts {
     int layout, record_dtype, dtype;
     int window, spill, wait_ms, tokens, hidden_size, n_layers, print_spec, spec_slots;
     int select[MAX_SELECT], n_select;
-    int64_t start_seq;
+    int64_t start_seq, set_next;
     double heartbeat_s, stall_log_s;
 };
 
@@ -87,6 +88,7 @@ struct hs {
     uint8_t *held_used;
     struct hspack_want want, rwant;
     int state_fd;
+    uint64_t plan;                   /* the run plan's hash (0: none): items of another plan are refused */
     uint8_t *rec_buf, *stage_buf;    /* --record: host copy of a features payload, and its recorded form */
     struct counters c;
 #ifdef DFLASH_CUDA
@@ -137,9 +139,32 @@ static void send_stats(struct hs *h, int summary) {
 
 /* ---------------------------------------------------------------- state */
 
+/* THE format of <run>/state/hspack.<out>.next, its one writer and reader (pipelines rewind it with --set-next):
+ * the next seq to emit, 20 decimal digits and a newline. */
+static int state_format(char *line, size_t cap, uint64_t next) {
+    return snprintf(line, cap, "%020llu\n", (unsigned long long)next);
+}
+
+/* The seq of a state file's text; -1 with a sentence naming the file when it is not one. */
+static int state_parse(const char *path, const char *text, uint64_t *next, char *err, int err_len) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (end == text || *end != '\n' || end[1] || errno || text[0] == '-')
+        return err_fail(err, err_len, "%s: expected a seq number and a newline, found '%.30s'", path, text);
+    *next = v;
+    return 0;
+}
+
+static int state_path(char *out, size_t cap, const char *run_dir, const char *out_ring) {
+    char sdir[PATH_MAX];
+    if (run_path(sdir, sizeof sdir, run_dir, "state")) return -1;
+    return snprintf(out, cap, "%s/hspack.%s.next", sdir, out_ring) >= (int)cap ? -1 : 0;
+}
+
 static void state_write(struct hs *h) {
     char line[32];
-    int n = snprintf(line, sizeof line, "%020llu\n", (unsigned long long)h->w.next);
+    int n = state_format(line, sizeof line, h->w.next);
     /* pwrite, no fsync: the file only has to survive the process (SIGKILL), not the machine */
     if (pwrite(h->state_fd, line, (size_t)n, 0) != n) DIE("pwrite(state file): %s", strerror(errno));
 }
@@ -301,6 +326,7 @@ static int take(struct hs *h, struct ring_slot *s, char *why, int why_len) {
     if (!bad && p->in_batch.seq != s->seq)
         bad = err_fail(err, sizeof err, "the slot carries seq %llu but its descriptor says seq %llu",
                        (unsigned long long)s->seq, (unsigned long long)p->in_batch.seq);
+    if (!bad && desc_check_plan(&p->in_batch, h->plan, NULL, err, sizeof err)) bad = -1;
     if (!bad && s->payload_len < p->in_batch.payload_bytes)
         bad = err_fail(err, sizeof err, "the producer published %llu payload bytes, the descriptor describes %llu",
                        (unsigned long long)s->payload_len, (unsigned long long)p->in_batch.payload_bytes);
@@ -356,6 +382,7 @@ int main(int argc, char **argv) {
     o.window = 4;
     o.wait_ms = 60000;
     o.start_seq = -1;
+    o.set_next = -1;
     o.heartbeat_s = 1.0;
     o.stall_log_s = 10.0;
     o.tokens = 0;
@@ -374,6 +401,8 @@ int main(int argc, char **argv) {
                                       "full; 0: back-pressure reaches the target. Spilled items are lost on SIGKILL", 0, 128},
         {"start-seq", FLAG_INT64, &o.start_seq, "first seq to emit (-1: from the state file of a previous run, else 0)", -1,
          INT64_MAX},
+        {"set-next", FLAG_INT64, &o.set_next, "write SEQ as the next seq to emit into RUN/state/hspack.<--out>.next "
+         "(atomically; where a restarted chain rewinds hspack: pipelines/lib.sh) and exit, without rings", -1, INT64_MAX},
         {"record", FLAG_STRING, &o.record, "also write every features item to DIR (recording format, README "
                                            "\"Recordings\"); disk per token = 13 B + (k_rec + 1) * H * bytes(dtype): "
                                            "k=5, H=4096, bf16 -> 49 KB/token, 49 GB per million tokens", 1, 0},
@@ -398,6 +427,21 @@ int main(int argc, char **argv) {
                         "dflash-replay. Exit 0 at end of stream, 3 when stopped by a signal, 1 on bad input.",
                         NULL, 0);
     char err[2048];
+    if (o.set_next >= 0) {   /* the state file's one writer outside a running hspack */
+        char path[PATH_MAX + 64], line[32];
+        if (!o.common.run_dir) { fprintf(stderr, "dflash-hspack: --set-next needs --run DIR\n"); return 2; }
+        char sdir[PATH_MAX];
+        if (run_path(sdir, sizeof sdir, o.common.run_dir, "state") || state_path(path, sizeof path, o.common.run_dir, o.out_ring)) {
+            fprintf(stderr, "dflash-hspack: --run path too long\n");
+            return 2;
+        }
+        int n = state_format(line, sizeof line, (uint64_t)o.set_next);
+        if (fs_mkdir_p(sdir, err, sizeof err) || fs_write_atomic(path, line, (size_t)n, err, sizeof err)) {
+            fprintf(stderr, "dflash-hspack: --set-next: %s\n", err);
+            return 1;
+        }
+        return 0;
+    }
     /* The run plan (RUN/plan.json, stages/plan/plan.h) owns the budget, k, H, dtype and device. */
     struct plan plan;
     int have_plan = plan_open_run(o.common.run_dir, &plan, err, sizeof err);
@@ -438,6 +482,7 @@ int main(int argc, char **argv) {
 
     static struct hs h;
     h.o = &o;
+    h.plan = have_plan ? plan.hash : 0;
     h.want.layout = o.layout == 1 ? DESC_LAYOUT_SPLIT : DESC_LAYOUT_CONCAT;
     h.rwant.layout = h.want.layout;
     h.rwant.dtype = o.record_dtype == 1 ? DESC_DTYPE_BF16 : o.record_dtype == 2 ? DESC_DTYPE_F32 : 0;
@@ -499,9 +544,9 @@ int main(int argc, char **argv) {
 
     /* ------------------------------------------------------------ where to start */
     char sdir[PATH_MAX], spath[PATH_MAX + 64];
-    if (run_path(sdir, sizeof sdir, o.common.run_dir, "state")) DIE("--run path too long");
+    if (run_path(sdir, sizeof sdir, o.common.run_dir, "state") || state_path(spath, sizeof spath, o.common.run_dir, o.out_ring))
+        DIE("--run path too long");
     LIB_CHECK(fs_mkdir_p(sdir, err, sizeof err), err);
-    snprintf(spath, sizeof spath, "%s/hspack.%s.next", sdir, o.out_ring);
     uint64_t next = 0;
     h.state_fd = fs_open_state(spath);   /* private, O_NOFOLLOW */
     SYS_CHECK(h.state_fd);
@@ -510,11 +555,9 @@ int main(int argc, char **argv) {
     SYS_CHECK(sn);
     if (o.start_seq >= 0) next = (uint64_t)o.start_seq;
     else if (sn > 0) {
-        char *end;
-        unsigned long long v = strtoull(sbuf, &end, 10);
-        if (end == sbuf || *end != '\n') DIE("%s: expected a seq number, found '%.30s'", spath, sbuf);
-        next = v;
-        log_info("resuming at seq %llu (state file %s); redelivered seqs below it are dropped", v, spath);
+        LIB_CHECK(state_parse(spath, sbuf, &next, err, sizeof err), err);
+        log_info("resuming at seq %llu (state file %s); redelivered seqs below it are dropped", (unsigned long long)next,
+                 spath);
     }
     LIB_CHECK(hspack_window_init(&h.w, (uint32_t)o.window, (uint32_t)o.spill, next, err, sizeof err), err);
     if (have_plan) {   /* a host of a several-host run: only its shard's seqs come (plan.h) */

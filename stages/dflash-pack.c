@@ -136,6 +136,7 @@ struct pstage {
     uint64_t last_batches;
     struct seq_shard shard;      /* the seqs published (a host of a several-host run: its shard; else every seq) */
     uint64_t foreign;            /* batches packed and not published (other hosts' seqs) */
+    uint64_t plan;               /* the run plan's hash, stamped into every batch (0: no plan) */
 };
 
 static int pack_at_end(void *ctx, char *err, int err_len) { return packer_at_end(((struct pstage *)ctx)->p, err, err_len); }
@@ -152,6 +153,7 @@ static int pack_compute(void *ctx, struct relay_item *it, char *err, int err_len
     }
     if (got < 0) return -1;
     if (!got) return RELAY_END;
+    d.plan = ps->plan;
     size_t dlen;
     if (desc_batch_encode(&d, it->out->desc, it->out->desc_cap, &dlen, err, err_len)) return -1;
     it->seq = d.seq;
@@ -362,7 +364,8 @@ int main(int argc, char **argv) {
     }
 
     /* ------------------------------------------------------------ output */
-    struct pstage ps = {.p = &p, .cursor_path = cursor_path, .skipped_bad = ls.skipped_bad, .t_last = time_mono_s()};
+    struct pstage ps = {.p = &p, .cursor_path = cursor_path, .skipped_bad = ls.skipped_bad, .t_last = time_mono_s(),
+                         .plan = have_plan ? plan.hash : 0};
     seq_shard_all(&ps.shard);
     if (have_plan) {
         if (plan.hosts > 1 && plan.host < 0) {

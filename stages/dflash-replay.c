@@ -28,6 +28,7 @@
 #include "core/rings.h"
 #include "core/stage.h"
 #include "hspack/hspack.h"
+#include "plan/plan.h"
 #include "record/replay.h"
 #include "shm/ring.h"
 
@@ -67,6 +68,7 @@ struct rp {
     struct hspack_want want;
     int convert;
     void *stream;
+    uint64_t plan;             /* the run plan's hash (RUN/plan.json; 0: none), stamped into every item */
 };
 
 static void state_write(struct rp *r) {
@@ -137,7 +139,7 @@ static int rp_compute(void *ctx, struct relay_item *it, char *err, int err_len) 
         src = r->stage2;
         plen = p.out.batch.payload_bytes;
     }
-    if (replay_reseq(desc, &dlen, sizeof desc, r->next_seq, epoch, why, sizeof why))
+    if (replay_reseq(desc, &dlen, sizeof desc, r->next_seq, epoch, r->plan, why, sizeof why))
         return err_fail(err, err_len, "%s: %s", path, why);
     if (dlen > os->desc_cap)
         return err_fail(err, err_len, "%s: descriptor of %zu bytes, ring '%s' slots hold %u", path, dlen, r->o->out_ring,
@@ -253,6 +255,11 @@ int main(int argc, char **argv) {
                DESC_MAX_BYTES, devs);
         return 0;
     }
+    /* Replayed items belong to this run: they carry its plan's hash (when it has one), not the recording run's. */
+    struct plan plan;
+    int have_plan = plan_open_run(o.common.run_dir, &plan, err, sizeof err);
+    if (have_plan < 0) { fprintf(stderr, "dflash-replay: %s\n", err); return 2; }
+    r.plan = have_plan ? plan.hash : 0;
     stage_start(&o.common, 1);
     r.n = r.ix.n_items;
     r.total = r.n * (uint64_t)o.epochs;
@@ -294,6 +301,7 @@ int main(int argc, char **argv) {
         .run_dir = o.common.run_dir, .out_ring = o.out_ring,
         .attach_wait_ms = o.wait_ms, .heartbeat_s = o.heartbeat_s, .use_bus = 1, .item_name = "batch",
         .ctx = &r, .compute = rp_compute, .at_end = rp_at_end, .heartbeat_kv = rp_kv, .published = rp_published,
+        .plan = r.plan,
     };
 #ifdef DFLASH_CUDA
     if (o.common.cuda_device >= 0) CUDA_CHECK(cudaSetDevice(o.common.cuda_device));   /* IPC handles open here */

@@ -183,6 +183,7 @@ static int compute_hidden(void *ctx, struct relay_item *it, char *err, int err_l
     if (desc_batch_decode(is->desc, is->desc_len, is->payload_cap, &bd, e2, sizeof e2))
         return err_fail(err, err_len, "ring '%s' slot %u (seq %llu): %s", ts->o->in_ring, is->index,
                         (unsigned long long)is->seq, e2);
+    if (desc_check_plan(&bd, ts->o->plan, ts->o->in_ring, err, err_len)) return -1;
     if (desc_batch_check_payload(&bd, is->payload, cfg->vocab_size, err, err_len)) return -1;
     if (rings_check_budget(bd.seq, bd.n_tokens, bd.budget, (uint32_t)ts->o->tokens, err, err_len)) return -1;
     struct desc_batch_arrays ba;

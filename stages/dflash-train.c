@@ -111,7 +111,7 @@ struct opts {
     int allow_unservable;   /* issue 26: train a configuration no serving engine serves (research) */
     double lr, muon_lr, weight_decay, muon_weight_decay, clip, warmup_ratio;
     int64_t warmup_steps, max_steps, seed, dump_step;
-    int grad_accum, ckpt_every, keep, resume, max_nonfinite, wait_ms;
+    int grad_accum, ckpt_every, keep, resume, max_nonfinite, wait_ms, print_next_seq;
     double heartbeat_s;
 };
 
@@ -133,6 +133,7 @@ struct trainer {
     int64_t next_seq;                /* the next batch seq this run needs */
     int micro;                       /* micro-batches accumulated into the gradients */
     uint64_t target_id;              /* desc_target_id of --target-model: what every features item must name */
+    uint64_t plan;                   /* the run plan's hash (0: none): an item of another plan is refused */
     struct step_acc acc;             /* metrics and Σ per-batch losses of the current optimizer step */
     uint64_t step_tokens;
     double step_busy_s, last_step_t, lr;
@@ -386,6 +387,7 @@ static int compute_train(void *ctx, struct relay_item *it, char *err, int err_le
     if (desc_features_decode(is->desc, is->desc_len, is->payload_cap, &fd, e2, sizeof e2))
         return err_fail(err, err_len, "ring '%s' slot %u (seq %llu): %s", tr->o->in_ring, is->index,
                         (unsigned long long)is->seq, e2);
+    if (desc_check_plan(&fd.batch, tr->plan, tr->o->in_ring, err, err_len)) return -1;
     /* k, H, layout, dtype, layer ids, and the batch's tokens and budget against the planned T_max: checked once */
     if (drafter_check_features(c, &fd, e2, sizeof e2))
         return err_fail(err, err_len, "features seq %llu: %s", (unsigned long long)fd.batch.seq, e2);
@@ -511,8 +513,8 @@ int main(int argc, char **argv) {
         {"allow-unservable", FLAG_BOOL, &o.allow_unservable, "train a configuration that neither vLLM nor SGLang "
          "serves as trained (refused at start-up otherwise; see dflash-export --help)", 1, 0},
         {"mask-token-id", FLAG_INT64, &o.dc.mask_token_id, "mask token id (default: tokenizer_config.json's mask_token, "
-         "else the first embedding row past tokenizer.json's last id; a target without tokenizer.json needs this flag; "
-         "never pad or EOS)", -1, INT64_MAX},
+         "else the first embedding row past tokenizer.json's last id; without either (no tokenizer.json, or a tokenizer "
+         "that fills the embedding) the trainer stops at start-up naming the file: pass this flag; never pad or EOS)", -1, INT64_MAX},
         {"noise", FLAG_DOUBLE, &o.noise, "half-width of the uniform noise added to the captured states (train only)",
          0, 10},
         {"loss", FLAG_CHOICE, &ch_loss, "per-slot loss", 1, 0},
@@ -539,6 +541,9 @@ int main(int argc, char **argv) {
         {"keep", FLAG_INT, &o.keep, "checkpoints to keep (0: all)", 0, INT_MAX},
         {"resume", FLAG_BOOL, &o.resume, "continue from the newest valid checkpoint of this run (a fresh start when "
          "there is none)", 1, 0},
+        {"print-next-seq", FLAG_BOOL, &o.print_next_seq, "print the batch seq this run's trainer needs next (from "
+         "RUN/state/train.json, which a starting trainer rewrites from its checkpoints before it takes an item) and exit; "
+         "exit 1 when there is none yet", 1, 0},
         {"max-nonfinite", FLAG_INT, &o.max_nonfinite, "stop after this many non-finite steps in a row", 1, INT_MAX},
         {"draft-vocab", FLAG_STRING, &o.draft_vocab, "directory with t2d.npy and d2t.npy (dflash-vocab) for a pruned "
          "draft vocabulary (default: the full target vocabulary)", 1, 0},
@@ -560,6 +565,18 @@ int main(int argc, char **argv) {
                         "1 when the stream ends before them (the line says how many were trained), 3 when stopped by "
                         "a signal.",
                         NULL, 0);
+    if (o.print_next_seq) {   /* the pipelines' resume handshake (pipelines/lib.sh train_next_seq) */
+        char path[PATH_MAX], perr[PATH_MAX + 256];
+        int64_t step, next;
+        if (!o.common.run_dir) { fprintf(stderr, "dflash-train: --print-next-seq needs --run DIR\n"); return 2; }
+        if (snprintf(path, sizeof path, "%s/state/train.json", o.common.run_dir) >= (int)sizeof path) {
+            fprintf(stderr, "dflash-train: --run path too long\n");
+            return 2;
+        }
+        if (ckpt_read_state(path, &step, &next, NULL, 0, perr, sizeof perr)) { fprintf(stderr, "dflash-train: %s\n", perr); return 1; }
+        printf("%lld\n", (long long)next);
+        return 0;
+    }
     /* The run plan (RUN/plan.json, stages/plan/plan.h) owns the target, budget, captured ids, the drafter's layer
      * types and block size, the steps, the accumulation and the device. */
     struct plan plan;
@@ -679,6 +696,7 @@ int main(int argc, char **argv) {
     LIB_CHECK(drafter_load_target(tr.d, o.target_model, err, sizeof err), err);
     tl_mark(&tr, "weights read (the target's frozen tables)");
     LIB_CHECK(desc_target_id_of_model(o.target_model, &tr.target_id, err, sizeof err), err);
+    tr.plan = have_plan ? plan.hash : 0;
 
     tr.n_tens = drafter_n_params(tr.d);
     tr.tens = calloc((size_t)tr.n_tens, sizeof *tr.tens);

@@ -10,7 +10,8 @@
 #include <msgpack.h>
 
 static struct desc_batch sample_batch(uint32_t T, uint32_t n_docs) {
-    struct desc_batch d = {.seq = 123456789012ull, .epoch = 3, .n_tokens = T, .budget = T + 17, .n_docs = n_docs, .n_loss = 1};
+    struct desc_batch d = {.seq = 123456789012ull, .epoch = 3, .n_tokens = T, .budget = T + 17, .n_docs = n_docs, .n_loss = 1,
+                           .plan = 0x1234abcd5678ef90ull};
     desc_batch_layout(&d);
     return d;
 }
@@ -20,7 +21,8 @@ static int batch_eq(const struct desc_batch *a, const struct desc_batch *b) {
            a->n_docs == b->n_docs && a->n_loss == b->n_loss && a->payload_bytes == b->payload_bytes &&
            a->off_row_ids == b->off_row_ids && a->off_input_ids == b->off_input_ids &&
            a->off_loss_mask == b->off_loss_mask && a->off_position_ids == b->off_position_ids &&
-           a->off_doc_ids == b->off_doc_ids && a->off_cu_seqlens == b->off_cu_seqlens && a->split == b->split;
+           a->off_doc_ids == b->off_doc_ids && a->off_cu_seqlens == b->off_cu_seqlens && a->split == b->split &&
+           a->plan == b->plan;
 }
 
 /* ---------------------------------------------------------------- round trips */
@@ -158,6 +160,50 @@ START_TEST(sizes_and_limits) {
 }
 END_TEST
 
+/* The run plan's hash travels in every kind (issue 25): each kind is at version 4 (the one that added it), a
+ * forwarded batch part keeps it, and desc_check_plan refuses another plan's item with one line naming the ring,
+ * the seq and both hashes, while a stage or an item without a plan (0) passes. */
+START_TEST(plan_hash) {
+    ck_assert_uint_eq(desc_version(DESC_KIND_BATCH), 4);
+    ck_assert_uint_eq(desc_version(DESC_KIND_HIDDEN), 4);
+    ck_assert_uint_eq(desc_version(DESC_KIND_FEATURES), 4);
+    ck_assert_uint_eq(desc_version((enum desc_kind)9), 0);
+    char buf[DESC_MAX_BYTES], err[512];
+    size_t len = 0;
+    struct desc_batch d = sample_batch(64, 2), out;
+    d.plan = UINT64_MAX;   /* the full range survives */
+    ck_assert_int_eq(desc_batch_encode(&d, buf, sizeof buf, &len, err, sizeof err), 0);
+    ck_assert_int_eq(desc_batch_decode(buf, len, 0, &out, err, sizeof err), 0);
+    ck_assert_uint_eq(out.plan, UINT64_MAX);
+    d.plan = 0x00000000000000abull;
+    struct desc_hidden h = {.batch = d, .n_layers = 1, .layers = {2}, .dtype = DESC_DTYPE_F32, .hidden_size = 8}, h2;
+    desc_hidden_layout(&h);
+    ck_assert_int_eq(desc_hidden_encode(&h, buf, sizeof buf, &len, err, sizeof err), 0);
+    ck_assert_int_eq(desc_hidden_decode(buf, len, 0, &h2, err, sizeof err), 0);
+    ck_assert_uint_eq(h2.batch.plan, 0xab);
+    struct desc_features f = {.batch = h2.batch, .layout = DESC_LAYOUT_SPLIT, .n_layers = 1, .layers = {2},
+                              .dtype = DESC_DTYPE_F32, .hidden_size = 8}, f2;
+    desc_features_layout(&f);
+    ck_assert_int_eq(desc_features_encode(&f, buf, sizeof buf, &len, err, sizeof err), 0);
+    ck_assert_int_eq(desc_features_decode(buf, len, 0, &f2, err, sizeof err), 0);
+    ck_assert_uint_eq(f2.batch.plan, 0xab);
+    /* the check */
+    ck_assert_int_eq(desc_check_plan(&f2.batch, 0xab, "features", err, sizeof err), 0);   /* same plan */
+    ck_assert_int_eq(desc_check_plan(&f2.batch, 0, "features", err, sizeof err), 0);      /* stage without a plan */
+    f2.batch.plan = 0;
+    ck_assert_int_eq(desc_check_plan(&f2.batch, 0xab, "features", err, sizeof err), 0);   /* item without a plan */
+    f2.batch.plan = 0xfeedull;
+    f2.batch.seq = 12;
+    ck_assert_int_eq(desc_check_plan(&f2.batch, 0xab, "features", err, sizeof err), -1);
+    ck_assert_str_eq(err, "ring 'features' seq 12 was made under run plan 000000000000feed, this stage read plan "
+                          "00000000000000ab from its run's plan.json: a stage of another run (or an older plan) feeds "
+                          "this ring");
+    ck_assert_ptr_null(strchr(err, '\n'));
+    ck_assert_int_eq(desc_check_plan(&f2.batch, 0xab, NULL, err, sizeof err), -1);
+    ck_assert_msg(!strncmp(err, "seq 12 was made under run plan 000000000000feed", 47), "%s", err);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- malformed descriptors */
 
 struct mod {
@@ -185,7 +231,7 @@ static void pack_batch_mod(const struct desc_batch *d, const struct mod *m, msgp
         {"version", m->version}, {"seq", d->seq}, {"epoch", d->epoch}, {"n_tokens", d->n_tokens}, {"budget", d->budget},
         {"n_docs", d->n_docs}, {"n_loss", d->n_loss}, {"payload_bytes", d->payload_bytes}, {"off_row_ids", d->off_row_ids},
         {"off_input_ids", d->off_input_ids}, {"off_loss_mask", d->off_loss_mask}, {"off_position_ids", d->off_position_ids},
-        {"off_doc_ids", d->off_doc_ids}, {"off_cu_seqlens", d->off_cu_seqlens}};
+        {"off_doc_ids", d->off_doc_ids}, {"off_cu_seqlens", d->off_cu_seqlens}, {"plan", d->plan}};
     int n = (int)(sizeof f / sizeof f[0]);
     int count = 2 + n - (m->drop ? 1 : 0) + (m->dup ? 1 : 0) + (m->extra ? 1 : 0) - (m->drop_split ? 1 : 0);
     msgpack_packer pk;
@@ -218,7 +264,7 @@ static void expect_reject(struct mod m, const char *want) {
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     if (!m.kind) m.kind = "batch";
-    if (!m.version) m.version = DESC_VERSION;
+    if (!m.version) m.version = DESC_BATCH_VERSION;
     pack_batch_mod(&d, &m, &sb);
     int rc = desc_batch_decode(sb.data, sb.size, 0, &out, err, sizeof err);
     msgpack_sbuffer_destroy(&sb);
@@ -232,7 +278,7 @@ START_TEST(malformed_rejected) {
     char err[256];
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
-    pack_batch_mod(&d, &(struct mod){.kind = "batch", .version = DESC_VERSION}, &sb);
+    pack_batch_mod(&d, &(struct mod){.kind = "batch", .version = DESC_BATCH_VERSION}, &sb);
     ck_assert_msg(desc_batch_decode(sb.data, sb.size, 0, &out, err, sizeof err) == 0, "%s", err);
     ck_assert(batch_eq(&d, &out));
     /* truncated bytes */
@@ -242,12 +288,14 @@ START_TEST(malformed_rejected) {
 
     expect_reject((struct mod){.kind = "features"}, "expected 'batch', found 'features'");
     expect_reject((struct mod){.kind = "bogus"}, "expected batch, hidden or features, found 'bogus'");
-    expect_reject((struct mod){.version = 4}, "version: expected 3, found 4");
-    expect_reject((struct mod){.version = 2}, "version: expected 3, found 2");   /* before the target field */
-    expect_reject((struct mod){.version = 1}, "version: expected 3, found 1");   /* before the split field */
-    expect_reject((struct mod){.drop = "n_docs"}, "expected 16 fields, found 15");
-    expect_reject((struct mod){.drop_split = 1}, "expected 16 fields, found 15");
-    expect_reject((struct mod){.extra = "color"}, "expected 16 fields, found 17");
+    expect_reject((struct mod){.version = 5}, "batch descriptor version: expected 4, found 5 (written by a newer build)");
+    expect_reject((struct mod){.version = 3}, "version: expected 4, found 3 (written by an older build");   /* before plan */
+    expect_reject((struct mod){.version = 1}, "version: expected 4, found 1");   /* before the split field */
+    expect_reject((struct mod){.drop = "n_docs"}, "expected 17 fields, found 16");
+    expect_reject((struct mod){.drop = "plan"}, "expected 17 fields, found 16");
+    expect_reject((struct mod){.drop_split = 1}, "expected 17 fields, found 16");
+    expect_reject((struct mod){.extra = "color"}, "expected 17 fields, found 18");
+    expect_reject((struct mod){.as_string = "plan"}, "field 'plan': expected an unsigned integer, found a string");
     expect_reject((struct mod){.split = "test"}, "split: expected 'train' or 'val', found 'test'");
     expect_reject((struct mod){.drop = "n_docs", .extra = "color"}, "unexpected field 'color'");
     expect_reject((struct mod){.drop = "epoch", .dup = "seq"}, "field 'seq' appears twice");
@@ -376,6 +424,7 @@ int main(void) {
     tcase_add_test(tc, batch_round_trip);
     tcase_add_test(tc, hidden_features_round_trip);
     tcase_add_test(tc, split_round_trip);
+    tcase_add_test(tc, plan_hash);
     tcase_add_test(tc, sizes_and_limits);
     tcase_add_test(tc, malformed_rejected);
     tcase_add_test(tc, hidden_malformed_rejected);

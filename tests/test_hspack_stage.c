@@ -10,12 +10,17 @@
  * - SIGKILL of hspack mid-stream and the same command again: every seq exactly once after the
  *   trainer's duplicate drop, none lost;
  * - a descriptor that disagrees with its payload: exit 1 with a sentence naming the batch;
- * - --print-ring-spec answers what rings.h defines.
+ * - started with a run plan, an item made under another plan: exit 1 with one line naming the ring and both
+ *   plan hashes (the plan's own items and items without a plan pass);
+ * - --print-ring-spec answers what rings.h defines;
+ * - --set-next SEQ (the pipelines' rewind, the state file's one writer) writes the file the stage resumes from:
+ *   hspack then drops every seq below SEQ and emits from SEQ on.
  */
 #include "test_hspack_items.h"
 
 #include "core/record.h"
 #include "core/rings.h"
+#include "plan/plan.h"
 
 #include <sys/wait.h>
 
@@ -46,6 +51,15 @@ static int produce(void *arg) {
     ring_set_log(tr_quiet, NULL);
     struct ring *r = ring_attach(p->run, "hidden", RING_PRODUCER, 5000, err, sizeof err);
     if (!r) { fprintf(stderr, "producer: %s\n", err); return 1; }
+    if (p->pub) {   /* the ordering cases: start once dflash-hspack reads, so a slow producer's delay reorders */
+        struct ring_status st;
+        int reading = 0;
+        for (double t0 = tr_now(); !reading && tr_now() - t0 < 30; usleep(2000)) {
+            ring_get_status(r, &st);
+            for (int i = 0; i < st.n_attached; i++) reading |= st.attached[i].role == RING_CONSUMER && st.attached[i].alive;
+        }
+        if (!reading) { fprintf(stderr, "producer: no consumer of 'hidden' within 30 s\n"); return 1; }
+    }
     for (int q = p->id; q < p->n; q += p->n_prod) {
         for (int lo = 0; p->pub && lo < q - p->ahead; lo++)
             while (!__atomic_load_n(&p->pub[lo], __ATOMIC_SEQ_CST)) usleep(200);
@@ -120,7 +134,7 @@ START_TEST(three_producers_out_of_order_record_replay) {
     pid_t w[3];
     volatile int *pub = tr_shared(N * sizeof(int));
     for (int i = 0; i < 3; i++) {
-        p[i] = (struct prod){run, i, 3, N, i == 0 ? 20000 : 1000, NULL, pub, 6};   /* replica 0 is slower */
+        p[i] = (struct prod){run, i, 3, N, i == 0 ? 150000 : 1000, NULL, pub, 6};   /* replica 0 is slower */
         w[i] = tr_fork(produce, &p[i]);
     }
     static uint64_t fnv[N], fnv2[N];
@@ -275,6 +289,95 @@ START_TEST(bad_descriptor_names_the_batch) {
 }
 END_TEST
 
+/* The run plan's hash in every descriptor (issue 25): hspack started with RUN/plan.json passes items of its plan
+ * and of no plan, and refuses an item of another plan with one line, not a silent misread. */
+START_TEST(foreign_plan_refused) {
+    pid_t shm;
+    const char *run = start("hspack-plan", 4, 4, &shm, 1);
+    /* a plan with this suite's geometry (written by hand: the module, not dflash-plan, so no model is needed) */
+    struct plan pl;
+    memset(&pl, 0, sizeof pl);
+    snprintf(pl.model, sizeof pl.model, "/nonexistent/model");
+    snprintf(pl.data, sizeof pl.data, "/nonexistent/data.jsonl");
+    snprintf(pl.device, sizeof pl.device, "cpu");
+    snprintf(pl.train_device, sizeof pl.train_device, "cpu");
+    pl.tokens = 64;
+    pl.target_layers = 8;
+    pl.hidden_size = HI_H;
+    pl.n_ids = HI_K;
+    pl.ids[0] = 1; pl.ids[1] = 4; pl.ids[2] = 7;
+    pl.dtype = DESC_DTYPE_F32;
+    pl.draft_layers = 1;
+    pl.block_size = 4;
+    pl.seed = 1; pl.window = 16; pl.epochs = 1; pl.steps = 3; pl.grad_accum = 1; pl.batches = 3;
+    pl.target_replicas = 1;
+    char err[512], path[900];
+    snprintf(path, sizeof path, "%s/plan.json", run);
+    ck_assert_msg(plan_write(&pl, path, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_ne(pl.hash, 0);
+    struct ring *r = ring_attach(run, "hidden", RING_PRODUCER, 5000, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    const char *a[] = {NULL};   /* --tokens, k, H, dtype and device from the plan */
+    pid_t hs = spawn(run, "dflash-hspack", a);
+    uint64_t plans[3] = {pl.hash, 0, pl.hash ^ 0x5a5a};   /* its plan, no plan, another plan */
+    for (uint64_t q = 0; q < 3; q++) {
+        struct ring_slot s;
+        ck_assert_int_eq(ring_acquire_write(r, 2000, &s), 0);
+        struct desc_hidden d;
+        hi_make(q, s.desc, s.desc_cap, s.payload, &d);
+        d.batch.plan = plans[q];
+        size_t dl;
+        ck_assert_msg(desc_hidden_encode(&d, s.desc, s.desc_cap, &dl, err, sizeof err) == 0, "%s", err);
+        ck_assert_int_eq(ring_publish(r, &s, q, (uint32_t)dl, d.batch.payload_bytes), 0);
+    }
+    ck_assert_int_eq(tr_wait(hs), 1);
+    snprintf(path, sizeof path, "%s/logs/dflash-hspack.log", run);
+    char *log = test_slurp_static(path), want[256];
+    snprintf(want, sizeof want, "ring 'hidden' batch seq 2 rejected: seq 2 was made under run plan %016llx, this stage "
+             "read plan %016llx", (unsigned long long)(pl.hash ^ 0x5a5a), (unsigned long long)pl.hash);
+    ck_assert_msg(log && strstr(log, want), "no '%s' in: %s", want, log ? log : "(no log)");
+    struct ring *f = ring_attach(run, "features", RING_OBSERVER, 1000, err, sizeof err);
+    ck_assert_msg(f != NULL, "%s", err);
+    struct ring_status st;
+    ring_get_status(f, &st);
+    ck_assert_uint_eq(st.published, 2);   /* its plan's item and the planless one went out, the foreign one did not */
+    ring_close(f);
+    ring_close(r);
+    tr_shutdown_shm(run, shm);
+}
+END_TEST
+
+START_TEST(set_next_rewinds) {
+    pid_t shm;
+    const char *run = start("hspack-setnext", 4, 4, &shm, 1);
+    char path[900], log[900];
+    snprintf(log, sizeof log, "%s/set-next.log", run);
+    const char *sn[] = {test_bin("dflash-hspack"), "--run", run, "--set-next", "3", NULL};
+    ck_assert_int_eq(tr_wait(test_spawn_log(log, sn)), 0);
+    snprintf(path, sizeof path, "%s/state/hspack.features.next", run);
+    char *text = test_slurp_static(path);
+    ck_assert_msg(text && !strcmp(text, "00000000000000000003\n"), "%s", text ? text : "(no state file)");
+    const char *no_run[] = {test_bin("dflash-hspack"), "--set-next", "3", NULL};
+    ck_assert_int_eq(tr_wait(test_spawn_log(log, no_run)), 2);
+    /* the stage reads what --set-next wrote: seqs 0..2 are dropped, 3..5 come out */
+    const char *a[] = {NULL};
+    pid_t hs = spawn(run, "dflash-hspack", a);
+    struct prod p = {run, 0, 1, 6, 0, NULL, NULL, 0};
+    pid_t w = tr_fork(produce, &p);
+    int dups = 0;
+    uint64_t fnv[8] = {0};
+    ck_assert_int_eq(consume(run, "features", DESC_LAYOUT_CONCAT, 0, 6, fnv, &dups, 0, NULL), 3);
+    for (int q = 0; q < 3; q++) ck_assert_msg(fnv[q] == 0, "seq %d below --set-next 3 came out", q);
+    for (int q = 3; q < 6; q++) ck_assert_msg(fnv[q] != 0, "seq %d missing", q);
+    ck_assert_int_eq(tr_wait(w), 0);
+    ck_assert_int_eq(tr_wait(hs), 0);
+    snprintf(path, sizeof path, "%s/logs/dflash-hspack.log", run);
+    char *hlog = test_slurp_static(path);
+    ck_assert_msg(hlog && strstr(hlog, "resuming at seq 3 (state file"), "%s", hlog ? hlog : "(no log)");
+    tr_stop_shm(shm);
+}
+END_TEST
+
 START_TEST(print_ring_spec) {
     const char *run = tr_run("hspack-spec");
     char out[800];
@@ -299,6 +402,8 @@ int main(void) {
     tcase_add_test(t, spill_on_absorbs_burst);
     tcase_add_test(t, sigkill_and_restart);
     tcase_add_test(t, bad_descriptor_names_the_batch);
+    tcase_add_test(t, foreign_plan_refused);
+    tcase_add_test(t, set_next_rewinds);
     tcase_add_test(t, print_ring_spec);
     suite_add_tcase(s, t);
     return test_run_suite(s);

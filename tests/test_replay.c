@@ -2,7 +2,7 @@
  * tests/test_replay.c — dflash-replay and its module stages/record/replay.h.
  *
  * Module: permutations are permutations, seeded, different per epoch, identity in order;
- * replay_reseq changes only seq and epoch.
+ * replay_reseq changes only seq, epoch and the plan hash (the replaying run's, issue 25).
  * Stage (real processes, host rings; the recording is made with record_write_file from features
  * items built by the hspack conversion, i.e. what dflash-hspack --record writes):
  * - in order: every replayed item is bit-exact the recorded one (descriptor and payload);
@@ -107,7 +107,7 @@ static int consume(const char *run, int *got, int max, int dedup, int *dups, pid
             uint8_t want[DESC_MAX_BYTES];
             size_t wl = g_dlen[got[n]];
             memcpy(want, g_desc[got[n]], wl);
-            ck_assert_int_eq(replay_reseq(want, &wl, sizeof want, s.seq, f.batch.epoch, err, sizeof err), 0);
+            ck_assert_int_eq(replay_reseq(want, &wl, sizeof want, s.seq, f.batch.epoch, 0, err, sizeof err), 0);
             ck_assert_msg(wl == s.desc_len && !memcmp(want, s.desc, wl), "seq %llu: descriptor differs beyond seq/epoch",
                           (unsigned long long)s.seq);
         }
@@ -137,6 +137,25 @@ START_TEST(permutations) {
         seen[a[i]] = 1;
     }
     ck_assert(same_ab && !same_ac && !ident);
+}
+END_TEST
+
+START_TEST(reseq_stamps_plan) {
+    uint8_t desc[DESC_MAX_BYTES], pay[HI_CAP];
+    struct desc_hidden d, h;
+    size_t len = hi_make(5, desc, sizeof desc, pay, &d);
+    char err[512];
+    ck_assert_int_eq(replay_reseq(desc, &len, sizeof desc, 42, 2, 0xc0ffeeull, err, sizeof err), 0);
+    ck_assert_msg(desc_hidden_decode(desc, len, 0, &h, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(h.batch.seq, 42);
+    ck_assert_uint_eq(h.batch.epoch, d.batch.epoch + 2);
+    ck_assert_uint_eq(h.batch.plan, 0xc0ffeeull);
+    h.batch.seq = d.batch.seq;   /* nothing else moved */
+    h.batch.epoch = d.batch.epoch;
+    h.batch.plan = d.batch.plan;
+    ck_assert_int_eq(memcmp(&h.batch, &d.batch, sizeof h.batch), 0);
+    ck_assert_int_eq(memcmp(h.layers, d.layers, sizeof h.layers), 0);
+    ck_assert_uint_eq(h.off_states, d.off_states);
 }
 END_TEST
 
@@ -336,6 +355,7 @@ int main(void) {
     TCase *m = tcase_create("module");
     tcase_set_timeout(m, 10);
     tcase_add_test(m, permutations);
+    tcase_add_test(m, reseq_stamps_plan);
     suite_add_tcase(s, m);
     TCase *t = tcase_create("stage");
     tcase_set_timeout(t, 60);

@@ -9,7 +9,8 @@
  *   30 train seqs + whole validation passes), per-step metric records and one val record per pass
  *   in metrics.jsonl. Run B: dflash-train is SIGKILLed between checkpoints, every stage and the
  *   rings are dropped, the pipeline restarts on fresh rings from the seq the trainer asks for
- *   (state/train.json; dflash-pack --resume-from-seq, dflash-hspack --start-seq) and dflash-train
+ *   (state/train.json, read back by dflash-train --print-next-seq; dflash-pack --resume-from-seq,
+ *   dflash-hspack --start-seq) and dflash-train
  *   --resume prints that seq; its final checkpoint equals A's byte for byte (weights, optimizer
  *   state, guard, step, next_seq), and so do the exports. The val records with val_batches = V show
  *   that the batch descriptor's split travelled through dflash-target and dflash-hspack.
@@ -112,7 +113,7 @@ static void shutdown_shm(const char *run, pid_t pid) {
 }
 
 #define FEATURES_SPEC "features:slots=2,bytes=406272,desc=2048,dev=host"
-static const char *const g_rings3[] = {"batches:slots=4,bytes=12804,desc=218,dev=host",
+static const char *const g_rings3[] = {"batches:slots=4,bytes=12804,desc=232,dev=host",
                                        "hidden:slots=2,bytes=406272,desc=2048,dev=host", FEATURES_SPEC, NULL};
 static const char *const g_rings1[] = {FEATURES_SPEC, NULL};
 
@@ -336,6 +337,19 @@ START_TEST(pipeline_and_exact_resume) {
     /* 30 train seqs plus whole validation passes (after train batches 4, 8, ..., 28: 7 passes of V) */
     int64_t next_a = json_int(state, "next_seq"), val_seqs = next_a - 30;
     ck_assert_msg(val_seqs > 0 && val_seqs % 7 == 0, "next_seq %lld", (long long)next_a);
+    /* the pipelines' resume handshake reads the same number (pipelines/lib.sh train_next_seq) */
+    char plog_path[900];
+    snprintf(plog_path, sizeof plog_path, "%s.print-next-seq.log", runa);
+    unlink(plog_path);
+    const char *pns[] = {test_bin("dflash-train"), "--run", runa, "--print-next-seq", NULL};
+    ck_assert_int_eq(run_wait(plog_path, pns), 0);
+    char *printed = test_slurp(plog_path, NULL), want_line[32];
+    snprintf(want_line, sizeof want_line, "%lld\n", (long long)next_a);
+    ck_assert_msg(printed && !strcmp(printed, want_line), "--print-next-seq printed '%s', train.json says %lld",
+                  printed ? printed : "(nothing)", (long long)next_a);
+    free(printed);
+    const char *pns_b[] = {test_bin("dflash-train"), "--run", runb, "--print-next-seq", NULL};   /* no train.json yet */
+    ck_assert_int_eq(run_wait(plog_path, pns_b), 1);
     int V = (int)(val_seqs / 7);
     free(state);
     /* the bus: a metric record per step (loss, accuracies, EAL, lr, grad norm, tokens/s, step time, skipped),

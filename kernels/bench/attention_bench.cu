@@ -94,6 +94,10 @@
  * v1 199, v2 175, v3 242, v4 254, v5 197; one 8192-token document: v1 217, v4 298. HD 64: v1 206, v4 214.
  */
 #include "kernels/attention.cu"
+
+/* This bench's number for the library's attention_forward kernel at HD 64 and 128 (attention_wg_kernel with
+ * PP 1, OST, LAZY and LPT: 388 TFLOP/s on 1-4K documents at HD 128 on the H200, 2026-11-29 12:15). */
+#define ATTENTION_DEFAULT_KERNEL 34
 #include "attention_variants.cuh"
 #include "k1bench.cuh"
 

@@ -17,8 +17,8 @@
  * ("dx=v4"). Timing: single = one launch after an L2 flush, event-bracketed (bench_ms); stream = NSTREAM
  * = 20 launches back to back on one stream over rotating buffer sets (> 160 MB between two uses of a set,
  * so every launch reads from DRAM), time / 20: the rate inside a training step without the ~3 µs floor of
- * a lone launch. dw pieces (g_rms_piece, timing only, dw wrong): walk / walk+part / final /
- * no PDL (validated), with dx only and dx+dw: where dw's cost goes. "empty" = one empty launch.
+ * a lone launch. dw pieces (g_rms_piece, timing only, dw wrong): walk (v4 only; "nan" for def) / walk+part /
+ * final / no PDL (validated), with dx only and dx+dw: where dw's cost goes. "empty" = one empty launch.
  * The q/k norm (rmsnorm_qk_forward / rmsnorm_qk_backward, q 262144x128 + k 65536x128): y, rstd, dx, dx+=
  * must be bitwise two separate calls'; dw against the reference and repeatable; both tickets reset; then
  * two calls vs one launch, single and stream, for fwd, dx+dw, dx+=,dw, dx only.
@@ -321,6 +321,10 @@ static void one(int N, int C, struct shape_result *res) {
             const char *pc[4] = {"1", "2", "3", "4"};
             const int slot[4] = {1, 2, 4, 5};
             for (int i = 0; i < 4; i++) {
+                if (v == 0 && slot[i] == 1) {   /* the walk alone: variant 4's piece only (rmsnorm_variants.cuh) */
+                    u[1] = NAN;
+                    continue;
+                }
                 g_rms_piece = atoi(pc[i]);
                 snprintf(name, sizeof name, "%s dw piece: %s", vn, piece_names[slot[i]]);
                 double ms = bench_ms([&]() { BENCH_OK(bench_backward(dx, dw, dy, x, w, rstd, scr, N, C, 0, 0)); });

@@ -19,6 +19,10 @@ static int g_rms_var = 10;    /* 10: the library's backward; 4: variant 4 */
 static int g_rms_cfg = 2;     /* the library's row-walk shape with dw (2), or 1: 256 threads, 2 per SM */
 static int g_rms_piece = 0;   /* 0: the whole backward; 1-3 timing pieces (dw wrong); 4 no PDL */
 
+/* A bench-only end of variant 4's row walk (the library's ends are RMS_FIN_PDL and RMS_FIN_LAST):
+ * piece 1 times the walk with its dw sums and stops there, dw wrong. */
+#define RMS_FIN_WALK 3
+
 /* ---------------------------------------------------------------- variant 4 (K1e)
  *
  * Why variant 3's dw cost 15 points (H200: dx 86% but dx+dw 70% at 8192×4096; 88 -> 77% at C = 128):
@@ -236,66 +240,67 @@ static int backward4_launch(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, 
                           part, nb, C);
 }
 
-/* The library's backward10_launch with the bench's shape (g_rms_cfg) and piece (g_rms_piece): 1 the
- * walk alone, 2 walk + partials, 3 the sum kernel alone, 4 no PDL. cfg 2 and piece 0: the library's. */
-static int bench_backward10_launch(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
+/* The library's backward_rows_launch with the bench's shape (g_rms_cfg: 2 the library's 512 threads with dw,
+ * 1 256 threads) and piece (g_rms_piece): 2 walk + partials, 3 the sum kernel alone, 4 no PDL; piece 1 (the walk
+ * alone) is variant 4's only: the library's row walk has no bench exit. cfg 2 and piece 0: the library's. */
+static int bench_backward_rows_launch(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
                              unsigned *ticket, float *part, int N, int C, int accumulate_dx, cudaStream_t stream) {
     int G, V, T, R, per_sm;
     const int cfg = dw ? g_rms_cfg : 1;
-    rms10_shape(C, dw != NULL, cfg, &G, &V, &T, &R, &per_sm);
+    rms_rows_shape(C, dw != NULL, cfg == 1 ? 256 : 512, &G, &V, &T, &R, &per_sm);
     const int RS = T / G * R;
     int steps = (N + RS - 1) / RS, target = RMS_SMS * per_sm;
     if (steps < 1) steps = 1;
     const int kk = (steps + target - 1) / target, nb = (steps + kk - 1) / kk;
     const int piece = dw ? g_rms_piece : 0;
+    if (piece == 1) return kernels_fail("rmsnorm bench: piece 1 (the walk alone) exists for variant 4 only");
     int fin = C <= RMS_LAST_MAX_C ? RMS_FIN_LAST : RMS_FIN_PDL;
-    if (piece == 1) fin = RMS_FIN_WALK;
     if (piece == 2) fin = RMS_FIN_PDL;
     const size_t smem = dw && T / G > 1 ? (size_t)(T / G) * C * sizeof(float) : 0;
     if (piece != 3) {
-#define RMS10_K(g, v, r, t, mb, d) rmsnorm_backward10_kernel<g, v, r, t, mb, true, false, d>
-#define RMS10_L(g, v, r, t, mb, d)                                                                                     \
+#define RMS_ROWS_K(g, v, r, t, mb, d) rmsnorm_backward_rows_kernel<g, v, r, t, mb, true, false, d>
+#define RMS_ROWS_L(g, v, r, t, mb, d)                                                                                     \
     do {                                                                                                               \
-        if (rms_smem_optin<RMS10_K(g, v, r, t, mb, d)>(smem)) return -1;                                               \
-        RMS10_K(g, v, r, t, mb, d)<<<nb, t, smem, stream>>>(dx, dw, part, ticket, dy, x, w, rstd, N, C, accumulate_dx,  \
+        if (rms_smem_optin<RMS_ROWS_K(g, v, r, t, mb, d)>(smem)) return -1;                                               \
+        RMS_ROWS_K(g, v, r, t, mb, d)<<<nb, t, smem, stream>>>(dx, dw, part, ticket, dy, x, w, rstd, N, C, accumulate_dx,  \
                                                           fin);                                                        \
     } while (0)
-#define RMS10_GV(g, v)                                                                                                 \
+#define RMS_ROWS_GV(g, v)                                                                                                 \
     do {                                                                                                               \
-        if (!dw) RMS10_L(g, v, 2, 256, 2, false);                                                                      \
-        else if (cfg == 1) RMS10_L(g, v, 2, 256, 2, true);                                                             \
-        else RMS10_L(g, v, 2, 512, 1, true);                                                                           \
+        if (!dw) RMS_ROWS_L(g, v, 2, 256, 2, false);                                                                      \
+        else if (cfg == 1) RMS_ROWS_L(g, v, 2, 256, 2, true);                                                             \
+        else RMS_ROWS_L(g, v, 2, 512, 1, true);                                                                           \
     } while (0)
         switch (G * 8 + V) {
-        case 8 * 8 + 1: RMS10_GV(8, 1); break;
-        case 8 * 8 + 2: RMS10_GV(8, 2); break;
-        case 16 * 8 + 2: RMS10_GV(16, 2); break;
-        case 32 * 8 + 2: RMS10_GV(32, 2); break;
-        case 64 * 8 + 2: RMS10_GV(64, 2); break;
-        case 128 * 8 + 2: RMS10_GV(128, 2); break;
-        case 256 * 8 + 2: RMS10_GV(256, 2); break;
+        case 8 * 8 + 1: RMS_ROWS_GV(8, 1); break;
+        case 8 * 8 + 2: RMS_ROWS_GV(8, 2); break;
+        case 16 * 8 + 2: RMS_ROWS_GV(16, 2); break;
+        case 32 * 8 + 2: RMS_ROWS_GV(32, 2); break;
+        case 64 * 8 + 2: RMS_ROWS_GV(64, 2); break;
+        case 128 * 8 + 2: RMS_ROWS_GV(128, 2); break;
+        case 256 * 8 + 2: RMS_ROWS_GV(256, 2); break;
         case 256 * 8 + 4:   /* V = 4: one shape (T 512, 1/SM, R 1) */
-            if (dw) RMS10_L(256, 4, 1, 512, 1, true);
-            else RMS10_L(256, 4, 1, 512, 1, false);
+            if (dw) RMS_ROWS_L(256, 4, 1, 512, 1, true);
+            else RMS_ROWS_L(256, 4, 1, 512, 1, false);
             break;
         default: return kernels_fail("rmsnorm_backward: no kernel for G=%d V=%d", G, V);
         }
-#undef RMS10_GV
-#undef RMS10_L
-#undef RMS10_K
+#undef RMS_ROWS_GV
+#undef RMS_ROWS_L
+#undef RMS_ROWS_K
         KERNELS_CHECK_LAUNCH("rmsnorm_backward");
     }
     if (!dw || (piece != 3 && (fin != RMS_FIN_PDL || piece == 2))) return 0;
-    return rms_launch_sum(rmsnorm_backward_dw_final2_kernel<4, 256>, (C / 4 + 3) / 4, 1024, piece != 4, stream, dw, part, nb, C);
+    return rms_launch_sum(rmsnorm_backward_dw_sum_kernel<4, 256>, (C / 4 + 3) / 4, 1024, piece != 4, stream, dw, part, nb, C);
 }
 
-/* The library's backward_impl with the bench's variant (g_rms_var: 10 the library's, 4 variant 4). */
+/* The library's backward_impl with the bench's variant (g_rms_var: 10 the library's row walk, 4 variant 4). */
 static int bench_backward_impl(bf16 *dx, float *dw, const bf16 *dy, const bf16 *x, const float *w, const float *rstd,
                          unsigned *ticket, float *part, int N, int C, int accumulate_dx, cudaStream_t stream) {
     if (N == 0) return 0;
     if (C <= RMS_REG_MAX_C)
         return g_rms_var == 4 ? backward4_launch(dx, dw, dy, x, w, rstd, ticket, part, N, C, accumulate_dx, stream)
-                              : bench_backward10_launch(dx, dw, dy, x, w, rstd, ticket, part, N, C, accumulate_dx, stream);
+                              : bench_backward_rows_launch(dx, dw, dy, x, w, rstd, ticket, part, N, C, accumulate_dx, stream);
     /* C > RMS_REG_MAX_C: the two-pass kernels (a size path; the dw sums chunk by chunk, no ticket) */
     const int C8 = C / 8;
     if (C8 >= 32)
@@ -343,7 +348,7 @@ static int bench_qk_backward(bf16 *dxq, float *dwq, const bf16 *dyq, const bf16 
      * within one wave (132 × CTAs per SM); a function of (Nq, Nk, C, shape): dw deterministic */
     int G, V, T, R, per_sm;
     const int cfg = dw ? g_rms_cfg : 1;
-    rms10_shape(C, dw, cfg, &G, &V, &T, &R, &per_sm);
+    rms_rows_shape(C, dw, cfg == 1 ? 256 : 512, &G, &V, &T, &R, &per_sm);
     const int RS = T / G * R, sq = (Nq + RS - 1) / RS, sk = (Nk + RS - 1) / RS, target = RMS_SMS * per_sm;
     int kk = (sq + sk + target - 1) / target, nbq, nbk;
     for (;; kk++) {
@@ -357,9 +362,9 @@ static int bench_qk_backward(bf16 *dxq, float *dwq, const bf16 *dyq, const bf16 
     const size_t smem = dw && T / G > 1 ? (size_t)(T / G) * C * sizeof(float) : 0;   /* <= 32 KB at C <= 256 */
 #define RMS_QKB(g, v)                                                                                                  \
     do {                                                                                                               \
-        if (!dw) rmsnorm_qk_backward10_kernel<g, v, 2, 256, 2, true, false><<<blocks, 256, 0, stream>>>(a, C, accumulate_dx); \
-        else if (cfg == 1) rmsnorm_qk_backward10_kernel<g, v, 2, 256, 2, true, true><<<blocks, 256, smem, stream>>>(a, C, accumulate_dx); \
-        else rmsnorm_qk_backward10_kernel<g, v, 2, 512, 1, true, true><<<blocks, 512, smem, stream>>>(a, C, accumulate_dx); \
+        if (!dw) rmsnorm_qk_backward_rows_kernel<g, v, 2, 256, 2, true, false><<<blocks, 256, 0, stream>>>(a, C, accumulate_dx); \
+        else if (cfg == 1) rmsnorm_qk_backward_rows_kernel<g, v, 2, 256, 2, true, true><<<blocks, 256, smem, stream>>>(a, C, accumulate_dx); \
+        else rmsnorm_qk_backward_rows_kernel<g, v, 2, 512, 1, true, true><<<blocks, 512, smem, stream>>>(a, C, accumulate_dx); \
     } while (0)
     switch (G * 8 + V) {   /* C <= RMS_LAST_MAX_C = 256: C/8 <= 32, G <= 16 */
     case 8 * 8 + 1: RMS_QKB(8, 1); break;

@@ -22,12 +22,12 @@
 
 enum field {
     F_KIND, F_VERSION, F_SEQ, F_EPOCH, F_N_TOKENS, F_BUDGET, F_N_DOCS, F_N_LOSS, F_PAYLOAD_BYTES,
-    F_OFF_ROW_IDS, F_OFF_INPUT_IDS, F_OFF_LOSS_MASK, F_OFF_POSITION_IDS, F_OFF_DOC_IDS, F_OFF_CU_SEQLENS, F_SPLIT,
+    F_OFF_ROW_IDS, F_OFF_INPUT_IDS, F_OFF_LOSS_MASK, F_OFF_POSITION_IDS, F_OFF_DOC_IDS, F_OFF_CU_SEQLENS, F_SPLIT, F_PLAN,
     F_LAYERS, F_DTYPE, F_HIDDEN_SIZE, F_OFF_STATES, F_OFF_LAST, F_TARGET,
     F_LAYOUT,
     F_COUNT
 };
-#define DESC_N_BATCH (F_SPLIT + 1)
+#define DESC_N_BATCH (F_PLAN + 1)
 #define DESC_N_HIDDEN (F_TARGET + 1)
 #define DESC_N_FEATURES F_COUNT
 
@@ -50,6 +50,7 @@ static const struct { const char *name; enum ftype type; } g_fields[F_COUNT] = {
     [F_OFF_DOC_IDS] = {"off_doc_ids", T_U64},
     [F_OFF_CU_SEQLENS] = {"off_cu_seqlens", T_U64},
     [F_SPLIT] = {"split", T_STR},
+    [F_PLAN] = {"plan", T_U64},
     [F_LAYERS] = {"layers", T_LAYERS},
     [F_DTYPE] = {"dtype", T_STR},
     [F_HIDDEN_SIZE] = {"hidden_size", T_U32},
@@ -84,6 +85,11 @@ const char *desc_kind_name(enum desc_kind kind) {
 
 const char *desc_split_name(enum desc_split split) {
     return split == DESC_SPLIT_TRAIN ? "train" : split == DESC_SPLIT_VAL ? "val" : "?";
+}
+
+uint32_t desc_version(enum desc_kind kind) {
+    return kind == DESC_KIND_BATCH ? DESC_BATCH_VERSION : kind == DESC_KIND_HIDDEN ? DESC_HIDDEN_VERSION
+         : kind == DESC_KIND_FEATURES ? DESC_FEATURES_VERSION : 0;
 }
 
 static uint64_t align_up(uint64_t x) { return (x + DESC_ALIGN - 1) / DESC_ALIGN * DESC_ALIGN; }
@@ -288,10 +294,10 @@ int desc_batch_check_payload(const struct desc_batch *d, const void *payload, in
 
 /* ---------------------------------------------------------------- generic record <-> structs */
 
-static void gen_from_batch(struct gen *g, const struct desc_batch *d, const char *kind) {
+static void gen_from_batch(struct gen *g, const struct desc_batch *d, enum desc_kind kind) {
     memset(g, 0, sizeof *g);
-    snprintf(g->s[F_KIND], sizeof g->s[0], "%s", kind);
-    g->u[F_VERSION] = DESC_VERSION;
+    snprintf(g->s[F_KIND], sizeof g->s[0], "%s", desc_kind_name(kind));
+    g->u[F_VERSION] = desc_version(kind);
     g->u[F_SEQ] = d->seq;
     g->u[F_EPOCH] = d->epoch;
     g->u[F_N_TOKENS] = d->n_tokens;
@@ -306,6 +312,7 @@ static void gen_from_batch(struct gen *g, const struct desc_batch *d, const char
     g->u[F_OFF_DOC_IDS] = d->off_doc_ids;
     g->u[F_OFF_CU_SEQLENS] = d->off_cu_seqlens;
     snprintf(g->s[F_SPLIT], sizeof g->s[0], "%s", desc_split_name(d->split));
+    g->u[F_PLAN] = d->plan;
 }
 
 /* The batch part from the record; 0, or -1 with a sentence for a split that is neither train nor val. */
@@ -323,6 +330,7 @@ static int batch_from_gen(struct desc_batch *d, const struct gen *g, const char 
     d->off_position_ids = g->u[F_OFF_POSITION_IDS];
     d->off_doc_ids = g->u[F_OFF_DOC_IDS];
     d->off_cu_seqlens = g->u[F_OFF_CU_SEQLENS];
+    d->plan = g->u[F_PLAN];
     if (!strcmp(g->s[F_SPLIT], "train")) d->split = DESC_SPLIT_TRAIN;
     else if (!strcmp(g->s[F_SPLIT], "val")) d->split = DESC_SPLIT_VAL;
     else return err_fail(err, err_len, "%s descriptor split: expected 'train' or 'val', found '%s'", kind, g->s[F_SPLIT]);
@@ -368,14 +376,14 @@ static int gen_encode(const struct gen *g, int n_fields, void *buf, size_t cap, 
 int desc_batch_encode(const struct desc_batch *d, void *buf, size_t cap, size_t *len, char *err, int err_len) {
     if (desc_batch_validate(d, 0, err, err_len)) return -1;
     struct gen g;
-    gen_from_batch(&g, d, "batch");
+    gen_from_batch(&g, d, DESC_KIND_BATCH);
     return gen_encode(&g, DESC_N_BATCH, buf, cap, len, err, err_len);
 }
 
 int desc_hidden_encode(const struct desc_hidden *d, void *buf, size_t cap, size_t *len, char *err, int err_len) {
     if (desc_hidden_validate(d, 0, err, err_len)) return -1;
     struct gen g;
-    gen_from_batch(&g, &d->batch, "hidden");
+    gen_from_batch(&g, &d->batch, DESC_KIND_HIDDEN);
     gen_states(&g, d->n_layers, d->layers, d->dtype, d->hidden_size, d->off_states, d->off_last, d->target_id);
     return gen_encode(&g, DESC_N_HIDDEN, buf, cap, len, err, err_len);
 }
@@ -383,7 +391,7 @@ int desc_hidden_encode(const struct desc_hidden *d, void *buf, size_t cap, size_
 int desc_features_encode(const struct desc_features *d, void *buf, size_t cap, size_t *len, char *err, int err_len) {
     if (desc_features_validate(d, 0, err, err_len)) return -1;
     struct gen g;
-    gen_from_batch(&g, &d->batch, "features");
+    gen_from_batch(&g, &d->batch, DESC_KIND_FEATURES);
     gen_states(&g, d->n_layers, d->layers, d->dtype, d->hidden_size, d->off_states, d->off_last, d->target_id);
     snprintf(g.s[F_LAYOUT], sizeof g.s[0], "%s", desc_layout_name(d->layout));
     return gen_encode(&g, DESC_N_FEATURES, buf, cap, len, err, err_len);
@@ -447,10 +455,12 @@ static int gen_decode(const void *buf, size_t len, enum desc_kind want, int n_fi
     for (uint32_t i = 0; i < m->size; i++)
         if (mpk_key_is(&m->ptr[i].key, "version")) {
             const msgpack_object *v = &m->ptr[i].val;
-            if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER || v->via.u64 != DESC_VERSION) {
+            if (v->type != MSGPACK_OBJECT_POSITIVE_INTEGER || v->via.u64 != desc_version(want)) {
                 if (v->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-                    err_fail(err, err_len, "%s descriptor version: expected %u, found %llu", desc_kind_name(want), DESC_VERSION,
-                         (unsigned long long)v->via.u64);
+                    err_fail(err, err_len, "%s descriptor version: expected %u, found %llu%s", desc_kind_name(want),
+                             desc_version(want), (unsigned long long)v->via.u64,
+                             v->via.u64 < desc_version(want) ? " (written by an older build: re-record or re-run the "
+                                                               "producer)" : " (written by a newer build)");
                 else
                     err_fail(err, err_len, "%s descriptor field 'version': expected an unsigned integer, found %s",
                          desc_kind_name(want), mpk_type_name(v->type));
@@ -578,6 +588,17 @@ int desc_features_decode(const void *buf, size_t len, uint64_t payload_cap, stru
     d->off_last = g.u[F_OFF_LAST];
     d->target_id = g.u[F_TARGET];
     return desc_features_validate(d, payload_cap, err, err_len);
+}
+
+/* ---------------------------------------------------------------- the run plan */
+
+int desc_check_plan(const struct desc_batch *b, uint64_t stage_plan, const char *ring, char *err, int err_len) {
+    if (!stage_plan || !b->plan || b->plan == stage_plan) return 0;
+    char where[96] = "";
+    if (ring) snprintf(where, sizeof where, "ring '%.60s' ", ring);
+    return err_fail(err, err_len, "%sseq %llu was made under run plan %016llx, this stage read plan %016llx from its "
+                    "run's plan.json: a stage of another run (or an older plan) feeds this ring", where,
+                    (unsigned long long)b->seq, (unsigned long long)b->plan, (unsigned long long)stage_plan);
 }
 
 /* ---------------------------------------------------------------- the target's identity */

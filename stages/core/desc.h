@@ -36,6 +36,12 @@
  *             ...]) or `split` k x [T, H] (identical to hidden's [k][T, H]) + last [T, H].
  *   hidden and features also carry `target` (uint64): desc_target_id of the target model that computed the
  *   states, so a trainer refuses features of another target with the same shape (issue 24).
+ *   Every kind carries `plan` (uint64, in the batch part): the hash of the run plan the packer ran under
+ *   (stages/plan/plan.h; 0 = a stage run on flags alone). dflash-target and dflash-hspack forward it; a stage
+ *   that read a plan refuses an item of another plan with desc_check_plan (one line naming both hashes).
+ *
+ * Versions. Each kind has its own format version (DESC_BATCH_VERSION, ...; desc_version), bumped when that
+ * kind's fields change; a decoder accepts exactly its kind's version and says which it expected and found.
  *
  * Slot sizing: desc_*_max_payload_bytes(budget, ...) is the payload capacity a ring slot needs for
  * any batch of at most `budget` tokens (it assumes the worst case n_docs = budget);
@@ -49,8 +55,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DESC_VERSION 3u          /* 2: the batch part carries `split` (train|val); 3: hidden and features carry
-                                  * `target`, the identity of the target that computed them (desc_target_id) */
+/* Format versions, one per kind. History (the same for all three until 4): 2: the batch part carries `split`
+ * (train|val); 3: hidden and features carry `target` (desc_target_id); 4: every kind carries `plan` (the run
+ * plan's hash). */
+#define DESC_BATCH_VERSION 4u
+#define DESC_HIDDEN_VERSION 4u
+#define DESC_FEATURES_VERSION 4u
 #define DESC_ALIGN 256u          /* every array offset is a multiple of this (cudaMalloc alignment) */
 #define DESC_MAX_LAYERS 64       /* captured layers k at most */
 #define DESC_MAX_BYTES 2048u     /* an encoded descriptor of any kind never exceeds this */
@@ -79,6 +89,7 @@ struct desc_batch {
     uint64_t off_doc_ids;      /* int32[T]          0..n_docs-1 (-1: padding, see above) */
     uint64_t off_cu_seqlens;   /* int32[n_docs+1]   0 = cu[0] < cu[1] < ... < cu[n_docs] = T */
     enum desc_split split;     /* train | val; forwarded with the batch part by dflash-target and dflash-hspack */
+    uint64_t plan;             /* hash of the run plan the item was made under (0: none); forwarded like split */
 };
 
 /* The `hidden` descriptor: captured target states of one batch. */
@@ -126,6 +137,8 @@ const char *desc_dtype_name(enum desc_dtype dtype);
 const char *desc_layout_name(enum desc_layout layout);
 const char *desc_kind_name(enum desc_kind kind);
 const char *desc_split_name(enum desc_split split);   /* "train" / "val" / "?" */
+/* The format version of a kind (DESC_*_VERSION); 0 for an unknown kind. */
+uint32_t desc_version(enum desc_kind kind);
 
 /* Fill the offsets and payload_bytes of d for the standard layout (arrays in the order of the
  * struct, each DESC_ALIGN-aligned, starting at offset 0), from d->n_tokens and d->n_docs, which the
@@ -155,6 +168,13 @@ void desc_batch_arrays(const struct desc_batch *d, void *payload, struct desc_ba
 uint64_t desc_target_id(const void *config_json, size_t len);
 /* desc_target_id of MODEL_DIR/config.json. 0, or -1 with a sentence naming the file. */
 int desc_target_id_of_model(const char *model_dir, uint64_t *id, char *err, int err_len);
+
+/* ---------------------------------------------------------------- the run plan */
+
+/* A stage that read a run plan (hash stage_plan) checks each item it takes: an item made under another plan
+ * (b->plan != 0 and != stage_plan) is refused with one sentence naming the ring (NULL: not named), the seq and
+ * both hashes. stage_plan 0 (the stage runs on flags alone) or an item without a plan (0) passes. Pure. */
+int desc_check_plan(const struct desc_batch *b, uint64_t stage_plan, const char *ring, char *err, int err_len);
 
 /* ---------------------------------------------------------------- encode / decode */
 

@@ -12,7 +12,8 @@
  *     transform  in and out (dflash-target, dflash-tap)
  *   dflash-hspack is not a relay: it holds several input items at once (its reorder window) and
  *   publishes them in seq order, which the one-item cycle below cannot express; it runs its own
- *   loop on the same ring calls and uses struct relay_seen.
+ *   loop on the same ring calls and bus records, and drops duplicates with its own window
+ *   (hspack_window, stages/hspack/hspack.h), not with struct relay_seen.
  *     sink       in only    (dflash-record, dflash-train)
  * - One cycle (relay_run): [sink/transform] claim an input item (ring_acquire_read, or
  *   ring_acquire_read_seq in order mode), waiting at most wait_ms at a time and polling the stop
@@ -39,7 +40,7 @@
  *   copies; in_order=1 also takes items in exact seq order from next (ring_acquire_read_seq),
  *   dropping duplicates that would otherwise sit in the ring, and once the input is drained takes
  *   what is left in arrival order. relay_set_next_seq(min) makes a resumed consumer drop every seq
- *   below the one it needs. A reorder stage (hspack) can use struct relay_seen on its own.
+ *   below the one it needs. dflash-record also fills one from a recording's files (record_scan_dir).
  * - Metrics. The relay opens the bus (stages/core/bus.h) when run_dir is set and sends: every
  *   heartbeat_s a heartbeat with items_in, items_out, busy_s, wait_s, tokens, tokens_per_s,
  *   occ_<in ring>, occ_<out ring>, plus the stage's `heartbeat_kv`; one kind=metric record per

@@ -18,7 +18,8 @@ uint64_t rings_payload_bytes(enum desc_kind kind, const struct rings_geometry *g
 uint32_t rings_desc_bytes(enum desc_kind kind, const struct rings_geometry *g) {
     if (kind != DESC_KIND_BATCH) return DESC_MAX_BYTES;
     uint32_t b = g->budget;
-    struct desc_batch d = {.seq = UINT64_MAX, .epoch = UINT32_MAX, .n_tokens = b, .budget = b, .n_docs = b, .n_loss = b};
+    struct desc_batch d = {.seq = UINT64_MAX, .epoch = UINT32_MAX, .n_tokens = b, .budget = b, .n_docs = b, .n_loss = b,
+                         .plan = UINT64_MAX};
     desc_batch_layout(&d);
     char buf[DESC_MAX_BYTES], err[256];
     size_t len = DESC_MAX_BYTES;

@@ -21,8 +21,10 @@
 void replay_permutation(uint64_t n, uint64_t seed, uint32_t epoch, int shuffle, uint64_t *perm);
 
 /* Rewrite a canonical descriptor (any kind) in place for its replayed position: batch seq ->
- * seq, epoch -> epoch + add_epoch. *len is updated. Returns 0, or -1 with a sentence (does not
- * decode, or does not fit cap). */
-int replay_reseq(void *desc, size_t *len, size_t cap, uint64_t seq, uint32_t add_epoch, char *err, int err_len);
+ * seq, epoch -> epoch + add_epoch, plan -> plan (the replaying run's plan hash, 0: none; the
+ * recording's own plan belongs to the run that recorded it). *len is updated. Returns 0, or -1
+ * with a sentence (does not decode, or does not fit cap). */
+int replay_reseq(void *desc, size_t *len, size_t cap, uint64_t seq, uint32_t add_epoch, uint64_t plan, char *err,
+                 int err_len);
 
 #endif /* STAGES_RECORD_REPLAY_H */
