@@ -9,7 +9,8 @@
  *     by mpirun inside the allocation (Open MPI starts its daemons through the fake srun) end bit-identical (final
  *     checkpoint and z-lab export bytes) to one host, one rank, --grad-accum 2; then rank 1 SIGKILLed mid-run:
  *     every rank stops, the host chains are restarted for the next round, and the run (or the same command run
- *     again) still ends bit-identical.
+ *     again) still ends bit-identical; host 1's dflash-hspack SIGKILLed mid-run is restarted alone by its host chain
+ *     and the end is the same too.
  * What the fake srun cannot test: a real Slurm controller, separate machines (every "node" shares this host's
  * /dev/shm, hostname and loopback network), GPUs and NCCL between nodes.
  */
@@ -358,10 +359,33 @@ START_TEST(two_hosts) {
     fprintf(stderr, "test_slurm: slurm-train.sh on 2 fake hosts == 1 host, 1 rank --grad-accum 2: bit-identical "
             "(%.1f s vs %.1f s)\n", t2 - t1, t1 - t0);
 
+    /* host 1's dflash-hspack SIGKILLed after step 2: its host chain restarts it alone (its window resumes at host 1's
+     * next seq, stepping over host 0's), no round restart, and the end is the same */
+    char hkill[700], hdir[800];
+    snprintf(hkill, sizeof hkill, "%s/hspack-kill", g_base);
+    snprintf(hdir, sizeof hdir, "%s/hosts/1", hkill);
+    pid_t p = start_two_hosts(hkill, "0");
+    wait_step(hkill, 2, p, "hspack kill");
+    int hp = e2e_read_pid(hdir, "dflash-hspack");
+    ck_assert_int_gt(hp, 0);
+    ck_assert_int_eq(kill(hp, SIGKILL), 0);
+    finish(p, hkill, "hspack kill on host 1");
+    snprintf(path, sizeof path, "%s/logs/hosts.out", hkill);
+    e2e_slurp(path, buf, sizeof buf);
+    ck_assert_msg(strstr(buf, "dflash-hspack died of signal 9; starting it again"), "hspack kill:\n%.3000s", buf);
+    snprintf(path, sizeof path, "%s.out", hkill);
+    e2e_slurp(path, buf, sizeof buf);
+    ck_assert_msg(!strstr(buf, "restarting the chain"), "a host's hspack death restarted the round:\n%.3000s", buf);
+    assert_same_run(one, hkill, "host 1's hspack killed vs 1 host, 1 rank --grad-accum 2");
+    nothing_left(hkill, "hspack kill");
+    double t3 = now_s();
+    fprintf(stderr, "test_slurm: host 1's dflash-hspack SIGKILLed after step 2: restarted alone, bit-identical (%.1f s)\n",
+            t3 - t2);
+
     /* rank 1 (on fake host 1) SIGKILLed after step 4 (checkpoints every 3 steps): mpirun stops rank 0 and names
      * rank 1; the script stops both host chains and starts the next round from rank 0's checkpoint (or, when
      * mpirun's status is not a death, the same command again resumes) */
-    pid_t p = start_two_hosts(rkill, "3");
+    p = start_two_hosts(rkill, "3");
     wait_step(rkill, 4, p, "rank kill");
     int rp = 0;
     for (int i = 0; i < 100 && !rp; i++) { rp = rank_pid(rkill, 1); if (!rp) usleep(20000); }
@@ -377,7 +401,7 @@ START_TEST(two_hosts) {
     assert_same_run(one, rkill, "rank 1 killed on host 1 vs 1 host, 1 rank --grad-accum 2");
     nothing_left(rkill, "rank kill");
     fprintf(stderr, "test_slurm: trainer rank 1 SIGKILLed after step 4: every host chain restarted, resumed, "
-            "bit-identical (%.1f s)\n", now_s() - t2);
+            "bit-identical (%.1f s)\n", now_s() - t3);
 }
 END_TEST
 
