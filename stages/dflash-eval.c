@@ -4,16 +4,19 @@
  * stages/export/eval.h).
  *
  *   dflash-eval --target-model DIR --ckpt CKPT | --drafter EXPORT_DIR --prompts FILE [--max-new 32] [--skip N] [--limit N]
- *               [--batch 8] [--temperature 0 --top-p 1 --seed 1] [--no-kv-cache] [--out FILE]
+ *               [--batch 8] [--temperature 0 --top-p 1 --seed 1] [--no-kv-cache] [--device cpu|cuda:N] [--out FILE]
  *
  * Prompts: JSONL, one per line, either a JSON array of token ids or an object with "input_ids" (a training row:
  * with a "loss_mask", the prompt is the tokens before the first supervised one) and optionally "set" (a name: τ is
- * also reported per set). CPU. KV-cached (model/decode.h) and batched: --batch prompts advance together, one
+ * also reported per set). The target on the CPU or (--device cuda:N) a GPU: its decode step and LM head run there
+ * (model/decode.h), and so does the drafter's block proposal (drafter_step_gpu, bf16; the features of the
+ * committed context go up every round). The offline estimate stays on the CPU. KV-cached and batched: --batch prompts advance together, one
  * cached target step per round verifies all their drafts; then plain decoding runs the same way, and the speed-up
  * is the ratio of the two wall times (the drafter's cost included). Greedy (--temperature 0): speculative output
  * must equal plain greedy output token for token. Sampled: speculative sampling's acceptance (a draft token d is
- * kept with probability p(d)). Qwen3.5 hybrids have no recurrent-state cache yet: they run the old path, which
- * recomputes the target over the prefix every round (one line says so; --no-kv-cache forces it).
+ * kept with probability p(d)). Qwen3.5 hybrids decode with their recurrent state carried between steps on the CPU;
+ * on a GPU they run the old path, which recomputes the target over the prefix every round (one line says so;
+ * --no-kv-cache forces it).
  * Prints τ (mean over responses of the per-response mean, as z-lab's benchmark), the τ histogram, per-position
  * acceptance, and the offline estimate a trainer reports: 1 + Σ_j Π_{i<=j} acc_i from teacher-forced per-position
  * accuracies on the same responses (SpecForge's simulated acceptance length), beside the teacher-forced mean
@@ -24,6 +27,7 @@
 #include "core/flags.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "core/stage.h"
 #include "export/eval.h"
 #include "export/export.h"
 
@@ -154,7 +158,7 @@ static void stats_add(struct eval_stats *a, const struct eval_stats *b) {
 int main(int argc, char **argv) {
     log_init("dflash-eval");
     const char *target = NULL, *ckpt = NULL, *exp_dir = NULL, *prompts = NULL, *out_path = NULL, *vocab = NULL,
-               *train_metrics = NULL;
+               *train_metrics = NULL, *device = "cpu";
     int max_new = 32, skip = 0, limit = 0, max_prompt = 0, offline = 1, batch = 8, kv_cache = 1;
     double temperature = 0, top_p = 1;
     int64_t seed = 1;
@@ -177,12 +181,14 @@ int main(int argc, char **argv) {
         {"top-p", FLAG_DOUBLE, &top_p, "nucleus sampling with --temperature (1: off)", 0, 1},
         {"seed", FLAG_INT64, &seed, "sampling seed", 0, INT64_MAX},
         {"kv-cache", FLAG_BOOL, &kv_cache, "KV-cached, batched decoding; --no-kv-cache recomputes the target over the "
-         "prefix every round, one prompt at a time (the old path; what Qwen3.5 targets use)", 1, 0},
+         "prefix every round, one prompt at a time (the old path; what Qwen3.5 targets use on a GPU)", 1, 0},
         {"offline", FLAG_BOOL, &offline, "also compute the offline (teacher-forced) estimate on the same responses",
          1, 0},
         {"train-metrics", FLAG_STRING, &train_metrics, "RUN/metrics.jsonl of the training run: also print the "
          "trainer's estimate 1 + eal_marginal (mean of its last 10 steps) beside the measured tau", 1, 0},
         {"out", FLAG_STRING, &out_path, "also write the results as JSON here", 1, 0},
+        {"device", FLAG_STRING, &device, "cpu or cuda:N (auto: cuda:0 when a GPU is present): where the target runs",
+         1, 0},
         FLAGS_END,
     };
     flags_parse_or_exit(table, argc, argv, "--target-model DIR --ckpt CKPT --prompts FILE [--max-new N] [--out FILE]",
@@ -192,6 +198,8 @@ int main(int argc, char **argv) {
     if (!target || !prompts || !ckpt == !exp_dir)
         DIE("--target-model, --prompts and one of --ckpt / --drafter are required (see --help)");
     char err[2048];
+    int dev = -1;
+    LIB_CHECK(stage_parse_device(device, &dev, err, sizeof err), err);
     struct model_config tc;
     char tcfg[4200];
     snprintf(tcfg, sizeof tcfg, "%s/config.json", target);
@@ -203,12 +211,13 @@ int main(int argc, char **argv) {
         if (p[i].n > longest) longest = p[i].n;
     int total = longest + max_new;
     int no_cache = !kv_cache;
-    if (!no_cache && tc.arch == HF_ARCH_QWEN3_5) {
-        log_info("Qwen3.5/3.6 target: no recurrent-state cache yet, so every round recomputes the target over the "
-                 "prefix (slow beyond small models)");
+    if (!no_cache && tc.arch == HF_ARCH_QWEN3_5 && dev >= 0) {
+        log_info("Qwen3.5/3.6 target on a GPU: no GPU recurrent-state cache yet, so every round recomputes the target "
+                 "over the prefix (slow beyond small models; --device cpu has the cache)");
         no_cache = 1;
     }
-    if (no_cache && temperature > 0) DIE("--temperature needs the KV-cached path (not --no-kv-cache, not Qwen3.5)");
+    if (no_cache && temperature > 0)
+        DIE("--temperature needs the KV-cached path (not --no-kv-cache, not a Qwen3.5 target on a GPU)");
 
     /* the online drafter plans one block; the offline one an anchor at every generated token */
     struct drafter *d = ckpt ? export_load_checkpoint(ckpt, target, vocab, total + DRAFTER_MAX_B + 1, 1, NULL, err,
@@ -220,10 +229,10 @@ int main(int argc, char **argv) {
     int zl[DESC_MAX_LAYERS];
     drafter_zlab_ids(dc, zl);
     struct eval_target et;
-    LIB_CHECK(eval_target_open(&et, target, total + 2 * B, zl, dc->k, err, sizeof err), err);
+    LIB_CHECK(eval_target_open_dev(&et, target, total + 2 * B, zl, dc->k, dev, err, sizeof err), err);
     if (!no_cache) LIB_CHECK(eval_target_enable_cache(&et, batch, total + 2 * B, err, sizeof err), err);
     struct eval_drafter ed;
-    LIB_CHECK(eval_drafter_init(&ed, d, err, sizeof err), err);
+    LIB_CHECK(eval_drafter_init_dev(&ed, d, dev, err, sizeof err), err);
     struct eval_stats s, per_set[MAX_SETS];
     eval_stats_init(&s, B);
     for (int k = 0; k < n_sets; k++) eval_stats_init(&per_set[k], B);
@@ -312,6 +321,10 @@ int main(int argc, char **argv) {
             if (len_s[i] != len_o[i] || spec[i][t] != outs[i][t]) {
                 fprintf(stderr, "dflash-eval: BUG: prompt %d: speculative decoding gives token %d at position %d, "
                         "greedy decoding %d\n", i + skip, spec[i][t], t, outs[i][t]);
+                if (dev >= 0)
+                    fprintf(stderr, "hint: on a GPU a verification step runs its GEMMs over other row counts than "
+                            "plain decoding; bf16 results that are not batch-invariant can resolve a near-tie of the "
+                            "logits differently\n");
                 return 1;
             }
     }
@@ -372,8 +385,9 @@ int main(int argc, char **argv) {
     }
     double speedup = t_spec > 0 ? t_plain / t_spec : 0;
     printf("  speed-up over plain decoding: %.2fx (%lld tokens: speculative %.1f s = %.1f tok/s, plain %.1f s = %.1f "
-           "tok/s; %s, batch %d, CPU)\n", speedup, (long long)gen_tokens, t_spec, t_spec > 0 ? gen_tokens / t_spec : 0,
-           t_plain, t_plain > 0 ? gen_tokens / t_plain : 0, no_cache ? "no KV cache" : "KV cache", no_cache ? 1 : batch);
+           "tok/s; %s, batch %d, %s)\n", speedup, (long long)gen_tokens, t_spec, t_spec > 0 ? gen_tokens / t_spec : 0,
+           t_plain, t_plain > 0 ? gen_tokens / t_plain : 0, no_cache ? "no KV cache" : "KV cache", no_cache ? 1 : batch,
+           device);
     printf("  tau histogram (1..%d):", B);
     for (int i = 1; i <= B; i++) printf(" %lld", (long long)s.hist[i]);
     printf("\n  acceptance at position (1..%d):", B - 1);
@@ -410,6 +424,7 @@ int main(int argc, char **argv) {
         json_object_set_new(j, "matches_greedy", json_boolean(temperature <= 0));
         json_object_set_new(j, "temperature", json_real(temperature));
         json_object_set_new(j, "kv_cache", json_boolean(!no_cache));
+        json_object_set_new(j, "device", json_string(dev >= 0 ? device : "cpu"));
         json_object_set_new(j, "speedup", json_real(speedup));
         json_object_set_new(j, "spec_seconds", json_real(t_spec));
         json_object_set_new(j, "plain_seconds", json_real(t_plain));

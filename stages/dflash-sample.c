@@ -6,10 +6,12 @@
  *
  *   dflash-sample --target-model DIR --prompts train.jsonl --out regen.jsonl [--gen-len 512] [--temperature 0]
  *                 [--top-p 1] [--turns all|first] [--stop-ids 151645,151643] [--batch 16] [--seed 1]
+ *                 [--device cpu|cuda:N]
  *
  * Every supervised span of a row (an assistant turn, make_jsonl.py's loss_mask) is one job: its prompt is the row's
  * tokens before the span (the original conversation up to that turn); the target continues it (KV-cached and
- * batched, stages/model/decode.h through eval_generate: the CPU path, same structure as the GPU one) until a stop
+ * batched, stages/model/decode.h through eval_generate: on the CPU or, with --device cuda:N, the GPU: the same loop,
+ * the target's step and LM head on the device, sampling on the host from the logits) until a stop
  * token (the config's eos_token_id, or --stop-ids; kept and supervised, as the template's <|im_end|> is) or
  * --gen-len tokens. Output rows {"input_ids": prompt + generated, "loss_mask": [0 × prompt, 1 × generated]} in job
  * order: the packer's JSONL. Resumable: --out is appended a batch at a time; started again, the run counts the
@@ -27,6 +29,7 @@
 #include "core/flags.h"
 #include "core/fsutil.h"
 #include "core/log.h"
+#include "core/stage.h"
 #include "export/eval.h"
 #include "kernels/common.h"
 
@@ -161,7 +164,8 @@ static int stop_ids(const char *target, const char *flag, int32_t *out, int cap)
 }
 
 static int regenerate(const char *target, const char *prompts, const char *out, int gen_len, double temperature,
-                      double top_p, int all_turns, const char *stop_flag, int batch, int64_t seed, int limit) {
+                      double top_p, int all_turns, const char *stop_flag, int batch, int64_t seed, int limit,
+                      int dev) {
     char err[2048];
     struct model_config tc;
     char tcfg[4200];
@@ -180,10 +184,11 @@ static int regenerate(const char *target, const char *prompts, const char *out, 
         if (jb[i].n > longest) longest = jb[i].n;
     int plan = longest + gen_len + 2, zero = 0;
     struct eval_target et;
-    LIB_CHECK(eval_target_open(&et, target, plan, &zero, 1, err, sizeof err), err);
+    /* the target's own working memory serves only the (unused here) full forward: one document of the plan */
+    LIB_CHECK(eval_target_open_dev(&et, target, plan, &zero, 1, dev, err, sizeof err), err);
     LIB_CHECK(eval_target_enable_cache(&et, batch, plan, err, sizeof err), err);
-    log_info("regenerating %d turns of %s (%d stop ids, gen-len %d, temperature %g, top-p %g, batch %d) into %s", nj,
-             prompts, n_stop, gen_len, temperature, top_p, batch, out);
+    log_info("regenerating %d turns of %s (%d stop ids, gen-len %d, temperature %g, top-p %g, batch %d, %s) into %s",
+             nj, prompts, n_stop, gen_len, temperature, top_p, batch, dev >= 0 ? "GPU" : "CPU", out);
     int fd = open(out, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, (mode_t)fs_file_mode());
     if (fd < 0) DIE("%s: %s", out, check_errno_str());
     int32_t **outs = malloc(sizeof *outs * (size_t)batch);
@@ -255,7 +260,7 @@ static int regenerate(const char *target, const char *prompts, const char *out, 
 
 int main(int argc, char **argv) {
     log_init("dflash-sample");
-    const char *target = NULL, *out = NULL, *prompts = NULL, *turns = "all", *stop_flag = NULL;
+    const char *target = NULL, *out = NULL, *prompts = NULL, *turns = "all", *stop_flag = NULL, *device = "cpu";
     int samples = 256, prompt_len = 8, gen_len = 24, max_token = 0, batch = 16, limit = 0;
     double temperature = 0.5, top_p = 1;
     int64_t seed = 1;
@@ -277,6 +282,8 @@ int main(int argc, char **argv) {
          "eos_token_id)", 1, 0},
         {"batch", FLAG_INT, &batch, "with --prompts: sequences decoded together", 1, 4096},
         {"limit", FLAG_INT, &limit, "with --prompts: at most N jobs (0: all)", 0, 1 << 30},
+        {"device", FLAG_STRING, &device, "cpu or cuda:N (auto: cuda:0 when a GPU is present): where the target runs",
+         1, 0},
         FLAGS_END,
     };
     flags_parse_or_exit(table, argc, argv, "--target-model DIR --out FILE [--samples N] [--temperature T]",
@@ -284,15 +291,17 @@ int main(int argc, char **argv) {
                         "(--prompts), or random prompts with sampled continuations.", NULL,
                         0);
     if (!target || !out) DIE("--target-model and --out are required (see --help)");
+    char err[2048];
+    int dev = -1;
+    LIB_CHECK(stage_parse_device(device, &dev, err, sizeof err), err);
     if (prompts) {
         if (strcmp(turns, "all") && strcmp(turns, "first")) DIE("--turns: expected all or first, got '%s'", turns);
         return regenerate(target, prompts, out, gen_len, temperature, top_p, !strcmp(turns, "all"), stop_flag, batch,
-                          seed, limit);
+                          seed, limit, dev);
     }
-    char err[2048];
     int L = prompt_len + gen_len, zero = 0;
     struct eval_target et;
-    LIB_CHECK(eval_target_open(&et, target, L, &zero, 1, err, sizeof err), err);
+    LIB_CHECK(eval_target_open_dev(&et, target, L, &zero, 1, dev, err, sizeof err), err);
     int V = et.V;
     if (max_token <= 0 || max_token > V) max_token = V;
     float *logits = malloc(sizeof(float) * (size_t)V);

@@ -273,17 +273,183 @@ START_TEST(decode_equals_full_forward) {
     decode_free(d);
     target_free(t);
 
-    /* a Qwen3.5 hybrid is refused with one sentence */
+}
+END_TEST
+
+/* The Qwen3.5 hybrid's cached step (issue 30 item 2): the Gated DeltaNet layers carry their conv rows and
+ * recurrent state between steps, the attention layers their KV cache. Slot 0: a prefill of 9, one token, a block of
+ * 4, a rollback of 2 into that block (the state restored from its snapshot), then 5 other tokens in one step with
+ * slot 1's prefill of 7; every captured and last row is bitwise the full forward's over the final sequences.
+ * A rollback past the last step is refused with a sentence; a rollback to 0 restarts the slot. Then eval_generate
+ * on the hybrid: cached greedy decoding equals the uncached eval_greedy, and so does speculative decoding with an
+ * oracle proposer (tau = B, every block accepted: rollbacks of 0) and with a one-token-wrong proposer (rollbacks
+ * into every block); dflash-sample --device cpu regenerates from it, sampled rows the same whatever --batch. */
+static int wrong_propose(void *ctx, struct eval_target *et, const int32_t *c, int n, int B, int32_t *draft, char *e,
+                         int el) {
+    (void)ctx;
+    int32_t seq[512], pred[512];
+    memcpy(seq, c, sizeof *seq * (size_t)n);
+    for (int j = 0; j < B - 1; j++) {
+        if (eval_target_forward(et, seq, n + j, n + j - 1, pred, e, el)) return -1;
+        seq[n + j] = pred[n + j - 1];
+        draft[j] = seq[n + j];
+    }
+    int at = (n * 7) % (B - 1);   /* the rejection moves around the block */
+    draft[at] = (draft[at] + 1) % et->V;
+    return 0;
+}
+
+static int oracle_propose(void *ctx, struct eval_target *et, const int32_t *c, int n, int B, int32_t *draft, char *e,
+                          int el);
+
+START_TEST(decode_hybrid_equals_full_forward) {
     const char *hy = test_tmpdir("decode-qwen35");
-    const char *argv[] = {test_bin("dflash-mkmodel"), "--preset", "qwen3.5-tiny", "--out", hy, NULL};
+    const char *argv[] = {test_bin("dflash-mkmodel"), "--preset", "qwen3.5-tiny", "--out", hy, "--std", "0.15",
+                          "--embed-std", "1.0", "--lm-head-std", "0.45", "--seed", "5", NULL};
     ck_assert_msg(run_argv(argv) == 0, "%s", out_text);
+    struct target_options o;
     target_options_defaults(&o);
-    o.max_tokens = 16;
-    struct target *th = target_load(hy, &o, err, sizeof err);
-    ck_assert_msg(th != NULL, "%s", err);
-    ck_assert_ptr_null(decode_init(th, 1, 16, 16, err, sizeof err));
-    ck_assert_msg(strstr(err, "Qwen3.5/3.6 targets (Gated DeltaNet layers) need a recurrent-state cache"), "%s", err);
-    target_free(th);
+    o.max_tokens = 64;
+    o.n_capture = 2;
+    o.capture[0] = 0;
+    o.capture[1] = 2;
+    struct target *t = target_load(hy, &o, err, sizeof err);
+    ck_assert_msg(t != NULL, "%s", err);
+    const struct model_config *c = target_config(t);
+    int H = c->hidden_size, V = c->vocab_size, n_lin = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) n_lin += c->layer_linear[l];
+    ck_assert_msg(n_lin > 0 && n_lin < c->num_hidden_layers, "the preset has %d linear layers of %d", n_lin,
+                  c->num_hidden_layers);
+    ck_assert_int_le(H, 256);
+    struct decode *d = decode_init(t, 3, 32, 32, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    int32_t s0[32], s1[32];
+    uint64_t r = 5;
+    for (int i = 0; i < 32; i++) {
+        s0[i] = (int32_t)(test_rng_next(&r) % (uint64_t)V);
+        s1[i] = (int32_t)(test_rng_next(&r) % (uint64_t)V);
+    }
+    /* slot 2: a prefill of 25 keeps snapshots after its last DECODE_STATE_SNAPS (17) positions only */
+    int slot2 = 2;
+    int32_t c25[2] = {0, 25};
+    ck_assert_msg(decode_extend(d, 1, &slot2, s1, c25, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(decode_truncate(d, 2, 5, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "rolls back only into the last 17 tokens"), "%s", err);
+    ck_assert_int_eq(decode_truncate(d, 2, 9, err, sizeof err), 0);   /* after position 8: held */
+    static float st[2 * 32 * 256], la[32 * 256], fst[2 * 64 * 256], fla[64 * 256];
+    static float keep_st[2][20][256], keep_la[20][256];
+    int slot0 = 0, both[2] = {0, 1};
+    int lens[3] = {9, 1, 4}, at = 0;
+    for (int k = 0; k < 3; k++) {
+        int32_t cu[2] = {0, lens[k]};
+        ck_assert_msg(decode_extend(d, 1, &slot0, s0 + at, cu, st, la, err, sizeof err) == 0, "%s", err);
+        for (int i = 0; i < lens[k]; i++) {
+            memcpy(keep_la[at + i], la + (size_t)i * H, sizeof(float) * (size_t)H);
+            for (int q = 0; q < 2; q++)
+                memcpy(keep_st[q][at + i], st + ((size_t)q * lens[k] + i) * H, sizeof(float) * (size_t)H);
+        }
+        at += lens[k];
+    }
+    ck_assert_int_eq(decode_len(d, 0), 14);
+    ck_assert_int_eq(decode_truncate(d, 0, 12, err, sizeof err), 0);
+    memcpy(s0 + 12, s1 + 20, sizeof(int32_t) * 5);
+    int32_t ids[12], cu2[3] = {0, 5, 12};
+    memcpy(ids, s0 + 12, sizeof(int32_t) * 5);
+    memcpy(ids + 5, s1, sizeof(int32_t) * 7);
+    ck_assert_msg(decode_extend(d, 2, both, ids, cu2, st, la, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < 5; i++) {
+        memcpy(keep_la[12 + i], la + (size_t)i * H, sizeof(float) * (size_t)H);
+        for (int q = 0; q < 2; q++)
+            memcpy(keep_st[q][12 + i], st + ((size_t)q * 12 + i) * H, sizeof(float) * (size_t)H);
+    }
+    int32_t all[24], pos[24], cu[3] = {0, 17, 24};
+    memcpy(all, s0, sizeof(int32_t) * 17);
+    memcpy(all + 17, s1, sizeof(int32_t) * 7);
+    for (int i = 0; i < 24; i++) pos[i] = i < 17 ? i : i - 17;
+    struct target_batch b = {0, 24, 2, all, pos, cu};
+    ck_assert_msg(target_forward(t, &b, fst, fla, err, sizeof err) == 0, "%s", err);
+    for (int p = 0; p < 17; p++) {
+        ck_assert_msg(!memcmp(keep_la[p], fla + (size_t)p * H, sizeof(float) * (size_t)H), "slot 0 last row %d differs",
+                      p);
+        for (int q = 0; q < 2; q++)
+            ck_assert_msg(!memcmp(keep_st[q][p], fst + ((size_t)q * 24 + p) * H, sizeof(float) * (size_t)H),
+                          "slot 0 state %d row %d differs", q, p);
+    }
+    for (int p = 0; p < 7; p++)
+        ck_assert_msg(!memcmp(la + (size_t)(5 + p) * H, fla + (size_t)(17 + p) * H, sizeof(float) * (size_t)H),
+                      "slot 1 last row %d differs", p);
+    /* back to 0 and a new prompt: the slot starts from a zero state (slot 1's 7 rows again, in slot 0) */
+    ck_assert_int_eq(decode_truncate(d, 0, 0, err, sizeof err), 0);
+    int32_t c7[2] = {0, 7};
+    ck_assert_msg(decode_extend(d, 1, &slot0, s1, c7, NULL, la, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(!memcmp(la, fla + (size_t)17 * H, sizeof(float) * 7 * (size_t)H), "slot 0 restarted differs");
+    decode_free(d);
+    target_free(t);
+
+    /* eval_generate on the hybrid */
+    enum { NP = 3, NEW = 12, B = 4 };
+    int zl[2] = {0, 2};
+    struct eval_target et;
+    ck_assert_msg(eval_target_open(&et, hy, 64, zl, 2, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eval_target_enable_cache(&et, 2, 64, err, sizeof err) == 0, "%s", err);
+    int32_t prompts[NP][16], *pp[NP], *ref[NP], *og[NP];
+    int P[NP], lg[NP];
+    for (int i = 0; i < NP; i++) {
+        P[i] = 5 + 3 * i;
+        uint64_t sd = 77 + (uint64_t)i;
+        for (int q = 0; q < P[i]; q++) prompts[i][q] = (int32_t)(test_rng_next(&sd) % (uint64_t)V);
+        pp[i] = prompts[i];
+        ref[i] = malloc(sizeof(int32_t) * 64);
+        og[i] = malloc(sizeof(int32_t) * 64);
+        ck_assert_msg(eval_greedy(&et, prompts[i], P[i], NEW, ref[i], err, sizeof err) == 0, "%s", err);
+    }
+    struct eval_gen_opts runs[3] = {{.max_new = NEW}, {.max_new = NEW, .B = B, .fn = oracle_propose},
+                                    {.max_new = NEW, .B = B, .fn = wrong_propose}};
+    for (int k = 0; k < 3; k++) {
+        struct eval_stats ss;
+        eval_stats_init(&ss, B);
+        ck_assert_msg(eval_generate(&et, NP, (const int32_t *const *)pp, P, &runs[k], og, lg, &ss, err, sizeof err) == 0,
+                      "%s", err);
+        for (int i = 0; i < NP; i++) {
+            ck_assert_int_eq(lg[i], P[i] + NEW);
+            for (int q = 0; q < lg[i]; q++)
+                ck_assert_msg(og[i][q] == ref[i][q], "run %d prompt %d: cached output differs from eval_greedy at %d",
+                              k, i, q);
+        }
+        if (k == 1) ck_assert_double_eq_tol(eval_stats_tau(&ss), B, 1e-12);
+        if (k == 2) ck_assert_msg(eval_stats_tau(&ss) < B && eval_stats_tau(&ss) > 1, "tau %g", eval_stats_tau(&ss));
+    }
+    /* dflash-sample regenerates from the hybrid (the cached path): sampled rows the same whatever --batch */
+    char data[800], o2[800], o3[800];
+    snprintf(data, sizeof data, "%s/rows.jsonl", hy);
+    snprintf(o2, sizeof o2, "%s/regen-b2.jsonl", hy);
+    snprintf(o3, sizeof o3, "%s/regen-b3.jsonl", hy);
+    FILE *f = fopen(data, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < NP; i++) {
+        fprintf(f, "{\"input_ids\": [");
+        for (int q = 0; q < P[i] + 2; q++) fprintf(f, "%s%d", q ? ", " : "", q < P[i] ? prompts[i][q] : 7);
+        fprintf(f, "], \"loss_mask\": [");
+        for (int q = 0; q < P[i] + 2; q++) fprintf(f, "%s%d", q ? ", " : "", q >= P[i]);
+        fprintf(f, "]}\n");
+    }
+    fclose(f);
+    for (int k = 0; k < 2; k++) {
+        const char *sa[] = {test_bin("dflash-sample"), "--target-model", hy, "--prompts", data, "--out", k ? o3 : o2,
+                            "--gen-len", "10", "--temperature", "0.8", "--top-p", "0.9", "--seed", "4", "--batch",
+                            k ? "3" : "2", "--stop-ids", "999999", "--device", "cpu", NULL};
+        ck_assert_msg(run_argv(sa) == 0, "%s", out_text);
+    }
+    size_t n2, n3;
+    char *t2 = test_slurp(o2, &n2), *t3 = test_slurp(o3, &n3);
+    ck_assert_msg(t2 && t3 && n2 == n3 && !memcmp(t2, t3, n2), "sampled hybrid regeneration depends on --batch");
+    free(t2);
+    free(t3);
+    for (int i = 0; i < NP; i++) {
+        free(ref[i]);
+        free(og[i]);
+    }
+    eval_target_close(&et);
 }
 END_TEST
 
@@ -733,6 +899,7 @@ int main(void) {
     tcase_add_test(tc, speculative_equals_greedy_and_tau);
     tcase_add_test(tc, cli_reports_and_refuses);
     tcase_add_test(tc, decode_equals_full_forward);
+    tcase_add_test(tc, decode_hybrid_equals_full_forward);
     tcase_add_test(tc, cached_generation);
     tcase_add_test(tc, sample_regenerates_and_resumes);
     tcase_add_test(tc, training_moves_tau);

@@ -8,22 +8,32 @@
 #include "model/decode.h"
 #include "model/weights.h"
 
+#ifdef DFLASH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 int eval_target_open(struct eval_target *et, const char *target_dir, int max_tokens, const int *zlab_ids, int k,
                      char *err, int err_len) {
+    return eval_target_open_dev(et, target_dir, max_tokens, zlab_ids, k, -1, err, err_len);
+}
+
+int eval_target_open_dev(struct eval_target *et, const char *target_dir, int max_tokens, const int *zlab_ids, int k,
+                         int cuda_device, char *err, int err_len) {
     memset(et, 0, sizeof *et);
     if (k < 1 || k > TARGET_MAX_CAPTURE) return err_fail(err, err_len, "eval: %d captured layers", k);
     struct target_options o;
     target_options_defaults(&o);
-    o.cuda_device = -1;
+    o.cuda_device = cuda_device;
     o.max_tokens = max_tokens;
     o.n_capture = k;
     memcpy(o.capture, zlab_ids, sizeof(int) * (size_t)k);
     et->t = target_load(target_dir, &o, err, err_len);
     if (!et->t) return -1;
+    et->dev = cuda_device;
     et->cfg = target_config(et->t);
     et->H = et->cfg->hidden_size;
     et->V = et->cfg->vocab_size;
@@ -35,7 +45,13 @@ int eval_target_open(struct eval_target *et, const char *target_dir, int max_tok
     et->xn = malloc(sizeof(float) * (size_t)et->H);
     et->logits = malloc(sizeof(float) * (size_t)et->V);
     et->probs = malloc(sizeof(double) * (size_t)et->V);
-    if (!et->norm || !et->lm_head || !et->states || !et->last || !et->xn || !et->logits || !et->probs) {
+    et->cand = malloc(sizeof(int32_t) * (size_t)et->V);
+    if (cuda_device >= 0) {   /* target_forward writes bf16 on a GPU target: host staging, widened after */
+        et->states16 = malloc(sizeof(bf16) * (size_t)k * (size_t)max_tokens * (size_t)et->H);
+        et->last16 = malloc(sizeof(bf16) * (size_t)max_tokens * (size_t)et->H);
+    }
+    if (!et->norm || !et->lm_head || !et->states || !et->last || !et->xn || !et->logits || !et->probs || !et->cand ||
+        (cuda_device >= 0 && (!et->states16 || !et->last16))) {
         eval_target_close(et);
         return err_fail(err, err_len, "%s: out of memory for the eval buffers", target_dir);
     }
@@ -45,10 +61,19 @@ int eval_target_open(struct eval_target *et, const char *target_dir, int max_tok
         return -1;
     }
     int64_t sh[2] = {et->V, et->H}, sn[1] = {et->H};
-    int rc = weights_get_f32(&w, "model.norm.weight", 1, sn, et->norm, err, err_len);
+    /* Qwen3.5 / 3.6: the text model's tensors may sit under model.language_model., and the final norm is
+     * Qwen3_5RMSNorm (weight 1 + w), as target.c loads every other norm of it */
+    int hyb = et->cfg->arch == HF_ARCH_QWEN3_5;
+    const char *pre = hyb && et->cfg->nested ? "model.language_model." : "model.";
+    char nn[96], en[96];
+    snprintf(nn, sizeof nn, "%snorm.weight", pre);
+    snprintf(en, sizeof en, "%sembed_tokens.weight", pre);
+    int rc = weights_get_f32(&w, nn, 1, sn, et->norm, err, err_len);
+    if (!rc && hyb)
+        for (int c = 0; c < et->H; c++) et->norm[c] += 1.0f;
     if (!rc)
-        rc = weights_get_f32(&w, et->cfg->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", 2, sh,
-                             et->lm_head, err, err_len);
+        rc = weights_get_f32(&w, et->cfg->tie_word_embeddings ? en : "lm_head.weight", 2, sh, et->lm_head, err,
+                             err_len);
     hf_weights_close(&w);
     if (rc) eval_target_close(et);
     return rc;
@@ -63,11 +88,19 @@ void eval_target_close(struct eval_target *et) {
     free(et->xn);
     free(et->logits);
     free(et->probs);
+    free(et->cand);
     decode_free(et->dc);
     free(et->hist);
     free(et->hist_last);
     free(et->step_states);
     free(et->step_last);
+#ifdef DFLASH_CUDA
+    if (et->logits_pinned) cudaFreeHost(et->step_logits);
+    else
+#endif
+        free(et->step_logits);
+    free(et->states16);
+    free(et->last16);
     memset(et, 0, sizeof *et);
 }
 
@@ -102,9 +135,14 @@ int eval_target_forward(struct eval_target *et, const int32_t *tokens, int n, in
     int32_t cu[2] = {0, n};
     struct target_batch b = {0, n, 1, tokens, pos, cu};
     /* states come back as k blocks of [n, H] */
-    int rc = target_forward(et->t, &b, et->states, et->last, err, err_len);
+    int rc = et->dev >= 0 ? target_forward(et->t, &b, et->states16, et->last16, err, err_len)
+                          : target_forward(et->t, &b, et->states, et->last, err, err_len);
     free(pos);
     if (rc) return -1;
+    if (et->dev >= 0) {
+        floats_from_bf16(et->states, et->states16, (size_t)et->k * (size_t)n * (size_t)et->H);
+        floats_from_bf16(et->last, et->last16, (size_t)n * (size_t)et->H);
+    }
     et->ctx_states = et->states;
     et->ctx_last = et->last;
     et->ctx_rows = n;
@@ -116,17 +154,76 @@ int eval_target_forward(struct eval_target *et, const int32_t *tokens, int n, in
 /* ---------------------------------------------------------------- the drafter proposer */
 
 int eval_drafter_init(struct eval_drafter *ed, struct drafter *d, char *err, int err_len) {
+    return eval_drafter_init_dev(ed, d, -1, err, err_len);
+}
+
+int eval_drafter_init_dev(struct eval_drafter *ed, struct drafter *d, int cuda_device, char *err, int err_len) {
     const struct drafter_config *c = drafter_config_of(d);
+    memset(ed, 0, sizeof *ed);
     ed->d = d;
+    if (cuda_device >= 0) {
+#ifdef DFLASH_CUDA
+        cudaStream_t s;
+        cudaError_t e = cudaSetDevice(cuda_device);
+        if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        if (e != cudaSuccess) return err_fail(err, err_len, "eval: cuda:%d: %s", cuda_device, cudaGetErrorString(e));
+        ed->gpu = drafter_gpu_init(d, s, NULL, err, err_len);
+        if (!ed->gpu) {
+            cudaStreamDestroy(s);
+            return -1;
+        }
+#else
+        return err_fail(err, err_len, "eval: the drafter on cuda:%d in a build without CUDA", cuda_device);
+#endif
+    }
     ed->hidden = malloc(sizeof(float) * (size_t)c->T_max * (size_t)c->k * (size_t)c->H);
     if (!ed->hidden) return err_fail(err, err_len, "eval: out of memory for the drafter's features");
     return 0;
 }
 
 void eval_drafter_free(struct eval_drafter *ed) {
+#ifdef DFLASH_CUDA
+    if (ed->gpu) {
+        cudaStream_t s = drafter_gpu_stream(ed->gpu);
+        drafter_gpu_free(ed->gpu);
+        cudaStreamDestroy(s);
+        ed->gpu = NULL;
+    }
+#endif
     free(ed->hidden);
     ed->hidden = NULL;
 }
+
+#ifdef DFLASH_CUDA
+/* The proposal on the GPU: the batch eval_drafter_propose builds, through the device step; the block's argmaxes
+ * (row j of block 0 = the draft for position n - 1 + j) come back with the anchor. */
+static int propose_gpu(struct eval_drafter *ed, const struct drafter_batch *b, int B, int32_t *draft, char *err,
+                       int err_len) {
+    struct drafter_gpu *g = ed->gpu;
+    if (drafter_gpu_load_batch(g, b, err, err_len)) return -1;
+    struct drafter_metrics m;
+    if (drafter_step_gpu(g, b->T, b->budget, 0, 0, 0, &m, err, err_len)) return -1;
+    struct drafter_gpu_last gl;
+    drafter_gpu_last_step(g, &gl);
+    int32_t anchor, arg[2 * DRAFTER_MAX_B];
+    uint8_t valid;
+    cudaStream_t s = drafter_gpu_stream(g);
+    cudaError_t e = cudaMemcpyAsync(&anchor, gl.anchors, 4, cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(&valid, gl.valid, 1, cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(arg, gl.arg, sizeof(int32_t) * 2 * (size_t)B, cudaMemcpyDeviceToHost, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess) return err_fail(err, err_len, "eval: the GPU drafter's result: %s", cudaGetErrorString(e));
+    if (!valid || anchor != b->T - 1)
+        return err_fail(err, err_len, "eval: the GPU drafter did not anchor at the last committed token (%d)", b->T - 1);
+    struct drafter_last ls;
+    drafter_last_step(ed->d, &ls);   /* d2t only: the host drafter's pruned-vocabulary map */
+    for (int j = 1; j < B; j++) {
+        int32_t p = arg[2 * j];
+        draft[j - 1] = ls.d2t ? (int32_t)(p + ls.d2t[p]) : p;
+    }
+    return 0;
+}
+#endif
 
 int eval_drafter_propose(void *ctx, struct eval_target *et, const int32_t *c, int n, int B, int32_t *draft, char *err,
                          int err_len) {
@@ -159,6 +256,15 @@ int eval_drafter_propose(void *ctx, struct eval_target *et, const int32_t *c, in
     mask[n - 1] = 1;   /* the only anchor candidate: the last committed token */
     struct drafter_batch b = {n, n + B, c, mask, pos, doc, ed->hidden, et->ctx_last};
     struct drafter_metrics m;
+#ifdef DFLASH_CUDA
+    if (ed->gpu) {
+        int rc = propose_gpu(ed, &b, B, draft, err, err_len);
+        free(mask);
+        free(pos);
+        free(doc);
+        return rc;
+    }
+#endif
     int rc = drafter_step(ed->d, &b, 0, 0, 0, &m, err, err_len);
     free(mask);
     free(pos);
@@ -262,6 +368,20 @@ int eval_target_enable_cache(struct eval_target *et, int n_slots, int max_len, c
     int step = n_slots * DRAFTER_MAX_B > max_len ? n_slots * DRAFTER_MAX_B : max_len;
     et->dc = decode_init(et->t, n_slots, max_len, step, err, err_len);
     if (!et->dc) return -1;
+    /* logits: the prefill's last row, or every row of a verification step (n_slots blocks) */
+    int rows = n_slots * DRAFTER_MAX_B;
+    if (decode_set_head(et->dc, et->norm, et->lm_head, rows, err, err_len)) return -1;
+    size_t lb = sizeof(float) * (size_t)rows * (size_t)et->V;
+#ifdef DFLASH_CUDA
+    /* pinned on a GPU: a step's logits cross at the bus's speed, not through a pageable bounce buffer */
+    if (et->dev >= 0 && cudaMallocHost((void **)&et->step_logits, lb) != cudaSuccess) {
+        (void)cudaGetLastError();
+        et->step_logits = NULL;
+    }
+    et->logits_pinned = et->step_logits != NULL;
+#endif
+    if (!et->step_logits) et->step_logits = malloc(lb);
+    if (!et->step_logits) return err_fail(err, err_len, "eval: out of memory for %d rows of logits", rows);
     et->n_slots = n_slots;
     et->max_len = max_len;
     et->max_step = step;
@@ -279,26 +399,67 @@ int eval_target_enable_cache(struct eval_target *et, int n_slots, int max_len, c
 
 static double uniform01(uint64_t *s) { return (double)(kernels_rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
 
-/* The target's distribution after state x at temperature T, restricted to the top-p nucleus, into et->probs
+/* The logits after row r of the last decode_extend. CPU: computed for that row alone when asked (a rejected
+ * draft's later rows are never computed). GPU, a decoding step (extend with all_rows): every row of the step at
+ * once on the device, the first time one is asked (one transfer), then served from et->step_logits; a prefill:
+ * the asked row alone. */
+static const float *row_logits(struct eval_target *et, int r, char *err, int err_len) {
+    if (et->dev < 0) return decode_logits(et->dc, 1, &r, et->logits, err, err_len) ? NULL : et->logits;
+    if (!et->logits_all) {   /* a prefill: only its last row is asked; one row crosses */
+        if (!et->logits_ready || et->logits_first != r) {
+            if (decode_logits(et->dc, 1, &r, et->step_logits, err, err_len)) return NULL;
+            et->logits_first = r;
+            et->logits_ready = 1;
+        }
+        return et->step_logits;
+    }
+    if (!et->logits_ready) {
+        int32_t rows[et->step_T];
+        for (int i = 0; i < et->step_T; i++) rows[i] = i;
+        if (decode_logits(et->dc, et->step_T, rows, et->step_logits, err, err_len)) return NULL;
+        et->logits_ready = 1;
+    }
+    return et->step_logits + (size_t)r * et->V;
+}
+
+/* Argmax of a logits row (first maximum on ties). */
+static int32_t argmax_of(const struct eval_target *et, const float *logits) {
+    int32_t best = 0;
+    for (int v = 1; v < et->V; v++)
+        if (logits[v] > logits[best]) best = v;
+    return best;
+}
+
+/* The target's distribution for a logits row at temperature T, restricted to the top-p nucleus, into et->probs
  * (normalised). */
-static void target_probs(struct eval_target *et, const float *x, double T, double top_p) {
-    eval_target_logits(et, x, et->logits);
+static void target_probs(struct eval_target *et, const float *logits, double T, double top_p) {
     int V = et->V, best = 0;
     for (int v = 1; v < V; v++)
-        if (et->logits[v] > et->logits[best]) best = v;
+        if (logits[v] > logits[best]) best = v;
     double z = 0;
-    for (int v = 0; v < V; v++) z += et->probs[v] = exp((double)(et->logits[v] - et->logits[best]) / T);
+    for (int v = 0; v < V; v++) z += et->probs[v] = exp((double)(logits[v] - logits[best]) / T);
     for (int v = 0; v < V; v++) et->probs[v] /= z;
     if (top_p > 0 && top_p < 1) {
         /* the smallest set of most likely tokens whose mass reaches top_p: find the probability threshold by
-         * bisection on the mass above it (no sort; V is small on the CPU path) */
+         * bisection on the mass above it (no sort). Only tokens at or above lo can count again, so the scan runs
+         * over a shrinking candidate list (in token order: the sums are the full scan's, bit for bit); a peaked
+         * distribution over a 150K vocabulary then costs a few passes, not 60. */
+        int n = 0;
+        for (int v = 0; v < V; v++) et->cand[n++] = v;
         double lo = 0, hi = 1;
         for (int it = 0; it < 60; it++) {
             double mid = 0.5 * (lo + hi), m = 0;
-            for (int v = 0; v < V; v++)
-                if (et->probs[v] >= mid) m += et->probs[v];
-            if (m >= top_p) lo = mid;
-            else hi = mid;
+            for (int i = 0; i < n; i++)
+                if (et->probs[et->cand[i]] >= mid) m += et->probs[et->cand[i]];
+            if (m >= top_p) {
+                lo = mid;
+                int k = 0;
+                for (int i = 0; i < n; i++)
+                    if (et->probs[et->cand[i]] >= lo) et->cand[k++] = et->cand[i];
+                n = k;
+            } else {
+                hi = mid;
+            }
         }
         z = 0;
         for (int v = 0; v < V; v++) {
@@ -353,12 +514,21 @@ static void keep_features(struct eval_target *et, const struct gen_seq *g, int r
            sizeof(float) * H * (size_t)rows);
 }
 
-/* One decode_extend; its k blocks of T state rows are re-spaced to max_step rows (keep_features' stride). */
+/* One decode_extend; its k blocks of T state rows are re-spaced to max_step rows (keep_features' stride).
+ * features = 0: the proposer needs no features (plain decoding), so none cross from the device. */
 static int extend(struct eval_target *et, int n_seq, const int *slots, const int32_t *ids, const int32_t *cu,
-                  char *err, int err_len) {
+                  int features, int all_rows, char *err, int err_len) {
     int T = cu[n_seq];
-    if (decode_extend(et->dc, n_seq, slots, ids, cu, et->step_states, et->step_last, err, err_len)) return -1;
-    for (int i = et->k - 1; i > 0 && T < et->max_step; i--)   /* highest block first: no overlap */
+    if (all_rows && T > et->n_slots * DRAFTER_MAX_B)
+        return err_fail(err, err_len, "eval: a step of %d rows exceeds the logits plan (%d)", T,
+                        et->n_slots * DRAFTER_MAX_B);
+    et->logits_ready = 0;
+    et->logits_all = all_rows;
+    et->step_T = T;
+    if (decode_extend(et->dc, n_seq, slots, ids, cu, features ? et->step_states : NULL,
+                      features ? et->step_last : NULL, err, err_len))
+        return -1;
+    for (int i = et->k - 1; features && i > 0 && T < et->max_step; i--)   /* highest block first: no overlap */
         memmove(et->step_states + (size_t)i * et->max_step * et->H, et->step_states + (size_t)i * T * et->H,
                 sizeof(float) * (size_t)T * et->H);
     return 0;
@@ -392,15 +562,19 @@ static int generate_group(struct eval_target *et, int n, const int32_t *const *p
         int slot = i;
         int32_t c2[2] = {0, P[idx]};
         if ((rc = decode_truncate(et->dc, slot, 0, err, err_len))) break;
-        if ((rc = extend(et, 1, &slot, prompts[idx], c2, err, err_len))) break;
-        keep_features(et, &g[i], 0, 0, P[idx]);
-        const float *x = et->step_last + (size_t)(P[idx] - 1) * et->H;
+        if ((rc = extend(et, 1, &slot, prompts[idx], c2, o->fn != NULL, 0, err, err_len))) break;
+        if (o->fn) keep_features(et, &g[i], 0, 0, P[idx]);
+        const float *lg = row_logits(et, P[idx] - 1, err, err_len);
+        if (!lg) {
+            rc = -1;
+            break;
+        }
         int32_t t;
         if (sampled) {
-            target_probs(et, x, o->temperature, o->top_p);
+            target_probs(et, lg, o->temperature, o->top_p);
             t = draw(et, &g[i].rng, -1);
         } else {
-            t = greedy_next(et, x);
+            t = argmax_of(et, lg);
         }
         if (!g[i].done) commit(&g[i], outs[idx], o, t);
     }
@@ -425,7 +599,7 @@ static int generate_group(struct eval_target *et, int n, const int32_t *const *p
             m++;
         }
         if (rc || m == 0) break;
-        if ((rc = extend(et, m, slots, ids, cu, err, err_len))) break;
+        if ((rc = extend(et, m, slots, ids, cu, o->fn != NULL, 1, err, err_len))) break;
         int j = 0;
         for (int i = 0; i < n; i++) {
             if (g[i].done) continue;
@@ -433,16 +607,20 @@ static int generate_group(struct eval_target *et, int n, const int32_t *const *p
             int n0 = g[i].n, r0 = cu[j++], acc = 0;
             int32_t bonus;
             for (;;) {
-                const float *x = et->step_last + (size_t)(r0 + acc) * et->H;
+                const float *lg = row_logits(et, r0 + acc, err, err_len);
+                if (!lg) {
+                    rc = -1;
+                    break;
+                }
                 if (sampled) {
-                    target_probs(et, x, o->temperature, o->top_p);
+                    target_probs(et, lg, o->temperature, o->top_p);
                     if (acc < B - 1 && uniform01(&g[i].rng) < et->probs[draft[i][acc]]) {
                         acc++;
                         continue;
                     }
                     bonus = draw(et, &g[i].rng, acc < B - 1 ? draft[i][acc] : -1);
                 } else {
-                    int32_t p = greedy_next(et, x);
+                    int32_t p = argmax_of(et, lg);
                     if (acc < B - 1 && p == draft[i][acc]) {
                         acc++;
                         continue;
@@ -451,10 +629,11 @@ static int generate_group(struct eval_target *et, int n, const int32_t *const *p
                 }
                 break;
             }
+            if (rc) break;
             for (int a = 0; a < acc; a++) commit(&g[i], out, o, draft[i][a]);
             commit(&g[i], out, o, bonus);
             /* features of the anchor and the accepted drafts are now committed context; the rest rolls back */
-            keep_features(et, &g[i], r0, n0 - 1, acc + 1);
+            if (o->fn) keep_features(et, &g[i], r0, n0 - 1, acc + 1);
             if ((rc = decode_truncate(et->dc, g[i].slot, n0 + acc, err, err_len))) break;
             if (o->fn) {
                 g[i].rounds++;

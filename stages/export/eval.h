@@ -3,7 +3,7 @@
  * statistics z-lab's benchmark reports (issue 17 item 3; dflash-reference.md §12).
  *
  * DESIGN
- * - The target is stages/model/target.h on the CPU (fp32). Two paths:
+ * - The target is stages/model/target.h on the CPU (fp32) or a GPU (bf16; eval_target_open_dev). Two paths:
  *   - eval_generate (issue 30): KV-cached (model/decode.h) and batched: up to n_slots prompts advance together,
  *     each round is one decode_extend over every active prompt's block (verification) or token (plain decoding);
  *     per token, the cached step is bitwise the full forward, so speculative output equals plain greedy output.
@@ -16,7 +16,8 @@
  *   after position n-1+i (i = 0..B-1) verifies: acc = the leading run of d[1+i] == p[i]; d[1..acc] and the
  *   bonus p[acc] are committed; τ = acc + 1 is recorded. So every committed token is the target's own greedy
  *   choice, and the output equals plain greedy decoding token for token (eval_greedy), whatever the drafter.
- * - The drafter proposer (eval_drafter_propose) runs drafter_step (train = 0) on a batch whose only supervised
+ * - The drafter proposer (eval_drafter_propose) runs drafter_step (train = 0; on a GPU drafter_step_gpu, with
+ *   eval_drafter_init_dev) on a batch whose only supervised
  *   position is the anchor: one block, slot 0 = the anchor, slots 1..B-1 the mask token, context = the features
  *   strictly before the anchor (the §6 mask); its per-row argmaxes are the draft (mapped through d2t when the
  *   draft vocabulary is pruned). This is the training forward, so eval measures exactly what was trained.
@@ -50,6 +51,7 @@ struct eval_target {
     float *xn;          /* (H) scratch */
     float *logits;      /* (V) scratch */
     double *probs;      /* (V) scratch (sampling) */
+    int32_t *cand;      /* (V) scratch (top-p candidates) */
     /* The proposer's view of the committed tokens' features: k blocks of ctx_rows rows of H (row t = token t), and
      * the last layer's (ctx_rows, H). eval_target_forward points them at states / last (ctx_rows = n); the cached
      * path at one prompt's feature history. */
@@ -58,6 +60,10 @@ struct eval_target {
     /* KV cache (eval_target_enable_cache), else NULL */
     struct decode *dc;
     int n_slots, max_len, max_step;
+    int dev;                          /* -1 CPU, else the target's CUDA device */
+    bf16 *states16, *last16;          /* GPU: target_forward's bf16 outputs on the host, widened into states/last */
+    float *step_logits;               /* (n_slots · DRAFTER_MAX_B, V): the last step's logits (GPU) */
+    int step_T, logits_all, logits_ready, logits_first, logits_pinned;
     float *hist, *hist_last;          /* (n_slots, k, max_len, H), (n_slots, max_len, H) */
     float *step_states, *step_last;   /* (k, max_step, H), (max_step, H) */
 };
@@ -65,6 +71,10 @@ struct eval_target {
 /* Load target_dir for sequences up to max_tokens, capturing the z-lab ids (k of them). 0/-1. */
 int eval_target_open(struct eval_target *et, const char *target_dir, int max_tokens, const int *zlab_ids, int k,
                      char *err, int err_len);
+/* The same with the target on CUDA device cuda_device (-1: the CPU): the decode step, the final norm and the LM
+ * head run there (model/decode.h); the features and logits the host code reads come back as fp32. */
+int eval_target_open_dev(struct eval_target *et, const char *target_dir, int max_tokens, const int *zlab_ids, int k,
+                         int cuda_device, char *err, int err_len);
 void eval_target_close(struct eval_target *et);
 /* Forward over tokens[0..n): fills et->states / et->last, and pred[i] = the greedy next token after position i
  * for i in [from, n) (pred has n entries; entries before from are untouched). 0/-1. */
@@ -88,8 +98,12 @@ typedef int (*eval_propose_fn)(void *ctx, struct eval_target *et, const int32_t 
 struct eval_drafter {
     struct drafter *d;
     float *hidden;      /* (T_max, k·H) */
+    void *gpu;          /* struct drafter_gpu * when the proposal runs on a GPU, else NULL */
 };
 int eval_drafter_init(struct eval_drafter *ed, struct drafter *d, char *err, int err_len);
+/* The same with the proposal on CUDA device cuda_device (-1: the CPU): drafter_step_gpu (train = 0, bf16) over
+ * the committed features, uploaded each round (drafter_gpu_load_batch), its block's argmaxes read back. */
+int eval_drafter_init_dev(struct eval_drafter *ed, struct drafter *d, int cuda_device, char *err, int err_len);
 void eval_drafter_free(struct eval_drafter *ed);   /* frees the buffers, not d */
 int eval_drafter_propose(void *ctx, struct eval_target *et, const int32_t *c, int n, int B, int32_t *draft, char *err,
                          int err_len);

@@ -22,14 +22,13 @@ static void l2norm_(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] *= r;
 }
 
-void gdn_forward_doc(float *y, const float *in, int in_stride, int len, const struct gdn_shape *s,
-                     const float *conv_w, const float *a_neg, const float *dt_bias, const float *norm_w,
-                     float eps, float *conv, float *state) {
-    const int D = gdn_conv_dim(s), K = s->K, nk = s->n_k, nv = s->n_v, dk = s->d_k, dv = s->d_v;
-    const int kd = nk * dk, vd = nv * dv, rep = nv / nk;
+void gdn_conv_rows(float *conv, const float *in, int in_stride, int t0, int t1, const struct gdn_shape *s,
+                   const float *conv_w) {
+    const int D = gdn_conv_dim(s), K = s->K, nk = s->n_k, dk = s->d_k;
+    const int kd = nk * dk;
     /* causal depthwise conv1d (zero left padding: the window starts empty at the document start) + silu */
-    for (int t = 0; t < len; t++) {
-        float *o = conv + (size_t)t * D;
+    for (int t = t0; t < t1; t++) {
+        float *o = conv + (size_t)(t - t0) * D;
         for (int c = 0; c < D; c++) {
             double acc = 0;
             for (int j = 0; j < K; j++) {
@@ -46,8 +45,13 @@ void gdn_forward_doc(float *y, const float *in, int in_stride, int len, const st
             for (int i = 0; i < dk; i++) o[(size_t)h * dk + i] *= qs;
         }
     }
-    memset(state, 0, (size_t)nv * dk * dv * sizeof(float));
-    for (int t = 0; t < len; t++) {
+}
+
+void gdn_recur_rows(float *y, const float *conv, const float *in, int in_stride, int n, const struct gdn_shape *s,
+                    const float *a_neg, const float *dt_bias, const float *norm_w, float eps, float *state) {
+    const int D = gdn_conv_dim(s), nk = s->n_k, nv = s->n_v, dk = s->d_k, dv = s->d_v;
+    const int kd = nk * dk, vd = nv * dv, rep = nv / nk;
+    for (int t = 0; t < n; t++) {
         const float *u = conv + (size_t)t * D, *row = in + (size_t)t * in_stride;
         const float *bcol = row + D + vd, *acol = bcol + nv;
         float *yt = y + (size_t)t * vd;
@@ -82,3 +86,10 @@ void gdn_forward_doc(float *y, const float *in, int in_stride, int len, const st
     }
 }
 
+void gdn_forward_doc(float *y, const float *in, int in_stride, int len, const struct gdn_shape *s,
+                     const float *conv_w, const float *a_neg, const float *dt_bias, const float *norm_w,
+                     float eps, float *conv, float *state) {
+    gdn_conv_rows(conv, in, in_stride, 0, len, s, conv_w);
+    memset(state, 0, (size_t)s->n_v * s->d_k * s->d_v * sizeof(float));
+    gdn_recur_rows(y, conv, in, in_stride, len, s, a_neg, dt_bias, norm_w, eps, state);
+}

@@ -51,6 +51,17 @@ void gdn_forward_doc(float *y, const float *in, int in_stride, int len, const st
                      const float *conv_w, const float *a_neg, const float *dt_bias, const float *norm_w,
                      float eps, float *conv, float *state);
 
+/* The two halves of gdn_forward_doc, for the decode step (model/decode.c), which carries the conv input rows and
+ * the state of a sequence between steps. gdn_conv_rows: conv rows t0..t1-1 of a document whose input rows 0..t1-1
+ * are at in + src·in_stride (rows before 0 are the zero padding), written at conv + (t - t0)·conv_dim.
+ * gdn_recur_rows: n tokens of the recurrence from the given state (updated in place): conv rows [n, conv_dim],
+ * in rows [n, in_stride] (their z, b, a columns), y [n, n_v·d_v]. gdn_forward_doc = conv_rows(0, len), a zero
+ * state, recur_rows(len): split anywhere, the results are bitwise the same. */
+void gdn_conv_rows(float *conv, const float *in, int in_stride, int t0, int t1, const struct gdn_shape *s,
+                   const float *conv_w);
+void gdn_recur_rows(float *y, const float *conv, const float *in, int in_stride, int n, const struct gdn_shape *s,
+                    const float *a_neg, const float *dt_bias, const float *norm_w, float eps, float *state);
+
 #ifdef __cplusplus
 }
 #endif

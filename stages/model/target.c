@@ -1160,9 +1160,27 @@ int target_cpu_layer(const struct target *t, int l, struct target_layer_view *ou
         return err_fail(err, err_len, "target: layer %d of %d", l, t->cfg.num_hidden_layers);
     const struct target_layer *ly = &t->layers[l];
     *out = (struct target_layer_view){ly->w_qkv, ly->w_o, ly->w_gu, ly->w_down, ly->ln_in, ly->ln_post, ly->q_norm,
-                                      ly->k_norm, ly->linear};
+                                      ly->k_norm, ly->linear, ly->w_lin_in, ly->conv_w, ly->a_neg, ly->dt_bias,
+                                      ly->gnorm, ly->w_lin_out};
     return 0;
 }
 
 const float *target_cpu_embed(const struct target *t) { return t->dev >= 0 ? NULL : t->embed; }
 const float *target_cpu_inv_freq(const struct target *t) { return t->dev >= 0 ? NULL : t->inv_freq; }
+
+#ifdef DFLASH_CUDA
+/* ---------------------------------------------------------------- GPU weight views (model/decode.c) */
+
+int target_gpu_layer(const struct target *t, int l, struct target_gpu_layer_view *out, char *err, int err_len) {
+    if (t->dev < 0) return err_fail(err, err_len, "target: the GPU weight view of a CPU target");
+    if (l < 0 || l >= t->cfg.num_hidden_layers)
+        return err_fail(err, err_len, "target: layer %d of %d", l, t->cfg.num_hidden_layers);
+    const struct target_layer *ly = &t->layers[l];
+    *out = (struct target_gpu_layer_view){ly->w_qkv, ly->w_o, ly->w_gu, ly->w_down, ly->ln_in, ly->ln_post,
+                                          ly->q_norm, ly->k_norm, ly->linear};
+    return 0;
+}
+
+const bf16 *target_gpu_embed(const struct target *t) { return t->dev >= 0 ? t->embed : NULL; }
+const float *target_gpu_inv_freq(const struct target *t) { return t->dev >= 0 ? t->inv_freq : NULL; }
+#endif

@@ -144,8 +144,10 @@ double target_flops(const struct target *t, const int32_t *cu_seqlens, int n_doc
 struct target_layer_view {
     const float *w_qkv, *w_o, *w_gu, *w_down;  /* (QKV, C), (C, NH·HD), (2·I, C), (C, I) */
     const float *ln_in, *ln_post;              /* (C) */
-    const float *q_norm, *k_norm;              /* (HD) Qwen3 only, else NULL */
+    const float *q_norm, *k_norm;              /* (HD) Qwen3 and Qwen3.5 attention (as 1 + w), else NULL */
     int linear;                                /* 1: a Gated DeltaNet layer (Qwen3.5; no w_qkv / w_o) */
+    /* Qwen3.5 Gated DeltaNet layers only (else NULL): model/gdn.h's arguments */
+    const float *w_lin_in, *conv_w, *a_neg, *dt_bias, *gnorm, *w_lin_out;
 };
 int target_cpu_layer(const struct target *t, int l, struct target_layer_view *out, char *err, int err_len);
 const float *target_cpu_embed(const struct target *t);       /* (V, C); NULL on a GPU */
@@ -169,6 +171,19 @@ int target_fill_random_f32(float *p, size_t n, uint64_t seed, float mean, float 
                            cudaStream_t stream);
 /* The model's CUDA stream (for callers that order their own copies before target_forward). */
 cudaStream_t target_stream(const struct target *t);
+
+/* Read-only views of a GPU target's weights (device memory), for stages/model/decode.c's GPU path: bf16
+ * matrices in the fused layout above, fp32 norm weights. 0, or -1 with a sentence for a CPU target or l out of
+ * range. */
+struct target_gpu_layer_view {
+    const bf16 *w_qkv, *w_o, *w_gu, *w_down;   /* (QKV, C), (C, NH·HD), (2·I, C), (C, I) */
+    const float *ln_in, *ln_post;              /* (C) */
+    const float *q_norm, *k_norm;              /* (HD) Qwen3 only, else NULL */
+    int linear;                                /* 1: a Gated DeltaNet layer */
+};
+int target_gpu_layer(const struct target *t, int l, struct target_gpu_layer_view *out, char *err, int err_len);
+const bf16 *target_gpu_embed(const struct target *t);       /* (V, C) device bf16; NULL on the CPU */
+const float *target_gpu_inv_freq(const struct target *t);   /* (HD/2) device fp32; NULL on the CPU */
 
 /* Per-phase device time of the GPU forward, for benchmarks (issue 27: the time per layer kind).
  * target_timing(t, 1) creates the events once (at most 4·n_layers + 2) and makes every later

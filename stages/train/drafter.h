@@ -312,7 +312,7 @@ int drafter_gpu_phase_times(struct drafter_gpu *g, double *ms, char *err, int er
 
 /* Device pointers into the last step's state (tests, dumps), valid until the next step: xn (N·B, H) bf16, the
  * layer outputs (N·B, H) bf16, the context (budget, H) bf16 after hidden_norm, anchors (N) int32, valid (N), the
- * loss rows (N·B) fp32: ℓ_s (0 where unsupervised) and w_s·m_s. */
+ * loss rows (N·B) fp32: ℓ_s (0 where unsupervised) and w_s·m_s, and the rows' argmaxes (the draft, for eval). */
 struct drafter_gpu_last {
     int T, budget, N, B, H;
     const bf16 *xn, *ctx;
@@ -320,6 +320,7 @@ struct drafter_gpu_last {
     const bf16 *layer_out[DRAFTER_MAX_LAYERS];
     const int32_t *anchors;
     const uint8_t *valid;
+    const int32_t *arg;    /* (N·B, 2) per row (argmax of the drafter's logits, argmax of the target's), draft ids */
 };
 void drafter_gpu_last_step(const struct drafter_gpu *g, struct drafter_gpu_last *out);
 #endif

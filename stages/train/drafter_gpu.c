@@ -782,5 +782,7 @@ void drafter_gpu_last_step(const struct drafter_gpu *g, struct drafter_gpu_last 
     out->valid = g->valid;
     out->row_loss = g->row_loss;
     out->row_weight = g->row_weight;
+    const uint8_t *rmask;
+    lmhead_loss_ws_rows(g->lmws, &out->arg, &rmask);
 }
 #endif /* DFLASH_CUDA */
