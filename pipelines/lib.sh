@@ -75,7 +75,8 @@ lock_run() {
   mkdir -p "$run"
   exec {RUN_LOCK_FD}>>"$run/lock" || pdie "cannot open $run/lock"
   # -w 2: a killed script's short-lived children (a sleep, a status query) may hold it for a moment
-  if ! flock -w 2 "$RUN_LOCK_FD"; then
+  # ($LOCK_WAIT_S: a host chain of slurm-train.sh waits for the previous round's chain to finish its clean-up)
+  if ! flock -w "${LOCK_WAIT_S:-2}" "$RUN_LOCK_FD"; then
     holder=$(cat "$run/lock.owner" 2>/dev/null || echo "an unknown process")
     pdie "run directory $run is in use by another pipeline: $holder (wait for it, or stop it first)"
   fi
@@ -262,14 +263,16 @@ wait_ring_drained() {
 }
 
 # ---------------------------------------------------------------- the training chain
-# run_train_chain: start dflash-shm ($CMD_SHM), dflash-metrics ($CMD_METRICS, once), the trainer
-# ($CMD_TRAIN, always with --resume) and then the producers through the script's function
-# `start_feeders SEQ` (names in $FEEDERS), rewound to the seq the trainer asks for; supervise until
-# the trainer exits 0. When the trainer dies (signal, exit 3), the items already in the rings are
-# past its checkpoint, so the whole chain restarts: producers stopped, `dflash-shm --shutdown`
-# (fresh, empty rings), trainer resumed from its newest checkpoint, producers rewound to its seq.
-# At most $MAX_RESTARTS such restarts. Returns 0 when the trainer finished (the rings are then shut
-# down and the producers stopped), 1 on failure.
+# run_train_chain: start the chain's services (chain_start_services: dflash-shm ($CMD_SHM) and
+# dflash-metrics ($CMD_METRICS, once)), the trainer ($CMD_TRAIN, always with --resume) and then the
+# producers through `start_feeders SEQ` (names in $FEEDERS), rewound to the seq the trainer asks for;
+# supervise until the trainer exits 0. When the trainer dies (signal, exit 3), the items already in
+# the rings are past its checkpoint, so the whole chain restarts (chain_stop: producers stopped,
+# `dflash-shm --shutdown`, so the next round has fresh, empty rings), trainer resumed from its newest
+# checkpoint, producers rewound to its seq. At most $MAX_RESTARTS such restarts. Returns 0 when the
+# trainer finished (the chain is then stopped), 1 on failure.
+# The three hooks (chain_start_services, start_feeders, chain_stop) are this host's chain by default;
+# pipelines/slurm-train.sh redefines them to drive one chain per host (issue 29, topology (c)).
 TRAIN_NEXT_SEQ=""
 # train_next_seq SECS: the seq the starting trainer needs, from state/train.json. The trainer decides it at start-up
 # (newest VALID checkpoint) and writes the file before it takes an item; run_train_chain removes the previous run's
@@ -297,17 +300,32 @@ shutdown_rings() {
   remove_run_segments "$RUN"
 }
 
+# chain_start_services: this host's dflash-shm (fresh rings) and, once, dflash-metrics. 0, or 1 (said why).
+chain_start_services() {
+  rm -f "$RUN/shm.json"
+  start_stage --service dflash-shm "${CMD_SHM[@]}"
+  wait_stage_file dflash-shm "$RUN/shm.json" 20 '"running"' || return 1
+  start_metrics_once
+}
+start_metrics_once() {
+  if [ -n "${CMD_METRICS+x}" ] && ! _alive dflash-metrics; then
+    rm -f "$RUN/bus/metrics.sock"
+    start_stage --service dflash-metrics "${CMD_METRICS[@]}"
+    wait_stage_file dflash-metrics "$RUN/bus/metrics.sock" 20 || return 1
+  fi
+  return 0
+}
+# chain_stop: the producers stopped, the rings shut down and removed.
+chain_stop() {
+  local f
+  for f in $FEEDERS; do stop_stage "$f" TERM 20; done
+  shutdown_rings
+}
+
 run_train_chain() {
-  local round=0 rc skip f
+  local round=0 rc skip
   while :; do
-    rm -f "$RUN/shm.json"
-    start_stage --service dflash-shm "${CMD_SHM[@]}"
-    wait_stage_file dflash-shm "$RUN/shm.json" 20 '"running"' || return 1
-    if [ -n "${CMD_METRICS+x}" ] && ! _alive dflash-metrics; then
-      rm -f "$RUN/bus/metrics.sock"
-      start_stage --service dflash-metrics "${CMD_METRICS[@]}"
-      wait_stage_file dflash-metrics "$RUN/bus/metrics.sock" 20 || return 1
-    fi
+    chain_start_services || return 1
     rm -f "$RUN/state/train.json"   # re-derived from the checkpoints by every start: the handshake (train_next_seq)
     start_stage --chain dflash-train "${CMD_TRAIN[@]}" --resume
     skip=${STAGE_LOG_SKIP[dflash-train]}
@@ -334,12 +352,70 @@ run_train_chain() {
     round=$((round + 1))
     if [ "$round" -gt "$MAX_RESTARTS" ]; then plog "dflash-train stopped $round times; giving up"; return 1; fi
     plog "restarting the chain (restart $round of at most $MAX_RESTARTS): the rings are emptied, the trainer resumes from its checkpoint"
-    for f in $FEEDERS; do stop_stage "$f" TERM 20; done
-    shutdown_rings
+    chain_stop
   done
-  for f in $FEEDERS; do stop_stage "$f" TERM 20; done
-  shutdown_rings
+  chain_stop
   return 0
+}
+
+# plan_get KEY: one value of $RUN/plan.json (dflash-plan --get), or exit 1.
+plan_get() { "$DFLASH_BIN/dflash-plan" --run "$RUN" --get "$1" || pdie "dflash-plan --get $1 of $RUN failed"; }
+
+# chain_commands: the commands of the chain in $RUN from its plan (each stage started with --run $RUN alone):
+# CMD_SHM, CMD_METRICS, CMD_PACK, CMD_TARGET, CMD_HSPACK; TARGETS (dflash-target, or with the plan's
+# target_replicas R > 1 dflash-target.0 .. dflash-target.R-1: R processes sharing the batches ring, each
+# supervised and restarted alone) and FEEDERS (the producers start_feeders starts).
+chain_commands() {
+  local D=$DFLASH_BIN replicas
+  CMD_SHM=("$D/dflash-shm" --run "$RUN")
+  CMD_METRICS=("$D/dflash-metrics" --run "$RUN" --plot-every-s 60 --csv-stage dflash-train)
+  CMD_PACK=("$D/dflash-pack" --run "$RUN")
+  CMD_TARGET=("$D/dflash-target" --run "$RUN")
+  CMD_HSPACK=("$D/dflash-hspack" --run "$RUN")
+  replicas=$(plan_get target_replicas)
+  TARGETS=dflash-target
+  if [ "$replicas" -gt 1 ]; then
+    TARGETS=$(seq -f 'dflash-target.%g' 0 $((replicas - 1)) | tr '\n' ' ')
+    [ "$replicas" -lt 4 ] || CMD_HSPACK+=(--window $((replicas + 1)))   # the reorder window holds what replicas run ahead
+  fi
+  FEEDERS="dflash-pack $TARGETS dflash-hspack"
+}
+
+# start_feeders SEQ: the producers of chain_commands (hspack, the target replicas, pack), rewound to batch SEQ.
+start_feeders() {
+  local t
+  rewind_online_feeders "$1"
+  start_stage dflash-hspack "${CMD_HSPACK[@]}"
+  for t in $TARGETS; do start_stage "$t" "${CMD_TARGET[@]}"; done
+  start_stage dflash-pack "${CMD_PACK[@]}" --resume-from-seq "$1"
+}
+
+# index_dataset DATA_IN MODEL: $RUN/data.idx, validated (token ids below the model's vocab_size) and indexed once
+# (again when DATA_IN is newer); sets DATA.
+index_dataset() {
+  local in=$1 model=$2 vocab
+  vocab=$(grep -o '"vocab_size": *[0-9]*' "$model/config.json" | head -n 1 | grep -o '[0-9]*$' || true)
+  DATA=$RUN/data.idx
+  if [ ! -e "$DATA" ] || [ "$in" -nt "$DATA" ]; then
+    plog "validating and indexing $in${vocab:+ (token ids below vocab_size $vocab)}"
+    # --vocab-size: an id outside the target's vocabulary is refused here, naming its dataset line
+    "$DFLASH_BIN/dflash-pack" --data "$in" --index "$DATA.tmp" ${vocab:+--vocab-size "$vocab"} >"$LOGS/index.out" 2>&1 ||
+      { rm -f "$DATA.tmp"; pdie "$(first_error "$LOGS/index.out")"; }
+    mv "$DATA.tmp" "$DATA"
+  fi
+}
+
+# mpirun_launch RANKS [MPIRUN FLAGS...]: MPI_LAUNCH=(mpirun -np RANKS ...) for dflash-train ranks (Open MPI: over-
+# subscription allowed, no binding, root allowed, $MPIRUN_FLAGS added); NCCL_NVLS_ENABLE=0 for GPU ranks
+# (gpu-machine.md: NVLink multicast stays off) is exported and forwarded.
+mpirun_launch() {
+  local n=$1; shift
+  command -v mpirun >/dev/null 2>&1 || pdie "$n trainer ranks need mpirun (Open MPI; scripts/install-deps.sh installs it)"
+  export NCCL_NVLS_ENABLE=0
+  MPI_LAUNCH=(mpirun -np "$n" --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE "$@")
+  [ "$(id -u)" != 0 ] || MPI_LAUNCH+=(--allow-run-as-root)
+  # shellcheck disable=SC2206
+  MPI_LAUNCH+=(${MPIRUN_FLAGS:-})
 }
 
 # write_state FILE TEXT: a stage's state file, atomically (the producers' rewind points): a fresh temporary of

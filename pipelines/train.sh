@@ -85,64 +85,28 @@ install_traps train.sh
 
 # ---------------------------------------------------------------- the model's config, then the dataset: validated and indexed once
 check_model_config "$MODEL" cpu   # the config parsed as the stages parse it; the device is the plan's
-VOCAB=$(grep -o '"vocab_size": *[0-9]*' "$MODEL/config.json" | head -n 1 | grep -o '[0-9]*$' || true)
-DATA=$RUN/data.idx
-if [ ! -e "$DATA" ] || [ "$DATA_IN" -nt "$DATA" ]; then
-  plog "validating and indexing $DATA_IN${VOCAB:+ (token ids below vocab_size $VOCAB)}"
-  # --vocab-size: an id outside the target's vocabulary is refused here, naming its dataset line
-  "$DFLASH_BIN/dflash-pack" --data "$DATA_IN" --index "$DATA.tmp" ${VOCAB:+--vocab-size "$VOCAB"} >"$LOGS/index.out" 2>&1 ||
-    { rm -f "$DATA.tmp"; pdie "$(first_error "$LOGS/index.out")"; }
-  mv "$DATA.tmp" "$DATA"
-fi
+index_dataset "$DATA_IN" "$MODEL"
 
 # ---------------------------------------------------------------- the plan, then the stages it names
 # dflash-plan owns the run's geometry (budget, captured layers, hidden size, dtype, device, steps and
-# the batches they need, ring specs); every stage below reads RUN/plan.json through --run.
+# the batches they need, ring specs, the trainer ranks); every stage below reads RUN/plan.json through --run.
+case $RANKS in ''|*[!0-9]*|0) pdie "--ranks $RANKS: expected a count >= 1" ;; esac
+[ "$RANKS" = 1 ] || PLAN_ARGS+=(--ranks "$RANKS")
 "$DFLASH_BIN/dflash-plan" "$MODEL" "$DATA" --run "$RUN" ${PLAN_ARGS[@]+"${PLAN_ARGS[@]}"} \
   -- ${EXTRA_TRAIN[@]+"${EXTRA_TRAIN[@]}"} >"$LOGS/plan.out" 2>&1 || pdie "dflash-plan: $(tail -n 1 "$LOGS/plan.out")"
-plan_get() { "$DFLASH_BIN/dflash-plan" --run "$RUN" --get "$1" || pdie "dflash-plan --get $1 failed"; }
 STEPS=$(plan_get steps)
 DEVICE=$(plan_get device)
 # The job's device-memory plan (target + trainer + rings) was printed and checked by dflash-plan before anything
 # started: a configuration that cannot fit stopped there with one line naming the shortfall (issue 27).
 if grep -q '^memory plan: total' "$LOGS/plan.out"; then plog "$(grep -m1 '^memory plan: total' "$LOGS/plan.out") (details: $LOGS/plan.out)"; fi
 
-D=$DFLASH_BIN
-CMD_SHM=("$D/dflash-shm" --run "$RUN")
-CMD_METRICS=("$D/dflash-metrics" --run "$RUN" --plot-every-s 60 --csv-stage dflash-train)
-CMD_PACK=("$D/dflash-pack" --run "$RUN")
-CMD_TARGET=("$D/dflash-target" --run "$RUN")
-CMD_HSPACK=("$D/dflash-hspack" --run "$RUN")
-CMD_TRAIN=("$D/dflash-train" --run "$RUN" ${EXTRA_TRAIN[@]+"${EXTRA_TRAIN[@]}"})
-case $RANKS in ''|*[!0-9]*|0) pdie "--ranks $RANKS: expected a count >= 1" ;; esac
+chain_commands   # CMD_SHM, CMD_METRICS, CMD_PACK, CMD_TARGET, CMD_HSPACK, TARGETS, FEEDERS (lib.sh)
+CMD_TRAIN=("$DFLASH_BIN/dflash-train" --run "$RUN" ${EXTRA_TRAIN[@]+"${EXTRA_TRAIN[@]}"})
 if [ "$RANKS" -gt 1 ]; then
-  command -v mpirun >/dev/null 2>&1 || pdie "--ranks $RANKS needs mpirun (Open MPI; scripts/install-deps.sh installs it)"
-  MPI_LAUNCH=(mpirun -np "$RANKS" --oversubscribe --bind-to none)
-  [ "$(id -u)" != 0 ] || MPI_LAUNCH+=(--allow-run-as-root)
-  # shellcheck disable=SC2206
-  MPI_LAUNCH+=(${MPIRUN_FLAGS:-})
+  # GPU ranks (rank i of a host on cuda:(train_device + i)) sum their gradients with NCCL
+  mpirun_launch "$RANKS"
   CMD_TRAIN=("${MPI_LAUNCH[@]}" "${CMD_TRAIN[@]}")
-  # GPU ranks (rank i of a host on cuda:(train_device + i)) sum their gradients with NCCL; NVLink multicast
-  # (NVLS) stays off (gpu-machine.md)
-  export NCCL_NVLS_ENABLE=0
 fi
-# --target-replicas R (the plan's target_replicas): R dflash-target processes, named dflash-target.0 ..
-# dflash-target.R-1 (logs/dflash-target.I.out), share the batches ring (each batch is claimed by one) and
-# publish into hidden out of order; dflash-hspack restores seq order. Each is supervised (and restarted) alone.
-REPLICAS=$(plan_get target_replicas)
-TARGETS=dflash-target
-if [ "$REPLICAS" -gt 1 ]; then
-  TARGETS=$(seq -f 'dflash-target.%g' 0 $((REPLICAS - 1)) | tr '\n' ' ')
-  [ "$REPLICAS" -lt 4 ] || CMD_HSPACK+=(--window $((REPLICAS + 1)))   # the reorder window holds what replicas run ahead
-fi
-FEEDERS="dflash-pack $TARGETS dflash-hspack"
-start_feeders() {
-  local t
-  rewind_online_feeders "$1"
-  start_stage dflash-hspack "${CMD_HSPACK[@]}"
-  for t in $TARGETS; do start_stage "$t" "${CMD_TARGET[@]}"; done
-  start_stage dflash-pack "${CMD_PACK[@]}" --resume-from-seq "$1"
-}
 write_run_json train "\"steps\": $STEPS, \"plan\": $(json_str "$RUN/plan.json"), \"model\": $(json_str "$MODEL"), \"data\": $(json_str "$DATA_IN")" \
   dflash-shm CMD_SHM dflash-metrics CMD_METRICS dflash-pack CMD_PACK dflash-target CMD_TARGET dflash-hspack CMD_HSPACK \
   dflash-train CMD_TRAIN

@@ -310,6 +310,14 @@ static int take(struct hs *h, struct ring_slot *s, char *why, int why_len) {
         if (ring_release(h->in, s)) DIE("ring '%s': %s", h->o->in_ring, ring_error());
         return 0;
     }
+    if (!seq_shard_owns(&h->w.shard, s->seq)) {   /* a several-host run: another host's seq reached this chain */
+        snprintf(why, (size_t)why_len, "ring '%s' batch seq %llu is not this host's: the plan's host takes the seqs s "
+                 "with %llu <= s %% %llu < %llu (is this chain's packer reading another plan?)", h->o->in_ring,
+                 (unsigned long long)s->seq, (unsigned long long)h->w.shard.lo, (unsigned long long)h->w.shard.period,
+                 (unsigned long long)h->w.shard.hi);
+        if (ring_unread(h->in, s)) log_warn("ring '%s': %s", h->o->in_ring, ring_error());
+        return 1;
+    }
     int ref = 0;
     while (h->held_used[ref]) ref++;   /* the window guarantees a free one */
     struct hspack_plan *p = &h->plans[ref];
@@ -552,6 +560,19 @@ int main(int argc, char **argv) {
                  spath);
     }
     LIB_CHECK(hspack_window_init(&h.w, (uint32_t)o.window, (uint32_t)o.spill, next, err, sizeof err), err);
+    if (have_plan) {   /* a host of a several-host run: only its shard's seqs come (plan.h) */
+        struct seq_shard sh;
+        plan_shard(&plan, &sh);
+        if (plan.hosts > 1 && plan.host < 0)
+            DIE("%s/plan.json is a %d-host run's plan: each host's hspack runs in its host directory "
+                "(RUN/hosts/H, dflash-plan --from RUN --host H)", o.common.run_dir, plan.hosts);
+        if (!seq_shard_is_all(&sh)) {
+            LIB_CHECK(hspack_window_set_shard(&h.w, &sh, err, sizeof err), err);
+            log_info("host %d of %d: expects the seqs s with %llu <= s %% %llu < %llu (its trainer ranks'), from seq %llu",
+                     plan.host, plan.hosts, (unsigned long long)sh.lo, (unsigned long long)sh.period,
+                     (unsigned long long)sh.hi, (unsigned long long)h.w.next);
+        }
+    }
     state_write(&h);
     log_info("%s -> %s: %s layout, window %d, spill %d (%s), from seq %llu%s%s", o.in_ring, o.out_ring,
              desc_layout_name(h.want.layout), o.window, o.spill, !o.spill ? "off" : o.common.cuda_device >= 0 ? "pinned host" : "host",

@@ -26,6 +26,11 @@
  * out and packed into val batches (descriptor split = val); after every N-th train batch comes one
  * full pass over them, in the one seq stream, so seeking and the trainer's resume stay arithmetic.
  *
+ * Several hosts (issue 29, topology (c)): in host H's run directory (its plan has `host`, stages/plan/plan.h) the
+ * packer packs every batch of the run's one stream, as one host would, and publishes only the seqs of its host's
+ * trainer ranks (the plan's seq shard); the others are packed and dropped, so the seqs, the batches and the cursor
+ * arithmetic are the one-host run's.
+ *
  * --index OUT converts --data (JSONL) to the indexed format once and exits.
  */
 #include "core/bus.h"
@@ -38,6 +43,7 @@
 #include "core/log.h"
 #include "pack/packer.h"
 #include "core/relay.h"
+#include "core/shard.h"
 #include "core/rings.h"
 #include "core/stage.h"
 #include "plan/plan.h"
@@ -128,6 +134,8 @@ struct pstage {
     uint64_t skipped_bad;
     double t_last;               /* heartbeat rate window */
     uint64_t last_batches;
+    struct seq_shard shard;      /* the seqs published (a host of a several-host run: its shard; else every seq) */
+    uint64_t foreign;            /* batches packed and not published (other hosts' seqs) */
     uint64_t plan;               /* the run plan's hash, stamped into every batch (0: no plan) */
 };
 
@@ -137,7 +145,12 @@ static int pack_at_end(void *ctx, char *err, int err_len) { return packer_at_end
 static int pack_compute(void *ctx, struct relay_item *it, char *err, int err_len) {
     struct pstage *ps = ctx;
     struct desc_batch d;
-    int got = packer_next(ps->p, it->out->payload, it->out->payload_cap, &d, err, err_len);
+    int got;
+    for (;;) {   /* another host's seq is packed (the stream stays the one-host stream) and not published */
+        got = packer_next(ps->p, it->out->payload, it->out->payload_cap, &d, err, err_len);
+        if (got <= 0 || seq_shard_owns(&ps->shard, d.seq)) break;
+        ps->foreign++;
+    }
     if (got < 0) return -1;
     if (!got) return RELAY_END;
     d.plan = ps->plan;
@@ -353,6 +366,19 @@ int main(int argc, char **argv) {
     /* ------------------------------------------------------------ output */
     struct pstage ps = {.p = &p, .cursor_path = cursor_path, .skipped_bad = ls.skipped_bad, .t_last = time_mono_s(),
                          .plan = have_plan ? plan.hash : 0};
+    seq_shard_all(&ps.shard);
+    if (have_plan) {
+        if (plan.hosts > 1 && plan.host < 0) {
+            log_error("%s/plan.json is a %d-host run's plan: each host's packer runs in its host directory (RUN/hosts/H, "
+                      "dflash-plan --from RUN --host H)", common.run_dir, plan.hosts);
+            exit(2);
+        }
+        plan_shard(&plan, &ps.shard);
+        if (!seq_shard_is_all(&ps.shard))
+            log_info("host %d of %d: packs every batch, publishes the seqs s with %llu <= s %% %llu < %llu (its trainer "
+                     "ranks')", plan.host, plan.hosts, (unsigned long long)ps.shard.lo,
+                     (unsigned long long)ps.shard.period, (unsigned long long)ps.shard.hi);
+    }
     uint64_t payload_cap = rings_payload_bytes(DESC_KIND_BATCH, &geo);
     uint32_t desc_need = rings_desc_bytes(DESC_KIND_BATCH, &geo);
     double t_start = time_mono_s();
@@ -404,9 +430,10 @@ int main(int argc, char **argv) {
             int n = snprintf(text, sizeof text, "%llu\n", (unsigned long long)p.cur.next_seq);
             LIB_CHECK(fs_write_atomic(path, text, (size_t)n, err, sizeof err), err);
         }
-        log_info("end of stream at seq %llu: %llu batches (%llu of them val), %llu tokens (%.0f tokens/s), padding %.2f%%, "
-                 "%llu dropped, %llu truncated, %llu bad samples skipped", (unsigned long long)p.cur.next_seq,
-                 (unsigned long long)s->batches, (unsigned long long)s->val_batches, (unsigned long long)s->tokens,
+        log_info("end of stream at seq %llu: %llu batches (%llu of them val; %llu of other hosts not published), %llu "
+                 "tokens (%.0f tokens/s), padding %.2f%%, %llu dropped, %llu truncated, %llu bad samples skipped",
+                 (unsigned long long)p.cur.next_seq, (unsigned long long)s->batches, (unsigned long long)s->val_batches,
+                 (unsigned long long)ps.foreign, (unsigned long long)s->tokens,
                  el > 0 ? (double)s->tokens / el : 0,
                  s->tokens ? 100.0 * (double)s->padding / (double)(s->tokens + s->padding) : 0.0,
                  (unsigned long long)s->dropped, (unsigned long long)s->truncated, (unsigned long long)ls.skipped_bad);

@@ -5,6 +5,7 @@
  *               [--grad-accum A] [--layer-types T] [--block-size B] [--seed S] [--window W] [-- TRAIN FLAGS]
  *   dflash-plan --run RUN --rehash        accept a hand edit (recompute the hash)
  *   dflash-plan --run RUN --get KEY       print one value (for scripts)
+ *   dflash-plan --run RUN/hosts/H --from RUN --host H   host H's plan of a several-host run (issue 29)
  *
  * Flags after `--` are dflash-train's; the geometry among them (--layer-types, --block-size,
  * --grad-accum, --target-layer-ids in the z-lab convention, --max-steps, --tokens) is taken into
@@ -52,7 +53,11 @@ static const char *const DESCRIPTION =
     "of --epochs epochs / --grad-accum, rounded up), grad_accum (dflash-train --grad-accum: the step's total over all trainer ranks), batches (steps x "
     "grad_accum; dflash-pack --max-batches), target_replicas (only when > 1: dflash-target processes sharing the "
     "rings; pipelines/train.sh starts that many; the hidden ring gets producers=R and R-1 more slots), rings (the dflash-shm --ring specs; dflash-shm --run RUN with no --ring "
-    "creates them). After editing the file by hand run dflash-plan --run RUN --rehash.";
+    "creates them), ranks (only when > 1: dflash-train ranks; their world must equal it; grad_accum must divide by "
+    "it), hosts (only when > 1: a several-host run, topology (c); ranks must divide by it; rank r lives on host "
+    "r / (ranks / hosts)), host (only in host H's plan RUN/hosts/H/plan.json, written by --from RUN --host H: the "
+    "packer there publishes only the seqs s with s % ranks in [H·L, (H+1)·L), L = ranks / hosts, and hspack expects "
+    "exactly those; not in the hash). After editing the file by hand run dflash-plan --run RUN --rehash.";
 
 /* The value of --NAME in args[0..n) (`--NAME v` or `--NAME=v`), or NULL. */
 static const char *scan(char **args, int n, const char *name) {
@@ -88,6 +93,9 @@ static int print_key(const struct plan *p, const char *key) {
     else if (!strcmp(key, "batches")) printf("%lld\n", (long long)p->batches);
     else if (!strcmp(key, "grad_accum")) printf("%d\n", p->grad_accum);
     else if (!strcmp(key, "target_replicas")) printf("%d\n", p->target_replicas);
+    else if (!strcmp(key, "ranks")) printf("%d\n", p->ranks);
+    else if (!strcmp(key, "hosts")) printf("%d\n", p->hosts);
+    else if (!strcmp(key, "host")) printf("%d\n", p->host);
     else if (!strcmp(key, "device")) printf("%s\n", p->device);
     else if (!strcmp(key, "train_device")) printf("%s\n", p->train_device);
     else if (!strcmp(key, "model")) printf("%s\n", p->model);
@@ -97,7 +105,7 @@ static int print_key(const struct plan *p, const char *key) {
     else if (!strcmp(key, "hidden_size")) printf("%d\n", p->hidden_size);
     else if (!strcmp(key, "dtype")) printf("%s\n", desc_dtype_name(p->dtype));
     else {
-        fprintf(stderr, "dflash-plan: --get %s: unknown key (tokens, steps, batches, grad_accum, target_replicas, device, train_device, model, data, "
+        fprintf(stderr, "dflash-plan: --get %s: unknown key (tokens, steps, batches, grad_accum, target_replicas, ranks, hosts, host, device, train_device, model, data, "
                 "hash, layer_ids, hidden_size, dtype)\n", key);
         return 2;
     }
@@ -209,8 +217,9 @@ int main(int argc, char **argv) {
     char **train = argv + (own < argc ? own + 1 : argc);
     int n_train = own < argc ? argc - own - 1 : 0;
 
-    const char *run = NULL, *device = "auto", *train_device = NULL, *layer_types = NULL, *get = NULL;
+    const char *run = NULL, *device = "auto", *train_device = NULL, *layer_types = NULL, *get = NULL, *from = NULL;
     int tokens = 0, epochs = 0, grad_accum = 0, block_size = 0, window = 0, slots = 0, rehash = 0, replicas = 0;
+    int ranks = 0, hosts = 0, host = -1;
     int64_t steps = 0, seed = -1;
     double gpu_gb = 0;
     int ids[DESC_MAX_LAYERS], n_ids = 0;
@@ -233,6 +242,13 @@ int main(int argc, char **argv) {
         {"grad-accum", FLAG_INT, &grad_accum, "packed batches per optimizer step (0: 1)", 0, 1 << 20},
         {"target-replicas", FLAG_INT, &replicas, "dflash-target processes sharing the batches and hidden rings "
                                                  "(plan key target_replicas; 0: 1)", 0, PLAN_MAX_TARGET_REPLICAS},
+        {"ranks", FLAG_INT, &ranks, "dflash-train ranks (plan key ranks; 0: 1); --grad-accum must divide by it", 0,
+         1 << 20},
+        {"hosts", FLAG_INT, &hosts, "hosts of a several-host run (plan key hosts; 0: 1); --ranks must divide by it; "
+         "each host runs its chain from its host plan (--from --host)", 0, PLAN_MAX_HOSTS},
+        {"from", FLAG_STRING, &from, "with --host H: write host H's plan into --run from the plan of the run FROM "
+         "(RUN/hosts/H is host H's run directory, pipelines/slurm-train.sh)", 1, 0},
+        {"host", FLAG_INT, &host, "with --from: the host index (0..hosts-1)", -1, PLAN_MAX_HOSTS - 1},
         {"seed", FLAG_INT64, &seed, "the packer's shuffle seed (-1: 1)", -1, INT64_MAX},
         {"window", FLAG_INT, &window, "the packer's window (0: 4096)", 0, 1 << 24},
         {"ring-slots", FLAG_INT, &slots, "slots per ring (0: 4)", 0, 1 << 16},
@@ -249,6 +265,20 @@ int main(int argc, char **argv) {
     char path[PATH_MAX], err[2048];
     if (snprintf(path, sizeof path, "%s/%s", run, PLAN_FILE) >= (int)sizeof path) { fprintf(stderr, "dflash-plan: --run path too long\n"); return 2; }
     struct plan p;
+    if ((from != NULL) != (host >= 0)) { fprintf(stderr, "dflash-plan: --from RUN and --host H go together\n"); return 2; }
+    if (from) {   /* host H's plan: the run's plan (same hash) with host = H */
+        char fpath[PATH_MAX];
+        struct plan shared;
+        if (snprintf(fpath, sizeof fpath, "%s/%s", from, PLAN_FILE) >= (int)sizeof fpath) { fprintf(stderr, "dflash-plan: --from path too long\n"); return 2; }
+        if (plan_read(fpath, 1, &shared, err, sizeof err) || plan_for_host(&shared, host, &p, err, sizeof err) ||
+            fs_mkdir_p(run, err, sizeof err) || plan_write(&p, path, err, sizeof err)) {
+            fprintf(stderr, "dflash-plan: %s\n", err);
+            return 1;
+        }
+        printf("%s: host %d of %d (ranks %d..%d of %d), hash %016llx\n", path, host, p.hosts, host * (p.ranks / p.hosts),
+               (host + 1) * (p.ranks / p.hosts) - 1, p.ranks, (unsigned long long)p.hash);
+        return 0;
+    }
     if (get || rehash) {
         if (plan_read(path, !rehash, &p, err, sizeof err)) { fprintf(stderr, "dflash-plan: %s\n", err); return 1; }
         if (get) return print_key(&p, get);
@@ -308,14 +338,14 @@ int main(int argc, char **argv) {
     struct plan_inputs in = {.model = pos[0], .data = pos[1], .device = dev, .train_device = tdev, .tokens = tokens, .n_ids = n_ids,
                              .layer_types = layer_types, .block_size = block_size, .steps = steps, .epochs = epochs,
                              .grad_accum = grad_accum, .seed = seed, .window = window, .ring_slots = slots,
-                             .target_replicas = replicas};
+                             .target_replicas = replicas, .ranks = ranks, .hosts = hosts};
     memcpy(in.ids, ids, sizeof ids);
     if (plan_make(&in, &p, err, sizeof err)) { fprintf(stderr, "dflash-plan: %s\n", err); return 1; }
     if (check_memory(&p, train, n_train, gpu_gb)) return 1;
     if (fs_mkdir_p(run, err, sizeof err)) { fprintf(stderr, "dflash-plan: %s\n", err); return 1; }
     struct plan old;
     int had = plan_read(path, 1, &old, err, sizeof err) == 0;
-    if (had && old.hash == p.hash) {
+    if (had && old.hash == p.hash && old.host == p.host) {
         printf("%s: unchanged (hash %016llx): %lld steps x %d = %lld batches of %u tokens\n", path,
                (unsigned long long)p.hash, (long long)p.steps, p.grad_accum, (long long)p.batches, p.tokens);
         return 0;

@@ -42,6 +42,12 @@
  *   Validation items are refused with ranks (they break the stride). On the GPU path (rank i of a host on
  *   cuda:(train_device + i)) the sums go over NCCL (train/dp_nccl.h; written, not yet run on GPUs), and one rank's
  *   gradients accumulate inside the backward as before, so GPU ranks are not bit-equal to one GPU rank.
+ * - Several hosts (topology (c), pipelines/slurm-train.sh; plan keys ranks and hosts, stages/plan/plan.h): the world
+ *   must equal the plan's ranks; rank r lives on host r / (ranks / hosts) and reads the features of that host's
+ *   chain, RUN/hosts/H (relay ring_dir), which holds exactly its host's ranks' seqs; a rank started on another node
+ *   than its host's chain (RUN/hosts/H/node) refuses to start with one line. The plan, bus, checkpoints, state and
+ *   exports stay in RUN (a filesystem every host mounts). The arithmetic is the one-host ranks', so 2 hosts x 1 rank
+ *   end bit-identical to 1 rank with --grad-accum 2 (tests/test_slurm.c).
  * - Never a short success (issue 24): the run trains --max-steps steps or exits 1 with one line saying how many it
  *   trained (a stream that ends early; a partial --grad-accum accumulation at its end is never applied). A resume
  *   at --max-steps trains nothing and writes the exports again from the final checkpoint.
@@ -93,6 +99,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct opts {
     struct stage_common common;
@@ -177,6 +184,26 @@ static int reduce_metrics(struct trainer *tr, char *err, int err_len) {
     m->n_anchors = (int)x[n++];
     tr->step_tokens = (uint64_t)x[n++];
     return 0;
+}
+
+/* A several-host run: the node this rank runs on is the node host `host`'s chain runs on (its rings are in that
+ * node's /dev/shm). The host chain writes its node name into HOST_DIR/node (pipelines/slurm-train.sh); a rank placed
+ * elsewhere by the launcher would wait for rings that are not there. 0 (also when the file is absent), or -1. */
+static int check_host_node(const char *host_dir, int rank, int host, char *err, int err_len) {
+    char path[PATH_MAX + 8], me[256] = "", *text = NULL, e2[256];
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/node", host_dir);
+    if (!fs_exists(path)) return 0;
+    if (fs_read_file(path, &text, &len, e2, sizeof e2)) return err_fail(err, err_len, "%s", e2);
+    while (len && (text[len - 1] == '\n' || text[len - 1] == ' ')) text[--len] = 0;
+    gethostname(me, sizeof me - 1);
+    int bad = strcmp(text, me) != 0;
+    if (bad)
+        err_fail(err, err_len, "rank %d runs on node %s, but host %d's chain (whose rings it reads) runs on node %s "
+                 "(%s): start the ranks with ranks/hosts per node in rank order (mpirun --map-by ppr:L:node)", rank, me,
+                 host, text, path);
+    free(text);
+    return bad ? -1 : 0;
 }
 
 /* The gradients summed over the ranks (MPI on the CPU path's host gradients, NCCL on the GPU's). */
@@ -596,6 +623,31 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    /* The plan's ranks (when it says them) is the launcher's world; a several-host run's rank reads the rings of its
+     * host's chain, RUN/hosts/H (plan.h), and keeps RUN for the plan, bus, checkpoints, state and exports. */
+    char ring_dir[PATH_MAX] = "";
+    int ring_host = -1;
+    if (have_plan && (plan.ranks > 1 || plan.hosts > 1) && dp.world != plan.ranks) {
+        fprintf(stderr, "dflash-train: the plan (%s) says %d trainer ranks but this one was launched as rank %d of %d "
+                "(mpirun -np %d starts them)\n", plan.path, plan.ranks, dp.rank, dp.world, plan.ranks);
+        dp_abort(&dp, 2);
+        return 2;
+    }
+    if (have_plan && plan.hosts > 1) {
+        if (plan.host >= 0) {
+            fprintf(stderr, "dflash-train: %s is host %d's plan; the trainer ranks run with --run RUN (the run's plan), "
+                    "not a host directory\n", plan.path, plan.host);
+            dp_abort(&dp, 2);
+            return 2;
+        }
+        ring_host = plan_rank_host(&plan, dp.rank);
+        if (plan_host_dir(o.common.run_dir, ring_host, ring_dir, sizeof ring_dir)) DIE("--run path too long");
+        if (check_host_node(ring_dir, dp.rank, ring_host, perr, sizeof perr)) {
+            fprintf(stderr, "dflash-train: %s\n", perr);
+            dp_abort(&dp, 2);
+            return 2;
+        }
+    }
     if (!o.target_model) { fprintf(stderr, "dflash-train: --target-model DIR is required (see --help)\n"); return 2; }
     if (!o.max_steps) { fprintf(stderr, "dflash-train: --max-steps N is required (it sets the schedule)\n"); return 2; }
     if (o.dump_step >= 0 && !o.dump_dir) { fprintf(stderr, "dflash-train: --dump-step needs --dump-dir\n"); return 2; }
@@ -760,8 +812,11 @@ int main(int argc, char **argv) {
     }
     tl_mark(&tr, tr.gpu ? "CUDA init, device drafter and optimizer, cuBLASLt warm-up" : "CPU step init");
 
+    if (ring_host >= 0)
+        log_info("rank %d of %d: host %d of %d of the plan: reads the features of that host's chain (%s)", dp.rank,
+                 dp.world, ring_host, plan.hosts, ring_dir);
     struct relay_config rc = {
-        .run_dir = o.common.run_dir, .in_ring = o.in_ring, .attach_wait_ms = o.wait_ms,
+        .run_dir = o.common.run_dir, .ring_dir = ring_dir[0] ? ring_dir : NULL, .in_ring = o.in_ring, .attach_wait_ms = o.wait_ms,
         .heartbeat_s = o.heartbeat_s, .use_bus = dp.rank == 0, .in_order = 1, .dedup = 1, .item_name = "features",
         .ctx = &tr, .compute = compute_train, .heartbeat_kv = train_heartbeat_kv, .plan = have_plan ? plan.hash : 0,
     };

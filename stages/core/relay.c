@@ -170,14 +170,14 @@ struct relay *relay_open(const struct relay_config *cfg, char *err, int err_len)
     ring_set_log(ring_log_line, NULL);
     char e2[512];
     if (cfg->in_ring) {
-        r->in = ring_attach(cfg->run_dir, cfg->in_ring, RING_CONSUMER, cfg->attach_wait_ms, e2, sizeof e2);
+        r->in = ring_attach(cfg->ring_dir ? cfg->ring_dir : cfg->run_dir, cfg->in_ring, RING_CONSUMER, cfg->attach_wait_ms, e2, sizeof e2);
         if (!r->in) { err_fail(err, err_len, "input ring '%s': %s", cfg->in_ring, e2); relay_close(r); return NULL; }
         if (rings_check_plan(r->in, cfg->plan, err, err_len)) { relay_close(r); return NULL; }
         snprintf(r->occ_in, sizeof r->occ_in, "occ_%s", cfg->in_ring);
         snprintf(r->wait_in, sizeof r->wait_in, "ring %s: empty", cfg->in_ring);
     }
     if (cfg->out_ring) {
-        r->out = ring_attach(cfg->run_dir, cfg->out_ring, RING_PRODUCER, cfg->attach_wait_ms, e2, sizeof e2);
+        r->out = ring_attach(cfg->ring_dir ? cfg->ring_dir : cfg->run_dir, cfg->out_ring, RING_PRODUCER, cfg->attach_wait_ms, e2, sizeof e2);
         if (!r->out) { err_fail(err, err_len, "output ring '%s': %s", cfg->out_ring, e2); relay_close(r); return NULL; }
         if (rings_check_plan(r->out, cfg->plan, err, err_len)) { relay_close(r); return NULL; }
         snprintf(r->occ_out, sizeof r->occ_out, "occ_%s", cfg->out_ring);

@@ -153,6 +153,9 @@ typedef int (*relay_published_fn)(void *ctx, const struct relay_item *it, char *
 
 struct relay_config {
     const char *run_dir;          /* required: the run whose rings and bus to use */
+    const char *ring_dir;         /* the run directory of the rings when it is not run_dir's (a trainer rank of a
+                                   * several-host run reads its host's rings, RUN/hosts/H, and sends on RUN's bus);
+                                   * NULL: run_dir */
     const char *in_ring;          /* input ring name (consumer), NULL for a source */
     const char *out_ring;         /* output ring name (producer), NULL for a sink */
     int attach_wait_ms;           /* how long ring_attach waits for the segments (0: once) */

@@ -257,6 +257,16 @@ int hspack_window_init(struct hspack_window *w, uint32_t held_max, uint32_t spil
     w->held_max = held_max;
     w->spill_max = spill_max;
     w->next = next;
+    seq_shard_all(&w->shard);
+    return 0;
+}
+
+int hspack_window_set_shard(struct hspack_window *w, const struct seq_shard *s, char *err, int err_len) {
+    if (hspack_window_depth(w))
+        return err_fail(err, err_len, "reorder window: the shard is set before any seq enters (%u held)",
+                        hspack_window_depth(w));
+    w->shard = *s;
+    w->next = seq_shard_next(s, w->next);
     return 0;
 }
 
@@ -277,6 +287,11 @@ int hspack_window_put(struct hspack_window *w, uint64_t seq, enum hspack_where w
     if (hspack_window_is_dup(w, seq))
         return err_fail(err, err_len, "reorder window: seq %llu is a duplicate (next is %llu)", (unsigned long long)seq,
                         (unsigned long long)w->next);
+    if (!seq_shard_owns(&w->shard, seq))
+        return err_fail(err, err_len, "reorder window: seq %llu is not this chain's (it takes the seqs s with %llu <= "
+                        "s %% %llu < %llu: a several-host run's host shard)", (unsigned long long)seq,
+                        (unsigned long long)w->shard.lo, (unsigned long long)w->shard.period,
+                        (unsigned long long)w->shard.hi);
     if (!hspack_window_has_room(w, where, seq))
         return err_fail(err, err_len, "reorder window: no room for seq %llu (%u held of %u, %u spilled of %u)",
                         (unsigned long long)seq, w->n_held, w->held_max, w->n_spilled, w->spill_max);
@@ -303,7 +318,7 @@ int hspack_window_take(struct hspack_window *w, struct hspack_entry *out) {
     w->e[i] = w->e[n - 1];
     if (out->where == HSPACK_HELD) w->n_held--;
     else w->n_spilled--;
-    w->next++;
+    w->next = seq_shard_next(&w->shard, w->next + 1);
     w->n_out++;
     return 0;
 }

@@ -17,7 +17,9 @@
  * duplicates (counted). The window holds at most `held_max` entries that still occupy an input
  * slot (HELD; one of those places is reserved for next) plus `spill_max` entries copied to the
  * spill pool (SPILLED); when it is full and next is missing the caller waits for next (it is
- * never dropped). depth = entries held now;
+ * never dropped). A window may hold one shard of the seqs (hspack_window_set_shard: a host's chain of a
+ * several-host run, stages/core/shard.h): next then steps over the seqs outside it, and putting one is an error.
+ * depth = entries held now;
  * max_depth is the high-water mark (a metric).
  *
  * Everything here is single-threaded per object, never exits, and returns 0 / -1 with one
@@ -30,6 +32,7 @@
 #include <stdint.h>
 
 #include "core/desc.h"
+#include "core/shard.h"
 
 #define HSPACK_MAX_WINDOW 256   /* held_max + spill_max at most */
 
@@ -97,25 +100,30 @@ struct hspack_window {
     struct hspack_entry e[HSPACK_MAX_WINDOW];   /* [n_held + n_spilled], unordered */
     uint64_t n_dups, n_in, n_out, n_spills;
     uint32_t max_depth;
+    struct seq_shard shard;     /* the seqs this window takes (every seq unless hspack_window_set_shard) */
 };
 
 /* Empty window starting at seq next. held_max >= 1; held_max + spill_max <= HSPACK_MAX_WINDOW.
  * Returns 0, or -1 with a sentence. */
 int hspack_window_init(struct hspack_window *w, uint32_t held_max, uint32_t spill_max, uint64_t next, char *err,
                        int err_len);
+/* Take only the seqs of shard s from now on: next moves up to the first of them. Returns 0, or -1 with a sentence
+ * when the window is not empty. */
+int hspack_window_set_shard(struct hspack_window *w, const struct seq_shard *s, char *err, int err_len);
 /* 1 if seq is a duplicate (below next, or in the window), else 0. Pure. */
 int hspack_window_is_dup(const struct hspack_window *w, uint64_t seq);
 /* Room for seq as an entry of that kind: 1 or 0. One held place is always kept for seq next, so
  * the seq everybody waits for never finds the window full (held_max 1: no reordering beyond
  * waiting for next). Pure. */
 int hspack_window_has_room(const struct hspack_window *w, enum hspack_where where, uint64_t seq);
-/* Add seq (not a duplicate, room checked first). Returns 0, or -1 with a sentence. */
+/* Add seq (not a duplicate, room checked first). Returns 0, or -1 with a sentence (also for a seq outside the
+ * window's shard). */
 int hspack_window_put(struct hspack_window *w, uint64_t seq, enum hspack_where where, int ref, char *err, int err_len);
 /* Count a duplicate the caller dropped. */
 void hspack_window_count_dup(struct hspack_window *w);
 /* The entry of seq next, or NULL when it has not arrived. Pure. */
 const struct hspack_entry *hspack_window_peek(const struct hspack_window *w);
-/* Remove the entry of seq next (it was emitted) and advance next. Returns 0, or -1 if absent. */
+/* Remove the entry of seq next (it was emitted) and advance next (to the shard's next seq). 0, or -1 if absent. */
 int hspack_window_take(struct hspack_window *w, struct hspack_entry *out);
 /* The HELD entry with the highest seq other than next (the one to spill so the input ring gets a
  * free slot), or NULL. */

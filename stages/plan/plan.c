@@ -37,7 +37,7 @@ int plan_default_layer_ids(int n_target, int n_draft, int *ids, char *err, int e
 
 /* ---------------------------------------------------------------- JSON */
 
-static json_t *to_json(const struct plan *p, int with_hash) {
+static json_t *to_json(const struct plan *p, int with_hash, int with_host) {
     json_t *j = json_object(), *ids = json_array(), *types = json_array(), *rings = json_array();
     for (int i = 0; i < p->n_ids; i++) json_array_append_new(ids, json_integer(p->ids[i]));
     for (int l = 0; l < p->draft_layers; l++) json_array_append_new(types, json_string(type_names[p->layer_types[l]]));
@@ -66,12 +66,16 @@ static json_t *to_json(const struct plan *p, int with_hash) {
     json_object_set_new(j, "batches", json_integer(p->batches));
     /* written only when > 1, so the plans (and hashes) of one-replica runs stay what they were */
     if (p->target_replicas > 1) json_object_set_new(j, "target_replicas", json_integer(p->target_replicas));
+    if (p->ranks > 1) json_object_set_new(j, "ranks", json_integer(p->ranks));
+    if (p->hosts > 1) json_object_set_new(j, "hosts", json_integer(p->hosts));
+    /* where a copy runs, not what the run computes: outside the hash (every host's rings carry the run's hash) */
+    if (with_host && p->hosts > 1 && p->host >= 0) json_object_set_new(j, "host", json_integer(p->host));
     json_object_set_new(j, "rings", rings);
     return j;
 }
 
 uint64_t plan_compute_hash(const struct plan *p) {
-    json_t *j = to_json(p, 0);
+    json_t *j = to_json(p, 0, 0);
     char *text = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(j);
     uint64_t h = 0xcbf29ce484222325ull;   /* FNV-1a 64 */
@@ -101,6 +105,23 @@ static int rings_of(struct plan *p, int slots, char *err, int err_len) {
         if (snprintf(p->rings[1] + n, sizeof p->rings[1] - n, ",producers=%d", R) >= (int)(sizeof p->rings[1] - n))
             return err_fail(err, err_len, "ring 'hidden': spec line does not fit %zu bytes", sizeof p->rings[1]);
     }
+    return 0;
+}
+
+/* The ranks and hosts rules, one sentence each (plan_make and plan_read). */
+static int check_ranks(const struct plan *p, const char *where, char *err, int err_len) {
+    if (p->hosts < 1 || p->ranks < 1) return err_fail(err, err_len, "%s: ranks and hosts must be >= 1", where);
+    if (p->hosts > PLAN_MAX_HOSTS) return err_fail(err, err_len, "%s: hosts %d: at most %d", where, p->hosts, PLAN_MAX_HOSTS);
+    if (p->ranks % p->hosts)
+        return err_fail(err, err_len, "%s: %d trainer ranks do not divide over %d hosts (every host runs ranks / hosts "
+                        "ranks)", where, p->ranks, p->hosts);
+    if (p->grad_accum % p->ranks)
+        return err_fail(err, err_len, "%s: grad_accum %d (the step's batches over all ranks) does not divide by the %d "
+                        "trainer ranks", where, p->grad_accum, p->ranks);
+    if (p->host >= 0 && p->hosts <= 1)
+        return err_fail(err, err_len, "%s: key 'host' in a plan without hosts (hosts 1)", where);
+    if (p->host >= 0 && p->host >= p->hosts)
+        return err_fail(err, err_len, "%s: host %d is outside the plan's %d hosts", where, p->host, p->hosts);
     return 0;
 }
 
@@ -166,6 +187,10 @@ int plan_make(const struct plan_inputs *in, struct plan *p, char *err, int err_l
     p->target_replicas = in->target_replicas > 0 ? in->target_replicas : 1;
     if (p->target_replicas > PLAN_MAX_TARGET_REPLICAS)
         return err_fail(err, err_len, "target replicas %d: at most %d", p->target_replicas, PLAN_MAX_TARGET_REPLICAS);
+    p->ranks = in->ranks > 0 ? in->ranks : 1;
+    p->hosts = in->hosts > 0 ? in->hosts : 1;
+    p->host = -1;
+    if (check_ranks(p, "dflash-plan", err, err_len)) return -1;
     if (in->steps > 0) {
         p->steps = in->steps;
     } else {   /* the packer's own count of the epochs' batches, without writing a batch */
@@ -194,7 +219,7 @@ int plan_make(const struct plan_inputs *in, struct plan *p, char *err, int err_l
 
 int plan_write(struct plan *p, const char *path, char *err, int err_len) {
     p->hash = plan_compute_hash(p);
-    json_t *j = to_json(p, 1);
+    json_t *j = to_json(p, 1, 1);
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(j);
     if (!text) return err_fail(err, err_len, "%s: out of memory", path);
@@ -232,7 +257,8 @@ static int get_str(json_t *o, const char *key, const char *path, char *out, size
 
 static const char *const known_keys[] = {"kind", "version", "hash", "model", "data", "device", "train_device", "tokens", "target",
                                          "capture", "dtype", "drafter", "seed", "window", "epochs", "steps",
-                                         "grad_accum", "batches", "target_replicas", "rings", NULL};
+                                         "grad_accum", "batches", "target_replicas", "ranks", "hosts", "host",
+                                         "rings", NULL};
 
 static int parse(json_t *j, const char *path, struct plan *p, char *err, int err_len) {
     char s[64];
@@ -318,6 +344,21 @@ static int parse(json_t *j, const char *path, struct plan *p, char *err, int err
         if (get_int(j, "target_replicas", path, 1, PLAN_MAX_TARGET_REPLICAS, &x, err, err_len)) return -1;
         p->target_replicas = (int)x;
     }
+    p->ranks = p->hosts = 1;
+    p->host = -1;
+    if (json_object_get(j, "ranks")) {
+        if (get_int(j, "ranks", path, 1, 1 << 20, &x, err, err_len)) return -1;
+        p->ranks = (int)x;
+    }
+    if (json_object_get(j, "hosts")) {
+        if (get_int(j, "hosts", path, 1, PLAN_MAX_HOSTS, &x, err, err_len)) return -1;
+        p->hosts = (int)x;
+    }
+    if (json_object_get(j, "host")) {
+        if (get_int(j, "host", path, 0, PLAN_MAX_HOSTS - 1, &x, err, err_len)) return -1;
+        p->host = (int)x;
+    }
+    if (check_ranks(p, path, err, err_len)) return -1;
     json_t *r = json_object_get(j, "rings");
     if (!json_is_array(r) || json_array_size(r) > PLAN_MAX_RINGS)
         return err_fail(err, err_len, "%s: key 'rings': expected at most %d dflash-shm --ring specs", path, PLAN_MAX_RINGS);
@@ -416,4 +457,33 @@ int plan_bind_device(const struct plan *p, int given, const char **device, const
     if (!strcmp(*device, plan_device)) return 0;
     return conflict(p, "device", *device, plan_device == p->train_device ? "train_device" : "device", plan_device, err,
                     err_len);
+}
+
+/* ---------------------------------------------------------------- several hosts */
+
+int plan_for_host(const struct plan *shared, int host, struct plan *out, char *err, int err_len) {
+    if (shared->hosts <= 1)
+        return err_fail(err, err_len, "%s has no hosts (one-host plan): a host plan needs dflash-plan --hosts H",
+                        shared->path[0] ? shared->path : "the plan");
+    if (shared->host >= 0)
+        return err_fail(err, err_len, "%s is host %d's plan; make host plans from the run's plan", shared->path,
+                        shared->host);
+    if (host < 0 || host >= shared->hosts)
+        return err_fail(err, err_len, "host %d is outside the plan's %d hosts (0..%d)", host, shared->hosts,
+                        shared->hosts - 1);
+    *out = *shared;
+    out->host = host;
+    out->path[0] = 0;
+    return 0;
+}
+
+int plan_host_dir(const char *run_dir, int host, char *out, size_t cap) {
+    int n = snprintf(out, cap, "%s/hosts/%d", run_dir, host);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+int plan_rank_host(const struct plan *p, int rank) { return p->hosts > 1 ? rank / (p->ranks / p->hosts) : 0; }
+
+void plan_shard(const struct plan *p, struct seq_shard *s) {
+    if (p->hosts <= 1 || p->host < 0 || seq_shard_host(s, p->ranks, p->hosts, p->host)) seq_shard_all(s);
 }

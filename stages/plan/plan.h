@@ -27,8 +27,21 @@
  *   batches              steps x grad_accum: what the packer emits         pack (--max-batches)
  *   target_replicas      dflash-target processes sharing batches/hidden    pipelines (issue 29); hidden ring's
  *                        (written only when > 1; absent: 1)                  producers= and slots
+ *   ranks                dflash-train ranks (written only when > 1)        train (its world must equal it)
+ *   hosts                hosts of a several-host run (topology (c); only     pack, hspack, train, pipelines
+ *                        when > 1): rank r lives on host r / (ranks/hosts)
+ *   host                 only in a host's plan RUN/hosts/<h>/plan.json       pack, hspack (their seq shard)
+ *                        (plan_for_host): the host this directory runs
  *   rings                dflash-shm --ring specs (without plan=)            shm
- *   hash                 FNV-1a 64 of the plan's canonical JSON without `hash` (16 hex digits)
+ *   hash                 FNV-1a 64 of the plan's canonical JSON without `hash` and `host` (16 hex digits): every
+ *                        host's plan has the run's hash, so the trainer ranks (which read RUN/plan.json) accept
+ *                        the rings of their host's chain
+ *
+ * Several hosts (issue 29, topology (c)): RUN (on a filesystem every host mounts) holds the run's plan, with
+ * hosts H and ranks W; host h runs its own chain in RUN/hosts/<h> (plan_host_dir; its rings are per host, as
+ * /dev/shm is), with the plan plan_for_host writes there. Host h's packer packs every batch and publishes only
+ * its shard's seqs (plan_shard: s % W in [h·L, (h+1)·L), L = W / H), its hspack steps over the others, and its L
+ * trainer ranks (ranks h·L .. h·L+L-1) read that host's features ring; checkpoints and exports stay in RUN.
  *
  * Binding rules (plan_bind_*): a flag the stage was not given takes the plan's value; a flag given
  * with the plan's value is accepted (an old command line, a swapped binary); a flag given with
@@ -47,6 +60,9 @@
 #define STAGES_PLAN_PLAN_H
 
 #include "core/desc.h"
+#include "core/shard.h"
+
+#include <stddef.h>
 
 #include <limits.h>
 #include <stdint.h>
@@ -75,6 +91,9 @@ struct plan {
     int64_t seed, steps, batches;
     int window, grad_accum, epochs;
     int target_replicas;                    /* >= 1 */
+    int ranks;                              /* >= 1: dflash-train ranks (1: not said) */
+    int hosts;                              /* >= 1: hosts of the run; ranks % hosts == 0 */
+    int host;                               /* -1: the whole run; else this host plan's host, < hosts */
     int n_rings;
     char rings[PLAN_MAX_RINGS][256];        /* dflash-shm --ring specs, without plan= */
 };
@@ -95,6 +114,8 @@ struct plan_inputs {
     int window;                     /* 0: PLAN_DEFAULT_WINDOW */
     int ring_slots;                 /* 0: RINGS_DEFAULT_SLOTS */
     int target_replicas;            /* 0: 1 */
+    int ranks;                      /* 0: 1 (trainer ranks; grad_accum must divide by it) */
+    int hosts;                      /* 0: 1 (ranks must divide by it) */
 };
 #define PLAN_MAX_TARGET_REPLICAS 64
 
@@ -132,6 +153,18 @@ int plan_bind_list(const struct plan *p, const char *flag, int given, int *items
  * device must equal it. */
 int plan_bind_device(const struct plan *p, int given, const char **device, const char *plan_device, char *err,
                      int err_len);
+
+/* ---------------------------------------------------------------- several hosts */
+#define PLAN_MAX_HOSTS 4096
+/* out = shared with host = `host`: the plan host `host`'s chain runs on (same hash). -1 with a sentence when the
+ * plan has no hosts (hosts 1), is already a host's plan, or host is outside 0..hosts-1. */
+int plan_for_host(const struct plan *shared, int host, struct plan *out, char *err, int err_len);
+/* "RUN/hosts/<host>": host `host`'s run directory (its rings, bus, logs and state). 0, or -1 (too long). */
+int plan_host_dir(const char *run_dir, int host, char *out, size_t cap);
+/* The host trainer rank `rank` lives on: rank / (ranks / hosts) (0 with one host). */
+int plan_rank_host(const struct plan *p, int rank);
+/* The seqs this plan's chain produces: every seq, or with a host, that host's shard (core/shard.h). */
+void plan_shard(const struct plan *p, struct seq_shard *s);
 
 /* "1,9,17" of n ints into buf. */
 const char *plan_format_ids(const int *ids, int n, char *buf, int len);

@@ -8,7 +8,8 @@
  * W > 1 ranks refuses to start (one line), so W copies never train W separate drafters.
  *
  * The contract (dflash-train's DESIGN carries the user side):
- * - Data: every rank attaches the same `features` ring; rank r claims only the seqs s with s % W == r
+ * - Data: every rank of a host attaches that host's `features` ring (one host: the run's; several hosts: its
+ *   host's chain's, RUN/hosts/H, which carries only that host's ranks' seqs); rank r claims only the seqs s with s % W == r
  *   (ring_set_rank). With --grad-accum A per rank, one optimizer step consumes A·W consecutive seqs and
  *   rank r takes micro-batches r, r+W, ..., so W ranks x A equal one rank with --grad-accum A·W over the
  *   same batches (validation items are refused with ranks: they would break the stride).
