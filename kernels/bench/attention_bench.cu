@@ -2,11 +2,10 @@
  * kernels/bench/attention_bench.cu — causal varlen GQA attention forward (kernels/attention.cu).
  *
  * Build: make BUILD=build-k1d build-k1d/bench/attention_bench   Run: build-k1d/bench/attention_bench
- * This file includes kernels/attention.cu so it can launch the kernel templates with other
- * configurations (the library runs only variant 34), and kernels/bench/attention_variants.cuh for the
- * kernels that lost (the mma.sync kernel of variants 1-7, variants 8-17 and the warp-specialized
- * kernel of variants 25-27, 29, 31); the library's archive
- * member is then not linked: every symbol it defines is here. All numbered variants below but 34
+ * This file includes kernels/attention_wg.cuh (the kernel template and its launcher, no external symbol) so it
+ * can launch the template with other configurations (the library runs only variant 34), and
+ * kernels/bench/attention_variants.cuh for the kernels that lost (the mma.sync kernel of variants 1-7,
+ * variants 8-17 and the warp-specialized kernel of variants 25-27, 29, 31). All numbered variants below but 34
  * are history, kept measurable; their numbers are in kernels/bench/RESULTS.md.
  * Variant 1: 4 warps × 1 m-tile (BR 64), BC 64, Q fragments in registers (the first library choice)
  * Variant 2: 8 warps × 1 m-tile (BR 128), BC 64
@@ -93,7 +92,7 @@
  * 2026-11-29, H200, 8192 tokens, NH 32 / NKV 8, HD 128, lognormal 1-4K documents (TFLOP/s):
  * v1 199, v2 175, v3 242, v4 254, v5 197; one 8192-token document: v1 217, v4 298. HD 64: v1 206, v4 214.
  */
-#include "kernels/attention.cu"
+#include "kernels/attention_wg.cuh"
 
 /* This bench's number for the library's attention_forward kernel at HD 64 and 128 (attention_wg_kernel with
  * PP 1, OST, LAZY and LPT: 388 TFLOP/s on 1-4K documents at HD 128 on the H200, 2026-11-29 12:15). */

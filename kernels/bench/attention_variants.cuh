@@ -1,7 +1,7 @@
 /*
  * kernels/bench/attention_variants.cuh — attention kernels that lost on the H200, kept as history
  * for kernels/bench/attention_bench.cu (style.md: numbered variants live only in benchmark files).
- * Included after kernels/attention.cu, whose wga_* helpers and WGA_* constants they use.
+ * Included after kernels/attention_wg.cuh, whose wga_* helpers and WGA_* constants they use.
  *   attention_forward_kernel (K1-K1b, bench variants 1-7): the mma.sync m16n8k16 kernel, the library's
  *     default until the wgmma kernel and its run-time alternative until issue 13 (variant 6: 292
  *     TFLOP/s on 1-4K documents at HD 128 against v34's 388); retired from the library, kept here
