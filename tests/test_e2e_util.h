@@ -2,13 +2,17 @@
  * tests/test_e2e_util.h — helpers of the pipeline-level suites (test_e2e, test_kill_campaign,
  * test_demo): run a pipelines/ script in the background with its output in <run>.out, wait for it
  * with a deadline, signal its stages by their pid files, compare files byte for byte, and check
- * that nothing of a run is left (no process naming the run directory, no /dev/shm segment).
+ * that nothing of a run is left (no process naming the run directory, no /dev/shm segment); the tiny
+ * model and dataset the train.sh suites (test_plan, test_scale, test_slurm) start from, and the pid of
+ * a trainer rank.
  */
 #ifndef TESTS_TEST_E2E_UTIL_H
 #define TESTS_TEST_E2E_UTIL_H
 
 #include "test_ring_util.h"
+#include "testutil.h"
 
+#include <dirent.h>
 #include <limits.h>
 
 /* the tiny demo's trainer flags that differ per test: checkpoints often, so kills land between them */
@@ -151,6 +155,55 @@ static inline void e2e_slurp(const char *path, char *buf, size_t cap) {
     size_t n = fread(buf, 1, cap - 1, f);
     buf[n] = 0;
     fclose(f);
+}
+
+/* The tiny target (dflash-mkmodel --preset tiny, f32) and a 40-sample dataset sampled from it, in a fresh
+ * test_tmpdir(tag): base[512] gets the directory, model[600] and data[600] the two paths. */
+static inline void e2e_tiny_inputs(const char *tag, char *base, char *model, char *data) {
+    snprintf(base, 512, "%s", test_tmpdir(tag));
+    snprintf(model, 600, "%s/model", base);
+    snprintf(data, 600, "%s/data.jsonl", base);
+    const char *mk[] = {test_bin("dflash-mkmodel"), "--preset", "tiny", "--dtype", "f32", "--threads", "1", "--out", model,
+                        "--dataset", data, "--samples", "40", "--median-len", "60", "--min-len", "16", "--max-len",
+                        "200", NULL};
+    char log[700];
+    snprintf(log, sizeof log, "%s/mkmodel.log", base);
+    ck_assert_int_eq(tr_wait(test_spawn_log(log, mk)), 0);
+}
+
+/* The pid of trainer rank `rank` of RUN (a dflash-train, not its mpirun, whose command line names RUN and
+ * whose environment says OMPI_COMM_WORLD_RANK=rank), or 0. */
+static inline int e2e_rank_pid(const char *run, int rank) {
+    DIR *d = opendir("/proc");
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    int found = 0;
+    char want[64];
+    snprintf(want, sizeof want, "OMPI_COMM_WORLD_RANK=%d", rank);
+    while (!found && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        char path[300], buf[16384];
+        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+        int fd = open(path, O_RDONLY);
+        if (fd < 0) continue;
+        ssize_t k = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (k <= 0 || !strstr(buf, "dflash-train")) continue;   /* argv[0] */
+        for (ssize_t i = 0; i < k; i++) if (!buf[i]) buf[i] = ' ';
+        buf[k] = 0;
+        if (!strstr(buf, run) || strstr(buf, "mpirun")) continue;
+        snprintf(path, sizeof path, "/proc/%s/environ", e->d_name);
+        fd = open(path, O_RDONLY);
+        if (fd < 0) continue;
+        k = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (k <= 0) continue;
+        buf[k] = 0;
+        for (char *v = buf; v < buf + k; v += strlen(v) + 1)
+            if (!strcmp(v, want)) { found = atoi(e->d_name); break; }
+    }
+    closedir(d);
+    return found;
 }
 
 #endif

@@ -25,15 +25,7 @@ static char g_model[600], g_data[600], g_base[512];
 /* once per suite (an unchecked fixture: the forked tests inherit the paths) */
 static void make_inputs(void) {
     if (g_model[0]) return;
-    snprintf(g_base, sizeof g_base, "%s", test_tmpdir("plan"));
-    snprintf(g_model, sizeof g_model, "%s/model", g_base);
-    snprintf(g_data, sizeof g_data, "%s/data.jsonl", g_base);
-    const char *mk[] = {test_bin("dflash-mkmodel"), "--preset", "tiny", "--dtype", "f32", "--threads", "1", "--out", g_model,
-                        "--dataset", g_data, "--samples", "40", "--median-len", "60", "--min-len", "16", "--max-len",
-                        "200", NULL};
-    char log[700];
-    snprintf(log, sizeof log, "%s/mkmodel.log", g_base);
-    ck_assert_int_eq(tr_wait(test_spawn_log(log, mk)), 0);
+    e2e_tiny_inputs("plan", g_base, g_model, g_data);
 }
 
 /* run argv with stdout+stderr into log; returns the exit status and the output in out */

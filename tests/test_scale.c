@@ -21,15 +21,7 @@ static char g_model[600], g_data[600], g_base[512];
 
 static void make_inputs(void) {
     if (g_model[0]) return;
-    snprintf(g_base, sizeof g_base, "%s", test_tmpdir("scale"));
-    snprintf(g_model, sizeof g_model, "%s/model", g_base);
-    snprintf(g_data, sizeof g_data, "%s/data.jsonl", g_base);
-    const char *mk[] = {test_bin("dflash-mkmodel"), "--preset", "tiny", "--dtype", "f32", "--threads", "1", "--out", g_model,
-                        "--dataset", g_data, "--samples", "40", "--median-len", "60", "--min-len", "16", "--max-len",
-                        "200", NULL};
-    char log[700];
-    snprintf(log, sizeof log, "%s/mkmodel.log", g_base);
-    ck_assert_int_eq(tr_wait(test_spawn_log(log, mk)), 0);
+    e2e_tiny_inputs("scale", g_base, g_model, g_data);
 }
 
 /* Start train.sh on the tiny model into RUN with R target replicas (12 steps x 2 accumulated batches). */
@@ -44,40 +36,6 @@ static pid_t start_train_ranks(const char *run, const char *replicas, const char
 }
 
 static pid_t start_train(const char *run, const char *replicas) { return start_train_ranks(run, replicas, "1", "0"); }
-
-/* the pid of trainer rank `rank` of RUN (a dflash-train process whose environment says so), or 0 */
-static int rank_pid(const char *run, int rank) {
-    DIR *d = opendir("/proc");
-    ck_assert_ptr_nonnull(d);
-    struct dirent *e;
-    int found = 0;
-    char want[64];
-    snprintf(want, sizeof want, "OMPI_COMM_WORLD_RANK=%d", rank);
-    while (!found && (e = readdir(d)) != NULL) {
-        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
-        char path[300], buf[8192];
-        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
-        int fd = open(path, O_RDONLY);
-        if (fd < 0) continue;
-        ssize_t k = read(fd, buf, sizeof buf - 1);
-        close(fd);
-        if (k <= 0 || !strstr(buf, "dflash-train")) continue;   /* argv[0] */
-        for (ssize_t i = 0; i < k; i++) if (!buf[i]) buf[i] = ' ';
-        buf[k] = 0;
-        if (!strstr(buf, run) || strstr(buf, "mpirun")) continue;
-        snprintf(path, sizeof path, "/proc/%s/environ", e->d_name);
-        fd = open(path, O_RDONLY);
-        if (fd < 0) continue;
-        k = read(fd, buf, sizeof buf - 1);
-        close(fd);
-        if (k <= 0) continue;
-        buf[k] = 0;
-        for (char *v = buf; v < buf + k; v += strlen(v) + 1)
-            if (!strcmp(v, want)) { found = atoi(e->d_name); break; }
-    }
-    closedir(d);
-    return found;
-}
 
 static void finish(pid_t p, const char *run, const char *what, char *tail, size_t cap) {
     char out[800];
@@ -191,7 +149,7 @@ START_TEST(replicas) {
     p = start_train_ranks(rkill, "1", "2", "3");
     wait_step(rkill, 4, p, "rank kill");
     int rp = 0;
-    for (int i = 0; i < 100 && !rp; i++) { rp = rank_pid(rkill, 1); if (!rp) usleep(20000); }
+    for (int i = 0; i < 100 && !rp; i++) { rp = e2e_rank_pid(rkill, 1); if (!rp) usleep(20000); }
     ck_assert_msg(rp > 0, "rank kill: no process of rank 1 found");
     ck_assert_int_eq(kill(rp, SIGKILL), 0);
     snprintf(path, sizeof path, "%s.out", rkill);
