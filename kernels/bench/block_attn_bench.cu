@@ -80,8 +80,8 @@
 #include "kernels/common.h"
 #include "kernels/mma.cuh"
 #include "kernels/block_attn_common.cuh"   /* global, before the namespaced copies of block_attn.cu (include guard) */
-#include "kernels/block_attn_fwd_wg.cu"      /* the library's wgmma kernels, included for their templates: */
-#include "kernels/block_attn_bwd_wg.cu"      /* the bench instantiates knobs the library does not use */
+#include "kernels/block_attn_fwd_wg.cuh"     /* the library's wgmma kernel templates (no external symbol): */
+#include "kernels/block_attn_bwd_wg.cuh"     /* the bench instantiates knobs the library does not use */
 #include "kernels/bench/block_attn_wg_bench.cuh"   /* BA_BENCH_WG_FWD / BA_BENCH_WG_M, probes, trace */
 #include "kernels/bench/ba_fwd_trace.cuh"   /* BA_FWD_TRACE=1: the forward's per-CTA phase trace */
 

@@ -1,8 +1,8 @@
 /*
  * kernels/bench/block_attn_wg_bench.cuh — bench-only entries into the wgmma block attention, for
  * kernels/bench/block_attn_bench.cu and kernels/bench/ba_fwd_trace.cuh. Included after
- * kernels/block_attn_fwd_wg.cu and kernels/block_attn_bwd_wg.cu (whose templates it instantiates with the
- * knobs the library does not use); the library's archive members are then not linked.
+ * kernels/block_attn_fwd_wg.cuh and kernels/block_attn_bwd_wg.cuh (whose templates it instantiates with the
+ * knobs the library does not use); the library's entry points (ba_wg_forward, ...) link from its archive.
  *
  * Forward (ba_bench_wg_forward, ba_wg_forward_traced): BA_BENCH_WG_FWD in the bench's environment, read per
  * call: unset or empty = the library's kernel; "3" = session 2's default (doc-id ballots on every context
