@@ -26,11 +26,10 @@ constexpr int WB_PANEL = 64 * 128;     /* bytes of one 64-row panel */
 constexpr float WB_LOG2E = 1.4426950408889634f;
 constexpr int WB_Q_THREADS = 128;      /* kernel 3: one warpgroup */
 constexpr int WB_PLAN_MAX = 1024;      /* kernel 2 reorders its tiles (longest first) up to this many */
-/* kernel 2's query-tile pipeline depth: 3 with one CTA per SM (2 warpgroups), 2 with two (1 warpgroup) */
-__host__ __device__ constexpr int wb_stages(int nwg) { return nwg == 2 ? 3 : 2; }
-/* the pipelined variant (PIPE): 4 stages, loads 2 visits ahead (a buffer is refilled two visits after
- * its visit, once every warpgroup's dK reading it has retired); DEEP (KV=2d): 4 stages, loads 3 ahead */
-__host__ __device__ constexpr int wb_stages(int nwg, bool pipe, bool deep) { return pipe || deep ? 4 : wb_stages(nwg); }
+constexpr int WB_KV_NWG = 2;           /* kernel 2: warpgroups per CTA (one CTA per SM shares each visit's Q/dO tile) */
+/* kernel 2's query-tile stages: 4, loads 2 visits ahead (a buffer is refilled two visits after its visit, once
+ * every warpgroup's dK reading it has retired) */
+constexpr int WB_KV_ST = 4;
 
 template <int HD> struct wb_tile {
     static constexpr int bytes = 64 * HD * 2;   /* HD/64 panels */
@@ -69,18 +68,17 @@ __device__ __forceinline__ void wb_load_qrows(unsigned char *dst, const __nv_bfl
     }
 }
 
-/* Kernel 1: ba_di_kernel<HD, true> (kernels/block_attn_common.cuh, shared with set 5): Di and lse·log2(e). */
+/* Kernel 1: ba_di_kernel<HD, true> (kernels/block_attn_common.cuh): Di and lse·log2(e). */
 
-/* dSᵀ = P ⊙ (dPᵀ - Di) in place of dp (64 keys × 16 of this thread's columns; MODE 2, the timing probe, skips
- * it), Di per column from shared memory: the one copy both dK/dV visits use. */
-template <int MODE>
+/* dSᵀ = P ⊙ (dPᵀ - Di) in place of dp (64 keys × 16 of this thread's columns), Di per column from shared
+ * memory: the one copy both dK/dV visits use. */
 __device__ __forceinline__ void wb_ds(float *dp, const float *s, const float *sDi, int t4) {
 #pragma unroll
     for (int i = 0; i < 8; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int col = 8 * i + 2 * t4 + (e & 1);
-            if (MODE != 2) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - sDi[col]);
+            dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - sDi[col]);
         }
 }
 
@@ -89,7 +87,7 @@ __device__ __forceinline__ void wb_ds(float *dp, const float *s, const float *sD
  * 16w + g and + 8) are visible to the block at all; causal >= 0: block keys, key k invisible to the
  * query slot j when k > j. sLse (natural log) and sDi per query row. The caller has fenced the
  * shared tiles (wg_fence_async_smem + barrier). Returns with no wgmma in flight. */
-template <int HD, int MODE = 0, bool FM = false>
+template <int HD, bool FM = false>
 __device__ __forceinline__ void wb_kv_visit(uint32_t uK, uint32_t uV, uint32_t uQ, uint32_t udO, const float *sLse,
                                             const float *sDi, bool kok0, bool kok1, int causal, int used, int B,
                                             float scale_log2, float *dk, float *dv, const int *sSlot = nullptr) {
@@ -106,8 +104,8 @@ __device__ __forceinline__ void wb_kv_visit(uint32_t uK, uint32_t uV, uint32_t u
     wg_acc_fence<32>(s);
     const int key0 = wl * 16 + (lane >> 2);
     uint32_t pa[4][4], da[4][4];
-    if (FM && MODE != 2) {
-        /* FM (the default), the block keys of kernel 3: sSlot[col] = col % B (a table, no modulo per
+    if (FM) {
+        /* FM (the library's), the block keys of kernel 3: sSlot[col] = col % B (a table, no modulo per
          * element), the exponent's lse·log2(e) once per column (+inf past the used rows), branch-free */
 #pragma unroll
         for (int i = 0; i < 8; i++) {
@@ -131,8 +129,7 @@ __device__ __forceinline__ void wb_kv_visit(uint32_t uK, uint32_t uV, uint32_t u
             const int col = 8 * i + 2 * t4 + (e & 1);   /* query row of the tile */
             const int key = key0 + 8 * (e >> 1);
             const bool vis = (e >= 2 ? kok1 : kok0) && col < used && !(causal >= 0 && key > col % B);
-            if (MODE == 2) s[4 * i + e] *= scale_log2;   /* probe 2: the products without the softmax math */
-            else s[4 * i + e] = vis ? exp2f(s[4 * i + e] * scale_log2 - sLse[col] * WB_LOG2E) : 0.f;
+            s[4 * i + e] = vis ? exp2f(s[4 * i + e] * scale_log2 - sLse[col] * WB_LOG2E) : 0.f;
         }
     }
     }
@@ -143,7 +140,7 @@ __device__ __forceinline__ void wb_kv_visit(uint32_t uK, uint32_t uV, uint32_t u
     wg_commit();   /* group 3: dV += Pᵀ·dO */
     wg_wait<1>();  /* dPᵀ done; dV may still run while dSᵀ is computed */
     wg_acc_fence<32>(dp);
-    wb_ds<MODE>(dp, s, sDi, t4);
+    wb_ds(dp, s, sDi, t4);
     mma_pack_frags<4>(dp, &da[0][0]);
     wg_fence();
 #pragma unroll
@@ -156,7 +153,7 @@ __device__ __forceinline__ void wb_kv_visit(uint32_t uK, uint32_t uV, uint32_t u
     wg_reg_fence<16>(&da[0][0]);
 }
 
-/* wb_kv_visit for kernel 2's pipelined walk (KV=2p): returns with this visit's dK
+/* wb_kv_visit for kernel 2's pipelined walk: returns with this visit's dK
  * product still in flight (one commit group), so the tensor core is not drained at every visit's
  * barrier; the next visit's Sᵀ and dPᵀ queue behind it. da (16 registers: the dSᵀ A-fragments) must
  * stay untouched until the product completes: it lives in the caller and is fenced after the next
@@ -167,7 +164,7 @@ struct wb_nohook {   /* wb_kv_visit_p's default hook: nothing */
     __device__ __forceinline__ void operator()() const {}
 };
 
-template <int HD, int MODE = 0, bool FM = false, typename F = wb_nohook>
+template <int HD, bool FM = false, typename F = wb_nohook>
 __device__ __forceinline__ void wb_kv_visit_p(uint32_t uK, uint32_t uV, uint32_t uQ, uint32_t udO, const float *sLse,
                                               const float *sDi, bool kok0, bool kok1, int used, float scale_log2,
                                               float *dk, float *dv, uint32_t *da, F after_issue = F()) {
@@ -178,13 +175,13 @@ __device__ __forceinline__ void wb_kv_visit_p(uint32_t uK, uint32_t uV, uint32_t
     wg_commit();   /* Sᵀ */
     wg_mma_ss_kk<64, HD>(dp, uV, WB_PANEL, udO, WB_PANEL, false);
     wg_commit();   /* dPᵀ */
-    after_issue();   /* LA (the default with FM): the loads of a later visit, while Sᵀ and dPᵀ run; else nothing */
+    after_issue();   /* LA (with FM): the loads of a later visit, while Sᵀ and dPᵀ run; else nothing */
     wg_wait<1>();  /* the previous visit's dK and this Sᵀ done */
     wg_acc_fence<32>(s);
     wg_reg_fence<16>(da);
     uint32_t pa[4][4];
-    if (FM && MODE != 2) {
-        /* FM (the default): sLse holds lse·log2(e) (the Di kernel's lse2). Branch-free: the thread's 16
+    if (FM) {
+        /* FM (the library's): sLse holds lse·log2(e) (the Di kernel's lse2). Branch-free: the thread's 16
          * query columns' exponents once per visit (+inf past the used rows: exp2 gives 0), then per element
          * one FFMA, one MUFU.EX2 and one select on the key row's visibility. Same values as below. */
         float l2c[16];
@@ -209,8 +206,7 @@ __device__ __forceinline__ void wb_kv_visit_p(uint32_t uK, uint32_t uV, uint32_t
         for (int e = 0; e < 4; e++) {
             const int col = 8 * i + 2 * t4 + (e & 1);
             const bool vis = (e >= 2 ? kok1 : kok0) && col < used;
-            if (MODE == 2) s[4 * i + e] *= scale_log2;
-            else s[4 * i + e] = vis ? exp2f(s[4 * i + e] * scale_log2 - sLse[col] * WB_LOG2E) : 0.f;
+            s[4 * i + e] = vis ? exp2f(s[4 * i + e] * scale_log2 - sLse[col] * WB_LOG2E) : 0.f;
         }
     }
     }
@@ -222,7 +218,7 @@ __device__ __forceinline__ void wb_kv_visit_p(uint32_t uK, uint32_t uV, uint32_t
     wg_commit();   /* dV += Pᵀ·dO */
     wg_wait<1>();  /* dPᵀ done */
     wg_acc_fence<32>(dp);
-    if (FM && MODE != 2) {   /* Di of the thread's 16 columns, 8 paired loads */
+    if (FM) {   /* Di of the thread's 16 columns, 8 paired loads */
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const float2 D = *reinterpret_cast<const float2 *>(sDi + 8 * i + 2 * t4);
@@ -230,7 +226,7 @@ __device__ __forceinline__ void wb_kv_visit_p(uint32_t uK, uint32_t uV, uint32_t
             for (int e = 0; e < 4; e++) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - ((e & 1) ? D.y : D.x));
         }
     } else {
-        wb_ds<MODE>(dp, s, sDi, t4);
+        wb_ds(dp, s, sDi, t4);
     }
     mma_pack_frags<4>(dp, da);
     wg_acc_fence<HD / 2>(dk);
@@ -243,7 +239,7 @@ __device__ __forceinline__ void wb_kv_visit_p(uint32_t uK, uint32_t uV, uint32_t
     wg_reg_fence<16>(&pa[0][0]);
 }
 
-/* retire every wgmma of the warpgroup (the pipelined variant's dK) and fence its registers */
+/* retire every wgmma of the warpgroup (the pipelined visit's dK) and fence its registers */
 template <int HD>
 __device__ __forceinline__ void wb_kv_drain(float *dk, float *dv, uint32_t *da) {
     wg_wait<0>();
@@ -303,16 +299,18 @@ __global__ void __launch_bounds__(128) wb_plan_kernel(const int32_t *anchors, co
     if (tid == 0) plan[blockIdx.x] = sSum[0] + sSum[1] + sSum[2] + sSum[3];
 }
 
-/* Kernel 2: dK, dV of the context keys [NWG·64·tile, +NWG·64) for kv head g; NWG warpgroups (2: one CTA
- * per SM sharing each visit's Q/dO tile; 1: two independent CTAs per SM). (tile, g) = (blockIdx.x,
- * blockIdx.y), or with a plan the tiles longest first, all kv heads of a tile together. */
-template <int HD, int NWG, bool PIPE, int PROBE, bool DEEP = false, bool FM = false, bool LA = false>
-__global__ void __launch_bounds__(NWG * 128, NWG == 1 ? 2 : 1)
+/* Kernel 2: dK, dV of the context keys [NWG·64·tile, +NWG·64) for kv head g; NWG = 2 warpgroups, one CTA
+ * per SM sharing each visit's Q/dO tile. (tile, g) = (blockIdx.x, blockIdx.y), or with a plan the tiles
+ * longest first, all kv heads of a tile together. FM: the fast elementwise (lse holds lse·log2(e)); LA: the
+ * loads of a later visit issued after a visit's Sᵀ, dPᵀ products (wb_launch passes both, or neither when dq
+ * cannot hold lse·log2(e)). */
+template <int HD, bool FM = false, bool LA = false>
+__global__ void __launch_bounds__(WB_KV_NWG * 128, 1)
 wb_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
              const int32_t *doc_ids, const __nv_bfloat16 *dout, const float *lse, const float *di, float *dk, float *dv,
              const int *plan, int T, int N, int B, int n_h, int n_kv, int window, float scale_log2, float scale) {
-    constexpr int CH = HD / 8, TB = wb_tile<HD>::bytes, NK = NWG * WB_KT, NT = NWG * 128,
-                  ST = wb_stages(NWG, PIPE, DEEP), PD = PIPE ? ST - 2 : ST - 1;   /* PD: load distance in visits */
+    constexpr int NWG = WB_KV_NWG, CH = HD / 8, TB = wb_tile<HD>::bytes, NK = NWG * WB_KT, NT = NWG * 128,
+                  ST = WB_KV_ST, PD = ST - 2;   /* PD: load distance in visits */
     extern __shared__ unsigned char wb_smem_raw[];
     unsigned char *sm = wb_align1024(wb_smem_raw);
     unsigned char *sK = sm;              /* [NWG warpgroups][tile] */
@@ -359,7 +357,7 @@ wb_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
     float dka[HD / 2], dva[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) dka[i] = dva[i] = 0.f;
-    uint32_t da[16];   /* PIPE: the dSᵀ fragments of the dK product in flight */
+    uint32_t da[16];   /* the dSᵀ fragments of the dK product in flight */
 #pragma unroll
     for (int i = 0; i < 16; i++) da[i] = 0;
     const int kr0 = wg * 64 + ((tid >> 5) & 3) * 16 + (lane >> 2), kr1 = kr0 + 8;   /* key rows in the 128 */
@@ -367,7 +365,7 @@ wb_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
 
     /* LA: the thread's query rows' gmem offsets without the block's part (b·B·n_h·HD), computed once (no
      * division by B at each visit); -1: a row past the used ones (zero-filled); roff[NJ]: the lse / Di index
-     * without b·B (threads tid < 64). Not initialised without LA (unused: the default's code unchanged). */
+     * without b·B (threads tid < 64). Not initialised without LA (unused there). */
     constexpr int NJ = LA ? WB_ROWS * CH / NT : 0;
     int roff[NJ + 1];
     if constexpr (LA) {
@@ -447,38 +445,28 @@ wb_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
                 if (nxt < nvis) load_visit(sList[nxt] & 0x0FFFFFFF, nxt % ST);
                 mma_commit();
             };
-            if constexpr (!LA) {   /* (as before LA: not through the lambda, same machine code) */
+            if constexpr (!LA) {   /* without LA: the loads at once (not through the lambda) */
                 if (nxt < nvis) load_visit(sList[nxt] & 0x0FFFFFFF, nxt % ST);
                 mma_commit();
             }
             const int e = sList[i], a = sVA[i], d = sVD[i];   /* anchor and doc read at the scan */
-            if (PROBE == 1) {
-                /* the probe (ba_wg_backward_timed, bench only): loads, scans and barriers, no products */
-                if constexpr (LA) issue_loads();
-            } else if ((e >> (28 + wg)) & 1) {   /* uniform per warpgroup: skip when none of its keys is seen */
+            if ((e >> (28 + wg)) & 1) {   /* uniform per warpgroup: skip when none of its keys is seen */
                 const int lo = window > 0 ? max(0, a - window) : 0;
                 const bool kok0 = kr0 < np_keys && sDoc[kr0] == d && p0 + kr0 < a && p0 + kr0 >= lo;
                 const bool kok1 = kr1 < np_keys && sDoc[kr1] == d && p0 + kr1 < a && p0 + kr1 >= lo;
-                if (PIPE && LA)
-                    wb_kv_visit_p<HD, PROBE, FM>(uK, uV, wg_smem_u32(sQ + buf * TB), wg_smem_u32(sdO + buf * TB), sLse[buf],
-                                      sDi[buf], kok0, kok1, used, scale_log2, dka, dva, da, issue_loads);
-                else if (PIPE)
-                    wb_kv_visit_p<HD, PROBE, FM>(uK, uV, wg_smem_u32(sQ + buf * TB), wg_smem_u32(sdO + buf * TB), sLse[buf],
-                                      sDi[buf], kok0, kok1, used, scale_log2, dka, dva, da);
-                else {
-                    if constexpr (LA) issue_loads();
-                    wb_kv_visit<HD, PROBE>(uK, uV, wg_smem_u32(sQ + buf * TB), wg_smem_u32(sdO + buf * TB), sLse[buf],
-                                    sDi[buf], kok0, kok1, -1, used, B, scale_log2, dka, dva);
-                }
-            } else if (PIPE) {
+                if (LA)
+                    wb_kv_visit_p<HD, FM>(uK, uV, wg_smem_u32(sQ + buf * TB), wg_smem_u32(sdO + buf * TB), sLse[buf],
+                                          sDi[buf], kok0, kok1, used, scale_log2, dka, dva, da, issue_loads);
+                else
+                    wb_kv_visit_p<HD, FM>(uK, uV, wg_smem_u32(sQ + buf * TB), wg_smem_u32(sdO + buf * TB), sLse[buf],
+                                          sDi[buf], kok0, kok1, used, scale_log2, dka, dva, da);
+            } else {
                 if constexpr (LA) issue_loads();
                 wb_kv_drain<HD>(dka, dva, da);   /* its last dK may read a buffer refilled next visit */
-            } else if (LA) {
-                issue_loads();
             }
             buf = buf + 1 == ST ? 0 : buf + 1;
         }
-        if (PIPE) wb_kv_drain<HD>(dka, dva, da);   /* before the next chunk's loads reuse the buffers */
+        wb_kv_drain<HD>(dka, dva, da);   /* before the next chunk's loads reuse the buffers */
     }
     mma_wait<0>();   /* the K/V group when no block visited; the trailing empty groups */
     wb_store_acc<HD>(dk, dka, scale, (size_t)(p0 + kr0), kr0 < np_keys, (size_t)(p0 + kr1), kr1 < np_keys, n_kv, g);
@@ -487,9 +475,8 @@ wb_kv_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16
 
 /* Kernel 3's products around a key tile's elementwise step (wb_dq_tile, wb_dq_tile_f). wb_dq_sdp issues
  * S = Q·Kᵀ (group 1) and dP = dO·Vᵀ (group 2) over NKEY keys and returns once S is done (dP in flight: P is
- * computed meanwhile). wb_dq_ds waits for dP, forms dS = P ⊙ (dP − Di) from P in s (DS false: the timing probe
- * that skips the softmax math leaves dP as it is), rounds it to bf16 A fragments and adds dqa += dS·K (group 3);
- * it returns with no wgmma in flight. All 128 threads call both. */
+ * computed meanwhile). wb_dq_ds waits for dP, forms dS = P ⊙ (dP − Di) from P in s, rounds it to bf16 A
+ * fragments and adds dqa += dS·K (group 3); it returns with no wgmma in flight. All 128 threads call both. */
 template <int HD, int NKEY>
 __device__ __forceinline__ void wb_dq_sdp(float *dqa, float *s, float *dp, uint32_t uQ, uint32_t udO, uint32_t uK,
                                           uint32_t uV) {
@@ -502,7 +489,7 @@ __device__ __forceinline__ void wb_dq_sdp(float *dqa, float *s, float *dp, uint3
     wg_wait<1>();
     wg_acc_fence<NKEY / 2>(s);
 }
-template <int HD, int NKEY, bool DS = true>
+template <int HD, int NKEY>
 __device__ __forceinline__ void wb_dq_ds(float *dqa, const float *s, float *dp, float di0, float di1, uint32_t uK) {
     wg_wait<0>();
     wg_acc_fence<NKEY / 2>(dp);
@@ -511,7 +498,7 @@ __device__ __forceinline__ void wb_dq_ds(float *dqa, const float *s, float *dp, 
     for (int i = 0; i < NKEY / 8; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
-            if (DS) dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - (e >= 2 ? di1 : di0));
+            dp[4 * i + e] = s[4 * i + e] * (dp[4 * i + e] - (e >= 2 ? di1 : di0));
     mma_pack_frags<NKEY / 16>(dp, &da[0][0]);
     wg_fence();
 #pragma unroll
@@ -527,7 +514,7 @@ __device__ __forceinline__ void wb_dq_ds(float *dqa, const float *s, float *dp, 
  * and for a context tile its doc id (sDocTb) == d, for the block tile the causal test against the query
  * slots j0 / j1; rows !ok0 / !ok1 are idle. l2x = lse·log2(e), dix = Di of the thread's two rows. All 128
  * threads call it; returns with no wgmma in flight. */
-template <int HD, int NKEY, int MODE = 0>
+template <int HD, int NKEY>
 __device__ __forceinline__ void wb_dq_tile(float *dqa, uint32_t uQ, uint32_t udO, uint32_t uK, uint32_t uV,
                                            const int *sDocTb, int d, bool block_tile, int nk, int klo, bool ok0, bool ok1,
                                            int j0, int j1, int causal, float l20, float l21, float di0, float di1,
@@ -543,13 +530,12 @@ __device__ __forceinline__ void wb_dq_tile(float *dqa, uint32_t uQ, uint32_t udO
             const bool second = e >= 2;
             const bool vis = key < nk && key >= klo && (block_tile || sDocTb[key] == d) && (second ? ok1 : ok0) &&
                              !(block_tile && causal && key > (second ? j1 : j0));
-            if (MODE == 2) s[4 * i + e] *= scale_log2;
-            else s[4 * i + e] = vis ? exp2f(s[4 * i + e] * scale_log2 - (second ? l21 : l20)) : 0.f;
+            s[4 * i + e] = vis ? exp2f(s[4 * i + e] * scale_log2 - (second ? l21 : l20)) : 0.f;
         }
-    wb_dq_ds<HD, NKEY, MODE != 2>(dqa, s, dp, di0, di1, uK);
+    wb_dq_ds<HD, NKEY>(dqa, s, dp, di0, di1, uK);
 }
 
-/* wb_dq_tile's fast elementwise (FM, the default): the same products and values, branch-free. KM picks
+/* wb_dq_tile's fast elementwise (FM, the library's): the same products and values, branch-free. KM picks
  * the key test, decided per tile by the caller (uniform per warpgroup): 0 a full context tile (every key
  * visible: no test), 1 a context tile cut by the row-independent visible range [klo, nk) (the block's keys
  * of its document are contiguous: two compares per key, no doc id), 2 as 1 plus the doc id (documents not
@@ -578,7 +564,7 @@ __device__ __forceinline__ void wb_dq_tile_f(float *dqa, uint32_t uQ, uint32_t u
     wb_dq_ds<HD, NKEY>(dqa, s, dp, di0, di1, uK);
 }
 
-/* Kernel 3's plan (QR, the default), launched between kernels 2 and 3: per block b (one CTA of 128
+/* Kernel 3's plan (QR, the library's), launched between kernels 2 and 3: per block b (one CTA of 128
  * threads) the range scan kernel 3 does otherwise (the same ba_doc_span, so the same values), once per block
  * instead of once per (block, kv head), written as one int4 record {lo, hi, cnt, d} (the document's visible
  * context keys [lo, hi), how many of them are of the document, its doc id) into the first 16 bytes of the
@@ -602,18 +588,18 @@ __global__ void __launch_bounds__(128) wb_qplan_kernel(const int32_t *anchors, c
         *reinterpret_cast<int4 *>(dq + ((size_t)b * B * n_h + (size_t)g * G) * HD) = rec;
 }
 
-/* Kernel 3, two blocks per CTA (Q=2: each context K/V tile serves two blocks):
+/* Kernel 3, two blocks per CTA (each context K/V tile serves two blocks):
  * warpgroup w handles block 2·blockIdx.x + w, the context K/V tiles are loaded once for both over the
  * union of their narrowed ranges (anchors are sorted, so consecutive blocks' ranges mostly coincide) and
  * a warpgroup skips the tiles outside its own range; then each warpgroup's own block tile (buffer 2 for
  * warpgroup 0, the free context buffer for warpgroup 1). One CTA (256 threads) per SM. Deterministic.
  * QR (the library's) reads the two blocks' ranges from
  * wb_qplan_kernel's records instead of the anchor -> doc id -> window scan (two dependent loads, a scan, two
- * barriers); !QR (the bench's plain elementwise) scans. */
+ * barriers); !QR (the plain elementwise, FM false: kernels/bench's, and wb_launch's codegen anchor) scans. */
 /* One work item of kernel 3: blocks 2·bx, 2·bx + 1 and kv head g (the kernel's blockIdx.x, blockIdx.y).
  * All 256 threads call it. K/V tiles double buffered: tile t + 1 loaded while tile t is used (a
  * distance-2 pipeline lost: kernels/bench/RESULTS.md). */
-template <int HD, int PROBE, bool FM, bool QR>
+template <int HD, bool FM, bool QR>
 __device__ __forceinline__ void
 wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
            const int32_t *doc_ids, const __nv_bfloat16 *out, const __nv_bfloat16 *dout, const float *lse, float *dq,
@@ -667,7 +653,7 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
     int lo0, hi0, lo1, hi1, cnt;
     if constexpr (QR) {
         lo0 = rec0.x, hi0 = rec0.y, lo1 = rec1.x, hi1 = rec1.y, cnt = wg ? rec1.z : rec0.z;
-    } else {   /* each warpgroup's narrowed context range (set 5's ba_ctx_range per warpgroup) */
+    } else {   /* each warpgroup's narrowed context range */
         const int lo = window > 0 ? max(0, a - window) : 0, hi = d == -1 ? lo : a;
         if (ltid == 0) { sLo[wg] = hi; sHi[wg] = lo - 1; sCnt[wg] = 0; }
         __syncthreads();
@@ -730,8 +716,7 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
         else if (t + 1 == n_ctx) load_blocks();
         mma_commit();
         const float l20 = lseW[r0] * WB_LOG2E, l21 = lseW[r1] * WB_LOG2E, di0 = diW[r0], di1 = diW[r1];
-        if (PROBE == 1) continue;
-        if (FM && PROBE == 0) {   /* the fast elementwise; rows past used: exponent −inf */
+        if (FM) {   /* the fast elementwise; rows past used: exponent −inf */
             const float f20 = ok0 ? l20 : __int_as_float(0x7f800000), f21 = ok1 ? l21 : __int_as_float(0x7f800000);
             if (t < n_ctx) {
                 const int buf = t & 1, key0 = u_lo + t * WB_KT;
@@ -769,18 +754,18 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
             const int buf = t & 1, key0 = u_lo + t * WB_KT;
             const int nk = min(WB_KT, c_hi - key0), klo = max(0, c_lo - key0);
             if (nk > klo)   /* uniform per warpgroup: the tile meets its range */
-                wb_dq_tile<HD, 64, PROBE>(dqa, uQ, udO, wg_smem_u32(sK + buf * TB), wg_smem_u32(sV + buf * TB), sDocT[buf], d,
+                wb_dq_tile<HD, 64>(dqa, uQ, udO, wg_smem_u32(sK + buf * TB), wg_smem_u32(sV + buf * TB), sDocT[buf], d,
                                    false, nk, klo, ok0, ok1, j0, j1, causal, l20, l21, di0, di1, scale_log2);
         } else if (bok) {
             const uint32_t uK = wg_smem_u32(sK + bbuf * TB), uV = wg_smem_u32(sV + bbuf * TB);
             if (B > 32)
-                wb_dq_tile<HD, 64, PROBE>(dqa, uQ, udO, uK, uV, sDocT[0], d, true, B, 0, ok0, ok1, j0, j1, causal, l20, l21,
+                wb_dq_tile<HD, 64>(dqa, uQ, udO, uK, uV, sDocT[0], d, true, B, 0, ok0, ok1, j0, j1, causal, l20, l21,
                                    di0, di1, scale_log2);
             else if (B > 16)
-                wb_dq_tile<HD, 32, PROBE>(dqa, uQ, udO, uK, uV, sDocT[0], d, true, B, 0, ok0, ok1, j0, j1, causal, l20, l21,
+                wb_dq_tile<HD, 32>(dqa, uQ, udO, uK, uV, sDocT[0], d, true, B, 0, ok0, ok1, j0, j1, causal, l20, l21,
                                    di0, di1, scale_log2);
             else
-                wb_dq_tile<HD, 16, PROBE>(dqa, uQ, udO, uK, uV, sDocT[0], d, true, B, 0, ok0, ok1, j0, j1, causal, l20, l21,
+                wb_dq_tile<HD, 16>(dqa, uQ, udO, uK, uV, sDocT[0], d, true, B, 0, ok0, ok1, j0, j1, causal, l20, l21,
                                    di0, di1, scale_log2);
         }
     }
@@ -799,22 +784,21 @@ wb_q2_item(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *
 #pragma unroll
         for (int i = 0; i < HD / 2; i++) dka[i] = dva[i] = 0.f;
         const int kr0 = r0, kr1 = r1;
-        if (PROBE != 1)
-            wb_kv_visit<HD, PROBE, FM>(wg_smem_u32(sK + bbuf * TB), wg_smem_u32(sV + bbuf * TB), uQ, udO, lseW, diW,
-                                       kr0 < B, kr1 < B, causal ? 0 : -1, used, B, scale_log2, dka, dva, sSlot);
+        wb_kv_visit<HD, FM>(wg_smem_u32(sK + bbuf * TB), wg_smem_u32(sV + bbuf * TB), uQ, udO, lseW, diW, kr0 < B,
+                            kr1 < B, causal ? 0 : -1, used, B, scale_log2, dka, dva, sSlot);
         const size_t row0 = (size_t)T + (size_t)b * B + kr0, row1 = (size_t)T + (size_t)b * B + kr1;
         wb_store_acc<HD>(dk, dka, scale, row0, kr0 < B, row1, kr1 < B, n_kv, g);
         wb_store_acc<HD>(dv, dva, 1.f, row0, kr0 < B, row1, kr1 < B, n_kv, g);
     }
 }
 
-template <int HD, int PROBE, bool FM = false, bool QR = false>
+template <int HD, bool FM = false, bool QR = false>
 __global__ void __launch_bounds__(2 * WB_Q_THREADS, 1)
 wb_q2_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
              const int32_t *doc_ids, const __nv_bfloat16 *out, const __nv_bfloat16 *dout, const float *lse, float *dq,
              float *dk, float *dv, int T, int N, int B, int n_h, int n_kv, int window, int causal, float scale_log2,
              float scale) {
-    wb_q2_item<HD, PROBE, FM, QR>(q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, T, N, B, n_h, n_kv, window,
+    wb_q2_item<HD, FM, QR>(q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, T, N, B, n_h, n_kv, window,
                                   causal, scale_log2, scale, blockIdx.x, blockIdx.y);
 }
 
@@ -829,17 +813,15 @@ struct wb_opts {
     cudaEvent_t *ev;    /* kernels/bench only: 5 events around Di, plan, dK/dV, dQ; NULL from ba_wg_backward */
 };
 
-/* kernel 2 (KV=2p): two warpgroups per CTA, pipelined across visits (the template's NWG=1 / PIPE=false / DEEP
- * knobs lost, kernels/bench/RESULTS.md, and are not instantiated) */
-template <int HD, int PROBE, bool FM = false, bool LA = false>
+/* kernel 2: two warpgroups per CTA, pipelined across visits */
+template <int HD, bool FM = false, bool LA = false>
 int wb_run_kv(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
               const int32_t *doc_ids, const bf16 *dout, const float *lse, const float *di, float *dk, float *dv,
               const int *plan, int n_tiles, cudaStream_t stream) {
-    constexpr int NWG = 2;
-    constexpr bool PIPE = true, DEEP = false;
-    const size_t smem = (2 * NWG + 2 * wb_stages(NWG, PIPE, DEEP)) * (size_t)wb_tile<HD>::bytes + 1024;
-    if (wb_smem_attr(wb_kv_kernel<HD, NWG, PIPE, PROBE, DEEP, FM, LA>, smem)) return -1;
-    wb_kv_kernel<HD, NWG, PIPE, PROBE, DEEP, FM, LA><<<dim3(n_tiles, c->n_kv), NWG * 128, smem, stream>>>(
+    constexpr int NWG = WB_KV_NWG;
+    const size_t smem = (2 * NWG + 2 * WB_KV_ST) * (size_t)wb_tile<HD>::bytes + 1024;
+    if (wb_smem_attr(wb_kv_kernel<HD, FM, LA>, smem)) return -1;
+    wb_kv_kernel<HD, FM, LA><<<dim3(n_tiles, c->n_kv), NWG * 128, smem, stream>>>(
         (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k, (const __nv_bfloat16 *)v, anchors, doc_ids,
         (const __nv_bfloat16 *)dout, lse, di, dk, dv, plan, c->T, c->N, c->B, c->n_h, c->n_kv, c->window,
         c->scale * WB_LOG2E, c->scale);
@@ -847,15 +829,15 @@ int wb_run_kv(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
     return 0;
 }
 
-/* kernel 3 (Q=2): two blocks per CTA (wb_q2_kernel); QR (the default): wb_qplan_kernel
+/* kernel 3: two blocks per CTA (wb_q2_kernel); QR (the library's): wb_qplan_kernel
  * first */
-template <int HD, int PROBE, bool FM = false, bool QR = false>
+template <int HD, bool FM = false, bool QR = false>
 int wb_run_q(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
              const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse, float *dq, float *dk,
              float *dv, cudaStream_t stream) {
     constexpr int QB = 2;
     const size_t smem = 10 * (size_t)wb_tile<HD>::bytes + 1024;
-    auto kern = wb_q2_kernel<HD, PROBE, FM, QR>;
+    auto kern = wb_q2_kernel<HD, FM, QR>;
     if (wb_smem_attr(kern, smem)) return -1;
     if (QR && c->N > 0) {
         wb_qplan_kernel<<<c->N, WB_Q_THREADS, 0, stream>>>(anchors, doc_ids, c->B, c->n_h, c->n_kv, HD, c->window, dq);
@@ -876,8 +858,8 @@ static int wb_record(const wb_opts &o, int i, cudaStream_t stream) {
 }
 
 /* The backward's kernels in stream order. FM: the fast elementwise (the library's; false is the plain
- * elementwise of kernels/bench only); PROBE != 0: kernels/bench's timing probes (results invalid). */
-template <int HD, int PROBE, bool FM = true>
+ * elementwise of kernels/bench only). */
+template <int HD, bool FM = true>
 int wb_launch(const wb_opts &o, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
               const int32_t *anchors, const int32_t *doc_ids, const bf16 *out, const bf16 *dout, const float *lse,
               float *dq, float *dk, float *dv, cudaStream_t stream) {
@@ -885,7 +867,7 @@ int wb_launch(const wb_opts &o, const block_attn_config *c, const bf16 *q, const
     const size_t di_threads = (size_t)R * c->n_h * (HD / 8);
     float *di = dq;   /* scratch: n_h·R floats, overwritten by kernel 3 */
     /* FM: lse·log2(e) for kernel 2 after Di and the plan's WB_PLAN_MAX ints, when dq holds it (otherwise
-     * kernel 2 keeps M=0's elementwise, as it always did) */
+     * kernel 2 runs the plain elementwise) */
     const size_t nhr = (size_t)c->n_h * R;
     float *lse2 = FM && 2 * nhr + WB_PLAN_MAX <= nhr * HD ? dq + nhr + WB_PLAN_MAX : NULL;
     if (wb_record(o, 0, stream)) return -1;
@@ -902,19 +884,19 @@ int wb_launch(const wb_opts &o, const block_attn_config *c, const bf16 *q, const
         KERNELS_CHECK_LAUNCH("ba_wg_backward plan");
     }
     if (wb_record(o, 2, stream)) return -1;
-    /* the fast elementwise with the loads after each visit's products (LA) needs lse2; without it (M=0, or
-     * dq too small to hold lse2) kernel 2 keeps M=0's elementwise and load placement */
-    const int rc = lse2 ? wb_run_kv<HD, PROBE, true, true>(c, q, k, v, anchors, doc_ids, dout, lse2, di, dk, dv, plan,
-                                                           n_tiles, stream)
-                        : wb_run_kv<HD, PROBE>(c, q, k, v, anchors, doc_ids, dout, lse, di, dk, dv, plan, n_tiles, stream);
+    /* the fast elementwise with the loads after each visit's products (LA) needs lse2; without it (FM false,
+     * or dq too small to hold lse2) kernel 2 runs the plain elementwise with the loads before the products */
+    const int rc = lse2 ? wb_run_kv<HD, true, true>(c, q, k, v, anchors, doc_ids, dout, lse2, di, dk, dv, plan, n_tiles,
+                                                    stream)
+                        : wb_run_kv<HD>(c, q, k, v, anchors, doc_ids, dout, lse, di, dk, dv, plan, n_tiles, stream);
     if (rc || wb_record(o, 3, stream)) return -1;
     int rq;
-    if constexpr (FM) rq = wb_run_q<HD, PROBE, true, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
-    else rq = wb_run_q<HD, PROBE>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
+    if constexpr (FM) rq = wb_run_q<HD, true, true>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
+    else rq = wb_run_q<HD>(c, q, k, v, anchors, doc_ids, out, dout, lse, dq, dk, dv, stream);
     /* Codegen anchor, never launched: with the plain-elementwise kernel 3 of d_h 64 in the same module,
-     * ptxas assigns the d_h 64 default (wb_q2_kernel<64, 0, true, true>) the registers it had when it was
+     * ptxas assigns the d_h 64 default (wb_q2_kernel<64, true, true>) the registers it had when it was
      * measured; without it the machine code differs (same source and arithmetic, other register numbers). */
-    if constexpr (FM && HD == 64 && PROBE == 0) (void)&wb_q2_kernel<64, 0, false, false>;
+    if constexpr (FM && HD == 64) (void)&wb_q2_kernel<64, false, false>;
     if (rq || wb_record(o, 4, stream)) return -1;
     return 0;
 }

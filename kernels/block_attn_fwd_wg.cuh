@@ -45,14 +45,10 @@ __device__ __forceinline__ void wf_cp4(uint32_t saddr, const void *g, bool ok) {
                  : "memory");
 }
 
-/* K/V by TMA: the K and V tensor maps, a __grid_constant__ kernel parameter of
- * the TMA instantiations; the others get the empty wf_none in its place (their code is unchanged). */
+/* K/V by TMA: the K and V tensor maps, a __grid_constant__ kernel parameter. */
 struct wf_tmaps {
     CUtensorMap k, v;
 };
-struct wf_none {};
-template <bool TMA> struct wf_tm { using type = wf_none; };
-template <> struct wf_tm<true> { using type = wf_tmaps; };
 
 __device__ __forceinline__ void wf_bar_init(uint32_t bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -88,18 +84,6 @@ __device__ __forceinline__ void wf_tma3(uint32_t dst, const CUtensorMap *map, in
                  ::"r"(dst), "l"((uint64_t)map), "r"(x), "r"(y), "r"(z), "r"(bar)
                  : "memory");
 }
-
-__device__ __forceinline__ unsigned long long wf_gtime() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ unsigned wf_smid() {
-    unsigned s;
-    asm volatile("mov.u32 %0, %smid;" : "=r"(s));
-    return s;
-}
-constexpr int WF_TRACE_SLOTS = 32;   /* u64 per CTA in the trace buffer (layout at ba_wg_forward_traced) */
 
 /* Issues S = Q·Kᵀ over NK keys (k_s: the tile's first key row) into s (the caller commits). */
 template <int HD, int NK, int KPANEL = WF_PANEL>
@@ -179,15 +163,13 @@ __device__ __forceinline__ void wf_issue_pv(float *o, uint32_t (*p)[4], uint32_t
 
 /* One tile step of one warpgroup: S, wait (S and the previous P·V), then after_wait() (FREE: the release
  * of the previous tile's stage; a no-op for the barrier walk), softmax, P·V in flight. */
-template <int HD, int NK, bool TRACE, typename Vis, typename Hook>
+template <int HD, int NK, typename Vis, typename Hook>
 __device__ __forceinline__ void wf_step(float *o, float *m, float *l, uint32_t q_s, uint32_t k_s, uint32_t v_s,
-                                        float sl2, bool need_mask, Vis vis, unsigned long long *tr_mma, Hook after_wait) {
+                                        float sl2, bool need_mask, Vis vis, Hook after_wait) {
     float s[NK / 2];
     wf_issue_s<HD, NK>(s, q_s, k_s);
     wg_commit();
-    const long long tm0 = TRACE ? clock64() : 0;
     wg_wait<0>();
-    if (TRACE) *tr_mma += clock64() - tm0;   /* TRACE: cycles waiting for S (and the previous P·V) */
     after_wait();   /* FREE: every read of the previous tile's stage is retired here */
     wg_acc_fence<NK / 2>(s);
     wg_acc_fence<HD / 2>(o);
@@ -407,7 +389,7 @@ wf_order_kernel(const int *rec, const int *ntiles, int n, int *srec) {
 /* One work item of the main kernel: a block group's set-up (in shared memory) for one kv head. */
 struct wf_item {
     int b0, nb, g0, n_ctx, n_seg;
-    bool by_range;        /* FAST and every block's document contiguous: no doc ids loaded */
+    bool by_range;        /* every block's document contiguous: no doc ids loaded */
     const int (*seg)[3];  /* merged segments (shared memory): first key, end key, first tile */
 };
 
@@ -415,18 +397,16 @@ struct wf_item {
  * the plan (plan = the records by rank); blockIdx.x = rank · n_kv + kv head, so the CTAs start longest
  * group first; the set-up is one 96-byte record load. Same per-row arithmetic in both modes. */
 /* FREE: false = the walk with a barrier per tile; true = free-running warpgroups fed by a producer warpgroup
- * (NWG + 1 warpgroups; the default where B is 16, 32 or 64) */
-template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE, bool TMA, bool FREE>
-__global__ void __launch_bounds__(NWG * 128 + (FREE ? 128 : 0), 1)
+ * (NWG + 1 warpgroups; taken where B is 16, 32 or 64) */
+template <int HD, bool PLAN, bool FREE>
+__global__ void __launch_bounds__(WF_GROUP * 128 + (FREE ? 128 : 0), 1)
 ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *anchors,
                      const int32_t *doc_ids, __nv_bfloat16 *out, float *lse, int T, int N, int B, int n_h, int n_kv,
-                     int window, int causal, float sl2, const int *plan, unsigned long long *trace,
-                     const __grid_constant__ typename wf_tm<TMA>::type tm) {
+                     int window, int causal, float sl2, const int *plan, const __grid_constant__ wf_tmaps tm) {
+    constexpr int NWG = WF_GROUP;
     using C = wf_cfg<HD, NWG>;
     constexpr int CH = HD / 8, THREADS = C::THREADS, TILE = C::TILE, NST = C::NST, QTILE = C::QTILE;
     constexpr int KPANEL = C::KPANEL, KT = C::KT;
-    static_assert(!PLAN || NWG == WF_GROUP, "the plan's groups are WF_GROUP blocks");
-    static_assert(!FREE || (TMA && FAST), "FREE: TMA loads (the host picks it only when B is 16, 32 or 64)");
     extern __shared__ unsigned char wf_raw[];
     __shared__ int sDoc[FREE ? 1 : NST][KT];   /* doc id of each key of a context tile's stage (not FREE) */
     __shared__ int sPart[PLAN ? 1 : NWG * 4][NWG][3]; /* per warp and block: first, last key of the document, count */
@@ -434,30 +414,23 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
      * segments (first key, end key, first tile), their count, the context tile count, the contiguity flag,
      * the blocks' doc ids (PLAN) */
     __shared__ __align__(16) int sRec[WF_REC];
-    __shared__ __align__(8) unsigned long long sBar[TMA ? NST : 1];   /* TMA: one mbarrier per K/V stage */
+    __shared__ __align__(8) unsigned long long sBar[NST];   /* one mbarrier per K/V stage (TMA) */
     /* FREE: the producer warpgroup (warpgroup NWG) issues every K/V tile; the warpgroups release a stage by one
      * mbarrier arrival each (count NWG): no atomic round trip, no TMA issue on their path */
     __shared__ __align__(8) unsigned long long sEmpty[FREE ? NST : 1];
-    unsigned long long tr_t0 = 0, tr_c0 = 0, tr_t1 = 0, tr_wait = 0, tr_data = 0, tr_bar = 0, tr_mma = 0;
-    if (TRACE) {
-        tr_t0 = wf_gtime();
-        tr_c0 = clock64();
-    }
 
     const uint32_t sbase = (wg_smem_u32(wf_raw) + 1023u) & ~1023u;
     const uint32_t sQ = sbase;                  /* NWG tiles, one per warpgroup */
     const uint32_t sKV = sbase + NWG * QTILE;   /* stage st: K at sKV + 2·st·TILE, V right after */
     const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
-    if constexpr (TMA) {   /* before the first barrier (wf_setup's, or the PLAN record's) */
-        if (tid == 0) {
+    if (tid == 0) {   /* the stages' mbarriers, before the first barrier (wf_setup's, or the PLAN record's) */
 #pragma unroll
-            for (int s = 0; s < NST; s++) wf_bar_init(wg_smem_u32(&sBar[s]), 1);
-            if (FREE)
+        for (int s = 0; s < NST; s++) wf_bar_init(wg_smem_u32(&sBar[s]), 1);
+        if (FREE)
 #pragma unroll
-                for (int s = 0; s < NST; s++) wf_bar_init(wg_smem_u32(&sEmpty[s]), NWG);
-            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-            wg_fence_async_smem();
-        }
+            for (int s = 0; s < NST; s++) wf_bar_init(wg_smem_u32(&sEmpty[s]), NWG);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        wg_fence_async_smem();
     }
     const int G = n_h / n_kv, used = G * B;
     const int BP = B <= 16 ? 16 : B <= 32 ? 32 : 64, per = KT / BP;   /* block keys: rows per block, blocks per tile */
@@ -493,24 +466,14 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
             int kb, ke;
             ctx_tile(it, t, &kb, &ke);
             const int nk = min(KT, ke - kb);
-            if constexpr (TMA) {   /* 64 rows from kb: rows past the segment are other keys (masked) or zeros */
-                if (FREE || tid == 0) {   /* FREE: only the producer's thread calls load */
-                    const uint32_t bar = wg_smem_u32(&sBar[st]);
-                    wf_bar_expect(bar, 2 * TILE);
+            if (FREE || tid == 0) {   /* 64 rows from kb by TMA (rows past the segment: other keys, masked, or zeros);
+                                       * FREE: only the producer's thread calls load */
+                const uint32_t bar = wg_smem_u32(&sBar[st]);
+                wf_bar_expect(bar, 2 * TILE);
 #pragma unroll
-                    for (int p = 0; p < HD / 64; p++) {
-                        wf_tma3(dK + p * KPANEL, &tm.k, 64 * p, g, kb, bar);
-                        wf_tma3(dV + p * KPANEL, &tm.v, 64 * p, g, kb, bar);
-                    }
-                }
-            } else {
-                for (int i = tid; i < KT * CH; i += THREADS) {
-                    const int r = i / CH, c = i % CH;
-                    const bool ok = r < nk;
-                    const size_t off = ((size_t)(ok ? kb + r : 0) * n_kv + g) * HD + c * 8;
-                    const uint32_t dst = (c / 8) * KPANEL + wg_sw128(r, c % 8);
-                    wf_cp16(dK + dst, k + off, ok);
-                    wf_cp16(dV + dst, v + off, ok);
+                for (int p = 0; p < HD / 64; p++) {
+                    wf_tma3(dK + p * KPANEL, &tm.k, 64 * p, g, kb, bar);
+                    wf_tma3(dV + p * KPANEL, &tm.v, 64 * p, g, kb, bar);
                 }
             }
             static_assert(THREADS >= KT, "one thread per key's doc id");
@@ -519,20 +482,19 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         } else {
             const int j = t - it.n_ctx;
             bool tma_done = false;
-            if constexpr (TMA) {   /* B == BP: the tile's blocks are 64 consecutive rows (past nb: never read) */
-                if (FREE || B == BP) {   /* FREE: the host guarantees B == BP */
-                    if (FREE || tid == 0) {
-                        const uint32_t bar = wg_smem_u32(&sBar[st]);
-                        const int row0 = T + (it.b0 + j * per) * B;
-                        wf_bar_expect(bar, 2 * TILE);
+            if (FREE || B == BP) {   /* B == BP: the tile's blocks are 64 consecutive rows (past nb: never read);
+                                      * FREE: the host guarantees B == BP */
+                if (FREE || tid == 0) {
+                    const uint32_t bar = wg_smem_u32(&sBar[st]);
+                    const int row0 = T + (it.b0 + j * per) * B;
+                    wf_bar_expect(bar, 2 * TILE);
 #pragma unroll
-                        for (int p = 0; p < HD / 64; p++) {
-                            wf_tma3(dK + p * KPANEL, &tm.k, 64 * p, g, row0, bar);
-                            wf_tma3(dV + p * KPANEL, &tm.v, 64 * p, g, row0, bar);
-                        }
+                    for (int p = 0; p < HD / 64; p++) {
+                        wf_tma3(dK + p * KPANEL, &tm.k, 64 * p, g, row0, bar);
+                        wf_tma3(dV + p * KPANEL, &tm.v, 64 * p, g, row0, bar);
                     }
-                    tma_done = true;
                 }
+                tma_done = true;
             }
             if (!tma_done) {
                 for (int i = tid; i < KT * CH; i += THREADS) {
@@ -556,7 +518,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
         it.g0 = PLAN ? it_index % n_kv : (int)blockIdx.y;
         it.n_ctx = rec[WR_NCTX];
         it.n_seg = rec[WR_NSEG];
-        it.by_range = FAST && rec[WR_CONT] != 0;
+        it.by_range = rec[WR_CONT] != 0;
         it.seg = (const int(*)[3])(rec + WR_SEG);
         return it;
     };
@@ -627,7 +589,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     const bool live = wg < cur.nb;
     const int b0 = cur.b0, g0 = cur.g0, n_ctx = cur.n_ctx;
     const int my_lo = sRec[WR_LO + wg], my_hi = sRec[WR_HI + wg];   /* [lo, hi), empty when hi <= lo */
-    /* FAST: a context key is visible iff it lies in [my_lo, my_hi) (every block's document contiguous) */
+    /* by_range: a context key is visible iff it lies in [my_lo, my_hi) (every block's document contiguous) */
     const bool by_range = cur.by_range;
     const int n_tiles = n_ctx + (cur.nb + per - 1) / per;
 
@@ -637,7 +599,7 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     const int r0 = warp * 16 + (lane >> 2), r1 = r0 + 8;   /* this thread's rows in its warpgroup's tile */
     const int j0 = r0 % B, j1 = r1 % B;
     const uint32_t myQ = sQ + wg * QTILE;
-    /* out and lse of head gh (the warpgroup's accumulators, all its wgmma done); EPI stages in buf, a Q tile
+    /* out and lse of head gh (the warpgroup's accumulators, all its wgmma done); out is staged in buf, a Q tile
      * of this warpgroup that no wgmma reads any more */
     auto epilogue = [&](int gh, uint32_t buf) {
         if (!live) return;
@@ -649,42 +611,34 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
             lv += __shfl_xor_sync(0xffffffffu, lv, 1);
             lv += __shfl_xor_sync(0xffffffffu, lv, 2);
             const float inv = 1.f / lv;
-            if (EPI) {   /* stage the bf16 row in this warpgroup's Q tile (its wgmma reads are done), same layout */
+            /* stage the bf16 row in this warpgroup's Q tile (its wgmma reads are done), same layout */
 #pragma unroll
-                for (int i = 0; i < HD / 8; i++) {
-                    const __nv_bfloat162 x = __floats2bfloat162_rn(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(buf + (i / 8) * WF_PANEL + wg_sw128(r, i % 8) + 4 * t4),
-                                 "r"(*(const uint32_t *)&x)
-                                 : "memory");
-                }
+            for (int i = 0; i < HD / 8; i++) {
+                const __nv_bfloat162 x = __floats2bfloat162_rn(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(buf + (i / 8) * WF_PANEL + wg_sw128(r, i % 8) + 4 * t4),
+                             "r"(*(const uint32_t *)&x)
+                             : "memory");
             }
             if (r < used) {   /* every live row sees its own block's first key, so lv > 0 */
                 const int h = gh * G + r / B;
                 const size_t row = (size_t)(b0 + wg) * B + r % B;
-                if (!EPI) {
-                    __nv_bfloat162 *dst = (__nv_bfloat162 *)(out + (row * n_h + h) * HD) + t4;
-#pragma unroll
-                    for (int i = 0; i < HD / 8; i++)
-                        dst[4 * i] = __floats2bfloat162_rn(o[4 * i + 2 * half] * inv, o[4 * i + 2 * half + 1] * inv);
-                }
                 if (t4 == 0) lse[(size_t)h * R + row] = (m[half] + log2f(lv)) / WF_LOG2E;
             }
         }
-        if (EPI) {   /* 16-byte stores, 16 (d_h 128) consecutive threads per 256-byte output row */
-            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+        /* 16-byte stores, 16 (d_h 128) consecutive threads per 256-byte output row */
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
 #pragma unroll
-            for (int it = 0; it < WF_KT * CH / 128; it++) {
-                const int idx = it * 128 + wtid, r = idx / CH, c = idx % CH;
-                if (r < used) {
-                    uint32_t x0, x1, x2, x3;
-                    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                                 : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
-                                 : "r"(buf + (c / 8) * WF_PANEL + wg_sw128(r, c % 8))
-                                 : "memory");
-                    const size_t row = (size_t)(b0 + wg) * B + r % B;
-                    uint4 *dst = (uint4 *)(out + (row * n_h + gh * G + r / B) * HD + c * 8);
-                    *dst = make_uint4(x0, x1, x2, x3);
-                }
+        for (int it = 0; it < WF_KT * CH / 128; it++) {
+            const int idx = it * 128 + wtid, r = idx / CH, c = idx % CH;
+            if (r < used) {
+                uint32_t x0, x1, x2, x3;
+                asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
+                             : "r"(buf + (c / 8) * WF_PANEL + wg_sw128(r, c % 8))
+                             : "memory");
+                const size_t row = (size_t)(b0 + wg) * B + r % B;
+                uint4 *dst = (uint4 *)(out + (row * n_h + gh * G + r / B) * HD + c * 8);
+                *dst = make_uint4(x0, x1, x2, x3);
             }
         }
     };
@@ -704,43 +658,20 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     }
 
     {   /* the tile walk: context tiles, then the blocks' own keys (tiles 0 .. NST - 3 issued above) */
-        if (TRACE && tid == 0) trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + 2] = wf_gtime();
         for (int t = 0; t < n_tiles; t++) {
-            const long long tw0 = TRACE ? clock64() : 0;
             if constexpr (FREE) {   /* no CTA barrier, only this tile's full barrier */
                 wf_bar_wait<true>(wg_smem_u32(&sBar[t % NST]), (uint32_t)(t / NST) & 1u);
-                if (TRACE) {
-                    const long long tw1 = clock64();
-                    tr_wait += tw1 - tw0;
-                    tr_data += tw1 - tw0;
-                }
             } else {
                 mma_wait<NST - 3>();   /* Q and tile t have landed */
                 wg_fence_async_smem();
-                if constexpr (TMA)     /* TMA tiles: the stage's phase (t / NST) & 1 (every stage use before was TMA) */
-                    if (t < n_ctx || B == BP) wf_bar_wait(wg_smem_u32(&sBar[t % NST]), (uint32_t)(t / NST) & 1u);
-                const long long tw1 = TRACE ? clock64() : 0;
+                /* TMA tiles: the stage's phase (t / NST) & 1 (every stage use before was TMA) */
+                if (t < n_ctx || B == BP) wf_bar_wait(wg_smem_u32(&sBar[t % NST]), (uint32_t)(t / NST) & 1u);
                 __syncthreads();          /* ... for everyone; and stage (t - 2) % NST is no longer read */
-                const long long tw2 = TRACE ? clock64() : 0;
                 if (t + NST - 2 < n_tiles) load(cur, t + NST - 2, (t + NST - 2) % NST);
                 mma_commit();
-                if (TRACE) {
-                    const long long tw3 = clock64();
-                    tr_wait += tw3 - tw0;
-                    tr_data += tw1 - tw0;
-                    tr_bar += tw2 - tw1;
-                }
             }
             auto rel = [&] {   /* FREE: called once this warpgroup's reads of tile t - 1 are retired */
-                if constexpr (FREE) {
-                    const long long tr0 = TRACE ? clock64() : 0;
-                    release(t - 1);
-                    if (TRACE) {   /* FREE: the report's "barrier" column = cycles in release */
-                        const long long d = clock64() - tr0;
-                        tr_bar += d;
-                        tr_wait += d;
-                    }
-                }
+                if constexpr (FREE) release(t - 1);
             };
             const int st = t % NST;
             const uint32_t tK = sKV + 2 * st * TILE, tV = tK + TILE;
@@ -752,8 +683,8 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
                     const int lo = my_lo - kb, hi = my_hi - kb;   /* this tile's visible keys: [lo, hi) */
                     if (lo < KT && hi > 0 && hi > lo) {
                         const int t2 = 2 * (lane & 3), lo2 = lo - t2, hi2 = hi - t2;   /* key = 8i + e1 + t2 */
-                        wf_step<HD, KT, TRACE>(o, m, l, myQ, tK, tV, sl2, lo > 0 || hi < KT,
-                                        [&](int key, int) { return key - t2 >= lo2 && key - t2 < hi2; }, &tr_mma, rel);
+                        wf_step<HD, KT>(o, m, l, myQ, tK, tV, sl2, lo > 0 || hi < KT,
+                                        [&](int key, int) { return key - t2 >= lo2 && key - t2 < hi2; }, rel);
                         ran = true;
                     }
                 } else {
@@ -763,19 +694,18 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
                     const bool v1 = p1 >= my_lo && p1 < my_hi && (FREE ? __ldg(doc_ids + p1) : sDoc[st][lane + 32]) == d;
                     const uint32_t mlo = __ballot_sync(0xffffffffu, v0), mhi = __ballot_sync(0xffffffffu, v1);
                     if (mlo | mhi) {   /* identical in every warp of the warpgroup */
-                        wf_step<HD, KT, TRACE>(
+                        wf_step<HD, KT>(
                             o, m, l, myQ, tK, tV, sl2, (mlo & mhi) != 0xffffffffu,
-                            [&](int key, int) { return ((key < 32 ? mlo >> key : mhi >> (key - 32)) & 1u) != 0; },
-                            &tr_mma, rel);
+                            [&](int key, int) { return ((key < 32 ? mlo >> key : mhi >> (key - 32)) & 1u) != 0; }, rel);
                         ran = true;
                     }
                 }
             } else if (live && wg / per == t - n_ctx) {
                 const uint32_t koff = (uint32_t)((wg % per) * BP) * 128u;
                 auto vis = [&](int key, int half) { return key < B && !(causal && key > (half ? j1 : j0)); };
-                if (BP == 16) wf_step<HD, 16, TRACE>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma, rel);
-                else if (BP == 32) wf_step<HD, 32, TRACE>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma, rel);
-                else wf_step<HD, 64, TRACE>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, &tr_mma, rel);
+                if (BP == 16) wf_step<HD, 16>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, rel);
+                else if (BP == 32) wf_step<HD, 32>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, rel);
+                else wf_step<HD, 64>(o, m, l, myQ, tK + koff, tV + koff, sl2, true, vis, rel);
                 ran = true;
             }
             if (!ran) {
@@ -787,27 +717,8 @@ ba_wg_forward_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_
     wg_wait<0>();
     wg_acc_fence<HD / 2>(o);
     mma_wait<0>();
-    if (TRACE) tr_t1 = wf_gtime();
-    if (TRACE && wtid == 0) {
-        unsigned long long *tr = trace + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS;
-        tr[8 + wg] = tr_wait;
-        tr[16 + wg] = tr_data;   /* the split of tr_wait: cp.async wait + fence, barrier (the rest: load issue) */
-        tr[19 + wg] = tr_bar;
-        tr[22 + wg] = tr_mma;    /* waiting for S (and the previous P·V) inside the tile step */
-        if (wg == 0) {
-            tr[0] = wf_smid();
-            tr[1] = tr_t0;
-            tr[3] = tr_t1;
-            tr[5] = tr_c0;
-            tr[7] = (unsigned long long)n_tiles;
-        }
-    }
 
-    if (TRACE && !live) return;
     epilogue(g0, myQ);   /* nothing when !live */
-    if (TRACE && wtid == 0)
-        trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + (wg == 0 ? 4 : 11 + wg)] = wf_gtime();
-    if (TRACE && tid == 0) trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * WF_TRACE_SLOTS + 6] = clock64();
 }
 
 /* cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda); cached after the first call */
@@ -859,16 +770,15 @@ cudaError_t wf_launch_pdl(void (*kern)(Exp...), dim3 grid, int threads, size_t s
     return cudaLaunchKernelEx(&lc, kern, args...);
 }
 
-template <int HD, int NWG, bool FAST, bool EPI, bool PLAN, bool TRACE, bool TMA, bool FREE>
+template <int HD, bool PLAN, bool FREE>
 int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
-              const int32_t *doc_ids, bf16 *out, float *lse, void *ws, unsigned long long *trace, cudaStream_t stream) {
+              const int32_t *doc_ids, bf16 *out, float *lse, void *ws, cudaStream_t stream) {
+    constexpr int NWG = WF_GROUP;
     using C = wf_cfg<HD, NWG>;
     const size_t smem = C::smem;
-    auto kern = ba_wg_forward_kernel<HD, NWG, FAST, EPI, PLAN, TRACE, TMA, FREE>;
-    typename wf_tm<TMA>::type tm{};
-    if constexpr (TMA) {
-        if (wf_tmap(&tm.k, k, c, "k") || wf_tmap(&tm.v, v, c, "v")) return -1;
-    }
+    auto kern = ba_wg_forward_kernel<HD, PLAN, FREE>;
+    wf_tmaps tm{};
+    if (wf_tmap(&tm.k, k, c, "k") || wf_tmap(&tm.v, v, c, "v")) return -1;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return kernels_fail("ba_wg_forward: cudaFuncSetAttribute(%zu bytes): %s", smem, cudaGetErrorString(e));
     const int n_grp = (c->N + NWG - 1) / NWG;
@@ -878,7 +788,7 @@ int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
     if (!PLAN) {
         kern<<<dim3(n_grp, c->n_kv), C::THREADS + (FREE ? 128 : 0), smem, stream>>>(Q, K, V, anchors, doc_ids, O, lse, c->T, c->N, c->B,
                                                                   c->n_h, c->n_kv, c->window, c->causal, sl2, nullptr,
-                                                                  trace, tm);
+                                                                  tm);
         KERNELS_CHECK_LAUNCH("ba_wg_forward_kernel");
         return 0;
     }
@@ -892,23 +802,21 @@ int wf_launch(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf
     KERNELS_CHECK_LAUNCH("ba_wg_forward (order)");
     const int grid = n_grp * c->n_kv;
     e = wf_launch_pdl(kern, dim3((unsigned)grid), C::THREADS + (FREE ? 128 : 0), smem, stream, Q, K, V, anchors, doc_ids, O, lse, c->T, c->N,
-                      c->B, c->n_h, c->n_kv, c->window, c->causal, sl2, (const int *)srec, trace, tm);
+                      c->B, c->n_h, c->n_kv, c->window, c->causal, sl2, (const int *)srec, tm);
     if (e != cudaSuccess) return kernels_fail("ba_wg_forward (main, PDL): %s", cudaGetErrorString(e));
     KERNELS_CHECK_LAUNCH("ba_wg_forward_kernel (plan)");
     return 0;
 }
 
 /* The kernel for the call: free-running warpgroups fed by a producer warpgroup where B is 16, 32 or 64
- * (block tiles by TMA need B = BP), else the walk with a barrier per tile; both with range masks where
- * documents are contiguous, the staged epilogue and K/V tiles by TMA; the plan path when ws != NULL.
- * TRACE: kernels/bench's per-CTA phase trace (the library passes false). */
-template <int HD, bool TRACE>
+ * (block tiles by TMA need B = BP), else the walk with a barrier per tile; the plan path when ws != NULL. */
+template <int HD>
 int wf_select(const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *anchors,
-              const int32_t *doc_ids, bf16 *out, float *lse, void *ws, unsigned long long *trace, cudaStream_t stream) {
-#define WF_GO(F, P, X, M) wf_launch<HD, WF_GROUP, F, F, P, TRACE, X, M>(c, q, k, v, anchors, doc_ids, out, lse, ws, trace, stream)
+              const int32_t *doc_ids, bf16 *out, float *lse, void *ws, cudaStream_t stream) {
+#define WF_GO(P, M) wf_launch<HD, P, M>(c, q, k, v, anchors, doc_ids, out, lse, ws, stream)
     if (c->B == 16 || c->B == 32 || c->B == 64)
-        return ws ? WF_GO(true, true, true, true) : WF_GO(true, false, true, true);
-    return ws ? WF_GO(true, true, true, false) : WF_GO(true, false, true, false);
+        return ws ? WF_GO(true, true) : WF_GO(false, true);
+    return ws ? WF_GO(true, false) : WF_GO(false, false);
 #undef WF_GO
 }
 
