@@ -1,5 +1,5 @@
 /*
- * kernels/block_attn_common.cuh — internal to kernels/block_attn_bwd_wg.cu and kernels/bench/block_attn_mma.cuh
+ * kernels/block_attn_common.cuh — internal to kernels/block_attn_bwd_wg.cuh and kernels/bench/block_attn_mma.cuh
  * (and kernels/block_attn_simt.cu, which uses ba_di_kernel and ba_doc_span)
  * (the bench's retired mma.sync sets): the one copy of the device code both backward kernel families share.
  *   ba_dot8 / ba_di_half  the Di = rowsum(dO ⊙ O) sums (16-byte words; half a row, two threads per row);

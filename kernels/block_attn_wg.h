@@ -4,10 +4,10 @@
  * Same contract as those launchers (layouts, masks, lse, the deterministic backward that overwrites dq, dk,
  * dv); the caller (block_attn.cu) has already validated the config (ba_check_device: d_h 64 or 128,
  * (n_h/n_kv)·B <= 64, 16-byte aligned pointers). Asynchronous on stream, no allocation; 0 or -1 with
- * kernels_error(). C linkage, so kernels/bench/block_attn_bench.cu (which includes the .cu files to reach
- * their templates) and the library resolve to the same symbols.
- *   forward:  kernels/block_attn_fwd_wg.cu
- *   backward: kernels/block_attn_bwd_wg.cu
+ * kernels_error(). C linkage.
+ *   forward:  kernels/block_attn_fwd_wg.cu (kernel templates and launch code in kernels/block_attn_fwd_wg.cuh)
+ *   backward: kernels/block_attn_bwd_wg.cu (kernel templates and launch code in kernels/block_attn_bwd_wg.cuh)
+ * kernels/bench/block_attn_bench.cu includes the two .cuh files (no external symbol) to instantiate other knobs.
  */
 #ifndef KERNELS_BLOCK_ATTN_WG_H
 #define KERNELS_BLOCK_ATTN_WG_H

@@ -21,7 +21,8 @@
  *              128 query rows = 4 warps x 2 m-tiles over the union of the two context ranges, every K/V
  *              fragment feeding both blocks, per-row masks, the scale folded into FMA + ex2.approx
  *              (added 2026-11-29 by K2c, not measured when written).
- *   variant 8: kernel set 7, the Hopper wgmma forward and backward (kernels/block_attn_{fwd,bwd}_wg.cu).
+ *   variant 8: kernel set 7, the Hopper wgmma forward and backward (kernels/block_attn_{fwd,bwd}_wg.cu); the
+ *              forward is the library's (ba_wg_forward_ws).
  *   variant 7: the library launchers (block_attn_forward / block_attn_backward: set 7's default kernels):
  *              checks the public entries themselves.
  *   variants 84, 88: set 7's backward (kernels/block_attn_bwd_wg.cu, fixed at KV=2p + Q=2), each run
@@ -32,12 +33,9 @@
  *              bitwise equal to 84 expected). Each is validated, timed, checked for bitwise
  *              repeatability (88 also against 84), then timed kernel by kernel (Di, plan, dK/dV, dQ through
  *              the bench-only ba_wg_backward_timed of kernels/bench/block_attn_wg_bench.cuh) with each
- *              kernel's useful-FLOP rate, and twice more as
- *              "probes" (timing only): 1 with every product skipped (loads, scans, barriers: the floor
- *              each kernel keeps with free math), 2 with the products but not the softmax math between
- *              them (exp, masks, dS). The set 7 forward of variant 8 is the one BA_BENCH_WG_FWD picks (unset:
- *              the library's; 3: session 2's default, bench-only since issue 13).
- *              The dQ column ("q") includes the plan kernel of kernel 3 (wb_qplan_kernel).
+ *              kernel's useful-FLOP rate. The dQ column ("q") includes the plan kernel of kernel 3
+ *              (wb_qplan_kernel). Retired on 2026-12-03 (RESULTS.md, "Issue 25 item 3"): the backward's
+ *              timing probes and the set 7 forward's BA_BENCH_WG_FWD=3 and phase trace.
  *              History: variants 80 (KV=2 Q=1, round 1's default), 81 (KV=1), 82 (KV=2p Q=1), 83 (KV=2 Q=2),
  *              85 (KV=2d) were removed with the library's KV / Q knobs in the
  *              clean-up after git commit b94183e (their code is there); 86 (the previous default, M=1), 87, 89,
@@ -80,10 +78,10 @@
 #include "kernels/common.h"
 #include "kernels/mma.cuh"
 #include "kernels/block_attn_common.cuh"   /* global, before the namespaced copies of block_attn.cu (include guard) */
-#include "kernels/block_attn_fwd_wg.cu"      /* the library's wgmma kernels, included for their templates: */
-#include "kernels/block_attn_bwd_wg.cu"      /* the bench instantiates knobs the library does not use */
-#include "kernels/bench/block_attn_wg_bench.cuh"   /* BA_BENCH_WG_FWD / BA_BENCH_WG_M, probes, trace */
-#include "kernels/bench/ba_fwd_trace.cuh"   /* BA_FWD_TRACE=1: the forward's per-CTA phase trace */
+#include "kernels/block_attn_fwd_wg.cuh"     /* the library's wgmma kernel templates (no external symbol): */
+#include "kernels/block_attn_bwd_wg.cuh"     /* the bench instantiates knobs the library does not use */
+#include "kernels/bench/block_attn_wg_bench.cuh"   /* BA_BENCH_WG_M, the backward kernel by kernel */
+#include "kernels/bench/ba_fwd_plan.cuh"   /* BA_FWD_PLAN=1: the forward's plan path against its in-kernel set-up */
 
 #include <cuda_bf16.h>
 #include <mma.h>
@@ -209,7 +207,7 @@ static const bwd7_cfg &bwd7_find(int id) {
 struct bwd7_sum {
     int id = 0;
     bool valid = false, timed = false, repeat = false, cmp_done = false, cmp_eq = false;
-    double ms = 0, tflops = 0, kv_ms = 0, q_ms = 0, p1_kv = 0, p1_q = 0, p2_kv = 0, p2_q = 0;
+    double ms = 0, tflops = 0, kv_ms = 0, q_ms = 0;
 };
 static bwd7_sum g_bwd7_sum[20];   /* by variant id - 80 */
 
@@ -241,9 +239,8 @@ static int backward7(const block_attn_config *c, const bf16 *q, const bf16 *k, c
     return backward_k<7>(c, q, k, v, a, doc, out, dout, lse, dq, dk, dv, st);
 }
 
-/* ms of set 7's backward kernels (Di, plan, dK/dV, dQ) under cfg, medians of 10 after 3 warm-ups;
- * probe (results invalid): 1 the products skipped, 2 the softmax math skipped */
-static void split7(const bwd7_cfg &cfg, int probe, const block_attn_config *c, const bf16 *q, const bf16 *k,
+/* ms of set 7's backward kernels (Di, plan, dK/dV, dQ) under cfg, medians of 10 after 3 warm-ups */
+static void split7(const bwd7_cfg &cfg, const block_attn_config *c, const bf16 *q, const bf16 *k,
                    const bf16 *v, const int32_t *a, const int32_t *doc, const bf16 *out, const bf16 *dout,
                    const float *lse, float *dq, float *dk, float *dv, void *flush, double ms_out[4]) {
     env_scope env(cfg);
@@ -252,7 +249,7 @@ static void split7(const bwd7_cfg &cfg, int probe, const block_attn_config *c, c
     std::vector<float> t[4];
     for (int it = 0; it < 13; it++) {
         CK(cudaMemset(flush, it, 256 << 20));
-        CKK(ba_wg_backward_timed(c, q, k, v, a, doc, out, dout, lse, dq, dk, dv, probe, ev, 0));
+        CKK(ba_wg_backward_timed(c, q, k, v, a, doc, out, dout, lse, dq, dk, dv, ev, 0));
         CK(cudaEventSynchronize(ev[4]));
         ba_phases_add(ev, 4, it, t);
     }
@@ -1138,41 +1135,36 @@ int main(void) {
                                eq ? "bitwise equal (as expected)" : "DIFFERS (expected bitwise equal)");
                     }
                 }
-                if (bwd && var.id >= 80) {   /* set 7 kernel by kernel, then the probe (after the repeat check) */
+                if (bwd && var.id >= 80) {   /* set 7 kernel by kernel (after the repeat check) */
                     const bwd7_cfg &cfg = bwd7_find(var.id);
-                    static const char *const probe_name[3] = {
-                        "by kernel", "PROBE 1, products skipped (loads, scans, barriers)",
-                        "PROBE 2, softmax math skipped (products, loads, barriers)"};
-                    for (int probe = 0; probe < 3; probe++) {
-                        double sp[4];
-                        split7(cfg, probe, &c, d_q, d_k, d_v, d_a, d_doc, d_o, d_go, d_l, d_dq, d_dk, d_dv, flush, sp);
-                        bwd7_sum &S = g_bwd7_sum[var.id - 80];
-                        (probe == 0 ? S.kv_ms : probe == 1 ? S.p1_kv : S.p2_kv) = sp[2];
-                        (probe == 0 ? S.q_ms : probe == 1 ? S.p1_q : S.p2_q) = sp[3];
-                        printf("variant %d (KV=%s Q=%s: %s) %s: Di %.3f ms, plan %.3f ms, dK/dV %.3f ms (8·d_h per context "
-                               "pair: %.1f TFLOP/s), dQ + block keys %.3f ms (6·d_h per context pair + 10·d_h per block "
-                               "pair: %.1f TFLOP/s), sum %.3f ms\n",
-                               var.id, cfg.kv, cfg.q, cfg.what, probe_name[probe], sp[0],
-                               sp[1], sp[2], ctx_pairs * c.d_h * 8.0 / sp[2] / 1e9, sp[3],
-                               (ctx_pairs * 6.0 + blk_pairs * 10.0) * c.d_h / sp[3] / 1e9, sp[0] + sp[1] + sp[2] + sp[3]);
-                    }
+                    double sp[4];
+                    split7(cfg, &c, d_q, d_k, d_v, d_a, d_doc, d_o, d_go, d_l, d_dq, d_dk, d_dv, flush, sp);
+                    bwd7_sum &S = g_bwd7_sum[var.id - 80];
+                    S.kv_ms = sp[2];
+                    S.q_ms = sp[3];
+                    printf("variant %d (KV=%s Q=%s: %s) by kernel: Di %.3f ms, plan %.3f ms, dK/dV %.3f ms (8·d_h per "
+                           "context pair: %.1f TFLOP/s), dQ + block keys %.3f ms (6·d_h per context pair + 10·d_h per "
+                           "block pair: %.1f TFLOP/s), sum %.3f ms\n",
+                           var.id, cfg.kv, cfg.q, cfg.what, sp[0], sp[1], sp[2], ctx_pairs * c.d_h * 8.0 / sp[2] / 1e9,
+                           sp[3], (ctx_pairs * 6.0 + blk_pairs * 10.0) * c.d_h / sp[3] / 1e9,
+                           sp[0] + sp[1] + sp[2] + sp[3]);
                 }
             }
     }
-    if (getenv("BA_FWD_TRACE") && getenv("BA_FWD_TRACE")[0] == '1')   /* set 7 forward, phase by phase */
-        ba_fwd_trace_report(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_l);
+    if (getenv("BA_FWD_PLAN") && getenv("BA_FWD_PLAN")[0] == '1')   /* set 7 forward: plan path vs in-kernel set-up */
+        ba_fwd_plan_report(&c, d_q, d_k, d_v, d_a, d_doc, d_o, d_l);
     {   /* the compact summary of set 7's backward variants (the last lines of the output) */
         bool any = false;
         for (const variant &var : vars2) {
             if (var.id < 80) continue;
             const bwd7_sum &S = g_bwd7_sum[var.id - 80];
             const bwd7_cfg &cfg = bwd7_find(var.id);
-            if (!any) printf("SUMMARY set 7 backward (ms; kv/q = dK/dV and dQ kernels; p1 no products, p2 no softmax math):\n");
+            if (!any) printf("SUMMARY set 7 backward (ms; kv/q = dK/dV and dQ kernels):\n");
             any = true;
-            printf("SUMMARY %d KV=%s Q=%s M=%s valid %s %.3f ms %.1f TF repeat %s%s kv %.3f q %.3f p1 %.3f/%.3f p2 %.3f/%.3f\n",
+            printf("SUMMARY %d KV=%s Q=%s M=%s valid %s %.3f ms %.1f TF repeat %s%s kv %.3f q %.3f\n",
                    var.id, cfg.kv, cfg.q, cfg.m[0] ? cfg.m : "def", var.bwd_ok ? "OK" : "FAIL", S.ms, S.tflops,
                    S.timed ? (S.repeat ? "eq" : "DIFF") : "-",
-                   S.cmp_done ? (S.cmp_eq ? " =ref" : " !=ref") : "", S.kv_ms, S.q_ms, S.p1_kv, S.p1_q, S.p2_kv, S.p2_q);
+                   S.cmp_done ? (S.cmp_eq ? " =ref" : " !=ref") : "", S.kv_ms, S.q_ms);
         }
     }
     return g_failed ? 1 : 0;

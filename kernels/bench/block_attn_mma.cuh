@@ -16,8 +16,8 @@
  *   6: forward kernel 6 below (two consecutive blocks per CTA, 128 query rows), backward of 5;
  *   5: the one-block forward and the backward multiplying every key tile in full (zero-filled rows);
  *   3: as 5 but only the 16-key groups that hold keys are multiplied (K2b's kernels; template SKIP);
- *   7: the wgmma kernels through kernels/bench/block_attn_wg_bench.cuh (the library's, or the bench's
- *      BA_BENCH_WG_FWD / BA_BENCH_WG_M alternatives).
+ *   7: the wgmma kernels: the library's forward (ba_wg_forward_ws) and the backward through
+ *      kernels/bench/block_attn_wg_bench.cuh (the library's, or the bench's BA_BENCH_WG_M=0 alternative).
  * Set 5 beat set 3 on the H200 (2026-11-29: forward 143 vs 123, backward 71.5 vs 66 TFLOP/s): the
  * per-group branches inside the unrolled mma loops cost more than the skipped multiplies.
  *
@@ -932,7 +932,7 @@ template <int HD>
 int ba_forward_select(int kernel, const block_attn_config *c, const bf16 *q, const bf16 *k, const bf16 *v,
                       const int32_t *anchors, const int32_t *doc_ids, bf16 *out, float *lse, cudaStream_t stream,
                       void *ws = nullptr) {   /* ws: set 7's plan workspace (block_attn_forward_ws), or NULL */
-    if (kernel == 7) return ba_bench_wg_forward(c, q, k, v, anchors, doc_ids, out, lse, ws, stream);
+    if (kernel == 7) return ba_wg_forward_ws(c, q, k, v, anchors, doc_ids, out, lse, ws, stream);
     if (kernel == 6) return ba_forward_pair_launch<HD>(c, q, k, v, anchors, doc_ids, out, lse, stream);
     if (kernel == 5) return ba_forward_launch<HD, false>(c, q, k, v, anchors, doc_ids, out, lse, stream);
     return ba_forward_launch<HD, true>(c, q, k, v, anchors, doc_ids, out, lse, stream);

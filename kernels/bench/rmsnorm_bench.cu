@@ -3,8 +3,9 @@
  * one-launch pair (kernels/rmsnorm.h).
  *
  * Build: make BUILD=build-rn build-rn/bench/rmsnorm_bench   Run: build-rn/bench/rmsnorm_bench
- * This file includes kernels/rmsnorm.cu and kernels/bench/rmsnorm_variants.cuh (the library's archive
- * member is then not linked), whose bench_backward / bench_qk_backward run the variant chosen by
+ * This file includes kernels/rmsnorm_impl.cuh (the library's kernels and launch helpers, no external symbol;
+ * the entry points rmsnorm_forward etc. link from the library) and kernels/bench/rmsnorm_variants.cuh, whose
+ * bench_backward / bench_qk_backward run the variant chosen by
  * g_rms_var / g_rms_cfg / g_rms_piece. Variants: "def", the library's
  * backward since round 5 (the backward with dw column sums in registers, round 4's "variant 10", shape 2:
  * 512 threads, 1 CTA/SM); "v4" = the previous default backward (K1e: dw sums in
@@ -26,7 +27,7 @@
  * backward read dy, x + write dx = 3 (dx+= 4). Ceiling ~4.1 TB/s; target >= 80%. The SUMMARY lines
  * close the output (the tail is what gets read), then every FAILED validation (or "all validations ok").
  */
-#include "kernels/rmsnorm.cu"
+#include "kernels/rmsnorm_impl.cuh"
 #include "rmsnorm_variants.cuh"
 #include "k1bench.cuh"
 

@@ -1,7 +1,7 @@
 /*
  * kernels/bench/rmsnorm_variants.cuh — RMSNorm backward variants that are not the library's, for
  * kernels/bench/rmsnorm_bench.cu (style.md: numbered variants live only in benchmark files).
- * Included after kernels/rmsnorm.cu (whose kernels, helpers and launch code they reuse):
+ * Included after kernels/rmsnorm_impl.cuh (whose kernels and launch helpers they reuse):
  *   variant 4 (K1e; the library's backward until round 5 and its run-time alternative until issue
  *     13): dw sums in shared memory, 3 blocks per SM, last-block or 1024-thread PDL cross-block sum
  *     (rmsnorm_backward4_kernel, rmsnorm_backward_dw_final_kernel);
