@@ -146,7 +146,7 @@ static int backward_rows_launch(bf16 *dx, float *dw, const bf16 *dy, const bf16 
     const int fin = C <= RMS_LAST_MAX_C ? RMS_FIN_LAST : RMS_FIN_PDL;
     const size_t smem = dw && T / G > 1 ? (size_t)(T / G) * C * sizeof(float) : 0;
     {
-#define RMS_ROWS_K(g, v, r, t, mb, d) rmsnorm_backward_rows_kernel<g, v, r, t, mb, true, false, d>
+#define RMS_ROWS_K(g, v, r, t, mb, d) rmsnorm_backward_rows_kernel<g, v, r, t, mb, d>
 #define RMS_ROWS_L(g, v, r, t, mb, d)                                                                                     \
     do {                                                                                                               \
         if (rms_smem_optin<RMS_ROWS_K(g, v, r, t, mb, d)>(smem)) return -1;                                               \
@@ -251,10 +251,10 @@ extern "C" int rmsnorm_qk_backward(bf16 *dxq, float *dwq, const bf16 *dyq, const
     const size_t smem = dw && T / G > 1 ? (size_t)(T / G) * C * sizeof(float) : 0;   /* <= 32 KB at C <= 256 (+ 8 KB static) */
 #define RMS_QKB(g, v)                                                                                                  \
     do {                                                                                                               \
-        if (!dw) rmsnorm_qk_backward_rows_kernel<g, v, 2, 256, 2, true, false><<<blocks, 256, 0, stream>>>(a, C, accumulate_dx); \
+        if (!dw) rmsnorm_qk_backward_rows_kernel<g, v, 2, 256, 2, false><<<blocks, 256, 0, stream>>>(a, C, accumulate_dx); \
         else {                                                                                                         \
-            if (rms_smem_optin<rmsnorm_qk_backward_rows_kernel<g, v, 2, 512, 1, true, true>>(smem)) return -1;            \
-            rmsnorm_qk_backward_rows_kernel<g, v, 2, 512, 1, true, true><<<blocks, 512, smem, stream>>>(a, C, accumulate_dx); \
+            if (rms_smem_optin<rmsnorm_qk_backward_rows_kernel<g, v, 2, 512, 1, true>>(smem)) return -1;            \
+            rmsnorm_qk_backward_rows_kernel<g, v, 2, 512, 1, true><<<blocks, 512, smem, stream>>>(a, C, accumulate_dx); \
         }                                                                                                              \
     } while (0)
     switch (G * 8 + V) {   /* C <= RMS_LAST_MAX_C = 256: C/8 <= 32, G <= 16 */

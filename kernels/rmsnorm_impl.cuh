@@ -477,12 +477,12 @@ __global__ void __launch_bounds__(NQ * S, 2048 / (NQ * S))
  * variant, v4 in kernels/bench/rmsnorm_variants.cuh). Here dw is nearly free in the loop and the partials are few:
  * - each thread owns fixed columns (row groups of G threads, lane l the 16-byte vectors c = l + k·G, k < V, from
  *   reg_shape(C/8, 2)) for every row its CTA walks, and keeps Σ dy·x̂ of those columns in fp32 registers
- *   (8·V floats); WREG would keep its columns' weight in registers too (no shape uses it: the V = 2 kernels
- *   spilled at 128 registers; w is re-read from L1);
+ *   (8·V floats); the weight is re-read from L1 (kept in registers too, the V = 2 kernels spilled at 128
+ *   registers);
  * - a CTA of T threads holds NG = T/G row groups and takes R rows per group per row step (RS = NG·R rows:
  *   row = s·RS + i·NG + g), every load of the step issued before the first reduction; the R row sums are
- *   reduced together (shuffles for G <= 32; G > 32: one barrier per step for all R rows); PF: the next
- *   step's loads are issued before this step is reduced;
+ *   reduced together (shuffles for G <= 32; G > 32: one barrier per step for all R rows); the next step's
+ *   loads are issued before this step is reduced;
  * - ~1-2 CTAs per SM, a balanced grid (every CTA the same number of steps ±1): one partial row per CTA
  *   (C = 4096: 264 or 132 partials, 4.3 or 2.1 MB); the CTA's NG row groups are summed once at the end through
  *   shared memory in a fixed order (a two-level fixed tree when C < T);
@@ -493,15 +493,15 @@ __global__ void __launch_bounds__(NQ * S, 2048 / (NQ * S))
  * (kernels/bench/rmsnorm_bench.cu compares them bit for bit).
  * dw: Σ over the thread's rows in row order, then the row groups in order, then the CTAs in the sum kernel's
  * order — a function of (N, C) only: bitwise repeatable.
- * Shape (rms_rows_shape; chosen by the measurements in kernels/bench/RESULTS.md): with dw T 512, 1 CTA/SM, R 2,
- * PF; dx alone (dw NULL, no dw registers) T 256, 2/SM, R 2, PF; V = 4 (C > 4096) always T 512, 1/SM, R 1, PF (its
+ * Shape (rms_rows_shape; chosen by the measurements in kernels/bench/RESULTS.md): with dw T 512, 1 CTA/SM, R 2;
+ * dx alone (dw NULL, no dw registers) T 256, 2/SM, R 2; V = 4 (C > 4096) always T 512, 1/SM, R 1 (its
  * 32 dw floats per thread leave no room for more rows; ptxas: 128 registers, 44 bytes of spill). ptxas (sm_90a):
  * the V <= 2 shapes use <= 128 registers, no spill.
  * The grid depends on (N, C, shape) only, never on the device: nb <= min(steps, 132 × CTAs/SM), within the
  * partial rows rmsnorm_backward_scratch_floats provides (RS >= 256/G).
  * rms_backward_rows is the body: CTA blk of nblk walking one tensor (the single kernel passes
- * blockIdx/gridDim, the q/k kernel its share of the grid). WREG: w in registers (unused: spilled). */
-template <int G, int V, int R, int T, bool PF, bool WREG, bool DW>
+ * blockIdx/gridDim, the q/k kernel its share of the grid). */
+template <int G, int V, int R, int T, bool DW>
 static __device__ __forceinline__ void rms_backward_rows(int blk, int nblk, bf16 *dx, float *dw, float *partial,
                                                       unsigned *ticket, const bf16 *dy, const bf16 *x, const float *w,
                                                       const float *rstd, int N, int C, int accumulate, int fin) {
@@ -512,16 +512,6 @@ static __device__ __forceinline__ void rms_backward_rows(int blk, int nblk, bf16
     if constexpr (DW)
         if (fin == RMS_FIN_PDL) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     const int grp = threadIdx.x / G, lane = threadIdx.x % G, C8 = C / 8, steps = (N + RS - 1) / RS;
-    float ww[WREG ? V : 1][8];
-    if constexpr (WREG)
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-            const int c = lane + k * G;
-            if (c < C8) rms_load_w8(w, c, ww[k]);
-            else
-#pragma unroll
-                for (int j = 0; j < 8; j++) ww[k][j] = 0.0f;
-        }
     float acc[DW ? V : 1][8];
 #pragma unroll
     for (int k = 0; k < (DW ? V : 1); k++)
@@ -548,23 +538,18 @@ static __device__ __forceinline__ void rms_backward_rows(int blk, int nblk, bf16
             ro[i] = live ? __ldg(rstd + row) : 0.0f;
         }
     };
-    /* row i, chunk k (column chunk c) of the current step as floats: x, dy, and w (registers or L1) */
+    /* row i, chunk k (column chunk c) of the current step as floats: x, dy, and w (from L1) */
     auto unpack = [&](int i, int k, int c, float *xf, float *g, float *wl) {
         vec_unpack8(xv[i][k], xf);
         vec_unpack8(gv[i][k], g);
-        if constexpr (WREG) {
-#pragma unroll
-            for (int j = 0; j < 8; j++) wl[j] = ww[WREG ? k : 0][j];
-        } else
-            rms_load_w8(w, c, wl);
+        rms_load_w8(w, c, wl);
     };
-    if constexpr (PF) load(blk, xv, gv, rs);
+    load(blk, xv, gv, rs);
     int p = 0;
     for (int s = blk; s < steps; s += nblk) {   /* uniform trip count across the CTA */
         uint4 xn[R][V], gn[R][V];
         float rn[R];
-        if constexpr (PF) load(s + nblk, xn, gn, rn);
-        else load(s, xv, gv, rs);
+        load(s + nblk, xn, gn, rn);   /* the next step's loads, in flight while this step is reduced */
         uint4 old[R][V];
 #pragma unroll
         for (int i = 0; i < R; i++) {   /* dx +=: in flight while the statistics are reduced */
@@ -637,7 +622,7 @@ static __device__ __forceinline__ void rms_backward_rows(int blk, int nblk, bf16
                 }
             }
         }
-        if constexpr (PF) {
+        {
 #pragma unroll
             for (int i = 0; i < R; i++) {
 #pragma unroll
@@ -711,11 +696,11 @@ static __device__ __forceinline__ void rms_backward_rows(int blk, int nblk, bf16
 }
 
 /* The single-tensor kernel: CTA b of the grid walks the tensor's rows. */
-template <int G, int V, int R, int T, int MINB, bool PF, bool WREG, bool DW>
+template <int G, int V, int R, int T, int MINB, bool DW>
 __global__ void __launch_bounds__(T, MINB)
     rmsnorm_backward_rows_kernel(bf16 *dx, float *dw, float *partial, unsigned *ticket, const bf16 *dy, const bf16 *x,
                               const float *w, const float *rstd, int N, int C, int accumulate, int fin) {
-    rms_backward_rows<G, V, R, T, PF, WREG, DW>(blockIdx.x, gridDim.x, dx, dw, partial, ticket, dy, x, w, rstd, N, C,
+    rms_backward_rows<G, V, R, T, DW>(blockIdx.x, gridDim.x, dx, dw, partial, ticket, dy, x, w, rstd, N, C,
                                              accumulate, fin);
 }
 
@@ -731,11 +716,11 @@ struct rms_qk_bwd_args {
     const float *w[2], *rstd[2];
     int N[2], nb[2];
 };
-template <int G, int V, int R, int T, int MINB, bool PF, bool DW>
+template <int G, int V, int R, int T, int MINB, bool DW>
 __global__ void __launch_bounds__(T, MINB) rmsnorm_qk_backward_rows_kernel(const rms_qk_bwd_args a, int C,
                                                                         int accumulate) {
     const bool t = (int)blockIdx.x >= a.nb[0];
-    rms_backward_rows<G, V, R, T, PF, false, DW>((int)blockIdx.x - (t ? a.nb[0] : 0), RMS_SEL(nb), RMS_SEL(dx), RMS_SEL(dw),
+    rms_backward_rows<G, V, R, T, DW>((int)blockIdx.x - (t ? a.nb[0] : 0), RMS_SEL(nb), RMS_SEL(dx), RMS_SEL(dw),
                                               RMS_SEL(partial), RMS_SEL(ticket), RMS_SEL(dy), RMS_SEL(x), RMS_SEL(w),
                                               RMS_SEL(rstd), RMS_SEL(N), C, accumulate, RMS_FIN_LAST);
 }

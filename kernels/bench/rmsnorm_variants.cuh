@@ -258,7 +258,7 @@ static int bench_backward_rows_launch(bf16 *dx, float *dw, const bf16 *dy, const
     if (piece == 2) fin = RMS_FIN_PDL;
     const size_t smem = dw && T / G > 1 ? (size_t)(T / G) * C * sizeof(float) : 0;
     if (piece != 3) {
-#define RMS_ROWS_K(g, v, r, t, mb, d) rmsnorm_backward_rows_kernel<g, v, r, t, mb, true, false, d>
+#define RMS_ROWS_K(g, v, r, t, mb, d) rmsnorm_backward_rows_kernel<g, v, r, t, mb, d>
 #define RMS_ROWS_L(g, v, r, t, mb, d)                                                                                     \
     do {                                                                                                               \
         if (rms_smem_optin<RMS_ROWS_K(g, v, r, t, mb, d)>(smem)) return -1;                                               \
@@ -362,9 +362,9 @@ static int bench_qk_backward(bf16 *dxq, float *dwq, const bf16 *dyq, const bf16 
     const size_t smem = dw && T / G > 1 ? (size_t)(T / G) * C * sizeof(float) : 0;   /* <= 32 KB at C <= 256 */
 #define RMS_QKB(g, v)                                                                                                  \
     do {                                                                                                               \
-        if (!dw) rmsnorm_qk_backward_rows_kernel<g, v, 2, 256, 2, true, false><<<blocks, 256, 0, stream>>>(a, C, accumulate_dx); \
-        else if (cfg == 1) rmsnorm_qk_backward_rows_kernel<g, v, 2, 256, 2, true, true><<<blocks, 256, smem, stream>>>(a, C, accumulate_dx); \
-        else rmsnorm_qk_backward_rows_kernel<g, v, 2, 512, 1, true, true><<<blocks, 512, smem, stream>>>(a, C, accumulate_dx); \
+        if (!dw) rmsnorm_qk_backward_rows_kernel<g, v, 2, 256, 2, false><<<blocks, 256, 0, stream>>>(a, C, accumulate_dx); \
+        else if (cfg == 1) rmsnorm_qk_backward_rows_kernel<g, v, 2, 256, 2, true><<<blocks, 256, smem, stream>>>(a, C, accumulate_dx); \
+        else rmsnorm_qk_backward_rows_kernel<g, v, 2, 512, 1, true><<<blocks, 512, smem, stream>>>(a, C, accumulate_dx); \
     } while (0)
     switch (G * 8 + V) {   /* C <= RMS_LAST_MAX_C = 256: C/8 <= 32, G <= 16 */
     case 8 * 8 + 1: RMS_QKB(8, 1); break;
