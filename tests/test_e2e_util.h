@@ -100,6 +100,19 @@ static inline int e2e_exists(const char *fmt, const char *a, int b) {
     return access(path, F_OK) == 0;
 }
 
+/* /proc/PID/FILE (cmdline or environ: NUL-separated strings) into buf, NUL-terminated; its length, <= 0 when
+ * the process is gone or the file is empty */
+static inline ssize_t e2e_proc_read(const char *pid, const char *file, char *buf, size_t cap) {
+    char path[300];
+    snprintf(path, sizeof path, "/proc/%s/%s", pid, file);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    ssize_t k = read(fd, buf, cap - 1);
+    close(fd);
+    buf[k > 0 ? k : 0] = 0;
+    return k;
+}
+
 /* Processes whose command line names the run directory and a dflash binary (stages left behind). */
 static inline int e2e_stray(const char *run) {
     DIR *d = opendir("/proc");
@@ -108,15 +121,10 @@ static inline int e2e_stray(const char *run) {
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-        char path[300], buf[4096];
-        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
-        int fd = open(path, O_RDONLY);
-        if (fd < 0) continue;
-        ssize_t k = read(fd, buf, sizeof buf - 1);
-        close(fd);
+        char buf[4096];
+        ssize_t k = e2e_proc_read(e->d_name, "cmdline", buf, sizeof buf);
         if (k <= 0) continue;
         for (ssize_t i = 0; i < k; i++) if (!buf[i]) buf[i] = ' ';
-        buf[k] = 0;
         if (strstr(buf, run) && strstr(buf, "dflash-")) n++;
     }
     closedir(d);
@@ -182,23 +190,12 @@ static inline int e2e_rank_pid(const char *run, int rank) {
     snprintf(want, sizeof want, "OMPI_COMM_WORLD_RANK=%d", rank);
     while (!found && (e = readdir(d)) != NULL) {
         if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
-        char path[300], buf[16384];
-        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
-        int fd = open(path, O_RDONLY);
-        if (fd < 0) continue;
-        ssize_t k = read(fd, buf, sizeof buf - 1);
-        close(fd);
+        char buf[16384];
+        ssize_t k = e2e_proc_read(e->d_name, "cmdline", buf, sizeof buf);
         if (k <= 0 || !strstr(buf, "dflash-train")) continue;   /* argv[0] */
         for (ssize_t i = 0; i < k; i++) if (!buf[i]) buf[i] = ' ';
-        buf[k] = 0;
         if (!strstr(buf, run) || strstr(buf, "mpirun")) continue;
-        snprintf(path, sizeof path, "/proc/%s/environ", e->d_name);
-        fd = open(path, O_RDONLY);
-        if (fd < 0) continue;
-        k = read(fd, buf, sizeof buf - 1);
-        close(fd);
-        if (k <= 0) continue;
-        buf[k] = 0;
+        if ((k = e2e_proc_read(e->d_name, "environ", buf, sizeof buf)) <= 0) continue;
         for (char *v = buf; v < buf + k; v += strlen(v) + 1)
             if (!strcmp(v, want)) { found = atoi(e->d_name); break; }
     }
