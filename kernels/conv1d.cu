@@ -75,8 +75,8 @@ extern "C" int conv1d_decode_append(bf16 *hist, const bf16 *x, int x_stride, con
 
 extern "C" int conv1d_decode(float *y, const bf16 *hist, const int32_t *slot, const int32_t *pos, int T, int W,
                              const float *w, int D, int K, cudaStream_t stream) {
-    if (T < 1 || W < K || D < 1 || K < 1 || K > 16)
-        return kernels_fail("conv1d_decode: bad sizes T=%d W=%d D=%d K=%d (need K in [1, 16], W >= K)", T, W, D, K);
+    if (T < 1 || W < 1 || D < 1 || K < 1 || K > 16)
+        return kernels_fail("conv1d_decode: bad sizes T=%d W=%d D=%d K=%d (need K in [1, 16])", T, W, D, K);
     conv1d_decode_kernel<<<conv1d_blocks((size_t)T * D), 256, 0, stream>>>(y, (const __nv_bfloat16 *)hist, slot, pos,
                                                                           T, W, w, D, K);
     KERNELS_CHECK_LAUNCH("conv1d_decode");
