@@ -20,3 +20,24 @@ void conv1d_forward_ref(float *y, const float *x, int x_stride, const float *w, 
                 y[(size_t)t * D + c] = f / (1.0f + expf(-f));
             }
 }
+
+void conv1d_decode_append_ref(float *hist, const float *x, int x_stride, const int32_t *slot, const int32_t *pos,
+                              int T, int W, int D) {
+    for (int r = 0; r < T; r++)
+        for (int c = 0; c < D; c++)
+            hist[((size_t)slot[r] * W + (size_t)(pos[r] % W)) * D + c] = x[(size_t)r * x_stride + c];
+}
+
+void conv1d_decode_ref(float *y, const float *hist, const int32_t *slot, const int32_t *pos, int T, int W,
+                       const float *w, int D, int K) {
+    for (int r = 0; r < T; r++)
+        for (int c = 0; c < D; c++) {
+            double acc = 0;
+            for (int j = 0; j < K; j++) {
+                int src = pos[r] - (K - 1) + j;
+                if (src >= 0) acc += (double)w[(size_t)c * K + j] * hist[((size_t)slot[r] * W + (size_t)(src % W)) * D + c];
+            }
+            float f = (float)acc;
+            y[(size_t)r * D + c] = f / (1.0f + expf(-f));
+        }
+}

@@ -16,6 +16,8 @@
  * Chunks restart at each document start, so a document never reads another's rows and its state
  * starts from zero. Allocates nothing; ~150 KB of shared memory at d_k = 128 (opt-in above 48 KB).
  * fp32 FMAs on the CUDA cores (kernels/bench/gated_delta_bench.cu also times an untiled form).
+ * The decode step (gated_delta_decode) is the per-token recurrence from a slot's state: a step has few rows
+ * per sequence, where the chunked form's set-up would dominate.
  */
 #include "kernels/gated_delta.h"
 
@@ -242,7 +244,90 @@ gated_delta_forward_kernel(float *o, const float *q, const float *k, const float
     }
 }
 
-/* ---------------------------------------------------------------- launcher */
+#define GDD_MAX_DV 256   /* threads per decode CTA at most: a thread's column of S stays in its 255 registers */
+
+/* The decode step: CTA (value head j, sequence i), thread e owns value column e of S [d_k, d_v] in registers
+ * (GATED_DELTA_MAX_DK floats, loops unrolled to that bound and guarded by d_k), the sequence's rows in order; q
+ * and k of the row staged in shared memory. Per row: S *= decay; m = Sᵀk (column e); S += k·beta(v − m);
+ * o = Sᵀq. Every sum over i ascending in fp32. */
+__global__ void __launch_bounds__(GDD_MAX_DV)
+gated_delta_decode_kernel(float *o, const float *q, const float *k, const float *v, const __nv_bfloat16 *b,
+                          const __nv_bfloat16 *a, const float *a_neg, const float *dt_bias, const int32_t *cu,
+                          const int32_t *seq_slot, const int32_t *seq_pos, gated_delta_shape s, float *state,
+                          float *snap, int n_snap) {
+    __shared__ float sk[GATED_DELTA_MAX_DK], sq[GATED_DELTA_MAX_DK];
+    const int j = blockIdx.x, seq = blockIdx.y, e = threadIdx.x, dk = s.d_k, dv = s.d_v;
+    const int hk = j / (s.n_v / s.n_k), slot = seq_slot[seq], r0 = cu[seq], r1 = cu[seq + 1];
+    const bool live = e < dv;
+    const size_t SS = (size_t)s.n_v * dk * dv, head = (size_t)j * dk * dv + (size_t)(live ? e : 0);
+    float *st = state + (size_t)slot * SS + head;
+    float S[GATED_DELTA_MAX_DK];
+#pragma unroll
+    for (int i = 0; i < GATED_DELTA_MAX_DK; i++) S[i] = live && i < dk ? st[(size_t)i * dv] : 0.0f;
+    const float an = a_neg[j], dtb = dt_bias[j];
+    for (int r = r0; r < r1; r++) {
+        __syncthreads();   /* the previous row's q, k are read by every thread */
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+            sk[i] = k[(size_t)r * s.qk_stride + (size_t)hk * dk + i];
+            sq[i] = q[(size_t)r * s.qk_stride + (size_t)hk * dk + i];
+        }
+        __syncthreads();
+        const float beta = 1.0f / (1.0f + expf(-__bfloat162float(b[(size_t)r * s.ba_stride + j])));
+        const float x = __bfloat162float(a[(size_t)r * s.ba_stride + j]) + dtb;
+        const float decay = expf(an * (x > 20.0f ? x : log1pf(expf(x))));
+        float m = 0.0f;
+#pragma unroll
+        for (int i = 0; i < GATED_DELTA_MAX_DK; i++)
+            if (i < dk) {
+                S[i] *= decay;
+                m += S[i] * sk[i];
+            }
+        const float delta = ((live ? v[(size_t)r * s.v_stride + (size_t)j * dv + e] : 0.0f) - m) * beta;
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < GATED_DELTA_MAX_DK; i++)
+            if (i < dk) {
+                S[i] += sk[i] * delta;
+                acc += S[i] * sq[i];
+            }
+        if (!live) continue;
+        o[(size_t)r * s.n_v * dv + (size_t)j * dv + e] = acc;
+        if (n_snap > 0 && r >= r1 - n_snap) {
+            const int p = seq_pos[seq] + (r - r0);
+            float *sn = snap + ((size_t)slot * n_snap + (size_t)(p % n_snap)) * SS + head;
+#pragma unroll
+            for (int i = 0; i < GATED_DELTA_MAX_DK; i++)
+                if (i < dk) sn[(size_t)i * dv] = S[i];
+        }
+    }
+    if (live)
+#pragma unroll
+        for (int i = 0; i < GATED_DELTA_MAX_DK; i++)
+            if (i < dk) st[(size_t)i * dv] = S[i];
+}
+
+/* ---------------------------------------------------------------- launchers */
+
+extern "C" int gated_delta_decode(float *o, const float *q, const float *k, const float *v, const bf16 *b,
+                                  const bf16 *a, const float *a_neg, const float *dt_bias, const int32_t *cu,
+                                  const int32_t *seq_slot, const int32_t *seq_pos, const struct gated_delta_shape *s,
+                                  float *state, float *snap, int n_snap, cudaStream_t stream) {
+    char why[256];
+    if (gated_delta_check_shape(s->n_k, s->n_v, s->d_k, s->d_v, why, sizeof why))
+        return kernels_fail("gated_delta_decode: %s", why);
+    if (s->T < 1 || s->n_docs < 1 || s->n_docs > 65535 || s->d_v > GDD_MAX_DV || n_snap < 0 ||
+        s->qk_stride < s->n_k * s->d_k || s->v_stride < s->n_v * s->d_v || s->ba_stride < s->n_v)
+        return kernels_fail("gated_delta_decode: bad sizes T=%d sequences=%d d_v=%d n_snap=%d or strides qk %d / v %d "
+                            "/ ba %d below the row widths %d / %d / %d (need 1..65535 sequences, d_v <= %d)", s->T,
+                            s->n_docs, s->d_v, n_snap, s->qk_stride, s->v_stride, s->ba_stride, s->n_k * s->d_k,
+                            s->n_v * s->d_v, s->n_v, GDD_MAX_DV);
+    const int threads = (s->d_v + 31) / 32 * 32;
+    gated_delta_decode_kernel<<<dim3((unsigned)s->n_v, (unsigned)s->n_docs), threads, 0, stream>>>(
+        o, q, k, v, (const __nv_bfloat16 *)b, (const __nv_bfloat16 *)a, a_neg, dt_bias, cu, seq_slot, seq_pos, *s,
+        state, snap, n_snap);
+    KERNELS_CHECK_LAUNCH("gated_delta_decode");
+    return 0;
+}
 
 extern "C" int gated_delta_forward(float *o, const float *q, const float *k, const float *v, const bf16 *b,
                                    const bf16 *a, const float *a_neg, const float *dt_bias, const int32_t *cu_seqlens,

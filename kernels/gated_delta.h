@@ -66,8 +66,28 @@ void gated_delta_forward_chunked_ref(float *o, const float *q, const float *k, c
  * dividing n_v, a size < 1), else 0. Pure; for start-up checks (a config refused before loading). */
 int gated_delta_check_shape(int n_k, int n_v, int d_k, int d_v, char *err, int err_len);
 
+/* The decode step (stages/model/decode.c): sequence i of n_seq = s->n_docs is the rows cu[i]..cu[i+1]-1 of slot
+ * seq_slot[i], its first row at position seq_pos[i]. Each runs the per-token recurrence from its slot's state
+ * (state [S, n_v, d_k, d_v] fp32, updated in place), so its rows are the ones gated_delta_forward gives for those
+ * positions of the slot's whole sequence; after each of a sequence's last n_snap rows (position p) the state is
+ * also copied to snap [S, n_snap, n_v, d_k, d_v] at [slot][p % n_snap] (n_snap 0: no snapshots; decode_truncate
+ * restores one). The reference is the per-token code of gated_delta_forward_ref (double reductions); cu,
+ * seq_slot, seq_pos are host arrays there. */
+void gated_delta_decode_ref(float *o, const float *q, const float *k, const float *v, const float *b, const float *a,
+                            const float *a_neg, const float *dt_bias, const int32_t *cu, const int32_t *seq_slot,
+                            const int32_t *seq_pos, const struct gated_delta_shape *s, float *state, float *snap,
+                            int n_snap);
+
 #ifdef DFLASH_CUDA
 #include <cuda_runtime_api.h>
+/* The decode step on the device: one CTA per (value head, sequence), a thread per value column holding that
+ * column of S in registers (d_k <= GATED_DELTA_MAX_DK, d_v <= 256), the sequence's rows in order. q, k, v fp32,
+ * b, a bf16 rows at the shape's strides; cu, seq_slot, seq_pos int32 device. Asynchronous; 0 or -1 with
+ * kernels_error(). */
+int gated_delta_decode(float *o, const float *q, const float *k, const float *v, const bf16 *b, const bf16 *a,
+                       const float *a_neg, const float *dt_bias, const int32_t *cu, const int32_t *seq_slot,
+                       const int32_t *seq_pos, const struct gated_delta_shape *s, float *state, float *snap, int n_snap,
+                       cudaStream_t stream);
 /* o fp32 [T, n_v·d_v] dense; q, k, v fp32 device rows at their strides; b, a bf16 device rows at
  * ba_stride; a_neg, dt_bias fp32 device [n_v]; cu_seqlens int32 device [ND+1]. Allocates nothing.
  * Asynchronous on stream; 0 or -1 with kernels_error() (shape outside gated_delta_check_shape). */

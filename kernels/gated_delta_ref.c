@@ -24,30 +24,51 @@ int gated_delta_check_shape(int n_k, int n_v, int d_k, int d_v, char *err, int e
     return -1;
 }
 
+/* Token t of the recurrence, every value head, from state [n_v, d_k, d_v] (updated in place). */
+static void token_(float *o, const float *q, const float *k, const float *v, const float *b, const float *a,
+                   const float *a_neg, const float *dt_bias, const struct gated_delta_shape *s, int t, float *state) {
+    const int nv = s->n_v, dk = s->d_k, dv = s->d_v, rep = s->n_v / s->n_k;
+    for (int j = 0; j < nv; j++) {
+        const float *qt = q + (size_t)t * s->qk_stride + (size_t)(j / rep) * dk;
+        const float *kt = k + (size_t)t * s->qk_stride + (size_t)(j / rep) * dk;
+        const float *vt = v + (size_t)t * s->v_stride + (size_t)j * dv;
+        float beta = sigmoidf_(b[(size_t)t * s->ba_stride + j]);
+        float decay = expf(a_neg[j] * softplusf_(a[(size_t)t * s->ba_stride + j] + dt_bias[j]));
+        float *S = state + (size_t)j * dk * dv, *ot = o + (size_t)t * nv * dv + (size_t)j * dv;
+        for (size_t i = 0; i < (size_t)dk * dv; i++) S[i] *= decay;
+        for (int e = 0; e < dv; e++) {
+            double m = 0;
+            for (int i = 0; i < dk; i++) m += (double)S[(size_t)i * dv + e] * kt[i];
+            float delta = (vt[e] - (float)m) * beta;
+            for (int i = 0; i < dk; i++) S[(size_t)i * dv + e] += kt[i] * delta;
+            double acc = 0;
+            for (int i = 0; i < dk; i++) acc += (double)S[(size_t)i * dv + e] * qt[i];
+            ot[e] = (float)acc;
+        }
+    }
+}
+
 void gated_delta_forward_ref(float *o, const float *q, const float *k, const float *v, const float *b,
                              const float *a, const float *a_neg, const float *dt_bias, const int32_t *cu_seqlens,
                              const struct gated_delta_shape *s, float *state) {
-    const int nv = s->n_v, dk = s->d_k, dv = s->d_v, rep = s->n_v / s->n_k;
     for (int d = 0; d < s->n_docs; d++) {
-        memset(state, 0, (size_t)nv * dk * dv * sizeof(float));   /* every document starts from zero */
-        for (int t = cu_seqlens[d]; t < cu_seqlens[d + 1]; t++) {
-            for (int j = 0; j < nv; j++) {
-                const float *qt = q + (size_t)t * s->qk_stride + (size_t)(j / rep) * dk;
-                const float *kt = k + (size_t)t * s->qk_stride + (size_t)(j / rep) * dk;
-                const float *vt = v + (size_t)t * s->v_stride + (size_t)j * dv;
-                float beta = sigmoidf_(b[(size_t)t * s->ba_stride + j]);
-                float decay = expf(a_neg[j] * softplusf_(a[(size_t)t * s->ba_stride + j] + dt_bias[j]));
-                float *S = state + (size_t)j * dk * dv, *ot = o + (size_t)t * nv * dv + (size_t)j * dv;
-                for (size_t i = 0; i < (size_t)dk * dv; i++) S[i] *= decay;
-                for (int e = 0; e < dv; e++) {
-                    double m = 0;
-                    for (int i = 0; i < dk; i++) m += (double)S[(size_t)i * dv + e] * kt[i];
-                    float delta = (vt[e] - (float)m) * beta;
-                    for (int i = 0; i < dk; i++) S[(size_t)i * dv + e] += kt[i] * delta;
-                    double acc = 0;
-                    for (int i = 0; i < dk; i++) acc += (double)S[(size_t)i * dv + e] * qt[i];
-                    ot[e] = (float)acc;
-                }
+        memset(state, 0, (size_t)s->n_v * s->d_k * s->d_v * sizeof(float));   /* every document starts from zero */
+        for (int t = cu_seqlens[d]; t < cu_seqlens[d + 1]; t++) token_(o, q, k, v, b, a, a_neg, dt_bias, s, t, state);
+    }
+}
+
+void gated_delta_decode_ref(float *o, const float *q, const float *k, const float *v, const float *b, const float *a,
+                            const float *a_neg, const float *dt_bias, const int32_t *cu, const int32_t *seq_slot,
+                            const int32_t *seq_pos, const struct gated_delta_shape *s, float *state, float *snap,
+                            int n_snap) {
+    const size_t SS = (size_t)s->n_v * s->d_k * s->d_v;
+    for (int i = 0; i < s->n_docs; i++) {
+        float *st = state + (size_t)seq_slot[i] * SS;
+        for (int t = cu[i]; t < cu[i + 1]; t++) {
+            token_(o, q, k, v, b, a, a_neg, dt_bias, s, t, st);
+            if (n_snap > 0 && t >= cu[i + 1] - n_snap) {
+                int p = seq_pos[i] + (t - cu[i]);
+                memcpy(snap + ((size_t)seq_slot[i] * n_snap + (size_t)(p % n_snap)) * SS, st, SS * sizeof(float));
             }
         }
     }

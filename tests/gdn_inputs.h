@@ -62,4 +62,57 @@ static inline void gdn_inputs_free(struct gdn_inputs *g) {
 #define GDN_B(g) ((g)->ba)
 #define GDN_A(g) ((g)->ba + (g)->s.n_v)
 
+/* A decode schedule over packed documents (document d lives in slot d): step k takes, from every document not yet
+ * done, its next sizes[(k + d) % n_sizes] rows (at most what is left), so steps mix sequences of several lengths
+ * and a sequence's rows cross the documents' 64-row chunk boundaries anywhere. rows[r] is the packed batch's row
+ * that step row r is. */
+#define GDN_MAX_SEQ 8
+struct gdn_step {
+    int n_seq, T;
+    int32_t cu[GDN_MAX_SEQ + 1], slot[GDN_MAX_SEQ], pos[GDN_MAX_SEQ];
+    int32_t *rows;
+};
+
+/* Fills steps (at most max_steps); returns how many, or -1 if they did not suffice. */
+static inline int gdn_schedule(const int32_t *cu_docs, int n_docs, const int *sizes, int n_sizes,
+                               struct gdn_step *steps, int max_steps) {
+    int done[GDN_MAX_SEQ] = {0}, n = 0;
+    if (n_docs > GDN_MAX_SEQ) return -1;
+    for (;;) {
+        struct gdn_step *st = &steps[n];
+        memset(st, 0, sizeof *st);
+        for (int d = 0; d < n_docs; d++) {
+            int left = cu_docs[d + 1] - cu_docs[d] - done[d], m = sizes[(n + d) % n_sizes];
+            if (left <= 0) continue;
+            if (m > left) m = left;
+            st->slot[st->n_seq] = d;
+            st->pos[st->n_seq] = done[d];
+            st->cu[st->n_seq + 1] = st->cu[st->n_seq] + m;
+            st->n_seq++;
+        }
+        if (st->n_seq == 0) return n;
+        if (n == max_steps) return -1;
+        st->T = st->cu[st->n_seq];
+        st->rows = malloc(sizeof(int32_t) * (size_t)st->T);
+        for (int i = 0; i < st->n_seq; i++)
+            for (int r = st->cu[i]; r < st->cu[i + 1]; r++) st->rows[r] = cu_docs[st->slot[i]] + st->pos[i] + (r - st->cu[i]);
+        for (int i = 0; i < st->n_seq; i++) done[st->slot[i]] += st->cu[i + 1] - st->cu[i];
+        n++;
+    }
+}
+
+/* dst [T, width] = the step's rows of src [., stride] */
+static inline void gdn_gather(float *dst, const float *src, int stride, int width, const struct gdn_step *st) {
+    for (int r = 0; r < st->T; r++) memcpy(dst + (size_t)r * width, src + (size_t)st->rows[r] * stride, sizeof(float) * (size_t)width);
+}
+
+/* per step row: its slot and position (the rows' form of the decode kernels) */
+static inline void gdn_row_slots(const struct gdn_step *st, int32_t *slot, int32_t *pos) {
+    for (int i = 0; i < st->n_seq; i++)
+        for (int r = st->cu[i]; r < st->cu[i + 1]; r++) {
+            slot[r] = st->slot[i];
+            pos[r] = st->pos[i] + (r - st->cu[i]);
+        }
+}
+
 #endif /* TESTS_GDN_INPUTS_H */

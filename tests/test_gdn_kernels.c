@@ -7,7 +7,10 @@
  * - the kernel references composed (conv1d → l2norm → gated delta → gated RMSNorm) against
  *   stages/model/gdn.c's gdn_forward_doc, the CPU target's layer, document by document;
  * - the gated attention references against gdn.c's split / rope / gate;
- * - the head-layout check names the field.
+ * - the head-layout check names the field;
+ * - the decode step's references (conv1d_decode over the slots' rings, gated_delta_decode from the slots' states)
+ *   run over a schedule of steps give bitwise the whole-sequence references' rows, and each state snapshot is
+ *   bitwise the state after its position.
  */
 #include "kernels/conv1d.h"
 #include "kernels/gated_attn.h"
@@ -203,6 +206,105 @@ START_TEST(l2norm_unit_rows) {
 }
 END_TEST
 
+static const int step_sizes[] = {5, 1, 17, 3, 64, 1, 2, 40};
+
+START_TEST(conv1d_decode_matches_forward) {
+    int lens[] = {40, 7, 130, 1, 66}, nd = 5, D = 24, K = 4, max_step = 64, W = max_step + 17 + K - 1;
+    int32_t cu[6] = {0};
+    for (int d = 0; d < nd; d++) cu[d + 1] = cu[d] + lens[d];
+    int T = cu[nd], X = D + 5;   /* rows wider than the conv input, as the projection rows are */
+    uint64_t seed = 99;
+    float *x = malloc(4 * (size_t)T * X), *w = malloc(4 * (size_t)D * K), *ref = malloc(4 * (size_t)T * D);
+    test_rng_fill(&seed, x, (size_t)T * X, -1, 1);
+    test_rng_fill(&seed, w, (size_t)D * K, -0.5f, 0.5f);
+    conv1d_forward_ref(ref, x, X, w, cu, nd, T, D, K);
+    struct gdn_step steps[64];
+    int n = gdn_schedule(cu, nd, step_sizes, 8, steps, 64);
+    ck_assert_int_gt(n, 3);
+    float *hist = malloc(4 * (size_t)nd * W * D), *xs = malloc(4 * (size_t)T * X), *y = malloc(4 * (size_t)T * D);
+    int32_t slot[256], pos[256];
+    for (size_t i = 0; i < (size_t)nd * W * D; i++) hist[i] = NAN;   /* a row read before it is written shows */
+    for (int k = 0; k < n; k++) {
+        struct gdn_step *st = &steps[k];
+        ck_assert_int_le(st->T, 256);
+        gdn_gather(xs, x, X, X, st);
+        gdn_row_slots(st, slot, pos);
+        conv1d_decode_append_ref(hist, xs, X, slot, pos, st->T, W, D);
+        conv1d_decode_ref(y, hist, slot, pos, st->T, W, w, D, K);
+        for (int r = 0; r < st->T; r++)
+            ck_assert_msg(!memcmp(y + (size_t)r * D, ref + (size_t)st->rows[r] * D, 4 * (size_t)D),
+                          "step %d row %d (slot %d position %d): not the whole sequence's conv row", k, r, slot[r],
+                          pos[r]);
+        free(st->rows);
+    }
+    free(x); free(w); free(ref); free(hist); free(xs); free(y);
+}
+END_TEST
+
+START_TEST(gated_delta_decode_matches_forward) {
+    int n_k = 2, n_v = 4, d_k = 8, d_v = 12, n_snap = 17;
+    struct gdn_inputs g;
+    gdn_inputs_make(&g, awkward, 5, n_k, n_v, d_k, d_v, 31);
+    size_t SS = (size_t)n_v * d_k * d_v, VD = (size_t)n_v * d_v;
+    float *ref = malloc(4 * (size_t)g.s.T * VD), *scr = malloc(4 * SS);
+    gated_delta_forward_ref(ref, GDN_Q(&g), GDN_K(&g), GDN_V(&g), GDN_B(&g), GDN_A(&g), g.a_neg, g.dt_bias, g.cu, &g.s,
+                            scr);
+    struct gdn_step steps[128];
+    int n = gdn_schedule(g.cu, 5, step_sizes, 8, steps, 128);
+    ck_assert_int_gt(n, 3);
+    float *state = calloc(5 * SS, 4), *snap = malloc(4 * 5 * n_snap * SS);
+    float *conv = malloc(4 * (size_t)g.s.T * g.conv_dim), *ba = malloc(4 * (size_t)g.s.T * 2 * n_v);
+    float *o = malloc(4 * (size_t)g.s.T * VD);
+    int snap_pos[5][17];
+    memset(snap_pos, 0xff, sizeof snap_pos);
+    for (int k = 0; k < n; k++) {
+        struct gdn_step *st = &steps[k];
+        gdn_gather(conv, g.conv, g.conv_dim, g.conv_dim, st);
+        gdn_gather(ba, g.ba, 2 * n_v, 2 * n_v, st);
+        struct gated_delta_shape s = g.s;
+        s.T = st->T;
+        s.n_docs = st->n_seq;
+        int kd = n_k * d_k;
+        gated_delta_decode_ref(o, conv, conv + kd, conv + 2 * kd, ba, ba + n_v, g.a_neg, g.dt_bias, st->cu, st->slot,
+                               st->pos, &s, state, snap, n_snap);
+        for (int r = 0; r < st->T; r++)
+            ck_assert_msg(!memcmp(o + (size_t)r * VD, ref + (size_t)st->rows[r] * VD, 4 * VD),
+                          "step %d row %d: not the whole sequence's row", k, r);
+        for (int i = 0; i < st->n_seq; i++) {
+            int m = st->cu[i + 1] - st->cu[i];
+            for (int r = m > n_snap ? m - n_snap : 0; r < m; r++)
+                snap_pos[st->slot[i]][(st->pos[i] + r) % n_snap] = st->pos[i] + r;
+            /* the last snapshot is the live state */
+            int p = st->pos[i] + m - 1;
+            ck_assert(!memcmp(snap + ((size_t)st->slot[i] * n_snap + p % n_snap) * SS, state + (size_t)st->slot[i] * SS,
+                              4 * SS));
+        }
+        free(st->rows);
+    }
+    /* every snapshot left is the state after its position: the recurrence over that prefix alone */
+    int checked = 0;
+    for (int d = 0; d < 5; d++)
+        for (int e = 0; e < n_snap; e++) {
+            int p = snap_pos[d][e];
+            if (p < 0) continue;
+            int32_t cu1[2] = {0, p + 1};
+            struct gated_delta_shape s = g.s;
+            s.T = p + 1;
+            s.n_docs = 1;
+            size_t r0 = (size_t)g.cu[d];
+            gated_delta_forward_ref(o, GDN_Q(&g) + r0 * g.conv_dim, GDN_K(&g) + r0 * g.conv_dim,
+                                    GDN_V(&g) + r0 * g.conv_dim, GDN_B(&g) + r0 * 2 * n_v, GDN_A(&g) + r0 * 2 * n_v,
+                                    g.a_neg, g.dt_bias, cu1, &s, scr);
+            ck_assert_msg(!memcmp(snap + ((size_t)d * n_snap + e) * SS, scr, 4 * SS),
+                          "slot %d: the snapshot of position %d is not the state after it", d, p);
+            checked++;
+        }
+    ck_assert_int_ge(checked, 30);
+    free(ref); free(scr); free(state); free(snap); free(conv); free(ba); free(o);
+    gdn_inputs_free(&g);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("gdn_kernels");
     TCase *tc = tcase_create("gdn_kernels");
@@ -215,6 +317,8 @@ int main(void) {
     tcase_add_test(tc, gated_attn_rope_leaves_the_tail);
     tcase_add_test(tc, gated_delta_shape_check_names_the_field);
     tcase_add_test(tc, l2norm_unit_rows);
+    tcase_add_test(tc, conv1d_decode_matches_forward);
+    tcase_add_test(tc, gated_delta_decode_matches_forward);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

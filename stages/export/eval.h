@@ -9,7 +9,7 @@
  *     per token, the cached step is bitwise the full forward, so speculative output equals plain greedy output.
  *     Also sampled decoding (temperature, top-p) with the speculative-sampling acceptance rule and stop tokens.
  *   - eval_speculative / eval_greedy: no cache, every round recomputes the target over the whole committed prefix
- *     (O(L²) per response); kept for Qwen3.5 hybrids, whose recurrent-state cache is not written yet.
+ *     (O(L²) per response); the reference the cached path is checked against, and --no-kv-cache.
  * - One round, with committed tokens c[0..n) (c[n-1] is the anchor: the last committed token, which has no
  *   features in the drafter's context): the proposer gets c and the captured features of c, and returns B-1
  *   draft tokens d[1..B-1] for positions n..n+B-2; the target runs over c ++ d and its greedy prediction p[i]

@@ -1177,7 +1177,8 @@ int target_gpu_layer(const struct target *t, int l, struct target_gpu_layer_view
         return err_fail(err, err_len, "target: layer %d of %d", l, t->cfg.num_hidden_layers);
     const struct target_layer *ly = &t->layers[l];
     *out = (struct target_gpu_layer_view){ly->w_qkv, ly->w_o, ly->w_gu, ly->w_down, ly->ln_in, ly->ln_post,
-                                          ly->q_norm, ly->k_norm, ly->linear};
+                                          ly->q_norm, ly->k_norm, ly->linear, ly->w_lin_in, ly->w_lin_out,
+                                          ly->conv_w, ly->a_neg, ly->dt_bias, ly->gnorm};
     return 0;
 }
 

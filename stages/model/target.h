@@ -178,8 +178,10 @@ cudaStream_t target_stream(const struct target *t);
 struct target_gpu_layer_view {
     const bf16 *w_qkv, *w_o, *w_gu, *w_down;   /* (QKV, C), (C, NH·HD), (2·I, C), (C, I) */
     const float *ln_in, *ln_post;              /* (C) */
-    const float *q_norm, *k_norm;              /* (HD) Qwen3 only, else NULL */
-    int linear;                                /* 1: a Gated DeltaNet layer */
+    const float *q_norm, *k_norm;              /* (HD) Qwen3 and Qwen3.5 full attention, else NULL */
+    int linear;                                /* 1: a Gated DeltaNet layer, with (else NULL): */
+    const bf16 *w_lin_in, *w_lin_out;          /* (LIN_IN, C), (C, NV·d_v) */
+    const float *conv_w, *a_neg, *dt_bias, *gnorm;   /* (conv_dim, K), (NV), (NV), (d_v) */
 };
 int target_gpu_layer(const struct target *t, int l, struct target_gpu_layer_view *out, char *err, int err_len);
 const bf16 *target_gpu_embed(const struct target *t);       /* (V, C) device bf16; NULL on the CPU */

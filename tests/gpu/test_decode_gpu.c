@@ -10,7 +10,8 @@
  *   moves by a few % of the logits' scale and a difference of two by at most about twice that: only a near-tie
  *   may resolve differently), and at least 80% must be exactly the argmax. Prints how many prompts decode
  *   identically on both and both devices' tokens/s. A plan larger than the device is refused at decode_init with
- *   one line.
+ *   one line. The same for a Qwen3.5 hybrid (qwen3.5-tiny: Gated DeltaNet layers, their conv rows and recurrent
+ *   state carried per slot on the device, gated attention at head_dim 16).
  * decode_gpu_speculative_equals_greedy: on the GPU, speculative decoding with an oracle proposer (the target's own
  *   greedy continuation by the uncached GPU forward), a proposer wrong at one place per block (rejections and
  *   rollbacks every round) and a real (random) drafter from a checkpoint, its proposal on the CPU and on the GPU
@@ -37,8 +38,18 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void make_model(const char *dir, int llama, char *model, size_t len) {
-    snprintf(model, len, "%s/model-%s", dir, llama ? "llama" : "qwen3");
+enum { ARCH_QWEN3 = 0, ARCH_LLAMA = 1, ARCH_QWEN35 = 2 };
+static const char *const arch_name[] = {"qwen3", "llama", "qwen3.5"};
+
+static void make_model(const char *dir, int arch, char *model, size_t len) {
+    int llama = arch == ARCH_LLAMA;
+    snprintf(model, len, "%s/model-%s", dir, arch_name[arch]);
+    if (arch == ARCH_QWEN35) {   /* test_eval's hybrid, bf16 on disk */
+        const char *hy[] = {test_bin("dflash-mkmodel"), "--preset", "qwen3.5-tiny", "--out", model, "--std", "0.15",
+                            "--embed-std", "1.0", "--lm-head-std", "0.45", "--seed", "5", "--dtype", "bf16", NULL};
+        ck_assert_msg(run_argv(hy) == 0, "dflash-mkmodel: %s", out_text);
+        return;
+    }
     const char *argv[64] = {test_bin("dflash-mkmodel"), "--out", model, "--preset", llama ? "llama3.2-1b" : "tiny",
                             "--hidden", "256", "--layers", "3", "--heads", "4", "--kv-heads", "2",
                             "--head-dim", llama ? "64" : "128", "--intermediate", "512", "--vocab", "1000",
@@ -95,9 +106,9 @@ static int check_gpu_tokens(struct eval_target *ec, const int32_t *seq, int P, i
     return exact;
 }
 
-static void compare_model(int llama) {
+static void compare_model(int arch) {
     char model[700];
-    make_model(test_tmpdir("decode-gpu"), llama, model, sizeof model);
+    make_model(test_tmpdir("decode-gpu"), arch, model, sizeof model);
     int zl[1] = {0};
     struct eval_target ec, eg;
     ck_assert_msg(eval_target_open_dev(&ec, model, 256, zl, 1, -1, err, sizeof err) == 0, "%s", err);
@@ -127,14 +138,14 @@ static void compare_model(int llama) {
         ck_assert_int_eq(lg[i], P[i] + NEW);
         for (int t = 0; t < P[i]; t++) ck_assert_int_eq(og[i][t], prompts[i][t]);
         char what[64];
-        snprintf(what, sizeof what, "%s prompt %d", llama ? "llama" : "qwen3", i);
+        snprintf(what, sizeof what, "%s prompt %d", arch_name[arch], i);
         exact += check_gpu_tokens(&ec, og[i], P[i], lg[i], what, &worst);
         total += NEW;
         same += !memcmp(oc[i], og[i], sizeof(int32_t) * (size_t)lg[i]);
     }
     printf("decode_gpu_matches_cpu %s: %d of %d GPU tokens are the CPU's argmax after the same prefix (the others "
            "near-ties, worst gap %.3f rms); %d of %d prompts decode identically on both; greedy batch %d: CPU %.1f "
-           "tok/s, GPU %.1f tok/s (after a warm-up run of %.2f s)\n", llama ? "llama" : "qwen3", exact, total, worst,
+           "tok/s, GPU %.1f tok/s (after a warm-up run of %.2f s)\n", arch_name[arch], exact, total, worst,
            same, NP, SLOTS, total / (t1 - t0), total / (t3 - t2), t2 - t1);
     ck_assert_msg(exact >= 0.8 * total, "only %d of %d GPU tokens are the CPU's argmax", exact, total);
     for (int i = 0; i < NP; i++) {
@@ -150,8 +161,9 @@ static void compare_model(int llama) {
 }
 
 START_TEST(decode_gpu_matches_cpu) {
-    compare_model(0);
-    compare_model(1);
+    compare_model(ARCH_QWEN3);
+    compare_model(ARCH_LLAMA);
+    compare_model(ARCH_QWEN35);
 }
 END_TEST
 
@@ -173,6 +185,64 @@ static int oracle_propose(void *ctx, struct eval_target *et, const int32_t *c, i
     }
     return 0;
 }
+
+/* NP output rows of n tokens each in a and in b */
+static void rows_alloc(int32_t **a, int32_t **b, int n) {
+    for (int i = 0; i < NP; i++) {
+        a[i] = malloc(sizeof(int32_t) * (size_t)n);
+        b[i] = malloc(sizeof(int32_t) * (size_t)n);
+    }
+}
+
+/* Plain greedy decoding of n prompts into ref, then each of the runs' speculative decodings into out, which must
+ * equal it token for token; runs[1] must be the proposer wrong once per block (its tau below B). */
+static void spec_equals_greedy(struct eval_target *eg, int n, const int32_t *const *cp, const int *P, int max_new, int B,
+                               const struct eval_gen_opts *runs, const char *const *names, int n_runs, int32_t **ref,
+                               int *lr, int32_t **out, int *lo) {
+    struct eval_gen_opts plain = {.max_new = max_new};
+    ck_assert_msg(eval_generate(eg, n, cp, P, &plain, ref, lr, NULL, err, sizeof err) == 0, "%s", err);
+    for (int k = 0; k < n_runs; k++) {
+        struct eval_stats s;
+        eval_stats_init(&s, B);
+        ck_assert_msg(eval_generate(eg, n, cp, P, &runs[k], out, lo, &s, err, sizeof err) == 0, "%s", err);
+        for (int i = 0; i < n; i++) {
+            ck_assert_int_eq(lo[i], lr[i]);
+            for (int t = 0; t < lr[i]; t++)
+                ck_assert_msg(out[i][t] == ref[i][t], "%s: prompt %d: speculative token %d at %d, greedy %d", names[k],
+                              i, out[i][t], t, ref[i][t]);
+        }
+        printf("decode_gpu_speculative_equals_greedy: %s proposer: tau %.3f over %lld rounds, output == greedy\n",
+               names[k], eval_stats_tau(&s), (long long)s.rounds);
+        if (k == 1) ck_assert_msg(eval_stats_tau(&s) < B, "a wrong token in every block, yet tau %g", eval_stats_tau(&s));
+    }
+}
+
+/* The Qwen3.5 hybrid on the GPU: rollbacks of rejected blocks restore the recurrent state from the device
+ * snapshots, so the oracle and the proposer wrong once per block still give plain greedy decoding exactly. */
+START_TEST(decode_gpu_hybrid_speculative_equals_greedy) {
+    char model[700];
+    make_model(test_tmpdir("spec-gpu-hybrid"), ARCH_QWEN35, model, sizeof model);
+    enum { N6 = 6, NEW2 = 32, B = 4 };
+    int zl[1] = {0};
+    struct eval_target eg;
+    ck_assert_msg(eval_target_open_dev(&eg, model, MAXP + NEW2 + 2 * B, zl, 1, 0, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eval_target_enable_cache(&eg, SLOTS, MAXP + NEW2 + 2 * B, err, sizeof err) == 0, "%s", err);
+    int32_t prompts[NP][MAXP], *pp[NP], *ref[NP], *out[NP];
+    int P[NP], lr[NP], lo[NP];
+    prompts_of(eg.V, prompts, pp, P);
+    rows_alloc(ref, out, MAXP + NEW2 + 2 * B);
+    int one = 1;
+    struct eval_gen_opts runs[2] = {{.max_new = NEW2, .B = B, .fn = oracle_propose},
+                                    {.max_new = NEW2, .B = B, .fn = oracle_propose, .ctx = &one}};
+    const char *names[2] = {"qwen3.5 oracle", "qwen3.5 one wrong per block"};
+    spec_equals_greedy(&eg, N6, (const int32_t *const *)pp, P, NEW2, B, runs, names, 2, ref, lr, out, lo);
+    for (int i = 0; i < NP; i++) {
+        free(ref[i]);
+        free(out[i]);
+    }
+    eval_target_close(&eg);
+}
+END_TEST
 
 /* test_eval.c's checkpoint: layers sliding + full, B 4, k 2 (ids 0, 2), random weights */
 static struct drafter *make_ckpt(const char *target, char *ckpt, size_t len) {
@@ -215,33 +285,15 @@ START_TEST(decode_gpu_speculative_equals_greedy) {
     int32_t prompts[NP][MAXP], *pp[NP], *ref[NP], *out[NP];
     int P[NP], lr[NP], lo[NP];
     prompts_of(eg.V, prompts, pp, P);
-    for (int i = 0; i < NP; i++) {
-        ref[i] = malloc(sizeof(int32_t) * (MAXP + NEW2 + 2 * B));
-        out[i] = malloc(sizeof(int32_t) * (MAXP + NEW2 + 2 * B));
-    }
+    rows_alloc(ref, out, MAXP + NEW2 + 2 * B);
     const int32_t *const *cp = (const int32_t *const *)pp;
-    struct eval_gen_opts plain = {.max_new = NEW2};
-    ck_assert_msg(eval_generate(&eg, N6, cp, P, &plain, ref, lr, NULL, err, sizeof err) == 0, "%s", err);
     int one = 1;
     struct eval_gen_opts runs[4] = {{.max_new = NEW2, .B = B, .fn = oracle_propose},
                                     {.max_new = NEW2, .B = B, .fn = oracle_propose, .ctx = &one},
                                     {.max_new = NEW2, .B = B, .fn = eval_drafter_propose, .ctx = &ed},
                                     {.max_new = NEW2, .B = B, .fn = eval_drafter_propose, .ctx = &edg}};
     const char *names[4] = {"oracle", "one wrong per block", "random drafter (CPU)", "random drafter (GPU)"};
-    for (int k = 0; k < 4; k++) {
-        struct eval_stats s;
-        eval_stats_init(&s, B);
-        ck_assert_msg(eval_generate(&eg, N6, cp, P, &runs[k], out, lo, &s, err, sizeof err) == 0, "%s", err);
-        for (int i = 0; i < N6; i++) {
-            ck_assert_int_eq(lo[i], lr[i]);
-            for (int t = 0; t < lr[i]; t++)
-                ck_assert_msg(out[i][t] == ref[i][t], "%s: prompt %d: speculative token %d at %d, greedy %d", names[k],
-                              i, out[i][t], t, ref[i][t]);
-        }
-        printf("decode_gpu_speculative_equals_greedy: %s proposer: tau %.3f over %lld rounds, output == greedy\n",
-               names[k], eval_stats_tau(&s), (long long)s.rounds);
-        if (k == 1) ck_assert_msg(eval_stats_tau(&s) < B, "a wrong token in every block, yet tau %g", eval_stats_tau(&s));
-    }
+    spec_equals_greedy(&eg, N6, cp, P, NEW2, B, runs, names, 4, ref, lr, out, lo);
     /* a stop token: prompt 1's 4th generated token */
     int32_t stop = ref[1][P[1] + 3];
     int first = 0;
@@ -353,6 +405,7 @@ int main(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, decode_gpu_matches_cpu);
     tcase_add_test(tc, decode_gpu_speculative_equals_greedy);
+    tcase_add_test(tc, decode_gpu_hybrid_speculative_equals_greedy);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

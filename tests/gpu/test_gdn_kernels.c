@@ -4,7 +4,10 @@
  * on its own against its CPU reference on fresh seeded inputs. Documents of 1, 63, 64, 65 and 1000
  * tokens packed in one batch: a chunk boundary inside a document (64, 65, 1000) and at a document
  * start (the 64-token document starts at row 64... every document restarts the chunking), and
- * documents independent bitwise (each alone gives the rows it gives packed).
+ * documents independent bitwise (each alone gives the rows it gives packed). The decode step's pair
+ * (conv1d_decode over the slots' rings, gated_delta_decode from the slots' states) over a schedule of steps of
+ * 1..64 rows per sequence against the whole-sequence references, and each sequence's last state snapshot bitwise
+ * its live state.
  *
  * Tolerances: the gated delta rule is fp32 in and out; its reference is the per-token recurrence
  * with double reductions. style.md's 2× rule: the kernel's max error against it is at most twice
@@ -153,6 +156,99 @@ START_TEST(conv1d_shapes) {
 }
 END_TEST
 
+/* The decode step over tests/gdn_inputs.h's schedule (document d in slot d, several sequences per step). */
+static void decode_case(int n_k, int n_v, int d_k, int d_v, uint64_t seed) {
+    static const int sizes[] = {5, 1, 17, 3, 64, 1, 2, 40};
+    struct gdn_inputs g;
+    gdn_inputs_make(&g, awkward, 5, n_k, n_v, d_k, d_v, seed);
+    const int D = g.conv_dim, K = 4, n_snap = 17, W = 64 + n_snap + K - 1, kd = n_k * d_k, T = g.s.T;
+    const size_t SS = (size_t)n_v * d_k * d_v, VD = (size_t)n_v * d_v;
+    struct gdn_step steps[128];
+    int n = gdn_schedule(g.cu, 5, sizes, 8, steps, 128);
+    ck_assert_int_gt(n, 3);
+    /* the conv's input: the conv rows themselves, rounded to bf16 as the ring holds them */
+    float *x = malloc(4 * (size_t)T * D), *w = k1_randn(&seed, (size_t)D * K, -0.7f, 0.7f);
+    memcpy(x, g.conv, 4 * (size_t)T * D);
+    for (size_t i = 0; i < (size_t)T * D; i++) x[i] = bf16_round(x[i]);
+    float *cref = malloc(4 * (size_t)T * D), *ref = malloc(4 * (size_t)T * VD), *base = malloc(4 * (size_t)T * VD);
+    float *st = malloc(4 * SS), *got = malloc(4 * (size_t)T * VD), *hs = malloc(4 * (size_t)T * 2 * n_v + 4);
+    conv1d_forward_ref(cref, x, D, w, g.cu, 5, T, D, K);
+    gated_delta_forward_ref(ref, GDN_Q(&g), GDN_K(&g), GDN_V(&g), GDN_B(&g), GDN_A(&g), g.a_neg, g.dt_bias, g.cu, &g.s,
+                            st);
+    gated_delta_forward_chunked_ref(base, GDN_Q(&g), GDN_K(&g), GDN_V(&g), GDN_B(&g), GDN_A(&g), g.a_neg, g.dt_bias,
+                                    g.cu, &g.s, st);
+    bf16 *hist = k1_malloc(2 * (size_t)5 * W * D);
+    k1_poison(hist, 2 * (size_t)5 * W * D);   /* a ring row read before it is written is a NaN */
+    float *dw = k1_upload(w, 4 * (size_t)D * K), *dy = k1_malloc(4 * (size_t)T * D), *dconv = k1_malloc(4 * (size_t)T * D);
+    float *dan = k1_upload(g.a_neg, 4 * (size_t)n_v), *ddt = k1_upload(g.dt_bias, 4 * (size_t)n_v);
+    float *dstate = k1_malloc(4 * 5 * SS), *dsnap = k1_malloc(4 * 5 * n_snap * SS), *dout = k1_malloc(4 * (size_t)T * VD);
+    K1_CUDA(cudaMemset(dstate, 0, 4 * 5 * SS));
+    int32_t *dslot = k1_malloc(4 * (size_t)T), *dpos = k1_malloc(4 * (size_t)T), *dcu = k1_malloc(4 * (GDN_MAX_SEQ + 1));
+    int32_t *dss = k1_malloc(4 * GDN_MAX_SEQ), *dsp = k1_malloc(4 * GDN_MAX_SEQ), slot[1200], pos[1200];
+    float *xs = malloc(4 * (size_t)T * D), *ys = malloc(4 * (size_t)T * D), *os = malloc(4 * (size_t)T * VD);
+    float *live = malloc(4 * SS), *sn = malloc(4 * SS);
+    for (int k = 0; k < n; k++) {
+        struct gdn_step *p = &steps[k];
+        gdn_row_slots(p, slot, pos);
+        K1_CUDA(cudaMemcpy(dslot, slot, 4 * (size_t)p->T, cudaMemcpyHostToDevice));
+        K1_CUDA(cudaMemcpy(dpos, pos, 4 * (size_t)p->T, cudaMemcpyHostToDevice));
+        K1_CUDA(cudaMemcpy(dcu, p->cu, 4 * (size_t)(p->n_seq + 1), cudaMemcpyHostToDevice));
+        K1_CUDA(cudaMemcpy(dss, p->slot, 4 * (size_t)p->n_seq, cudaMemcpyHostToDevice));
+        K1_CUDA(cudaMemcpy(dsp, p->pos, 4 * (size_t)p->n_seq, cudaMemcpyHostToDevice));
+        /* conv: the step's rows into the rings, then the rows' conv */
+        gdn_gather(xs, x, D, D, p);
+        bf16 *dx = k1_upload_bf16(xs, (size_t)p->T * D);   /* already bf16 values: exact */
+        K1_LAUNCH(conv1d_decode_append(hist, dx, D, dslot, dpos, p->T, W, D, 0));
+        K1_LAUNCH(conv1d_decode(dy, hist, dslot, dpos, p->T, W, dw, D, K, 0));
+        K1_CUDA(cudaMemcpy(ys, dy, 4 * (size_t)p->T * D, cudaMemcpyDeviceToHost));
+        gdn_gather(xs, cref, D, D, p);
+        ck_assert_msg(test_allclose("conv1d_decode", ys, xs, (size_t)p->T * D, 1e-6, 1e-5), "step %d", k);
+        cudaFree(dx);
+        /* the gated delta rule from the slots' states */
+        gdn_gather(xs, g.conv, D, D, p);
+        K1_CUDA(cudaMemcpy(dconv, xs, 4 * (size_t)p->T * D, cudaMemcpyHostToDevice));
+        gdn_gather(hs, g.ba, 2 * n_v, 2 * n_v, p);
+        bf16 *dba = k1_upload_bf16(hs, (size_t)p->T * 2 * n_v);
+        struct gated_delta_shape s = g.s;
+        s.T = p->T;
+        s.n_docs = p->n_seq;
+        K1_LAUNCH(gated_delta_decode(dout, dconv, dconv + kd, dconv + 2 * kd, dba, dba + n_v, dan, ddt, dcu, dss, dsp,
+                                     &s, dstate, dsnap, n_snap, 0));
+        K1_CUDA(cudaDeviceSynchronize());
+        K1_CUDA(cudaMemcpy(os, dout, 4 * (size_t)p->T * VD, cudaMemcpyDeviceToHost));
+        for (int r = 0; r < p->T; r++) memcpy(got + (size_t)p->rows[r] * VD, os + (size_t)r * VD, 4 * VD);
+        for (int i = 0; i < p->n_seq; i++) {   /* the last row's snapshot is the live state, bit for bit */
+            int last = p->pos[i] + p->cu[i + 1] - p->cu[i] - 1;
+            K1_CUDA(cudaMemcpy(live, dstate + (size_t)p->slot[i] * SS, 4 * SS, cudaMemcpyDeviceToHost));
+            K1_CUDA(cudaMemcpy(sn, dsnap + ((size_t)p->slot[i] * n_snap + last % n_snap) * SS, 4 * SS,
+                               cudaMemcpyDeviceToHost));
+            ck_assert_msg(!memcmp(live, sn, 4 * SS), "step %d slot %d: snapshot of position %d is not the live state", k,
+                          p->slot[i], last);
+        }
+        cudaFree(dba);
+        free(p->rows);
+    }
+    size_t no = (size_t)T * VD;
+    double scale = k1_max_abs(ref, no), e_gpu = k1_max_abs_diff(got, ref, no), e_base = k1_max_abs_diff(base, ref, no);
+    double bound = 2 * e_base + 1e-6 * scale;
+    fprintf(stderr, "gated_delta_decode n_k %d n_v %d d_k %d d_v %d, %d steps: scale %.3g, gpu err %.3g, fp32 chunked "
+            "err %.3g, bound %.3g\n", n_k, n_v, d_k, d_v, n, scale, e_gpu, e_base, bound);
+    ck_assert(scale > 0.01);
+    if (!(e_gpu <= bound)) test_allclose("gated_delta_decode", got, ref, no, bound, 0);
+    ck_assert_msg(e_gpu <= bound, "gated delta decode: GPU max error %.3g > bound %.3g", e_gpu, bound);
+    free(x); free(w); free(cref); free(ref); free(base); free(st); free(got); free(hs); free(xs); free(ys); free(os);
+    free(live); free(sn);
+    cudaFree(hist); cudaFree(dw); cudaFree(dy); cudaFree(dconv); cudaFree(dan); cudaFree(ddt); cudaFree(dstate);
+    cudaFree(dsnap); cudaFree(dout); cudaFree(dslot); cudaFree(dpos); cudaFree(dcu); cudaFree(dss); cudaFree(dsp);
+    gdn_inputs_free(&g);
+}
+
+START_TEST(decode_step_layouts) {
+    decode_case(2, 4, 8, 12, 11);        /* qwen3.5-tiny */
+    decode_case(16, 48, 128, 128, 12);   /* Qwen3.6-27B */
+}
+END_TEST
+
 START_TEST(l2norm_shapes) {
     int shapes[][3] = {{1193, 2, 8}, {1193, 32, 128}, {5, 3, 100}};
     for (int s = 0; s < 3; s++) {
@@ -249,6 +345,7 @@ int main(void) {
     tcase_add_test(tc, gated_delta_27b_layout);
     tcase_add_test(tc, gated_delta_refuses_layouts);
     tcase_add_test(tc, conv1d_shapes);
+    tcase_add_test(tc, decode_step_layouts);
     tcase_add_test(tc, l2norm_shapes);
     tcase_add_test(tc, gated_rmsnorm_shapes);
     tcase_add_test(tc, gated_attn_shapes);
