@@ -161,6 +161,7 @@ static void compare_model(int arch) {
 }
 
 START_TEST(decode_gpu_matches_cpu) {
+    setenv("DFLASH_HYBRID_GPU_DECODE", "1", 1);   /* the gated hybrid step (model/decode.h) is what is tested */
     compare_model(ARCH_QWEN3);
     compare_model(ARCH_LLAMA);
     compare_model(ARCH_QWEN35);
@@ -221,6 +222,7 @@ static void spec_equals_greedy(struct eval_target *eg, int n, const int32_t *con
  * snapshots, so the oracle and the proposer wrong once per block still give plain greedy decoding exactly. */
 START_TEST(decode_gpu_hybrid_speculative_equals_greedy) {
     char model[700];
+    setenv("DFLASH_HYBRID_GPU_DECODE", "1", 1);
     make_model(test_tmpdir("spec-gpu-hybrid"), ARCH_QWEN35, model, sizeof model);
     enum { N6 = 6, NEW2 = 32, B = 4 };
     int zl[1] = {0};
