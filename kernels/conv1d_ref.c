@@ -35,7 +35,8 @@ void conv1d_decode_ref(float *y, const float *hist, const int32_t *slot, const i
             double acc = 0;
             for (int j = 0; j < K; j++) {
                 int src = pos[r] - (K - 1) + j;
-                if (src >= 0) acc += (double)w[(size_t)c * K + j] * hist[((size_t)slot[r] * W + (size_t)(src % W)) * D + c];
+                if (src >= 0)
+                    acc += (double)w[(size_t)c * K + j] * hist[((size_t)slot[r] * W + (size_t)(src % W)) * D + c];
             }
             float f = (float)acc;
             y[(size_t)r * D + c] = f / (1.0f + expf(-f));

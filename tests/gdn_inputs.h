@@ -95,7 +95,8 @@ static inline int gdn_schedule(const int32_t *cu_docs, int n_docs, const int *si
         st->T = st->cu[st->n_seq];
         st->rows = malloc(sizeof(int32_t) * (size_t)st->T);
         for (int i = 0; i < st->n_seq; i++)
-            for (int r = st->cu[i]; r < st->cu[i + 1]; r++) st->rows[r] = cu_docs[st->slot[i]] + st->pos[i] + (r - st->cu[i]);
+            for (int r = st->cu[i]; r < st->cu[i + 1]; r++)
+                st->rows[r] = cu_docs[st->slot[i]] + st->pos[i] + (r - st->cu[i]);
         for (int i = 0; i < st->n_seq; i++) done[st->slot[i]] += st->cu[i + 1] - st->cu[i];
         n++;
     }
@@ -103,7 +104,8 @@ static inline int gdn_schedule(const int32_t *cu_docs, int n_docs, const int *si
 
 /* dst [T, width] = the step's rows of src [., stride] */
 static inline void gdn_gather(float *dst, const float *src, int stride, int width, const struct gdn_step *st) {
-    for (int r = 0; r < st->T; r++) memcpy(dst + (size_t)r * width, src + (size_t)st->rows[r] * stride, sizeof(float) * (size_t)width);
+    for (int r = 0; r < st->T; r++)
+        memcpy(dst + (size_t)r * width, src + (size_t)st->rows[r] * stride, sizeof(float) * (size_t)width);
 }
 
 /* per step row: its slot and position (the rows' form of the decode kernels) */

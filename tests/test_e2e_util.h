@@ -171,9 +171,9 @@ static inline void e2e_tiny_inputs(const char *tag, char *base, char *model, cha
     snprintf(base, 512, "%s", test_tmpdir(tag));
     snprintf(model, 600, "%s/model", base);
     snprintf(data, 600, "%s/data.jsonl", base);
-    const char *mk[] = {test_bin("dflash-mkmodel"), "--preset", "tiny", "--dtype", "f32", "--threads", "1", "--out", model,
-                        "--dataset", data, "--samples", "40", "--median-len", "60", "--min-len", "16", "--max-len",
-                        "200", NULL};
+    const char *mk[] = {test_bin("dflash-mkmodel"), "--preset", "tiny", "--dtype", "f32", "--threads", "1", "--out",
+                        model, "--dataset", data, "--samples", "40", "--median-len", "60", "--min-len", "16",
+                        "--max-len", "200", NULL};
     char log[700];
     snprintf(log, sizeof log, "%s/mkmodel.log", base);
     ck_assert_int_eq(tr_wait(test_spawn_log(log, mk)), 0);

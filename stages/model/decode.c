@@ -631,7 +631,8 @@ static int extend_gpu_hybrid(struct decode *d, int n_seq, const int *slots, cons
             KCALL(gated_rmsnorm_forward(y, o, qkv + D, LIN_IN, ly.gnorm, T, gs->n_v, gs->d_v, eps, s));
             KCALL(blas_matmul(x, BLAS_BF16, y, 0, ly.w_lin_out, 1, NULL, T, C, VD, 0, 0, 0, 1.0f, 1.0f, s));
         } else {
-            bf16 *kc = (bf16 *)d->kc + (size_t)d->attn_idx[l] * layer, *vc = (bf16 *)d->vc + (size_t)d->attn_idx[l] * layer;
+            size_t at = (size_t)d->attn_idx[l] * layer;
+            bf16 *kc = (bf16 *)d->kc + at, *vc = (bf16 *)d->vc + at;
             KCALL(blas_linear_forward(qkv, BLAS_BF16, h, ly.w_qkv, NULL, T, QKV, C, s));
             KCALL(gated_attn_split_forward(q, gate, k, v, qkv, T, NH, NKV, HD, s));
             KCALL(rmsnorm_qk_forward(q, NULL, q, ly.q_norm, T * NH, k, NULL, k, ly.k_norm, T * NKV, HD, eps, s));

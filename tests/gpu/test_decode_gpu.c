@@ -197,9 +197,9 @@ static void rows_alloc(int32_t **a, int32_t **b, int n) {
 
 /* Plain greedy decoding of n prompts into ref, then each of the runs' speculative decodings into out, which must
  * equal it token for token; runs[1] must be the proposer wrong once per block (its tau below B). */
-static void spec_equals_greedy(struct eval_target *eg, int n, const int32_t *const *cp, const int *P, int max_new, int B,
-                               const struct eval_gen_opts *runs, const char *const *names, int n_runs, int32_t **ref,
-                               int *lr, int32_t **out, int *lo) {
+static void spec_equals_greedy(struct eval_target *eg, int n, const int32_t *const *cp, const int *P, int max_new,
+                               int B, const struct eval_gen_opts *runs, const char *const *names, int n_runs,
+                               int32_t **ref, int *lr, int32_t **out, int *lo) {
     struct eval_gen_opts plain = {.max_new = max_new};
     ck_assert_msg(eval_generate(eg, n, cp, P, &plain, ref, lr, NULL, err, sizeof err) == 0, "%s", err);
     for (int k = 0; k < n_runs; k++) {
@@ -214,7 +214,8 @@ static void spec_equals_greedy(struct eval_target *eg, int n, const int32_t *con
         }
         printf("decode_gpu_speculative_equals_greedy: %s proposer: tau %.3f over %lld rounds, output == greedy\n",
                names[k], eval_stats_tau(&s), (long long)s.rounds);
-        if (k == 1) ck_assert_msg(eval_stats_tau(&s) < B, "a wrong token in every block, yet tau %g", eval_stats_tau(&s));
+        if (k == 1)
+            ck_assert_msg(eval_stats_tau(&s) < B, "a wrong token in every block, yet tau %g", eval_stats_tau(&s));
     }
 }
 

@@ -179,11 +179,14 @@ static void decode_case(int n_k, int n_v, int d_k, int d_v, uint64_t seed) {
                                     g.cu, &g.s, st);
     bf16 *hist = k1_malloc(2 * (size_t)5 * W * D);
     k1_poison(hist, 2 * (size_t)5 * W * D);   /* a ring row read before it is written is a NaN */
-    float *dw = k1_upload(w, 4 * (size_t)D * K), *dy = k1_malloc(4 * (size_t)T * D), *dconv = k1_malloc(4 * (size_t)T * D);
+    float *dw = k1_upload(w, 4 * (size_t)D * K), *dy = k1_malloc(4 * (size_t)T * D);
+    float *dconv = k1_malloc(4 * (size_t)T * D);
     float *dan = k1_upload(g.a_neg, 4 * (size_t)n_v), *ddt = k1_upload(g.dt_bias, 4 * (size_t)n_v);
-    float *dstate = k1_malloc(4 * 5 * SS), *dsnap = k1_malloc(4 * 5 * n_snap * SS), *dout = k1_malloc(4 * (size_t)T * VD);
+    float *dstate = k1_malloc(4 * 5 * SS), *dsnap = k1_malloc(4 * 5 * n_snap * SS);
+    float *dout = k1_malloc(4 * (size_t)T * VD);
     K1_CUDA(cudaMemset(dstate, 0, 4 * 5 * SS));
-    int32_t *dslot = k1_malloc(4 * (size_t)T), *dpos = k1_malloc(4 * (size_t)T), *dcu = k1_malloc(4 * (GDN_MAX_SEQ + 1));
+    int32_t *dslot = k1_malloc(4 * (size_t)T), *dpos = k1_malloc(4 * (size_t)T);
+    int32_t *dcu = k1_malloc(4 * (GDN_MAX_SEQ + 1));
     int32_t *dss = k1_malloc(4 * GDN_MAX_SEQ), *dsp = k1_malloc(4 * GDN_MAX_SEQ), slot[1200], pos[1200];
     float *xs = malloc(4 * (size_t)T * D), *ys = malloc(4 * (size_t)T * D), *os = malloc(4 * (size_t)T * VD);
     float *live = malloc(4 * SS), *sn = malloc(4 * SS);
@@ -222,8 +225,8 @@ static void decode_case(int n_k, int n_v, int d_k, int d_v, uint64_t seed) {
             K1_CUDA(cudaMemcpy(live, dstate + (size_t)p->slot[i] * SS, 4 * SS, cudaMemcpyDeviceToHost));
             K1_CUDA(cudaMemcpy(sn, dsnap + ((size_t)p->slot[i] * n_snap + last % n_snap) * SS, 4 * SS,
                                cudaMemcpyDeviceToHost));
-            ck_assert_msg(!memcmp(live, sn, 4 * SS), "step %d slot %d: snapshot of position %d is not the live state", k,
-                          p->slot[i], last);
+            ck_assert_msg(!memcmp(live, sn, 4 * SS), "step %d slot %d: snapshot of position %d is not the live state",
+                          k, p->slot[i], last);
         }
         cudaFree(dba);
         free(p->rows);
