@@ -203,4 +203,55 @@ static inline int e2e_rank_pid(const char *run, int rank) {
     return found;
 }
 
+/* Wait up to secs for a pipeline script started by e2e_start with its output in RUN.out; it must exit 0 (else its
+ * output's tail is the message). tail/cap (NULL: a local buffer) keeps that tail for the caller. */
+static inline void e2e_finish(pid_t p, const char *run, const char *what, double secs, char *tail, size_t cap) {
+    char out[800], own[4096];
+    if (!tail) {
+        tail = own;
+        cap = sizeof own;
+    }
+    snprintf(out, sizeof out, "%s.out", run);
+    int rc = e2e_wait(p, secs, out, what);
+    e2e_tail(out, tail, cap);
+    ck_assert_msg(rc == 0, "%s: exit %d:\n%s", what, rc, tail);
+}
+
+/* the final checkpoint (named in state/train.json) and the z-lab export of a and b have the same bytes */
+static inline void e2e_assert_same_run(const char *a, const char *b, const char *what) {
+    char sa[900], sb[900], ja[1024], jb[1024];
+    snprintf(sa, sizeof sa, "%s/state/train.json", a);
+    snprintf(sb, sizeof sb, "%s/state/train.json", b);
+    e2e_slurp(sa, ja, sizeof ja);
+    e2e_slurp(sb, jb, sizeof jb);
+    const char *fa = strrchr(ja, '/'), *fb = strrchr(jb, '/');
+    ck_assert_msg(strstr(ja, "\"checkpoint\"") && fa && fb && strcmp(fa, fb) == 0, "%s: final checkpoints %s vs %s",
+                  what, ja, jb);
+    char name[64], ca[1200], cb[1200];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(fa + 1, "\""), fa + 1);
+    snprintf(ca, sizeof ca, "%s/checkpoints/%s", a, name);
+    snprintf(cb, sizeof cb, "%s/checkpoints/%s", b, name);
+    ck_assert_msg(access(ca, F_OK) == 0, "%s: no %s", what, ca);
+    ck_assert_msg(e2e_same_file(ca, cb), "%s: %s and %s differ", what, ca, cb);
+    snprintf(ca, sizeof ca, "%s/export/zlab/model.safetensors", a);
+    snprintf(cb, sizeof cb, "%s/export/zlab/model.safetensors", b);
+    ck_assert_msg(access(ca, F_OK) == 0, "%s: no %s", what, ca);
+    ck_assert_msg(e2e_same_file(ca, cb), "%s: the z-lab exports differ", what);
+}
+
+/* wait until the trainer's log of RUN shows `step N:` (or the script ended) */
+static inline void e2e_wait_step(const char *run, int n, pid_t p, const char *what) {
+    char path[900], want[32];
+    static char log[1 << 18];
+    snprintf(path, sizeof path, "%s/logs/dflash-train.out", run);
+    snprintf(want, sizeof want, "step %d:", n);
+    for (int i = 0; i < 1800; i++) {
+        e2e_slurp(path, log, sizeof log);
+        if (strstr(log, want)) return;
+        ck_assert_msg(waitpid(p, NULL, WNOHANG) == 0, "%s: the script ended before step %d", what, n);
+        usleep(50000);
+    }
+    ck_abort_msg("%s: no step %d within 90 s", what, n);
+}
+
 #endif

@@ -37,51 +37,6 @@ static pid_t start_train_ranks(const char *run, const char *replicas, const char
 
 static pid_t start_train(const char *run, const char *replicas) { return start_train_ranks(run, replicas, "1", "0"); }
 
-static void finish(pid_t p, const char *run, const char *what, char *tail, size_t cap) {
-    char out[800];
-    snprintf(out, sizeof out, "%s.out", run);
-    int rc = e2e_wait(p, 180, out, what);
-    e2e_tail(out, tail, cap);
-    ck_assert_msg(rc == 0, "%s: exit %d:\n%s", what, rc, tail);
-}
-
-/* the final checkpoint (named in state/train.json) and the z-lab export of a and b have the same bytes */
-static void assert_same_run(const char *a, const char *b, const char *what) {
-    char sa[900], sb[900], ja[1024], jb[1024];
-    snprintf(sa, sizeof sa, "%s/state/train.json", a);
-    snprintf(sb, sizeof sb, "%s/state/train.json", b);
-    e2e_slurp(sa, ja, sizeof ja);
-    e2e_slurp(sb, jb, sizeof jb);
-    const char *fa = strrchr(ja, '/'), *fb = strrchr(jb, '/');
-    ck_assert_msg(strstr(ja, "\"checkpoint\"") && fa && fb && strcmp(fa, fb) == 0, "%s: final checkpoints %s vs %s",
-                  what, ja, jb);
-    char name[64], ca[1200], cb[1200];
-    snprintf(name, sizeof name, "%.*s", (int)strcspn(fa + 1, "\""), fa + 1);
-    snprintf(ca, sizeof ca, "%s/checkpoints/%s", a, name);
-    snprintf(cb, sizeof cb, "%s/checkpoints/%s", b, name);
-    ck_assert_msg(access(ca, F_OK) == 0, "%s: no %s", what, ca);
-    ck_assert_msg(e2e_same_file(ca, cb), "%s: %s and %s differ", what, ca, cb);
-    snprintf(ca, sizeof ca, "%s/export/zlab/model.safetensors", a);
-    snprintf(cb, sizeof cb, "%s/export/zlab/model.safetensors", b);
-    ck_assert_msg(access(ca, F_OK) == 0, "%s: no %s", what, ca);
-    ck_assert_msg(e2e_same_file(ca, cb), "%s: the z-lab exports differ", what);
-}
-
-/* wait until the trainer's log of RUN shows `step N:` (or the script ended) */
-static void wait_step(const char *run, int n, pid_t p, const char *what) {
-    char path[900], want[32];
-    static char log[1 << 18];
-    snprintf(path, sizeof path, "%s/logs/dflash-train.out", run);
-    snprintf(want, sizeof want, "step %d:", n);
-    for (int i = 0; i < 1800; i++) {
-        e2e_slurp(path, log, sizeof log);
-        if (strstr(log, want)) return;
-        ck_assert_msg(waitpid(p, NULL, WNOHANG) == 0, "%s: the script ended before step %d", what, n);
-        usleep(50000);
-    }
-    ck_abort_msg("%s: no step %d within 90 s", what, n);
-}
-
 START_TEST(replicas) {
     make_inputs();
     char one[700], two[700], killed[700], tail[4096], path[900], plan[8192];
@@ -89,10 +44,10 @@ START_TEST(replicas) {
     snprintf(two, sizeof two, "%s/two", g_base);
     snprintf(killed, sizeof killed, "%s/killed", g_base);
 
-    finish(start_train(one, "1"), one, "1 replica", tail, sizeof tail);
+    e2e_finish(start_train(one, "1"), one, "1 replica", 180, tail, sizeof tail);
     e2e_nothing_left(one, "1 replica");
 
-    finish(start_train(two, "2"), two, "2 replicas", tail, sizeof tail);
+    e2e_finish(start_train(two, "2"), two, "2 replicas", 180, tail, sizeof tail);
     /* two processes ran; each batch was claimed by exactly one of them: their counts add up to the 24 batches */
     long in[2];
     for (int i = 0; i < 2; i++) {
@@ -108,23 +63,23 @@ START_TEST(replicas) {
     snprintf(path, sizeof path, "%s/plan.json", two);
     e2e_slurp(path, plan, sizeof plan);
     ck_assert_msg(strstr(plan, "\"target_replicas\": 2") && strstr(plan, "producers=2"), "%s", plan);
-    assert_same_run(one, two, "2 replicas vs 1");
+    e2e_assert_same_run(one, two, "2 replicas vs 1");
     e2e_nothing_left(two, "2 replicas");
     fprintf(stderr, "test_scale: --target-replicas 2 == 1 replica: bit-identical\n");
 
     /* replica 1 SIGKILLed mid-run: restarted alone, nothing lost */
     pid_t p = start_train(killed, "2");
-    wait_step(killed, 2, p, "replica kill");
+    e2e_wait_step(killed, 2, p, "replica kill");
     int tp = e2e_read_pid(killed, "dflash-target.1");
     ck_assert_int_gt(tp, 0);
     ck_assert_int_eq(kill(tp, SIGKILL), 0);
-    finish(p, killed, "replica kill", tail, sizeof tail);
+    e2e_finish(p, killed, "replica kill", 180, tail, sizeof tail);
     snprintf(path, sizeof path, "%s.out", killed);
     static char all[1 << 16];
     e2e_slurp(path, all, sizeof all);
     ck_assert_msg(strstr(all, "dflash-target.1 died of signal 9; starting it again"), "%s", tail);
     ck_assert_msg(!strstr(all, "restarting the chain"), "a replica's death restarted the chain:\n%s", tail);
-    assert_same_run(one, killed, "replica 1 killed vs 1 replica");
+    e2e_assert_same_run(one, killed, "replica 1 killed vs 1 replica");
     e2e_nothing_left(killed, "replica kill");
     fprintf(stderr, "test_scale: replica 1 SIGKILLed after step 2: restarted alone, bit-identical\n");
 
@@ -133,13 +88,13 @@ START_TEST(replicas) {
         ck_abort_msg("mpirun not found: Open MPI comes from scripts/install-deps.sh (openmpi-bin)");
     char ranks[700], rkill[700];
     snprintf(ranks, sizeof ranks, "%s/ranks", g_base);
-    finish(start_train_ranks(ranks, "1", "2", "0"), ranks, "2 ranks", tail, sizeof tail);
+    e2e_finish(start_train_ranks(ranks, "1", "2", "0"), ranks, "2 ranks", 180, tail, sizeof tail);
     snprintf(path, sizeof path, "%s/logs/dflash-train.out", ranks);
     static char tlog[1 << 18];
     e2e_slurp(path, tlog, sizeof tlog);
     ck_assert_msg(strstr(tlog, "rank 0 of 2: initial weights identical") && strstr(tlog, "rank 1 of 2: initial weights "
                   "identical"), "2 ranks: the ranks did not both start:\n%.2000s", tlog);
-    assert_same_run(one, ranks, "2 ranks vs 1 rank --grad-accum 2");
+    e2e_assert_same_run(one, ranks, "2 ranks vs 1 rank --grad-accum 2");
     e2e_nothing_left(ranks, "2 ranks");
     fprintf(stderr, "test_scale: 2 MPI ranks == 1 rank with --grad-accum 2: bit-identical\n");
 
@@ -147,18 +102,19 @@ START_TEST(replicas) {
      * resumes every rank from rank 0's checkpoint (the script restarts the chain, or the same command again) */
     snprintf(rkill, sizeof rkill, "%s/rank-kill", g_base);
     p = start_train_ranks(rkill, "1", "2", "3");
-    wait_step(rkill, 4, p, "rank kill");
+    e2e_wait_step(rkill, 4, p, "rank kill");
     int rp = 0;
     for (int i = 0; i < 100 && !rp; i++) { rp = e2e_rank_pid(rkill, 1); if (!rp) usleep(20000); }
     ck_assert_msg(rp > 0, "rank kill: no process of rank 1 found");
     ck_assert_int_eq(kill(rp, SIGKILL), 0);
     snprintf(path, sizeof path, "%s.out", rkill);
     int rc = e2e_wait(p, 180, path, "rank kill");
-    if (rc != 0) finish(start_train_ranks(rkill, "1", "2", "3"), rkill, "rank kill, the same command again", tail,
-                        sizeof tail);
+    if (rc != 0)
+        e2e_finish(start_train_ranks(rkill, "1", "2", "3"), rkill, "rank kill, the same command again", 180, tail,
+                   sizeof tail);
     e2e_slurp(path, all, sizeof all);
     ck_assert_msg(strstr(all, "process rank 1 "), "rank kill: no line names rank 1:\n%.3000s", all);
-    assert_same_run(one, rkill, "rank 1 killed vs 1 rank --grad-accum 2");
+    e2e_assert_same_run(one, rkill, "rank 1 killed vs 1 rank --grad-accum 2");
     e2e_nothing_left(rkill, "rank kill");
     fprintf(stderr, "test_scale: trainer rank 1 SIGKILLed after step 4: stopped, resumed, bit-identical\n");
 }

@@ -80,36 +80,6 @@ static pid_t start_two_hosts(const char *run, const char *ckpt_every) {
     return e2e_start(out, NULL, "0", NULL, argv);
 }
 
-static void finish(pid_t p, const char *run, const char *what) {
-    char out[800], tail[4096];
-    snprintf(out, sizeof out, "%s.out", run);
-    int rc = e2e_wait(p, 150, out, what);
-    e2e_tail(out, tail, sizeof tail);
-    ck_assert_msg(rc == 0, "%s: exit %d:\n%s", what, rc, tail);
-}
-
-/* the final checkpoint (named in state/train.json) and the z-lab export of a and b have the same bytes */
-static void assert_same_run(const char *a, const char *b, const char *what) {
-    char sa[900], sb[900], ja[1024], jb[1024];
-    snprintf(sa, sizeof sa, "%s/state/train.json", a);
-    snprintf(sb, sizeof sb, "%s/state/train.json", b);
-    e2e_slurp(sa, ja, sizeof ja);
-    e2e_slurp(sb, jb, sizeof jb);
-    const char *fa = strrchr(ja, '/'), *fb = strrchr(jb, '/');
-    ck_assert_msg(strstr(ja, "\"checkpoint\"") && fa && fb && strcmp(fa, fb) == 0, "%s: final checkpoints %s vs %s",
-                  what, ja, jb);
-    char name[64], ca[1200], cb[1200];
-    snprintf(name, sizeof name, "%.*s", (int)strcspn(fa + 1, "\""), fa + 1);
-    snprintf(ca, sizeof ca, "%s/checkpoints/%s", a, name);
-    snprintf(cb, sizeof cb, "%s/checkpoints/%s", b, name);
-    ck_assert_msg(access(ca, F_OK) == 0, "%s: no %s", what, ca);
-    ck_assert_msg(e2e_same_file(ca, cb), "%s: %s and %s differ", what, ca, cb);
-    snprintf(ca, sizeof ca, "%s/export/zlab/model.safetensors", a);
-    snprintf(cb, sizeof cb, "%s/export/zlab/model.safetensors", b);
-    ck_assert_msg(access(ca, F_OK) == 0, "%s: no %s", what, ca);
-    ck_assert_msg(e2e_same_file(ca, cb), "%s: the z-lab exports differ", what);
-}
-
 /* nothing of the run, its host directories included, is left (processes, segments) */
 static void nothing_left(const char *run, const char *what) {
     char h[800];
@@ -118,21 +88,6 @@ static void nothing_left(const char *run, const char *what) {
         snprintf(h, sizeof h, "%s/hosts/%d", run, i);
         e2e_nothing_left(h, what);
     }
-}
-
-/* wait until the trainer's log of RUN shows `step N:` */
-static void wait_step(const char *run, int n, pid_t p, const char *what) {
-    char path[900], want[32];
-    static char log[1 << 18];
-    snprintf(path, sizeof path, "%s/logs/dflash-train.out", run);
-    snprintf(want, sizeof want, "step %d:", n);
-    for (int i = 0; i < 1800; i++) {
-        e2e_slurp(path, log, sizeof log);
-        if (strstr(log, want)) return;
-        ck_assert_msg(waitpid(p, NULL, WNOHANG) == 0, "%s: the script ended before step %d", what, n);
-        usleep(50000);
-    }
-    ck_abort_msg("%s: no step %d within 90 s", what, n);
 }
 
 START_TEST(plan_hosts) {
@@ -277,10 +232,10 @@ START_TEST(two_hosts) {
     snprintf(rkill, sizeof rkill, "%s/rank-kill", g_base);
 
     double t0 = now_s();
-    finish(start_one_host(one), one, "1 host, 1 rank, --grad-accum 2");
+    e2e_finish(start_one_host(one), one, "1 host, 1 rank, --grad-accum 2", 150, NULL, 0);
     nothing_left(one, "1 host");
     double t1 = now_s();
-    finish(start_two_hosts(two, "0"), two, "slurm-train.sh, 2 fake hosts");
+    e2e_finish(start_two_hosts(two, "0"), two, "slurm-train.sh, 2 fake hosts", 150, NULL, 0);
     double t2 = now_s();
     /* the plan says 2 hosts and 2 ranks; each host ran its chain in its own directory on its own rings */
     snprintf(path, sizeof path, "%s/plan.json", two);
@@ -312,7 +267,7 @@ START_TEST(two_hosts) {
     ck_assert_msg(strstr(buf, "2 tasks: bash ") && strstr(buf, "--host-chain") && strstr(buf, "2 tasks: orted ") &&
                   strstr(buf, "(srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --overlap bash "),
                   "the fake srun's steps:\n%s", buf);
-    assert_same_run(one, two, "2 hosts x 1 rank vs 1 host, 1 rank, --grad-accum 2");
+    e2e_assert_same_run(one, two, "2 hosts x 1 rank vs 1 host, 1 rank, --grad-accum 2");
     nothing_left(two, "2 hosts");
     fprintf(stderr, "test_slurm: slurm-train.sh on 2 fake hosts == 1 host, 1 rank --grad-accum 2: bit-identical "
             "(%.1f s vs %.1f s)\n", t2 - t1, t1 - t0);
@@ -323,18 +278,18 @@ START_TEST(two_hosts) {
     snprintf(hkill, sizeof hkill, "%s/hspack-kill", g_base);
     snprintf(hdir, sizeof hdir, "%s/hosts/1", hkill);
     pid_t p = start_two_hosts(hkill, "0");
-    wait_step(hkill, 2, p, "hspack kill");
+    e2e_wait_step(hkill, 2, p, "hspack kill");
     int hp = e2e_read_pid(hdir, "dflash-hspack");
     ck_assert_int_gt(hp, 0);
     ck_assert_int_eq(kill(hp, SIGKILL), 0);
-    finish(p, hkill, "hspack kill on host 1");
+    e2e_finish(p, hkill, "hspack kill on host 1", 150, NULL, 0);
     snprintf(path, sizeof path, "%s/logs/hosts.out", hkill);
     e2e_slurp(path, buf, sizeof buf);
     ck_assert_msg(strstr(buf, "dflash-hspack died of signal 9; starting it again"), "hspack kill:\n%.3000s", buf);
     snprintf(path, sizeof path, "%s.out", hkill);
     e2e_slurp(path, buf, sizeof buf);
     ck_assert_msg(!strstr(buf, "restarting the chain"), "a host's hspack death restarted the round:\n%.3000s", buf);
-    assert_same_run(one, hkill, "host 1's hspack killed vs 1 host, 1 rank --grad-accum 2");
+    e2e_assert_same_run(one, hkill, "host 1's hspack killed vs 1 host, 1 rank --grad-accum 2");
     nothing_left(hkill, "hspack kill");
     double t3 = now_s();
     fprintf(stderr, "test_slurm: host 1's dflash-hspack SIGKILLed after step 2: restarted alone, bit-identical (%.1f s)\n",
@@ -344,19 +299,20 @@ START_TEST(two_hosts) {
      * rank 1; the script stops both host chains and starts the next round from rank 0's checkpoint (or, when
      * mpirun's status is not a death, the same command again resumes) */
     p = start_two_hosts(rkill, "3");
-    wait_step(rkill, 4, p, "rank kill");
+    e2e_wait_step(rkill, 4, p, "rank kill");
     int rp = 0;
     for (int i = 0; i < 100 && !rp; i++) { rp = e2e_rank_pid(rkill, 1); if (!rp) usleep(20000); }
     ck_assert_msg(rp > 0, "rank kill: no process of rank 1 found");
     ck_assert_int_eq(kill(rp, SIGKILL), 0);
     snprintf(path, sizeof path, "%s.out", rkill);
     int rc = e2e_wait(p, 150, path, "rank kill");
-    if (rc != 0) finish(start_two_hosts(rkill, "3"), rkill, "rank kill, the same command again");
+    if (rc != 0)
+        e2e_finish(start_two_hosts(rkill, "3"), rkill, "rank kill, the same command again", 150, NULL, 0);
     e2e_slurp(path, buf, sizeof buf);
     ck_assert_msg(strstr(buf, "process rank 1 "), "rank kill: no line names rank 1:\n%.3000s", buf);
     ck_assert_msg(strstr(buf, "round 4242.1.2") || strstr(buf, "round 4242.2.1"),
                   "rank kill: no second round of host chains:\n%.3000s", buf);
-    assert_same_run(one, rkill, "rank 1 killed on host 1 vs 1 host, 1 rank --grad-accum 2");
+    e2e_assert_same_run(one, rkill, "rank 1 killed on host 1 vs 1 host, 1 rank --grad-accum 2");
     nothing_left(rkill, "rank kill");
     fprintf(stderr, "test_slurm: trainer rank 1 SIGKILLed after step 4: every host chain restarted, resumed, "
             "bit-identical (%.1f s)\n", now_s() - t3);
