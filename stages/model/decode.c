@@ -362,17 +362,30 @@ static void note_snapshots(struct decode *d, int n_seq, const int *slots, const 
 
 /* ---------------------------------------------------------------- CPU */
 
+/* Layer l's MLP block on x (x += down(swiglu(gate_up(norm(x))))), then its captured plane into states. */
+static void step_mlp_cpu(struct decode *d, const struct target_layer_view *ly, int l, int T, float *states) {
+    const struct model_config *c = d->c;
+    int C = c->hidden_size, I = c->intermediate_size, n_cap = target_n_capture(d->t);
+    const int *cap = target_capture(d->t);
+    size_t plane = (size_t)T * C;
+    float *x = d->x, *h = d->h, *gu = d->gu, *act = d->act;
+    rmsnorm_forward_ref(h, NULL, x, ly->ln_post, T, C, (float)c->rms_norm_eps);
+    gemm_forward_ref(gu, h, 0, ly->w_gu, 1, T, 2 * I, C, 1.0f, 0.0f);
+    swiglu_forward_ref(act, gu, gu + I, T, I, 2 * I);
+    gemm_forward_ref(x, act, 0, ly->w_down, 1, T, C, I, 1.0f, 1.0f);
+    if (states)
+        for (int j = 0; j < n_cap; j++)
+            if (cap[j] == l) memcpy(states + (size_t)j * plane, x, plane * sizeof(float));
+}
+
 static int extend_cpu(struct decode *d, int T, const int32_t *ids, float *states, float *last, char *err,
                       int err_len) {
     const struct model_config *c = d->c;
-    int C = c->hidden_size, I = c->intermediate_size, HD = c->head_dim, NH = c->num_attention_heads;
+    int C = c->hidden_size, HD = c->head_dim, NH = c->num_attention_heads;
     int NKV = c->num_key_value_heads, L = c->num_hidden_layers, QKV = (NH + 2 * NKV) * HD;
     float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)HD);
     size_t kvrow = (size_t)NKV * HD, layer = (size_t)d->n_slots * d->max_len * kvrow, plane = (size_t)T * C;
-    int n_cap = target_n_capture(d->t);
-    const int *cap = target_capture(d->t);
-    float *x = d->x, *h = d->h, *qkv = d->qkv, *q = d->q, *k = d->k, *v = d->v, *att = d->att, *gu = d->gu;
-    float *act = d->act;
+    float *x = d->x, *h = d->h, *qkv = d->qkv, *q = d->q, *k = d->k, *v = d->v, *att = d->att;
     if (embedding_forward_ref(x, ids, target_cpu_embed(d->t), T, C, c->vocab_size))
         return err_fail(err, err_len, "decode: %s", kernels_error());
     for (int l = 0; l < L; l++) {
@@ -398,13 +411,7 @@ static int extend_cpu(struct decode *d, int T, const int32_t *ids, float *states
                                     scale, d->scratch))
             return err_fail(err, err_len, "decode: %s", kernels_error());
         gemm_forward_ref(x, att, 0, ly.w_o, 1, T, C, NH * HD, 1.0f, 1.0f);
-        rmsnorm_forward_ref(h, NULL, x, ly.ln_post, T, C, eps);
-        gemm_forward_ref(gu, h, 0, ly.w_gu, 1, T, 2 * I, C, 1.0f, 0.0f);
-        swiglu_forward_ref(act, gu, gu + I, T, I, 2 * I);
-        gemm_forward_ref(x, act, 0, ly.w_down, 1, T, C, I, 1.0f, 1.0f);
-        if (states)
-            for (int j = 0; j < n_cap; j++)
-                if (cap[j] == l) memcpy(states + (size_t)j * plane, x, plane * sizeof(float));
+        step_mlp_cpu(d, &ly, l, T, states);
     }
     if (last) memcpy(last, x, plane * sizeof(float));
     return 0;
@@ -418,7 +425,7 @@ static int extend_cpu(struct decode *d, int T, const int32_t *ids, float *states
 static int extend_cpu_hybrid(struct decode *d, int n_seq, const int *slots, const int32_t *cu, int T,
                              const int32_t *ids, float *states, float *last, char *err, int err_len) {
     const struct model_config *c = d->c;
-    int C = c->hidden_size, I = c->intermediate_size, HD = c->head_dim, NH = c->num_attention_heads;
+    int C = c->hidden_size, HD = c->head_dim, NH = c->num_attention_heads;
     int NKV = c->num_key_value_heads, L = c->num_hidden_layers, QKV = (2 * NH + 2 * NKV) * HD;
     int R = hf_config_rotary_dim(c);
     const struct gdn_shape *gs = &d->gs;
@@ -426,10 +433,7 @@ static int extend_cpu_hybrid(struct decode *d, int n_seq, const int *slots, cons
     size_t SS = (size_t)gs->n_v * gs->d_k * gs->d_v, ns = (size_t)d->n_slots;
     float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)HD);
     size_t kvrow = (size_t)NKV * HD, layer = (size_t)d->n_slots * d->max_len * kvrow, plane = (size_t)T * C;
-    int n_cap = target_n_capture(d->t);
-    const int *cap = target_capture(d->t);
-    float *x = d->x, *h = d->h, *qkv = d->qkv, *q = d->q, *k = d->k, *v = d->v, *att = d->att, *gu = d->gu;
-    float *act = d->act;
+    float *x = d->x, *h = d->h, *qkv = d->qkv, *q = d->q, *k = d->k, *v = d->v, *att = d->att;
     if (embedding_forward_ref(x, ids, target_cpu_embed(d->t), T, C, c->vocab_size))
         return err_fail(err, err_len, "decode: %s", kernels_error());
     for (int l = 0; l < L; l++) {
@@ -473,13 +477,7 @@ static int extend_cpu_hybrid(struct decode *d, int n_seq, const int *slots, cons
             gated_attn_gate_forward_ref(att, d->gate, (int64_t)T * NH * HD);
             gemm_forward_ref(x, att, 0, ly.w_o, 1, T, C, NH * HD, 1.0f, 1.0f);
         }
-        rmsnorm_forward_ref(h, NULL, x, ly.ln_post, T, C, eps);
-        gemm_forward_ref(gu, h, 0, ly.w_gu, 1, T, 2 * I, C, 1.0f, 0.0f);
-        swiglu_forward_ref(act, gu, gu + I, T, I, 2 * I);
-        gemm_forward_ref(x, act, 0, ly.w_down, 1, T, C, I, 1.0f, 1.0f);
-        if (states)
-            for (int j = 0; j < n_cap; j++)
-                if (cap[j] == l) memcpy(states + (size_t)j * plane, x, plane * sizeof(float));
+        step_mlp_cpu(d, &ly, l, T, states);
     }
     if (last) memcpy(last, x, plane * sizeof(float));
     note_snapshots(d, n_seq, slots, cu);
