@@ -940,14 +940,35 @@ static int forward_cpu(struct target *t, const struct target_batch *b, float *st
 #define CCALL(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) return err_fail(err, err_len, \
                          "batch seq %llu: %s: %s", (unsigned long long)b->seq, #call, cudaGetErrorString(e_)); } while (0)
 
+/* Layer l's MLP block on x (x += down(swiglu(gate_up(norm(x))))) and its captured plane into states, with the
+ * phase marks of both (the same in every family's GPU forward). */
+static int layer_mlp_gpu(struct target *t, const struct target_batch *b, const struct target_layer *ly, int l,
+                         bf16 *states, char *err, int err_len) {
+    const struct model_config *c = &t->cfg;
+    int T = b->n_tokens, C = c->hidden_size, I = c->intermediate_size;
+    float eps = (float)c->rms_norm_eps;
+    bf16 *x = t->x, *h = t->h, *gu = t->gu, *act = t->act;
+    cudaStream_t s = t->stream;
+    size_t plane = (size_t)T * C;
+    KCALL(rmsnorm_forward(h, NULL, x, ly->ln_post, T, C, eps, s));
+    KCALL(blas_linear_forward(gu, BLAS_BF16, h, ly->w_gu, NULL, T, 2 * I, C, s));
+    KCALL(swiglu_forward(act, gu, gu + I, T, I, 2 * I, s));
+    KCALL(blas_matmul(x, BLAS_BF16, act, 0, ly->w_down, 1, NULL, T, C, I, 0, 0, 0, 1.0f, 1.0f, s));
+    tmark(t, TARGET_PH_MLP);
+    for (int j = 0; j < t->n_capture; j++)
+        if (t->capture[j] == l)
+            CCALL(cudaMemcpyAsync(states + (size_t)j * plane, x, plane * 2, cudaMemcpyDefault, s));
+    tmark(t, TARGET_PH_COPY);
+    return 0;
+}
+
 static int forward_gpu(struct target *t, const struct target_batch *b, bf16 *states, bf16 *last,
                        char *err, int err_len) {
     const struct model_config *c = &t->cfg;
-    int T = b->n_tokens, C = c->hidden_size, I = c->intermediate_size, HD = c->head_dim;
+    int T = b->n_tokens, C = c->hidden_size, HD = c->head_dim;
     int NH = c->num_attention_heads, NKV = c->num_key_value_heads, QKV = n_qkv(c), L = c->num_hidden_layers;
     float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)HD);
     bf16 *x = t->x, *h = t->h, *qkv = t->qkv, *q = t->q, *k = t->k, *v = t->v, *att = t->att;
-    bf16 *gu = t->gu, *act = t->act;
     cudaStream_t s = t->stream;
     size_t plane = (size_t)T * C;
     int max_seqlen = 0;
@@ -976,15 +997,7 @@ static int forward_gpu(struct target *t, const struct target_batch *b, bf16 *sta
         /* x += att · W_oᵀ: the residual add in the GEMM epilogue, rounded to bf16 once */
         KCALL(blas_matmul(x, BLAS_BF16, att, 0, ly->w_o, 1, NULL, T, C, NH * HD, 0, 0, 0, 1.0f, 1.0f, s));
         tmark(t, TARGET_PH_FULL);
-        KCALL(rmsnorm_forward(h, NULL, x, ly->ln_post, T, C, eps, s));
-        KCALL(blas_linear_forward(gu, BLAS_BF16, h, ly->w_gu, NULL, T, 2 * I, C, s));
-        KCALL(swiglu_forward(act, gu, gu + I, T, I, 2 * I, s));
-        KCALL(blas_matmul(x, BLAS_BF16, act, 0, ly->w_down, 1, NULL, T, C, I, 0, 0, 0, 1.0f, 1.0f, s));
-        tmark(t, TARGET_PH_MLP);
-        for (int j = 0; j < t->n_capture; j++)
-            if (t->capture[j] == l)
-                CCALL(cudaMemcpyAsync(states + (size_t)j * plane, x, plane * 2, cudaMemcpyDefault, s));
-        tmark(t, TARGET_PH_COPY);
+        if (layer_mlp_gpu(t, b, ly, l, states, err, err_len)) return -1;
     }
     if (last) CCALL(cudaMemcpyAsync(last, x, plane * 2, cudaMemcpyDefault, s));
     tmark(t, TARGET_PH_COPY);
@@ -998,14 +1011,14 @@ static int forward_gpu(struct target *t, const struct target_batch *b, bf16 *sta
 static int forward_gpu_hybrid(struct target *t, const struct target_batch *b, bf16 *states, bf16 *last,
                               char *err, int err_len) {
     const struct model_config *c = &t->cfg;
-    int T = b->n_tokens, C = c->hidden_size, I = c->intermediate_size, HD = c->head_dim;
+    int T = b->n_tokens, C = c->hidden_size, HD = c->head_dim;
     int NH = c->num_attention_heads, NKV = c->num_key_value_heads, QKV = n_qkv(c), L = c->num_hidden_layers;
     int R = hf_config_rotary_dim(c), ND = b->n_docs;
     struct gdn_shape gs = gdn_shape_of(c);
     int LIN_IN = gdn_in_dim(&gs), VD = gs.n_v * gs.d_v, CONV = gdn_conv_dim(&gs), KD = gs.n_k * gs.d_k;
     float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)HD), qscale = 1.0f / sqrtf((float)gs.d_k);
     bf16 *x = t->x, *h = t->h, *qkv = t->qkv, *q = t->q, *k = t->k, *v = t->v, *att = t->att;
-    bf16 *gu = t->gu, *act = t->act, *gate = t->gate, *y = t->lin_y;
+    bf16 *gate = t->gate, *y = t->lin_y;
     float *conv = t->lin_conv, *o = t->lin_o;
     struct gated_delta_shape ds = {T, ND, gs.n_k, gs.n_v, gs.d_k, gs.d_v, CONV, CONV, LIN_IN};
     cudaStream_t s = t->stream;
@@ -1046,15 +1059,7 @@ static int forward_gpu_hybrid(struct target *t, const struct target_batch *b, bf
             KCALL(blas_matmul(x, BLAS_BF16, att, 0, ly->w_o, 1, NULL, T, C, NH * HD, 0, 0, 0, 1.0f, 1.0f, s));
         }
         tmark(t, ly->linear ? TARGET_PH_LINEAR : TARGET_PH_FULL);   /* the input norm counts with its mixer */
-        KCALL(rmsnorm_forward(h, NULL, x, ly->ln_post, T, C, eps, s));
-        KCALL(blas_linear_forward(gu, BLAS_BF16, h, ly->w_gu, NULL, T, 2 * I, C, s));
-        KCALL(swiglu_forward(act, gu, gu + I, T, I, 2 * I, s));
-        KCALL(blas_matmul(x, BLAS_BF16, act, 0, ly->w_down, 1, NULL, T, C, I, 0, 0, 0, 1.0f, 1.0f, s));
-        tmark(t, TARGET_PH_MLP);
-        for (int j = 0; j < t->n_capture; j++)
-            if (t->capture[j] == l)
-                CCALL(cudaMemcpyAsync(states + (size_t)j * plane, x, plane * 2, cudaMemcpyDefault, s));
-        tmark(t, TARGET_PH_COPY);
+        if (layer_mlp_gpu(t, b, ly, l, states, err, err_len)) return -1;
     }
     if (last) CCALL(cudaMemcpyAsync(last, x, plane * 2, cudaMemcpyDefault, s));
     tmark(t, TARGET_PH_COPY);
