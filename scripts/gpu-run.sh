@@ -50,15 +50,30 @@ out=${OUT:-/tmp/gpu-out}; mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 summary=()
 fails=0
+# GPU_JOBS=N runs N suites at a time (default 1); FILTER is an extended regex on the suite's name (a substring works)
+one_suite() {
+  local t=$1 name r t0
+  name=$(basename "$t"); t0=$(date +%s)
+  if timeout 300 "$t" >"$out/$name.log" 2>&1; then r=ok; else r=FAIL; fi
+  printf '%-30s %-4s %4ss  %s\n' "$name" "$r" $(( $(date +%s) - t0 )) \
+    "$(grep -E '^[0-9]+%: Checks:' "$out/$name.log" | tail -1)" >"$out/$name.sum"
+}
 if [ "$mode" = tests ] || [ "$mode" = all ]; then
+  jobs_max=${GPU_JOBS:-1}
+  ran=()
   for t in "$here"/tests/*; do
     [ -x "$t" ] || continue
     name=$(basename "$t")
-    [ -z "$filter" ] || [[ $name == *$filter* ]] || continue
-    t0=$(date +%s)
-    if timeout 300 "$t" >"$out/$name.log" 2>&1; then r=ok; else r=FAIL; fails=$((fails + 1)); fi
-    summary+=("$(printf '%-30s %-4s %4ss  %s' "$name" "$r" $(( $(date +%s) - t0 )) "$(grep -E '^[0-9]+%: Checks:' "$out/$name.log" | tail -1)")")
-    [ $r = ok ] || tail -n 30 "$out/$name.log"
+    [ -z "$filter" ] || [[ $name =~ $filter ]] || continue
+    ran+=("$name")
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
+    one_suite "$t" &
+  done
+  wait || true
+  for name in "${ran[@]}"; do
+    line=$(cat "$out/$name.sum"); rm -f "$out/$name.sum"
+    summary+=("$line")
+    if [[ $line != *" ok "* ]]; then fails=$((fails + 1)); echo "=== $name (failed): last 30 lines"; tail -n 30 "$out/$name.log"; fi
   done
 fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then

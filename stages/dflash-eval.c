@@ -15,9 +15,8 @@
  * is the ratio of the two wall times (the drafter's cost included). Greedy (--temperature 0): speculative output
  * must equal plain greedy output token for token. Sampled: speculative sampling's acceptance (a draft token d is
  * kept with probability p(d)). Qwen3.5 hybrids decode with their recurrent state and conv rows carried between
- * steps on the CPU; on a GPU that step is not yet validated (model/decode.h), so they run the old path, which
- * recomputes the target over the prefix every round (one line says so; DFLASH_HYBRID_GPU_DECODE=1 takes the
- * cached step; --no-kv-cache forces the old path anywhere).
+ * steps, on either device (model/decode.h); --no-kv-cache forces the old path anywhere, which recomputes the
+ * target over the prefix every round.
  * Prints τ (mean over responses of the per-response mean, as z-lab's benchmark), the τ histogram, per-position
  * acceptance, and the offline estimate a trainer reports: 1 + Σ_j Π_{i<=j} acc_i from teacher-forced per-position
  * accuracies on the same responses (SpecForge's simulated acceptance length), beside the teacher-forced mean
@@ -183,8 +182,7 @@ int main(int argc, char **argv) {
         {"top-p", FLAG_DOUBLE, &top_p, "nucleus sampling with --temperature (1: off)", 0, 1},
         {"seed", FLAG_INT64, &seed, "sampling seed", 0, INT64_MAX},
         {"kv-cache", FLAG_BOOL, &kv_cache, "KV-cached, batched decoding; --no-kv-cache recomputes the target over the "
-         "prefix every round, one prompt at a time (the old path; Qwen3.5 targets on a GPU take it unless "
-         "DFLASH_HYBRID_GPU_DECODE=1)", 1, 0},
+         "prefix every round, one prompt at a time (the old path)", 1, 0},
         {"offline", FLAG_BOOL, &offline, "also compute the offline (teacher-forced) estimate on the same responses",
          1, 0},
         {"train-metrics", FLAG_STRING, &train_metrics, "RUN/metrics.jsonl of the training run: also print the "
@@ -214,15 +212,7 @@ int main(int argc, char **argv) {
         if (p[i].n > longest) longest = p[i].n;
     int total = longest + max_new;
     int no_cache = !kv_cache;
-    if (!no_cache && tc.arch == HF_ARCH_QWEN3_5 && dev >= 0 && !decode_hybrid_gpu_enabled()) {
-        log_info("Qwen3.5/3.6 target on a GPU: its cached decode step is not yet validated on a GPU "
-                 "(DFLASH_HYBRID_GPU_DECODE=1 runs it), so every round recomputes the target over the prefix (slow "
-                 "beyond small models; --device cpu has the cache)");
-        no_cache = 1;
-    }
-    if (no_cache && temperature > 0)
-        DIE("--temperature needs the KV-cached path (not --no-kv-cache, not a Qwen3.5 target on a GPU without "
-            "DFLASH_HYBRID_GPU_DECODE=1)");
+    if (no_cache && temperature > 0) DIE("--temperature needs the KV-cached path (not --no-kv-cache)");
 
     /* the online drafter plans one block; the offline one an anchor at every generated token */
     struct drafter *d = ckpt ? export_load_checkpoint(ckpt, target, vocab, total + DRAFTER_MAX_B + 1, 1, NULL, err,

@@ -143,11 +143,6 @@ static void *dalloc(struct decode *d, size_t bytes, int *ok) {
 struct decode *decode_init(struct target *t, int n_slots, int max_len, int max_step_tokens, char *err, int err_len) {
     const struct model_config *c = target_config(t);
     int hybrid = c->arch == HF_ARCH_QWEN3_5;
-    if (hybrid && target_device(t) >= 0 && !decode_hybrid_gpu_enabled()) {
-        err_fail(err, err_len, "decode: the GPU decode step of Qwen3.5/3.6 targets is written but not yet validated "
-                 "on a GPU; use --device cpu (DFLASH_HYBRID_GPU_DECODE=1 runs it anyway)");
-        return NULL;
-    }
     if (c->num_hidden_layers > HF_MAX_LAYERS) {
         err_fail(err, err_len, "decode: %d layers, at most %d", c->num_hidden_layers, HF_MAX_LAYERS);
         return NULL;
@@ -301,11 +296,6 @@ struct decode *decode_init(struct target *t, int n_slots, int max_len, int max_s
         return NULL;
     }
     return d;
-}
-
-int decode_hybrid_gpu_enabled(void) {
-    const char *e = getenv("DFLASH_HYBRID_GPU_DECODE");
-    return e && !strcmp(e, "1");
 }
 
 int decode_len(const struct decode *d, int slot) { return slot >= 0 && slot < d->n_slots ? d->len[slot] : -1; }

@@ -27,9 +27,8 @@
  *   refuses anything else with a sentence. Per token the result is
  *   bitwise the full forward's (forward_cpu_hybrid), as for Qwen3. On a GPU (forward_gpu_hybrid's layers): the conv
  *   input rows in a per-slot ring of the positions a step and a rollback reach (kernels/conv1d.h's decode pair),
- *   the states and snapshots on the device (kernels/gated_delta.h's gated_delta_decode). That path has not yet run
- *   on a GPU, so it is gated: decode_init refuses a hybrid GPU target with one line unless
- *   DFLASH_HYBRID_GPU_DECODE=1 (tests/gpu/test_decode_gpu.c sets it); decode_hybrid_gpu_enabled says which.
+ *   the states and snapshots on the device (kernels/gated_delta.h's gated_delta_decode; tests/gpu/test_decode_gpu.c
+ *   and test_gdn_kernels.cu check it against the CPU step on the H200, RESULTS.md run 52).
  * - The final norm and LM head (decode_set_head) turn chosen rows of the last step into logits (decode_logits):
  *   on the GPU only those (T, V) logits cross to the host, so the host's sampling code (stages/export/eval.c) is
  *   the same for both devices, and a draw depends only on the logits it is given.
@@ -59,8 +58,6 @@ struct decode;
  * per decode_extend, on the target's device. t stays owned by the caller and must outlive the decode. Returns NULL
  * with a sentence (hybrid target, a shape the GPU kernels do not take, out of memory). */
 struct decode *decode_init(struct target *t, int n_slots, int max_len, int max_step_tokens, char *err, int err_len);
-/* 1 when DFLASH_HYBRID_GPU_DECODE=1 lets decode_init take a Qwen3.5/3.6 target on a GPU (see DESIGN), else 0. */
-int decode_hybrid_gpu_enabled(void);
 void decode_free(struct decode *d);   /* NULL is fine */
 
 /* Tokens cached in slot (0 after init). */

@@ -161,7 +161,6 @@ static void compare_model(int arch) {
 }
 
 START_TEST(decode_gpu_matches_cpu) {
-    setenv("DFLASH_HYBRID_GPU_DECODE", "1", 1);   /* the gated hybrid step (model/decode.h) is what is tested */
     compare_model(ARCH_QWEN3);
     compare_model(ARCH_LLAMA);
     compare_model(ARCH_QWEN35);
@@ -221,32 +220,6 @@ static void spec_equals_greedy(struct eval_target *eg, int n, const int32_t *con
 
 /* The Qwen3.5 hybrid on the GPU: rollbacks of rejected blocks restore the recurrent state from the device
  * snapshots, so the oracle and the proposer wrong once per block still give plain greedy decoding exactly. */
-START_TEST(decode_gpu_hybrid_speculative_equals_greedy) {
-    char model[700];
-    setenv("DFLASH_HYBRID_GPU_DECODE", "1", 1);
-    make_model(test_tmpdir("spec-gpu-hybrid"), ARCH_QWEN35, model, sizeof model);
-    enum { N6 = 6, NEW2 = 32, B = 4 };
-    int zl[1] = {0};
-    struct eval_target eg;
-    ck_assert_msg(eval_target_open_dev(&eg, model, MAXP + NEW2 + 2 * B, zl, 1, 0, err, sizeof err) == 0, "%s", err);
-    ck_assert_msg(eval_target_enable_cache(&eg, SLOTS, MAXP + NEW2 + 2 * B, err, sizeof err) == 0, "%s", err);
-    int32_t prompts[NP][MAXP], *pp[NP], *ref[NP], *out[NP];
-    int P[NP], lr[NP], lo[NP];
-    prompts_of(eg.V, prompts, pp, P);
-    rows_alloc(ref, out, MAXP + NEW2 + 2 * B);
-    int one = 1;
-    struct eval_gen_opts runs[2] = {{.max_new = NEW2, .B = B, .fn = oracle_propose},
-                                    {.max_new = NEW2, .B = B, .fn = oracle_propose, .ctx = &one}};
-    const char *names[2] = {"qwen3.5 oracle", "qwen3.5 one wrong per block"};
-    spec_equals_greedy(&eg, N6, (const int32_t *const *)pp, P, NEW2, B, runs, names, 2, ref, lr, out, lo);
-    for (int i = 0; i < NP; i++) {
-        free(ref[i]);
-        free(out[i]);
-    }
-    eval_target_close(&eg);
-}
-END_TEST
-
 /* test_eval.c's checkpoint: layers sliding + full, B 4, k 2 (ids 0, 2), random weights */
 static struct drafter *make_ckpt(const char *target, char *ckpt, size_t len) {
     struct drafter_config c;
@@ -267,6 +240,128 @@ static struct drafter *make_ckpt(const char *target, char *ckpt, size_t len) {
     save_ckpt(d, ckpt, len);
     return d;
 }
+
+/* dflash-eval --device cuda:0 on ckpt, from a prompt file of the first n prompts: matches greedy, reports tau */
+static void eval_cli_on_gpu(const char *dir, const char *model, const char *ckpt, int32_t prompts[NP][MAXP],
+                            const int *P, int n) {
+    char pf[800], js[800];
+    snprintf(pf, sizeof pf, "%s/prompts.jsonl", dir);
+    snprintf(js, sizeof js, "%s/eval.json", dir);
+    FILE *f = fopen(pf, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < n; i++) {
+        fprintf(f, "{\"input_ids\": [");
+        for (int t = 0; t < P[i]; t++) fprintf(f, "%s%d", t ? ", " : "", prompts[i][t]);
+        fprintf(f, "], \"set\": \"%s\"}\n", i % 2 ? "odd" : "even");
+    }
+    fclose(f);
+    const char *ev[] = {test_bin("dflash-eval"), "--target-model", model, "--ckpt", ckpt, "--prompts", pf, "--max-new",
+                        "24", "--batch", "4", "--device", "cuda:0", "--no-offline", "--out", js, NULL};
+    ck_assert_msg(run_argv(ev) == 0, "dflash-eval --device cuda:0: %s", out_text);
+    printf("%s", out_text);
+    json_t *j = json_load_file(js, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    ck_assert(json_is_true(json_object_get(j, "matches_greedy")));
+    ck_assert_str_eq(json_string_value(json_object_get(j, "device")), "cuda:0");
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "responses")), n);
+    ck_assert_ptr_nonnull(json_object_get(json_object_get(j, "sets"), "odd"));
+    ck_assert(json_real_value(json_object_get(j, "tau")) >= 1.0);
+    json_decref(j);
+}
+
+/* dflash-sample on the GPU against the CPU: rows of a prepared dataset (the first n prompts, then a supervised span);
+ * the GPU's tokens are the CPU's argmax after the same prefix but at near-ties */
+static void sample_cli_gpu_vs_cpu(const char *dir, const char *model, int32_t prompts[NP][MAXP], const int *P,
+                                  int n) {
+    char data[800], o_cpu[800], o_gpu[800];
+    snprintf(data, sizeof data, "%s/train.jsonl", dir);
+    snprintf(o_cpu, sizeof o_cpu, "%s/regen-cpu.jsonl", dir);
+    snprintf(o_gpu, sizeof o_gpu, "%s/regen-gpu.jsonl", dir);
+    FILE *f = fopen(data, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < n; i++) {
+        fprintf(f, "{\"input_ids\": [");
+        for (int t = 0; t < P[i] + 3; t++) fprintf(f, "%s%d", t ? ", " : "", t < P[i] ? prompts[i][t] : 7);
+        fprintf(f, "], \"loss_mask\": [");
+        for (int t = 0; t < P[i] + 3; t++) fprintf(f, "%s%d", t ? ", " : "", t >= P[i]);
+        fprintf(f, "]}\n");
+    }
+    fclose(f);
+    for (int g = 0; g < 2; g++) {
+        const char *sa[] = {test_bin("dflash-sample"), "--target-model", model, "--prompts", data, "--out",
+                            g ? o_gpu : o_cpu, "--gen-len", "40", "--temperature", "0", "--batch", "4", "--stop-ids",
+                            "999999", "--device", g ? "cuda:0" : "cpu", NULL};
+        ck_assert_msg(run_argv(sa) == 0, "dflash-sample --device %s: %s", g ? "cuda:0" : "cpu", out_text);
+    }
+    size_t n1, n2;
+    char *a = test_slurp(o_cpu, &n1), *b = test_slurp(o_gpu, &n2);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_nonnull(b);
+    struct eval_target ec;
+    int zero = 0;
+    ck_assert_msg(eval_target_open_dev(&ec, model, MAXP + 40 + 1, &zero, 1, -1, err, sizeof err) == 0, "%s", err);
+    char *sa1 = NULL, *sa2 = NULL;
+    int rows = 0, exact = 0, same = 0;
+    double worst = 0;
+    for (char *l1 = strtok_r(a, "\n", &sa1), *l2 = strtok_r(b, "\n", &sa2); l1 && l2;
+         l1 = strtok_r(NULL, "\n", &sa1), l2 = strtok_r(NULL, "\n", &sa2), rows++) {
+        json_t *j1 = json_loads(l1, 0, NULL), *j2 = json_loads(l2, 0, NULL);
+        ck_assert(j1 && j2);
+        json_t *i1 = json_object_get(j1, "input_ids"), *i2 = json_object_get(j2, "input_ids");
+        int len = P[rows] + 40;
+        ck_assert_int_eq(json_array_size(i1), len);
+        ck_assert_int_eq(json_array_size(i2), len);
+        ck_assert(json_equal(json_object_get(j1, "loss_mask"), json_object_get(j2, "loss_mask")));
+        int32_t seq[MAXP + 40];
+        for (int t = 0; t < len; t++) {
+            seq[t] = (int32_t)json_integer_value(json_array_get(i2, (size_t)t));
+            if (t < P[rows]) ck_assert_int_eq(seq[t], prompts[rows][t]);
+        }
+        char what[64];
+        snprintf(what, sizeof what, "dflash-sample row %d", rows);
+        exact += check_gpu_tokens(&ec, seq, P[rows], len, what, &worst);
+        same += json_equal(i1, i2);
+        json_decref(j1);
+        json_decref(j2);
+    }
+    ck_assert_int_eq(rows, n);
+    printf("dflash-sample --device cuda:0: %d rows (%d identical to --device cpu); %d of %d generated tokens are the "
+           "CPU's argmax after the same prefix (worst gap %.3f rms)\n", rows, same, exact, 40 * n, worst);
+    ck_assert_msg(exact >= 0.8 * 40 * n, "only %d of %d GPU tokens are the CPU's argmax", exact, 40 * n);
+    eval_target_close(&ec);
+    free(a);
+    free(b);
+}
+
+START_TEST(decode_gpu_hybrid_speculative_equals_greedy) {
+    const char *dir = test_tmpdir("spec-gpu-hybrid");
+    char model[700], ckpt[1024];
+    make_model(dir, ARCH_QWEN35, model, sizeof model);
+    enum { N6 = 6, NEW2 = 32, B = 4 };
+    int zl[1] = {0};
+    struct eval_target eg;
+    ck_assert_msg(eval_target_open_dev(&eg, model, MAXP + NEW2 + 2 * B, zl, 1, 0, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eval_target_enable_cache(&eg, SLOTS, MAXP + NEW2 + 2 * B, err, sizeof err) == 0, "%s", err);
+    int32_t prompts[NP][MAXP], *pp[NP], *ref[NP], *out[NP];
+    int P[NP], lr[NP], lo[NP];
+    prompts_of(eg.V, prompts, pp, P);
+    rows_alloc(ref, out, MAXP + NEW2 + 2 * B);
+    int one = 1;
+    struct eval_gen_opts runs[2] = {{.max_new = NEW2, .B = B, .fn = oracle_propose},
+                                    {.max_new = NEW2, .B = B, .fn = oracle_propose, .ctx = &one}};
+    const char *names[2] = {"qwen3.5 oracle", "qwen3.5 one wrong per block"};
+    spec_equals_greedy(&eg, N6, (const int32_t *const *)pp, P, NEW2, B, runs, names, 2, ref, lr, out, lo);
+    for (int i = 0; i < NP; i++) {
+        free(ref[i]);
+        free(out[i]);
+    }
+    eval_target_close(&eg);
+    /* the stages on the hybrid's GPU decode step: dflash-eval with a drafter of this target, dflash-sample */
+    drafter_free(make_ckpt(model, ckpt, sizeof ckpt));
+    eval_cli_on_gpu(dir, model, ckpt, prompts, P, N6);
+    sample_cli_gpu_vs_cpu(dir, model, prompts, P, N6);
+}
+END_TEST
 
 START_TEST(decode_gpu_speculative_equals_greedy) {
     const char *dir = test_tmpdir("spec-gpu");
@@ -310,89 +405,8 @@ START_TEST(decode_gpu_speculative_equals_greedy) {
     drafter_free(d);
     eval_target_close(&eg);
 
-    /* dflash-eval on the GPU, from a prompt file */
-    char pf[800], js[800], data[800], o_cpu[800], o_gpu[800];
-    snprintf(pf, sizeof pf, "%s/prompts.jsonl", dir);
-    snprintf(js, sizeof js, "%s/eval.json", dir);
-    FILE *f = fopen(pf, "w");
-    ck_assert_ptr_nonnull(f);
-    for (int i = 0; i < N6; i++) {
-        fprintf(f, "{\"input_ids\": [");
-        for (int t = 0; t < P[i]; t++) fprintf(f, "%s%d", t ? ", " : "", prompts[i][t]);
-        fprintf(f, "], \"set\": \"%s\"}\n", i % 2 ? "odd" : "even");
-    }
-    fclose(f);
-    const char *ev[] = {test_bin("dflash-eval"), "--target-model", model, "--ckpt", ckpt, "--prompts", pf, "--max-new",
-                        "24", "--batch", "4", "--device", "cuda:0", "--no-offline", "--out", js, NULL};
-    ck_assert_msg(run_argv(ev) == 0, "dflash-eval --device cuda:0: %s", out_text);
-    printf("%s", out_text);
-    json_t *j = json_load_file(js, 0, NULL);
-    ck_assert_ptr_nonnull(j);
-    ck_assert(json_is_true(json_object_get(j, "matches_greedy")));
-    ck_assert_str_eq(json_string_value(json_object_get(j, "device")), "cuda:0");
-    ck_assert_int_eq(json_integer_value(json_object_get(j, "responses")), N6);
-    ck_assert_ptr_nonnull(json_object_get(json_object_get(j, "sets"), "odd"));
-    ck_assert(json_real_value(json_object_get(j, "tau")) >= 1.0);
-    json_decref(j);
-
-    /* dflash-sample on the GPU against the CPU: rows of a prepared dataset (prompt tokens, then a supervised span) */
-    snprintf(data, sizeof data, "%s/train.jsonl", dir);
-    snprintf(o_cpu, sizeof o_cpu, "%s/regen-cpu.jsonl", dir);
-    snprintf(o_gpu, sizeof o_gpu, "%s/regen-gpu.jsonl", dir);
-    f = fopen(data, "w");
-    ck_assert_ptr_nonnull(f);
-    for (int i = 0; i < N6; i++) {
-        fprintf(f, "{\"input_ids\": [");
-        for (int t = 0; t < P[i] + 3; t++) fprintf(f, "%s%d", t ? ", " : "", t < P[i] ? prompts[i][t] : 7);
-        fprintf(f, "], \"loss_mask\": [");
-        for (int t = 0; t < P[i] + 3; t++) fprintf(f, "%s%d", t ? ", " : "", t >= P[i]);
-        fprintf(f, "]}\n");
-    }
-    fclose(f);
-    for (int g = 0; g < 2; g++) {
-        const char *sa[] = {test_bin("dflash-sample"), "--target-model", model, "--prompts", data, "--out",
-                            g ? o_gpu : o_cpu, "--gen-len", "40", "--temperature", "0", "--batch", "4", "--stop-ids",
-                            "999999", "--device", g ? "cuda:0" : "cpu", NULL};
-        ck_assert_msg(run_argv(sa) == 0, "dflash-sample --device %s: %s", g ? "cuda:0" : "cpu", out_text);
-    }
-    size_t n1, n2;
-    char *a = test_slurp(o_cpu, &n1), *b = test_slurp(o_gpu, &n2);
-    ck_assert_ptr_nonnull(a);
-    ck_assert_ptr_nonnull(b);
-    struct eval_target ec;
-    int zero = 0;
-    ck_assert_msg(eval_target_open_dev(&ec, model, MAXP + 40 + 1, &zero, 1, -1, err, sizeof err) == 0, "%s", err);
-    char *sa1 = NULL, *sa2 = NULL;
-    int rows = 0, exact = 0, same = 0;
-    double worst = 0;
-    for (char *l1 = strtok_r(a, "\n", &sa1), *l2 = strtok_r(b, "\n", &sa2); l1 && l2;
-         l1 = strtok_r(NULL, "\n", &sa1), l2 = strtok_r(NULL, "\n", &sa2), rows++) {
-        json_t *j1 = json_loads(l1, 0, NULL), *j2 = json_loads(l2, 0, NULL);
-        ck_assert(j1 && j2);
-        json_t *i1 = json_object_get(j1, "input_ids"), *i2 = json_object_get(j2, "input_ids");
-        int n = P[rows] + 40;
-        ck_assert_int_eq(json_array_size(i1), n);
-        ck_assert_int_eq(json_array_size(i2), n);
-        ck_assert(json_equal(json_object_get(j1, "loss_mask"), json_object_get(j2, "loss_mask")));
-        int32_t seq[MAXP + 40];
-        for (int t = 0; t < n; t++) {
-            seq[t] = (int32_t)json_integer_value(json_array_get(i2, (size_t)t));
-            if (t < P[rows]) ck_assert_int_eq(seq[t], prompts[rows][t]);
-        }
-        char what[64];
-        snprintf(what, sizeof what, "dflash-sample row %d", rows);
-        exact += check_gpu_tokens(&ec, seq, P[rows], n, what, &worst);
-        same += json_equal(i1, i2);
-        json_decref(j1);
-        json_decref(j2);
-    }
-    ck_assert_int_eq(rows, N6);
-    printf("dflash-sample --device cuda:0: %d rows (%d identical to --device cpu); %d of %d generated tokens are the "
-           "CPU's argmax after the same prefix (worst gap %.3f rms)\n", rows, same, exact, 40 * N6, worst);
-    ck_assert_msg(exact >= 0.8 * 40 * N6, "only %d of %d GPU tokens are the CPU's argmax", exact, 40 * N6);
-    eval_target_close(&ec);
-    free(a);
-    free(b);
+    eval_cli_on_gpu(dir, model, ckpt, prompts, P, N6);
+    sample_cli_gpu_vs_cpu(dir, model, prompts, P, N6);
     for (int i = 0; i < NP; i++) {
         free(ref[i]);
         free(out[i]);
