@@ -825,6 +825,25 @@ START_TEST(drafter_param_table) {
 }
 END_TEST
 
+/* The drafter's RoPE covers its whole head even when the target's covers a part (a Qwen3.5/3.6 target's rotary_dim;
+ * the export writes no partial factor): 1 / theta^(2i / d_h) for every i < d_h / 2. Before the fix a drafter of a
+ * hybrid target read the target's rotary_dim: wrong exponents, and d_h / 2 - rotary_dim / 2 uninitialised entries. */
+START_TEST(drafter_rope_whole_head) {
+    struct drafter_config c;
+    tiny_config(&c);
+    c.target.head_dim = 16;
+    c.target.rotary_dim = 4;   /* the target rotates 4 of its 16 dims */
+    c.d_h = 16;
+    float inv[8];
+    for (int i = 0; i < 8; i++) inv[i] = NAN;
+    drafter_rope_inv_freq(&c, inv);
+    for (int i = 0; i < 8; i++) {
+        double want = 1.0 / pow(10000.0, 2.0 * i / 16.0);
+        ck_assert_msg(fabs(inv[i] - want) <= 1e-6 * want, "inv_freq[%d] = %g, expected %g", i, inv[i], want);
+    }
+}
+END_TEST
+
 /* ---------------------------------------------------------------- overfit one batch */
 
 START_TEST(drafter_overfit_one_batch) {
@@ -1017,6 +1036,7 @@ int main(void) {
     tcase_add_test(tc, drafter_metrics_consistent);
     tcase_add_test(tc, drafter_grad_accumulation);
     tcase_add_test(tc, drafter_noise);
+    tcase_add_test(tc, drafter_rope_whole_head);
     tcase_add_test(tc, drafter_overfit_one_batch);
     tcase_add_test(tc, drafter_fast_vs_reference);
     tcase_add_test(tc, drafter_init_threads_bitwise);

@@ -146,6 +146,15 @@ int drafter_config_check(const struct drafter_config *c, char *err, int err_len)
     return 0;
 }
 
+void drafter_rope_inv_freq(const struct drafter_config *c, float *inv_freq) {
+    double inv[DRAFTER_MAX_HALF_HEAD];
+    struct model_config rc = c->target;
+    rc.head_dim = c->d_h;
+    rc.rotary_dim = 0;   /* the whole head (hf_config_rotary_dim): hf_rope_inv_freq fills d_h / 2 entries */
+    hf_rope_inv_freq(&rc, inv);
+    for (int i = 0; i < c->d_h / 2; i++) inv_freq[i] = (float)inv[i];
+}
+
 int drafter_config_from_target(struct drafter_config *c, const char *dir, char *err, int err_len) {
     if (hf_config_load(&c->target, dir, err, err_len)) return -1;
     const struct model_config *t = &c->target;
@@ -403,17 +412,12 @@ struct drafter *drafter_init(const struct drafter_config *c, uint64_t seed, char
                  c->B, H);
         return NULL;
     }
-    /* RoPE inverse frequencies of the target's rope settings, in transformers' fp32 */
-    double inv[4096];
-    if (c->d_h / 2 > 4096) {
+    if (c->d_h / 2 > DRAFTER_MAX_HALF_HEAD) {
         drafter_free(d);
         err_fail(err, err_len, "drafter_init: head dim %d too large", c->d_h);
         return NULL;
     }
-    struct model_config rc = c->target;
-    rc.head_dim = c->d_h;
-    hf_rope_inv_freq(&rc, inv);
-    for (int i = 0; i < c->d_h / 2; i++) d->inv_freq[i] = (float)inv[i];
+    drafter_rope_inv_freq(c, d->inv_freq);
     drafter_init_weights(d, seed);
     return d;
 }

@@ -50,6 +50,7 @@ extern "C" {
 
 #define DRAFTER_MAX_LAYERS 64
 #define DRAFTER_MAX_B 256
+#define DRAFTER_MAX_HALF_HEAD 4096   /* d_h / 2 at most (the RoPE frequency table) */
 
 enum drafter_ids_convention { DRAFTER_IDS_ZLAB = 0, DRAFTER_IDS_SPECULATORS = 1 };
 enum drafter_layer_type { DRAFTER_LAYER_SLIDING = 0, DRAFTER_LAYER_FULL = 1 };
@@ -102,6 +103,10 @@ int drafter_config_from_target(struct drafter_config *c, const char *dir, char *
 int drafter_config_check(const struct drafter_config *c, char *err, int err_len);
 /* The layer ids in z-lab convention (what the features descriptor carries). */
 void drafter_zlab_ids(const struct drafter_config *c, int *ids /* (k) */);
+/* The drafter's RoPE inverse frequencies (d_h / 2 of them, transformers' fp32): the target's rope_theta and
+ * scaling over the whole head. The drafter is a Qwen3-style model: its exported config carries no partial rotary
+ * factor, so a Qwen3.5/3.6 target's partial rotary (its rotary_dim) is not inherited. */
+void drafter_rope_inv_freq(const struct drafter_config *c, float *inv_freq /* (d_h / 2) */);
 /* "zlab" | "speculators". */
 const char *drafter_ids_convention_name(int convention);
 

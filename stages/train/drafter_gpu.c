@@ -382,14 +382,10 @@ struct drafter_gpu *drafter_gpu_init(struct drafter *d, cudaStream_t stream, FIL
     g->h_stage = malloc(g->h_stage_bytes);
     if (!g->h_stage) return init_fail(g, err, err_len, "%s: out of memory for the host staging buffer", fn);
 
-    /* rope inverse frequencies, as drafter.c computes them */
-    double inv[4096];
-    float invf[4096];
-    if (dh / 2 > 4096) return init_fail(g, err, err_len, "%s: head dim too large", fn);
-    struct model_config rc = c->target;
-    rc.head_dim = dh;
-    hf_rope_inv_freq(&rc, inv);
-    for (int i = 0; i < dh / 2; i++) invf[i] = (float)inv[i];
+    /* rope inverse frequencies, drafter.c's */
+    float invf[DRAFTER_MAX_HALF_HEAD];
+    if (dh / 2 > DRAFTER_MAX_HALF_HEAD) return init_fail(g, err, err_len, "%s: head dim too large", fn);
+    drafter_rope_inv_freq(c, invf);
     if (cudaMemcpy(g->inv_freq, invf, 4 * (size_t)(dh / 2), cudaMemcpyHostToDevice) != cudaSuccess)
         return init_fail(g, err, err_len, "%s: upload of inv_freq failed", fn);
     if (drafter_gpu_upload_weights(g, err, err_len)) {
