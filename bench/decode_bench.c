@@ -17,6 +17,7 @@
  * throughput).
  */
 #include "core/fsutil.h"
+#include "export/eval.h"
 #include "kernels/common.h"
 #include "model/decode.h"
 #include "model/target.h"
@@ -104,9 +105,7 @@ int main(int argc, char **argv) {
     cu[batch] = batch;
     for (int s = 0; s < batch; s++) {   /* the first token of each sequence from its prefill's logits */
         const float *lg = logits + (size_t)s * V;
-        int32_t best = 0;
-        for (int v = 1; v < V; v++) best = lg[v] > lg[best] ? v : best;
-        ids[s] = best;
+        ids[s] = eval_argmax(lg, V);
     }
     for (int g = 0; g < gen; g++) {
         double a = time_mono_s();
@@ -116,9 +115,7 @@ int main(int argc, char **argv) {
         double e = time_mono_s();
         for (int s = 0; s < batch; s++) {
             const float *lg = logits + (size_t)s * V;
-            int32_t best = 0;
-            for (int v = 1; v < V; v++) best = lg[v] > lg[best] ? v : best;
-            ids[s] = best;
+            ids[s] = eval_argmax(lg, V);
         }
         double f = time_mono_s();
         st[3 * g] = b - a;

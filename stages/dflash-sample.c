@@ -319,9 +319,7 @@ int main(int argc, char **argv) {
         for (int n = prompt_len; n < L; n++) {
             LIB_CHECK(eval_target_forward(&et, seq, n, n, NULL, err, sizeof err), err);
             eval_target_logits(&et, et.last + (size_t)(n - 1) * et.H, logits);
-            int best = 0;
-            for (int v = 1; v < V; v++)
-                if (logits[v] > logits[best]) best = v;
+            int best = eval_argmax(logits, V);
             if (temperature <= 0) {
                 seq[n] = best;
                 continue;

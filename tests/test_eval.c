@@ -76,6 +76,33 @@ static void prompt_of(int i, int32_t *p, int P) {
     for (int t = 0; t < P; t++) p[t] = (int32_t)(test_rng_next(&s) % 500);
 }
 
+/* eval_argmax (the greedy pick of every decode path) against the plain first-maximum loop: random rows of
+ * every length 1..70 and one of 151936, with ties (values from a small set), NaNs, infinities and signed zeros. */
+START_TEST(argmax_equals_plain_loop) {
+    enum { BIG = 151936 };
+    float *x = malloc(sizeof(float) * BIG);
+    ck_assert_ptr_nonnull(x);
+    const float pool[] = {0.0f, -0.0f, 1.0f, -1.0f, 2.5f, 2.5f, NAN, INFINITY, -INFINITY, 3.0f, -7.0f, 0.5f};
+    uint64_t sd = 4242;
+    for (int trial = 0; trial < 4000; trial++) {
+        int n = trial < 3999 ? 1 + trial % 70 : BIG;
+        int mode = trial % 3;   /* 0: small pool (ties, NaN, inf), 1: random values, 2: random + some NaN */
+        for (int v = 0; v < n; v++) {
+            uint64_t r = test_rng_next(&sd);
+            x[v] = mode == 0 ? pool[r % (sizeof pool / sizeof pool[0])]
+                             : (float)((double)(r >> 11) / 9007199254740992.0 * 20.0 - 10.0);
+            if (mode == 2 && r % 17 == 0) x[v] = NAN;
+        }
+        int32_t want = 0;
+        for (int v = 1; v < n; v++)
+            if (x[v] > x[want]) want = v;
+        ck_assert_msg(eval_argmax(x, n) == want, "trial %d (n %d, mode %d): %d, the plain loop %d", trial, n, mode,
+                      eval_argmax(x, n), want);
+    }
+    free(x);
+}
+END_TEST
+
 START_TEST(speculative_equals_greedy_and_tau) {
     const char *target = tiny_target();
     char ckpt[1024];
@@ -896,6 +923,7 @@ int main(void) {
     TCase *tc = tcase_create("eval");
     tcase_set_timeout(tc, 120);
     tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, argmax_equals_plain_loop);
     tcase_add_test(tc, speculative_equals_greedy_and_tau);
     tcase_add_test(tc, cli_reports_and_refuses);
     tcase_add_test(tc, decode_equals_full_forward);

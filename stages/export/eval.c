@@ -121,10 +121,7 @@ void eval_target_logits(struct eval_target *et, const float *x, float *logits) {
 /* The greedy next token after a last-layer state: argmax of the logits (first maximum on ties). */
 static int32_t greedy_next(struct eval_target *et, const float *x) {
     eval_target_logits(et, x, et->logits);
-    int32_t best = 0;
-    for (int v = 1; v < et->V; v++)
-        if (et->logits[v] > et->logits[best]) best = v;
-    return best;
+    return eval_argmax(et->logits, et->V);
 }
 
 int eval_target_forward(struct eval_target *et, const int32_t *tokens, int n, int from, int32_t *pred, char *err,
@@ -422,20 +419,28 @@ static const float *row_logits(struct eval_target *et, int r, char *err, int err
     return et->step_logits + (size_t)r * et->V;
 }
 
-/* Argmax of a logits row (first maximum on ties). */
-static int32_t argmax_of(const struct eval_target *et, const float *logits) {
-    int32_t best = 0;
-    for (int v = 1; v < et->V; v++)
-        if (logits[v] > logits[best]) best = v;
-    return best;
+int32_t eval_argmax(const float *x, int n) {
+    if (isnan(x[0])) return 0;
+    float m[8];
+    for (int j = 0; j < 8; j++) m[j] = x[0];
+    int v = 0;
+    for (; v + 8 <= n; v += 8)
+        for (int j = 0; j < 8; j++) m[j] = x[v + j] > m[j] ? x[v + j] : m[j];
+    float best = m[0];
+    for (int j = 1; j < 8; j++) best = m[j] > best ? m[j] : best;
+    for (; v < n; v++) best = x[v] > best ? x[v] : best;
+    for (v = 0; v < n; v++)
+        if (x[v] == best) break;
+    return v;
 }
+
+/* Argmax of a logits row (first maximum on ties). */
+static int32_t argmax_of(const struct eval_target *et, const float *logits) { return eval_argmax(logits, et->V); }
 
 /* The target's distribution for a logits row at temperature T, restricted to the top-p nucleus, into et->probs
  * (normalised). */
 static void target_probs(struct eval_target *et, const float *logits, double T, double top_p) {
-    int V = et->V, best = 0;
-    for (int v = 1; v < V; v++)
-        if (logits[v] > logits[best]) best = v;
+    int V = et->V, best = eval_argmax(logits, V);
     double z = 0;
     for (int v = 0; v < V; v++) z += et->probs[v] = exp((double)(logits[v] - logits[best]) / T);
     for (int v = 0; v < V; v++) et->probs[v] /= z;

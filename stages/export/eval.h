@@ -87,6 +87,11 @@ int eval_target_enable_cache(struct eval_target *et, int n_slots, int max_len, c
 
 /* The target's logits (V) after one last-layer state x (H): lm_head · RMSNorm_final(x). */
 void eval_target_logits(struct eval_target *et, const float *x, float *logits);
+/* Index of the largest of x[0..n) (n >= 1), the first on ties, as the plain loop `if (x[v] > x[best]) best = v`
+ * (a NaN never wins; a NaN x[0] gives 0). Eight running maxima, then the first index holding the maximum: the
+ * plain loop's dependent load of x[best] took 9.3 ms of a 17.4 ms decode step over 16 rows of 151936 logits
+ * (decode_bench, RESULTS.md run 54). */
+int32_t eval_argmax(const float *x, int n);
 
 /* A proposer: given the committed tokens c[0..n) and the target's features of them (et->ctx_states: k blocks of
  * [ctx_rows, H], rows 0..n-2 at least, and et->ctx_last), write draft[0..B-2] = the tokens for positions n..n+B-2. */
