@@ -26,7 +26,9 @@
 #               time per layer kind), train_bench --config qwen3.6-27b (SpecForge's 27B drafter: 5 layers,
 #               hidden 5120, head dim 256, 24/4 heads, MLP 17408), the model written by dflash-mkmodel
 #               --preset qwen3.6-27b (54 GB: run --only model first if the 300 s phase limit cuts it) and the
-#               whole pipeline with captured layers [1,16,31,46,61], everything on one H200.
+#               whole pipeline with captured layers [1,16,31,46,61], everything on one H200; the run directory
+#               (checkpoint 22 GB + exports) in /dev/shm when it has 40 GB free (the 64 GB disk holds the model)
+#   BENCH_RUN_DIR=D: the pipeline's run directory (default $BENCH_DIR/run)
 #   LIST: comma-separated phases (default ceiling,target,train,model,pipeline; also `kernels`: every
 #   kernel benchmark, not in the default: it does not fit the same 10 minutes).
 #   scripts/bench.sh --cpu-smoke               the same phases and the same report on the CPU in a few
@@ -321,7 +323,11 @@ if [ "$MODE" != cpu ] && { want ceiling || want target || want train || want mod
           phase "pipeline.$v" skipped 0 "only $left s of the $BUDGET_S s budget left for it (run --only pipeline)"
           p_skip+=("$v"); continue
         fi
-        RUN=$BENCH_DIR/run
+        RUN=${BENCH_RUN_DIR:-$BENCH_DIR/run}
+        if [ -z "${BENCH_RUN_DIR:-}" ] && [ "$CONFIG" = qwen3.6-27b ] &&
+           [ "$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print int($4 / 1048576)}')" -ge 40 ] 2>/dev/null; then
+          RUN=/dev/shm/dflash-bench-run   # the 27B drafter's checkpoint (22 GB) + exports beside a 51 GB model
+        fi                                # do not fit the GPU machine's 64 GB disk (run 54)
         VFLAGS=(); [ "$VOCAB_SIZE" = 0 ] || VFLAGS=(--draft-vocab "$VOCAB")
         note "=== pipeline.$v: train.sh $PRESET on $DEV, $VSTEPS steps of $A batch(es), ${VF[*]} (timeout $left s)"
         MEMV_PID=""

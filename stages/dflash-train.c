@@ -745,6 +745,12 @@ int main(int argc, char **argv) {
              tr.cfg->L, tr.cfg->B, tr.cfg->N, tr.cfg->H, idl, (long long)tr.cfg->mask_token_id, tr.cfg->V_d,
              tr.cfg->V_t, (long long)n_trainable, tr.cfg->T_max, train_loss_names[tr.cfg->loss],
              train_weighting_names[tr.cfg->weighting], train_optimizer_names[o.optimizer], o.lr, (long long)o.max_steps);
+    if (dp.rank == 0) {   /* the checkpoint writer: one checkpoint beside the last kept, and the two bf16 exports */
+        uint64_t need = ckpt_tensor_bytes(tr.table.t, tr.table.n) + 2 * 2 * (uint64_t)n_trainable;
+        char what[96];
+        snprintf(what, sizeof what, "a checkpoint (%.2f GB) and the exports", ckpt_tensor_bytes(tr.table.t, tr.table.n) / 1e9);
+        LIB_CHECK(ckpt_check_space(tr.ckpt_dir, need, what, err, sizeof err), err);
+    }
 
     if (o.resume) {
         char path[PATH_MAX];

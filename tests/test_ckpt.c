@@ -80,6 +80,31 @@ START_TEST(round_trip_bit_exact) {
 }
 END_TEST
 
+/* ckpt_tensor_bytes is the file's size less its config and RNG sections (each padded to 8 bytes); ckpt_check_space passes what fits and
+ * refuses, with one sentence naming the path and the sizes, what does not, also for a path not created yet. */
+START_TEST(space_is_checked) {
+    const char *dir = test_tmpdir("ckpt-space");
+    char path[600], deep[700], err[512];
+    snprintf(path, sizeof path, "%s/step-7.ckpt", dir);
+    struct small a;
+    small_fill(&a, 1);
+    write_small(path, &a, 7, CFG);
+    struct ckpt_table tab;
+    small_table(&tab, &a);
+    struct ckpt_info info;
+    ck_assert_msg(ckpt_verify(path, &info, err, sizeof err) == 0, "%s", err);
+    ck_assert_uint_eq(ckpt_tensor_bytes(tab.t, tab.n), info.file_bytes - (strlen(CFG) + 7) / 8 * 8 - sizeof a.rng);
+    ckpt_info_free(&info);
+    ckpt_table_free(&tab);
+    snprintf(deep, sizeof deep, "%s/not/yet/checkpoints", dir);
+    ck_assert_msg(ckpt_check_space(deep, 4096, "a checkpoint", err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(ckpt_check_space(deep, (uint64_t)1 << 62, "a checkpoint (4.6e9 GB)", err, sizeof err), -1);
+    ck_assert_msg(strstr(err, deep) && strstr(err, "a checkpoint (4.6e9 GB) needs") && strstr(err, "GB free") &&
+                  strstr(err, dir) && !strchr(err, '\n'), "got: %s", err);
+    ck_assert(!fs_exists(deep));   /* the check creates nothing */
+}
+END_TEST
+
 /* Byte surgery on a written file; each bad file gives one sentence naming the file and the cause. */
 static void expect_bad(const char *path, const char *what) {
     char err[512];
@@ -438,6 +463,7 @@ int main(void) {
     TCase *tc = tcase_create("ckpt");
     tcase_set_timeout(tc, 20);
     tcase_add_test(tc, round_trip_bit_exact);
+    tcase_add_test(tc, space_is_checked);
     tcase_add_test(tc, truncated_and_corrupt);
     tcase_add_test(tc, load_checks_the_table);
     tcase_add_test(tc, config_diff);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 _Static_assert(sizeof(struct ckpt_header) <= CKPT_HEADER_BYTES, "ckpt header too large");
@@ -508,6 +509,31 @@ int ckpt_list(const char *dir, int64_t **steps, char *err, int err_len) {
     qsort(v, (size_t)n, sizeof *v, cmp_desc);
     *steps = v;
     return n;
+}
+
+uint64_t ckpt_tensor_bytes(const struct ckpt_tensor *t, int n) {
+    uint64_t b = CKPT_HEADER_BYTES + 8;   /* the header and the checksum */
+    for (int i = 0; i < n; i++)
+        b += sizeof(struct ckpt_record) + a8(t[i].name ? strlen(t[i].name) : 0) +
+             a8((uint64_t)t[i].n * dtype_size((uint32_t)t[i].dtype));
+    return b;
+}
+
+int ckpt_check_space(const char *path, uint64_t need, const char *what, char *err, int err_len) {
+    char p[PATH_MAX];
+    if (snprintf(p, sizeof p, "%s", path) >= (int)sizeof p) return err_fail(err, err_len, "%s: path too long", path);
+    struct statvfs sv;
+    while (statvfs(p, &sv) != 0) {   /* not created yet: its nearest existing parent's filesystem */
+        if (errno != ENOENT || !strcmp(p, ".")) return err_fail(err, err_len, "statvfs(%s): %s", p, strerror(errno));
+        char *slash = strrchr(p, '/');
+        if (!slash) snprintf(p, sizeof p, ".");
+        else if (slash == p) slash[1] = 0;
+        else *slash = 0;
+    }
+    uint64_t free_b = (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize;
+    if (free_b >= need) return 0;
+    return err_fail(err, err_len, "%s: %s needs %.2f GB and the filesystem of %s has %.2f GB free: free space there or "
+                    "put the run on a larger filesystem", path, what, need / 1e9, p, free_b / 1e9);
 }
 
 int ckpt_save(const char *dir, const struct ckpt_meta *meta, const struct ckpt_tensor *t, int n,

@@ -177,6 +177,15 @@ int ckpt_list(const char *dir, int64_t **steps, char *err, int err_len);
 int ckpt_save(const char *dir, const struct ckpt_meta *meta, const struct ckpt_tensor *t, int n,
               int keep, char *out_path, size_t out_len, char *err, int err_len);
 
+/* Bytes of a checkpoint of these n tensors, the header and records included (the config and RNG state not: a
+ * lower bound by their few KB). */
+uint64_t ckpt_tensor_bytes(const struct ckpt_tensor *t, int n);
+/* 0 when path's filesystem (path, or its nearest existing parent) has at least need bytes free for this user
+ * (statvfs f_bavail); else -1 with a sentence naming path, what needs it, the sizes and what to change. A run
+ * refuses at start-up what its first checkpoint would fail on after hours (RESULTS.md run 54: ENOSPC at the
+ * 27B drafter's final checkpoint). */
+int ckpt_check_space(const char *path, uint64_t need, const char *what, char *err, int err_len);
+
 /* Log callback: one line, without newline. */
 typedef void (*ckpt_log_fn)(void *ctx, const char *line);
 
