@@ -3,7 +3,7 @@
  * for token on the tiny model; an oracle proposer (the target's own greedy continuation, built in the test: a real
  * drafter cannot be made an oracle) gives tau = B exactly; an untrained drafter gives tau about 1; the binary reads
  * prompts, reports tau / histogram / per-position acceptance / the offline estimate, and refuses bad prompt ids
- * with a line naming the file, line and key.
+ * with a line naming the file, line and key; the KV-cached drafter proposal equals the uncached one every round.
  */
 #include "testutil.h"
 
@@ -29,12 +29,13 @@
 /* A checkpoint as dflash-train writes it (its config_to_json keys, optimizer + guard table), of a drafter with
  * layer types `types` ("sliding,full"), B 4, W 4, ids [0, 2], random weights; returns the drafter (kept for the
  * comparison) and the checkpoint path in ckpt. */
-static struct drafter *make_drafter(const char *target, const char *types, int non_causal, int N, int T_max) {
+static struct drafter *make_drafter(const char *target, const char *types, int non_causal, int N, int T_max, int B,
+                                    int W) {
     struct drafter_config c;
     drafter_config_defaults(&c);
     ck_assert_int_eq(drafter_parse_layer_types(&c, types, err, sizeof err), 0);
-    c.B = 4;
-    c.sliding_window = 4;
+    c.B = B;
+    c.sliding_window = W;
     c.sliding_window_non_causal = non_causal;
     c.N = N;
     c.T_max = T_max;
@@ -57,7 +58,7 @@ static struct drafter *make_drafter(const char *target, const char *types, int n
 }
 
 static struct drafter *make_ckpt(const char *target, const char *types, int non_causal, char *ckpt, size_t len) {
-    struct drafter *d = make_drafter(target, types, non_causal, 4, 64);
+    struct drafter *d = make_drafter(target, types, non_causal, 4, 64, 4, 4);
     save_ckpt(d, ckpt, len);
     return d;
 }
@@ -657,13 +658,15 @@ static int pair_propose(void *ctx, struct eval_target *et, const int32_t *c, int
 }
 
 /* The cached proposal equals the uncached one every round (drafts token for token, block states to 1e-5 of the
- * row) on a tiny Qwen3 target and a Qwen3.5 hybrid, drafter "sliding,full" with window 4 (smaller than every
- * context), 5 prompts of lengths 3..14 in 2 slots (so slots are reused within a call, and again by the next call),
- * with the drafter's own drafts and with accept/reject rounds of every length; speculative output equals plain
- * decoding's. The cache is hit: each sequence starts over once, and the rows projected are the prompts plus at
- * most B a round (the uncached proposer runs over the whole context every round). */
+ * row) on a tiny Qwen3 target (sliding layers causal and not) and a Qwen3.5 hybrid, drafter "sliding,full" with
+ * window 4 (smaller than every context), 5 prompts of lengths 1..14 in 2 slots (so slots are reused within a
+ * call, and again by the next calls), with the drafter's own drafts and with accept/reject rounds of every length;
+ * speculative output equals plain decoding's. The cache is hit: each sequence starts over once, and the rows
+ * projected are the prompts plus at most B a round (the uncached proposer runs over the whole context every
+ * round). */
 START_TEST(drafter_cache_equals_uncached) {
-    for (int hyb = 0; hyb < 2; hyb++) {
+    for (int cfg = 0; cfg < 3; cfg++) {   /* tiny Qwen3; the same with non-causal sliding layers; the hybrid */
+        int hyb = cfg == 2;
         const char *target = hyb ? NULL : tiny_target();
         if (hyb) {
             target = test_tmpdir("dcache-qwen35");
@@ -672,7 +675,7 @@ START_TEST(drafter_cache_equals_uncached) {
             ck_assert_msg(run_argv(argv) == 0, "%s", out_text);
         }
         enum { NP = 5, NEW = 20, MAXLEN = 48 };
-        struct drafter *d = make_drafter(target, "sliding,full", 0, 1, MAXLEN + 8);
+        struct drafter *d = make_drafter(target, "sliding,full", cfg == 1, 1, MAXLEN + 8, 4, 4);
         int B = drafter_config_of(d)->B;
         int zl[DESC_MAX_LAYERS];
         drafter_zlab_ids(drafter_config_of(d), zl);
@@ -683,7 +686,7 @@ START_TEST(drafter_cache_equals_uncached) {
         ck_assert_int_eq(eval_drafter_init(&edc, d, err, sizeof err), 0);
         ck_assert_int_eq(eval_drafter_init(&edp, d, err, sizeof err), 0);
         edp.no_cache = 1;
-        const int P[NP] = {3, 9, 14, 6, 11};
+        const int P[NP] = {1, 9, 14, 6, 11};
         int32_t prompts[NP][16], *pp[NP], *ref[NP], *out[NP];
         int lr[NP], lo[NP], sum_p = 0;
         for (int i = 0; i < NP; i++) {
@@ -734,7 +737,8 @@ START_TEST(drafter_cache_equals_uncached) {
         struct drafter_cache_stats cs;
         drafter_cache_get_stats(edc.cache, &cs);
         fprintf(stderr, "drafter_cache_equals_uncached (%s): %lld rounds, rows projected cached %lld, uncached %lld, "
-                "max xn error %.2e of the row\n", hyb ? "qwen3.5-tiny" : "tiny qwen3", (long long)pr.rounds,
+                "max xn error %.2e of the row\n", hyb ? "qwen3.5-tiny" : cfg ? "tiny qwen3, non-causal sliding" :
+                "tiny qwen3", (long long)pr.rounds,
                 (long long)cs.ctx_rows, (long long)pr.sum_n, pr.max_err);
         ck_assert_int_eq(cs.proposals, pr.rounds);
         ck_assert_int_eq(pr.rounds, rounds_sum);
@@ -764,6 +768,68 @@ START_TEST(drafter_cache_equals_uncached) {
         eval_target_close(&et);
         drafter_free(d);
     }
+}
+END_TEST
+
+/* Wider shapes, where the proposal's GEMMs and the context passes run on threads and in chunks: a target of
+ * hidden 256 with 8 heads of 32 over 2 kv heads, a drafter with block 16 and window 24, prompts of 1..100 tokens
+ * (longer than a context pass of 64 rows) in 2 slots; drafts equal the uncached proposer's every round, block
+ * states within 1e-5 of the row, and speculative output equals plain decoding's. */
+START_TEST(drafter_cache_wide_shapes) {
+    const char *target = test_tmpdir("dcache-wide");
+    const char *argv[] = {test_bin("dflash-mkmodel"), "--preset", "tiny", "--out", target, "--hidden", "256",
+                          "--heads", "8", "--kv-heads", "2", "--head-dim", "32", "--seed", "9", NULL};
+    ck_assert_msg(run_argv(argv) == 0, "%s", out_text);
+    enum { NP = 5, NEW = 40, MAXLEN = 160 };
+    struct drafter *d = make_drafter(target, "sliding,full,sliding", 0, 1, MAXLEN + 8, 16, 24);
+    int B = drafter_config_of(d)->B;
+    int zl[DESC_MAX_LAYERS];
+    drafter_zlab_ids(drafter_config_of(d), zl);
+    struct eval_target et;
+    ck_assert_msg(eval_target_open(&et, target, MAXLEN, zl, 2, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eval_target_enable_cache(&et, 2, MAXLEN, err, sizeof err) == 0, "%s", err);
+    struct eval_drafter edc, edp;
+    ck_assert_int_eq(eval_drafter_init(&edc, d, err, sizeof err), 0);
+    ck_assert_int_eq(eval_drafter_init(&edp, d, err, sizeof err), 0);
+    edp.no_cache = 1;
+    const int P[NP] = {70, 1, 100, 33, 80};
+    static int32_t prompts[NP][100];
+    int32_t *pp[NP], *ref[NP], *out[NP];
+    int lr[NP], lo[NP], sum_p = 0;
+    for (int i = 0; i < NP; i++) {
+        uint64_t sd = 900 + (uint64_t)i;
+        for (int q = 0; q < P[i]; q++) prompts[i][q] = (int32_t)(test_rng_next(&sd) % 500);
+        pp[i] = prompts[i];
+        ref[i] = malloc(sizeof(int32_t) * MAXLEN);
+        out[i] = malloc(sizeof(int32_t) * MAXLEN);
+        sum_p += P[i];
+    }
+    const int32_t *const *cp = (const int32_t *const *)pp;
+    struct eval_gen_opts plain = {.max_new = NEW}, o = {.max_new = NEW, .B = B, .fn = pair_propose};
+    ck_assert_msg(eval_generate(&et, NP, cp, P, &plain, ref, lr, NULL, err, sizeof err) == 0, "%s", err);
+    struct pair pr = {&edc, &edp, 0, 0, 0, 0};
+    o.ctx = &pr;
+    ck_assert_msg(eval_generate(&et, NP, cp, P, &o, out, lo, NULL, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < NP; i++) {
+        ck_assert_int_eq(lo[i], lr[i]);
+        for (int q = 0; q < lo[i]; q++)
+            ck_assert_msg(out[i][q] == ref[i][q], "prompt %d: speculative differs from plain decoding at %d", i, q);
+    }
+    struct drafter_cache_stats cs;
+    drafter_cache_get_stats(edc.cache, &cs);
+    fprintf(stderr, "drafter_cache_wide_shapes: %lld rounds, rows projected cached %lld, uncached %lld, max xn error "
+            "%.2e of the row\n", (long long)pr.rounds, (long long)cs.ctx_rows, (long long)pr.sum_n, pr.max_err);
+    ck_assert_int_eq(cs.proposals, pr.rounds);
+    ck_assert_int_eq(cs.resets, NP);
+    ck_assert_msg(cs.ctx_rows >= sum_p && cs.ctx_rows <= sum_p + pr.rounds * B, "%lld rows", (long long)cs.ctx_rows);
+    for (int i = 0; i < NP; i++) {
+        free(ref[i]);
+        free(out[i]);
+    }
+    eval_drafter_free(&edc);
+    eval_drafter_free(&edp);
+    eval_target_close(&et);
+    drafter_free(d);
 }
 END_TEST
 
@@ -1111,6 +1177,7 @@ int main(void) {
     tcase_add_test(tc, decode_hybrid_equals_full_forward);
     tcase_add_test(tc, cached_generation);
     tcase_add_test(tc, drafter_cache_equals_uncached);
+    tcase_add_test(tc, drafter_cache_wide_shapes);
     tcase_add_test(tc, sample_regenerates_and_resumes);
     tcase_add_test(tc, training_moves_tau);
     suite_add_tcase(s, tc);

@@ -239,17 +239,17 @@ int eval_drafter_propose(void *ctx, struct eval_target *et, const int32_t *c, in
     const struct drafter_config *cfg = drafter_config_of(ed->d);
     int H = cfg->H, k = cfg->k;
     if (B != cfg->B) return err_fail(err, err_len, "eval: block size %d, the drafter's is %d", B, cfg->B);
-    if (n + B > cfg->T_max)
-        return err_fail(err, err_len, "eval: a sequence of %d tokens + block %d exceeds the drafter's plan (%d)", n, B,
-                        cfg->T_max);
     if (k != et->k || H != et->H) return err_fail(err, err_len, "eval: the target captures %d x %d, the drafter "
                                                   "wants %d x %d", et->k, et->H, k, H);
     if (!et->ctx_states || et->ctx_rows < n) return err_fail(err, err_len, "eval: the proposer has no features");
-    if (!ed->gpu && !ed->no_cache && et->ctx_slot >= 0) {
+    if (!ed->gpu && !ed->no_cache && et->ctx_slot >= 0) {   /* bounded by the cache's plan, not T_max */
         if (!ed->cache && eval_drafter_enable_cache(ed, et->n_slots, et->max_len, err, err_len)) return -1;
         return drafter_cache_propose(ed->cache, et->ctx_slot, et->ctx_seq, c, n, et->ctx_states, et->ctx_rows, draft,
                                      err, err_len);
     }
+    if (n + B > cfg->T_max)
+        return err_fail(err, err_len, "eval: a sequence of %d tokens + block %d exceeds the drafter's plan (%d)", n, B,
+                        cfg->T_max);
     for (int t = 0; t < n; t++)
         for (int i = 0; i < k; i++)
             memcpy(ed->hidden + ((size_t)t * k + i) * H, et->ctx_states + ((size_t)i * et->ctx_rows + t) * H,
