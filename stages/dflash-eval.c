@@ -4,7 +4,8 @@
  * stages/export/eval.h).
  *
  *   dflash-eval --target-model DIR --ckpt CKPT | --drafter EXPORT_DIR --prompts FILE [--max-new 32] [--skip N] [--limit N]
- *               [--batch 8] [--temperature 0 --top-p 1 --seed 1] [--no-kv-cache] [--device cpu|cuda:N] [--out FILE]
+ *               [--batch 8] [--temperature 0 --top-p 1 --seed 1] [--no-kv-cache] [--no-drafter-cache]
+ *               [--device cpu|cuda:N] [--out FILE]
  *
  * Prompts: JSONL, one per line, either a JSON array of token ids or an object with "input_ids" (a training row:
  * with a "loss_mask", the prompt is the tokens before the first supervised one) and optionally "set" (a name: τ is
@@ -16,7 +17,9 @@
  * must equal plain greedy output token for token. Sampled: speculative sampling's acceptance (a draft token d is
  * kept with probability p(d)). Qwen3.5 hybrids decode with their recurrent state and conv rows carried between
  * steps, on either device (model/decode.h); --no-kv-cache forces the old path anywhere, which recomputes the
- * target over the prefix every round.
+ * target over the prefix every round. On the CPU the drafter's proposal is KV-cached too (export/drafter_cache.h:
+ * each prompt's context keys and values are kept, a round projects only the rows committed since the last one);
+ * --no-drafter-cache re-runs the drafter's training forward over the whole context every round, for comparison.
  * Prints τ (mean over responses of the per-response mean, as z-lab's benchmark), the τ histogram, per-position
  * acceptance, and the offline estimate a trainer reports: 1 + Σ_j Π_{i<=j} acc_i from teacher-forced per-position
  * accuracies on the same responses (SpecForge's simulated acceptance length), beside the teacher-forced mean
@@ -160,7 +163,7 @@ int main(int argc, char **argv) {
     log_init("dflash-eval");
     const char *target = NULL, *ckpt = NULL, *exp_dir = NULL, *prompts = NULL, *out_path = NULL, *vocab = NULL,
                *train_metrics = NULL, *device = "cpu";
-    int max_new = 32, skip = 0, limit = 0, max_prompt = 0, offline = 1, batch = 8, kv_cache = 1;
+    int max_new = 32, skip = 0, limit = 0, max_prompt = 0, offline = 1, batch = 8, kv_cache = 1, drafter_cache = 1;
     double temperature = 0, top_p = 1;
     int64_t seed = 1;
     struct flag table[] = {
@@ -183,6 +186,9 @@ int main(int argc, char **argv) {
         {"seed", FLAG_INT64, &seed, "sampling seed", 0, INT64_MAX},
         {"kv-cache", FLAG_BOOL, &kv_cache, "KV-cached, batched decoding; --no-kv-cache recomputes the target over the "
          "prefix every round, one prompt at a time (the old path)", 1, 0},
+        {"drafter-cache", FLAG_BOOL, &drafter_cache, "with the KV cache, on the CPU: the drafter keeps each prompt's "
+         "context keys and values and projects only the newly committed rows a round; --no-drafter-cache re-runs its "
+         "whole training forward over the context every round (the old proposal, for comparison)", 1, 0},
         {"offline", FLAG_BOOL, &offline, "also compute the offline (teacher-forced) estimate on the same responses",
          1, 0},
         {"train-metrics", FLAG_STRING, &train_metrics, "RUN/metrics.jsonl of the training run: also print the "
@@ -228,6 +234,9 @@ int main(int argc, char **argv) {
     if (!no_cache) LIB_CHECK(eval_target_enable_cache(&et, batch, total + 2 * B, err, sizeof err), err);
     struct eval_drafter ed;
     LIB_CHECK(eval_drafter_init_dev(&ed, d, dev, err, sizeof err), err);
+    int dcached = !no_cache && dev < 0 && drafter_cache;   /* the GPU drafter's proposal has no cache */
+    if (dcached) LIB_CHECK(eval_drafter_enable_cache(&ed, batch, total + 2 * B, err, sizeof err), err);
+    ed.no_cache = !dcached;
     struct eval_stats s, per_set[MAX_SETS];
     eval_stats_init(&s, B);
     for (int k = 0; k < n_sets; k++) eval_stats_init(&per_set[k], B);
@@ -380,9 +389,9 @@ int main(int argc, char **argv) {
     }
     double speedup = t_spec > 0 ? t_plain / t_spec : 0;
     printf("  speed-up over plain decoding: %.2fx (%lld tokens: speculative %.1f s = %.1f tok/s, plain %.1f s = %.1f "
-           "tok/s; %s, batch %d, %s)\n", speedup, (long long)gen_tokens, t_spec, t_spec > 0 ? gen_tokens / t_spec : 0,
-           t_plain, t_plain > 0 ? gen_tokens / t_plain : 0, no_cache ? "no KV cache" : "KV cache", no_cache ? 1 : batch,
-           device);
+           "tok/s; %s, drafter %s, batch %d, %s)\n", speedup, (long long)gen_tokens, t_spec,
+           t_spec > 0 ? gen_tokens / t_spec : 0, t_plain, t_plain > 0 ? gen_tokens / t_plain : 0,
+           no_cache ? "no KV cache" : "KV cache", dcached ? "cached" : "uncached", no_cache ? 1 : batch, device);
     printf("  tau histogram (1..%d):", B);
     for (int i = 1; i <= B; i++) printf(" %lld", (long long)s.hist[i]);
     printf("\n  acceptance at position (1..%d):", B - 1);
@@ -419,6 +428,7 @@ int main(int argc, char **argv) {
         json_object_set_new(j, "matches_greedy", json_boolean(temperature <= 0));
         json_object_set_new(j, "temperature", json_real(temperature));
         json_object_set_new(j, "kv_cache", json_boolean(!no_cache));
+        json_object_set_new(j, "drafter_cache", json_boolean(dcached));
         json_object_set_new(j, "device", json_string(dev >= 0 ? device : "cpu"));
         json_object_set_new(j, "speedup", json_real(speedup));
         json_object_set_new(j, "spec_seconds", json_real(t_spec));

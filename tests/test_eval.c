@@ -3,7 +3,7 @@
  * for token on the tiny model; an oracle proposer (the target's own greedy continuation, built in the test: a real
  * drafter cannot be made an oracle) gives tau = B exactly; an untrained drafter gives tau about 1; the binary reads
  * prompts, reports tau / histogram / per-position acceptance / the offline estimate, and refuses bad prompt ids
- * with a line naming the file, line and key.
+ * with a line naming the file, line and key; the KV-cached drafter proposal equals the uncached one every round.
  */
 #include "testutil.h"
 
@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 
 #include "core/fsutil.h"
+#include "export/drafter_cache.h"
 #include "export/eval.h"
 #include "export/export.h"
 #include "kernels/common.h"
@@ -28,15 +29,16 @@
 /* A checkpoint as dflash-train writes it (its config_to_json keys, optimizer + guard table), of a drafter with
  * layer types `types` ("sliding,full"), B 4, W 4, ids [0, 2], random weights; returns the drafter (kept for the
  * comparison) and the checkpoint path in ckpt. */
-static struct drafter *make_ckpt(const char *target, const char *types, int non_causal, char *ckpt, size_t len) {
+static struct drafter *make_drafter(const char *target, const char *types, int non_causal, int N, int T_max, int B,
+                                    int W) {
     struct drafter_config c;
     drafter_config_defaults(&c);
     ck_assert_int_eq(drafter_parse_layer_types(&c, types, err, sizeof err), 0);
-    c.B = 4;
-    c.sliding_window = 4;
+    c.B = B;
+    c.sliding_window = W;
     c.sliding_window_non_causal = non_causal;
-    c.N = 4;
-    c.T_max = 64;
+    c.N = N;
+    c.T_max = T_max;
     c.k = 2;
     c.layer_ids[0] = 0;
     c.layer_ids[1] = 2;
@@ -52,6 +54,11 @@ static struct drafter *make_ckpt(const char *target, const char *types, int non_
         if (p->trainable && p->ndim == 1)
             for (int64_t e = 0; e < p->numel; e++) p->w[e] = 1 + test_rng_uniform(&s, -0.3f, 0.3f);
     }
+    return d;
+}
+
+static struct drafter *make_ckpt(const char *target, const char *types, int non_causal, char *ckpt, size_t len) {
+    struct drafter *d = make_drafter(target, types, non_causal, 4, 64, 4, 4);
     save_ckpt(d, ckpt, len);
     return d;
 }
@@ -187,6 +194,7 @@ START_TEST(cli_reports_and_refuses) {
     ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(sets, "all"), "responses")), 2);
     ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(sets, "code"), "responses")), 2);
     ck_assert(json_is_true(json_object_get(j, "kv_cache")));
+    ck_assert(json_is_true(json_object_get(j, "drafter_cache")));
     ck_assert(json_number_value(json_object_get(j, "speedup")) > 0);
     ck_assert_int_eq(json_integer_value(json_object_get(j, "generated_tokens")), 4 * 12);
     double tau_cached = json_number_value(json_object_get(j, "tau"));
@@ -195,6 +203,17 @@ START_TEST(cli_reports_and_refuses) {
     ck_assert_int_eq(json_array_size(json_object_get(j, "acceptance_at_pos")), 3);
     ck_assert(json_number_value(json_object_get(j, "offline_simulated_tau")) >= 1.0);
     ck_assert_double_eq_tol(json_number_value(json_object_get(j, "train_simulated_tau")), 1.6, 1e-12);
+    json_decref(j);
+    /* the uncached drafter proposal (--no-drafter-cache) gives the same drafts, so the same tau */
+    const char *a1[] = {test_bin("dflash-eval"), "--target-model", target, "--ckpt", ckpt, "--prompts", pf, "--max-new",
+                        "12", "--out", of, "--no-drafter-cache", "--no-offline", NULL};
+    ck_assert_msg(run_argv(a1) == 0, "%s", out_text);
+    ck_assert_msg(strstr(out_text, "drafter uncached"), "%s", out_text);
+    ck_assert_int_eq(fs_read_file(of, &js, &len, err, sizeof err), 0);
+    j = json_loads(js, 0, NULL);
+    free(js);
+    ck_assert(json_is_false(json_object_get(j, "drafter_cache")));
+    ck_assert_double_eq_tol(json_number_value(json_object_get(j, "tau")), tau_cached, 1e-12);
     json_decref(j);
     /* the old path (no cache, one prompt at a time) measures the same tau: the cached features are the same */
     const char *a2[] = {test_bin("dflash-eval"), "--target-model", target, "--ckpt", ckpt, "--prompts", pf, "--max-new",
@@ -586,6 +605,234 @@ START_TEST(cached_generation) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- the drafter cache (issue 30 item 3) */
+
+/* Two proposers on one drafter, asked the same question every round: the cached one (export/drafter_cache.h) and
+ * the uncached drafter_step over the whole context (no_cache). Their drafts must be equal token for token and
+ * their final block states (xn) equal to fp32 rounding. The round's answer is the cached draft (mode 0) or the
+ * target's own continuation with one token wrong at a moving place (mode 1: accepted runs of every length, so a
+ * round commits 1..B tokens and the cache grows by as many). */
+struct pair {
+    struct eval_drafter *cached, *plain;
+    int mode;
+    int64_t rounds, sum_n;   /* sum_n: context rows the uncached proposer ran over */
+    double max_err;          /* max |xn_cached - xn| / max |xn| of a row */
+};
+
+static int pair_propose(void *ctx, struct eval_target *et, const int32_t *c, int n, int B, int32_t *draft, char *e,
+                        int el) {
+    struct pair *p = ctx;
+    int32_t d1[DRAFTER_MAX_B], d2[DRAFTER_MAX_B];
+    ck_assert_int_ge(et->ctx_slot, 0);
+    if (eval_drafter_propose(p->cached, et, c, n, B, d1, e, el)) return -1;
+    if (eval_drafter_propose(p->plain, et, c, n, B, d2, e, el)) return -1;
+    const float *xc = drafter_cache_xn(p->cached->cache);
+    struct drafter_last ls;
+    drafter_last_step(p->plain->d, &ls);
+    int H = drafter_config_of(p->plain->d)->H;
+    for (int j = 0; j < B; j++) {
+        double m = 0, dmax = 0;
+        for (int q = 0; q < H; q++) {
+            double ref = ls.xn[(size_t)j * H + q], dd = fabs(xc[(size_t)j * H + q] - ref);
+            m = fabs(ref) > m ? fabs(ref) : m;
+            dmax = dd > dmax ? dd : dmax;
+        }
+        if (dmax / m > p->max_err) p->max_err = dmax / m;
+        ck_assert_msg(dmax <= 1e-5 * m, "round %lld (n %d) row %d: cached xn differs by %g (row max %g)",
+                      (long long)p->rounds, n, j, dmax, m);
+    }
+    for (int j = 0; j < B - 1; j++)
+        ck_assert_msg(d1[j] == d2[j], "round %lld (n %d, slot %d): cached draft[%d] %d, uncached %d",
+                      (long long)p->rounds, n, et->ctx_slot, j, d1[j], d2[j]);
+    p->rounds++;
+    p->sum_n += n;
+    if (p->mode == 0) {
+        memcpy(draft, d1, sizeof(int32_t) * (size_t)(B - 1));
+        return 0;
+    }
+    /* the target's continuation: every B-th round all B-1 accepted, else one token wrong at 0..B-2 in turn */
+    if (oracle_propose(NULL, et, c, n, B, draft, e, el)) return -1;
+    int at = (int)(p->rounds % B) - 1;
+    if (at >= 0) draft[at] = (draft[at] + 1) % et->V;
+    return 0;
+}
+
+/* The cached proposal equals the uncached one every round (drafts token for token, block states to 1e-5 of the
+ * row) on a tiny Qwen3 target (sliding layers causal and not) and a Qwen3.5 hybrid, drafter "sliding,full" with
+ * window 4 (smaller than every context), 5 prompts of lengths 1..14 in 2 slots (so slots are reused within a
+ * call, and again by the next calls), with the drafter's own drafts and with accept/reject rounds of every length;
+ * speculative output equals plain decoding's. The cache is hit: each sequence starts over once, and the rows
+ * projected are the prompts plus at most B a round (the uncached proposer runs over the whole context every
+ * round). */
+START_TEST(drafter_cache_equals_uncached) {
+    for (int cfg = 0; cfg < 3; cfg++) {   /* tiny Qwen3; the same with non-causal sliding layers; the hybrid */
+        int hyb = cfg == 2;
+        const char *target = hyb ? NULL : tiny_target();
+        if (hyb) {
+            target = test_tmpdir("dcache-qwen35");
+            const char *argv[] = {test_bin("dflash-mkmodel"), "--preset", "qwen3.5-tiny", "--out", target, "--std",
+                                  "0.15", "--embed-std", "1.0", "--lm-head-std", "0.45", "--seed", "5", NULL};
+            ck_assert_msg(run_argv(argv) == 0, "%s", out_text);
+        }
+        enum { NP = 5, NEW = 20, MAXLEN = 48 };
+        struct drafter *d = make_drafter(target, "sliding,full", cfg == 1, 1, MAXLEN + 8, 4, 4);
+        int B = drafter_config_of(d)->B;
+        int zl[DESC_MAX_LAYERS];
+        drafter_zlab_ids(drafter_config_of(d), zl);
+        struct eval_target et;
+        ck_assert_msg(eval_target_open(&et, target, MAXLEN, zl, 2, err, sizeof err) == 0, "%s", err);
+        ck_assert_msg(eval_target_enable_cache(&et, 2, MAXLEN, err, sizeof err) == 0, "%s", err);
+        struct eval_drafter edc, edp;
+        ck_assert_int_eq(eval_drafter_init(&edc, d, err, sizeof err), 0);
+        ck_assert_int_eq(eval_drafter_init(&edp, d, err, sizeof err), 0);
+        edp.no_cache = 1;
+        const int P[NP] = {1, 9, 14, 6, 11};
+        int32_t prompts[NP][16], *pp[NP], *ref[NP], *out[NP];
+        int lr[NP], lo[NP], sum_p = 0;
+        for (int i = 0; i < NP; i++) {
+            uint64_t sd = 300 + (uint64_t)i;
+            for (int q = 0; q < P[i]; q++) prompts[i][q] = (int32_t)(test_rng_next(&sd) % 500);
+            pp[i] = prompts[i];
+            ref[i] = malloc(sizeof(int32_t) * MAXLEN);
+            out[i] = malloc(sizeof(int32_t) * MAXLEN);
+            sum_p += P[i];
+        }
+        const int32_t *const *cp = (const int32_t *const *)pp;
+        struct eval_gen_opts plain = {.max_new = NEW};
+        ck_assert_msg(eval_generate(&et, NP, cp, P, &plain, ref, lr, NULL, err, sizeof err) == 0, "%s", err);
+        struct pair pr = {&edc, &edp, 0, 0, 0, 0};
+        int64_t rounds_sum = 0;
+        /* three calls: short responses; then prompts in another order, so slot 0's next prompt (14 tokens) is
+         * longer than all its previous sequence (11 + 3) cached: only the sequence number tells them apart; then
+         * accept/reject rounds */
+        const int runs[3][2] = {{0, 3}, {0, NEW}, {1, NEW}}, perm[3][NP] = {{0, 1, 2, 3, 4}, {2, 0, 4, 1, 3},
+                                                                           {0, 1, 2, 3, 4}};
+        for (int r = 0; r < 3; r++) {
+            int mode = runs[r][0], pl[NP];
+            const int32_t *pq[NP];
+            for (int i = 0; i < NP; i++) {
+                pq[i] = pp[perm[r][i]];
+                pl[i] = P[perm[r][i]];
+            }
+            pr.mode = mode;
+            struct eval_gen_opts o = {.max_new = runs[r][1], .B = B, .fn = pair_propose, .ctx = &pr};
+            struct eval_stats ss;
+            eval_stats_init(&ss, B);
+            ck_assert_msg(eval_generate(&et, NP, pq, pl, &o, out, lo, &ss, err, sizeof err) == 0, "%s", err);
+            for (int i = 0; i < NP; i++) {
+                int k = perm[r][i];
+                ck_assert_int_eq(lo[i], P[k] + runs[r][1]);
+                for (int q = 0; q < lo[i]; q++)
+                    ck_assert_msg(out[i][q] == ref[k][q], "target %d run %d prompt %d: speculative differs from plain "
+                                  "decoding at %d", hyb, r, k, q);
+            }
+            if (mode == 1) {
+                /* accept/reject rounds: committed runs of 1..B */
+                ck_assert_msg(ss.hist[1] > 0 && ss.hist[B] > 0 && ss.hist[2] + ss.hist[3] > 0, "histogram %lld %lld "
+                              "%lld %lld", (long long)ss.hist[1], (long long)ss.hist[2], (long long)ss.hist[3],
+                              (long long)ss.hist[4]);
+            }
+            rounds_sum += ss.rounds;
+        }
+        struct drafter_cache_stats cs;
+        drafter_cache_get_stats(edc.cache, &cs);
+        fprintf(stderr, "drafter_cache_equals_uncached (%s): %lld rounds, rows projected cached %lld, uncached %lld, "
+                "max xn error %.2e of the row\n", hyb ? "qwen3.5-tiny" : cfg ? "tiny qwen3, non-causal sliding" :
+                "tiny qwen3", (long long)pr.rounds,
+                (long long)cs.ctx_rows, (long long)pr.sum_n, pr.max_err);
+        ck_assert_int_eq(cs.proposals, pr.rounds);
+        ck_assert_int_eq(pr.rounds, rounds_sum);
+        ck_assert_int_eq(cs.resets, 3 * NP);   /* each prompt's stay in a slot, once */
+        ck_assert_msg(cs.ctx_rows >= 3 * sum_p && cs.ctx_rows <= 3 * sum_p + pr.rounds * B,
+                      "%lld context rows projected for %lld rounds over prompts of %d tokens", (long long)cs.ctx_rows,
+                      (long long)pr.rounds, 3 * sum_p);
+        ck_assert_msg(cs.ctx_rows * 3 < pr.sum_n, "cached %lld rows, uncached %lld", (long long)cs.ctx_rows,
+                      (long long)pr.sum_n);
+        /* a plain proposer through eval_generate takes the cached path by itself (planned at its first round) */
+        struct eval_drafter edd;
+        ck_assert_int_eq(eval_drafter_init(&edd, d, err, sizeof err), 0);
+        struct eval_gen_opts od = {.max_new = NEW, .B = B, .fn = eval_drafter_propose, .ctx = &edd};
+        ck_assert_msg(eval_generate(&et, NP, cp, P, &od, out, lo, NULL, err, sizeof err) == 0, "%s", err);
+        ck_assert_ptr_nonnull(edd.cache);
+        drafter_cache_get_stats(edd.cache, &cs);
+        ck_assert_int_gt(cs.proposals, 0);
+        for (int i = 0; i < NP; i++)
+            for (int q = 0; q < lo[i]; q++) ck_assert_int_eq(out[i][q], ref[i][q]);
+        eval_drafter_free(&edd);
+        for (int i = 0; i < NP; i++) {
+            free(ref[i]);
+            free(out[i]);
+        }
+        eval_drafter_free(&edc);
+        eval_drafter_free(&edp);
+        eval_target_close(&et);
+        drafter_free(d);
+    }
+}
+END_TEST
+
+/* Wider shapes, where the proposal's GEMMs and the context passes run on threads and in chunks: a target of
+ * hidden 256 with 8 heads of 32 over 2 kv heads, a drafter with block 16 and window 24, prompts of 1..100 tokens
+ * (longer than a context pass of 64 rows) in 2 slots; drafts equal the uncached proposer's every round, block
+ * states within 1e-5 of the row, and speculative output equals plain decoding's. */
+START_TEST(drafter_cache_wide_shapes) {
+    const char *target = test_tmpdir("dcache-wide");
+    const char *argv[] = {test_bin("dflash-mkmodel"), "--preset", "tiny", "--out", target, "--hidden", "256",
+                          "--heads", "8", "--kv-heads", "2", "--head-dim", "32", "--seed", "9", NULL};
+    ck_assert_msg(run_argv(argv) == 0, "%s", out_text);
+    enum { NP = 5, NEW = 40, MAXLEN = 160 };
+    struct drafter *d = make_drafter(target, "sliding,full,sliding", 0, 1, MAXLEN + 8, 16, 24);
+    int B = drafter_config_of(d)->B;
+    int zl[DESC_MAX_LAYERS];
+    drafter_zlab_ids(drafter_config_of(d), zl);
+    struct eval_target et;
+    ck_assert_msg(eval_target_open(&et, target, MAXLEN, zl, 2, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eval_target_enable_cache(&et, 2, MAXLEN, err, sizeof err) == 0, "%s", err);
+    struct eval_drafter edc, edp;
+    ck_assert_int_eq(eval_drafter_init(&edc, d, err, sizeof err), 0);
+    ck_assert_int_eq(eval_drafter_init(&edp, d, err, sizeof err), 0);
+    edp.no_cache = 1;
+    const int P[NP] = {70, 1, 100, 33, 80};
+    static int32_t prompts[NP][100];
+    int32_t *pp[NP], *ref[NP], *out[NP];
+    int lr[NP], lo[NP], sum_p = 0;
+    for (int i = 0; i < NP; i++) {
+        uint64_t sd = 900 + (uint64_t)i;
+        for (int q = 0; q < P[i]; q++) prompts[i][q] = (int32_t)(test_rng_next(&sd) % 500);
+        pp[i] = prompts[i];
+        ref[i] = malloc(sizeof(int32_t) * MAXLEN);
+        out[i] = malloc(sizeof(int32_t) * MAXLEN);
+        sum_p += P[i];
+    }
+    const int32_t *const *cp = (const int32_t *const *)pp;
+    struct eval_gen_opts plain = {.max_new = NEW}, o = {.max_new = NEW, .B = B, .fn = pair_propose};
+    ck_assert_msg(eval_generate(&et, NP, cp, P, &plain, ref, lr, NULL, err, sizeof err) == 0, "%s", err);
+    struct pair pr = {&edc, &edp, 0, 0, 0, 0};
+    o.ctx = &pr;
+    ck_assert_msg(eval_generate(&et, NP, cp, P, &o, out, lo, NULL, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < NP; i++) {
+        ck_assert_int_eq(lo[i], lr[i]);
+        for (int q = 0; q < lo[i]; q++)
+            ck_assert_msg(out[i][q] == ref[i][q], "prompt %d: speculative differs from plain decoding at %d", i, q);
+    }
+    struct drafter_cache_stats cs;
+    drafter_cache_get_stats(edc.cache, &cs);
+    fprintf(stderr, "drafter_cache_wide_shapes: %lld rounds, rows projected cached %lld, uncached %lld, max xn error "
+            "%.2e of the row\n", (long long)pr.rounds, (long long)cs.ctx_rows, (long long)pr.sum_n, pr.max_err);
+    ck_assert_int_eq(cs.proposals, pr.rounds);
+    ck_assert_int_eq(cs.resets, NP);
+    ck_assert_msg(cs.ctx_rows >= sum_p && cs.ctx_rows <= sum_p + pr.rounds * B, "%lld rows", (long long)cs.ctx_rows);
+    for (int i = 0; i < NP; i++) {
+        free(ref[i]);
+        free(out[i]);
+    }
+    eval_drafter_free(&edc);
+    eval_drafter_free(&edp);
+    eval_target_close(&et);
+    drafter_free(d);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- dflash-sample --prompts (issue 30 item 2) */
 
 static int count_rows(const char *path) {
@@ -929,6 +1176,8 @@ int main(void) {
     tcase_add_test(tc, decode_equals_full_forward);
     tcase_add_test(tc, decode_hybrid_equals_full_forward);
     tcase_add_test(tc, cached_generation);
+    tcase_add_test(tc, drafter_cache_equals_uncached);
+    tcase_add_test(tc, drafter_cache_wide_shapes);
     tcase_add_test(tc, sample_regenerates_and_resumes);
     tcase_add_test(tc, training_moves_tau);
     suite_add_tcase(s, tc);

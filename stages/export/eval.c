@@ -31,6 +31,7 @@ int eval_target_open_dev(struct eval_target *et, const char *target_dir, int max
     o.max_tokens = max_tokens;
     o.n_capture = k;
     memcpy(o.capture, zlab_ids, sizeof(int) * (size_t)k);
+    et->ctx_slot = -1;
     et->t = target_load(target_dir, &o, err, err_len);
     if (!et->t) return -1;
     et->dev = cuda_device;
@@ -143,6 +144,7 @@ int eval_target_forward(struct eval_target *et, const int32_t *tokens, int n, in
     et->ctx_states = et->states;
     et->ctx_last = et->last;
     et->ctx_rows = n;
+    et->ctx_slot = -1;
     if (pred)
         for (int i = from < 0 ? 0 : from; i < n; i++) pred[i] = greedy_next(et, et->last + (size_t)i * et->H);
     return 0;
@@ -189,6 +191,15 @@ void eval_drafter_free(struct eval_drafter *ed) {
 #endif
     free(ed->hidden);
     ed->hidden = NULL;
+    drafter_cache_free(ed->cache);
+    ed->cache = NULL;
+}
+
+int eval_drafter_enable_cache(struct eval_drafter *ed, int n_slots, int max_len, char *err, int err_len) {
+    if (ed->gpu) return err_fail(err, err_len, "eval: the GPU drafter's proposal has no drafter cache");
+    if (ed->cache) return err_fail(err, err_len, "eval: the drafter cache is already planned");
+    ed->cache = drafter_cache_init(ed->d, n_slots, max_len, err, err_len);
+    return ed->cache ? 0 : -1;
 }
 
 #ifdef DFLASH_CUDA
@@ -228,12 +239,17 @@ int eval_drafter_propose(void *ctx, struct eval_target *et, const int32_t *c, in
     const struct drafter_config *cfg = drafter_config_of(ed->d);
     int H = cfg->H, k = cfg->k;
     if (B != cfg->B) return err_fail(err, err_len, "eval: block size %d, the drafter's is %d", B, cfg->B);
-    if (n + B > cfg->T_max)
-        return err_fail(err, err_len, "eval: a sequence of %d tokens + block %d exceeds the drafter's plan (%d)", n, B,
-                        cfg->T_max);
     if (k != et->k || H != et->H) return err_fail(err, err_len, "eval: the target captures %d x %d, the drafter "
                                                   "wants %d x %d", et->k, et->H, k, H);
     if (!et->ctx_states || et->ctx_rows < n) return err_fail(err, err_len, "eval: the proposer has no features");
+    if (!ed->gpu && !ed->no_cache && et->ctx_slot >= 0) {   /* bounded by the cache's plan, not T_max */
+        if (!ed->cache && eval_drafter_enable_cache(ed, et->n_slots, et->max_len, err, err_len)) return -1;
+        return drafter_cache_propose(ed->cache, et->ctx_slot, et->ctx_seq, c, n, et->ctx_states, et->ctx_rows, draft,
+                                     err, err_len);
+    }
+    if (n + B > cfg->T_max)
+        return err_fail(err, err_len, "eval: a sequence of %d tokens + block %d exceeds the drafter's plan (%d)", n, B,
+                        cfg->T_max);
     for (int t = 0; t < n; t++)
         for (int i = 0; i < k; i++)
             memcpy(ed->hidden + ((size_t)t * k + i) * H, et->ctx_states + ((size_t)i * et->ctx_rows + t) * H,
@@ -492,6 +508,7 @@ static int32_t draw(struct eval_target *et, uint64_t *rng, int32_t except) {
 
 struct gen_seq {
     int idx, slot, n, end, done;
+    int64_t seq;   /* et->ctx_seq of this prompt's stay in its slot */
     int64_t rounds, tau_sum;
     uint64_t rng;
 };
@@ -552,7 +569,7 @@ static int generate_group(struct eval_target *et, int n, const int32_t *const *p
     /* prefill, one prompt per step (a prompt may be as long as the plan) */
     for (int i = 0; i < n && !rc; i++) {
         int idx = first + i;
-        g[i] = (struct gen_seq){idx, i, P[idx], P[idx] + o->max_new, o->max_new <= 0, 0, 0, 0};
+        g[i] = (struct gen_seq){idx, i, P[idx], P[idx] + o->max_new, o->max_new <= 0, et->seq_next++, 0, 0, 0};
         g[i].rng = kernels_mix64(o->seed + (uint64_t)(o->index_base + idx + 1) * KERNELS_RNG_GAMMA);
         memcpy(outs[idx], prompts[idx], sizeof(int32_t) * (size_t)P[idx]);
         if (P[idx] < 1) {
@@ -596,6 +613,8 @@ static int generate_group(struct eval_target *et, int n, const int32_t *const *p
                 et->ctx_states = et->hist + (size_t)g[i].slot * et->k * et->max_len * et->H;
                 et->ctx_last = et->hist_last + (size_t)g[i].slot * et->max_len * et->H;
                 et->ctx_rows = et->max_len;
+                et->ctx_slot = g[i].slot;
+                et->ctx_seq = g[i].seq;
                 rc = o->fn(o->ctx, et, out, g[i].n, B, draft[i], err, err_len);
                 memcpy(ids + cu[m] + 1, draft[i], sizeof(int32_t) * (size_t)(B - 1));
             }

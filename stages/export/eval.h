@@ -21,6 +21,8 @@
  *   position is the anchor: one block, slot 0 = the anchor, slots 1..B-1 the mask token, context = the features
  *   strictly before the anchor (the §6 mask); its per-row argmaxes are the draft (mapped through d2t when the
  *   draft vocabulary is pruned). This is the training forward, so eval measures exactly what was trained.
+ *   Under eval_generate on the CPU the same forward runs KV-cached (export/drafter_cache.h): each slot keeps its
+ *   context rows' keys and values, and a round projects only the rows committed since the last one.
  * - Statistics: τ = mean over responses of the per-response mean τ (z-lab's benchmark), a histogram of τ over
  *   1..B, per-position acceptance (rounds with acc >= j over rounds, j = 1..B-1, the server metric
  *   acceptance_at_pos), and the micro-average 1 + accepted / rounds.
@@ -32,6 +34,7 @@
 
 #include <stdint.h>
 
+#include "export/drafter_cache.h"
 #include "model/target.h"
 #include "train/drafter.h"
 
@@ -57,6 +60,11 @@ struct eval_target {
      * path at one prompt's feature history. */
     const float *ctx_states, *ctx_last;
     int ctx_rows;
+    /* Which sequence the features belong to, for a proposer that caches per sequence (eval_drafter's drafter
+     * cache): eval_generate sets the KV-cache slot and a number unique to the prompt's stay in that slot (a slot
+     * given a new prompt gets a new one); -1 (eval_target_forward, eval_speculative): no slot, nothing cached. */
+    int ctx_slot;
+    int64_t ctx_seq, seq_next;
     /* KV cache (eval_target_enable_cache), else NULL */
     struct decode *dc;
     int n_slots, max_len, max_step;
@@ -99,13 +107,25 @@ typedef int (*eval_propose_fn)(void *ctx, struct eval_target *et, const int32_t 
                                char *err, int err_len);
 
 /* The drafter proposer's state (ctx of eval_drafter_propose); d planned with N >= 1 anchors and T_max >= the
- * longest sequence + B. */
+ * longest sequence + B.
+ * On the CPU, a proposal for a sequence that eval_generate runs in a slot (et->ctx_slot >= 0) takes the KV-cached
+ * path (export/drafter_cache.h): the context rows' keys and values are kept per slot and only the rows committed
+ * since the last round are projected; it agrees with the uncached proposal to fp32 rounding. The cache is planned
+ * by eval_drafter_enable_cache, or at the first such proposal from the target's plan (et->n_slots, et->max_len).
+ * no_cache = 1 (set by the caller after init) keeps every proposal on the uncached path: drafter_step over the
+ * whole committed context (what eval_speculative always runs, et->ctx_slot being -1 there). */
 struct eval_drafter {
     struct drafter *d;
     float *hidden;      /* (T_max, k·H) */
     void *gpu;          /* struct drafter_gpu * when the proposal runs on a GPU, else NULL */
+    int no_cache;       /* 1: never the cached path */
+    struct drafter_cache *cache;   /* NULL until planned */
 };
 int eval_drafter_init(struct eval_drafter *ed, struct drafter *d, char *err, int err_len);
+/* Plan the CPU drafter cache for n_slots sequences of up to max_len tokens (the target cache's plan); allocates
+ * everything the cached proposals use. 0/-1 with a sentence (out of memory, a cache already planned, or a GPU
+ * proposer: the GPU path is not cached). */
+int eval_drafter_enable_cache(struct eval_drafter *ed, int n_slots, int max_len, char *err, int err_len);
 /* The same with the proposal on CUDA device cuda_device (-1: the CPU): drafter_step_gpu (train = 0, bf16) over
  * the committed features, uploaded each round (drafter_gpu_load_batch), its block's argmaxes read back. */
 int eval_drafter_init_dev(struct eval_drafter *ed, struct drafter *d, int cuda_device, char *err, int err_len);
