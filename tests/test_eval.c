@@ -1035,6 +1035,92 @@ static double eval_tau(struct eval_target *et, struct eval_drafter *ed, const st
     return eval_stats_tau(st);
 }
 
+/* A tiny target's drafter (layers full,full, B 4, 16 anchors; sample_from_anchor as given) trained for `steps`
+ * steps, one of rows[0..n_train) a step, by the trainer's step (drafter_step + clip + AdamW 5e-3); τ on the held-out
+ * rows before training in tr->tau0. The caller measures after and frees with trained_free. */
+struct trained {
+    struct drafter *d;
+    struct eval_target et;
+    struct eval_drafter ed;
+    struct optim o;
+    struct optim_tensor *t;
+    struct eval_stats before;
+    double tau0, first_loss, last_loss;
+    struct drafter_metrics tail;   /* the trainer's estimate over the last 50 steps */
+};
+
+static void train_tiny(struct trained *tr, const char *target, const struct row *rows, int n_train, int steps, int sfa,
+                       const struct row *held, int n_held, int new_tokens) {
+    struct drafter_config c;
+    memset(tr, 0, sizeof *tr);
+    drafter_config_defaults(&c);
+    ck_assert_int_eq(drafter_parse_layer_types(&c, "full,full", err, sizeof err), 0);
+    c.B = 4;
+    c.N = 16;
+    c.T_max = 64;
+    c.k = 2;
+    c.layer_ids[0] = 1;
+    c.layer_ids[1] = 3;
+    c.mask_token_id = 511;
+    c.noise = 0;
+    c.sample_from_anchor = sfa;
+    ck_assert_msg(drafter_config_from_target(&c, target, err, sizeof err) == 0, "%s", err);
+    struct drafter *d = tr->d = drafter_init(&c, 3, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    ck_assert_msg(drafter_load_target(d, target, err, sizeof err) == 0, "%s", err);
+    int zl[DESC_MAX_LAYERS];
+    drafter_zlab_ids(drafter_config_of(d), zl);
+    struct eval_target *et = &tr->et;
+    ck_assert_msg(eval_target_open(et, target, 64, zl, 2, err, sizeof err) == 0, "%s", err);
+    struct eval_drafter *ed = &tr->ed;
+    ck_assert_int_eq(eval_drafter_init(ed, d, err, sizeof err), 0);
+    tr->tau0 = eval_tau(et, ed, held, n_held, new_tokens, &tr->before);
+
+    /* train: one sampled row per step, AdamW, the trainer's step (drafter_step + clip + optimizer) */
+    int n = drafter_n_params(d);
+    struct optim_tensor *t = tr->t = calloc((size_t)n, sizeof *t);
+    for (int i = 0; i < n; i++) {
+        const struct drafter_param *p = drafter_param(d, i);
+        t[i] = (struct optim_tensor){p->name, p->ndim, {p->shape[0], p->shape[1]}, p->w, p->g, p->trainable,
+                                     p->is_matrix};
+    }
+    struct optim_config oc;
+    optim_config_default(&oc);
+    oc.kind = OPTIM_ADAMW;
+    oc.lr = 5e-3;
+    oc.weight_decay = 0;
+    struct optim *o = &tr->o;
+    ck_assert_msg(optim_init(o, t, n, &oc, err, sizeof err) == 0, "%s", err);
+    int32_t pos[64], doc[64] = {0};
+    for (int i = 0; i < 64; i++) pos[i] = i;
+    drafter_metrics_zero(&tr->tail, c.B);
+    for (int s = 0; s < steps; s++) {
+        const struct row *r = &rows[s % n_train];
+        ck_assert_msg(eval_target_forward(et, r->ids, r->n, r->n, NULL, err, sizeof err) == 0, "%s", err);
+        for (int tt = 0; tt < r->n; tt++)
+            for (int q = 0; q < 2; q++)
+                memcpy(ed->hidden + ((size_t)tt * 2 + q) * et->H, et->states + ((size_t)q * r->n + tt) * et->H,
+                       sizeof(float) * (size_t)et->H);
+        struct drafter_batch b = {r->n, r->n + 1, r->ids, r->mask, pos, doc, ed->hidden, et->last};
+        struct drafter_metrics m;
+        drafter_zero_grad(d);
+        ck_assert_msg(drafter_step(d, &b, 5, (uint64_t)s, 1, &m, err, sizeof err) == 0, "%s", err);
+        optim_clip_grad_norm(t, n, 1.0);
+        ck_assert_msg(optim_step(o, 1.0, err, sizeof err) == 0, "%s", err);
+        if (s < 20) tr->first_loss += m.loss_sum / 20;
+        if (s >= steps - 20) tr->last_loss += m.loss_sum / 20;
+        if (s >= steps - 50) drafter_metrics_add(&tr->tail, &m);   /* the trainer's estimate over its last steps */
+    }
+}
+
+static void trained_free(struct trained *tr) {
+    optim_free(&tr->o);
+    free(tr->t);
+    eval_drafter_free(&tr->ed);
+    eval_target_close(&tr->et);
+    drafter_free(tr->d);
+}
+
 START_TEST(training_moves_tau) {
     const char *target = tiny_target();
     make_learnable(target);
@@ -1050,69 +1136,13 @@ START_TEST(training_moves_tau) {
     static struct row rows[TRAIN + HELD];
     ck_assert_int_eq(read_rows(data, rows, TRAIN + HELD), TRAIN + HELD);
 
-    struct drafter_config c;
-    drafter_config_defaults(&c);
-    ck_assert_int_eq(drafter_parse_layer_types(&c, "full,full", err, sizeof err), 0);
-    c.B = 4;
-    c.N = 16;
-    c.T_max = 64;
-    c.k = 2;
-    c.layer_ids[0] = 1;
-    c.layer_ids[1] = 3;
-    c.mask_token_id = 511;
-    c.noise = 0;
-    ck_assert_msg(drafter_config_from_target(&c, target, err, sizeof err) == 0, "%s", err);
-    struct drafter *d = drafter_init(&c, 3, err, sizeof err);
-    ck_assert_msg(d != NULL, "%s", err);
-    ck_assert_msg(drafter_load_target(d, target, err, sizeof err) == 0, "%s", err);
-    int zl[DESC_MAX_LAYERS];
-    drafter_zlab_ids(drafter_config_of(d), zl);
-    struct eval_target et;
-    ck_assert_msg(eval_target_open(&et, target, 64, zl, 2, err, sizeof err) == 0, "%s", err);
-    struct eval_drafter ed;
-    ck_assert_int_eq(eval_drafter_init(&ed, d, err, sizeof err), 0);
-    struct eval_stats before, after;
-    double tau0 = eval_tau(&et, &ed, rows + TRAIN, HELD, NEW, &before);
-
-    /* train: one sampled row per step, AdamW, the trainer's step (drafter_step + clip + optimizer) */
-    int n = drafter_n_params(d);
-    struct optim_tensor *t = calloc((size_t)n, sizeof *t);
-    for (int i = 0; i < n; i++) {
-        const struct drafter_param *p = drafter_param(d, i);
-        t[i] = (struct optim_tensor){p->name, p->ndim, {p->shape[0], p->shape[1]}, p->w, p->g, p->trainable,
-                                     p->is_matrix};
-    }
-    struct optim_config oc;
-    optim_config_default(&oc);
-    oc.kind = OPTIM_ADAMW;
-    oc.lr = 5e-3;
-    oc.weight_decay = 0;
-    struct optim o;
-    memset(&o, 0, sizeof o);
-    ck_assert_msg(optim_init(&o, t, n, &oc, err, sizeof err) == 0, "%s", err);
-    int32_t pos[64], doc[64] = {0};
-    for (int i = 0; i < 64; i++) pos[i] = i;
-    double first_loss = 0, last_loss = 0;
-    struct drafter_metrics tail;
-    drafter_metrics_zero(&tail, c.B);
-    for (int s = 0; s < STEPS; s++) {
-        const struct row *r = &rows[s % TRAIN];
-        ck_assert_msg(eval_target_forward(&et, r->ids, r->n, r->n, NULL, err, sizeof err) == 0, "%s", err);
-        for (int tt = 0; tt < r->n; tt++)
-            for (int q = 0; q < 2; q++)
-                memcpy(ed.hidden + ((size_t)tt * 2 + q) * et.H, et.states + ((size_t)q * r->n + tt) * et.H,
-                       sizeof(float) * (size_t)et.H);
-        struct drafter_batch b = {r->n, r->n + 1, r->ids, r->mask, pos, doc, ed.hidden, et.last};
-        struct drafter_metrics m;
-        drafter_zero_grad(d);
-        ck_assert_msg(drafter_step(d, &b, 5, (uint64_t)s, 1, &m, err, sizeof err) == 0, "%s", err);
-        optim_clip_grad_norm(t, n, 1.0);
-        ck_assert_msg(optim_step(&o, 1.0, err, sizeof err) == 0, "%s", err);
-        if (s < 20) first_loss += m.loss_sum / 20;
-        if (s >= STEPS - 20) last_loss += m.loss_sum / 20;
-        if (s >= STEPS - 50) drafter_metrics_add(&tail, &m);   /* the trainer's estimate over its last steps */
-    }
-    double tau1 = eval_tau(&et, &ed, rows + TRAIN, HELD, NEW, &after);
+    struct trained tr;
+    train_tiny(&tr, target, rows, TRAIN, STEPS, 0, rows + TRAIN, HELD, NEW);
+    struct drafter *d = tr.d;
+    const struct drafter_config *cf = drafter_config_of(d);
+    struct eval_stats after;
+    double tau0 = tr.tau0;
+    double tau1 = eval_tau(&tr.et, &tr.ed, rows + TRAIN, HELD, NEW, &after);
     /* the same through the binaries: a checkpoint, dflash-eval on the held-out rows (with the offline estimate) */
     char ckpt[1024], res[700];
     save_ckpt(d, ckpt, sizeof ckpt);
@@ -1152,16 +1182,55 @@ START_TEST(training_moves_tau) {
     ck_assert_msg(exp_tau > 1.5, "export tau %g", exp_tau);
     fprintf(stderr, "training_moves_tau: loss %.3f -> %.3f over %d steps; held-out tau %.3f -> %.3f (B %d); training "
             "estimate (last 50 steps, noise 0) 1 + eal_marginal = %.3f; acceptance at 1..3 after: %.2f %.2f %.2f\n",
-            first_loss, last_loss, STEPS, tau0, tau1, c.B, 1 + drafter_metrics_eal_marginal(&tail),
+            tr.first_loss, tr.last_loss, STEPS, tau0, tau1, cf->B, 1 + drafter_metrics_eal_marginal(&tr.tail),
             (double)after.at_pos[1] / after.rounds, (double)after.at_pos[2] / after.rounds,
             (double)after.at_pos[3] / after.rounds);
     ck_assert_msg(tau0 < 1.3, "untrained tau %g", tau0);
     ck_assert_msg(tau1 > 1.5 && tau1 > tau0 + 0.3, "tau did not rise: %g -> %g", tau0, tau1);
-    optim_free(&o);
-    free(t);
-    eval_drafter_free(&ed);
-    eval_target_close(&et);
-    drafter_free(d);
+    trained_free(&tr);
+}
+END_TEST
+
+/* A drafter trained with sample_from_anchor (block row j predicts the token at a + j + 1, reference §5): its
+ * draft for positions n..n+B-2 is rows 0..B-2 (without the mode, rows 1..B-1). Trained, it is accepted: τ rises as
+ * the plain drafter's does (taking rows 1..B-1, as before this test, drafts one position too far: τ 1.008).
+ * dflash-eval on its checkpoint (KV-cached target and drafter, batched) gives the same τ. */
+START_TEST(sample_from_anchor_proposes_its_rows) {
+    const char *target = tiny_target();
+    make_learnable(target);
+    const char *dir = test_tmpdir("eval-sfa");
+    char data[700];
+    snprintf(data, sizeof data, "%s/sampled.jsonl", dir);
+    enum { TRAIN = 160, HELD = 12, NEW = 24, STEPS = 600 };
+    const char *a[] = {test_bin("dflash-sample"), "--target-model", target, "--out", data, "--samples", "172",
+                       "--prompt-len", "8", "--gen-len", "24", "--temperature", "0.3", "--max-token", "500", NULL};
+    ck_assert_msg(run_argv(a) == 0, "%s", out_text);
+    static struct row rows[TRAIN + HELD];
+    ck_assert_int_eq(read_rows(data, rows, TRAIN + HELD), TRAIN + HELD);
+    struct trained tr;
+    train_tiny(&tr, target, rows, TRAIN, STEPS, 1, rows + TRAIN, HELD, NEW);
+    ck_assert(drafter_config_of(tr.d)->sample_from_anchor);
+    struct eval_stats after;
+    double tau1 = eval_tau(&tr.et, &tr.ed, rows + TRAIN, HELD, NEW, &after);
+    char ckpt[1024], res[700];
+    save_ckpt(tr.d, ckpt, sizeof ckpt);
+    snprintf(res, sizeof res, "%s/eval.json", dir);
+    const char *ev[] = {test_bin("dflash-eval"), "--target-model", target, "--ckpt", ckpt, "--prompts", data, "--skip",
+                        "160", "--limit", "12", "--max-new", "24", "--no-offline", "--out", res, NULL};
+    ck_assert_msg(run_argv(ev) == 0, "%s", out_text);
+    json_t *jr = json_load_file(res, 0, NULL);
+    ck_assert_ptr_nonnull(jr);
+    double cli_tau = json_number_value(json_object_get(jr, "tau"));
+    ck_assert(json_is_true(json_object_get(jr, "drafter_cache")));
+    json_decref(jr);
+    fprintf(stderr, "sample_from_anchor_proposes_its_rows: loss %.3f -> %.3f; held-out tau %.3f -> %.3f (B %d); "
+            "dflash-eval (cached) %.3f\n", tr.first_loss, tr.last_loss, tr.tau0, tau1, drafter_config_of(tr.d)->B,
+            cli_tau);
+    /* untrained, row 0 already drafts fairly well (the anchor token's own embedding through the frozen LM head of
+     * this learnable target: τ ~1.6); the rows one position too far gave τ 1.008 after training */
+    ck_assert_msg(tau1 > 1.8 && tau1 > tr.tau0 + 0.3, "tau did not rise: %g -> %g", tr.tau0, tau1);
+    ck_assert_double_eq_tol(cli_tau, tau1, 1e-9);
+    trained_free(&tr);
 }
 END_TEST
 
@@ -1180,6 +1249,7 @@ int main(void) {
     tcase_add_test(tc, drafter_cache_wide_shapes);
     tcase_add_test(tc, sample_regenerates_and_resumes);
     tcase_add_test(tc, training_moves_tau);
+    tcase_add_test(tc, sample_from_anchor_proposes_its_rows);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

@@ -87,7 +87,7 @@ static void save_ckpt(const struct drafter *d, char *ckpt, size_t len) {
                           dc->H, "target_layers", dc->target.num_hidden_layers, "vocab_size", dc->V_t,
                           "draft_vocab_size", dc->V_d, "block_size", dc->B, "layer_types", lt, "sliding_window",
                           dc->sliding_window, "sliding_window_non_causal", dc->sliding_window_non_causal, "max_anchors", dc->N, "tokens",
-                          dc->T_max, "target_layer_ids_zlab", ids, "sample_from_anchor", 0, "mask_token_id",
+                          dc->T_max, "target_layer_ids_zlab", ids, "sample_from_anchor", dc->sample_from_anchor, "mask_token_id",
                           (json_int_t)dc->mask_token_id, "noise", (double)dc->noise, "loss", "ce", "weighting", "dpace", "gamma",
                           4.0, "alpha", 0.5, "init_std", 0.02, "seed", 7, "optimizer", "muon");
     ck_assert_ptr_nonnull(j);

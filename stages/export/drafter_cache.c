@@ -348,14 +348,16 @@ int drafter_cache_propose(struct drafter_cache *dc, int slot, int64_t seq, const
         for (size_t e = 0; e < (size_t)B * H; e++) dc->x[e] += dc->h[e];
     }
     rmsnorm_forward_ref(dc->xn, dc->rstd, dc->x, dc->norm, B, H, c->eps);
-    /* rows 1..B-1 are the draft; the first maximum wins, as cpu_ops_lmhead_loss picks pred */
-    lin(dc, dc->logits, dc->xn + H, dc->lm, B - 1, dc->V_d, H);
-    for (int j = 1; j < B; j++) {
-        const float *z = dc->logits + (size_t)(j - 1) * dc->V_d;
+    /* rows first..first+B-2 are the draft (drafter_draft_row0); the first maximum wins, as cpu_ops_lmhead_loss
+     * picks pred */
+    int first = drafter_draft_row0(c);
+    lin(dc, dc->logits, dc->xn + (size_t)first * H, dc->lm, B - 1, dc->V_d, H);
+    for (int j = 0; j < B - 1; j++) {
+        const float *z = dc->logits + (size_t)j * dc->V_d;
         int32_t p = 0;
         for (int v = 1; v < dc->V_d; v++)
             if (z[v] > z[p]) p = v;
-        draft[j - 1] = dc->d2t ? (int32_t)(p + dc->d2t[p]) : p;
+        draft[j] = dc->d2t ? (int32_t)(p + dc->d2t[p]) : p;
     }
     dc->st.proposals++;
     return 0;

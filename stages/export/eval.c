@@ -225,9 +225,10 @@ static int propose_gpu(struct eval_drafter *ed, const struct drafter_batch *b, i
         return err_fail(err, err_len, "eval: the GPU drafter did not anchor at the last committed token (%d)", b->T - 1);
     struct drafter_last ls;
     drafter_last_step(ed->d, &ls);   /* d2t only: the host drafter's pruned-vocabulary map */
-    for (int j = 1; j < B; j++) {
-        int32_t p = arg[2 * j];
-        draft[j - 1] = ls.d2t ? (int32_t)(p + ls.d2t[p]) : p;
+    int first = drafter_draft_row0(drafter_config_of(ed->d));
+    for (int j = 0; j < B - 1; j++) {
+        int32_t p = arg[2 * (first + j)];
+        draft[j] = ls.d2t ? (int32_t)(p + ls.d2t[p]) : p;
     }
     return 0;
 }
@@ -287,9 +288,10 @@ int eval_drafter_propose(void *ctx, struct eval_target *et, const int32_t *c, in
     drafter_last_step(ed->d, &ls);
     if (!ls.valid[0] || ls.anchors[0] != n - 1)
         return err_fail(err, err_len, "eval: the drafter did not anchor at the last committed token (%d)", n - 1);
-    for (int j = 1; j < B; j++) {
-        int32_t p = ls.pred[j];
-        draft[j - 1] = ls.d2t ? (int32_t)(p + ls.d2t[p]) : p;
+    int first = drafter_draft_row0(cfg);
+    for (int j = 0; j < B - 1; j++) {
+        int32_t p = ls.pred[first + j];
+        draft[j] = ls.d2t ? (int32_t)(p + ls.d2t[p]) : p;
     }
     return 0;
 }

@@ -107,6 +107,10 @@ void drafter_zlab_ids(const struct drafter_config *c, int *ids /* (k) */);
  * scaling over the whole head. The drafter is a Qwen3-style model: its exported config carries no partial rotary
  * factor, so a Qwen3.5/3.6 target's partial rotary (its rotary_dim) is not inherited. */
 void drafter_rope_inv_freq(const struct drafter_config *c, float *inv_freq /* (d_h / 2) */);
+/* The block row whose prediction is the token right after the anchor (the first draft token): 1 for DFlash (row
+ * j predicts the token at a + j; row 0 is the anchor itself), 0 with sample_from_anchor (row j predicts a + j + 1).
+ * A proposal of B - 1 tokens reads rows drafter_draft_row0 .. drafter_draft_row0 + B - 2. */
+static inline int drafter_draft_row0(const struct drafter_config *c) { return c->sample_from_anchor ? 0 : 1; }
 /* "zlab" | "speculators". */
 const char *drafter_ids_convention_name(int convention);
 
