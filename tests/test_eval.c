@@ -5,6 +5,7 @@
  * prompts, reports tau / histogram / per-position acceptance / the offline estimate, and refuses bad prompt ids
  * with a line naming the file, line and key; the KV-cached drafter proposal equals the uncached one every round.
  */
+#include "kernels/argmax.h"
 #include "testutil.h"
 
 #include <dirent.h>
@@ -101,8 +102,7 @@ START_TEST(argmax_equals_plain_loop) {
             if (mode == 2 && r % 17 == 0) x[v] = NAN;
         }
         int32_t want = 0;
-        for (int v = 1; v < n; v++)
-            if (x[v] > x[want]) want = v;
+        argmax_rows_ref(&want, x, 1, n);   /* the plain loop (kernels/argmax.h), the GPU kernel's reference */
         ck_assert_msg(eval_argmax(x, n) == want, "trial %d (n %d, mode %d): %d, the plain loop %d", trial, n, mode,
                       eval_argmax(x, n), want);
     }
@@ -306,6 +306,32 @@ START_TEST(decode_equals_full_forward) {
     for (int p = 0; p < 7; p++)
         ck_assert_msg(!memcmp(la + (size_t)(5 + p) * H, fla + (size_t)(17 + p) * H, sizeof(float) * (size_t)H),
                       "slot 1 last row %d differs", p);
+    /* the greedy pick: decode_argmax is the reference argmax of decode_logits' rows, in any order */
+    {
+        int V = target_config(t)->vocab_size;
+        float *nw = malloc(sizeof(float) * (size_t)H), *hw = malloc(sizeof(float) * (size_t)V * H);
+        float *lg = malloc(sizeof(float) * 12 * (size_t)V);
+        ck_assert(nw && hw && lg);
+        uint64_t sd = 9;
+        for (int c = 0; c < H; c++) nw[c] = 1.0f;
+        for (size_t e = 0; e < (size_t)V * H; e++)
+            hw[e] = (float)((double)(test_rng_next(&sd) >> 11) / 9007199254740992.0 - 0.5);
+        int32_t rows[12], got[12], want[12];
+        for (int i = 0; i < 12; i++) rows[i] = (i * 5) % 12;
+        ck_assert_int_eq(decode_argmax(d, 12, rows, got, err, sizeof err), -1);
+        ck_assert_msg(strstr(err, "decode_argmax needs decode_set_head"), "%s", err);
+        ck_assert_msg(decode_set_head(d, nw, hw, 12, err, sizeof err) == 0, "%s", err);
+        ck_assert_msg(decode_logits(d, 12, rows, lg, err, sizeof err) == 0, "%s", err);
+        argmax_rows_ref(want, lg, 12, V);
+        ck_assert_msg(decode_argmax(d, 12, rows, got, err, sizeof err) == 0, "%s", err);
+        for (int i = 0; i < 12; i++) ck_assert_msg(got[i] == want[i], "row %d: %d, the reference %d", rows[i], got[i], want[i]);
+        rows[3] = 12;
+        ck_assert_int_eq(decode_argmax(d, 12, rows, got, err, sizeof err), -1);
+        ck_assert_msg(strstr(err, "not a row of the last step"), "%s", err);
+        free(nw);
+        free(hw);
+        free(lg);
+    }
     /* bad steps are refused with a sentence */
     int32_t cbig[2] = {0, 33};
     ck_assert_int_eq(decode_extend(d, 1, &slot0, s0, cbig, NULL, la, err, sizeof err), -1);

@@ -100,6 +100,7 @@ void eval_target_close(struct eval_target *et) {
     else
 #endif
         free(et->step_logits);
+    free(et->step_ids);
     free(et->states16);
     free(et->last16);
     memset(et, 0, sizeof *et);
@@ -396,7 +397,9 @@ int eval_target_enable_cache(struct eval_target *et, int n_slots, int max_len, c
     et->logits_pinned = et->step_logits != NULL;
 #endif
     if (!et->step_logits) et->step_logits = malloc(lb);
-    if (!et->step_logits) return err_fail(err, err_len, "eval: out of memory for %d rows of logits", rows);
+    et->step_ids = malloc(sizeof(int32_t) * (size_t)rows);
+    if (!et->step_logits || !et->step_ids)
+        return err_fail(err, err_len, "eval: out of memory for %d rows of logits", rows);
     et->n_slots = n_slots;
     et->max_len = max_len;
     et->max_step = step;
@@ -435,6 +438,26 @@ static const float *row_logits(struct eval_target *et, int r, char *err, int err
         et->logits_ready = 1;
     }
     return et->step_logits + (size_t)r * et->V;
+}
+
+/* The greedy pick after row r of the last decode_extend: eval_argmax of row_logits. On a GPU decoding step, every
+ * row's pick at once on the device (decode_argmax: the same logits, the same first-maximum pick), only the ids
+ * crossing; the logits of the step are then not fetched unless asked. */
+static int row_argmax(struct eval_target *et, int r, int32_t *pick, char *err, int err_len) {
+    if (et->dev >= 0 && et->logits_all) {
+        if (!et->ids_ready) {
+            int32_t rows[et->step_T];
+            for (int i = 0; i < et->step_T; i++) rows[i] = i;
+            if (decode_argmax(et->dc, et->step_T, rows, et->step_ids, err, err_len)) return -1;
+            et->ids_ready = 1;
+        }
+        *pick = et->step_ids[r];
+        return 0;
+    }
+    const float *lg = row_logits(et, r, err, err_len);
+    if (!lg) return -1;
+    *pick = eval_argmax(lg, et->V);
+    return 0;
 }
 
 int32_t eval_argmax(const float *x, int n) {
@@ -547,6 +570,7 @@ static int extend(struct eval_target *et, int n_seq, const int *slots, const int
         return err_fail(err, err_len, "eval: a step of %d rows exceeds the logits plan (%d)", T,
                         et->n_slots * DRAFTER_MAX_B);
     et->logits_ready = 0;
+    et->ids_ready = 0;
     et->logits_all = all_rows;
     et->step_T = T;
     if (decode_extend(et->dc, n_seq, slots, ids, cu, features ? et->step_states : NULL,
@@ -633,12 +657,12 @@ static int generate_group(struct eval_target *et, int n, const int32_t *const *p
             int n0 = g[i].n, r0 = cu[j++], acc = 0;
             int32_t bonus;
             for (;;) {
-                const float *lg = row_logits(et, r0 + acc, err, err_len);
-                if (!lg) {
-                    rc = -1;
-                    break;
-                }
                 if (sampled) {
+                    const float *lg = row_logits(et, r0 + acc, err, err_len);
+                    if (!lg) {
+                        rc = -1;
+                        break;
+                    }
                     target_probs(et, lg, o->temperature, o->top_p);
                     if (acc < B - 1 && uniform01(&g[i].rng) < et->probs[draft[i][acc]]) {
                         acc++;
@@ -646,7 +670,8 @@ static int generate_group(struct eval_target *et, int n, const int32_t *const *p
                     }
                     bonus = draw(et, &g[i].rng, acc < B - 1 ? draft[i][acc] : -1);
                 } else {
-                    int32_t p = argmax_of(et, lg);
+                    int32_t p;
+                    if ((rc = row_argmax(et, r0 + acc, &p, err, err_len))) break;
                     if (acc < B - 1 && p == draft[i][acc]) {
                         acc++;
                         continue;

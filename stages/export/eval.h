@@ -72,6 +72,8 @@ struct eval_target {
     bf16 *states16, *last16;          /* GPU: target_forward's bf16 outputs on the host, widened into states/last */
     float *step_logits;               /* (n_slots · DRAFTER_MAX_B, V): the last step's logits (GPU) */
     int step_T, logits_all, logits_ready, logits_first, logits_pinned;
+    int32_t *step_ids;                /* (n_slots · DRAFTER_MAX_B): the last step's greedy picks (GPU) */
+    int ids_ready;
     float *hist, *hist_last;          /* (n_slots, k, max_len, H), (n_slots, max_len, H) */
     float *step_states, *step_last;   /* (k, max_step, H), (max_step, H) */
 };

@@ -9,6 +9,7 @@
 #include "model/decode.h"
 #include "core/err.h"
 #include "model/gdn.h"
+#include "kernels/argmax.h"
 
 #include "kernels/decode_attn.h"
 #include "kernels/embedding.h"
@@ -62,6 +63,7 @@ struct decode {
     /* head (decode_set_head) */
     const float *norm_h, *head_h;   /* CPU: the caller's (C), (V, C) */
     int max_rows;
+    float *logits_one;              /* CPU: (V) one row's logits for decode_argmax */
 #ifdef DFLASH_CUDA
     cudaStream_t s;
     int32_t *d_ids, *d_slot, *d_pos;   /* (max_step) device */
@@ -71,6 +73,7 @@ struct decode {
     bf16 *d_head;               /* (V, C) */
     bf16 *d_xr, *d_xn;          /* (max_rows, C) gathered rows, normed rows */
     float *d_logits;            /* (max_rows, V) */
+    int32_t *d_arg;             /* (max_rows) decode_argmax's picks */
 #endif
 };
 
@@ -94,7 +97,7 @@ void decode_free(struct decode *d) {
     if (d->dev >= 0) {
         cudaSetDevice(d->dev);
         void *dv[] = {d->d_ids, d->d_slot, d->d_pos, d->d_cu, d->d_sslot, d->d_spos, d->d_f32, d->d_norm, d->d_head,
-                      d->d_xr, d->d_xn, d->d_logits};
+                      d->d_xr, d->d_xn, d->d_logits, d->d_arg};
         for (size_t i = 0; i < sizeof dv / sizeof dv[0]; i++)
             if (dv[i]) cudaFree(dv[i]);
     }
@@ -108,6 +111,7 @@ void decode_free(struct decode *d) {
     free(d->row_pos);
     free(d->scratch);
     free(d->snap_pos);
+    free(d->logits_one);
     free(d);
 }
 
@@ -649,6 +653,7 @@ static int set_head_gpu(struct decode *d, const float *norm, const float *lm_hea
     d->d_xr = dalloc(d, (size_t)d->max_rows * C * 2, &ok);
     d->d_xn = dalloc(d, (size_t)d->max_rows * C * 2, &ok);
     d->d_logits = dalloc(d, (size_t)d->max_rows * V * 4, &ok);
+    d->d_arg = dalloc(d, (size_t)d->max_rows * 4, &ok);
     if (!ok)
         return err_fail(err, err_len, "decode: out of GPU memory for the LM head (%.2f GiB) and %d rows of logits",
                         (double)V * C * 2 / (1 << 30), d->max_rows);
@@ -680,6 +685,22 @@ static int logits_gpu(struct decode *d, int n_rows, const int32_t *rows, float *
     KCALL(rmsnorm_forward(d->d_xn, NULL, d->d_xr, d->d_norm, n_rows, C, (float)d->c->rms_norm_eps, s));
     KCALL(blas_linear_forward(d->d_logits, BLAS_F32, d->d_xn, d->d_head, NULL, n_rows, V, C, s));
     CCALL(cudaMemcpyAsync(logits, d->d_logits, (size_t)n_rows * V * 4, cudaMemcpyDeviceToHost, s));
+    CCALL(cudaStreamSynchronize(s));
+    return 0;
+}
+
+/* logits_gpu's logits left on the device, their rows' argmax (kernels/argmax.h) to the host. */
+static int argmax_gpu(struct decode *d, int n_rows, const int32_t *rows, int32_t *ids, char *err, int err_len) {
+    int C = d->c->hidden_size, V = d->c->vocab_size;
+    cudaStream_t s = d->s;
+    CCALL(cudaSetDevice(d->dev));
+    for (int i = 0; i < n_rows; i++)
+        CCALL(cudaMemcpyAsync(d->d_xr + (size_t)i * C, (const bf16 *)d->x + (size_t)rows[i] * C, (size_t)C * 2,
+                              cudaMemcpyDeviceToDevice, s));
+    KCALL(rmsnorm_forward(d->d_xn, NULL, d->d_xr, d->d_norm, n_rows, C, (float)d->c->rms_norm_eps, s));
+    KCALL(blas_linear_forward(d->d_logits, BLAS_F32, d->d_xn, d->d_head, NULL, n_rows, V, C, s));
+    KCALL(argmax_rows(d->d_arg, d->d_logits, n_rows, V, s));
+    CCALL(cudaMemcpyAsync(ids, d->d_arg, (size_t)n_rows * 4, cudaMemcpyDeviceToHost, s));
     CCALL(cudaStreamSynchronize(s));
     return 0;
 }
@@ -738,22 +759,40 @@ int decode_set_head(struct decode *d, const float *norm, const float *lm_head, i
 #ifdef DFLASH_CUDA
     if (d->dev >= 0) return set_head_gpu(d, norm, lm_head, err, err_len);
 #endif
-    (void)err;
-    (void)err_len;
+    d->logits_one = malloc(sizeof(float) * (size_t)d->c->vocab_size);
+    if (!d->logits_one) return err_fail(err, err_len, "decode: out of memory for a row of logits");
     return 0;
 }
 
-int decode_logits(struct decode *d, int n_rows, const int32_t *rows, float *logits, char *err, int err_len) {
-    if (!d->norm_h) return err_fail(err, err_len, "decode: decode_logits needs decode_set_head first");
+static int head_rows_check(const struct decode *d, const char *fn, int n_rows, const int32_t *rows, char *err,
+                           int err_len) {
+    if (!d->norm_h) return err_fail(err, err_len, "decode: %s needs decode_set_head first", fn);
     if (n_rows < 1 || n_rows > d->max_rows)
         return err_fail(err, err_len, "decode: %d logit rows, the plan allows 1..%d", n_rows, d->max_rows);
     for (int i = 0; i < n_rows; i++)
         if (rows[i] < 0 || rows[i] >= d->last_T)
             return err_fail(err, err_len, "decode: logit row %d is not a row of the last step (%d rows)", rows[i],
                             d->last_T);
+    return 0;
+}
+
+int decode_logits(struct decode *d, int n_rows, const int32_t *rows, float *logits, char *err, int err_len) {
+    if (head_rows_check(d, "decode_logits", n_rows, rows, err, err_len)) return -1;
 #ifdef DFLASH_CUDA
     if (d->dev >= 0) return logits_gpu(d, n_rows, rows, logits, err, err_len);
 #endif
     logits_cpu(d, n_rows, rows, logits);
+    return 0;
+}
+
+int decode_argmax(struct decode *d, int n_rows, const int32_t *rows, int32_t *ids, char *err, int err_len) {
+    if (head_rows_check(d, "decode_argmax", n_rows, rows, err, err_len)) return -1;
+#ifdef DFLASH_CUDA
+    if (d->dev >= 0) return argmax_gpu(d, n_rows, rows, ids, err, err_len);
+#endif
+    for (int i = 0; i < n_rows; i++) {
+        logits_cpu(d, 1, rows + i, d->logits_one);
+        argmax_rows_ref(ids + i, d->logits_one, 1, d->c->vocab_size);
+    }
     return 0;
 }

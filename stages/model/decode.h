@@ -87,6 +87,10 @@ int decode_set_head(struct decode *d, const float *norm, const float *lm_head, i
  * output (rows in [0, T)). CPU: the arithmetic of eval_target_logits (double sum of squares, fp32 dot products).
  * GPU: bf16 norm output, fp32 GEMM output. 0/-1. */
 int decode_logits(struct decode *d, int n_rows, const int32_t *rows, float *logits, char *err, int err_len);
+/* ids[i] = the argmax of decode_logits' row i (the first maximum; kernels/argmax.h): greedy decoding's pick. GPU:
+ * the logits stay on the device and only the n_rows ids cross (kernels/argmax.h); the same logits as
+ * decode_logits', so the same picks. 0/-1. */
+int decode_argmax(struct decode *d, int n_rows, const int32_t *rows, int32_t *ids, char *err, int err_len);
 
 #ifdef __cplusplus
 }
