@@ -272,15 +272,8 @@ static void att_head(void *ctx, int g, int thread) {
     double lsum[1024];   /* GB <= 1024: checked at init */
     for (int r = 0; r < GB; r++) {
         int j = r / G, nv = a->nc + (a->causal ? j + 1 : B);
-        float *sr = sc + (size_t)r * n, m = -INFINITY;
-        for (int i = 0; i < nv; i++) if (sr[i] > m) m = sr[i];
-        double l = 0;
-        for (int i = 0; i < nv; i++) {
-            sr[i] = expf(sr[i] - m);
-            l += sr[i];
-        }
-        for (int i = nv; i < n; i++) sr[i] = 0;
-        lsum[r] = l;
+        float m;
+        lsum[r] = cpu_ops_softmax_prefix(sc + (size_t)r * n, nv, n, &m);
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, GB, D, n, 1.0f, sc, n, vg, D, 0.0f, og, D);
     for (int r = 0; r < GB; r++) {

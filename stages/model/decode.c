@@ -675,7 +675,8 @@ static int set_head_gpu(struct decode *d, const float *norm, const float *lm_hea
     return 0;
 }
 
-static int logits_gpu(struct decode *d, int n_rows, const int32_t *rows, float *logits, char *err, int err_len) {
+/* d_logits (n_rows, V) = LM head · final norm of the chosen rows of the last step's x; asynchronous. */
+static int head_gpu(struct decode *d, int n_rows, const int32_t *rows, char *err, int err_len) {
     int C = d->c->hidden_size, V = d->c->vocab_size;
     cudaStream_t s = d->s;
     CCALL(cudaSetDevice(d->dev));
@@ -684,24 +685,22 @@ static int logits_gpu(struct decode *d, int n_rows, const int32_t *rows, float *
                               cudaMemcpyDeviceToDevice, s));
     KCALL(rmsnorm_forward(d->d_xn, NULL, d->d_xr, d->d_norm, n_rows, C, (float)d->c->rms_norm_eps, s));
     KCALL(blas_linear_forward(d->d_logits, BLAS_F32, d->d_xn, d->d_head, NULL, n_rows, V, C, s));
-    CCALL(cudaMemcpyAsync(logits, d->d_logits, (size_t)n_rows * V * 4, cudaMemcpyDeviceToHost, s));
-    CCALL(cudaStreamSynchronize(s));
     return 0;
 }
 
-/* logits_gpu's logits left on the device, their rows' argmax (kernels/argmax.h) to the host. */
+static int logits_gpu(struct decode *d, int n_rows, const int32_t *rows, float *logits, char *err, int err_len) {
+    if (head_gpu(d, n_rows, rows, err, err_len)) return -1;
+    CCALL(cudaMemcpyAsync(logits, d->d_logits, (size_t)n_rows * d->c->vocab_size * 4, cudaMemcpyDeviceToHost, d->s));
+    CCALL(cudaStreamSynchronize(d->s));
+    return 0;
+}
+
+/* The same logits left on the device, their rows' argmax (kernels/argmax.h) to the host. */
 static int argmax_gpu(struct decode *d, int n_rows, const int32_t *rows, int32_t *ids, char *err, int err_len) {
-    int C = d->c->hidden_size, V = d->c->vocab_size;
-    cudaStream_t s = d->s;
-    CCALL(cudaSetDevice(d->dev));
-    for (int i = 0; i < n_rows; i++)
-        CCALL(cudaMemcpyAsync(d->d_xr + (size_t)i * C, (const bf16 *)d->x + (size_t)rows[i] * C, (size_t)C * 2,
-                              cudaMemcpyDeviceToDevice, s));
-    KCALL(rmsnorm_forward(d->d_xn, NULL, d->d_xr, d->d_norm, n_rows, C, (float)d->c->rms_norm_eps, s));
-    KCALL(blas_linear_forward(d->d_logits, BLAS_F32, d->d_xn, d->d_head, NULL, n_rows, V, C, s));
-    KCALL(argmax_rows(d->d_arg, d->d_logits, n_rows, V, s));
-    CCALL(cudaMemcpyAsync(ids, d->d_arg, (size_t)n_rows * 4, cudaMemcpyDeviceToHost, s));
-    CCALL(cudaStreamSynchronize(s));
+    if (head_gpu(d, n_rows, rows, err, err_len)) return -1;
+    KCALL(argmax_rows(d->d_arg, d->d_logits, n_rows, d->c->vocab_size, d->s));
+    CCALL(cudaMemcpyAsync(ids, d->d_arg, (size_t)n_rows * 4, cudaMemcpyDeviceToHost, d->s));
+    CCALL(cudaStreamSynchronize(d->s));
     return 0;
 }
 #undef KCALL

@@ -410,15 +410,8 @@ static void ba_fwd_chunk(void *ctx, int b, int thread) {
         double lsum[1024];   /* GB <= n_h·B: checked by the caller */
         for (int r = 0; r < GB; r++) {
             int j = r / G, nv = nc + (c->causal ? j + 1 : c->B);
-            float *sr = sc + (size_t)r * n, m = -INFINITY;
-            for (int i = 0; i < nv; i++) if (sr[i] > m) m = sr[i];
-            double l = 0;
-            for (int i = 0; i < nv; i++) {
-                sr[i] = expf(sr[i] - m);
-                l += sr[i];
-            }
-            for (int i = nv; i < n; i++) sr[i] = 0;
-            lsum[r] = l;
+            float m;
+            double l = lsum[r] = cpu_ops_softmax_prefix(sc + (size_t)r * n, nv, n, &m);
             int h = g * G + r % G;
             a->l[(size_t)h * c->N * c->B + (size_t)b * c->B + j] = (float)(m + log(l));
         }
@@ -429,6 +422,20 @@ static void ba_fwd_chunk(void *ctx, int b, int thread) {
             for (int e = 0; e < D; e++) o[e] = og[(size_t)r * D + e] * inv;
         }
     }
+}
+
+double cpu_ops_softmax_prefix(float *row, int nv, int n, float *max_out) {
+    float m = -INFINITY;
+    for (int i = 0; i < nv; i++)
+        if (row[i] > m) m = row[i];
+    double l = 0;
+    for (int i = 0; i < nv; i++) {
+        row[i] = expf(row[i] - m);
+        l += row[i];
+    }
+    for (int i = nv; i < n; i++) row[i] = 0;
+    *max_out = m;
+    return l;
 }
 
 int cpu_ops_block_attn_forward(int n_threads, const block_attn_config *c, const float *q, const float *k,

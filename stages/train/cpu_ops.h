@@ -40,6 +40,10 @@ void cpu_ops_blas_init(void);
  * taken in order from a shared counter). Returns when all are done. If a thread cannot be started its chunks run
  * on the others. */
 void cpu_ops_parallel(int n_threads, int n_chunks, void (*fn)(void *ctx, int chunk, int thread), void *ctx);
+/* One attention row of n scores of which the first nv are visible: row[i] = exp(row[i] - max) for i < nv, 0 after;
+ * *max_out = that max; returns the sum of the exps (double). The block attention's softmax (cpu_ops_block_attn_forward
+ * and the eval drafter cache's, export/drafter_cache.c), unnormalised: the caller scales P·V by 1 / sum. */
+double cpu_ops_softmax_prefix(float *row, int nv, int n, float *max_out);
 
 /* y (M, N) = x (M, K) · w (N, K)ᵀ. */
 void cpu_ops_linear_forward(int n_threads, float *y, const float *x, const float *w, int M, int N, int K);
