@@ -683,6 +683,33 @@ static int pair_propose(void *ctx, struct eval_target *et, const int32_t *c, int
     return 0;
 }
 
+
+/* The target with a 2-slot KV cache of max_len tokens capturing d's layers, and two proposers of d: edc with the
+ * drafter cache (the default), edp without. */
+static void open_cache_pair(const char *target, int max_len, struct drafter *d, struct eval_target *et,
+                            struct eval_drafter *edc, struct eval_drafter *edp) {
+    int zl[DESC_MAX_LAYERS];
+    drafter_zlab_ids(drafter_config_of(d), zl);
+    ck_assert_msg(eval_target_open(et, target, max_len, zl, 2, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eval_target_enable_cache(et, 2, max_len, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(eval_drafter_init(edc, d, err, sizeof err), 0);
+    ck_assert_int_eq(eval_drafter_init(edp, d, err, sizeof err), 0);
+    edp->no_cache = 1;
+}
+
+/* open_cache_pair's undoing, with the n response rows ref and out and the drafter itself. */
+static void close_cache_pair(struct eval_target *et, struct eval_drafter *edc, struct eval_drafter *edp,
+                             struct drafter *d, int32_t **ref, int32_t **out, int n) {
+    for (int i = 0; i < n; i++) {
+        free(ref[i]);
+        free(out[i]);
+    }
+    eval_drafter_free(edc);
+    eval_drafter_free(edp);
+    eval_target_close(et);
+    drafter_free(d);
+}
+
 /* The cached proposal equals the uncached one every round (drafts token for token, block states to 1e-5 of the
  * row) on a tiny Qwen3 target (sliding layers causal and not) and a Qwen3.5 hybrid, drafter "sliding,full" with
  * window 4 (smaller than every context), 5 prompts of lengths 1..14 in 2 slots (so slots are reused within a
@@ -703,15 +730,9 @@ START_TEST(drafter_cache_equals_uncached) {
         enum { NP = 5, NEW = 20, MAXLEN = 48 };
         struct drafter *d = make_drafter(target, "sliding,full", cfg == 1, 1, MAXLEN + 8, 4, 4);
         int B = drafter_config_of(d)->B;
-        int zl[DESC_MAX_LAYERS];
-        drafter_zlab_ids(drafter_config_of(d), zl);
         struct eval_target et;
-        ck_assert_msg(eval_target_open(&et, target, MAXLEN, zl, 2, err, sizeof err) == 0, "%s", err);
-        ck_assert_msg(eval_target_enable_cache(&et, 2, MAXLEN, err, sizeof err) == 0, "%s", err);
         struct eval_drafter edc, edp;
-        ck_assert_int_eq(eval_drafter_init(&edc, d, err, sizeof err), 0);
-        ck_assert_int_eq(eval_drafter_init(&edp, d, err, sizeof err), 0);
-        edp.no_cache = 1;
+        open_cache_pair(target, MAXLEN, d, &et, &edc, &edp);
         const int P[NP] = {1, 9, 14, 6, 11};
         int32_t prompts[NP][16], *pp[NP], *ref[NP], *out[NP];
         int lr[NP], lo[NP], sum_p = 0;
@@ -785,14 +806,7 @@ START_TEST(drafter_cache_equals_uncached) {
         for (int i = 0; i < NP; i++)
             for (int q = 0; q < lo[i]; q++) ck_assert_int_eq(out[i][q], ref[i][q]);
         eval_drafter_free(&edd);
-        for (int i = 0; i < NP; i++) {
-            free(ref[i]);
-            free(out[i]);
-        }
-        eval_drafter_free(&edc);
-        eval_drafter_free(&edp);
-        eval_target_close(&et);
-        drafter_free(d);
+        close_cache_pair(&et, &edc, &edp, d, ref, out, NP);
     }
 }
 END_TEST
@@ -809,15 +823,9 @@ START_TEST(drafter_cache_wide_shapes) {
     enum { NP = 5, NEW = 40, MAXLEN = 160 };
     struct drafter *d = make_drafter(target, "sliding,full,sliding", 0, 1, MAXLEN + 8, 16, 24);
     int B = drafter_config_of(d)->B;
-    int zl[DESC_MAX_LAYERS];
-    drafter_zlab_ids(drafter_config_of(d), zl);
     struct eval_target et;
-    ck_assert_msg(eval_target_open(&et, target, MAXLEN, zl, 2, err, sizeof err) == 0, "%s", err);
-    ck_assert_msg(eval_target_enable_cache(&et, 2, MAXLEN, err, sizeof err) == 0, "%s", err);
     struct eval_drafter edc, edp;
-    ck_assert_int_eq(eval_drafter_init(&edc, d, err, sizeof err), 0);
-    ck_assert_int_eq(eval_drafter_init(&edp, d, err, sizeof err), 0);
-    edp.no_cache = 1;
+    open_cache_pair(target, MAXLEN, d, &et, &edc, &edp);
     const int P[NP] = {70, 1, 100, 33, 80};
     static int32_t prompts[NP][100];
     int32_t *pp[NP], *ref[NP], *out[NP];
@@ -848,14 +856,7 @@ START_TEST(drafter_cache_wide_shapes) {
     ck_assert_int_eq(cs.proposals, pr.rounds);
     ck_assert_int_eq(cs.resets, NP);
     ck_assert_msg(cs.ctx_rows >= sum_p && cs.ctx_rows <= sum_p + pr.rounds * B, "%lld rows", (long long)cs.ctx_rows);
-    for (int i = 0; i < NP; i++) {
-        free(ref[i]);
-        free(out[i]);
-    }
-    eval_drafter_free(&edc);
-    eval_drafter_free(&edp);
-    eval_target_close(&et);
-    drafter_free(d);
+    close_cache_pair(&et, &edc, &edp, d, ref, out, NP);
 }
 END_TEST
 
