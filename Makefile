@@ -53,13 +53,15 @@ endif
 
 # msgpack-c, jansson, protobuf-c and Check link statically so the binaries run on the GPU machine, which
 # has none of them; nanomsg stays dynamic (scripts/gpu-run.sh ships libnanomsg.so.5 beside them).
-# OpenBLAS (the CPU trainer's GEMMs, stages/train/cpu_ops.c) links statically from Debian's pthread build
-# (libopenblas-pthread-dev; its SGEMM needs no libgfortran); the serial build is not safe to call from
-# several threads at once.
+# OpenBLAS (the CPU trainer's GEMMs, stages/train/cpu_ops.c) links dynamically against Debian's pthread build
+# (libopenblas-pthread-dev), found first through the binaries' RUNPATH whatever build the libopenblas.so.0
+# alternative names (the serial build is not safe to call from several threads at once); scripts/gpu-run.sh ships
+# it with its libgfortran and libquadmath. Linked statically it was 24 MB in each of ~50 binaries: a 620 MB GPU
+# package against the device tool's 64 MiB (compressed) limit.
 OPENBLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-pthread
 OPENBLAS_INC ?= /usr/include/x86_64-linux-gnu/openblas-pthread
 CPPFLAGS  += -isystem $(OPENBLAS_INC)
-LIBS      := -Wl,-Bstatic -lmsgpackc -ljansson -lprotobuf-c -Wl,-Bdynamic $(OPENBLAS_DIR)/libopenblas.a -lnanomsg -lrt -lm
+LIBS      := -Wl,-Bstatic -lmsgpackc -ljansson -lprotobuf-c -Wl,-Bdynamic -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas -lnanomsg -lrt -lm
 TEST_LIBS := -Wl,-Bstatic -lcheck_pic -lsubunit -Wl,-Bdynamic
 
 ifeq ($(CUDA),1)

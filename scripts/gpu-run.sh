@@ -3,14 +3,17 @@
 # there (gpu-machine.md: build here, run there).
 #
 #   BUILD=build scripts/gpu-run.sh pack        (here; `make gpu-test` does this) -> $BUILD/gpu/
-#   bash build/gpu/run.sh [tests|bench|all] [FILTER]   (there; run from the repository root)
+#   bash build/gpu/run.sh [tests|bench|all] [FILTER]   (there; run from the repository root; FILTER: an extended
+#                                                       regex on the suite's name; GPU_JOBS=N runs N suites at once:
+#                                                       all 27 took 129 s with 4 on the H200, RESULTS.md run 52)
 #   bash build/gpu/run.sh standard [bench.sh flags]     (there: scripts/bench.sh --gpu with this package, issue 21:
 #                                                       ceilings, target alone, trainer alone, whole pipeline)
 #
 # The package holds the binaries plus libnanomsg.so.5 and Open MPI's libraries (the GPU machine has neither); msgpack,
 # jansson, Check and OpenBLAS (the CPU trainer's SGEMMs) are linked statically, cuBLAS/cudart come from
 # /usr/local/cuda there.
-# On the device tool: run(command="bash build/gpu/run.sh all", carry=["build/gpu"]).
+# On the device tool: run(command="tar -C build -xJf build/gpu.tar.xz && GPU_JOBS=4 bash build/gpu/run.sh all",
+# carry=["build/gpu.tar.xz"]) (pack writes the compressed copy: the tool carries at most 64 MiB).
 set -euo pipefail
 BUILD=${BUILD:-build}
 mode=${1:-pack}
@@ -25,13 +28,15 @@ if [ "$mode" = pack ]; then
   # dflash-train links Open MPI when the build found it (Makefile MPI): its shared libraries travel too (the GPU
   # machine has none); a one-rank dflash-train only loads them, MPI_Init runs for several ranks alone
   if [ -x "$BUILD/bin/dflash-train" ]; then
-    ldd "$BUILD/bin/dflash-train" | awk '$3 ~ /(libmpi|libopen-rte|libopen-pal|libhwloc|libevent|libudev)/ {print $3}' |
+    ldd "$BUILD/bin/dflash-train" | awk '$3 ~ /(libmpi|libopen-rte|libopen-pal|libhwloc|libevent|libudev|libopenblas|libgfortran|libquadmath)/ {print $3}' |
       while read -r so; do cp -L "$so" "$pkg/lib/"; done
   fi
   strip --strip-debug "$pkg"/bin/* "$pkg"/tests/* "$pkg"/bench/* 2>/dev/null || true
   cp scripts/gpu-run.sh "$pkg/run.sh"
-  echo "packed $(du -sh "$pkg" | cut -f1) into $pkg"
-  echo "on the GPU machine: bash $pkg/run.sh all   (device tool: carry [\"$pkg\"])"
+  # what travels: the device tool carries at most 64 MiB, so the package goes compressed
+  tar -C "$BUILD" -cf - gpu | xz -T0 -6 >"$BUILD/gpu.tar.xz"
+  echo "packed $(du -sh "$pkg" | cut -f1) into $pkg, $(du -sh "$BUILD/gpu.tar.xz" | cut -f1) compressed in $BUILD/gpu.tar.xz"
+  echo "on the GPU machine: tar -C $BUILD -xJf $BUILD/gpu.tar.xz && bash $pkg/run.sh all   (device tool: carry [\"$BUILD/gpu.tar.xz\"])"
   exit 0
 fi
 
