@@ -26,7 +26,8 @@
 #               time per layer kind), train_bench --config qwen3.6-27b (SpecForge's 27B drafter: 5 layers,
 #               hidden 5120, head dim 256, 24/4 heads, MLP 17408), the model written by dflash-mkmodel
 #               --preset qwen3.6-27b (54 GB: run --only model first if the 300 s phase limit cuts it) and the
-#               whole pipeline with captured layers [1,16,31,46,61], everything on one H200; the run directory
+#               whole pipeline with captured layers [1,16,31,46,61] (PIPE_VARIANTS default adamw here), everything
+#               on one H200; the run directory
 #               (checkpoint 22 GB + exports) in /dev/shm when it has 40 GB free (the 64 GB disk holds the model)
 #   BENCH_RUN_DIR=D: the pipeline's run directory (default $BENCH_DIR/run)
 #   LIST: comma-separated phases (default ceiling,target,train,model,pipeline; also `kernels`: every
@@ -66,6 +67,7 @@ CONFIG=qwen3-8b
 BENCH_DIR=${BENCH_DIR:-/tmp/dflash-bench}
 BUDGET_S=${BUDGET_S:-540}          # the whole --gpu command (the device tool allows 600 s)
 PIPE_STEPS=${PIPE_STEPS:-30}
+PIPE_VARIANTS_SET=${PIPE_VARIANTS:+1}
 PIPE_VARIANTS=${PIPE_VARIANTS:-adamw,muon,muon-ga4}   # optimizer x accumulation variants of the pipeline (issue 28)
 TRAIN_VARIANTS=${TRAIN_VARIANTS:-adamw,muon,muon-ga4} # ... and of the trainer alone (train_bench --variants)
 
@@ -223,6 +225,8 @@ if [ "$MODE" != cpu ] && { want ceiling || want target || want train || want mod
       MK_FLAGS=(--preset qwen3.6-27b --dtype bf16 --shards 12 --seed 42)
       TRAIN_EXTRA=(--loss kl --weighting exp-decay --mask-token-id 248077)
       TARGET_ARGS+=(--config qwen3.6-27b) TRAIN_ARGS+=(--config qwen3.6-27b)
+      # one variant by default: a 27B variant takes ~150 s with its 22 GB checkpoint and exports (run 55)
+      [ -n "$PIPE_VARIANTS_SET" ] || PIPE_VARIANTS=adamw
     fi
   fi
   MODEL=$BENCH_DIR/$PRESET
