@@ -188,7 +188,9 @@ int main(int argc, char **argv) {
          "prefix every round, one prompt at a time (the old path)", 1, 0},
         {"drafter-cache", FLAG_BOOL, &drafter_cache, "with the KV cache, on the CPU: the drafter keeps each prompt's "
          "context keys and values and projects only the newly committed rows a round; --no-drafter-cache re-runs its "
-         "whole training forward over the context every round (the old proposal, for comparison)", 1, 0},
+         "whole training forward over the context every round (the old proposal, for comparison). On a GPU the "
+         "cached proposal is written but runs only with DFLASH_GPU_DRAFTER_CACHE=1 until it has been validated "
+         "there", 1, 0},
         {"offline", FLAG_BOOL, &offline, "also compute the offline (teacher-forced) estimate on the same responses",
          1, 0},
         {"train-metrics", FLAG_STRING, &train_metrics, "RUN/metrics.jsonl of the training run: also print the "
@@ -234,8 +236,14 @@ int main(int argc, char **argv) {
     if (!no_cache) LIB_CHECK(eval_target_enable_cache(&et, batch, total + 2 * B, err, sizeof err), err);
     struct eval_drafter ed;
     LIB_CHECK(eval_drafter_init_dev(&ed, d, dev, err, sizeof err), err);
-    int dcached = !no_cache && dev < 0 && drafter_cache;   /* the GPU drafter's proposal has no cache */
-    if (dcached) LIB_CHECK(eval_drafter_enable_cache(&ed, batch, total + 2 * B, err, sizeof err), err);
+    /* the GPU drafter's cached proposal stays off until it has run on a GPU (eval_gpu_drafter_cache_on) */
+    int dcached = !no_cache && drafter_cache && (dev < 0 || eval_gpu_drafter_cache_on());
+    if (dcached && eval_drafter_enable_cache(&ed, batch, total + 2 * B, err, sizeof err)) {
+        if (dev < 0) DIE("%s", err);
+        /* a shape the GPU cache cannot take (export/drafter_cache.h): the uncached proposal, said once */
+        fprintf(stderr, "dflash-eval: the drafter's proposal runs uncached on %s: %s\n", device, err);
+        dcached = 0;
+    }
     ed.no_cache = !dcached;
     struct eval_stats s, per_set[MAX_SETS];
     eval_stats_init(&s, B);

@@ -32,6 +32,7 @@
 #define STAGES_EXPORT_DRAFTER_CACHE_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "train/drafter.h"
 
@@ -67,6 +68,38 @@ int drafter_cache_propose(struct drafter_cache *dc, int slot, int64_t seq, const
  * the next call; for comparisons with drafter_last_step's xn. */
 const float *drafter_cache_xn(const struct drafter_cache *dc);
 void drafter_cache_get_stats(const struct drafter_cache *dc, struct drafter_cache_stats *s);
+
+/* ---------------------------------------------------------------- the same on a GPU (drafter_cache_gpu.c)
+ *
+ * The proposal of drafter_cache_propose on the device of a struct drafter_gpu, from its bf16 weight copies and fp32
+ * norm weights (read in place: the drafter_gpu must outlive the cache and keep its weights), the ops of
+ * drafter_step_gpu's forward (cuBLASLt GEMMs, rmsnorm, rope, swiglu, embedding), the decode step's attention over
+ * per-slot caches (kernels/decode_attn.h: the context rows at positions 0..a-1, the block's keys appended at
+ * a..a+B-1, every block row's query at position a+B-1, or a+j on a causal layer) and the device argmax
+ * (kernels/argmax.h), so B-1 ids cross to the host per proposal and the context features only of the rows committed
+ * since the last one. Caches [L][n_slots, max_len + B, n_kv, d_h] bf16; one cudaMalloc at init, printed with its
+ * regions when plan != NULL; a proposal allocates nothing and synchronises once (its ids), plus once per further
+ * pass of DCACHE_GPU_CHUNK context rows (a prompt longer than one pass reuses the pinned upload buffer).
+ * Numerics: bf16 storage, fp32 accumulation and softmax, as drafter_step_gpu; the drafts agree with the uncached
+ * GPU proposal's except where two logits tie within bf16 rounding.
+ * Shapes the decode attention cannot take are refused at init with a sentence (the caller keeps the uncached
+ * proposal): d_h > 256 or not a multiple of 8, a sliding window shorter than max_len (decode_attn has no window),
+ * a draft vocabulary or hidden size not a multiple of 8 (cuBLASLt's leading dimensions). */
+#ifdef DFLASH_CUDA
+struct drafter_gpu;
+struct drafter_cache_gpu;
+#define DCACHE_GPU_CHUNK 256
+struct drafter_cache_gpu *drafter_cache_gpu_init(struct drafter *d, struct drafter_gpu *g, int n_slots, int max_len,
+                                                 FILE *plan, char *err, int err_len);
+void drafter_cache_gpu_free(struct drafter_cache_gpu *dc);
+/* drafter_cache_propose's contract, on the GPU (states: fp32 host rows, as there). */
+int drafter_cache_gpu_propose(struct drafter_cache_gpu *dc, int slot, int64_t seq, const int32_t *c, int n,
+                              const float *states, int rows, int32_t *draft, char *err, int err_len);
+/* The last proposal's final normed block states (B, H), downloaded and widened to fp32 into xn. 0/-1. */
+int drafter_cache_gpu_xn(const struct drafter_cache_gpu *dc, float *xn, char *err, int err_len);
+void drafter_cache_gpu_get_stats(const struct drafter_cache_gpu *dc, struct drafter_cache_stats *s);
+size_t drafter_cache_gpu_planned_bytes(const struct drafter_cache_gpu *dc);
+#endif
 
 #ifdef __cplusplus
 }

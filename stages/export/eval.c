@@ -183,6 +183,8 @@ int eval_drafter_init_dev(struct eval_drafter *ed, struct drafter *d, int cuda_d
 
 void eval_drafter_free(struct eval_drafter *ed) {
 #ifdef DFLASH_CUDA
+    drafter_cache_gpu_free(ed->gcache);
+    ed->gcache = NULL;
     if (ed->gpu) {
         cudaStream_t s = drafter_gpu_stream(ed->gpu);
         drafter_gpu_free(ed->gpu);
@@ -196,9 +198,22 @@ void eval_drafter_free(struct eval_drafter *ed) {
     ed->cache = NULL;
 }
 
+int eval_gpu_drafter_cache_on(void) {
+    const char *v = getenv("DFLASH_GPU_DRAFTER_CACHE");
+    return v && !strcmp(v, "1");
+}
+
 int eval_drafter_enable_cache(struct eval_drafter *ed, int n_slots, int max_len, char *err, int err_len) {
-    if (ed->gpu) return err_fail(err, err_len, "eval: the GPU drafter's proposal has no drafter cache");
-    if (ed->cache) return err_fail(err, err_len, "eval: the drafter cache is already planned");
+    if (ed->cache || ed->gcache) return err_fail(err, err_len, "eval: the drafter cache is already planned");
+    if (ed->gpu) {
+#ifdef DFLASH_CUDA
+        if (!eval_gpu_drafter_cache_on())
+            return err_fail(err, err_len, "eval: the GPU drafter's cached proposal is off until it has run on a GPU "
+                            "(DFLASH_GPU_DRAFTER_CACHE=1 turns it on)");
+        ed->gcache = drafter_cache_gpu_init(ed->d, ed->gpu, n_slots, max_len, NULL, err, err_len);
+        return ed->gcache ? 0 : -1;
+#endif
+    }
     ed->cache = drafter_cache_init(ed->d, n_slots, max_len, err, err_len);
     return ed->cache ? 0 : -1;
 }
@@ -244,6 +259,11 @@ int eval_drafter_propose(void *ctx, struct eval_target *et, const int32_t *c, in
     if (k != et->k || H != et->H) return err_fail(err, err_len, "eval: the target captures %d x %d, the drafter "
                                                   "wants %d x %d", et->k, et->H, k, H);
     if (!et->ctx_states || et->ctx_rows < n) return err_fail(err, err_len, "eval: the proposer has no features");
+#ifdef DFLASH_CUDA
+    if (ed->gcache && !ed->no_cache && et->ctx_slot >= 0)
+        return drafter_cache_gpu_propose(ed->gcache, et->ctx_slot, et->ctx_seq, c, n, et->ctx_states, et->ctx_rows,
+                                         draft, err, err_len);
+#endif
     if (!ed->gpu && !ed->no_cache && et->ctx_slot >= 0) {   /* bounded by the cache's plan, not T_max */
         if (!ed->cache && eval_drafter_enable_cache(ed, et->n_slots, et->max_len, err, err_len)) return -1;
         return drafter_cache_propose(ed->cache, et->ctx_slot, et->ctx_seq, c, n, et->ctx_states, et->ctx_rows, draft,

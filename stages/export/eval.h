@@ -122,12 +122,19 @@ struct eval_drafter {
     void *gpu;          /* struct drafter_gpu * when the proposal runs on a GPU, else NULL */
     int no_cache;       /* 1: never the cached path */
     struct drafter_cache *cache;   /* NULL until planned */
+    void *gcache;       /* struct drafter_cache_gpu * when the GPU proposal is cached (eval_drafter_enable_cache) */
 };
 int eval_drafter_init(struct eval_drafter *ed, struct drafter *d, char *err, int err_len);
-/* Plan the CPU drafter cache for n_slots sequences of up to max_len tokens (the target cache's plan); allocates
- * everything the cached proposals use. 0/-1 with a sentence (out of memory, a cache already planned, or a GPU
- * proposer: the GPU path is not cached). */
+/* Plan the drafter cache for n_slots sequences of up to max_len tokens (the target cache's plan); allocates
+ * everything the cached proposals use. On the CPU the cache is also planned by itself at the first proposal in a
+ * slot; a GPU proposer is cached only through this call (export/drafter_cache.h's GPU half), and only while
+ * eval_gpu_drafter_cache_on(). 0/-1 with a sentence (out of memory, a cache already planned, a shape the GPU
+ * cache refuses, or the GPU cache off). */
 int eval_drafter_enable_cache(struct eval_drafter *ed, int n_slots, int max_len, char *err, int err_len);
+/* Whether the GPU drafter's cached proposal may be used: written without a GPU to run it on, it stays off until
+ * it has passed tests/gpu/test_decode_gpu on one; DFLASH_GPU_DRAFTER_CACHE=1 (which that test sets) turns it on.
+ * Off, a GPU proposal runs uncached (drafter_step_gpu over the whole context) as before. */
+int eval_gpu_drafter_cache_on(void);
 /* The same with the proposal on CUDA device cuda_device (-1: the CPU): drafter_step_gpu (train = 0, bf16) over
  * the committed features, uploaded each round (drafter_gpu_load_batch), its block's argmaxes read back. */
 int eval_drafter_init_dev(struct eval_drafter *ed, struct drafter *d, int cuda_device, char *err, int err_len);

@@ -414,6 +414,163 @@ START_TEST(decode_gpu_speculative_equals_greedy) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- the drafter's cached proposal on the GPU */
+
+/* Both cached proposers on every round (export/drafter_cache.h): the GPU's (bf16, the decode attention) against
+ * the CPU's (fp32) on the same features; the GPU's drafts drive the decoding. */
+struct gpair {
+    struct eval_drafter *gpu, *cpu;
+    int64_t rounds, agree, drafts, sum_n;
+    double max_err;   /* max over rows of |xn_gpu - xn_cpu|_2 / |xn_cpu|_2 */
+    float *xg;
+};
+
+static int gpair_propose(void *ctx, struct eval_target *et, const int32_t *c, int n, int B, int32_t *draft, char *e,
+                         int el) {
+    struct gpair *p = ctx;
+    int32_t dc[DRAFTER_MAX_B];
+    ck_assert_int_ge(et->ctx_slot, 0);
+    if (eval_drafter_propose(p->gpu, et, c, n, B, draft, e, el)) return -1;
+    if (eval_drafter_propose(p->cpu, et, c, n, B, dc, e, el)) return -1;
+    ck_assert_ptr_nonnull(p->gpu->gcache);
+    ck_assert_ptr_nonnull(p->cpu->cache);
+    ck_assert_msg(drafter_cache_gpu_xn(p->gpu->gcache, p->xg, err, sizeof err) == 0, "%s", err);
+    const float *xc = drafter_cache_xn(p->cpu->cache);
+    int H = drafter_config_of(p->cpu->d)->H;
+    for (int j = 0; j < B; j++) {
+        double num = 0, den = 0;
+        for (int q = 0; q < H; q++) {
+            double a = p->xg[(size_t)j * H + q], b = xc[(size_t)j * H + q];
+            ck_assert_msg(isfinite(a), "round %lld row %d: GPU xn[%d] = %g", (long long)p->rounds, j, q, a);
+            num += (a - b) * (a - b);
+            den += b * b;
+        }
+        double r = sqrt(num / (den > 0 ? den : 1));
+        if (r > p->max_err) p->max_err = r;
+    }
+    for (int j = 0; j < B - 1; j++) p->agree += draft[j] == dc[j];
+    p->drafts += B - 1;
+    p->rounds++;
+    p->sum_n += n;
+    return 0;
+}
+
+/* One decoding of n prompts (lengths P, tokens pp) with the GPU-cached proposer driving and the CPU-cached one
+ * beside it, in `slots` slots: output equal to plain greedy decoding; the GPU cache's counters; block states and
+ * drafts against the CPU's. */
+static void gpair_run(const char *model, struct drafter *d, int slots, int n, const int32_t *const *pp, const int *P,
+                      int max_new) {
+    const int B = drafter_config_of(d)->B, maxlen = 320 + max_new + 2 * B;
+    int zl[DESC_MAX_LAYERS], sum_p = 0, lr[NP], lo[NP];
+    drafter_zlab_ids(drafter_config_of(d), zl);
+    struct eval_target eg;
+    ck_assert_msg(eval_target_open_dev(&eg, model, maxlen, zl, 2, 0, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eval_target_enable_cache(&eg, slots, maxlen, err, sizeof err) == 0, "%s", err);
+    struct eval_drafter eg_d, ec_d;
+    ck_assert_msg(eval_drafter_init_dev(&eg_d, d, 0, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(eval_drafter_enable_cache(&eg_d, slots, maxlen, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(eval_drafter_init(&ec_d, d, err, sizeof err), 0);
+    int32_t *ref[NP], *out[NP];
+    rows_alloc(ref, out, maxlen);
+    for (int i = 0; i < n; i++) sum_p += P[i];
+    struct eval_gen_opts plain = {.max_new = max_new};
+    ck_assert_msg(eval_generate(&eg, n, pp, P, &plain, ref, lr, NULL, err, sizeof err) == 0, "%s", err);
+    struct gpair gp = {&eg_d, &ec_d, 0, 0, 0, 0, 0, malloc(sizeof(float) * (size_t)B * drafter_config_of(d)->H)};
+    struct eval_gen_opts o = {.max_new = max_new, .B = B, .fn = gpair_propose, .ctx = &gp};
+    struct eval_stats ss;
+    eval_stats_init(&ss, B);
+    ck_assert_msg(eval_generate(&eg, n, pp, P, &o, out, lo, &ss, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < n; i++) {
+        ck_assert_int_eq(lo[i], lr[i]);
+        for (int t = 0; t < lr[i]; t++)
+            ck_assert_msg(out[i][t] == ref[i][t], "slots %d prompt %d: speculative token %d at %d, greedy %d", slots, i,
+                          out[i][t], t, ref[i][t]);
+    }
+    struct drafter_cache_stats cs;
+    drafter_cache_gpu_get_stats(eg_d.gcache, &cs);
+    printf("drafter_cache_gpu_matches_cpu (%d prompts of %d tokens, %d slots): %lld rounds, tau %.3f, drafts equal "
+           "to the CPU's %lld of %lld, block states within %.2e (relative L2) of the CPU's, context rows projected "
+           "%lld (uncached: %lld), GPU cache %.1f MB\n", n, sum_p, slots, (long long)gp.rounds, eval_stats_tau(&ss),
+           (long long)gp.agree, (long long)gp.drafts, gp.max_err, (long long)cs.ctx_rows, (long long)gp.sum_n,
+           (double)drafter_cache_gpu_planned_bytes(eg_d.gcache) / 1e6);
+    ck_assert_int_eq(cs.proposals, gp.rounds);
+    ck_assert_int_eq(cs.resets, n);   /* each prompt's stay in a slot, once */
+    ck_assert_msg(cs.ctx_rows >= sum_p - n && cs.ctx_rows <= sum_p + gp.rounds * B, "%lld context rows for prompts "
+                  "of %d tokens over %lld rounds", (long long)cs.ctx_rows, sum_p, (long long)gp.rounds);
+    ck_assert_msg(gp.max_err <= 3e-2, "GPU block states %.3e from the CPU's", gp.max_err);
+    ck_assert_msg(gp.agree >= 0.8 * (double)gp.drafts, "drafts equal %lld of %lld", (long long)gp.agree,
+                  (long long)gp.drafts);
+    free(gp.xg);
+    for (int i = 0; i < NP; i++) {
+        free(ref[i]);
+        free(out[i]);
+    }
+    eval_drafter_free(&eg_d);
+    eval_drafter_free(&ec_d);
+    eval_target_close(&eg);
+}
+
+/* A drafter with a causal sliding layer whose window the cache never reaches, then two full (non-causal) layers,
+ * on the Qwen3 test model at head_dim 128, block 8: its cached GPU proposal against the cached CPU proposal, over
+ * the 8 prompts of 1..97 tokens in 4 slots, then over prompts of 300 and 260 tokens (two context passes of
+ * DCACHE_GPU_CHUNK rows) and 5 in 2 slots (slots change hands): block states within 3e-2 relative L2 of the CPU's
+ * per row, at least 80% of the drafts equal, output equal to plain greedy decoding, each context row projected
+ * once per stay in a slot. A window shorter than the cache is refused at init with one sentence (the uncached GPU
+ * proposal stays). dflash-eval --device cuda:0 with DFLASH_GPU_DRAFTER_CACHE=1 reports the cached proposal and
+ * matches greedy. */
+START_TEST(drafter_cache_gpu_matches_cpu) {
+    const char *dir = test_tmpdir("dcache-gpu");
+    char model[700], ckpt[1024];
+    make_model(dir, ARCH_QWEN3, model, sizeof model);
+    ck_assert_int_eq(setenv("DFLASH_GPU_DRAFTER_CACHE", "1", 1), 0);
+    ck_assert(eval_gpu_drafter_cache_on());
+    struct drafter_config c;
+    drafter_config_defaults(&c);
+    ck_assert_int_eq(drafter_parse_layer_types(&c, "sliding,full,full", err, sizeof err), 0);
+    c.B = 8;
+    c.sliding_window = 4096;
+    c.sliding_window_non_causal = 0;
+    c.N = 4;
+    c.T_max = 512;
+    c.k = 2;
+    c.layer_ids[0] = 0;
+    c.layer_ids[1] = 2;
+    c.mask_token_id = 500;
+    ck_assert_msg(drafter_config_from_target(&c, model, err, sizeof err) == 0, "%s", err);
+    struct drafter *d = drafter_init(&c, 7, err, sizeof err);
+    ck_assert_msg(d != NULL, "%s", err);
+    ck_assert_msg(drafter_load_target(d, model, err, sizeof err) == 0, "%s", err);
+    int32_t prompts[NP][MAXP], *pp[NP];
+    int P[NP];
+    prompts_of(1000, prompts, pp, P);
+    gpair_run(model, d, SLOTS, NP, (const int32_t *const *)pp, P, 40);
+    static int32_t longp[3][300];
+    const int LP[3] = {300, 5, 260};
+    const int32_t *lpp[3] = {longp[0], longp[1], longp[2]};
+    uint64_t sd = 77;
+    for (int i = 0; i < 3; i++)
+        for (int t = 0; t < LP[i]; t++) longp[i][t] = (int32_t)(test_rng_next(&sd) % 1000);
+    gpair_run(model, d, 2, 3, lpp, LP, 24);
+    save_ckpt(d, ckpt, sizeof ckpt);
+    drafter_free(d);
+    /* the stage: dflash-eval on the GPU with the cached proposal (the variable is inherited) */
+    eval_cli_on_gpu(dir, model, ckpt, prompts, P, 6);
+    ck_assert_msg(strstr(out_text, "drafter cached") != NULL, "dflash-eval did not take the cached proposal: %s",
+                  out_text);
+
+    /* a window shorter than the cache: refused at init with a sentence */
+    struct drafter *dw = make_ckpt(model, ckpt, sizeof ckpt);   /* sliding window 4 */
+    struct eval_drafter ew;
+    ck_assert_msg(eval_drafter_init_dev(&ew, dw, 0, err, sizeof err) == 0, "%s", err);
+    ck_assert_int_eq(eval_drafter_enable_cache(&ew, 2, 64, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "window") != NULL, "%s", err);
+    ck_assert_ptr_null(ew.gcache);
+    eval_drafter_free(&ew);
+    drafter_free(dw);
+    unsetenv("DFLASH_GPU_DRAFTER_CACHE");
+}
+END_TEST
+
 int main(void) {
     (void)tiny_target;   /* test_export_util.h's; these models are larger */
     Suite *s = suite_create("gpu_decode");
@@ -423,6 +580,7 @@ int main(void) {
     tcase_add_test(tc, decode_gpu_matches_cpu);
     tcase_add_test(tc, decode_gpu_speculative_equals_greedy);
     tcase_add_test(tc, decode_gpu_hybrid_speculative_equals_greedy);
+    tcase_add_test(tc, drafter_cache_gpu_matches_cpu);
     suite_add_tcase(s, tc);
     return test_run_suite(s);
 }

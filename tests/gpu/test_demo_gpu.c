@@ -4,7 +4,8 @@
  * temporary run directories. The GPU run must finish (exit 0, DONE, state/train.json at step 300, both exports
  * passed by the checker), its τ must rise as the CPU run's does (above 1.5 at step 300) and lie within ±0.05 of
  * the CPU run's τ at step 300 (the issue's bound: the bf16 GPU path and the fp32 CPU path train the same
- * drafter on the same batches). Nothing of either run may be left. The demo's tiny model has head dim 16: the
+ * drafter on the same batches), with the drafter's proposal KV-cached on both (on the GPU through
+ * DFLASH_GPU_DRAFTER_CACHE=1 until that path is validated). Nothing of either run may be left. The demo's tiny model has head dim 16: the
  * GPU attention of the target (kernels/attention_mma.cu) and of the drafter (kernels/block_attn_simt.cu) run
  * it. Runs on the GPU machine (scripts/gpu-run.sh; DFLASH_BIN names the CUDA build's bin/, pipelines/ sits two
  * levels above it). About a minute (CPU run ~25 s on 2 cores).
@@ -41,6 +42,11 @@ static double demo_on(const char *dev, const char *tag) {
     ck_assert_msg(strstr(text, "export/zlab --check          ok") && strstr(text, "export/speculators --check   ok"),
                   "demo on %s: exports not passed by the checker:\n%s", dev, text);
     const double t50 = tau_at(run, "tau-step-50"), t300 = tau_at(run, "tau-step-300");
+    /* the drafter's proposal ran KV-cached on both devices (on the GPU: DFLASH_GPU_DRAFTER_CACHE=1, set below) */
+    snprintf(path, sizeof path, "%s/eval/tau-step-300.json", run);
+    e2e_slurp(path, text, sizeof text);
+    ck_assert_msg(strstr(text, "\"drafter_cache\": true") || strstr(text, "\"drafter_cache\":true"),
+                  "demo on %s: the drafter's proposal was not cached: %s", dev, text);
     fprintf(stderr, "test_demo_gpu: demo.sh --device %s in %.1f s: tau %.3f (step 50) -> %.3f (step 300)\n", dev, dt,
             t50, t300);
     e2e_nothing_left(run, tag);
@@ -48,6 +54,8 @@ static double demo_on(const char *dev, const char *tag) {
 }
 
 START_TEST(demo_runs_on_the_gpu) {
+    /* the GPU drafter's cached proposal (export/drafter_cache.h) is validated here: τ within the bound with it */
+    ck_assert_int_eq(setenv("DFLASH_GPU_DRAFTER_CACHE", "1", 1), 0);
     const double tg = demo_on("cuda:0", "demo-gpu");
     const double tc = demo_on("cpu", "demo-cpu");
     ck_assert_msg(tg > 1.5, "GPU run: tau at step 300 %.3f, expected > 1.5 (it rises on the CPU)", tg);
