@@ -179,11 +179,18 @@ int main(int argc, char **argv) {
         target_timing(t, 0, err, sizeof err);
         int nlin = 0;
         for (int l = 0; l < layers; l++) nlin += q36 && c.layer_linear[l];
+        const double lin_part[4] = {ms[TARGET_PH_LIN_PROJ], ms[TARGET_PH_LIN_CONV], ms[TARGET_PH_LIN_DELTA],
+                                    ms[TARGET_PH_LIN_OUT]};
+        ms[TARGET_PH_LINEAR] += lin_part[0] + lin_part[1] + lin_part[2] + lin_part[3];
         printf("layers: DeltaNet mixers %.2f ms (%d layers, %.3f ms each), full-attention mixers %.2f ms (%d, %.3f "
                "each), MLPs %.2f ms (%d, %.3f each), embedding %.2f ms, capture copies %.2f ms (one timed forward)\n",
                ms[TARGET_PH_LINEAR], nlin, nlin ? ms[TARGET_PH_LINEAR] / nlin : 0.0, ms[TARGET_PH_FULL], layers - nlin,
                layers > nlin ? ms[TARGET_PH_FULL] / (layers - nlin) : 0.0, ms[TARGET_PH_MLP], layers,
                ms[TARGET_PH_MLP] / layers, ms[TARGET_PH_EMBED], ms[TARGET_PH_COPY]);
+        if (nlin)
+            printf("DeltaNet mixer, per layer: input norm + projection %.3f ms, conv1d + l2 norms %.3f ms, chunked "
+                   "delta rule %.3f ms, gated norm + output projection %.3f ms\n", lin_part[0] / nlin,
+                   lin_part[1] / nlin, lin_part[2] / nlin, lin_part[3] / nlin);
     }
     char vs_peak[96] = "";
     if (gemm_peak > 0)

@@ -792,7 +792,7 @@ cudaStream_t target_stream(const struct target *t) { return t->stream; }
 int target_timing(struct target *t, int on, char *err, int err_len) {
     if (t->dev < 0) return err_fail(err, err_len, "target_timing: the CPU path has no device phases");
     if (on && !t->ev) {
-        t->max_ev = 4 * t->cfg.num_hidden_layers + 2;
+        t->max_ev = 8 * t->cfg.num_hidden_layers + 2;
         t->ev = calloc((size_t)t->max_ev, sizeof *t->ev);
         t->ev_phase = calloc((size_t)t->max_ev, sizeof *t->ev_phase);
         if (!t->ev || !t->ev_phase) return err_fail(err, err_len, "target_timing: out of host memory");
@@ -1042,11 +1042,14 @@ static int forward_gpu_hybrid(struct target *t, const struct target_batch *b, bf
             /* [qkv | z | b | a] = h · W_inᵀ; conv + silu and the l2 norms in fp32; the delta rule with
              * its state restarted at every document start (cu_seqlens on the device) */
             KCALL(blas_linear_forward(qkv, BLAS_BF16, h, ly->w_lin_in, NULL, T, LIN_IN, C, s));
+            tmark(t, TARGET_PH_LIN_PROJ);
             KCALL(conv1d_forward(conv, qkv, LIN_IN, ly->conv_w, t->cu, ND, T, CONV, gs.K, s));
             KCALL(l2norm_forward(conv, T, CONV, gs.n_k, gs.d_k, qscale, s));
             KCALL(l2norm_forward(conv + KD, T, CONV, gs.n_k, gs.d_k, 1.0f, s));
+            tmark(t, TARGET_PH_LIN_CONV);
             KCALL(gated_delta_forward(o, conv, conv + KD, conv + 2 * KD, qkv + CONV + VD, qkv + CONV + VD + gs.n_v,
                                       ly->a_neg, ly->dt_bias, t->cu, &ds, s));
+            tmark(t, TARGET_PH_LIN_DELTA);
             KCALL(gated_rmsnorm_forward(y, o, qkv + CONV, LIN_IN, ly->gnorm, T, gs.n_v, gs.d_v, eps, s));
             KCALL(blas_matmul(x, BLAS_BF16, y, 0, ly->w_lin_out, 1, NULL, T, C, VD, 0, 0, 0, 1.0f, 1.0f, s));
         } else {
@@ -1058,7 +1061,7 @@ static int forward_gpu_hybrid(struct target *t, const struct target_batch *b, bf
             KCALL(gated_attn_gate_forward(att, gate, (int64_t)T * NH * HD, s));
             KCALL(blas_matmul(x, BLAS_BF16, att, 0, ly->w_o, 1, NULL, T, C, NH * HD, 0, 0, 0, 1.0f, 1.0f, s));
         }
-        tmark(t, ly->linear ? TARGET_PH_LINEAR : TARGET_PH_FULL);   /* the input norm counts with its mixer */
+        tmark(t, ly->linear ? TARGET_PH_LIN_OUT : TARGET_PH_FULL);   /* the input norm counts with its mixer */
         if (layer_mlp_gpu(t, b, ly, l, states, err, err_len)) return -1;
     }
     if (last) CCALL(cudaMemcpyAsync(last, x, plane * 2, cudaMemcpyDefault, s));

@@ -188,12 +188,16 @@ const bf16 *target_gpu_embed(const struct target *t);       /* (V, C) device bf1
 const float *target_gpu_inv_freq(const struct target *t);   /* (HD/2) device fp32; NULL on the CPU */
 
 /* Per-phase device time of the GPU forward, for benchmarks (issue 27: the time per layer kind).
- * target_timing(t, 1) creates the events once (at most 4·n_layers + 2) and makes every later
+ * target_timing(t, 1) creates the events once (at most 8·n_layers + 2) and makes every later
  * target_forward record one event at each phase boundary on its stream (no extra synchronisation:
  * the forward synchronises at its end anyway); target_phase_ms then adds the elapsed times of the
  * last forward into ms[TARGET_PH_N] (milliseconds). 0 or -1 with a sentence. */
 enum { TARGET_PH_EMBED = 0, TARGET_PH_LINEAR = 1, TARGET_PH_FULL = 2, TARGET_PH_MLP = 3, TARGET_PH_COPY = 4,
-       TARGET_PH_N = 5 };
+       /* the Gated DeltaNet mixer's parts, whose sum is its TARGET_PH_LINEAR share: the input norm and the fused
+        * input projection; the causal conv1d + SiLU and the q/k l2 norms; the chunked delta rule; the gated norm and
+        * the output projection (TARGET_PH_LINEAR itself stays 0 on a hybrid: add the four) */
+       TARGET_PH_LIN_PROJ = 5, TARGET_PH_LIN_CONV = 6, TARGET_PH_LIN_DELTA = 7, TARGET_PH_LIN_OUT = 8,
+       TARGET_PH_N = 9 };
 int target_timing(struct target *t, int on, char *err, int err_len);
 int target_phase_ms(struct target *t, double *ms, char *err, int err_len);
 #endif
