@@ -62,6 +62,14 @@ void gated_delta_forward_chunked_ref(float *o, const float *q, const float *k, c
                                      const float *a, const float *a_neg, const float *dt_bias,
                                      const int32_t *cu_seqlens, const struct gated_delta_shape *s, float *state);
 
+/* The split form's algorithm in plain fp32 (gated_delta_forward_split below; the 2× rule's baseline for it): per
+ * chunk first the chunk-local solves W = (I + A)⁻¹ (beta e^G ⊙ K) and U0 = (I + A)⁻¹ (beta ⊙ V), then against the
+ * state S at the chunk start U = U0 − W·S (= the chunked form's U: (I + A)⁻¹ is linear), o = e^G ⊙ Q·S + P·U and
+ * S_end as above. Same arguments and scratch as gated_delta_forward_chunked_ref. */
+void gated_delta_forward_split_ref(float *o, const float *q, const float *k, const float *v, const float *b,
+                                   const float *a, const float *a_neg, const float *dt_bias,
+                                   const int32_t *cu_seqlens, const struct gated_delta_shape *s, float *state);
+
 /* One sentence if the GPU kernel does not cover the head layout (d_k > GATED_DELTA_MAX_DK, n_k not
  * dividing n_v, a size < 1), else 0. Pure; for start-up checks (a config refused before loading). */
 int gated_delta_check_shape(int n_k, int n_v, int d_k, int d_v, char *err, int err_len);
@@ -94,6 +102,21 @@ int gated_delta_decode(float *o, const float *q, const float *k, const float *v,
 int gated_delta_forward(float *o, const float *q, const float *k, const float *v, const bf16 *b, const bf16 *a,
                         const float *a_neg, const float *dt_bias, const int32_t *cu_seqlens,
                         const struct gated_delta_shape *s, cudaStream_t stream);
+
+/* The split form (kernels/gated_delta_split.cu), written to move the chunk-local work out of the sequential walk
+ * over a document's chunks: (1) a table of the batch's chunks (one thread), (2) per (chunk, value head), in
+ * parallel over the whole batch, the solves W and U0 (one thread per column, the 64-row substitution in
+ * registers), (3) per (document, value head, 64 value columns), in chunk order, U = U0 − W·S, the inter-chunk output
+ * e^G ⊙ Q·S into o and the state update, (4) per (chunk, value head, 64 columns), in parallel, o += P·U. The walk of
+ * (3) does ~1.5 of the ~6 MFLOP a chunk costs the one-kernel form and no substitution. Same inputs and output as
+ * gated_delta_forward, plus a workspace of gated_delta_split_workspace_bytes(T, n_docs, s) bytes (256-byte aligned;
+ * the caller plans it: W, U0/U and G of every chunk, fp32). Not yet what the target runs: it replaces
+ * gated_delta_forward once tests/gpu/test_gdn_kernels and gated_delta_bench have run it on a GPU. */
+size_t gated_delta_split_workspace_bytes(int T, int n_docs, const struct gated_delta_shape *s);
+int gated_delta_forward_split(float *o, const float *q, const float *k, const float *v, const bf16 *b,
+                              const bf16 *a, const float *a_neg, const float *dt_bias, const int32_t *cu_seqlens,
+                              const struct gated_delta_shape *s, void *workspace, size_t workspace_bytes,
+                              cudaStream_t stream);
 #endif
 
 #ifdef __cplusplus

@@ -152,3 +152,91 @@ void gated_delta_forward_chunked_ref(float *o, const float *q, const float *k, c
             }
         }
 }
+
+/* One chunk of the split form (gated_delta_forward_split): the chunk-local solves first, W = (I + A)⁻¹ (beta e^G ⊙ K)
+ * and U0 = (I + A)⁻¹ (beta ⊙ V), then against the state at the chunk start U = U0 − W S, o = e^G ⊙ Q S + P U and the
+ * state update; the same sums in the same order as the three GPU kernels (dots over i ascending, substitutions over
+ * u ascending into one accumulator subtracted once). */
+static void split_chunk_(float *o, const float *q, const float *k, const float *v, const float *b, const float *a,
+                         float a_neg, float dtb, const struct gated_delta_shape *s, int j, int c0, int n, float *S) {
+    enum { C = GATED_DELTA_CHUNK, W = 128 };
+    const int dk = s->d_k, dv = s->d_v, hk = j / (s->n_v / s->n_k);
+    float A[C][C], P[C][C], Wm[C][GATED_DELTA_MAX_DK], U[C][W];
+    float G[C], beta[C];
+    const float *K[C], *Q[C];
+    for (int t = 0; t < n; t++) {
+        size_t r = (size_t)(c0 + t);
+        K[t] = k + r * s->qk_stride + (size_t)hk * dk;
+        Q[t] = q + r * s->qk_stride + (size_t)hk * dk;
+        beta[t] = sigmoidf_(b[r * s->ba_stride + j]);
+        float g = a_neg * softplusf_(a[r * s->ba_stride + j] + dtb);
+        G[t] = t ? G[t - 1] + g : g;
+    }
+    for (int t = 0; t < n; t++)
+        for (int u = 0; u <= t; u++) {
+            float kk = 0, qk = 0;
+            for (int i = 0; i < dk; i++) { kk += K[t][i] * K[u][i]; qk += Q[t][i] * K[u][i]; }
+            A[t][u] = u < t ? beta[t] * expf(G[t] - G[u]) * kk : 0.0f;
+            P[t][u] = expf(G[t] - G[u]) * qk;
+        }
+    /* W = (I + A)⁻¹ (beta e^G ⊙ K): forward substitution per column */
+    for (int i = 0; i < dk; i++)
+        for (int t = 0; t < n; t++) {
+            float acc = 0;
+            for (int u = 0; u < t; u++) acc += A[t][u] * Wm[u][i];
+            Wm[t][i] = beta[t] * expf(G[t]) * K[t][i] - acc;
+        }
+    for (int e0 = 0; e0 < dv; e0 += W) {
+        int ne = dv - e0 < W ? dv - e0 : W;
+        /* U0 = (I + A)⁻¹ (beta ⊙ V) */
+        for (int e = 0; e < ne; e++)
+            for (int t = 0; t < n; t++) {
+                float acc = 0;
+                for (int u = 0; u < t; u++) acc += A[t][u] * U[u][e];
+                U[t][e] = beta[t] * v[(size_t)(c0 + t) * s->v_stride + (size_t)j * dv + e0 + e] - acc;
+            }
+        /* U = U0 − W S and the inter-chunk output e^G ⊙ Q S, against the state at the chunk start */
+        for (int t = 0; t < n; t++) {
+            float *ot = o + (size_t)(c0 + t) * s->n_v * dv + (size_t)j * dv;
+            float eg = expf(G[t]);
+            for (int e = 0; e < ne; e++) {
+                float ws = 0, qs = 0;
+                for (int i = 0; i < dk; i++) {
+                    ws += Wm[t][i] * S[(size_t)i * dv + e0 + e];
+                    qs += Q[t][i] * S[(size_t)i * dv + e0 + e];
+                }
+                U[t][e] -= ws;
+                ot[e0 + e] = eg * qs;
+            }
+        }
+        for (int t = 0; t < n; t++) {
+            float *ot = o + (size_t)(c0 + t) * s->n_v * dv + (size_t)j * dv;
+            for (int e = 0; e < ne; e++) {
+                float acc = 0;
+                for (int u = 0; u <= t; u++) acc += P[t][u] * U[u][e];
+                ot[e0 + e] += acc;
+            }
+        }
+        float gl = expf(G[n - 1]);
+        for (int i = 0; i < dk; i++)
+            for (int e = 0; e < ne; e++) {
+                float acc = 0;
+                for (int u = 0; u < n; u++) acc += expf(G[n - 1] - G[u]) * K[u][i] * U[u][e];
+                S[(size_t)i * dv + e0 + e] = gl * S[(size_t)i * dv + e0 + e] + acc;
+            }
+    }
+}
+
+void gated_delta_forward_split_ref(float *o, const float *q, const float *k, const float *v, const float *b,
+                                   const float *a, const float *a_neg, const float *dt_bias,
+                                   const int32_t *cu_seqlens, const struct gated_delta_shape *s, float *state) {
+    for (int d = 0; d < s->n_docs; d++)
+        for (int j = 0; j < s->n_v; j++) {
+            float *S = state + (size_t)j * s->d_k * s->d_v;
+            memset(S, 0, (size_t)s->d_k * s->d_v * sizeof(float));
+            for (int c0 = cu_seqlens[d]; c0 < cu_seqlens[d + 1]; c0 += GATED_DELTA_CHUNK) {
+                int n = cu_seqlens[d + 1] - c0 < GATED_DELTA_CHUNK ? cu_seqlens[d + 1] - c0 : GATED_DELTA_CHUNK;
+                split_chunk_(o, q, k, v, b, a, a_neg[j], dt_bias[j], s, j, c0, n, S);
+            }
+        }
+}

@@ -9,6 +9,10 @@
  * 1..64 rows per sequence against the whole-sequence references, and each sequence's last state snapshot bitwise
  * its live state.
  *
+ * The gated delta rule in both forms: gated_delta_forward (one kernel) and gated_delta_forward_split (chunk-local
+ * solves, the sequential walk, the intra-chunk output), each against the recurrence with its own CPU twin as the
+ * 2x baseline, the split form with a poisoned workspace.
+ *
  * Tolerances: the gated delta rule is fp32 in and out; its reference is the per-token recurrence
  * with double reductions. style.md's 2× rule: the kernel's max error against it is at most twice
  * that of the same chunked algorithm run in plain fp32 on the CPU (gated_delta_forward_chunked_ref),
@@ -49,29 +53,51 @@ static void gdn_dev_free(struct gdn_dev *d) {
     cudaFree(d->conv); cudaFree(d->ba); cudaFree(d->a_neg); cudaFree(d->dt_bias); cudaFree(d->cu); cudaFree(d->o);
 }
 
-static void run_gpu(struct gdn_dev *d, const struct gdn_inputs *g) {
-    const int kd = g->s.n_k * g->s.d_k;
-    K1_LAUNCH(gated_delta_forward(d->o, d->conv, d->conv + kd, d->conv + 2 * kd, d->ba, d->ba + g->s.n_v, d->a_neg,
-                                  d->dt_bias, d->cu, &g->s, 0));
+/* The forward on the device: the one-kernel form, or (split) gated_delta_forward_split with a workspace of
+ * exactly the bytes it asks for. */
+static void launch_forward(int split, float *o, const float *c, const bf16 *ba, const struct gdn_dev *d,
+                           const int32_t *cu, const struct gated_delta_shape *s) {
+    const int kd = s->n_k * s->d_k;
+    if (!split) {
+        K1_LAUNCH(gated_delta_forward(o, c, c + kd, c + 2 * kd, ba, ba + s->n_v, d->a_neg, d->dt_bias, cu, s, 0));
+    } else {
+        size_t wb = gated_delta_split_workspace_bytes(s->T, s->n_docs, s);
+        ck_assert_msg(wb > 0, "split workspace of 0 bytes for T %d", s->T);
+        void *ws = k1_malloc(wb);
+        k1_poison(ws, wb);   /* every value read from it must have been written this call */
+        K1_LAUNCH(gated_delta_forward_split(o, c, c + kd, c + 2 * kd, ba, ba + s->n_v, d->a_neg, d->dt_bias, cu, s,
+                                            ws, wb, 0));
+        K1_CUDA(cudaDeviceSynchronize());
+        cudaFree(ws);
+    }
     K1_CUDA(cudaDeviceSynchronize());
 }
 
-static void gated_delta_case(int n_k, int n_v, int d_k, int d_v, const int *lens, int nd, uint64_t seed) {
+static void run_gpu(struct gdn_dev *d, const struct gdn_inputs *g, int split) {
+    launch_forward(split, d->o, d->conv, d->ba, d, d->cu, &g->s);
+}
+
+/* One layout over documents of the given lengths, the one-kernel form (split 0) or the split form (split 1): max
+ * error against the per-token recurrence within 2x that of the same algorithm in plain fp32 on the CPU (the
+ * chunked reference, or the split reference), plus 1e-6 of the scale; documents independent bitwise. */
+static void gated_delta_case_form(int n_k, int n_v, int d_k, int d_v, const int *lens, int nd, uint64_t seed,
+                                  int split) {
     struct gdn_inputs g;
     gdn_inputs_make(&g, lens, nd, n_k, n_v, d_k, d_v, seed);
     struct gdn_dev d;
     gdn_dev_upload(&d, &g);
-    run_gpu(&d, &g);
+    run_gpu(&d, &g, split);
     size_t n = (size_t)g.s.T * n_v * d_v;
     float *ref = malloc(4 * n), *base = malloc(4 * n), *got = malloc(4 * n), *st = malloc(4 * (size_t)n_v * d_k * d_v);
     K1_CUDA(cudaMemcpy(got, d.o, 4 * n, cudaMemcpyDeviceToHost));
     gated_delta_forward_ref(ref, GDN_Q(&g), GDN_K(&g), GDN_V(&g), GDN_B(&g), GDN_A(&g), g.a_neg, g.dt_bias, g.cu, &g.s, st);
-    gated_delta_forward_chunked_ref(base, GDN_Q(&g), GDN_K(&g), GDN_V(&g), GDN_B(&g), GDN_A(&g), g.a_neg, g.dt_bias,
-                                    g.cu, &g.s, st);
+    (split ? gated_delta_forward_split_ref : gated_delta_forward_chunked_ref)(
+        base, GDN_Q(&g), GDN_K(&g), GDN_V(&g), GDN_B(&g), GDN_A(&g), g.a_neg, g.dt_bias, g.cu, &g.s, st);
     double scale = k1_max_abs(ref, n), e_gpu = k1_max_abs_diff(got, ref, n), e_base = k1_max_abs_diff(base, ref, n);
     double bound = 2 * e_base + 1e-6 * scale;
-    fprintf(stderr, "gated_delta n_k %d n_v %d d_k %d d_v %d T %d: scale %.3g, gpu err %.3g, fp32 chunked err %.3g, "
-            "bound %.3g\n", n_k, n_v, d_k, d_v, g.s.T, scale, e_gpu, e_base, bound);
+    fprintf(stderr, "gated_delta%s n_k %d n_v %d d_k %d d_v %d T %d: scale %.3g, gpu err %.3g, fp32 %s err %.3g, "
+            "bound %.3g\n", split ? " (split)" : "", n_k, n_v, d_k, d_v, g.s.T, scale, e_gpu,
+            split ? "split" : "chunked", e_base, bound);
     ck_assert(scale > 0.01);
     if (!(e_gpu <= bound)) test_allclose("gated_delta", got, ref, n, bound, 0);   /* prints the worst pairs */
     ck_assert_msg(e_gpu <= bound, "gated delta: GPU max error %.3g > bound %.3g", e_gpu, bound);
@@ -86,11 +112,9 @@ static void gated_delta_case(int n_k, int n_v, int d_k, int d_v, const int *lens
         int32_t cu1[2] = {0, len};
         int32_t *dcu = k1_upload(cu1, sizeof cu1);
         float *o1 = k1_malloc(4 * (size_t)len * n_v * d_v);
-        const int kd = n_k * d_k;
         float *c = d.conv + (size_t)s0 * g.conv_dim;
         bf16 *ba = d.ba + (size_t)s0 * 2 * n_v;
-        K1_LAUNCH(gated_delta_forward(o1, c, c + kd, c + 2 * kd, ba, ba + n_v, d.a_neg, d.dt_bias, dcu, &s1, 0));
-        K1_CUDA(cudaDeviceSynchronize());
+        launch_forward(split, o1, c, ba, &d, dcu, &s1);
         float *one = malloc(4 * (size_t)len * n_v * d_v);
         K1_CUDA(cudaMemcpy(one, o1, 4 * (size_t)len * n_v * d_v, cudaMemcpyDeviceToHost));
         ck_assert_msg(memcmp(one, got + (size_t)s0 * n_v * d_v, 4 * (size_t)len * n_v * d_v) == 0,
@@ -100,6 +124,11 @@ static void gated_delta_case(int n_k, int n_v, int d_k, int d_v, const int *lens
     free(ref); free(base); free(got); free(st);
     gdn_dev_free(&d);
     gdn_inputs_free(&g);
+}
+
+static void gated_delta_case(int n_k, int n_v, int d_k, int d_v, const int *lens, int nd, uint64_t seed) {
+    gated_delta_case_form(n_k, n_v, d_k, d_v, lens, nd, seed, 0);
+    gated_delta_case_form(n_k, n_v, d_k, d_v, lens, nd, seed, 1);
 }
 
 START_TEST(gated_delta_tiny_layout) {
@@ -124,6 +153,14 @@ START_TEST(gated_delta_refuses_layouts) {
     float *x = k1_malloc(4096);
     ck_assert_int_eq(gated_delta_forward(x, x, x, x, (bf16 *)x, (bf16 *)x, x, x, (int32_t *)x, &s, 0), -1);
     ck_assert_ptr_nonnull(strstr(kernels_error(), "linear_key_head_dim"));
+    ck_assert_int_eq(gated_delta_forward_split(x, x, x, x, (bf16 *)x, (bf16 *)x, x, x, (int32_t *)x, &s, x, 4096, 0), -1);
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "linear_key_head_dim"));
+    /* a layout it takes, with a workspace smaller than it asks for: refused before any launch */
+    struct gated_delta_shape ok = {64, 1, 1, 2, 16, 16, 64, 64, 4};
+    ck_assert(gated_delta_split_workspace_bytes(64, 1, &ok) > 4096);
+    ck_assert_int_eq(gated_delta_forward_split(x, x, x, x, (bf16 *)x, (bf16 *)x, x, x, (int32_t *)x, &ok, x, 4096, 0),
+                     -1);
+    ck_assert_ptr_nonnull(strstr(kernels_error(), "workspace"));
     cudaFree(x);
 }
 END_TEST
