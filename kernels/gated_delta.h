@@ -110,7 +110,7 @@ int gated_delta_forward(float *o, const float *q, const float *k, const float *v
  * e^G ⊙ Q·S into o and the state update, (4) per (chunk, value head, 64 columns), in parallel, o += P·U. The walk of
  * (3) does ~1.5 of the ~6 MFLOP a chunk costs the one-kernel form and no substitution. Same inputs and output as
  * gated_delta_forward, plus a workspace of gated_delta_split_workspace_bytes(T, n_docs, s) bytes (256-byte aligned;
- * the caller plans it: W, U0/U and G of every chunk, fp32). Not yet what the target runs: it replaces
+ * the caller plans it: W, U0/U and G of every token row, 4·T·n_v·(d_k + d_v + 1) bytes, and the chunk table). Not yet what the target runs: it replaces
  * gated_delta_forward once tests/gpu/test_gdn_kernels and gated_delta_bench have run it on a GPU. */
 size_t gated_delta_split_workspace_bytes(int T, int n_docs, const struct gated_delta_shape *s);
 int gated_delta_forward_split(float *o, const float *q, const float *k, const float *v, const bf16 *b,

@@ -17,8 +17,8 @@
  *   gs_output: per (chunk, value head, 64 value columns), all chunks at once: P = lower e^{G_t−G_s} Q Kᵀ and
  *              o += P·U.
  * fp32 throughout (CUDA cores), dots over i ascending and the substitution's sum subtracted once, as the reference.
- * The workspace holds G [NC, n_v, 64], W [NC, n_v, 64, d_k] and U0/U [NC, n_v, 64, d_v] for NC = T/64 + n_docs
- * chunk slots, and the chunk table.
+ * The workspace holds, by token row (chunks are disjoint row ranges, so nothing is padded whatever the documents'
+ * lengths), G [T, n_v], W [T, n_v, d_k] and U0/U [T, n_v, d_v], and the chunk table (T/64 + n_docs slots).
  */
 #include "kernels/gated_delta.h"
 
@@ -42,7 +42,7 @@ struct gs_ws {
 static __host__ __device__ int gs_cap(int T, int n_docs) { return T / GS_C + n_docs; }
 
 static __host__ __device__ size_t gs_layout(void *base, int T, int n_docs, int n_v, int d_k, int d_v, gs_ws *w) {
-    const size_t nc = (size_t)gs_cap(T, n_docs);
+    const size_t nc = (size_t)gs_cap(T, n_docs), rows = (size_t)T;
     size_t off = 0;
     char *p = (char *)base;
     size_t ints = gs_align(4 * (2 * nc + (size_t)n_docs + 2));
@@ -54,11 +54,11 @@ static __host__ __device__ size_t gs_layout(void *base, int T, int n_docs, int n
     }
     off += ints;
     if (w) w->G = (float *)(p + off);
-    off += gs_align(4 * nc * (size_t)n_v * GS_C);
+    off += gs_align(4 * rows * (size_t)n_v);
     if (w) w->W = (float *)(p + off);
-    off += gs_align(4 * nc * (size_t)n_v * GS_C * d_k);
+    off += gs_align(4 * rows * (size_t)n_v * d_k);
     if (w) w->U = (float *)(p + off);
-    off += gs_align(4 * nc * (size_t)n_v * GS_C * d_v);
+    off += gs_align(4 * rows * (size_t)n_v * d_v);
     return off;
 }
 
@@ -92,7 +92,7 @@ __global__ void gs_table_kernel(const int32_t *cu, int n_docs, int cap, gs_ws w)
 
 /* ---------------------------------------------------------------- chunk-local solves */
 
-__global__ void __launch_bounds__(GS_THREADS, 2)   /* <= 128 registers: two CTAs per SM */
+__global__ void __launch_bounds__(GS_THREADS, 1)   /* ptxas: 255 registers, no spill (128 spilled 228 B) */
 gs_local_kernel(const float *k, const float *v, const __nv_bfloat16 *b, const __nv_bfloat16 *a, const float *a_neg,
                 const float *dt_bias, gated_delta_shape s, int cap, gs_ws w) {
     extern __shared__ float sm[];
@@ -116,8 +116,7 @@ gs_local_kernel(const float *k, const float *v, const __nv_bfloat16 *b, const __
     if (tid == 0)
         for (int t = 1; t < GS_C; t++) G[t] += G[t - 1];
     __syncthreads();
-    const size_t cj = (size_t)ci * s.n_v + j;
-    if (tid < GS_C) w.G[cj * GS_C + tid] = G[tid];
+    if (tid < n) w.G[(size_t)(c0 + tid) * s.n_v + j] = G[tid];
     /* A (rows t = ty + 16x, columns u = tx + 16y) */
     {
         float ra[4][4] = {};
@@ -143,7 +142,8 @@ gs_local_kernel(const float *k, const float *v, const __nv_bfloat16 *b, const __
     }
     __syncthreads();
     /* [W | U0] = (I + A)⁻¹ [beta e^G ⊙ K | beta ⊙ V], a column per thread; rows past n have A = 0, rhs = 0 */
-    float *Wc = w.W + cj * GS_C * dk, *Uc = w.U + cj * GS_C * dv;
+    const size_t wrow = (size_t)s.n_v * dk, urow = (size_t)s.n_v * dv;   /* workspace row strides */
+    float *Wc = w.W + (size_t)c0 * wrow + (size_t)j * dk, *Uc = w.U + (size_t)c0 * urow + (size_t)j * dv;
     for (int col = tid; col < dk + dv; col += GS_THREADS) {
         float x[GS_C];
         if (col < dk) {
@@ -161,13 +161,12 @@ gs_local_kernel(const float *k, const float *v, const __nv_bfloat16 *b, const __
             for (int u = 0; u < t; u++) acc += A[t * GS_AP + u] * x[u];
             x[t] -= acc;
         }
-        if (col < dk) {
+        /* rows past n (zero) are stored over row n - 1 first, which row n - 1 then overwrites: stores without a
+         * branch per row (predicated stores made ptxas spill) that never touch the next chunk's rows */
+        float *dst = col < dk ? Wc + col : Uc + (col - dk);
+        const size_t stride = col < dk ? wrow : urow;
 #pragma unroll
-            for (int t = 0; t < GS_C; t++) Wc[(size_t)t * dk + col] = x[t];
-        } else {
-#pragma unroll
-            for (int t = 0; t < GS_C; t++) Uc[(size_t)t * dv + (col - dk)] = x[t];
-        }
+        for (int t = GS_C - 1; t >= 0; t--) dst[(size_t)(t < n ? t : n - 1) * stride] = x[t];
     }
 }
 
@@ -187,27 +186,28 @@ gs_walk_kernel(float *o, const float *q, const float *k, gated_delta_shape s, gs
     const int c_end = w.doc0[doc + 1];
     for (int ci = w.doc0[doc]; ci < c_end; ci++) {
         const int c0 = w.cstart[ci], n = w.clen[ci];
-        const size_t cj = (size_t)ci * s.n_v + j;
-        const float *Wc = w.W + cj * GS_C * dk;
-        float *Uc = w.U + cj * GS_C * dv;
+        const size_t wrow = (size_t)s.n_v * dk, urow = (size_t)s.n_v * dv;
+        const float *Wc = w.W + (size_t)c0 * wrow + (size_t)j * dk;
+        float *Uc = w.U + (size_t)c0 * urow + (size_t)j * dv;
         __syncthreads();   /* the previous chunk is done with W, Q, K, U, G, D and wrote S */
         for (int idx = tid; idx < GS_C * dk; idx += GS_THREADS) {
             int t = idx / dk, i = idx % dk;
-            float qv = 0.0f, kv = 0.0f;
+            float qv = 0.0f, kv = 0.0f, wv = 0.0f;
             if (t < n) {
                 size_t r = (size_t)(c0 + t) * s.qk_stride + (size_t)hk * dk + i;
                 qv = q[r];
                 kv = k[r];
+                wv = Wc[(size_t)t * wrow + i];
             }
-            Wm[t * dkp + i] = Wc[idx];
+            Wm[t * dkp + i] = wv;
             Q[t * dkp + i] = qv;
             K[t * dkp + i] = kv;
         }
         for (int idx = tid; idx < GS_C * GS_VT; idx += GS_THREADS) {
             int t = idx / GS_VT, c = idx % GS_VT;
-            U[t * GS_SP + c] = e0 + c < dv ? Uc[(size_t)t * dv + e0 + c] : 0.0f;
+            U[t * GS_SP + c] = t < n && e0 + c < dv ? Uc[(size_t)t * urow + e0 + c] : 0.0f;
         }
-        if (tid < GS_C) G[tid] = w.G[cj * GS_C + tid];
+        if (tid < GS_C) G[tid] = tid < n ? w.G[(size_t)(c0 + tid) * s.n_v + j] : 0.0f;
         __syncthreads();
         if (tid < GS_C) D[tid] = tid < n ? expf(G[n - 1] - G[tid]) : 0.0f;
         /* U = U0 − W S, o = e^G ⊙ Q S (rows t = ty + 16x, columns c = tx + 16y) */
@@ -238,9 +238,9 @@ gs_walk_kernel(float *o, const float *q, const float *k, gated_delta_shape s, gs
                     int c = tx + 16 * y, e = e0 + c;
                     float *u = &U[t * GS_SP + c];   /* this thread's own entry: U0 -> U */
                     *u -= rw[x][y];
-                    if (e < dv) {
-                        Uc[(size_t)t * dv + e] = *u;   /* for gs_output */
-                        if (t < n) o[(size_t)(c0 + t) * orow + (size_t)j * dv + e] = eg * rq[x][y];
+                    if (e < dv && t < n) {
+                        Uc[(size_t)t * urow + e] = *u;   /* for gs_output */
+                        o[(size_t)(c0 + t) * orow + (size_t)j * dv + e] = eg * rq[x][y];
                     }
                 }
             }
@@ -291,8 +291,8 @@ gs_output_kernel(float *o, const float *q, const float *k, gated_delta_shape s, 
     float *Q = sm, *K = Q + GS_C * dkp, *P = K + GS_C * dkp, *U = P + GS_C * GS_AP, *G = U + GS_C * GS_SP;
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     const int c0 = w.cstart[ci], n = w.clen[ci];
-    const size_t cj = (size_t)ci * s.n_v + j, orow = (size_t)s.n_v * dv;
-    const float *Uc = w.U + cj * GS_C * dv;
+    const size_t orow = (size_t)s.n_v * dv, urow = (size_t)s.n_v * dv;
+    const float *Uc = w.U + (size_t)c0 * urow + (size_t)j * dv;
     for (int idx = tid; idx < GS_C * dk; idx += GS_THREADS) {
         int t = idx / dk, i = idx % dk;
         float qv = 0.0f, kv = 0.0f;
@@ -306,9 +306,9 @@ gs_output_kernel(float *o, const float *q, const float *k, gated_delta_shape s, 
     }
     for (int idx = tid; idx < GS_C * GS_VT; idx += GS_THREADS) {
         int t = idx / GS_VT, c = idx % GS_VT;
-        U[t * GS_SP + c] = t < n && e0 + c < dv ? Uc[(size_t)t * dv + e0 + c] : 0.0f;
+        U[t * GS_SP + c] = t < n && e0 + c < dv ? Uc[(size_t)t * urow + e0 + c] : 0.0f;
     }
-    if (tid < GS_C) G[tid] = w.G[cj * GS_C + tid];
+    if (tid < GS_C) G[tid] = tid < n ? w.G[(size_t)(c0 + tid) * s.n_v + j] : 0.0f;
     __syncthreads();
     {
         float rp[4][4] = {};
