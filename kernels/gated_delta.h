@@ -70,6 +70,13 @@ void gated_delta_forward_split_ref(float *o, const float *q, const float *k, con
                                    const float *a, const float *a_neg, const float *dt_bias,
                                    const int32_t *cu_seqlens, const struct gated_delta_shape *s, float *state);
 
+/* Bytes of gated_delta_forward_split's workspace for T tokens in n_docs documents of layout s (its fields other
+ * than the head counts and dims are not read): the chunk table of T/64 + n_docs slots, then G [T, n_v],
+ * W [T, n_v, d_k] and U [T, n_v, d_v] fp32, each 256-byte aligned. 0 for T < 0 or n_docs < 1. A host function in
+ * every build, so memory plans (target_plan_bytes) count it without CUDA; the launcher checks its own layout
+ * against it. */
+size_t gated_delta_split_workspace_bytes(int T, int n_docs, const struct gated_delta_shape *s);
+
 /* One sentence if the GPU kernel does not cover the head layout (d_k > GATED_DELTA_MAX_DK, n_k not
  * dividing n_v, a size < 1), else 0. Pure; for start-up checks (a config refused before loading). */
 int gated_delta_check_shape(int n_k, int n_v, int d_k, int d_v, char *err, int err_len);
@@ -112,7 +119,6 @@ int gated_delta_forward(float *o, const float *q, const float *k, const float *v
  * gated_delta_forward, plus a workspace of gated_delta_split_workspace_bytes(T, n_docs, s) bytes (256-byte aligned;
  * the caller plans it: W, U0/U and G of every token row, 4·T·n_v·(d_k + d_v + 1) bytes, and the chunk table). Not yet what the target runs: it replaces
  * gated_delta_forward once tests/gpu/test_gdn_kernels and gated_delta_bench have run it on a GPU. */
-size_t gated_delta_split_workspace_bytes(int T, int n_docs, const struct gated_delta_shape *s);
 int gated_delta_forward_split(float *o, const float *q, const float *k, const float *v, const bf16 *b,
                               const bf16 *a, const float *a_neg, const float *dt_bias, const int32_t *cu_seqlens,
                               const struct gated_delta_shape *s, void *workspace, size_t workspace_bytes,

@@ -240,3 +240,12 @@ void gated_delta_forward_split_ref(float *o, const float *q, const float *k, con
             }
         }
 }
+
+static size_t align256_(size_t b) { return (b + 255) / 256 * 256; }
+
+size_t gated_delta_split_workspace_bytes(int T, int n_docs, const struct gated_delta_shape *s) {
+    if (T < 0 || n_docs < 1) return 0;
+    const size_t nc = (size_t)(T / GATED_DELTA_CHUNK + n_docs), rows = (size_t)T, nv = (size_t)s->n_v;
+    return align256_(4 * (2 * nc + (size_t)n_docs + 2)) + align256_(4 * rows * nv) +
+           align256_(4 * rows * nv * (size_t)s->d_k) + align256_(4 * rows * nv * (size_t)s->d_v);
+}

@@ -360,11 +360,6 @@ gs_output_kernel(float *o, const float *q, const float *k, gated_delta_shape s, 
 
 /* ---------------------------------------------------------------- launcher */
 
-extern "C" size_t gated_delta_split_workspace_bytes(int T, int n_docs, const struct gated_delta_shape *s) {
-    if (T < 0 || n_docs < 1) return 0;
-    return gs_layout(NULL, T, n_docs, s->n_v, s->d_k, s->d_v, NULL);
-}
-
 static int gs_smem(const void *fn, size_t bytes, const char *name) {
     if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) != cudaSuccess) {
         cudaError_t e = cudaGetLastError();
@@ -388,6 +383,9 @@ extern "C" int gated_delta_forward_split(float *o, const float *q, const float *
                             s->n_k * s->d_k, s->n_v * s->d_v, s->n_v);
     if (s->n_docs > 65535) return kernels_fail("gated_delta_forward_split: %d documents, at most 65535 per call", s->n_docs);
     const size_t need = gated_delta_split_workspace_bytes(s->T, s->n_docs, s);
+    if (need != gs_layout(NULL, s->T, s->n_docs, s->n_v, s->d_k, s->d_v, NULL))
+        return kernels_fail("gated_delta_forward_split: gated_delta_split_workspace_bytes (%zu) disagrees with the "
+                            "kernels' layout (%zu)", need, gs_layout(NULL, s->T, s->n_docs, s->n_v, s->d_k, s->d_v, NULL));
     if (!workspace || workspace_bytes < need || ((uintptr_t)workspace & 255))
         return kernels_fail("gated_delta_forward_split: a workspace of %zu bytes at a 256-byte boundary is needed for "
                             "%d tokens in %d documents (given %zu at %p)", need, s->T, s->n_docs, workspace_bytes,
