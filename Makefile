@@ -64,6 +64,10 @@ CPPFLAGS  += -isystem $(OPENBLAS_INC)
 LIBS      := -Wl,-Bstatic -lmsgpackc -ljansson -lprotobuf-c -Wl,-Bdynamic -L$(OPENBLAS_DIR) -Wl,-rpath,$(OPENBLAS_DIR) -lopenblas -lnanomsg -lrt -lm
 TEST_LIBS := -Wl,-Bstatic -lcheck_pic -lsubunit -Wl,-Bdynamic
 
+# The Qwen3.5/3.6 target's gated delta rule on the GPU: 0 the one-kernel form, 1 the split form (stages/model/target.c)
+GDN_SPLIT ?= 0
+CPPFLAGS  += -DDFLASH_GDN_SPLIT=$(GDN_SPLIT)
+
 ifeq ($(CUDA),1)
 CPPFLAGS  += -DDFLASH_CUDA -I$(CUDA_HOME)/include
 LIBS      += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -ldl -lstdc++

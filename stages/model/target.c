@@ -20,6 +20,14 @@
 #include "kernels/embedding.h"
 #include "kernels/gated_attn.h"
 #include "kernels/gated_delta.h"
+
+/* Which form of the gated delta rule the GPU forward runs, fixed at build time (make GDN_SPLIT=1): 0, the one-kernel
+ * gated_delta_forward (validated); 1, gated_delta_forward_split with its planned workspace (written 2026-12-07, not
+ * yet run on a GPU). Flip the Makefile's default once tests/gpu/test_gdn_kernels passes the split form and
+ * gated_delta_bench / target_bench show it faster. */
+#ifndef DFLASH_GDN_SPLIT
+#define DFLASH_GDN_SPLIT 0
+#endif
 #include "kernels/gated_rmsnorm.h"
 #include "kernels/l2norm.h"
 #include "kernels/gemm.h"
@@ -91,6 +99,8 @@ struct target {
     void *lin_y;                   /* (Tm, NV·d_v) gated-norm output, the input of out_proj */
     float *lin_state;              /* (NV·d_k·d_v) recurrent state of one document (CPU) */
     float *lin_o;                  /* (Tm, NV·d_v) fp32 gated delta rule output (GPU) */
+    void *lin_ws;                  /* gated_delta_forward_split's workspace for Tm tokens (GPU) */
+    size_t lin_ws_bytes;
 #ifdef DFLASH_CUDA
     cudaStream_t stream;
     /* target_timing: events recorded at phase boundaries of the last forward, and their phases */
@@ -268,6 +278,14 @@ static int alloc_all(struct target *t, char *err, int err_len) {
              (t->lin_y = mem_alloc(t, Tm * VD * es, kb)) &&
              (t->dev >= 0 ? (t->lin_o = mem_alloc(t, Tm * VD * 4, kb)) != NULL
                           : (t->lin_state = mem_alloc(t, (size_t)gs.n_v * gs.d_k * gs.d_v * 4, kb)) != NULL);
+#if defined(DFLASH_CUDA) && DFLASH_GDN_SPLIT
+    if (ok && is_hybrid(c) && t->dev >= 0) {   /* planned for the most documents Tm tokens can hold */
+        struct gated_delta_shape ws = {(int)Tm, (int)Tm, gs.n_k, gs.n_v, gs.d_k, gs.d_v, (int)CONV, (int)CONV,
+                                       (int)LIN_IN};
+        t->lin_ws_bytes = gated_delta_split_workspace_bytes((int)Tm, (int)Tm, &ws);
+        ok = (t->lin_ws = mem_alloc(t, t->lin_ws_bytes, kb)) != NULL;
+    }
+#endif
     if (ok && t->dev >= 0)
         ok = (t->ids = mem_alloc(t, Tm * 4, kb)) && (t->pos = mem_alloc(t, Tm * 4, kb)) &&
              (t->cu = mem_alloc(t, (Tm + 1) * 4, kb));
@@ -311,6 +329,10 @@ void target_plan_bytes(const struct model_config *c, int max_tokens, int gpu, si
     if (is_hybrid(c))
         kb += Z(Tm * NH * HD * es) + Z(Tm * CONV * 4) + Z(Tm * VD * es) +
               (gpu ? Z(Tm * VD * 4) : Z((size_t)gs.n_v * gs.d_k * gs.d_v * 4));
+    if (DFLASH_GDN_SPLIT && is_hybrid(c) && gpu) {   /* the split form's workspace, for the most documents Tm tokens hold */
+        struct gated_delta_shape ws = {(int)Tm, (int)Tm, gs.n_k, gs.n_v, gs.d_k, gs.d_v, 0, 0, 0};
+        kb += Z(gated_delta_split_workspace_bytes((int)Tm, (int)Tm, &ws));
+    }
     if (gpu) kb += 2 * Z(Tm * 4) + Z((Tm + 1) * 4);
 #undef Z
     *weight_bytes = wb;
@@ -334,7 +356,7 @@ void target_free(struct target *t) {
     }
     mem_free(t, t->embed);
     void *bufs[] = {t->x, t->h, t->qkv, t->q, t->k, t->v, t->att, t->gu, t->act, t->inv_freq, t->ids, t->pos, t->cu,
-                    t->gate, t->lin_conv, t->lin_y, t->lin_state, t->lin_o};
+                    t->gate, t->lin_conv, t->lin_y, t->lin_state, t->lin_o, t->lin_ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) mem_free(t, bufs[i]);
     free(t->inv_freq_h);
 #ifdef DFLASH_CUDA
@@ -1047,8 +1069,14 @@ static int forward_gpu_hybrid(struct target *t, const struct target_batch *b, bf
             KCALL(l2norm_forward(conv, T, CONV, gs.n_k, gs.d_k, qscale, s));
             KCALL(l2norm_forward(conv + KD, T, CONV, gs.n_k, gs.d_k, 1.0f, s));
             tmark(t, TARGET_PH_LIN_CONV);
+#if DFLASH_GDN_SPLIT
+            KCALL(gated_delta_forward_split(o, conv, conv + KD, conv + 2 * KD, qkv + CONV + VD,
+                                            qkv + CONV + VD + gs.n_v, ly->a_neg, ly->dt_bias, t->cu, &ds, t->lin_ws,
+                                            t->lin_ws_bytes, s));
+#else
             KCALL(gated_delta_forward(o, conv, conv + KD, conv + 2 * KD, qkv + CONV + VD, qkv + CONV + VD + gs.n_v,
                                       ly->a_neg, ly->dt_bias, t->cu, &ds, s));
+#endif
             tmark(t, TARGET_PH_LIN_DELTA);
             KCALL(gated_rmsnorm_forward(y, o, qkv + CONV, LIN_IN, ly->gnorm, T, gs.n_v, gs.d_v, eps, s));
             KCALL(blas_matmul(x, BLAS_BF16, y, 0, ly->w_lin_out, 1, NULL, T, C, VD, 0, 0, 0, 1.0f, 1.0f, s));
