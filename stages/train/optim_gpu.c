@@ -46,6 +46,7 @@ struct optim_gpu {
     int64_t n_chunks;
     double muon_flops;
     int muon_batched;
+    int ns_symmetric;
     double *h_sumsq;                   /* pinned (1) */
     cudaEvent_t ev;
     int norm_pending;
@@ -73,6 +74,14 @@ void optim_gpu_free(struct optim_gpu *o) {
 
 size_t optim_gpu_planned_bytes(const struct optim_gpu *o) { return o->bytes; }
 void optim_gpu_set_muon_batched(struct optim_gpu *o, int batched) { o->muon_batched = !!batched; }
+void optim_gpu_set_ns_symmetric(struct optim_gpu *o, int on) { o->ns_symmetric = !!on; }
+
+void og_sym_mirror_ref(bf16 *a, int m, int nb, long long stride) {
+    const int h = m / 2;
+    for (int b = 0; b < nb; b++)
+        for (int i = 0; i < h; i++)
+            for (int j = 0; j < h; j++) a[b * stride + (long long)i * m + h + j] = a[b * stride + (long long)(h + j) * m + i];
+}
 double optim_gpu_muon_flops(const struct optim_gpu *o) { return o->muon_flops; }
 int optim_gpu_muon_batches(const struct optim_gpu *o) { return o->muon_batched ? o->n_batches : o->host->n_muon; }
 
@@ -380,11 +389,29 @@ static int muon_batch(struct optim_gpu *o, const struct og_batch *b, float lr, f
     KL(og_muon_normalize_batched(x, ne, nb, o->ns_ss, (float)c->ns_eps, s));
     const float ca = (float)c->ns_a, cb = (float)c->ns_b, cc = (float)c->ns_c;
     const int R = (int)rows, C = (int)cols;
+    const int sym = o->ns_symmetric && m % 16 == 0, h = m / 2;
     for (int it = 0; it < c->ns_steps; it++) {
-        if (!tall) KL(blas_matmul_batched(A, NULL, BLAS_BF16, x, 0, x, 1, m, m, C, 0, 0, 0, sx, sx, sm, nb, 1.0f, 0.0f, s));
-        else       KL(blas_matmul_batched(A, NULL, BLAS_BF16, x, 1, x, 0, m, m, R, 0, 0, 0, sx, sx, sm, nb, 1.0f, 0.0f, s));
-        /* B = c·A·A + b·A (C read from A: no copy) */
-        KL(blas_matmul_batched(Bm, A, BLAS_BF16, A, 0, A, 0, m, m, m, 0, 0, 0, sm, sm, sm, nb, cc, cb, s));
+        if (sym) {
+            /* A's blocks 11, 22, 21 from the halves of X (rows, or columns when tall), then 12 = 21ᵀ */
+            const size_t xh = tall ? (size_t)h : (size_t)h * C;   /* offset of X's second half */
+            const int K = tall ? R : C, ld = C;
+            const size_t off[3][3] = {{0, 0, 0}, {(size_t)h * m + h, xh, xh}, {(size_t)h * m, xh, 0}};   /* d, a, b */
+            for (int q = 0; q < 3; q++)
+                KL(blas_matmul_batched(A + off[q][0], NULL, BLAS_BF16, x + off[q][1], tall, x + off[q][2], !tall, h, h,
+                                       K, ld, ld, m, sx, sx, sm, nb, 1.0f, 0.0f, s));
+            KL(og_sym_mirror_batched(A, m, nb, sm, s));
+            /* B's blocks: B_ij = c·A[i rows, :]·A[:, j cols] + b·A_ij */
+            const size_t bo[3][3] = {{0, 0, 0}, {(size_t)h * m + h, (size_t)h * m, (size_t)h}, {(size_t)h * m, (size_t)h * m, 0}};
+            for (int q = 0; q < 3; q++)
+                KL(blas_matmul_batched(Bm + bo[q][0], A + bo[q][0], BLAS_BF16, A + bo[q][1], 0, A + bo[q][2], 0, h, h, m,
+                                       m, m, m, sm, sm, sm, nb, cc, cb, s));
+            KL(og_sym_mirror_batched(Bm, m, nb, sm, s));
+        } else {
+            if (!tall) KL(blas_matmul_batched(A, NULL, BLAS_BF16, x, 0, x, 1, m, m, C, 0, 0, 0, sx, sx, sm, nb, 1.0f, 0.0f, s));
+            else       KL(blas_matmul_batched(A, NULL, BLAS_BF16, x, 1, x, 0, m, m, R, 0, 0, 0, sx, sx, sm, nb, 1.0f, 0.0f, s));
+            /* B = c·A·A + b·A (C read from A: no copy) */
+            KL(blas_matmul_batched(Bm, A, BLAS_BF16, A, 0, A, 0, m, m, m, 0, 0, 0, sm, sm, sm, nb, cc, cb, s));
+        }
         /* Y = B·X + a·X (or X·B + a·X), C read from X */
         if (!tall) KL(blas_matmul_batched(y, x, BLAS_BF16, Bm, 0, x, 0, R, C, R, 0, 0, 0, sm, sx, sx, nb, 1.0f, ca, s));
         else       KL(blas_matmul_batched(y, x, BLAS_BF16, x, 0, Bm, 0, R, C, C, 0, 0, 0, sx, sm, sx, nb, 1.0f, ca, s));

@@ -179,6 +179,24 @@ __global__ void og_muon_update_batched_kernel(const og_muon_ptrs *tab, size_t ne
     }
 }
 
+/* The upper-right h x h block of each (m, m) matrix (m = 2h) from the lower-left one, transposed: 32 x 32 tiles through
+ * shared memory (coalesced reads of rows, coalesced writes of rows). */
+__global__ void og_sym_mirror_kernel(__nv_bfloat16 *a, int m, long long stride) {
+    __shared__ __nv_bfloat16 tile[32][33];
+    const int h = m / 2;
+    __nv_bfloat16 *ab = a + (long long)blockIdx.z * stride;
+    const int r0 = blockIdx.y * 32, c0 = blockIdx.x * 32;   /* tile of the lower-left block: rows h + r0.., cols c0.. */
+    for (int dy = threadIdx.y; dy < 32; dy += blockDim.y) {
+        int r = r0 + dy, c = c0 + threadIdx.x;
+        if (r < h && c < h) tile[dy][threadIdx.x] = ab[(size_t)(h + r) * m + c];
+    }
+    __syncthreads();
+    for (int dy = threadIdx.y; dy < 32; dy += blockDim.y) {
+        int i = c0 + dy, j = r0 + threadIdx.x;   /* upper-right (i, h + j) = lower-left (h + j, i) */
+        if (i < h && j < h) ab[(size_t)i * m + h + j] = tile[threadIdx.x][dy];
+    }
+}
+
 unsigned og_grid(size_t n) {
     size_t b = (n + 255) / 256;
     return (unsigned)(b < 4096 ? (b ? b : 1) : 4096);
@@ -261,6 +279,17 @@ extern "C" int og_muon_prep_batched(const og_muon_ptrs *tab, int nb, size_t ne, 
     og_muon_prep_batched_kernel<<<dim3(og_grid(ne), (unsigned)nb), 256, 0, st>>>(tab, ne, (__nv_bfloat16 *)x, mu,
                                                                                   nesterov, sumsq, max_norm);
     KERNELS_CHECK_LAUNCH("og_muon_prep_batched");
+    return 0;
+}
+
+extern "C" int og_sym_mirror_batched(bf16 *a, int m, int nb, long long stride, cudaStream_t st) {
+    if (m < 2 || m % 2 || nb < 1 || nb > 65535 || stride < (long long)m * m)
+        return kernels_fail("og_sym_mirror_batched: m %d (even, >= 2), batch %d (1..65535), stride %lld (>= m*m)", m, nb,
+                            stride);
+    const int h = m / 2, t = (h + 31) / 32;
+    og_sym_mirror_kernel<<<dim3((unsigned)t, (unsigned)t, (unsigned)nb), dim3(32, 8), 0, st>>>((__nv_bfloat16 *)a, m,
+                                                                                            stride);
+    KERNELS_CHECK_LAUNCH("og_sym_mirror_batched");
     return 0;
 }
 

@@ -74,6 +74,12 @@ void optim_gpu_free(struct optim_gpu *o);
 size_t optim_gpu_planned_bytes(const struct optim_gpu *o);
 /* 1 (the default): Muon by shape batches; 0: one matrix at a time (the path before issue 28). */
 void optim_gpu_set_muon_batched(struct optim_gpu *o, int batched);
+/* The batched Newton–Schulz products exploiting symmetry (issue 28 item 1): A = X·Xᵀ and B = c·A·A + b·A are
+ * symmetric, so for an even m (m/2 a multiple of 8) only their two diagonal and the lower-left (m/2)² blocks are
+ * computed (3 of 4 block GEMMs each: 75% of those FLOPs; Y = B·X stays whole) and og_sym_mirror_batched fills the
+ * upper-right block. Off by default until optim_bench has measured it on a GPU (tests/gpu/test_optim_gpu checks it
+ * against the CPU reference under the same rule as the full products). */
+void optim_gpu_set_ns_symmetric(struct optim_gpu *o, int on);
 /* The Newton–Schulz FLOPs of one Muon step (2·M·N·K per GEMM: 5 × (4·m²·n + 2·m³) per matrix, m = min(rows, cols),
  * n = max), and the number of shape batches Muon runs per step. */
 double optim_gpu_muon_flops(const struct optim_gpu *o);
@@ -129,6 +135,10 @@ int og_sumsq_bf16_batched(const bf16 *x, size_t ne, int nb, double *partials, do
 int og_muon_normalize_batched(bf16 *x, size_t ne, int nb, const double *ss, float eps, cudaStream_t st);
 int og_muon_update_batched(const og_muon_ptrs *tab, int nb, size_t ne, const bf16 *x, float decay, float adj,
                            cudaStream_t st);
+/* a (nb matrices (m, m) bf16 at stride elements, m even): the upper-right (m/2)² block = the lower-left one
+ * transposed, bitwise (the symmetric Newton–Schulz products compute only the lower blocks). */
+int og_sym_mirror_batched(bf16 *a, int m, int nb, long long stride, cudaStream_t st);
+void og_sym_mirror_ref(bf16 *a, int m, int nb, long long stride);
 
 #ifdef __cplusplus
 }

@@ -155,6 +155,9 @@ START_TEST(muon_batched_matches_cpu) {
     orun_init(&emu, muon_table, NT, OPTIM_MUON_ADAMW, 1, 0, 0, 0);
     orun_init(&gb, muon_table, NT, OPTIM_MUON_ADAMW, 1, 1, 1, 0);
     orun_init(&gm, muon_table, NT, OPTIM_MUON_ADAMW, 1, 1, 0, 0);
+    struct orun gs;   /* batched, the symmetric Newton–Schulz products (64 and 96 blocks; 8x24 keeps the full ones) */
+    orun_init(&gs, muon_table, NT, OPTIM_MUON_ADAMW, 1, 1, 1, 0);
+    optim_gpu_set_ns_symmetric(gs.og, 1);
     /* the groups: 64x128 x3, 128x64 x2, 96x96, 8x24 x2 -> 4 shape batches, 8 matrices */
     ck_assert_int_eq(optim_gpu_muon_batches(gb.og), 4);
     ck_assert_int_eq(optim_gpu_muon_batches(gm.og), 8);
@@ -164,6 +167,7 @@ START_TEST(muon_batched_matches_cpu) {
     for (int s = 0; s < 3; s++) {
         double nr = orun_step(&ref, s, 1.0f, 0.5f, 1.0), ne = orun_step(&emu, s, 1.0f, 0.5f, 1.0);
         double nb = orun_step(&gb, s, 1.0f, 0.5f, 1.0), nm = orun_step(&gm, s, 1.0f, 0.5f, 1.0);
+        (void)orun_step(&gs, s, 1.0f, 0.5f, 1.0);
         fprintf(stderr, "step %d: grad norm cpu %.12g gpu batched %.12g per-matrix %.12g\n", s, nr, nb, nm);
         ck_assert_msg(nr == ne, "the two CPU runs' norms differ");
         ck_assert_msg(nb == nm, "two identical GPU norms differ: %.17g vs %.17g", nb, nm);
@@ -185,14 +189,16 @@ START_TEST(muon_batched_matches_cpu) {
             ck_assert(test_allclose("momentum", gb.o.mom[i], emu.o.mom[i], (size_t)gb.numel[i], 1e-7, 1e-5));
             double eb = maxdiff(gb.w[i], ref.w[i], gb.numel[i]), em = maxdiff(gm.w[i], ref.w[i], gb.numel[i]);
             double ee = maxdiff(emu.w[i], ref.w[i], gb.numel[i]), ebm = maxdiff(gb.w[i], gm.w[i], gb.numel[i]);
-            int good = eb <= 2 * ee && em <= 2 * ee && ebm <= 2 * ee && ee > 0;
-            fprintf(stderr, "step %d %-4s max err vs fp32: batched %.3e, per-matrix %.3e, bf16 emulation %.3e; "
-                    "batched vs per-matrix %.3e%s%s\n", s, nm_, eb, em, ee, ebm, ebm == 0 ? " (bitwise)" : "",
-                    good ? "" : "  FAIL");
+            double es = maxdiff(gs.w[i], ref.w[i], gb.numel[i]);
+            int good = eb <= 2 * ee && em <= 2 * ee && ebm <= 2 * ee && es <= 2 * ee && ee > 0;
+            fprintf(stderr, "step %d %-4s max err vs fp32: batched %.3e, per-matrix %.3e, symmetric %.3e, bf16 "
+                    "emulation %.3e; batched vs per-matrix %.3e%s%s\n", s, nm_, eb, em, es, ee, ebm,
+                    ebm == 0 ? " (bitwise)" : "", good ? "" : "  FAIL");
             ok &= good;
         }
         check_copies(&gb, "batched");
         check_copies(&gm, "per-matrix");
+        check_copies(&gs, "symmetric");
     }
     ck_assert_msg(ok, "a Muon matrix exceeds the rule (2x the bf16 emulation's error) above");
     ck_assert_int_eq(gb.o.muon_step, 3);
@@ -207,6 +213,33 @@ START_TEST(muon_batched_matches_cpu) {
     orun_free(&emu, 0);
     orun_free(&gb, 0);
     orun_free(&gm, 0);
+    orun_free(&gs, 0);
+}
+END_TEST
+
+/* og_sym_mirror_batched against og_sym_mirror_ref, bitwise, on 3 matrices of m = 2, 66 (a partial 32-tile) and 96 with
+ * a stride past m*m; the lower and diagonal blocks and the gap between matrices are untouched. */
+START_TEST(sym_mirror_matches_ref) {
+    const int ms[3] = {2, 66, 96};
+    for (int k = 0; k < 3; k++) {
+        int m = ms[k], nb = 3;
+        long long stride = (long long)m * m + 8;
+        size_t n = (size_t)stride * nb;
+        bf16 *h = malloc(2 * n), *want = malloc(2 * n), *got = malloc(2 * n);
+        uint64_t rng = 77 + (uint64_t)m;
+        for (size_t i = 0; i < n; i++) h[i] = float_to_bf16(test_rng_uniform(&rng, -1.0f, 1.0f));
+        memcpy(want, h, 2 * n);
+        og_sym_mirror_ref(want, m, nb, stride);
+        bf16 *d = k1_malloc(2 * n);
+        K1_CUDA(cudaMemcpy(d, h, 2 * n, cudaMemcpyHostToDevice));
+        K1_LAUNCH(og_sym_mirror_batched(d, m, nb, stride, 0));
+        K1_CUDA(cudaMemcpy(got, d, 2 * n, cudaMemcpyDeviceToHost));
+        ck_assert_msg(memcmp(got, want, 2 * n) == 0, "m %d: the mirrored matrices differ from the reference", m);
+        ck_assert_msg(memcmp(got, h, 2 * n) != 0, "m %d: nothing was mirrored", m);
+        cudaFree(d);
+        free(h); free(want); free(got);
+    }
+    ck_assert_int_eq(og_sym_mirror_batched(NULL, 3, 1, 9, 0), -1);   /* odd m refused */
 }
 END_TEST
 
@@ -294,6 +327,7 @@ int main(void) {
     TCase *tc = tcase_create("optim_gpu");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, muon_batched_matches_cpu);
+    tcase_add_test(tc, sym_mirror_matches_ref);
     tcase_add_test(tc, adamw_multi_matches_ref);
     tcase_add_test(tc, adamw_multi_misaligned_matches_ref);
     tcase_add_test(tc, grad_norm_multi_bitwise);
