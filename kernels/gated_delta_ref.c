@@ -74,31 +74,69 @@ void gated_delta_decode_ref(float *o, const float *q, const float *k, const floa
     }
 }
 
+/* A chunk's common part (both chunked references): the rows' q, k, beta, the cumulative decay G, A (strictly lower
+ * beta_t e^{G_t - G_s} k_t·k_s) and P (lower e^{G_t - G_s} q_t·k_s), dots over i ascending. */
+struct chunk_ctx_ {
+    float A[GATED_DELTA_CHUNK][GATED_DELTA_CHUNK], P[GATED_DELTA_CHUNK][GATED_DELTA_CHUNK];
+    float G[GATED_DELTA_CHUNK], beta[GATED_DELTA_CHUNK];
+    const float *K[GATED_DELTA_CHUNK], *Q[GATED_DELTA_CHUNK];
+};
+
+static void chunk_setup_(struct chunk_ctx_ *x, const float *q, const float *k, const float *b, const float *a,
+                         float a_neg, float dtb, const struct gated_delta_shape *s, int j, int c0, int n) {
+    const int dk = s->d_k, hk = j / (s->n_v / s->n_k);
+    for (int t = 0; t < n; t++) {
+        size_t r = (size_t)(c0 + t);
+        x->K[t] = k + r * s->qk_stride + (size_t)hk * dk;
+        x->Q[t] = q + r * s->qk_stride + (size_t)hk * dk;
+        x->beta[t] = sigmoidf_(b[r * s->ba_stride + j]);
+        float g = a_neg * softplusf_(a[r * s->ba_stride + j] + dtb);
+        x->G[t] = t ? x->G[t - 1] + g : g;
+    }
+    for (int t = 0; t < n; t++)
+        for (int u = 0; u <= t; u++) {
+            float kk = 0, qk = 0;
+            for (int i = 0; i < dk; i++) { kk += x->K[t][i] * x->K[u][i]; qk += x->Q[t][i] * x->K[u][i]; }
+            x->A[t][u] = u < t ? x->beta[t] * expf(x->G[t] - x->G[u]) * kk : 0.0f;
+            x->P[t][u] = expf(x->G[t] - x->G[u]) * qk;
+        }
+}
+
+/* A chunk's end, for value columns e0..e0+ne-1 with the new values U (n rows of W = 128 columns): o += P·U, then
+ * S = e^{G_last} S + Σ_u e^{G_last − G_u} k_u ⊗ U_u. */
+static void chunk_finish_(const struct chunk_ctx_ *x, float *o, const struct gated_delta_shape *s, int j, int c0,
+                          int n, int e0, int ne, float (*U)[128], float *S) {
+    const int dk = s->d_k, dv = s->d_v;
+    for (int t = 0; t < n; t++) {
+        float *ot = o + (size_t)(c0 + t) * s->n_v * dv + (size_t)j * dv;
+        for (int e = 0; e < ne; e++) {
+            float acc = 0;
+            for (int u = 0; u <= t; u++) acc += x->P[t][u] * U[u][e];
+            ot[e0 + e] += acc;
+        }
+    }
+    float gl = expf(x->G[n - 1]);
+    for (int i = 0; i < dk; i++)
+        for (int e = 0; e < ne; e++) {
+            float acc = 0;
+            for (int u = 0; u < n; u++) acc += expf(x->G[n - 1] - x->G[u]) * x->K[u][i] * U[u][e];
+            S[(size_t)i * dv + e0 + e] = gl * S[(size_t)i * dv + e0 + e] + acc;
+        }
+}
+
 /* One chunk of n <= 64 tokens starting at row c0 for value head j, every column of S (the kernel
  * runs 64 columns per CTA; columns are independent, so the result is the same). fp32 sums in the
  * kernel's order: dot products over i ascending, substitutions over s ascending. */
 static void chunk_(float *o, const float *q, const float *k, const float *v, const float *b, const float *a,
                    float a_neg, float dtb, const struct gated_delta_shape *s, int j, int c0, int n, float *S) {
     enum { C = GATED_DELTA_CHUNK };
-    const int dk = s->d_k, dv = s->d_v, hk = j / (s->n_v / s->n_k);
+    const int dk = s->d_k, dv = s->d_v;
     enum { W = 128 };   /* value columns per pass (bounded stack) */
-    float A[C][C], P[C][C], U[C][W], G[C], beta[C];
-    const float *K[C], *Q[C];
-    for (int t = 0; t < n; t++) {
-        size_t r = (size_t)(c0 + t);
-        K[t] = k + r * s->qk_stride + (size_t)hk * dk;
-        Q[t] = q + r * s->qk_stride + (size_t)hk * dk;
-        beta[t] = sigmoidf_(b[r * s->ba_stride + j]);
-        float g = a_neg * softplusf_(a[r * s->ba_stride + j] + dtb);
-        G[t] = t ? G[t - 1] + g : g;
-    }
-    for (int t = 0; t < n; t++)
-        for (int u = 0; u <= t; u++) {
-            float kk = 0, qk = 0;
-            for (int i = 0; i < dk; i++) { kk += K[t][i] * K[u][i]; qk += Q[t][i] * K[u][i]; }
-            A[t][u] = u < t ? beta[t] * expf(G[t] - G[u]) * kk : 0.0f;
-            P[t][u] = expf(G[t] - G[u]) * qk;
-        }
+    struct chunk_ctx_ x;
+    chunk_setup_(&x, q, k, b, a, a_neg, dtb, s, j, c0, n);
+    float U[C][W];
+    float (*A)[C] = x.A, *G = x.G, *beta = x.beta;
+    const float *const *K = x.K, *const *Q = x.Q;
     for (int e0 = 0; e0 < dv; e0 += W) {
         int ne = dv - e0 < W ? dv - e0 : W;
         for (int t = 0; t < n; t++) {
@@ -121,36 +159,32 @@ static void chunk_(float *o, const float *q, const float *k, const float *v, con
                 for (int u = 0; u < t; u++) acc += A[t][u] * U[u][e];
                 U[t][e] -= acc;
             }
-        for (int t = 0; t < n; t++) {
-            float *ot = o + (size_t)(c0 + t) * s->n_v * dv + (size_t)j * dv;
-            for (int e = 0; e < ne; e++) {
-                float acc = 0;
-                for (int u = 0; u <= t; u++) acc += P[t][u] * U[u][e];
-                ot[e0 + e] += acc;
-            }
-        }
-        float gl = expf(G[n - 1]);
-        for (int i = 0; i < dk; i++)
-            for (int e = 0; e < ne; e++) {
-                float acc = 0;
-                for (int u = 0; u < n; u++) acc += expf(G[n - 1] - G[u]) * K[u][i] * U[u][e];
-                S[(size_t)i * dv + e0 + e] = gl * S[(size_t)i * dv + e0 + e] + acc;
-            }
+        chunk_finish_(&x, o, s, j, c0, n, e0, ne, U, S);
     }
 }
 
-void gated_delta_forward_chunked_ref(float *o, const float *q, const float *k, const float *v, const float *b,
-                                     const float *a, const float *a_neg, const float *dt_bias,
-                                     const int32_t *cu_seqlens, const struct gated_delta_shape *s, float *state) {
+typedef void (*chunk_fn_)(float *o, const float *q, const float *k, const float *v, const float *b, const float *a,
+                          float a_neg, float dtb, const struct gated_delta_shape *s, int j, int c0, int n, float *S);
+
+/* Every document, every value head: the state from zero, then the document's chunks of <= 64 rows in order. */
+static void chunked_walk_(chunk_fn_ fn, float *o, const float *q, const float *k, const float *v, const float *b,
+                          const float *a, const float *a_neg, const float *dt_bias, const int32_t *cu_seqlens,
+                          const struct gated_delta_shape *s, float *state) {
     for (int d = 0; d < s->n_docs; d++)
         for (int j = 0; j < s->n_v; j++) {
             float *S = state + (size_t)j * s->d_k * s->d_v;
             memset(S, 0, (size_t)s->d_k * s->d_v * sizeof(float));
             for (int c0 = cu_seqlens[d]; c0 < cu_seqlens[d + 1]; c0 += GATED_DELTA_CHUNK) {
                 int n = cu_seqlens[d + 1] - c0 < GATED_DELTA_CHUNK ? cu_seqlens[d + 1] - c0 : GATED_DELTA_CHUNK;
-                chunk_(o, q, k, v, b, a, a_neg[j], dt_bias[j], s, j, c0, n, S);
+                fn(o, q, k, v, b, a, a_neg[j], dt_bias[j], s, j, c0, n, S);
             }
         }
+}
+
+void gated_delta_forward_chunked_ref(float *o, const float *q, const float *k, const float *v, const float *b,
+                                     const float *a, const float *a_neg, const float *dt_bias,
+                                     const int32_t *cu_seqlens, const struct gated_delta_shape *s, float *state) {
+    chunked_walk_(chunk_, o, q, k, v, b, a, a_neg, dt_bias, cu_seqlens, s, state);
 }
 
 /* One chunk of the split form (gated_delta_forward_split): the chunk-local solves first, W = (I + A)⁻¹ (beta e^G ⊙ K)
@@ -160,25 +194,12 @@ void gated_delta_forward_chunked_ref(float *o, const float *q, const float *k, c
 static void split_chunk_(float *o, const float *q, const float *k, const float *v, const float *b, const float *a,
                          float a_neg, float dtb, const struct gated_delta_shape *s, int j, int c0, int n, float *S) {
     enum { C = GATED_DELTA_CHUNK, W = 128 };
-    const int dk = s->d_k, dv = s->d_v, hk = j / (s->n_v / s->n_k);
-    float A[C][C], P[C][C], Wm[C][GATED_DELTA_MAX_DK], U[C][W];
-    float G[C], beta[C];
-    const float *K[C], *Q[C];
-    for (int t = 0; t < n; t++) {
-        size_t r = (size_t)(c0 + t);
-        K[t] = k + r * s->qk_stride + (size_t)hk * dk;
-        Q[t] = q + r * s->qk_stride + (size_t)hk * dk;
-        beta[t] = sigmoidf_(b[r * s->ba_stride + j]);
-        float g = a_neg * softplusf_(a[r * s->ba_stride + j] + dtb);
-        G[t] = t ? G[t - 1] + g : g;
-    }
-    for (int t = 0; t < n; t++)
-        for (int u = 0; u <= t; u++) {
-            float kk = 0, qk = 0;
-            for (int i = 0; i < dk; i++) { kk += K[t][i] * K[u][i]; qk += Q[t][i] * K[u][i]; }
-            A[t][u] = u < t ? beta[t] * expf(G[t] - G[u]) * kk : 0.0f;
-            P[t][u] = expf(G[t] - G[u]) * qk;
-        }
+    const int dk = s->d_k, dv = s->d_v;
+    struct chunk_ctx_ x;
+    chunk_setup_(&x, q, k, b, a, a_neg, dtb, s, j, c0, n);
+    float Wm[C][GATED_DELTA_MAX_DK], U[C][W];
+    float (*A)[C] = x.A, *G = x.G, *beta = x.beta;
+    const float *const *K = x.K, *const *Q = x.Q;
     /* W = (I + A)⁻¹ (beta e^G ⊙ K): forward substitution per column */
     for (int i = 0; i < dk; i++)
         for (int t = 0; t < n; t++) {
@@ -209,36 +230,14 @@ static void split_chunk_(float *o, const float *q, const float *k, const float *
                 ot[e0 + e] = eg * qs;
             }
         }
-        for (int t = 0; t < n; t++) {
-            float *ot = o + (size_t)(c0 + t) * s->n_v * dv + (size_t)j * dv;
-            for (int e = 0; e < ne; e++) {
-                float acc = 0;
-                for (int u = 0; u <= t; u++) acc += P[t][u] * U[u][e];
-                ot[e0 + e] += acc;
-            }
-        }
-        float gl = expf(G[n - 1]);
-        for (int i = 0; i < dk; i++)
-            for (int e = 0; e < ne; e++) {
-                float acc = 0;
-                for (int u = 0; u < n; u++) acc += expf(G[n - 1] - G[u]) * K[u][i] * U[u][e];
-                S[(size_t)i * dv + e0 + e] = gl * S[(size_t)i * dv + e0 + e] + acc;
-            }
+        chunk_finish_(&x, o, s, j, c0, n, e0, ne, U, S);
     }
 }
 
 void gated_delta_forward_split_ref(float *o, const float *q, const float *k, const float *v, const float *b,
                                    const float *a, const float *a_neg, const float *dt_bias,
                                    const int32_t *cu_seqlens, const struct gated_delta_shape *s, float *state) {
-    for (int d = 0; d < s->n_docs; d++)
-        for (int j = 0; j < s->n_v; j++) {
-            float *S = state + (size_t)j * s->d_k * s->d_v;
-            memset(S, 0, (size_t)s->d_k * s->d_v * sizeof(float));
-            for (int c0 = cu_seqlens[d]; c0 < cu_seqlens[d + 1]; c0 += GATED_DELTA_CHUNK) {
-                int n = cu_seqlens[d + 1] - c0 < GATED_DELTA_CHUNK ? cu_seqlens[d + 1] - c0 : GATED_DELTA_CHUNK;
-                split_chunk_(o, q, k, v, b, a, a_neg[j], dt_bias[j], s, j, c0, n, S);
-            }
-        }
+    chunked_walk_(split_chunk_, o, q, k, v, b, a, a_neg, dt_bias, cu_seqlens, s, state);
 }
 
 static size_t align256_(size_t b) { return (b + 255) / 256 * 256; }

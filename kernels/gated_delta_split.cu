@@ -70,6 +70,39 @@ static __device__ __forceinline__ void gs_beta_g(const __nv_bfloat16 *b, const _
     *gg = an * (y > 20.0f ? y : log1pf(expf(y)));
 }
 
+/* Rows t < n of the chunk at c0 of q and k (key head hk) into Q, K [64][dkp] (Q may be NULL), zero past n. */
+static __device__ __forceinline__ void gs_stage_qk(float *Q, float *K, const float *q, const float *k,
+                                                   const gated_delta_shape &s, int c0, int n, int hk, int dkp) {
+    const int dk = s.d_k;
+    for (int idx = threadIdx.x; idx < GS_C * dk; idx += GS_THREADS) {
+        int t = idx / dk, i = idx % dk;
+        size_t r = (size_t)(c0 + t) * s.qk_stride + (size_t)hk * dk + i;
+        if (Q) Q[t * dkp + i] = t < n ? q[r] : 0.0f;
+        K[t * dkp + i] = t < n ? k[r] : 0.0f;
+    }
+}
+
+/* r[x][y] = Σ_i L[t][i] · R[u][i] over i ascending, rows t = ty + 16x, u = tx + 16y of L, R [64][dkp] */
+static __device__ __forceinline__ void gs_dots44(float r[4][4], const float *L, const float *R, int dk, int dkp,
+                                                 int tx, int ty) {
+#pragma unroll
+    for (int x = 0; x < 4; x++)
+#pragma unroll
+        for (int y = 0; y < 4; y++) r[x][y] = 0.0f;
+    for (int i = 0; i < dk; i++) {
+        float lt[4], ru[4];
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            lt[x] = L[(ty + 16 * x) * dkp + i];
+            ru[x] = R[(tx + 16 * x) * dkp + i];
+        }
+#pragma unroll
+        for (int x = 0; x < 4; x++)
+#pragma unroll
+            for (int y = 0; y < 4; y++) r[x][y] += lt[x] * ru[y];
+    }
+}
+
 /* ---------------------------------------------------------------- the chunk table */
 
 __global__ void gs_table_kernel(const int32_t *cu, int n_docs, int cap, gs_ws w) {
@@ -102,10 +135,7 @@ gs_local_kernel(const float *k, const float *v, const __nv_bfloat16 *b, const __
     float *K = sm, *A = K + GS_C * dkp, *G = A + GS_C * GS_AP, *B = G + GS_C;
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     const int c0 = w.cstart[ci], n = w.clen[ci];
-    for (int idx = tid; idx < GS_C * dk; idx += GS_THREADS) {
-        int t = idx / dk, i = idx % dk;
-        K[t * dkp + i] = t < n ? k[(size_t)(c0 + t) * s.qk_stride + (size_t)hk * dk + i] : 0.0f;
-    }
+    gs_stage_qk(NULL, K, NULL, k, s, c0, n, hk, dkp);
     if (tid < GS_C) {
         float bb = 0.0f, gg = 0.0f;
         if (tid < n) gs_beta_g(b, a, (size_t)(c0 + tid) * s.ba_stride + j, a_neg[j], dt_bias[j], &bb, &gg);
@@ -119,19 +149,8 @@ gs_local_kernel(const float *k, const float *v, const __nv_bfloat16 *b, const __
     if (tid < n) w.G[(size_t)(c0 + tid) * s.n_v + j] = G[tid];
     /* A (rows t = ty + 16x, columns u = tx + 16y) */
     {
-        float ra[4][4] = {};
-        for (int i = 0; i < dk; i++) {
-            float kt[4], ku[4];
-#pragma unroll
-            for (int x = 0; x < 4; x++) {
-                kt[x] = K[(ty + 16 * x) * dkp + i];
-                ku[x] = K[(tx + 16 * x) * dkp + i];
-            }
-#pragma unroll
-            for (int x = 0; x < 4; x++)
-#pragma unroll
-                for (int y = 0; y < 4; y++) ra[x][y] += kt[x] * ku[y];
-        }
+        float ra[4][4];
+        gs_dots44(ra, K, K, dk, dkp, tx, ty);
 #pragma unroll
         for (int x = 0; x < 4; x++)
 #pragma unroll
@@ -190,18 +209,10 @@ gs_walk_kernel(float *o, const float *q, const float *k, gated_delta_shape s, gs
         const float *Wc = w.W + (size_t)c0 * wrow + (size_t)j * dk;
         float *Uc = w.U + (size_t)c0 * urow + (size_t)j * dv;
         __syncthreads();   /* the previous chunk is done with W, Q, K, U, G, D and wrote S */
+        gs_stage_qk(Q, K, q, k, s, c0, n, hk, dkp);
         for (int idx = tid; idx < GS_C * dk; idx += GS_THREADS) {
             int t = idx / dk, i = idx % dk;
-            float qv = 0.0f, kv = 0.0f, wv = 0.0f;
-            if (t < n) {
-                size_t r = (size_t)(c0 + t) * s.qk_stride + (size_t)hk * dk + i;
-                qv = q[r];
-                kv = k[r];
-                wv = Wc[(size_t)t * wrow + i];
-            }
-            Wm[t * dkp + i] = wv;
-            Q[t * dkp + i] = qv;
-            K[t * dkp + i] = kv;
+            Wm[t * dkp + i] = t < n ? Wc[(size_t)t * wrow + i] : 0.0f;
         }
         for (int idx = tid; idx < GS_C * GS_VT; idx += GS_THREADS) {
             int t = idx / GS_VT, c = idx % GS_VT;
@@ -293,17 +304,7 @@ gs_output_kernel(float *o, const float *q, const float *k, gated_delta_shape s, 
     const int c0 = w.cstart[ci], n = w.clen[ci];
     const size_t orow = (size_t)s.n_v * dv, urow = (size_t)s.n_v * dv;
     const float *Uc = w.U + (size_t)c0 * urow + (size_t)j * dv;
-    for (int idx = tid; idx < GS_C * dk; idx += GS_THREADS) {
-        int t = idx / dk, i = idx % dk;
-        float qv = 0.0f, kv = 0.0f;
-        if (t < n) {
-            size_t r = (size_t)(c0 + t) * s.qk_stride + (size_t)hk * dk + i;
-            qv = q[r];
-            kv = k[r];
-        }
-        Q[t * dkp + i] = qv;
-        K[t * dkp + i] = kv;
-    }
+    gs_stage_qk(Q, K, q, k, s, c0, n, hk, dkp);
     for (int idx = tid; idx < GS_C * GS_VT; idx += GS_THREADS) {
         int t = idx / GS_VT, c = idx % GS_VT;
         U[t * GS_SP + c] = t < n && e0 + c < dv ? Uc[(size_t)t * urow + e0 + c] : 0.0f;
@@ -311,19 +312,8 @@ gs_output_kernel(float *o, const float *q, const float *k, gated_delta_shape s, 
     if (tid < GS_C) G[tid] = tid < n ? w.G[(size_t)(c0 + tid) * s.n_v + j] : 0.0f;
     __syncthreads();
     {
-        float rp[4][4] = {};
-        for (int i = 0; i < dk; i++) {
-            float qt[4], ku[4];
-#pragma unroll
-            for (int x = 0; x < 4; x++) {
-                qt[x] = Q[(ty + 16 * x) * dkp + i];
-                ku[x] = K[(tx + 16 * x) * dkp + i];
-            }
-#pragma unroll
-            for (int x = 0; x < 4; x++)
-#pragma unroll
-                for (int y = 0; y < 4; y++) rp[x][y] += qt[x] * ku[y];
-        }
+        float rp[4][4];
+        gs_dots44(rp, Q, K, dk, dkp, tx, ty);
 #pragma unroll
         for (int x = 0; x < 4; x++)
 #pragma unroll

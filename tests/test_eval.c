@@ -710,6 +710,22 @@ static void close_cache_pair(struct eval_target *et, struct eval_drafter *edc, s
     drafter_free(d);
 }
 
+/* n prompts of lengths P (tokens < 500, from seeds seed0 + i) in store (n rows of maxp), their pointers in pp, and
+ * response rows of max_len tokens in ref and out (close_cache_pair frees them); returns the prompts' total length. */
+static int cache_prompts(int n, const int *P, int32_t *store, int maxp, uint64_t seed0, int32_t **pp, int32_t **ref,
+                         int32_t **out, int max_len) {
+    int sum = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t sd = seed0 + (uint64_t)i;
+        pp[i] = store + (size_t)i * maxp;
+        for (int q = 0; q < P[i]; q++) pp[i][q] = (int32_t)(test_rng_next(&sd) % 500);
+        ref[i] = malloc(sizeof(int32_t) * (size_t)max_len);
+        out[i] = malloc(sizeof(int32_t) * (size_t)max_len);
+        sum += P[i];
+    }
+    return sum;
+}
+
 /* The cached proposal equals the uncached one every round (drafts token for token, block states to 1e-5 of the
  * row) on a tiny Qwen3 target (sliding layers causal and not) and a Qwen3.5 hybrid, drafter "sliding,full" with
  * window 4 (smaller than every context), 5 prompts of lengths 1..14 in 2 slots (so slots are reused within a
@@ -735,15 +751,7 @@ START_TEST(drafter_cache_equals_uncached) {
         open_cache_pair(target, MAXLEN, d, &et, &edc, &edp);
         const int P[NP] = {1, 9, 14, 6, 11};
         int32_t prompts[NP][16], *pp[NP], *ref[NP], *out[NP];
-        int lr[NP], lo[NP], sum_p = 0;
-        for (int i = 0; i < NP; i++) {
-            uint64_t sd = 300 + (uint64_t)i;
-            for (int q = 0; q < P[i]; q++) prompts[i][q] = (int32_t)(test_rng_next(&sd) % 500);
-            pp[i] = prompts[i];
-            ref[i] = malloc(sizeof(int32_t) * MAXLEN);
-            out[i] = malloc(sizeof(int32_t) * MAXLEN);
-            sum_p += P[i];
-        }
+        int lr[NP], lo[NP], sum_p = cache_prompts(NP, P, prompts[0], 16, 300, pp, ref, out, MAXLEN);
         const int32_t *const *cp = (const int32_t *const *)pp;
         struct eval_gen_opts plain = {.max_new = NEW};
         ck_assert_msg(eval_generate(&et, NP, cp, P, &plain, ref, lr, NULL, err, sizeof err) == 0, "%s", err);
@@ -829,15 +837,7 @@ START_TEST(drafter_cache_wide_shapes) {
     const int P[NP] = {70, 1, 100, 33, 80};
     static int32_t prompts[NP][100];
     int32_t *pp[NP], *ref[NP], *out[NP];
-    int lr[NP], lo[NP], sum_p = 0;
-    for (int i = 0; i < NP; i++) {
-        uint64_t sd = 900 + (uint64_t)i;
-        for (int q = 0; q < P[i]; q++) prompts[i][q] = (int32_t)(test_rng_next(&sd) % 500);
-        pp[i] = prompts[i];
-        ref[i] = malloc(sizeof(int32_t) * MAXLEN);
-        out[i] = malloc(sizeof(int32_t) * MAXLEN);
-        sum_p += P[i];
-    }
+    int lr[NP], lo[NP], sum_p = cache_prompts(NP, P, prompts[0], 100, 900, pp, ref, out, MAXLEN);
     const int32_t *const *cp = (const int32_t *const *)pp;
     struct eval_gen_opts plain = {.max_new = NEW}, o = {.max_new = NEW, .B = B, .fn = pair_propose};
     ck_assert_msg(eval_generate(&et, NP, cp, P, &plain, ref, lr, NULL, err, sizeof err) == 0, "%s", err);
@@ -1148,20 +1148,27 @@ static void trained_free(struct trained *tr) {
     drafter_free(tr->d);
 }
 
-START_TEST(training_moves_tau) {
-    const char *target = tiny_target();
+/* The tiny target made learnable, and n rows sampled from it by dflash-sample (8-token prompts, 24 tokens at
+ * temperature 0.3) into data = dir/sampled.jsonl (dir [600] = a fresh test directory named tag, data [700]), read
+ * back into rows. */
+static void learnable_rows(const char *target, const char *tag, char *dir, char *data, struct row *rows, int n) {
     make_learnable(target);
-    const char *dir = test_tmpdir("eval-demo");
-    char data[700];
-    snprintf(data, sizeof data, "%s/sampled.jsonl", dir);
-    enum { TRAIN = 160, HELD = 12, NEW = 24, STEPS = 600 };
+    snprintf(dir, 600, "%s", test_tmpdir(tag));   /* dir: 600 bytes, so dir/<file> fits the callers' 700 */
+    snprintf(data, 700, "%s/sampled.jsonl", dir);
     char ns[16];
-    snprintf(ns, sizeof ns, "%d", TRAIN + HELD);
+    snprintf(ns, sizeof ns, "%d", n);
     const char *a[] = {test_bin("dflash-sample"), "--target-model", target, "--out", data, "--samples", ns,
                        "--prompt-len", "8", "--gen-len", "24", "--temperature", "0.3", "--max-token", "500", NULL};
     ck_assert_msg(run_argv(a) == 0, "%s", out_text);
+    ck_assert_int_eq(read_rows(data, rows, n), n);
+}
+
+START_TEST(training_moves_tau) {
+    const char *target = tiny_target();
+    char dir[600], data[700];
+    enum { TRAIN = 160, HELD = 12, NEW = 24, STEPS = 600 };
     static struct row rows[TRAIN + HELD];
-    ck_assert_int_eq(read_rows(data, rows, TRAIN + HELD), TRAIN + HELD);
+    learnable_rows(target, "eval-demo", dir, data, rows, TRAIN + HELD);
 
     struct trained tr;
     train_tiny(&tr, target, rows, TRAIN, STEPS, 0, rows + TRAIN, HELD, NEW);
@@ -1224,16 +1231,10 @@ END_TEST
  * dflash-eval on its checkpoint (KV-cached target and drafter, batched) gives the same τ. */
 START_TEST(sample_from_anchor_proposes_its_rows) {
     const char *target = tiny_target();
-    make_learnable(target);
-    const char *dir = test_tmpdir("eval-sfa");
-    char data[700];
-    snprintf(data, sizeof data, "%s/sampled.jsonl", dir);
+    char dir[600], data[700];
     enum { TRAIN = 160, HELD = 12, NEW = 24, STEPS = 600 };
-    const char *a[] = {test_bin("dflash-sample"), "--target-model", target, "--out", data, "--samples", "172",
-                       "--prompt-len", "8", "--gen-len", "24", "--temperature", "0.3", "--max-token", "500", NULL};
-    ck_assert_msg(run_argv(a) == 0, "%s", out_text);
     static struct row rows[TRAIN + HELD];
-    ck_assert_int_eq(read_rows(data, rows, TRAIN + HELD), TRAIN + HELD);
+    learnable_rows(target, "eval-sfa", dir, data, rows, TRAIN + HELD);
     struct trained tr;
     train_tiny(&tr, target, rows, TRAIN, STEPS, 1, rows + TRAIN, HELD, NEW);
     ck_assert(drafter_config_of(tr.d)->sample_from_anchor);

@@ -23,11 +23,6 @@
 /* Context rows projected per pass (bounds the scratch; a prompt is projected in passes of this many rows). */
 #define DCACHE_CHUNK 64
 
-enum { LW_IN_LN, LW_Q, LW_K, LW_V, LW_O, LW_QN, LW_KN, LW_POST_LN, LW_GATE, LW_UP, LW_DOWN, LW_N };
-static const char *const lw_names[LW_N] = {
-    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-    "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
 
 struct drafter_cache {
     struct drafter *d;
@@ -35,7 +30,7 @@ struct drafter_cache {
     int n_slots, max_len, cap;          /* cap = max_len + B rows per cache */
     int n_threads, V_d;
     const float *fc, *hnorm, *norm, *embed, *lm;
-    const float *lw[DRAFTER_MAX_LAYERS][LW_N];
+    const float *lw[DRAFTER_MAX_LAYERS][DRAFTER_LT_N];
     const int64_t *d2t;
     float *inv_freq;                    /* (d_h / 2) */
     float *k, *v;                       /* (n_slots, L, n_kv, cap, d_h) each */
@@ -97,7 +92,6 @@ struct drafter_cache *drafter_cache_init(struct drafter *d, int n_slots, int max
     const int H = c->H, kH = c->k * H, QD = c->n_h * c->d_h, KD = c->n_kv * c->d_h, NI = c->I, B = c->B, L = c->L;
     const struct drafter_param *lmp = drafter_param_find(d, "lm_head.weight");
     dc->V_d = lmp ? (int)lmp->shape[0] : 0;
-    char name[96];
     if (!lmp || !(dc->fc = weight(d, "fc.weight", (int64_t)H * kH, err, err_len)) ||
         !(dc->hnorm = weight(d, "hidden_norm.weight", H, err, err_len)) ||
         !(dc->norm = weight(d, "norm.weight", H, err, err_len)) ||
@@ -107,16 +101,8 @@ struct drafter_cache *drafter_cache_init(struct drafter *d, int n_slots, int max
         drafter_cache_free(dc);
         return NULL;
     }
-    const int64_t numel[LW_N] = {H, (int64_t)QD * H, (int64_t)KD * H, (int64_t)KD * H, (int64_t)H * QD, c->d_h,
-                                 c->d_h, H, (int64_t)NI * H, (int64_t)NI * H, (int64_t)H * NI};
-    for (int l = 0; l < L; l++)
-        for (int j = 0; j < LW_N; j++) {
-            snprintf(name, sizeof name, "layers.%d.%s", l, lw_names[j]);
-            if (!(dc->lw[l][j] = weight(d, name, numel[j], err, err_len))) {
-                drafter_cache_free(dc);
-                return NULL;
-            }
-        }
+    for (int l = 0; l < L; l++)   /* the layer tensors, shaped by drafter_init from the same config */
+        for (int j = 0; j < DRAFTER_LT_N; j++) dc->lw[l][j] = drafter_layer_param(d, l, j)->w;
     struct drafter_last ls;
     drafter_last_step(d, &ls);
     dc->d2t = ls.d2t;
@@ -238,10 +224,10 @@ static void project_context(struct drafter_cache *dc, int slot, const float *sta
         lin(dc, dc->cfc, dc->hid, dc->fc, m, H, kH);
         rmsnorm_forward_ref(dc->ctx, dc->crstd, dc->cfc, dc->hnorm, m, H, c->eps);
         for (int l = 0; l < c->L; l++) {
-            lin(dc, dc->cv, dc->ctx, dc->lw[l][LW_K], m, KD, H);   /* raw keys, normed into ck */
-            rmsnorm_forward_ref(dc->ck, dc->crstd, dc->cv, dc->lw[l][LW_KN], m * c->n_kv, c->d_h, c->eps);
+            lin(dc, dc->cv, dc->ctx, dc->lw[l][DRAFTER_LT_K], m, KD, H);   /* raw keys, normed into ck */
+            rmsnorm_forward_ref(dc->ck, dc->crstd, dc->cv, dc->lw[l][DRAFTER_LT_KN], m * c->n_kv, c->d_h, c->eps);
             rope_forward_ref(dc->ck, NULL, dc->cpos, dc->inv_freq, m, c->n_kv, 0, c->d_h);
-            lin(dc, dc->cv, dc->ctx, dc->lw[l][LW_V], m, KD, H);
+            lin(dc, dc->cv, dc->ctx, dc->lw[l][DRAFTER_LT_V], m, KD, H);
             cache_put(dc, slot, l, t0, m, dc->ck, dc->cv);
         }
         dc->st.ctx_rows += m;
@@ -314,12 +300,12 @@ int drafter_cache_propose(struct drafter_cache *dc, int slot, int64_t seq, const
         const float *const *w = dc->lw[l];
         int sliding = c->layer_type[l] == DRAFTER_LAYER_SLIDING;
         int window = sliding ? c->sliding_window : 0;
-        rmsnorm_forward_ref(dc->xn1, dc->rstd, dc->x, w[LW_IN_LN], B, H, c->eps);
-        lin(dc, dc->o, dc->xn1, w[LW_Q], B, QD, H);   /* raw queries, normed into q */
-        lin(dc, dc->kraw, dc->xn1, w[LW_K], B, KD, H);
-        lin(dc, dc->bv, dc->xn1, w[LW_V], B, KD, H);
-        rmsnorm_forward_ref(dc->q, dc->rstd, dc->o, w[LW_QN], B * c->n_h, c->d_h, c->eps);
-        rmsnorm_forward_ref(dc->bk, dc->rstd, dc->kraw, w[LW_KN], B * c->n_kv, c->d_h, c->eps);
+        rmsnorm_forward_ref(dc->xn1, dc->rstd, dc->x, w[DRAFTER_LT_IN_LN], B, H, c->eps);
+        lin(dc, dc->o, dc->xn1, w[DRAFTER_LT_Q], B, QD, H);   /* raw queries, normed into q */
+        lin(dc, dc->kraw, dc->xn1, w[DRAFTER_LT_K], B, KD, H);
+        lin(dc, dc->bv, dc->xn1, w[DRAFTER_LT_V], B, KD, H);
+        rmsnorm_forward_ref(dc->q, dc->rstd, dc->o, w[DRAFTER_LT_QN], B * c->n_h, c->d_h, c->eps);
+        rmsnorm_forward_ref(dc->bk, dc->rstd, dc->kraw, w[DRAFTER_LT_KN], B * c->n_kv, c->d_h, c->eps);
         rope_forward_ref(dc->q, NULL, dc->bpos, dc->inv_freq, B, c->n_h, 0, c->d_h);
         rope_forward_ref(dc->bk, NULL, dc->bpos, dc->inv_freq, B, c->n_kv, 0, c->d_h);
         /* the block's keys right after the visible context (rows a..a+B-1; the next proposal's context
@@ -331,13 +317,13 @@ int drafter_cache_propose(struct drafter_cache *dc, int slot, int64_t seq, const
         double flops = (double)c->n_h * B * (a - lo + B) * c->d_h;
         cpu_ops_parallel(flops >= (1 << 20) ? dc->n_threads : 1, c->n_kv, att_head, &at);
         /* h = x + o_proj(attn) */
-        lin(dc, dc->h, dc->o, w[LW_O], B, H, QD);
+        lin(dc, dc->h, dc->o, w[DRAFTER_LT_O], B, H, QD);
         for (size_t e = 0; e < (size_t)B * H; e++) dc->h[e] += dc->x[e];
-        rmsnorm_forward_ref(dc->xn2, dc->rstd, dc->h, w[LW_POST_LN], B, H, c->eps);
-        lin(dc, dc->gate, dc->xn2, w[LW_GATE], B, NI, H);
-        lin(dc, dc->up, dc->xn2, w[LW_UP], B, NI, H);
+        rmsnorm_forward_ref(dc->xn2, dc->rstd, dc->h, w[DRAFTER_LT_POST_LN], B, H, c->eps);
+        lin(dc, dc->gate, dc->xn2, w[DRAFTER_LT_GATE], B, NI, H);
+        lin(dc, dc->up, dc->xn2, w[DRAFTER_LT_UP], B, NI, H);
         swiglu_forward_ref(dc->act, dc->gate, dc->up, B, NI, NI);
-        lin(dc, dc->x, dc->act, w[LW_DOWN], B, H, NI);
+        lin(dc, dc->x, dc->act, w[DRAFTER_LT_DOWN], B, H, NI);
         for (size_t e = 0; e < (size_t)B * H; e++) dc->x[e] += dc->h[e];
     }
     rmsnorm_forward_ref(dc->xn, dc->rstd, dc->x, dc->norm, B, H, c->eps);

@@ -24,13 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { GW_IN_LN, GW_Q, GW_K, GW_V, GW_O, GW_QN, GW_KN, GW_POST_LN, GW_GATE, GW_UP, GW_DOWN, GW_N };
-static const char *const gw_names[GW_N] = {
-    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-    "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
-/* which of a layer's tensors the GEMMs read as bf16 copies (the rest are fp32 norm weights) */
-static const int gw_matrix[GW_N] = {0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1};
 
 struct drafter_cache_gpu {
     struct drafter *d;
@@ -42,8 +35,8 @@ struct drafter_cache_gpu {
     /* device weights (the drafter_gpu's): bf16 copies of matrices, fp32 norm weights */
     const bf16 *fc, *embed, *lm;
     const float *hnorm, *norm;
-    const bf16 *lc[DRAFTER_MAX_LAYERS][GW_N];
-    const float *lw[DRAFTER_MAX_LAYERS][GW_N];
+    const bf16 *lc[DRAFTER_MAX_LAYERS][DRAFTER_LT_N];
+    const float *lw[DRAFTER_MAX_LAYERS][DRAFTER_LT_N];
     /* the one allocation and its regions */
     void *base;
     size_t bytes;
@@ -163,15 +156,15 @@ struct drafter_cache_gpu *drafter_cache_gpu_init(struct drafter *d, struct draft
         dev_weight(g, d, "lm_head.weight", (int64_t)dc->V_d * H, 1, &dc->lm, NULL))
         return init_fail(dc, err, err_len, "drafter_cache_gpu: the device drafter lacks fc, hidden_norm, norm, "
                          "embed_tokens or lm_head in the expected shape");
-    const int64_t numel[GW_N] = {H, (int64_t)QD * H, (int64_t)KD * H, (int64_t)KD * H, (int64_t)H * QD, c->d_h,
-                                 c->d_h, H, (int64_t)NI * H, (int64_t)NI * H, (int64_t)H * NI};
-    char name[96];
-    for (int l = 0; l < L; l++)
-        for (int j = 0; j < GW_N; j++) {
-            snprintf(name, sizeof name, "layers.%d.%s", l, gw_names[j]);
-            if (dev_weight(g, d, name, numel[j], gw_matrix[j], &dc->lc[l][j], &dc->lw[l][j]))
-                return init_fail(dc, err, err_len, "drafter_cache_gpu: the device drafter has no %s of %lld elements",
-                                 name, (long long)numel[j]);
+    for (int l = 0; l < L; l++)   /* matrices as the GEMMs read them (bf16 copies), the norms' fp32 weights */
+        for (int j = 0; j < DRAFTER_LT_N; j++) {
+            const struct drafter_param *p = drafter_layer_param(d, l, j);
+            const struct drafter_gpu_param *q = drafter_gpu_param(g, (int)(p - drafter_param(d, 0)));
+            if (!q || q->host != p || !(p->ndim == 2 ? (void *)q->copy : (void *)q->w))
+                return init_fail(dc, err, err_len, "drafter_cache_gpu: the device drafter has no layers.%d.%s", l,
+                                 drafter_layer_tensor_names[j]);
+            dc->lc[l][j] = q->copy;
+            dc->lw[l][j] = q->w;
         }
     struct drafter_last ls;
     drafter_last_step(d, &ls);
@@ -289,10 +282,10 @@ static int project_context(struct drafter_cache_gpu *dc, int slot, const float *
         KL(blas_linear_forward(dc->cfc, BLAS_BF16, dc->hid, dc->fc, NULL, m, H, kH, s));
         KL(rmsnorm_forward(dc->ctx, NULL, dc->cfc, dc->hnorm, m, H, c->eps, s));
         for (int l = 0; l < c->L; l++) {
-            KL(blas_linear_forward(dc->cv, BLAS_BF16, dc->ctx, dc->lc[l][GW_K], NULL, m, KD, H, s));   /* raw keys */
-            KL(rmsnorm_forward(dc->ck, NULL, dc->cv, dc->lw[l][GW_KN], m * c->n_kv, c->d_h, c->eps, s));
+            KL(blas_linear_forward(dc->cv, BLAS_BF16, dc->ctx, dc->lc[l][DRAFTER_LT_K], NULL, m, KD, H, s));   /* raw keys */
+            KL(rmsnorm_forward(dc->ck, NULL, dc->cv, dc->lw[l][DRAFTER_LT_KN], m * c->n_kv, c->d_h, c->eps, s));
             KL(rope_forward(dc->ck, NULL, d_pos, dc->inv_freq, m, c->n_kv, 0, c->d_h, s));
-            KL(blas_linear_forward(dc->cv, BLAS_BF16, dc->ctx, dc->lc[l][GW_V], NULL, m, KD, H, s));
+            KL(blas_linear_forward(dc->cv, BLAS_BF16, dc->ctx, dc->lc[l][DRAFTER_LT_V], NULL, m, KD, H, s));
             KL(decode_attn_append(cache_at(dc->kc, dc, l), cache_at(dc->vc, dc, l), dc->ck, dc->cv, d_slot, d_pos, m,
                                   dc->cap, c->n_kv, c->d_h, s));
         }
@@ -343,12 +336,12 @@ int drafter_cache_gpu_propose(struct drafter_cache_gpu *dc, int slot, int64_t se
         const bf16 *const *w = dc->lc[l];
         const float *const *nw = dc->lw[l];
         int causal = c->layer_type[l] == DRAFTER_LAYER_SLIDING && !c->sliding_window_non_causal;
-        KL(rmsnorm_forward(dc->xn1, NULL, dc->x, nw[GW_IN_LN], B, H, c->eps, s));
-        KL(blas_linear_forward(dc->qraw, BLAS_BF16, dc->xn1, w[GW_Q], NULL, B, QD, H, s));
-        KL(blas_linear_forward(dc->kraw, BLAS_BF16, dc->xn1, w[GW_K], NULL, B, KD, H, s));
-        KL(blas_linear_forward(dc->bv, BLAS_BF16, dc->xn1, w[GW_V], NULL, B, KD, H, s));
-        KL(rmsnorm_forward(dc->q, NULL, dc->qraw, nw[GW_QN], B * c->n_h, c->d_h, c->eps, s));
-        KL(rmsnorm_forward(dc->bk, NULL, dc->kraw, nw[GW_KN], B * c->n_kv, c->d_h, c->eps, s));
+        KL(rmsnorm_forward(dc->xn1, NULL, dc->x, nw[DRAFTER_LT_IN_LN], B, H, c->eps, s));
+        KL(blas_linear_forward(dc->qraw, BLAS_BF16, dc->xn1, w[DRAFTER_LT_Q], NULL, B, QD, H, s));
+        KL(blas_linear_forward(dc->kraw, BLAS_BF16, dc->xn1, w[DRAFTER_LT_K], NULL, B, KD, H, s));
+        KL(blas_linear_forward(dc->bv, BLAS_BF16, dc->xn1, w[DRAFTER_LT_V], NULL, B, KD, H, s));
+        KL(rmsnorm_forward(dc->q, NULL, dc->qraw, nw[DRAFTER_LT_QN], B * c->n_h, c->d_h, c->eps, s));
+        KL(rmsnorm_forward(dc->bk, NULL, dc->kraw, nw[DRAFTER_LT_KN], B * c->n_kv, c->d_h, c->eps, s));
         KL(rope_forward(dc->q, dc->bk, d_bpos, dc->inv_freq, B, c->n_h, c->n_kv, c->d_h, s));
         /* the block's keys right after the visible context (rows a..a+B-1; the next proposal's context rows
          * overwrite them) */
@@ -358,13 +351,13 @@ int drafter_cache_gpu_propose(struct drafter_cache_gpu *dc, int slot, int64_t se
                                c->d_h, scale, s));
         /* h = x + o_proj(attn): the residual is the GEMM's C */
         CU(cudaMemcpyAsync(dc->h, dc->x, 2 * (size_t)B * H, cudaMemcpyDeviceToDevice, s), "residual copy");
-        KL(blas_matmul(dc->h, BLAS_BF16, dc->o, 0, w[GW_O], 1, NULL, B, H, QD, 0, 0, 0, 1.0f, 1.0f, s));
-        KL(rmsnorm_forward(dc->xn2, NULL, dc->h, nw[GW_POST_LN], B, H, c->eps, s));
-        KL(blas_linear_forward(dc->gate, BLAS_BF16, dc->xn2, w[GW_GATE], NULL, B, NI, H, s));
-        KL(blas_linear_forward(dc->up, BLAS_BF16, dc->xn2, w[GW_UP], NULL, B, NI, H, s));
+        KL(blas_matmul(dc->h, BLAS_BF16, dc->o, 0, w[DRAFTER_LT_O], 1, NULL, B, H, QD, 0, 0, 0, 1.0f, 1.0f, s));
+        KL(rmsnorm_forward(dc->xn2, NULL, dc->h, nw[DRAFTER_LT_POST_LN], B, H, c->eps, s));
+        KL(blas_linear_forward(dc->gate, BLAS_BF16, dc->xn2, w[DRAFTER_LT_GATE], NULL, B, NI, H, s));
+        KL(blas_linear_forward(dc->up, BLAS_BF16, dc->xn2, w[DRAFTER_LT_UP], NULL, B, NI, H, s));
         KL(swiglu_forward(dc->act, dc->gate, dc->up, B, NI, NI, s));
         CU(cudaMemcpyAsync(dc->x, dc->h, 2 * (size_t)B * H, cudaMemcpyDeviceToDevice, s), "residual copy");
-        KL(blas_matmul(dc->x, BLAS_BF16, dc->act, 0, w[GW_DOWN], 1, NULL, B, H, NI, 0, 0, 0, 1.0f, 1.0f, s));
+        KL(blas_matmul(dc->x, BLAS_BF16, dc->act, 0, w[DRAFTER_LT_DOWN], 1, NULL, B, H, NI, 0, 0, 0, 1.0f, 1.0f, s));
     }
     KL(rmsnorm_forward(dc->xn, NULL, dc->x, dc->norm, B, H, c->eps, s));
     /* rows first..first+B-2 are the draft (drafter_draft_row0); argmax_rows keeps the first maximum */

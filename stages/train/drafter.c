@@ -202,7 +202,9 @@ int drafter_check_features(const struct drafter_config *c, const struct desc_fea
 /* ---------------------------------------------------------------- the drafter */
 
 enum { LP_IN_LN, LP_Q, LP_K, LP_V, LP_O, LP_QN, LP_KN, LP_POST_LN, LP_GATE, LP_UP, LP_DOWN, LP_N };
-static const char *const lp_names[LP_N] = {
+_Static_assert((int)LP_N == (int)DRAFTER_LT_N && (int)LP_DOWN == (int)DRAFTER_LT_DOWN && (int)LP_QN == (int)DRAFTER_LT_QN,
+               "layer tensor order");
+const char *const drafter_layer_tensor_names[DRAFTER_LT_N] = {
     "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
     "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
     "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
@@ -336,7 +338,7 @@ struct drafter *drafter_init(const struct drafter_config *c, uint64_t seed, char
                                 {1, c->d_h, 0}, {1, H, 0}, {2, I, H}, {2, I, H}, {2, H, I}};
         for (int j = 0; j < LP_N; j++) {
             char name[64];
-            snprintf(name, sizeof name, "layers.%d.%s", l, lp_names[j]);
+            snprintf(name, sizeof name, "layers.%d.%s", l, drafter_layer_tensor_names[j]);
             add_param(d, name, (int)shp[j][0], shp[j][1], shp[j][2], 1, &fail);
         }
     }
@@ -442,6 +444,10 @@ int drafter_threads(const struct drafter *d) { return d->n_threads; }
 int drafter_n_params(const struct drafter *d) { return d->n_params; }
 const struct drafter_param *drafter_param(const struct drafter *d, int i) {
     return i >= 0 && i < d->n_params ? &d->params[i] : NULL;
+}
+const struct drafter_param *drafter_layer_param(const struct drafter *d, int l, int j) {
+    if (l < 0 || l >= d->cfg.L || j < 0 || j >= LP_N) return NULL;
+    return &d->params[d->i_layer0 + LP_N * l + j];
 }
 const struct drafter_param *drafter_param_find(const struct drafter *d, const char *name) {
     for (int i = 0; i < d->n_params; i++)

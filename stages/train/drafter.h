@@ -164,6 +164,13 @@ int drafter_n_params(const struct drafter *d);
 const struct drafter_param *drafter_param(const struct drafter *d, int i);
 /* The entry called name, or NULL. */
 const struct drafter_param *drafter_param_find(const struct drafter *d, const char *name);
+/* A layer's tensors in table order: layers.{l}.<drafter_layer_tensor_names[j]> is entry drafter_layer_param(d, l, j)
+ * (the norms and the q/k norms 1-D, the rest 2-D [out, in]). */
+enum { DRAFTER_LT_IN_LN, DRAFTER_LT_Q, DRAFTER_LT_K, DRAFTER_LT_V, DRAFTER_LT_O, DRAFTER_LT_QN, DRAFTER_LT_KN,
+       DRAFTER_LT_POST_LN, DRAFTER_LT_GATE, DRAFTER_LT_UP, DRAFTER_LT_DOWN, DRAFTER_LT_N };
+extern const char *const drafter_layer_tensor_names[DRAFTER_LT_N];
+/* Tensor j of layer l, or NULL outside the layers; its index in the table is the result - drafter_param(d, 0). */
+const struct drafter_param *drafter_layer_param(const struct drafter *d, int l, int j);
 /* g = 0 for every trainable tensor. */
 void drafter_zero_grad(struct drafter *d);
 

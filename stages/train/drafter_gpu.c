@@ -54,10 +54,8 @@
 #include <string.h>
 
 enum { LP_IN_LN, LP_Q, LP_K, LP_V, LP_O, LP_QN, LP_KN, LP_POST_LN, LP_GATE, LP_UP, LP_DOWN, LP_N };
-static const char *const lp_names[LP_N] = {
-    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-    "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+_Static_assert((int)LP_N == (int)DRAFTER_LT_N && (int)LP_DOWN == (int)DRAFTER_LT_DOWN && (int)LP_QN == (int)DRAFTER_LT_QN,
+               "layer tensor order");
 
 /* metrics buffer, 4-byte words: loss (f32), K, eal_sum, eal_count, correct[B], total[B] */
 enum { MB_LOSS = 0, MB_K = 1, MB_EAL_SUM = 2, MB_EAL_COUNT = 3, MB_CORRECT = 4 };
@@ -253,7 +251,7 @@ struct drafter_gpu *drafter_gpu_init(struct drafter *d, cudaStream_t stream, FIL
     for (int l = 0; l < c->L; l++)
         for (int j = 0; j < LP_N; j++) {
             char name[96];
-            snprintf(name, sizeof name, "layers.%d.%s", l, lp_names[j]);
+            snprintf(name, sizeof name, "layers.%d.%s", l, drafter_layer_tensor_names[j]);
             g->li[l][j] = param_index(d, name);
             bad |= g->li[l][j] < 0;
         }

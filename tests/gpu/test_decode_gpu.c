@@ -220,15 +220,16 @@ static void spec_equals_greedy(struct eval_target *eg, int n, const int32_t *con
 
 /* The Qwen3.5 hybrid on the GPU: rollbacks of rejected blocks restore the recurrent state from the device
  * snapshots, so the oracle and the proposer wrong once per block still give plain greedy decoding exactly. */
-/* test_eval.c's checkpoint: layers sliding + full, B 4, k 2 (ids 0, 2), random weights */
-static struct drafter *make_ckpt(const char *target, char *ckpt, size_t len) {
+/* A random drafter of target (seed 7) with the given layer types, block, sliding window and plan; k 2 (ids 0, 2),
+ * 4 anchors, mask token 500, the target's embedding and LM head */
+static struct drafter *new_drafter(const char *target, const char *types, int B, int window, int T_max) {
     struct drafter_config c;
     drafter_config_defaults(&c);
-    ck_assert_int_eq(drafter_parse_layer_types(&c, "sliding,full", err, sizeof err), 0);
-    c.B = 4;
-    c.sliding_window = 4;
+    ck_assert_int_eq(drafter_parse_layer_types(&c, types, err, sizeof err), 0);
+    c.B = B;
+    c.sliding_window = window;
     c.N = 4;
-    c.T_max = 64;
+    c.T_max = T_max;
     c.k = 2;
     c.layer_ids[0] = 0;
     c.layer_ids[1] = 2;
@@ -237,6 +238,12 @@ static struct drafter *make_ckpt(const char *target, char *ckpt, size_t len) {
     struct drafter *d = drafter_init(&c, 7, err, sizeof err);
     ck_assert_msg(d != NULL, "%s", err);
     ck_assert_msg(drafter_load_target(d, target, err, sizeof err) == 0, "%s", err);
+    return d;
+}
+
+/* test_eval.c's checkpoint: layers sliding + full, B 4, window 4, random weights */
+static struct drafter *make_ckpt(const char *target, char *ckpt, size_t len) {
+    struct drafter *d = new_drafter(target, "sliding,full", 4, 4, 64);
     save_ckpt(d, ckpt, len);
     return d;
 }
@@ -524,22 +531,8 @@ START_TEST(drafter_cache_gpu_matches_cpu) {
     make_model(dir, ARCH_QWEN3, model, sizeof model);
     ck_assert_int_eq(setenv("DFLASH_GPU_DRAFTER_CACHE", "1", 1), 0);
     ck_assert(eval_gpu_drafter_cache_on());
-    struct drafter_config c;
-    drafter_config_defaults(&c);
-    ck_assert_int_eq(drafter_parse_layer_types(&c, "sliding,full,full", err, sizeof err), 0);
-    c.B = 8;
-    c.sliding_window = 4096;
-    c.sliding_window_non_causal = 0;
-    c.N = 4;
-    c.T_max = 512;
-    c.k = 2;
-    c.layer_ids[0] = 0;
-    c.layer_ids[1] = 2;
-    c.mask_token_id = 500;
-    ck_assert_msg(drafter_config_from_target(&c, model, err, sizeof err) == 0, "%s", err);
-    struct drafter *d = drafter_init(&c, 7, err, sizeof err);
-    ck_assert_msg(d != NULL, "%s", err);
-    ck_assert_msg(drafter_load_target(d, model, err, sizeof err) == 0, "%s", err);
+    struct drafter *d = new_drafter(model, "sliding,full,full", 8, 4096, 512);
+    ck_assert_int_eq(drafter_config_of(d)->sliding_window_non_causal, 0);   /* the sliding layer is causal */
     int32_t prompts[NP][MAXP], *pp[NP];
     int P[NP];
     prompts_of(1000, prompts, pp, P);
