@@ -256,7 +256,9 @@ def report(out):
         sfx = f" [{vname}]" if vname else ""
         pmem = gpu_mem(out, memfile)
         # the matching trainer-alone variant's GFLOP/token (muon-ga4 runs muon's step A times: the same per token)
-        rgf = rgf_of.get(vname, rgf_of.get(vname.split("-ga")[0], rgf_of.get("")))
+        # ("+mps": the same variant with target and trainer under one MPS server)
+        base = vname.split("+")[0]
+        rgf = rgf_of.get(base, rgf_of.get(base.split("-ga")[0], rgf_of.get("")))
         pipeline_rows(tab, ph, phname, pdir, sfx, pmem, mem_note, peak, tgf, rgf)
     return tab
 

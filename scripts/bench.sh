@@ -19,7 +19,10 @@
 #     pipeline  pipelines/train.sh on that model: pack -> target -> hspack -> train, target and trainer
 #               sharing cuda:0, once per variant of $PIPE_VARIANTS (default adamw,muon,muon-ga4: dflash-train
 #               --optimizer adamw | muon | muon --grad-accum 4), --steps N optimizer steps each (default 30;
-#               N/A for -gaA, at least 3); skipped, with the reason, when dflash-train has no GPU path
+#               N/A for -gaA, at least 3); skipped, with the reason, when dflash-train has no GPU path. A variant
+#               ending in +mps (e.g. adamw+mps) runs with every stage a client of one MPS server started in a
+#               private pipe directory and stopped after it (issue 28 item 5: without MPS the target's and the
+#               trainer's kernels time-slice the GPU); skipped when nvidia-cuda-mps-control is missing
 #                                            timeout: what is left of 540 s, shared by the variants left
 #   --config qwen3.6-27b (issue 27; the default stays qwen3-8b): the same phases for the Qwen3.6-27B
 #               target: target_bench --config qwen3.6-27b (64 hybrid layers, random weights on the GPU, the
@@ -308,18 +311,19 @@ if [ "$MODE" != cpu ] && { want ceiling || want target || want train || want mod
       printf '%s\n' "${VARS[@]}" >"$OUT_DIR/pipeline/variants"
       p_ok=0 p_bad=() p_skip=() t_all=$SECONDS
       for vi in "${!VARS[@]}"; do
-        v=${VARS[$vi]}
+        v=${VARS[$vi]} mps=0
+        case $v in *+mps) mps=1 ;; esac   # the same variant with the stages as clients of one MPS server
         mkdir -p "$OUT_DIR/pipeline/$v"
         # the budget left, shared by the variants still to run
         left=$(( (BUDGET_S - (SECONDS - T_START) - 15) / (${#VARS[@]} - vi) ))
         [ "$MODE" = gpu ] || left=120
         [ $left -le 300 ] || left=300
         A=1
-        case $v in
+        case ${v%+mps} in
           adamw) VF=(--optimizer adamw); VSTEPS=$PIPE_STEPS ;;
           muon) VF=(--optimizer muon); VSTEPS=$PIPE_STEPS ;;
           muon-ga[1-9]*|adamw-ga[1-9]*)
-            A=${v##*-ga}; VF=(--optimizer "${v%%-ga*}" --grad-accum "$A")   # dflash-plan reads it: steps x A batches
+            A=${v%+mps}; A=${A##*-ga}; VF=(--optimizer "${v%%-ga*}" --grad-accum "$A")   # dflash-plan reads it: steps x A batches
             VSTEPS=$(( PIPE_STEPS / A )); [ $VSTEPS -ge 3 ] || VSTEPS=3 ;;
           *) phase "pipeline.$v" FAILED 0 "unknown variant '$v' (adamw, muon, muon-gaA, adamw-gaA)"; p_bad+=("$v"); continue ;;
         esac
@@ -340,12 +344,32 @@ if [ "$MODE" != cpu ] && { want ceiling || want target || want train || want mod
             >"$OUT_DIR/gpu-mem-$v.csv" 2>/dev/null &
           MEMV_PID=$!
         fi
+        if [ $mps = 1 ]; then   # issue 28 item 5: kernels of target and trainer may then run at once (time-sliced without)
+          if ! command -v nvidia-cuda-mps-control >/dev/null; then
+            phase "pipeline.$v" skipped 0 "no nvidia-cuda-mps-control on this machine"; p_skip+=("$v"); continue
+          fi
+          MPSD=$(mktemp -d /tmp/dflash-mps-XXXXXX)
+          mkdir -p "$MPSD/pipe" "$MPSD/log"
+          export CUDA_MPS_PIPE_DIRECTORY=$MPSD/pipe CUDA_MPS_LOG_DIRECTORY=$MPSD/log
+          if ! nvidia-cuda-mps-control -d >"$OUT_DIR/pipeline/$v/mps.txt" 2>&1; then
+            unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+            phase "pipeline.$v" skipped 0 "nvidia-cuda-mps-control -d: $(first_line "$OUT_DIR/pipeline/$v/mps.txt")"
+            p_skip+=("$v"); rm -rf "$MPSD"; continue
+          fi
+          note "pipeline.$v: MPS server control in $MPSD"
+        fi
         date +%s.%N >"$OUT_DIR/pipeline/$v/launch"
         t0=$SECONDS rc=0
         timeout -k 30 "$left" bash "$here/pipelines/train.sh" "$MODEL" "$DATA" --run "$RUN" --fresh --device "$DEV" \
           --tokens "$T" --steps "$VSTEPS" --layers "$LAYERS" -- "${TRAIN_EXTRA[@]}" ${VFLAGS[@]+"${VFLAGS[@]}"} "${VF[@]}" \
           --ckpt-every 0 --keep 1 >"$OUT_DIR/pipeline-$v.txt" 2>&1 || rc=$?
         [ -z "$MEMV_PID" ] || { kill "$MEMV_PID" 2>/dev/null || true; wait "$MEMV_PID" 2>/dev/null || true; }
+        if [ $mps = 1 ]; then   # stop the server; later phases run without it
+          echo quit | timeout 20 nvidia-cuda-mps-control >>"$OUT_DIR/pipeline/$v/mps.txt" 2>&1 || true
+          cp -r "$MPSD/log" "$OUT_DIR/pipeline/$v/mps-log" 2>/dev/null || true
+          unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+          rm -rf "$MPSD"
+        fi
         tail -n 25 "$OUT_DIR/pipeline-$v.txt" >&2
         cp "$RUN/metrics.jsonl" "$OUT_DIR/pipeline/$v/" 2>/dev/null || true
         cp -r "$RUN/logs" "$OUT_DIR/pipeline/$v/logs" 2>/dev/null || true
