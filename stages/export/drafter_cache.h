@@ -75,16 +75,17 @@ void drafter_cache_get_stats(const struct drafter_cache *dc, struct drafter_cach
  * norm weights (read in place: the drafter_gpu must outlive the cache and keep its weights), the ops of
  * drafter_step_gpu's forward (cuBLASLt GEMMs, rmsnorm, rope, swiglu, embedding), the decode step's attention over
  * per-slot caches (kernels/decode_attn.h: the context rows at positions 0..a-1, the block's keys appended at
- * a..a+B-1, every block row's query at position a+B-1, or a+j on a causal layer) and the device argmax
+ * a..a+B-1, every block row's query at position a+B-1, or a+j on a causal layer; a sliding layer whose window
+ * starts at row lo > 0 reads the slot's cache from row lo on, positions less lo) and the device argmax
  * (kernels/argmax.h), so B-1 ids cross to the host per proposal and the context features only of the rows committed
  * since the last one. Caches [L][n_slots, max_len + B, n_kv, d_h] bf16; one cudaMalloc at init, printed with its
  * regions when plan != NULL; a proposal allocates nothing and synchronises once (its ids), plus once per further
  * pass of DCACHE_GPU_CHUNK context rows (a prompt longer than one pass reuses the pinned upload buffer).
  * Numerics: bf16 storage, fp32 accumulation and softmax, as drafter_step_gpu; the drafts agree with the uncached
  * GPU proposal's except where two logits tie within bf16 rounding.
- * Shapes the decode attention cannot take are refused at init with a sentence (the caller keeps the uncached
- * proposal): d_h > 256 or not a multiple of 8, a sliding window shorter than max_len (decode_attn has no window),
- * a draft vocabulary or hidden size not a multiple of 8 (cuBLASLt's leading dimensions). */
+ * Shapes the kernels cannot take are refused at init with a sentence (the caller keeps the uncached proposal):
+ * d_h > 256 or not a multiple of 16 (decode attention, rope), a draft vocabulary, hidden or MLP size not a multiple
+ * of 8 (cuBLASLt's leading dimensions). */
 #ifdef DFLASH_CUDA
 struct drafter_gpu;
 struct drafter_cache_gpu;

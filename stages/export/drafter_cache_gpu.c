@@ -68,7 +68,9 @@ struct drafter_cache_gpu {
 #define I_BPOS(dc) (2 * DCACHE_GPU_CHUNK + (dc)->c->B)
 #define I_QPOS(dc) (2 * DCACHE_GPU_CHUNK + 2 * (dc)->c->B)
 #define I_TOK(dc) (2 * DCACHE_GPU_CHUNK + 3 * (dc)->c->B)
-#define N_INTS(dc) (2 * DCACHE_GPU_CHUNK + 4 * (dc)->c->B)
+#define I_WBPOS(dc) (2 * DCACHE_GPU_CHUNK + 4 * (dc)->c->B)   /* I_BPOS, I_QPOS less a sliding layer's first row */
+#define I_WQPOS(dc) (2 * DCACHE_GPU_CHUNK + 5 * (dc)->c->B)
+#define N_INTS(dc) (2 * DCACHE_GPU_CHUNK + 6 * (dc)->c->B)
 
 void drafter_cache_gpu_free(struct drafter_cache_gpu *dc) {
     if (!dc) return;
@@ -130,11 +132,6 @@ struct drafter_cache_gpu *drafter_cache_gpu_init(struct drafter *d, struct draft
     if (H % 8 || NI % 8 || c->n_h % c->n_kv)
         return init_fail(NULL, err, err_len, "drafter_cache_gpu: hidden %d, MLP %d (multiples of 8 expected), %d query "
                          "heads over %d kv heads", H, NI, c->n_h, c->n_kv);
-    for (int l = 0; l < L; l++)
-        if (c->layer_type[l] == DRAFTER_LAYER_SLIDING && c->sliding_window < max_len + B)
-            return init_fail(NULL, err, err_len, "drafter_cache_gpu: layer %d slides over a window of %d tokens, "
-                             "shorter than the %d cached; the decode attention has no window", l, c->sliding_window,
-                             max_len + B);
     struct drafter_cache_gpu *dc = calloc(1, sizeof *dc);
     if (!dc) return init_fail(NULL, err, err_len, "drafter_cache_gpu: out of memory");
     dc->d = d;
@@ -319,6 +316,9 @@ int drafter_cache_gpu_propose(struct drafter_cache_gpu *dc, int slot, int64_t se
     if (project_context(dc, slot, states, rows, dc->rows[slot], a, err, err_len)) return -1;
     dc->rows[slot] = a;
 
+    /* a sliding layer sees the context rows lo.. (drafter_cache.c's rule): its attention reads the slot's cache from
+     * row lo on (the pointer moved by lo rows: one proposal is one slot) with positions less lo */
+    const int lo = c->sliding_window > 0 && a - c->sliding_window > 0 ? a - c->sliding_window : 0;
     /* the block: the anchor token, then the mask token; positions a + j; every query at a + B - 1 (a causal
      * layer: a + j) */
     int32_t *hb = dc->h_ints + I_BSLOT(dc);
@@ -327,9 +327,12 @@ int drafter_cache_gpu_propose(struct drafter_cache_gpu *dc, int slot, int64_t se
         hb[B + j] = a + j;                              /* I_BPOS */
         hb[2 * B + j] = a + B - 1;                      /* I_QPOS (non-causal) */
         hb[3 * B + j] = j == 0 ? cv[a] : (int32_t)c->mask_token_id;   /* I_TOK */
+        hb[4 * B + j] = a + j - lo;                     /* I_WBPOS */
+        hb[5 * B + j] = a + B - 1 - lo;                 /* I_WQPOS */
     }
-    CU(cudaMemcpyAsync(dc->ints + I_BSLOT(dc), hb, 4 * 4 * (size_t)B, cudaMemcpyHostToDevice, s), "block upload");
+    CU(cudaMemcpyAsync(dc->ints + I_BSLOT(dc), hb, 4 * 6 * (size_t)B, cudaMemcpyHostToDevice, s), "block upload");
     const int32_t *d_bslot = dc->ints + I_BSLOT(dc), *d_bpos = dc->ints + I_BPOS(dc), *d_qpos = dc->ints + I_QPOS(dc);
+    const int32_t *d_wbpos = dc->ints + I_WBPOS(dc), *d_wqpos = dc->ints + I_WQPOS(dc);
     KL(embedding_forward(dc->x, dc->ints + I_TOK(dc), dc->embed, B, H, c->V_t, s));
     const float scale = 1.0f / sqrtf((float)c->d_h);
     for (int l = 0; l < c->L; l++) {
@@ -347,8 +350,11 @@ int drafter_cache_gpu_propose(struct drafter_cache_gpu *dc, int slot, int64_t se
          * overwrite them) */
         bf16 *K = cache_at(dc->kc, dc, l), *V = cache_at(dc->vc, dc, l);
         KL(decode_attn_append(K, V, dc->bk, dc->bv, d_bslot, d_bpos, B, dc->cap, c->n_kv, c->d_h, s));
-        KL(decode_attn_forward(dc->o, dc->q, K, V, d_bslot, causal ? d_bpos : d_qpos, B, dc->cap, c->n_h, c->n_kv,
-                               c->d_h, scale, s));
+        const int sliding = c->layer_type[l] == DRAFTER_LAYER_SLIDING, off = sliding ? lo : 0;
+        const int32_t *qp = causal ? (off ? d_wbpos : d_bpos) : (off ? d_wqpos : d_qpos);
+        const size_t shift = (size_t)off * c->n_kv * c->d_h;
+        KL(decode_attn_forward(dc->o, dc->q, K + shift, V + shift, d_bslot, qp, B, dc->cap, c->n_h, c->n_kv, c->d_h,
+                               scale, s));
         /* h = x + o_proj(attn): the residual is the GEMM's C */
         CU(cudaMemcpyAsync(dc->h, dc->x, 2 * (size_t)B * H, cudaMemcpyDeviceToDevice, s), "residual copy");
         KL(blas_matmul(dc->h, BLAS_BF16, dc->o, 0, w[DRAFTER_LT_O], 1, NULL, B, H, QD, 0, 0, 0, 1.0f, 1.0f, s));
