@@ -20,14 +20,6 @@
 #include "kernels/embedding.h"
 #include "kernels/gated_attn.h"
 #include "kernels/gated_delta.h"
-
-/* Which form of the gated delta rule the GPU forward runs, fixed at build time (make GDN_SPLIT=1): 0, the one-kernel
- * gated_delta_forward (validated); 1, gated_delta_forward_split with its planned workspace (written 2026-12-07, not
- * yet run on a GPU). Flip the Makefile's default once tests/gpu/test_gdn_kernels passes the split form and
- * gated_delta_bench / target_bench show it faster. */
-#ifndef DFLASH_GDN_SPLIT
-#define DFLASH_GDN_SPLIT 0
-#endif
 #include "kernels/gated_rmsnorm.h"
 #include "kernels/l2norm.h"
 #include "kernels/gemm.h"
@@ -44,6 +36,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Which form of the gated delta rule the GPU forward runs, fixed at build time (make GDN_SPLIT=1): 0, the one-kernel
+ * gated_delta_forward (validated); 1, gated_delta_forward_split with its planned workspace (written 2026-12-07, not
+ * yet run on a GPU). Flip the Makefile's default once tests/gpu/test_gdn_kernels passes the split form and
+ * gated_delta_bench / target_bench show it faster. */
+#ifndef DFLASH_GDN_SPLIT
+#define DFLASH_GDN_SPLIT 0
+#endif
 
 /* One decoder layer. CPU: every pointer is host fp32. GPU: matrices are device bf16, norm
  * weights device fp32. */
@@ -229,6 +229,14 @@ static void mem_free(struct target *t, void *p) {
     free(p);
 }
 
+/* The split gated delta rule's workspace for Tm tokens, planned for the most documents Tm tokens can hold (0 with
+ * the one-kernel form): alloc_all allocates it and target_plan_bytes counts it, from this one formula. */
+static size_t gdn_split_ws_bytes(const struct gdn_shape *gs, size_t Tm) {
+    if (!DFLASH_GDN_SPLIT) return 0;
+    struct gated_delta_shape ws = {(int)Tm, (int)Tm, gs->n_k, gs->n_v, gs->d_k, gs->d_v, 0, 0, 0};
+    return gated_delta_split_workspace_bytes((int)Tm, (int)Tm, &ws);
+}
+
 static int alloc_all(struct target *t, char *err, int err_len) {
     const struct model_config *c = &t->cfg;
     size_t C = (size_t)c->hidden_size, I = (size_t)c->intermediate_size, HD = (size_t)c->head_dim;
@@ -278,14 +286,8 @@ static int alloc_all(struct target *t, char *err, int err_len) {
              (t->lin_y = mem_alloc(t, Tm * VD * es, kb)) &&
              (t->dev >= 0 ? (t->lin_o = mem_alloc(t, Tm * VD * 4, kb)) != NULL
                           : (t->lin_state = mem_alloc(t, (size_t)gs.n_v * gs.d_k * gs.d_v * 4, kb)) != NULL);
-#if defined(DFLASH_CUDA) && DFLASH_GDN_SPLIT
-    if (ok && is_hybrid(c) && t->dev >= 0) {   /* planned for the most documents Tm tokens can hold */
-        struct gated_delta_shape ws = {(int)Tm, (int)Tm, gs.n_k, gs.n_v, gs.d_k, gs.d_v, (int)CONV, (int)CONV,
-                                       (int)LIN_IN};
-        t->lin_ws_bytes = gated_delta_split_workspace_bytes((int)Tm, (int)Tm, &ws);
+    if (ok && is_hybrid(c) && t->dev >= 0 && (t->lin_ws_bytes = gdn_split_ws_bytes(&gs, Tm)) > 0)
         ok = (t->lin_ws = mem_alloc(t, t->lin_ws_bytes, kb)) != NULL;
-    }
-#endif
     if (ok && t->dev >= 0)
         ok = (t->ids = mem_alloc(t, Tm * 4, kb)) && (t->pos = mem_alloc(t, Tm * 4, kb)) &&
              (t->cu = mem_alloc(t, (Tm + 1) * 4, kb));
@@ -329,10 +331,7 @@ void target_plan_bytes(const struct model_config *c, int max_tokens, int gpu, si
     if (is_hybrid(c))
         kb += Z(Tm * NH * HD * es) + Z(Tm * CONV * 4) + Z(Tm * VD * es) +
               (gpu ? Z(Tm * VD * 4) : Z((size_t)gs.n_v * gs.d_k * gs.d_v * 4));
-    if (DFLASH_GDN_SPLIT && is_hybrid(c) && gpu) {   /* the split form's workspace, for the most documents Tm tokens hold */
-        struct gated_delta_shape ws = {(int)Tm, (int)Tm, gs.n_k, gs.n_v, gs.d_k, gs.d_v, 0, 0, 0};
-        kb += Z(gated_delta_split_workspace_bytes((int)Tm, (int)Tm, &ws));
-    }
+    if (is_hybrid(c) && gpu && gdn_split_ws_bytes(&gs, Tm) > 0) kb += Z(gdn_split_ws_bytes(&gs, Tm));
     if (gpu) kb += 2 * Z(Tm * 4) + Z((Tm + 1) * 4);
 #undef Z
     *weight_bytes = wb;
